@@ -1,0 +1,141 @@
+"""Refresh every recorded GPU figure hwlab shows, in one run on a GPU machine.
+
+    python benchmarks/refresh_gpu_evidence.py --out OUTDIR [--only doctor,probe_vs_torch,lab01]
+
+Writes one evidence record per part into OUTDIR (never over an existing file); copy them to
+``src/hwlab/recorded/<device>/`` to commit them. Prints a short summary table last.
+
+Parts:
+* ``doctor``          system state, topology, measured ceilings (the doctor report)
+* ``probe_vs_torch``  hwlab's copy and bf16 GEMM probes beside torch's own ``copy_`` and
+                      ``torch.matmul`` timed independently by ``triton.testing.do_bench``
+                      in the same run (acceptance: copy >= 95%, GEMM within 5%)
+* ``lab01``           Lab 1 (bandwidth-bound): unfused vs fused chain, strided vs
+                      coalesced, with Nsight Compute counters where ncu is installed
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hwlab import cli, probes
+from hwlab.ceilings import Ceilings
+from hwlab.evidence import Evidence, machine_info
+from hwlab.measure import Measurement
+
+
+def part_doctor(out: Path, summary: list[str]) -> Ceilings:
+    rep = cli.doctor_report(remeasure=True, progress=lambda s: print("doctor:", s, flush=True))
+    c = Ceilings.from_dict(rep["ceilings"])
+    ev = Evidence(kind="doctor", machine=rep["machine"],
+                  results=[Measurement.from_dict(p) for p in rep["probes"]],
+                  ceilings=c.to_dict(), versions=rep["snapshot"]["versions"],
+                  snapshot=rep["snapshot"],
+                  extra={k: rep.get(k) for k in ("topology", "topology_text", "spec", "verdict")})
+    ev.save(out / "doctor.json")
+    summary.append(f"ceilings: copy {c.copy_gbps:,.0f} GB/s; " + ", ".join(
+        f"{k} {v:,.1f} TFLOP/s" for k, v in c.gemm_tflops.items()) +
+        f"; host link {c.host_link_gbps or 0:,.1f} GB/s")
+    return c
+
+
+def part_probe_vs_torch(out: Path, summary: list[str]) -> None:
+    from triton.testing import do_bench
+
+    dev = torch.device("cuda")
+    comps = []
+    # copy: hwlab's Triton copy probe vs torch copy_ timed by do_bench, 2 GiB each
+    probe = probes.hbm_copy(size_mib=2048, impl="triton")
+    probe_torch = probes.hbm_copy(size_mib=2048, impl="torch")
+    n = 2048 * 2**20 // 4
+    src, dst = torch.randn(n, device=dev), torch.empty(n, device=dev)
+    t_ms = do_bench(lambda: dst.copy_(src), warmup=100, rep=1000, return_mode="median")
+    torch_gbps = 2 * n * 4 / (t_ms * 1e-3) / 1e9
+    comps.append({"what": "copy 2 GiB fp32 (read+write)", "probe_gbps": probe.gbps,
+                  "probe_torch_impl_gbps": probe_torch.gbps,
+                  "torch_copy_do_bench_gbps": torch_gbps,
+                  "ratio_probe_over_torch": probe.gbps / torch_gbps, "criterion": ">= 0.95"})
+    del src, dst
+    # bf16 GEMM 8192^3: hwlab probe vs torch.matmul under do_bench
+    g = probes.gemm(size=8192, dtype="bf16")
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    t_ms = do_bench(lambda: a @ b, warmup=100, rep=1000, return_mode="median")
+    torch_tflops = 2 * 8192**3 / (t_ms * 1e-3) / 1e12
+    comps.append({"what": "bf16 GEMM 8192^3", "probe_tflops": g.tflops,
+                  "torch_matmul_do_bench_tflops": torch_tflops,
+                  "ratio_probe_over_torch": g.tflops / torch_tflops, "criterion": "within 5%"})
+    ev = Evidence(kind="probe_vs_torch", machine=machine_info(),
+                  results=[probe, probe_torch, g], extra={"comparisons": comps})
+    ev.save(out / "probe_vs_torch.json")
+    for c in comps:
+        summary.append(f"{c['what']}: probe/torch = {c['ratio_probe_over_torch']:.3f} ({c['criterion']})")
+
+
+def part_lab01(out: Path, summary: list[str], c: Ceilings | None) -> None:
+    from hwlab.labs import bandwidth as lab
+
+    n_rows, n_cols = lab.default_size("cuda")
+    try:
+        counters = lab.counters_with_ncu(n_rows, n_cols, torch.float16)
+    except Exception as e:  # ncu missing or refused: the estimates still stand, say so
+        print("ncu counters unavailable:", e, flush=True)
+        counters = {}
+    ceiling = probes.hbm_copy(size_mib=2048, impl="torch").gbps  # same run, same card
+    r = lab.run(n_rows, n_cols, torch.float16, ceiling_gbps=ceiling, counters=counters)
+    ev = Evidence(kind="lab01_bandwidth", machine=machine_info(),
+                  results=list(r.measurements.values()),
+                  ceilings={"copy_gbps": ceiling, "source": "hbm_copy[torch] in this run"},
+                  extra={"params": r.params, "flowchart_evidence": r.evidence,
+                         "counters": counters,
+                         "diagnosis_paths": {k: d.path for k, d in r.diagnoses.items()},
+                         "speedups": {"fused_over_unfused": r.speedup("unfused", "fused"),
+                                      "coalesced_over_strided": r.speedup("strided", "coalesced")}})
+    ev.save(out / "lab01_bandwidth.json")
+    for k, m in r.measurements.items():
+        summary.append(f"lab01 {m.summary()} -> {r.diagnoses[k].path}")
+    summary.append(f"lab01 fused/unfused {r.speedup('unfused', 'fused'):.2f}x, "
+                   f"coalesced/strided {r.speedup('strided', 'coalesced'):.2f}x, counters: "
+                   + ", ".join(f"{k}: dram {v['dram_pct_of_peak']:.0f}% amp {v['sector_amplification']:.1f}"
+                               for k, v in counters.items()))
+
+
+PARTS = ("doctor", "probe_vs_torch", "lab01")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--only", default=",".join(PARTS))
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA GPU here: this script refreshes GPU evidence and has nothing to measure",
+              file=sys.stderr)
+        return 2
+    a.out.mkdir(parents=True, exist_ok=True)
+    parts = a.only.split(",")
+    summary: list[str] = []
+    c = None
+    for part in parts:
+        t0 = time.time()
+        print(f"== {part}", flush=True)
+        if part == "doctor":
+            c = part_doctor(a.out, summary)
+        elif part == "probe_vs_torch":
+            part_probe_vs_torch(a.out, summary)
+        elif part == "lab01":
+            part_lab01(a.out, summary, c)
+        else:
+            print(f"unknown part {part!r}; parts: {', '.join(PARTS)}", file=sys.stderr)
+            return 2
+        print(f"== {part} done in {time.time() - t0:.0f} s", flush=True)
+    print("\n".join(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

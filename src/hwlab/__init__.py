@@ -1,0 +1,11 @@
+"""hwlab: hardware-aware GPU performance troubleshooting.
+
+Modules (one purpose each):
+  measure     the measurement protocol (warm-up, events, median, rotation, correctness)
+  specs       datasheet peaks with sources          ceilings   what this machine measured
+  system      NVML state and versions               topology   nvidia-smi topo -m / NVML model
+  probes      copy, host link, GEMM, launch         evidence   recorded runs, replayable on CPU
+  roofline    roofline maths and plot               flowchart  the diagnosis chart as data
+  exercise    checking learners' answers            labs.*     one module per failure mode
+"""
+__version__ = "0.1.0"

@@ -1,0 +1,248 @@
+"""The seed's diagnosis flowchart as data, and :func:`diagnose` that walks it on evidence.
+
+::
+
+    A 性能异常 -> B slow in a single-GPU microbenchmark?
+       B yes -> F memory path saturated? -> yes: G bandwidth / layout / fusion
+                                         -> no : H Tensor-Core use low? -> yes: I tile / dtype / MMA path
+                                                                       -> no : J launch / occupancy / registers
+       B no  -> D slow only multi-GPU or in service? -> yes: K rank tail? -> yes: L NCCL / NVLink / NUMA / rank mapping
+                                                                         -> no : M shape bucket / cache / fallback
+                                                    -> no : OK nothing to fix at this level
+
+Every question names the metric that answers it, its unit, its threshold and the reason
+for that threshold, and the probe that measures it. Evidence is a plain dict of metric ->
+value; a question whose metrics are all missing stops the walk with "cannot decide: run
+<probe>". Thresholds are heuristics: the docstrings say why, so you can disagree knowingly.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Criterion:
+    metric: str
+    op: str  # ">=", ">", "<", "<="
+    threshold: float
+    unit: str
+    reason: str
+
+    def holds(self, value: float) -> bool:
+        return {">=": operator.ge, ">": operator.gt, "<": operator.lt,
+                "<=": operator.le}[self.op](value, self.threshold)
+
+    def describe(self) -> str:
+        return f"{self.metric} {self.op} {self.threshold:g} {self.unit}"
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    text: str
+    criteria: tuple[Criterion, ...]  # answer is "yes" if ANY present criterion holds
+    probe: str
+    yes: str
+    no: str
+    bool_metric: str | None = None  # a by-hand yes/no answer, e.g. from the learner
+
+
+@dataclass(frozen=True)
+class Leaf:
+    id: str
+    title: str
+    actions: tuple[str, ...]
+    lab: str = ""
+
+
+QUESTIONS: dict[str, Question] = {q.id: q for q in [
+    Question("B", "Slow even in a single-GPU microbenchmark?", (
+        Criterion("slowdown_vs_floor", ">=", 1.5, "x",
+                  "time over the roofline floor (required bytes / measured copy bandwidth, "
+                  "FLOPs / measured GEMM rate, whichever is larger). Within 1.5x of the floor "
+                  "a kernel has little left to win; beyond it, the kernel itself is slow."),),
+        probe="the kernel's own probe (hwlab.measure.bench) against this machine's ceilings",
+        yes="F", no="D", bool_metric="single_gpu_slow"),
+    Question("F", "Is the memory path saturated (DRAM near peak, or wasted traffic)?", (
+        Criterion("dram_pct_of_peak", ">=", 60.0, "% (counted by Nsight Compute)",
+                  "dram__throughput as % of peak: past ~60% DRAM is the limiter; the fix is "
+                  "fewer bytes (fusion, dtype, layout), not more compute."),
+        Criterion("dram_pct_estimated", ">=", 60.0, "% of measured copy bandwidth (estimated)",
+                  "bytes the kernel moves by the lab's traffic model over time, against the "
+                  "copy bandwidth this machine measured; used where counters are absent."),
+        Criterion("sector_amplification", ">=", 2.0, "x sectors per request over ideal",
+                  "uncoalesced access: each warp request touches more 32-byte sectors than "
+                  "the bytes it needs (ideal 4 for 4-byte lanes); >= 2x means half or more of "
+                  "the memory transactions are waste: a layout problem."),),
+        probe="ncu --metrics dram__throughput...,l1tex__t_sectors/requests (or the lab's traffic model)",
+        yes="G", no="H"),
+    Question("H", "Is Tensor-Core use low?", (
+        Criterion("tensor_pct_of_peak", "<", 50.0, "% of this machine's measured GEMM rate",
+                  "a matmul-heavy kernel under half the rate cuBLAS reaches on this card at "
+                  "its dtype is missing the MMA path (wrong dtype, fp32 without TF32, "
+                  "unaligned shapes, a tile the compiler cannot map to wgmma/mma)."),
+        Criterion("tensor_pipe_pct", "<", 50.0, "% tensor pipe active (counted)",
+                  "Nsight Compute's sm__pipe_tensor_op_*_cycles_active: under half busy."),),
+        probe="hwlab.probes.gemm at the kernel's dtype, or ncu tensor-pipe metric",
+        yes="I", no="J"),
+    Question("D", "Slow only on several GPUs or in service?", (
+        Criterion("e2e_slowdown", ">=", 1.2, "x",
+                  "end-to-end step or TPOT over what the single-GPU probes predict; 20% is "
+                  "beyond run-to-run noise of a serving benchmark."),),
+        probe="the service's step time / TPOT against the single-GPU prediction",
+        yes="K", no="OK", bool_metric="multi_gpu_or_service_slow"),
+    Question("K", "Do some ranks finish late (a rank tail)?", (
+        Criterion("rank_tail_pct", ">=", 10.0, "% of median step time",
+                  "slowest rank's median step over the median rank's: a tail of 10% or more "
+                  "means one rank's link, NUMA placement or card holds all others at the "
+                  "collective."),),
+        probe="per-rank step-time distribution (the cross-link TP lab)",
+        yes="L", no="M", bool_metric="rank_tail"),
+]}
+
+LEAVES: dict[str, Leaf] = {l.id: l for l in [
+    Leaf("G", "bandwidth / layout / fusion", (
+        "count bytes moved vs bytes required; fuse the chain so each byte crosses DRAM once",
+        "make the fastest-moving index contiguous (coalesced), or transpose through shared memory",
+        "move fewer bytes: a smaller dtype for activations / KV cache"), "01_bandwidth_bound"),
+    Leaf("I", "tile / dtype / MMA path", (
+        "run the matmul in bf16/fp16/fp8 or enable TF32 for fp32",
+        "pad shapes to multiples of 16 (bf16) / 32 (fp8) so the MMA path is taken",
+        "check the tile maps onto wgmma/mma (BLOCK_K >= 16, warps matching the tile)"), ""),
+    Leaf("J", "launch / occupancy / registers", (
+        "read registers, spills and occupancy from the compiler report",
+        "shrink the tile or split an over-fused kernel until spills are gone",
+        "capture many small launches in a CUDA graph, or fuse them"), "02_registers_occupancy"),
+    Leaf("L", "NCCL / NVLink / NUMA / rank mapping", (
+        "save nvidia-smi topo -m and the rank-to-device map; find pairs crossing SYS/PCIe",
+        "regroup TP ranks onto NVLink-adjacent GPUs; bind processes to the GPU's NUMA node",
+        "log NCCL's chosen route (NCCL_DEBUG=INFO) and per-rank step times"), "03_cross_link_tp"),
+    Leaf("M", "shape bucket / cache / fallback", (
+        "benchmark the real shape mix, not one tuned shape; split prefill and decode",
+        "count fallback / dequant kernels per step (kernel hit rate)",
+        "check caches (KV, autotune, compile) hit in service"), "04_fp8_dequant_fallback"),
+    Leaf("OK", "nothing to fix at this level", (
+        "the kernel is within 1.5x of its floor and nothing is slow at scale",
+        "re-check the symptom: compare with the node baseline"), ""),
+]}
+
+START = "B"
+
+
+@dataclass
+class Step:
+    question: str
+    text: str
+    answer: str  # "yes" | "no"
+    metric: str
+    value: Any
+    criterion: str
+    reason: str
+
+    def __str__(self) -> str:
+        return (f"{self.question}. {self.text} -> {self.answer.upper()} "
+                f"({self.metric} = {_fmt(self.value)}; rule {self.criterion})")
+
+
+@dataclass
+class Diagnosis:
+    steps: list[Step] = field(default_factory=list)
+    leaf: Leaf | None = None
+    undecided: Question | None = None
+
+    @property
+    def leaf_id(self) -> str | None:
+        return self.leaf.id if self.leaf else None
+
+    @property
+    def path(self) -> list[str]:
+        ids = [s.question for s in self.steps]
+        if self.leaf:
+            ids.append(self.leaf.id)
+        elif self.undecided:
+            ids.append(self.undecided.id)
+        return ids
+
+    def explain(self) -> str:
+        lines = [str(s) for s in self.steps]
+        if self.leaf:
+            lines.append(f"=> {self.leaf.id}: {self.leaf.title}")
+            lines += [f"   next: {a}" for a in self.leaf.actions]
+        elif self.undecided:
+            q = self.undecided
+            need = ", ".join(c.metric for c in q.criteria)
+            lines.append(f"=> cannot decide at {q.id} ({q.text}): evidence lacks {need}; "
+                         f"run {q.probe}")
+        return "\n".join(lines)
+
+    __str__ = explain
+
+    def mermaid(self) -> str:
+        return render_mermaid(self.path)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else repr(v)
+
+
+def diagnose(evidence: dict[str, Any]) -> Diagnosis:
+    """Walk the chart from the start on ``evidence`` (metric -> value).
+
+    At each question the first present criterion decides unless another present one says
+    "yes" (a question is "yes" if any of its measured criteria holds). A by-hand boolean
+    (``bool_metric``) is used only when no numeric metric is present.
+    """
+    d = Diagnosis()
+    node = START
+    for _ in range(len(QUESTIONS) + 1):
+        if node in LEAVES:
+            d.leaf = LEAVES[node]
+            return d
+        q = QUESTIONS[node]
+        present = [(c, evidence[c.metric]) for c in q.criteria
+                   if evidence.get(c.metric) is not None]
+        if present:
+            hits = [(c, v) for c, v in present if c.holds(float(v))]
+            c, v = hits[0] if hits else present[0]
+            ans = "yes" if hits else "no"
+            d.steps.append(Step(q.id, q.text, ans, c.metric, v, c.describe(), c.reason))
+        elif q.bool_metric and evidence.get(q.bool_metric) is not None:
+            ans = "yes" if evidence[q.bool_metric] else "no"
+            d.steps.append(Step(q.id, q.text, ans, q.bool_metric, evidence[q.bool_metric],
+                                "answered by hand", "observed by the engineer"))
+        else:
+            d.undecided = q
+            return d
+        node = q.yes if ans == "yes" else q.no
+    raise RuntimeError("flowchart has a cycle")  # pragma: no cover
+
+
+def render_mermaid(path: list[str] | None = None) -> str:
+    """Mermaid source of the chart, nodes on ``path`` highlighted (JupyterLab renders it)."""
+    lines = ["flowchart TD", '    A["performance anomaly"] --> B']
+    for q in QUESTIONS.values():
+        lines.append(f'    {q.id}{{"{q.text}"}}')
+        lines.append(f'    {q.id} -- "yes" --> {q.yes}')
+        lines.append(f'    {q.id} -- "no" --> {q.no}')
+    for leaf in LEAVES.values():
+        lines.append(f'    {leaf.id}["{leaf.title}"]')
+    if path:
+        lines.append("    classDef hit fill:#ffd54f,stroke:#e65100,stroke-width:2px")
+        lines.append(f"    class {','.join(path)} hit")
+    return "\n".join(lines)
+
+
+def evidence_from_measurement(m, *, ceiling_gbps: float, ceiling_tflops: float | None = None,
+                              bytes_moved: int | None = None, **extra: Any) -> dict[str, Any]:
+    """Flowchart evidence from one :class:`~hwlab.measure.Measurement` and this machine's
+    ceilings: the slowdown over the roofline floor and the estimated DRAM throughput."""
+    floor_ms = m.n_bytes / (ceiling_gbps * 1e9) * 1e3
+    if m.n_flops and ceiling_tflops:
+        floor_ms = max(floor_ms, m.n_flops / (ceiling_tflops * 1e12) * 1e3)
+    moved = bytes_moved if bytes_moved is not None else m.n_bytes
+    ev = {"slowdown_vs_floor": m.t_ms / floor_ms if floor_ms > 0 else None,
+          "dram_pct_estimated": 100.0 * moved / (m.t_ms * 1e-3) / 1e9 / ceiling_gbps}
+    ev.update({k: v for k, v in extra.items() if v is not None})
+    return ev

@@ -1,0 +1,215 @@
+"""Basic probes: HBM copy, host<->device link, GEMM per dtype, kernel-launch overhead.
+
+Each returns a :class:`~hwlab.measure.Measurement` that knows its bytes and FLOPs. On a
+CPU they measure the CPU (host memory copy, CPU GEMM, op dispatch) and say so in
+``device``; they never pretend to be GPU figures.
+
+Byte counts: a copy of N bytes reads N and writes N, so ``n_bytes = 2N`` (nvbandwidth
+counts N once; we count what the DRAM really carries). A host->device copy of N bytes
+moves N over the link, ``n_bytes = N``. A GEMM ``(M,K)@(K,N)`` does ``2MNK`` FLOPs and
+needs at least ``(MK + KN + MN) * itemsize`` bytes.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .measure import (TOL_BY_DTYPE, InputError, Measurement, bench, device_name, device_of,
+                      poison_, require_memory, synchronize, time_fn)
+
+PROBES: dict[str, Callable[..., Measurement]] = {}
+
+
+def _probe(fn: Callable[..., Measurement]) -> Callable[..., Measurement]:
+    PROBES[fn.__name__] = fn
+    return fn
+
+
+# ---------------------------------------------------------------- device copy
+def _triton_copy():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def copy_kernel(src, dst, n, BLOCK: tl.constexpr):
+        pid = tl.program_id(0).to(tl.int64)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+    def run(src: torch.Tensor, dst: torch.Tensor, block: int = 4096, num_warps: int = 8):
+        n = src.numel()
+        copy_kernel[(triton.cdiv(n, block),)](src, dst, n, BLOCK=block, num_warps=num_warps)
+        return dst
+
+    return run
+
+
+@_probe
+def hbm_copy(size_mib: int = 1024, device=None, impl: str = "auto", n_rep: int = 50) -> Measurement:
+    """Device-memory bandwidth: copy ``size_mib`` MiB of fp32, counting read + write.
+
+    ``impl``: 'triton' (hwlab's own streaming kernel; default on GPU) or 'torch'
+    (``Tensor.copy_``; default on CPU, where the Triton interpreter is no speed reference).
+    """
+    dev = device_of(device)
+    n = size_mib * 2**20 // 4
+    if n <= 0:
+        raise InputError(f"size_mib must be positive, got {size_mib}")
+    require_memory(3 * n * 4, dev, f"hbm_copy of {size_mib} MiB")
+    if impl == "auto":
+        impl = "triton" if dev.type == "cuda" else "torch"
+    if impl == "triton":
+        kern = _triton_copy()
+        fn = lambda s, d: kern(s, d)  # noqa: E731
+    elif impl == "torch":
+        fn = lambda s, d: d.copy_(s)  # noqa: E731
+    else:
+        raise ValueError(f"impl must be 'triton', 'torch' or 'auto', not {impl!r}")
+
+    def make():
+        return torch.randn(n, device=dev), poison_(torch.empty(n, device=dev))
+
+    return bench(f"hbm_copy[{impl}]", fn, make, n_bytes=2 * n * 4,
+                 reference=lambda s, d: s, tol=0.0, device=dev, n_rep=n_rep,
+                 params={"size_mib": size_mib, "impl": impl, "dtype": "float32"})
+
+
+# ---------------------------------------------------------------- host link
+@_probe
+def host_link(size_mib: int = 256, direction: str = "h2d", pinned: bool = True,
+              device=None, n_rep: int = 20) -> Measurement:
+    """Host<->device copy bandwidth over PCIe/C2C (``direction`` 'h2d' or 'd2h').
+
+    Pageable memory goes through a driver staging buffer and is typically 2-4x slower
+    than pinned. On a CPU machine there is no device link: the probe copies between two
+    host buffers and names itself ``host_memcpy`` so nobody reads it as PCIe.
+    """
+    dev = device_of(device)
+    if direction not in ("h2d", "d2h"):
+        raise ValueError(f"direction must be 'h2d' or 'd2h', not {direction!r}")
+    n = size_mib * 2**20 // 4
+    if n <= 0:
+        raise InputError(f"size_mib must be positive, got {size_mib}")
+    require_memory(2 * n * 4, torch.device("cpu"), f"host_link of {size_mib} MiB (host side)")
+    if dev.type != "cuda":
+        def make():
+            return torch.randn(n), poison_(torch.empty(n))
+        return bench("host_memcpy[cpu]", lambda s, d: d.copy_(s), make, n_bytes=n * 4,
+                     reference=lambda s, d: s, tol=0.0, device=dev, n_rep=n_rep, rotate=False,
+                     params={"size_mib": size_mib, "note": "no GPU: host-to-host copy"})
+    require_memory(n * 4, dev, f"host_link of {size_mib} MiB (device side)")
+
+    def host(t):
+        return t.pin_memory() if pinned else t
+
+    if direction == "h2d":
+        def make():
+            return host(torch.randn(n)), poison_(torch.empty(n, device=dev))
+    else:
+        def make():
+            return torch.randn(n, device=dev), host(poison_(torch.empty(n)))
+    kind = "pinned" if pinned else "pageable"
+    return bench(f"host_link[{direction},{kind}]", lambda s, d: d.copy_(s, non_blocking=pinned),
+                 make, n_bytes=n * 4, reference=lambda s, d: s, tol=0.0, device=dev,
+                 n_rep=n_rep, rotate=False,
+                 params={"size_mib": size_mib, "direction": direction, "memory": kind})
+
+
+# ---------------------------------------------------------------- GEMM
+GEMM_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+def fp8_supported(device: torch.device) -> bool:
+    """FP8 tensor cores: compute capability >= 8.9 (Ada, Hopper, Blackwell); CPU emulates."""
+    if device.type != "cuda":
+        return hasattr(torch, "float8_e4m3fn")
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+@_probe
+def gemm(size: int | None = None, dtype: str = "bf16", device=None, n_rep: int = 30,
+         m: int | None = None, n: int | None = None, k: int | None = None) -> Measurement:
+    """Dense ``(M,K) @ (K,N)`` through torch (cuBLAS on GPU), checked against float64.
+
+    ``fp32`` disables TF32 for the call; ``tf32`` enables it; ``fp8`` is e4m3 inputs with
+    unit scales through ``torch._scaled_mm`` (bf16 output). Default size: 8192 on a GPU
+    (fills an H100/H200), 512 on a CPU.
+    """
+    dev = device_of(device)
+    if dtype not in GEMM_DTYPES:
+        raise ValueError(f"dtype must be one of {GEMM_DTYPES}, not {dtype!r}")
+    if dtype == "fp8" and not fp8_supported(dev):
+        raise InputError(f"{device_name(dev)} has no FP8 tensor cores (needs sm_89+)")
+    size = size or (8192 if dev.type == "cuda" else 512)
+    M, N, K = m or size, n or size, k or size
+    tdt = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
+           "fp16": torch.float16, "fp8": torch.float8_e4m3fn}[dtype]
+    item = torch.tensor([], dtype=tdt).element_size()
+    require_memory((M * K + K * N) * item + M * N * 2 * max(item, 2) + M * N * 8, dev,
+                   f"gemm {M}x{N}x{K} {dtype}")
+
+    if dtype == "fp8":
+        one = torch.ones((), device=dev, dtype=torch.float32)
+
+        def make():
+            a = (torch.randn(M, K, device=dev) * 0.5).to(tdt)
+            b = (torch.randn(N, K, device=dev) * 0.5).to(tdt).t()  # column-major B
+            return a, b
+
+        def fn(a, b):
+            return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        tol = TOL_BY_DTYPE["bfloat16"]
+    else:
+        def make():
+            return (torch.randn(M, K, device=dev).to(tdt), torch.randn(K, N, device=dev).to(tdt))
+
+        precision = "high" if dtype == "tf32" else "highest"
+
+        def fn(a, b):
+            prev = torch.get_float32_matmul_precision()
+            torch.set_float32_matmul_precision(precision)
+            try:
+                return a @ b
+            finally:
+                torch.set_float32_matmul_precision(prev)
+        tol = {"fp32": TOL_BY_DTYPE["float32"] * 10, "tf32": TOL_BY_DTYPE["tf32"],
+               "bf16": TOL_BY_DTYPE["bfloat16"], "fp16": TOL_BY_DTYPE["float16"]}[dtype]
+
+    def reference(a, b):
+        return (a.double() @ b.double())
+
+    n_bytes = (M * K + K * N) * item + M * N * (2 if dtype in ("bf16", "fp16", "fp8") else 4)
+    return bench(f"gemm[{dtype}]", fn, make, n_bytes=n_bytes, n_flops=2 * M * N * K,
+                 reference=reference, tol=tol, device=dev, n_rep=n_rep,
+                 params={"m": M, "n": N, "k": K, "dtype": dtype})
+
+
+# ---------------------------------------------------------------- launch overhead
+@_probe
+def launch_overhead(n_launches: int = 2000, device=None, n_rep: int = 10) -> Measurement:
+    """Cost of one tiny kernel launch, in microseconds (``params['us_per_launch']``).
+
+    Times ``n_launches`` back-to-back in-place adds on a 1-element tensor: the GPU work is
+    negligible, so the time per launch is the launch path (Python -> ATen dispatch ->
+    driver). On CPU it is the dispatch overhead of one ATen op. The measured median
+    ``t_ms`` covers the whole batch.
+    """
+    dev = device_of(device)
+    if n_launches < 1:
+        raise InputError("n_launches must be >= 1")
+    x = torch.randn(1, device=dev)
+
+    def step(t):
+        for _ in range(n_launches):
+            t.add_(1.0)
+        return t
+
+    timing = time_fn(step, [(x,)], dev, n_warmup=2, n_rep=n_rep)
+    synchronize(dev)
+    us = timing.median_ms * 1e3 / n_launches
+    return Measurement(name="launch_overhead", t_ms=timing.median_ms, t_p10_ms=timing.p10_ms,
+                       t_p90_ms=timing.p90_ms, n_bytes=0, n_flops=0, device=device_name(dev),
+                       timer=timing.timer, n_rep=len(timing.samples_ms),
+                       params={"n_launches": n_launches, "us_per_launch": us})
