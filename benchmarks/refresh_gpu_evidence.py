@@ -43,6 +43,14 @@ def part_doctor(out: Path, summary: list[str]) -> Ceilings:
     return c
 
 
+def _torch_timer_ms(fn) -> float:
+    """Median ms per call from torch.utils.benchmark (synchronises around each block)."""
+    import torch.utils.benchmark as tb
+
+    m = tb.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=2.0)
+    return m.median * 1e3
+
+
 def part_probe_vs_torch(out: Path, summary: list[str]) -> None:
     from triton.testing import do_bench
 
@@ -54,10 +62,14 @@ def part_probe_vs_torch(out: Path, summary: list[str]) -> None:
     n = 2048 * 2**20 // 4
     src, dst = torch.randn(n, device=dev), torch.empty(n, device=dev)
     t_ms = do_bench(lambda: dst.copy_(src), warmup=100, rep=1000, return_mode="median")
-    torch_gbps = 2 * n * 4 / (t_ms * 1e-3) / 1e9
+    db_gbps = 2 * n * 4 / (t_ms * 1e-3) / 1e9
+    t_ms = _torch_timer_ms(lambda: dst.copy_(src))
+    tb_gbps = 2 * n * 4 / (t_ms * 1e-3) / 1e9
+    torch_gbps = max(db_gbps, tb_gbps)  # judge against torch's best showing
     comps.append({"what": "copy 2 GiB fp32 (read+write)", "probe_gbps": probe.gbps,
                   "probe_torch_impl_gbps": probe_torch.gbps,
-                  "torch_copy_do_bench_gbps": torch_gbps,
+                  "torch_copy_do_bench_gbps": db_gbps,
+                  "torch_copy_utils_benchmark_gbps": tb_gbps,
                   "ratio_probe_over_torch": probe.gbps / torch_gbps, "criterion": ">= 0.95"})
     del src, dst
     # bf16 GEMM 8192^3: hwlab probe vs torch.matmul under do_bench
@@ -65,10 +77,16 @@ def part_probe_vs_torch(out: Path, summary: list[str]) -> None:
     a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
     t_ms = do_bench(lambda: a @ b, warmup=100, rep=1000, return_mode="median")
-    torch_tflops = 2 * 8192**3 / (t_ms * 1e-3) / 1e12
+    db_tflops = 2 * 8192**3 / (t_ms * 1e-3) / 1e12
+    t_ms = _torch_timer_ms(lambda: a @ b)
+    tb_tflops = 2 * 8192**3 / (t_ms * 1e-3) / 1e12
     comps.append({"what": "bf16 GEMM 8192^3", "probe_tflops": g.tflops,
-                  "torch_matmul_do_bench_tflops": torch_tflops,
-                  "ratio_probe_over_torch": g.tflops / torch_tflops, "criterion": "within 5%"})
+                  "torch_matmul_do_bench_tflops": db_tflops,
+                  "torch_matmul_utils_benchmark_tflops": tb_tflops,
+                  "ratio_probe_over_torch": g.tflops / tb_tflops, "criterion": "within 5%",
+                  "note": "judged against torch.utils.benchmark (back-to-back calls, as the "
+                          "probe times them); do_bench zeroes a 256 MB buffer before every "
+                          "call, which on the H200 cost the GEMM ~10-15% (shown beside it)"})
     ev = Evidence(kind="probe_vs_torch", machine=machine_info(),
                   results=[probe, probe_torch, g], extra={"comparisons": comps})
     ev.save(out / "probe_vs_torch.json")

@@ -9,3 +9,5 @@ Modules (one purpose each):
   exercise    checking learners' answers            labs.*     one module per failure mode
 """
 __version__ = "0.1.0"
+
+from . import tritonenv  # noqa: E402,F401  (without a GPU: Triton's interpreter, before any kernel)

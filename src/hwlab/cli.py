@@ -222,7 +222,6 @@ def cmd_evidence(a) -> int:
 
 
 def cmd_lab(a) -> int:
-    import shutil
     import subprocess
 
     root = Path(a.dir) if a.dir else _find_notebooks()
@@ -230,11 +229,12 @@ def cmd_lab(a) -> int:
         print("cannot find the notebooks/ folder: run from the hwlab checkout or pass --dir",
               file=sys.stderr)
         return EXIT_FAIL
-    exe = shutil.which("jupyter")
-    if exe is None:
-        print("jupyter is not installed in this environment: pip install jupyterlab", file=sys.stderr)
+    import importlib.util
+
+    if importlib.util.find_spec("jupyterlab") is None:
+        print("JupyterLab is not installed in this environment: pip install jupyterlab", file=sys.stderr)
         return EXIT_FAIL
-    cmd = [exe, "lab", f"--notebook-dir={root.parent}", f"--port={a.port}",
+    cmd = [sys.executable, "-m", "jupyter", "lab", f"--notebook-dir={root.parent}", f"--port={a.port}",
            str(Path(root.name) / "00_start_here.ipynb")]
     if a.no_browser:
         cmd.append("--no-browser")

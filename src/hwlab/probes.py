@@ -27,7 +27,15 @@ def _probe(fn: Callable[..., Measurement]) -> Callable[..., Measurement]:
 
 
 # ---------------------------------------------------------------- device copy
+_COPY_KERNEL = None
+
+
 def _triton_copy():
+    """hwlab's streaming copy kernel, autotuned over block size / warps on first use."""
+    global _COPY_KERNEL
+    if _COPY_KERNEL is not None:
+        return _COPY_KERNEL
+    from . import tritonenv  # noqa: F401
     import triton
     import triton.language as tl
 
@@ -38,11 +46,23 @@ def _triton_copy():
         mask = offs < n
         tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
 
-    def run(src: torch.Tensor, dst: torch.Tensor, block: int = 4096, num_warps: int = 8):
-        n = src.numel()
-        copy_kernel[(triton.cdiv(n, block),)](src, dst, n, BLOCK=block, num_warps=num_warps)
-        return dst
+    if tritonenv.INTERPRETED:  # no autotuner without a GPU driver: one small block
+        def run(src: torch.Tensor, dst: torch.Tensor):
+            n = src.numel()
+            copy_kernel[(triton.cdiv(n, 1024),)](src, dst, n, BLOCK=1024)
+            return dst
+    else:
+        tuned = triton.autotune(
+            configs=[triton.Config({"BLOCK": b}, num_warps=w)
+                     for b, w in ((4096, 8), (8192, 8), (8192, 16), (16384, 16))],
+            key=["n"])(copy_kernel)
 
+        def run(src: torch.Tensor, dst: torch.Tensor):
+            n = src.numel()
+            tuned[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](src, dst, n)
+            return dst
+
+    _COPY_KERNEL = run
     return run
 
 

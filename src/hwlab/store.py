@@ -30,6 +30,7 @@ def write_text_atomic(path: str | os.PathLike, text: str, *, overwrite: bool = F
         )
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; records are ordinary files
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -48,6 +49,12 @@ def write_text_atomic(path: str | os.PathLike, text: str, *, overwrite: bool = F
             os.unlink(tmp)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any, *, overwrite: bool = False) -> Path:

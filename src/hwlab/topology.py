@@ -27,6 +27,7 @@ from typing import Any, Iterable
 
 LINK_ORDER = ["X", "NV", "PIX", "PXB", "PHB", "NODE", "SYS"]
 _AFFINITY_HEADERS = [("CPU", "Affinity"), ("NUMA", "Affinity"), ("GPU", "NUMA", "ID")]
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # nvidia-smi underlines the header on a tty
 _LINK_RE = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
 
 
@@ -143,7 +144,7 @@ def parse_topo_matrix(text: str, source: str = "") -> Topology:
     tables, optional NIC rows and an optional ``NIC Legend``. Raises
     :class:`TopologyParseError` naming the 1-based line number for anything malformed.
     """
-    lines = text.splitlines()
+    lines = [_ANSI.sub("", ln) for ln in text.splitlines()]
     start = next((i for i, ln in enumerate(lines) if ln.split()[:1] == ["GPU0"]
                   and len(ln.split()) > 1 and not _LINK_RE.match(ln.split()[1])), None)
     if start is None:

@@ -8,11 +8,17 @@ and it says nothing about GPU speed.
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
-INTERPRETED = False
+_triton_was_loaded = "triton" in sys.modules
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "0":
+    if _triton_was_loaded and os.environ.get("TRITON_INTERPRET") != "1":
+        # triton.language's own @jit helpers (tl.sigmoid, tl.cdiv, ...) were built for a GPU
+        # when triton was imported; kernels calling them would fail in the interpreter.
+        raise ImportError("no GPU here, and triton was imported before hwlab: import hwlab "
+                          "(or set TRITON_INTERPRET=1) before `import triton`")
     os.environ["TRITON_INTERPRET"] = "1"
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 

@@ -1,0 +1,119 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 00 · Start here: the machine in front of you
+#
+# **Needs:** nothing special. On a GPU node every number below is measured live; on a laptop or CI
+# machine without a GPU the kit measures the CPU (labelled *CPU*) and shows the H200 runs this kit
+# recorded (labelled *recorded on NVIDIA H200*). **Takes:** ~1 min on a GPU, ~10 s on a CPU.
+#
+# **You will see:** the machine's state (NVML), its topology, the two ceilings every lab judges against
+# (copy bandwidth and GEMM rate, *as measured here*), the roofline they draw, and the diagnosis
+# flowchart the labs walk.
+#
+# The rule of this kit: a time alone says nothing. Every probe knows the bytes it had to move and the
+# FLOPs it had to do, so it reports GB/s, TFLOP/s and *% of what this machine measured*.
+
+# %%
+import matplotlib.pyplot as plt
+from hwlab import ceilings, evidence, flowchart, nb, roofline, specs, system, topology
+
+GPU = nb.has_gpu()
+print("GPU present:", GPU, "|", nb.live_label())
+
+# %% [markdown]
+# ## 1. System state (NVML)
+# Temperature, power, clocks against their maxima, throttle reasons, ECC, PCIe link. Without a driver
+# NVML is absent: that is a state, not an error.
+
+# %%
+snap = system.snapshot()
+print("versions:", snap["versions"])
+if snap["nvml"]["available"]:
+    for g in snap["gpus"]:
+        print({k: g[k] for k in ("name", "temperature_c", "power_w", "sm_clock_mhz",
+                                 "sm_clock_max_mhz", "clock_event_reasons", "pcie_gen", "pcie_width")})
+else:
+    print("NVML:", snap["nvml"]["reason"])
+    rec = evidence.recorded("doctor")
+    nb.banner("The H200's NVML state instead", rec.label)
+    g = rec.snapshot["gpus"][0]
+    print({k: g[k] for k in ("name", "temperature_c", "power_w", "power_limit_w", "sm_clock_max_mhz",
+                             "clock_event_reasons", "ecc_mode", "pcie_gen", "pcie_width", "nvlink")})
+print("health flags:", system.health_flags(snap if snap["nvml"]["available"] else rec.snapshot) or "none")
+
+# %% [markdown]
+# ## 2. Topology
+# `nvidia-smi topo -m` says how each pair of GPUs (and NICs) is connected: `NV#` (NVLink) is fastest,
+# then `PIX`, `PXB`, `PHB`, `NODE`, and `SYS` (across sockets) is slowest. A tensor-parallel group that
+# crosses `SYS` when an NVLink group exists is the seed's 0.72x incident.
+
+# %%
+text = topology.capture_topo_text()
+if text:
+    print(topology.parse_topo_matrix(text).render())
+else:
+    print("no nvidia-smi here; a real 8-GPU capture instead (DGX-1 hybrid cube mesh):")
+    cap = (evidence.RECORDED_DIR / "topology" / "dgx1_v100_hybrid_cube_mesh.txt").read_text()
+    t = topology.parse_topo_matrix(cap)
+    print(t.render())
+    print("slowest link inside GPU0-3:", t.slowest_link([0, 1, 2, 3]),
+          "| inside GPU0,4,5:", t.slowest_link([0, 4, 5]))
+
+# %% [markdown]
+# ## 3. Ceilings: what this machine measured
+# The datasheet is a lead; the lab's yardstick is what *this* card reached on a large copy (bytes read
+# + written) and a large GEMM on random data. They are cached per machine (`hwlab doctor --remeasure`
+# refreshes them).
+
+# %%
+here = ceilings.get(quick=True)
+print(f"live ({here.label}): copy {here.copy_gbps:,.1f} GB/s, GEMM",
+      {k: round(v, 2) for k, v in here.gemm_tflops.items()}, "TFLOP/s")
+h200 = ceilings.recorded()
+print(f"{h200.label}: copy {h200.copy_gbps:,.0f} GB/s, GEMM",
+      {k: round(v, 1) for k, v in h200.gemm_tflops.items()}, "TFLOP/s")
+ds = specs.lookup("NVIDIA H200")
+print(f"H200 datasheet: {ds.hbm_gbps:,} GB/s, bf16 {ds.bf16_tflops} TFLOP/s dense -> measured copy is "
+      f"{100 * h200.copy_gbps / ds.hbm_gbps:.0f}% and bf16 GEMM {100 * h200.gemm('bf16') / ds.bf16_tflops:.0f}% of it")
+
+# %% [markdown]
+# ## 4. The roofline
+# Attainable TFLOP/s = min(peak, bandwidth × arithmetic intensity). Left of the ridge point a kernel
+# is memory-bound whatever its math; the Lab 1 points (an elementwise chain at ~0.5 FLOP/byte) sit far
+# left of an H200's ridge (~180 FLOP/byte in bf16).
+
+# %%
+lab1 = evidence.recorded("lab01_bandwidth")
+fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+roofline.plot(h200, lab1.results, ax=axes[0], label=h200.label)
+roofline.plot(here, [], dtypes=("fp32",), ax=axes[1], label=here.label)
+plt.tight_layout()
+plt.show()
+print(f"H200 measured ridge (bf16): {h200.ridge_point('bf16'):.0f} FLOP/byte")
+
+# %% [markdown]
+# ## 5. The diagnosis flowchart
+# Every lab ends by placing its evidence on this chart. Questions carry a metric, a threshold and a
+# reason; a missing metric stops the walk with "cannot decide: run probe X".
+
+# %%
+nb.show_mermaid(flowchart.render_mermaid())
+d = flowchart.diagnose(lab1.extra["flowchart_evidence"]["unfused"])
+nb.banner("The unfused chain of Lab 1, diagnosed", lab1.label)
+print(d.explain())
+nb.show_mermaid(d.mermaid())
+
+# %% [markdown]
+# ## Summary
+# - Judge kernels against ceilings *this* machine measured; keep datasheet peaks apart.
+# - The roofline's ridge point says whether bytes or FLOPs bound a kernel before you profile.
+# - The flowchart turns evidence into the next action. Next: `01_bandwidth_bound.ipynb`.

@@ -1,0 +1,163 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Bandwidth-bound: the unfused chain and the strided layout
+#
+# **Needs:** a CUDA GPU for live speed; without one the kernels run in the Triton interpreter at tiny
+# sizes (correctness only) and the speed evidence is the H200 run this kit recorded, labelled as such.
+# **Takes:** ~1 min on a GPU (plus ~1 min if Nsight Compute is installed), ~10 s on a CPU.
+#
+# **Arc:** symptom → predict → measure → place on the flowchart → fix → re-verify with the same probe.
+#
+# ## Symptom
+# After every linear layer the model runs `y = (gelu(x + bias) + residual) * scale`. In the profile these
+# four small kernels take several times longer than their FLOPs could explain, while the GPU's math units
+# idle. The seed's first question: *DRAM throughput high, arithmetic intensity low, Tensor Cores idle →
+# look at data flow, layout and fusion, not at more compute.*
+
+# %%
+import matplotlib.pyplot as plt
+import torch
+from hwlab import ceilings, evidence, flowchart, nb, roofline
+from hwlab.labs import bandwidth as lab
+
+GPU = nb.has_gpu()
+DTYPE = torch.float16  # fp16 is right in the interpreter too (bf16 is not)
+print(nb.live_label())
+
+# %% [markdown]
+# ## Predict before measuring
+# Eager PyTorch runs four kernels; each reads its input from DRAM and writes its output back:
+#
+# | op | reads | writes |
+# |---|---|---|
+# | `t1 = x + bias` | x (N), bias (cols) | t1 (N) |
+# | `t2 = gelu(t1)` | t1 (N) | t2 (N) |
+# | `t3 = t2 + residual` | t2 (N), residual (N) | t3 (N) |
+# | `y = t3 * scale` | t3 (N) | y (N) |
+#
+# **9N** elements cross DRAM; the work needs only **3N** (read x and residual, write y). At ~11 FLOP per
+# element the chain sits near 0.5 FLOP/byte, hundreds of times left of the ridge point. Prediction: both
+# versions run at the copy bandwidth, so the fused one is **~3x faster**.
+
+# %%
+rows, cols = lab.default_size(None)
+tr = lab.chain_traffic(rows, cols, torch.tensor([], dtype=DTYPE).element_size())
+print(f"{rows}x{cols} {DTYPE}: required {tr['bytes_required']/2**20:,.1f} MiB, unfused moves "
+      f"{tr['bytes_moved_unfused']/2**20:,.1f} MiB -> predicted speed-up "
+      f"{tr['bytes_moved_unfused']/tr['bytes_required']:.2f}x; AI {tr['n_flops']/tr['bytes_required']:.2f} FLOP/B")
+
+# %% [markdown]
+# ## Measure (live), against the copy ceiling measured here
+# Every case is first checked against a float64 reference on fresh random inputs, then timed
+# (warm-up, device events, median of many runs, p10–p90 spread).
+
+# %%
+ceil = ceilings.get(quick=True)
+live = lab.run(dtype=DTYPE, ceiling_gbps=ceil.copy_gbps, n_rep=50 if GPU else 3)
+nb.banner("Lab 1 cases", nb.live_label())
+for row in live.table():
+    print(f"{row['case']:>10}: {row['t_ms']:.4f} ms ±{row['spread_pct']:.0f}%, "
+          f"{row['gbps_required']:,.1f} GB/s required-bytes = {row['pct_of_copy']:.0f}% of copy")
+if not GPU:
+    print("\nCPU: all four cases are correct (checked against float64). Their times are the Triton "
+          "interpreter's, not a GPU's, so no diagnosis is drawn from them. The GPU evidence follows.")
+
+# %% [markdown]
+# ## The evidence that decides (recorded on the H200 when there is no GPU here)
+
+# %%
+if GPU:
+    result, source = live, nb.live_label()
+else:
+    rec = evidence.recorded("lab01_bandwidth")
+    result, source = lab.result_from_evidence(rec), rec.label
+    print("Nsight Compute counters (counted on the H200):")
+    for k, c in rec.extra["counters"].items():
+        print(f"  {k:>10}: DRAM {c['dram_pct_of_peak']:.0f}% of peak, sector amplification "
+              f"{c['sector_amplification']:.1f}x, tensor pipe {c['tensor_pipe_pct']:.0f}%")
+m = result.measurements
+moved = {k: v.params.get("bytes_moved", v.n_bytes) for k, v in m.items()}
+fig, axes = plt.subplots(1, 2, figsize=(13, 4))
+nb.plot_gbps(m.values(), result.params["ceiling_gbps"], "Achieved bandwidth per case", source,
+             moved=moved, ax=axes[0])
+c_for_roof = ceil if GPU else ceilings.recorded()
+roofline.plot(c_for_roof, m.values(), ax=axes[1], label=source)
+plt.tight_layout()
+plt.show()
+print(f"fused over unfused: {result.speedup('unfused', 'fused'):.2f}x (predicted ~3x); "
+      f"coalesced over strided: {result.speedup('strided', 'coalesced'):.2f}x  [{source}]")
+
+# %% [markdown]
+# ## Place it on the flowchart
+# The unfused chain is far from its floor (slow), and the bytes it really moves run near the copy
+# ceiling: DRAM is saturated → **bandwidth / layout / fusion**. The strided case is also slow, but its
+# DRAM throughput is low; what gives it away is the sector amplification (each 2-byte lane drags a whole
+# 32-byte sector): the memory system is saturated on waste → the same leaf.
+
+# %%
+for case in ("unfused", "strided"):
+    d = result.diagnoses[case]
+    print(f"--- {case} [{source}]\n{d.explain()}\n")
+nb.show_mermaid(result.diagnoses["unfused"].mermaid())
+
+# %% [markdown]
+# ## Fix, and re-verify with the same probe
+# One Triton kernel reads `x` and `residual` once and writes `y` once (`hwlab.labs.bandwidth.fused_chain`);
+# the layout fix walks rows so a warp's lanes read consecutive addresses. The same probe, the same
+# flowchart: both fixed runs leave the bandwidth leaf.
+
+# %%
+for case in ("fused", "coalesced"):
+    d = result.diagnoses[case]
+    print(f"--- {case} [{source}]: {d.leaf.id if d.leaf else 'undecided'} "
+          f"({d.leaf.title if d.leaf else ''})")
+    print(d.explain())
+
+# %% [markdown]
+# ## Knobs: size, dtype, layout, fused/unfused
+# On a GPU each change re-measures live; on a CPU it re-checks correctness in the interpreter at the
+# chosen (small) size and says so.
+
+# %%
+import ipywidgets as W
+from IPython.display import display
+
+size = W.IntSlider(value=4096 if GPU else 64, min=64, max=16384 if GPU else 512, step=64,
+                   description="rows=cols")
+dtype = W.Dropdown(options=["float16", "float32"] + (["bfloat16"] if GPU else []), description="dtype")
+case = W.ToggleButtons(options=["unfused", "fused", "strided", "coalesced"], description="case")
+out = W.Output()
+
+
+def remeasure(_=None):
+    out.clear_output()
+    with out:
+        r = lab.run(size.value, size.value, getattr(torch, dtype.value), ceiling_gbps=ceil.copy_gbps,
+                    n_rep=30 if GPU else 2, cases=(case.value,))
+        mm = r.measurements[case.value]
+        print(f"{mm.summary()}\n[{nb.live_label()}]")
+        if case.value in r.diagnoses:
+            print("flowchart:", " -> ".join(r.diagnoses[case.value].path))
+
+
+for w in (size, dtype, case):
+    w.observe(remeasure, names="value")
+display(W.VBox([size, dtype, case, out]))
+remeasure()
+
+# %% [markdown]
+# ## Summary
+# - Count bytes before timing: the unfused chain moves 3x the bytes it needs; that ratio *is* the speed-up.
+# - A bandwidth-bound kernel is judged by % of the measured copy ceiling, not by FLOP/s.
+# - Uncoalesced access wastes sectors: DRAM throughput can look *low* while the memory path is the
+#   limiter; the sector counters (or the access-pattern estimate) reveal it.
+# - Next: `exercises/01_bandwidth_bound.ipynb` — write the fused kernel yourself.

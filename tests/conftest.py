@@ -1,0 +1,21 @@
+import os
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    """Ceiling caches go to a temporary folder, never the user's ~/.cache."""
+    monkeypatch.setenv("HWLAB_CACHE", str(tmp_path / "cache"))
+    yield
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run with the device recipe)")
+    for it in items:
+        if "gpu" in it.keywords:
+            it.add_marker(skip)

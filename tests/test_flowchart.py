@@ -1,0 +1,50 @@
+import pytest
+
+from hwlab import flowchart as F
+
+
+@pytest.mark.parametrize("ev,leaf,path", [
+    ({"slowdown_vs_floor": 3.0, "dram_pct_estimated": 85.0}, "G", ["B", "F", "G"]),
+    ({"slowdown_vs_floor": 6.0, "dram_pct_estimated": 5.0, "sector_amplification": 8.0}, "G", ["B", "F", "G"]),
+    ({"slowdown_vs_floor": 4.0, "dram_pct_of_peak": 10.0, "tensor_pct_of_peak": 12.0}, "I", ["B", "F", "H", "I"]),
+    ({"slowdown_vs_floor": 4.0, "dram_pct_of_peak": 10.0, "tensor_pct_of_peak": 70.0}, "J", ["B", "F", "H", "J"]),
+    ({"slowdown_vs_floor": 1.1, "e2e_slowdown": 1.4, "rank_tail_pct": 25.0}, "L", ["B", "D", "K", "L"]),
+    ({"slowdown_vs_floor": 1.1, "e2e_slowdown": 1.4, "rank_tail_pct": 2.0}, "M", ["B", "D", "K", "M"]),
+    ({"slowdown_vs_floor": 1.1, "e2e_slowdown": 1.0}, "OK", ["B", "D", "OK"]),
+    ({"single_gpu_slow": False, "multi_gpu_or_service_slow": True, "rank_tail": True}, "L", ["B", "D", "K", "L"]),
+])
+def test_each_leaf(ev, leaf, path):
+    d = F.diagnose(ev)
+    assert d.leaf_id == leaf and d.path == path
+    assert all(s.reason for s in d.steps)
+
+
+def test_counted_metric_can_say_yes_when_estimate_says_no():
+    d = F.diagnose({"slowdown_vs_floor": 2.0, "dram_pct_estimated": 40.0, "dram_pct_of_peak": 75.0})
+    assert d.leaf_id == "G" and d.steps[1].metric == "dram_pct_of_peak"
+
+
+def test_cannot_decide_names_the_probe():
+    d = F.diagnose({})
+    assert d.leaf is None and d.undecided.id == "B"
+    assert "cannot decide at B" in d.explain() and "slowdown_vs_floor" in d.explain()
+    d = F.diagnose({"slowdown_vs_floor": 2.0})
+    assert d.undecided.id == "F" and "ncu" in d.explain()
+
+
+def test_mermaid_highlights_path():
+    d = F.diagnose({"slowdown_vs_floor": 3.0, "dram_pct_estimated": 85.0})
+    src = d.mermaid()
+    assert src.startswith("flowchart TD") and "class B,F,G hit" in src
+    for q in F.QUESTIONS.values():
+        assert q.yes in F.QUESTIONS or q.yes in F.LEAVES
+        assert q.no in F.QUESTIONS or q.no in F.LEAVES
+
+
+def test_evidence_from_measurement_floor():
+    from hwlab.measure import Measurement
+    m = Measurement(name="k", t_ms=3.0, t_p10_ms=3.0, t_p90_ms=3.0, n_bytes=3 * 10**9,
+                    n_flops=0, device="d", timer="t", n_rep=1)
+    ev = F.evidence_from_measurement(m, ceiling_gbps=3000.0, bytes_moved=9 * 10**9)
+    assert ev["slowdown_vs_floor"] == pytest.approx(3.0)     # floor 1 ms
+    assert ev["dram_pct_estimated"] == pytest.approx(100.0)  # 9 GB in 3 ms = 3000 GB/s

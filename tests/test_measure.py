@@ -1,0 +1,104 @@
+import math
+
+import pytest
+import torch
+
+from hwlab import measure as M
+
+
+def test_timing_quantiles_and_spread():
+    t = M.Timing(samples_ms=[1.0, 2.0, 3.0, 4.0, 100.0], timer="cpu-perf-counter", n_warmup=0)
+    assert t.median_ms == 3.0
+    assert t.p10_ms == pytest.approx(1.4)
+    assert t.p90_ms == pytest.approx(61.6)
+    assert t.spread_pct == pytest.approx(100 * (61.6 - 1.4) / 3.0)
+
+
+def test_measurement_units():
+    m = M.Measurement(name="x", t_ms=2.0, t_p10_ms=1.9, t_p90_ms=2.2, n_bytes=8 * 10**9,
+                      n_flops=4 * 10**12, device="d", timer="t", n_rep=5,
+                      ceiling_gbps=5000.0, ceiling_tflops=1000.0)
+    assert m.gbps == pytest.approx(4000.0)          # 8 GB in 2 ms
+    assert m.tflops == pytest.approx(2000.0)        # 4 TFLOP in 2 ms
+    assert m.pct_of_bw_ceiling == pytest.approx(80.0)
+    assert m.pct_of_flops_ceiling == pytest.approx(200.0)
+    assert m.arithmetic_intensity == pytest.approx(500.0)
+    assert "80% of 5,000 GB/s" in m.summary()
+    back = M.Measurement.from_dict(m.to_dict())
+    assert back == m
+
+
+def test_rel_error_and_check_close():
+    r = torch.randn(1000, dtype=torch.float64)
+    assert M.rel_error(r, r) == 0.0
+    noisy = r + 1e-3 * torch.randn(1000, dtype=torch.float64)
+    assert 1e-4 < M.rel_error(noisy, r) < 1e-2
+    with pytest.raises(M.CorrectnessError, match="exceeds tolerance"):
+        M.check_close(noisy, r, tol=1e-5)
+    nan = r.clone()
+    nan[3] = float("nan")
+    assert M.rel_error(nan, r) == math.inf
+    with pytest.raises(M.CorrectnessError):
+        M.check_close(nan, r, tol=1.0)
+    with pytest.raises(M.CorrectnessError, match="shape"):
+        M.rel_error(r[:10], r)
+
+
+def test_refuses_zero_inputs_but_accepts_poisoned_outputs():
+    with pytest.raises(M.InputError, match="constant"):
+        M.refuse_constant_inputs([torch.randn(10), torch.zeros(100)])
+    out = M.poison_(torch.empty(100))
+    assert torch.isnan(out).all()
+    M.refuse_constant_inputs([torch.randn(10), out])  # NaN poison is not "constant data"
+
+
+@pytest.mark.parametrize("bytes_per_set,l2,expected", [
+    (10 * 2**20, 60 * 2**20, 12),      # 2 x 60 MiB / 10 MiB
+    (200 * 2**20, 60 * 2**20, 1),      # already past 2x L2
+    (1024, 60 * 2**20, M.MAX_ROTATING_SETS),
+    (1024, None, 1),                   # unknown cache (CPU): no rotation
+])
+def test_rotating_sets(bytes_per_set, l2, expected):
+    assert M.n_rotating_sets(bytes_per_set, l2) == expected
+
+
+def test_bench_checks_before_timing_and_rejects_a_wrong_kernel():
+    calls = []
+
+    def wrong(x):
+        calls.append(1)
+        return x * 2.0001
+
+    with pytest.raises(M.CorrectnessError):
+        M.bench("wrong", wrong, lambda: (torch.randn(4096),), n_bytes=1,
+                reference=lambda x: x * 2, tol=1e-6, device="cpu")
+    assert len(calls) == 1  # checked once, never timed
+
+
+def test_bench_uses_fresh_inputs_and_reports_cpu():
+    seen = []
+
+    def make():
+        t = torch.randn(256)
+        seen.append(t)
+        return (t,)
+
+    m = M.bench("double", lambda x: x * 2, make, n_bytes=2 * 256 * 4, reference=lambda x: x * 2,
+                tol=1e-6, device="cpu", n_rep=7, n_warmup=1)
+    assert m.timer == "cpu-perf-counter" and m.device.startswith("CPU")
+    assert m.n_rep == 7 and m.rel_err == 0.0
+    assert m.t_p10_ms <= m.t_ms <= m.t_p90_ms
+    assert len({id(t) for t in seen}) == len(seen)
+
+
+def test_time_fn_stops_at_the_time_budget():
+    import time
+
+    t = M.time_fn(lambda: time.sleep(0.02), [()], torch.device("cpu"), n_warmup=0,
+                  n_rep=1000, max_total_s=0.1)
+    assert 3 <= len(t.samples_ms) < 20
+
+
+def test_size_that_does_not_fit_is_refused_before_allocating():
+    with pytest.raises(M.InsufficientMemoryError, match="choose a smaller size"):
+        M.require_memory(1 << 50, torch.device("cpu"), "a 1 PiB probe")

@@ -1,0 +1,46 @@
+import pytest
+
+from hwlab import specs
+
+
+@pytest.mark.parametrize("reported,key", [
+    ("NVIDIA H200", "H200"),
+    ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+    ("NVIDIA H100 PCIe", "H100 PCIe"),
+    ("NVIDIA H100 NVL", "H100 PCIe"),
+    ("NVIDIA A100-SXM4-40GB", "A100 SXM 40GB"),
+    ("NVIDIA A100-SXM4-80GB", "A100 SXM 80GB"),
+    ("NVIDIA A100 80GB PCIe", "A100 PCIe 80GB"),
+    ("NVIDIA A100-PCIE-40GB", "A100 PCIe 40GB"),
+    ("NVIDIA L40S", "L40S"),
+    ("NVIDIA L4", "L4"),
+    ("NVIDIA A10", "A10"),
+    ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+    ("NVIDIA B200", "B200"),
+])
+def test_lookup_by_reported_name(reported, key):
+    assert specs.lookup(reported).name == key
+
+
+def test_unknown_gpu_is_a_clear_error():
+    with pytest.raises(specs.UnknownGPUError) as e:
+        specs.lookup("NVIDIA A40")
+    msg = str(e.value)
+    assert "A40" in msg and "measures" in msg and "H200" in msg
+    assert specs.try_lookup("Tesla K80") is None
+
+
+def test_every_entry_cites_a_source_and_is_consistent():
+    for s in specs.SPECS.values():
+        assert s.sources, s.name
+        assert s.hbm_gbps > 0 and s.sm_count > 0
+        rates = [r for r in (s.fp32_tflops, s.tf32_tflops, s.bf16_tflops, s.fp8_tflops) if r]
+        assert rates == sorted(rates), f"{s.name}: dense rates should rise fp32<=tf32<=bf16<=fp8"
+
+
+def test_ridge_point_and_fp8_absence():
+    h200 = specs.lookup("NVIDIA H200")
+    assert h200.ridge_point("bf16") == pytest.approx(989.4e12 / 4.8e12)
+    assert specs.lookup("NVIDIA A100-SXM4-40GB").peak_tflops("fp8") is None
+    with pytest.raises(KeyError):
+        h200.peak_tflops("int4")
