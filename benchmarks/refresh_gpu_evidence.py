@@ -122,7 +122,69 @@ def part_lab01(out: Path, summary: list[str], c: Ceilings | None) -> None:
                                for k, v in counters.items()))
 
 
-PARTS = ("doctor", "probe_vs_torch", "lab01")
+def part_lab02(out: Path, summary: list[str]) -> None:
+    from hwlab import ncu
+    from hwlab.labs import registers as lab
+
+    cublas = lab.cublas_bf16(8192)
+    results = lab.sweep(lab.SWEEP, size=8192, ceiling_tflops=cublas.tflops,
+                        progress=lambda s: print("lab02 config", s, flush=True))
+    for r in results:
+        if ncu.available() and not r.report.skipped:
+            cfg = r.config
+            try:
+                rows = ncu.profile(["-m", "hwlab.labs.registers", "--compile", "matmul", "--mode",
+                                    "gpu", "--ncu-launch", "--config",
+                                    f"{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps},{cfg.stages}"],
+                                   metrics=ncu.OCCUPANCY_METRICS, nvtx_range="hwlab_case")
+                r.ncu = rows[0] if rows else None
+            except Exception as e:
+                r.ncu = {"error": str(e)[-300:]}
+    # over-fusion: softmax(A @ B) over a 512-wide row, fused vs split
+    dev = torch.device("cuda")
+    M, K, N = 16384, 4096, 512
+    mk = lambda: (torch.randn(M, K, device=dev, dtype=torch.bfloat16) * 0.05,  # noqa: E731
+                  torch.randn(K, N, device=dev, dtype=torch.bfloat16) * 0.05)
+    from hwlab.measure import bench
+    ref = lambda a, b: torch.softmax(a.double() @ b.double(), dim=1)  # noqa: E731
+    a, b = mk()
+    _, kf = lab.matmul_softmax_fused(a, b)
+    _, ks = lab.matmul(a, b, lab.SANE)
+    fused = bench("over-fused gemm+softmax", lambda x, y: lab.matmul_softmax_fused(x, y)[0], mk,
+                  n_bytes=(M * K + K * N + M * N) * 2, n_flops=2 * M * N * K, reference=ref,
+                  tol=2e-2, n_rep=30, params={"report": lab.runtime_report("matmul_softmax", "64x512x64 w4 s2", kf).to_dict()})
+    split = bench("split gemm, softmax", lambda x, y: lab.matmul_softmax_split(x, y)[0], mk,
+                  n_bytes=(M * K + K * N + M * N) * 2, n_flops=2 * M * N * K, reference=ref,
+                  tol=2e-2, n_rep=30, params={"report": lab.runtime_report("matmul", lab.SANE.label, ks).to_dict()})
+    launch = lab.launch_bound()
+    copy = probes.hbm_copy(size_mib=2048, impl="torch").gbps
+    ok = [r for r in results if r.measurement]
+    best = max(ok, key=lambda r: r.measurement.tflops)
+    spilling = [r for r in ok if (r.report.n_spills or 0) > 0]
+    ev = Evidence(kind="lab02_registers", machine=machine_info(),
+                  results=[cublas] + [r.measurement for r in ok] + [fused, split, launch.eager, launch.graph],
+                  ceilings={"cublas_bf16_tflops": cublas.tflops},
+                  extra={"configs": [r.to_dict() for r in results], "launch": launch.to_dict(),
+                         "copy_gbps": copy,
+                         "flowchart_evidence": {**{r.config.label: lab.config_evidence(r, copy) for r in ok},
+                                                "launch-bound step": lab.launch_evidence(launch, copy)},
+                         "best": best.config.label,
+                         "overfusion": {"fused": fused.params["report"], "split": split.params["report"]}})
+    ev.save(out / "lab02_registers.json")
+    for r in results:
+        m = r.measurement
+        summary.append(f"lab02 {r.config.label}: regs {r.report.n_regs} spills {r.report.n_spills} "
+                       f"smem {r.report.shared_bytes} occ {r.occupancy and r.occupancy['blocks_by_limit']} "
+                       f"ncu {r.ncu and {k: v for k, v in r.ncu.items() if 'limit' in k}} "
+                       + (f"{m.t_ms:.3f} ms {m.tflops:.0f} TFLOP/s ({m.pct_of_flops_ceiling:.0f}% cuBLAS)" if m else r.report.skipped or ""))
+    summary.append(f"lab02 cuBLAS {cublas.tflops:.0f} TFLOP/s; best {best.config.label}; worst spill "
+                   f"slowdown {max(s.measurement.t_ms for s in spilling) / best.measurement.t_ms if spilling else 0:.1f}x")
+    summary.append(f"lab02 over-fusion: fused {fused.t_ms:.3f} ms (spills {kf.n_spills}) vs split {split.t_ms:.3f} ms (spills {ks.n_spills})")
+    summary.append(f"lab02 launch: eager {launch.eager.t_ms:.3f} ms, graph {launch.graph.t_ms:.3f} ms, "
+                   f"{launch.speedup:.1f}x, {launch.us_per_launch_eager:.2f} us/launch, idle {launch.gpu_idle_pct_eager:.0f}%")
+
+
+PARTS = ("doctor", "probe_vs_torch", "lab01", "lab02")
 
 
 def main(argv=None) -> int:
@@ -147,6 +209,8 @@ def main(argv=None) -> int:
             part_probe_vs_torch(a.out, summary)
         elif part == "lab01":
             part_lab01(a.out, summary, c)
+        elif part == "lab02":
+            part_lab02(a.out, summary)
         else:
             print(f"unknown part {part!r}; parts: {', '.join(PARTS)}", file=sys.stderr)
             return 2

@@ -11,6 +11,9 @@ from hwlab import flowchart as F
     ({"slowdown_vs_floor": 1.1, "e2e_slowdown": 1.4, "rank_tail_pct": 25.0}, "L", ["B", "D", "K", "L"]),
     ({"slowdown_vs_floor": 1.1, "e2e_slowdown": 1.4, "rank_tail_pct": 2.0}, "M", ["B", "D", "K", "M"]),
     ({"slowdown_vs_floor": 1.1, "e2e_slowdown": 1.0}, "OK", ["B", "D", "OK"]),
+    ({"slowdown_vs_floor": 5.4, "dram_pct_estimated": 3.0, "tensor_pct_of_peak": 18.0, "n_spills": 174}, "J", ["B", "F", "H", "J"]),
+    ({"slowdown_vs_floor": 40.0, "dram_pct_estimated": 1.0, "launch_gap_pct": 80.0}, "J", ["B", "F", "H", "J"]),
+    ({"slowdown_vs_floor": 5.4, "dram_pct_estimated": 3.0, "tensor_pct_of_peak": 18.0, "n_spills": 0}, "I", ["B", "F", "H", "I"]),
     ({"single_gpu_slow": False, "multi_gpu_or_service_slow": True, "rank_tail": True}, "L", ["B", "D", "K", "L"]),
 ])
 def test_each_leaf(ev, leaf, path):

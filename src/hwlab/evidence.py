@@ -23,8 +23,9 @@ from .store import write_json_atomic
 
 SCHEMA = "hwlab.evidence"
 SCHEMA_VERSION = 1
-#: where the kit's own recorded runs live (shipped inside the package)
-RECORDED_DIR = Path(__file__).parent / "recorded"
+#: where the kit's own recorded runs live (shipped inside the package); HWLAB_RECORDED_DIR
+#: points elsewhere (the GPU refresh executes notebooks against freshly recorded runs)
+RECORDED_DIR = Path(os.environ.get("HWLAB_RECORDED_DIR") or Path(__file__).parent / "recorded")
 
 
 class EvidenceError(ValueError):

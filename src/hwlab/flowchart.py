@@ -47,6 +47,8 @@ class Question:
     yes: str
     no: str
     bool_metric: str | None = None  # a by-hand yes/no answer, e.g. from the learner
+    #: evidence that answers "no" outright, checked first (see the Tensor-Core question)
+    overrides_no: tuple[Criterion, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,16 @@ QUESTIONS: dict[str, Question] = {q.id: q for q in [
         Criterion("tensor_pipe_pct", "<", 50.0, "% tensor pipe active (counted)",
                   "Nsight Compute's sm__pipe_tensor_op_*_cycles_active: under half busy."),),
         probe="hwlab.probes.gemm at the kernel's dtype, or ncu tensor-pipe metric",
-        yes="I", no="J"),
+        yes="I", no="J",
+        overrides_no=(
+            Criterion("n_spills", ">", 0, "4-byte local-memory slots (compiler report)",
+                      "a spilling kernel starves its tensor cores on local-memory traffic: low "
+                      "Tensor-Core use is the symptom, registers are the cause, so the walk "
+                      "goes to the registers leaf, not to the MMA path."),
+            Criterion("launch_gap_pct", ">=", 50.0, "% of the step the GPU sits idle",
+                      "when the GPU idles between launches for half the step or more, no kernel "
+                      "change helps: the launch path is the limiter."),
+        )),
     Question("D", "Slow only on several GPUs or in service?", (
         Criterion("e2e_slowdown", ">=", 1.2, "x",
                   "end-to-end step or TPOT over what the single-GPU probes predict; 20% is "
@@ -203,7 +214,13 @@ def diagnose(evidence: dict[str, Any]) -> Diagnosis:
         q = QUESTIONS[node]
         present = [(c, evidence[c.metric]) for c in q.criteria
                    if evidence.get(c.metric) is not None]
-        if present:
+        forced = [(c, evidence[c.metric]) for c in q.overrides_no
+                  if evidence.get(c.metric) is not None and c.holds(float(evidence[c.metric]))]
+        if forced:
+            c, v = forced[0]
+            ans = "no"
+            d.steps.append(Step(q.id, q.text, ans, c.metric, v, c.describe(), c.reason))
+        elif present:
             hits = [(c, v) for c, v in present if c.holds(float(v))]
             c, v = hits[0] if hits else present[0]
             ans = "yes" if hits else "no"

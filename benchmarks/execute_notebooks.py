@@ -1,0 +1,56 @@
+"""Execute every notebook (notebooks/, solutions/, exercises/) with nbclient on this machine.
+
+    python benchmarks/execute_notebooks.py --out OUTDIR [--only 01_bandwidth_bound]
+
+Writes the executed copies to OUTDIR (``<folder>__<name>.ipynb``) and a JSON summary of what
+ran, how long, and which raised. On a GPU machine the executed copies are the "outputs recorded
+on the H200" the repo may keep on purpose (see docs/executed-h200/).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--only", default="")
+    p.add_argument("--timeout", type=int, default=900)
+    a = p.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    summary, failed = [], 0
+    for folder in ("notebooks", "solutions", "exercises"):
+        for path in sorted((ROOT / folder).glob("*.ipynb")):
+            if a.only and a.only not in path.name:
+                continue
+            nb = nbformat.read(path, as_version=4)
+            t0 = time.time()
+            err = None
+            try:
+                NotebookClient(nb, timeout=a.timeout, kernel_name="python3",
+                               resources={"metadata": {"path": str(path.parent)}}).execute()
+            except CellExecutionError as e:
+                err = str(e)[-1500:]
+                failed += 1
+            nb.metadata["hwlab_executed"] = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                             "seconds": round(time.time() - t0, 1), "error": err}
+            nbformat.write(nb, a.out / f"{folder}__{path.name}")
+            summary.append({"notebook": f"{folder}/{path.name}", "seconds": round(time.time() - t0, 1),
+                            "ok": err is None, "error": err})
+            print(f"{'ok ' if err is None else 'ERR'} {folder}/{path.name} {time.time() - t0:.0f} s", flush=True)
+    (a.out / "notebooks_summary.json").write_text(json.dumps(summary, indent=2))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

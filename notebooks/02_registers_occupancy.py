@@ -1,0 +1,187 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · Registers, occupancy, spills and launch overhead
+#
+# **Needs:** a CUDA GPU for times; without one, every register/spill figure is still real: the kernels
+# are compiled for sm_90 (Hopper) on this CPU and `ptxas -v` reports them. Speed figures then come from
+# the H200 run this kit recorded, labelled. **Takes:** ~3 min on a GPU (compiles + sweep), ~1 min on a CPU.
+#
+# **Arc:** symptom → predict → measure → flowchart → fix → re-verify.
+#
+# ## Symptom
+# A Triton GEMM was "tuned" by making the tile bigger for more data reuse. It now runs several times
+# slower than cuBLAS on the same card, and Nsight shows the tensor cores mostly idle. Nothing else changed.
+
+# %%
+import matplotlib.pyplot as plt
+import torch
+from hwlab import evidence, flowchart, nb
+from hwlab.labs import registers as lab
+from hwlab.labs.occupancy import HOPPER, occupancy
+
+GPU = nb.has_gpu()
+print(nb.live_label())
+
+# %% [markdown]
+# ## Predict: count the accumulator
+# Each program keeps a `BM × BN` fp32 accumulator in registers, spread over `32 × warps` threads. A thread
+# can hold at most 255 registers, and it needs more than the accumulator (pointers, A/B fragments).
+
+# %%
+for cfg in lab.SWEEP:
+    print(f"{cfg.label:>20}: accumulator {cfg.acc_regs_per_thread:5.0f} registers/thread "
+          f"-> {'fits' if cfg.acc_regs_per_thread <= 160 else 'will spill'}")
+
+# %% [markdown]
+# ## Measure: the compiler's own report, guarded
+# Each config is compiled in a child process with a time limit (some spilling configs take minutes to
+# compile). On a GPU the figures come off the launched kernel (`n_regs`, `n_spills`, `metadata.shared`);
+# on a CPU from `ptxas -v` on the sm_90a build. `n_spills` counts 4-byte local-memory slots.
+
+# %%
+configs = lab.SWEEP if GPU else (lab.SANE, lab.WIDE, lab.SMALL, lab.SPILL)
+rows = lab.sweep(configs, n_rep=20, timeout_s=120,
+                 ceiling_tflops=lab.cublas_bf16().tflops if GPU else None,
+                 progress=lambda s: print("compiling", s, flush=True))
+nb.banner("Compile reports", nb.live_label() if GPU else "static sm_90a compile on this CPU (real ptxas output)")
+for r in rows:
+    rep = r.report
+    occ = r.occupancy
+    print(f"{r.config.label:>20}: {rep.n_regs} regs, {rep.n_spills} spill slots, {rep.shared_bytes} B smem"
+          + (f", {occ['blocks_per_sm']} block(s)/SM bound by {occ['binding']}" if occ else f" [{rep.skipped}]"))
+
+# %% [markdown]
+# ## Occupancy: which limit binds
+# `hwlab.labs.occupancy` turns registers, shared memory and warps into blocks per SM under each limit
+# (Hopper: 65536 registers, 228 KiB shared memory, 64 warps, 32 blocks per SM). Recorded on the H200,
+# Nsight Compute's `launch__occupancy_limit_*` reads the same limits: compare them below.
+
+# %%
+rec = evidence.recorded("lab02_registers")
+nb.banner("Occupancy: hwlab's calculation vs Nsight Compute", rec.label)
+for c in rec.extra["configs"]:
+    if not c["occupancy"]:
+        continue
+    ours = c["occupancy"]["blocks_by_limit"]
+    ncu = c["ncu"] or {}
+    theirs = {k: ncu.get(f"launch__occupancy_limit_{k}") for k in ours}
+    print(f"{c['report']['config']:>20}: hwlab {ours}\n{'':>20}  ncu   {theirs}")
+
+# %% [markdown]
+# ## Time against cuBLAS (same run, same card)
+
+# %%
+if GPU:
+    src, ms = nb.live_label(), [r.measurement for r in rows if r.measurement]
+    cublas = ms[0].ceiling_tflops
+    ev = {r.config.label: lab.config_evidence(r) for r in rows if r.measurement}
+else:
+    src = rec.label
+    ms = [m for m in rec.results if m.name.startswith("triton")]
+    cublas = rec.ceilings["cublas_bf16_tflops"]
+    ev = rec.extra["flowchart_evidence"]
+fig, ax = plt.subplots(figsize=(8, 3.5))
+ax.bar([m.params["config"] for m in ms], [m.tflops for m in ms])
+ax.axhline(cublas, color="r", ls="--", label=f"cuBLAS bf16 {cublas:,.0f} TFLOP/s")
+ax.set_ylabel("TFLOP/s")
+ax.set_title(f"Triton GEMM 8192³ bf16 by tile config\n({src})", fontsize=9)
+ax.legend(fontsize=7)
+plt.xticks(rotation=20, fontsize=7)
+plt.show()
+for m in ms:
+    print(f"{m.params['config']:>20}: {m.t_ms:.2f} ms, {m.tflops:,.0f} TFLOP/s = {m.pct_of_flops_ceiling:.0f}% of cuBLAS [{src}]")
+
+# %% [markdown]
+# ## Place it on the flowchart
+# The spilling config is far from its floor, DRAM is not saturated, and Tensor-Core use is low — but the
+# compiler report shows spills. The chart's override: a spilling kernel starves its tensor cores, so
+# registers are the cause → **launch / occupancy / registers**. The best config leaves the chart slow branch.
+
+# %%
+spill = next(k for k, v in ev.items() if (v.get("n_spills") or 0) > 0)
+best = max((k for k in ev if (ev[k].get("n_spills") or 0) == 0 and "slowdown_vs_floor" in ev[k]),
+           key=lambda k: -ev[k]["slowdown_vs_floor"])
+for k in (spill, best):
+    print(f"--- {k} [{src}]\n{flowchart.diagnose(ev[k]).explain()}\n")
+nb.show_mermaid(flowchart.diagnose(ev[spill]).mermaid())
+
+# %% [markdown]
+# ## Over-fusion: softmax fused into the GEMM
+# Fusing `softmax(A @ B)` into the GEMM's epilogue forces one program to own a *whole row* of the product
+# (BN = N = 512): 64 × 512 fp32 values on 128 threads, 256 registers each before anything else. Split into a
+# GEMM with a sane tile and a softmax kernel, nothing spills.
+
+# %%
+fused = lab.compile_guarded("matmul_softmax", lab.TileConfig(64, 512, 64, 4, 2), timeout_s=120)
+split = lab.compile_guarded("matmul", lab.SANE, timeout_s=120)
+print(f"fused: {fused.n_regs} regs, {fused.n_spills} spill slots | split GEMM: {split.n_regs} regs, "
+      f"{split.n_spills} spill slots [{fused.source}]")
+of = {m.name: m for m in rec.results}
+f, s = of["over-fused gemm+softmax"], of["split gemm, softmax"]
+print(f"{rec.label}: fused {f.t_ms:.3f} ms vs split {s.t_ms:.3f} ms -> split is {f.t_ms / s.t_ms:.1f}x faster")
+
+# %% [markdown]
+# ## Launch-bound: many tiny kernels
+# A decode step of 64 layers × 3 tiny kernels. Each launch costs microseconds of CPU and driver time; the
+# GPU work per kernel is shorter, so the GPU waits. A CUDA graph replays the same kernels without the
+# launch path.
+
+# %%
+lb = lab.launch_bound(n_rep=30)
+print(f"live: eager {lb.eager.t_ms:.3f} ms for {lb.n_kernels} kernels = {lb.us_per_launch_eager:.2f} us/kernel"
+      + (f"; graph {lb.graph.t_ms:.3f} ms ({lb.speedup:.1f}x), GPU idle {lb.gpu_idle_pct_eager:.0f}% of the eager step"
+         if lb.graph else f" ({lb.note})") + f" [{nb.live_label()}]")
+L = rec.extra["launch"]
+print(f"{rec.label}: eager {L['eager']['t_ms']:.3f} ms, graph {L['graph']['t_ms']:.3f} ms -> {L['speedup']:.1f}x; "
+      f"{L['us_per_launch_eager']:.2f} us per kernel eager, GPU idle {L['gpu_idle_pct_eager']:.0f}%")
+print(flowchart.diagnose(rec.extra["flowchart_evidence"]["launch-bound step"]).explain())
+
+# %% [markdown]
+# ## Knobs: tile, warps, stages
+# Change a knob and the config is recompiled (guarded): registers, spills, shared memory and occupancy,
+# plus the time on a GPU.
+
+# %%
+import ipywidgets as W
+from IPython.display import display
+
+bm = W.Dropdown(options=[64, 128, 256], value=128, description="BM")
+bn = W.Dropdown(options=[64, 128, 256], value=128, description="BN")
+bk = W.Dropdown(options=[32, 64], value=64, description="BK")
+warps = W.Dropdown(options=[4, 8], value=4, description="warps")
+stages = W.Dropdown(options=[2, 3, 4], value=3, description="stages")
+out = W.Output()
+
+
+def recompile(_=None):
+    out.clear_output()
+    cfg = lab.TileConfig(bm.value, bn.value, bk.value, warps.value, stages.value)
+    with out:
+        r = lab.sweep([cfg], n_rep=10, timeout_s=120)[0]
+        print(r.report.to_dict())
+        print("occupancy:", r.occupancy)
+        if r.measurement:
+            print(r.measurement.summary())
+
+
+for w in (bm, bn, bk, warps, stages):
+    w.observe(recompile, names="value")
+display(W.VBox([W.HBox([bm, bn, bk]), W.HBox([warps, stages]), out]))
+recompile()
+
+# %% [markdown]
+# ## Summary
+# - Accumulator registers per thread = BM·BN / threads: predict the spill before compiling.
+# - Read registers, spills and shared memory from the compiler; compute which occupancy limit binds.
+# - Over-fusion and oversized tiles fail the same way: too much live state per thread.
+# - Many tiny launches: measure µs per launch; a CUDA graph (or fusion) removes the gaps.
+# - Next: `exercises/02_registers_occupancy.ipynb`.

@@ -1,0 +1,37 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Solution 02 · Remove the spill, keep the speed
+#
+# **Needs:** a GPU for the speed band; on a CPU the config is compiled for sm_90 and graded on spills
+# only (the result says so). **Takes:** 15–30 min.
+#
+# The config `256x256x64, 8 warps, 3 stages` spills. Pick a `TileConfig(BM, BN, BK, warps, stages)`
+# that compiles **without spills** and, on a GPU, reaches **≥ 70% of cuBLAS bf16 measured on this
+# machine in the same run**. Write one sentence saying why it does not spill (count the accumulator
+# registers per thread) and which occupancy limit binds.
+
+# %%
+from hwlab import nb
+from hwlab.labs import registers as lab
+from hwlab.labs.registers import TileConfig
+
+print(nb.live_label())
+for cfg in (lab.SPILL, lab.SANE):
+    print(cfg.label, "-> accumulator registers/thread:", cfg.acc_regs_per_thread)
+
+# %% tags=["learner"]
+MY_CONFIG = TileConfig(128, 256, 64, 8, 3)
+MY_REASON = ("128x256 on 8 warps is 128 accumulator registers per thread, leaving room under 255 for "
+             "fragments and pointers; registers and shared memory (144 KiB) both allow one block per SM.")
+
+# %%
+lab.grade_config(MY_CONFIG, MY_REASON)
