@@ -24,7 +24,7 @@
 # %%
 import matplotlib.pyplot as plt
 import torch
-from hwlab import evidence, flowchart, nb
+from hwlab import ceilings, evidence, flowchart, nb
 from hwlab.labs import registers as lab
 from hwlab.labs.occupancy import HOPPER, occupancy
 
@@ -83,7 +83,8 @@ for c in rec.extra["configs"]:
 if GPU:
     src, ms = nb.live_label(), [r.measurement for r in rows if r.measurement]
     cublas = ms[0].ceiling_tflops
-    ev = {r.config.label: lab.config_evidence(r) for r in rows if r.measurement}
+    copy_gbps = ceilings.get(quick=True).copy_gbps
+    ev = {r.config.label: lab.config_evidence(r, copy_gbps) for r in rows if r.measurement}
 else:
     src = rec.label
     ms = [m for m in rec.results if m.name.startswith("triton")]
@@ -121,8 +122,8 @@ nb.show_mermaid(flowchart.diagnose(ev[spill]).mermaid())
 # GEMM with a sane tile and a softmax kernel, nothing spills.
 
 # %%
-fused = lab.compile_guarded("matmul_softmax", lab.TileConfig(64, 512, 64, 4, 2), timeout_s=120)
-split = lab.compile_guarded("matmul", lab.SANE, timeout_s=120)
+fused = lab.compile_guarded("matmul_softmax", lab.TileConfig(64, 512, 64, 4, 2), timeout_s=120, static=not GPU)
+split = lab.compile_guarded("matmul", lab.SANE, timeout_s=120, static=not GPU)
 print(f"fused: {fused.n_regs} regs, {fused.n_spills} spill slots | split GEMM: {split.n_regs} regs, "
       f"{split.n_spills} spill slots [{fused.source}]")
 of = {m.name: m for m in rec.results}

@@ -68,9 +68,11 @@ QUESTIONS: dict[str, Question] = {q.id: q for q in [
         probe="the kernel's own probe (hwlab.measure.bench) against this machine's ceilings",
         yes="F", no="D", bool_metric="single_gpu_slow"),
     Question("F", "Is the memory path saturated (DRAM near peak, or wasted traffic)?", (
-        Criterion("dram_pct_of_peak", ">=", 60.0, "% (counted by Nsight Compute)",
-                  "dram__throughput as % of peak: past ~60% DRAM is the limiter; the fix is "
-                  "fewer bytes (fusion, dtype, layout), not more compute."),
+        Criterion("dram_pct_of_peak", ">=", 50.0, "% of theoretical peak (counted by Nsight Compute)",
+                  "dram__throughput as % of the theoretical peak. A large copy reaches only "
+                  "~89% of it on an H200, and short kernels lose more to ramp-up, so half the "
+                  "peak already means DRAM is the limiter; the fix is fewer bytes (fusion, "
+                  "dtype, layout), not more compute."),
         Criterion("dram_pct_estimated", ">=", 60.0, "% of measured copy bandwidth (estimated)",
                   "bytes the kernel moves by the lab's traffic model over time, against the "
                   "copy bandwidth this machine measured; used where counters are absent."),

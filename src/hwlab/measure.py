@@ -10,8 +10,10 @@ Why each rule exists (read this before you trust a number):
 * **Never time zeros.** Zeros hide unwritten outputs and wrong indexing, and some units
   run faster on them (a bf16 GEMM ran 13% faster on zeros on an H200). Inputs with no
   spread are refused (:func:`refuse_constant_inputs`).
-* **Warm up.** The first calls pay for module load, JIT compilation, autotuning and
-  handle creation; ``n_warmup`` calls run untimed.
+* **Warm up, then measure the sustained state.** The first calls pay for module load, JIT
+  compilation, autotuning and handle creation; ``n_warmup`` calls run untimed, and on a GPU
+  warm-up continues for ``GPU_WARMUP_S`` and timing for at least ``GPU_MIN_RUN_S``: a cold
+  card's first 50 ms run at boost clocks that a power-limited workload never sees.
 * **Time on the device.** GPU work is asynchronous: a host clock around a launch
   measures the launch, not the kernel. On CUDA each repetition is bracketed by
   ``torch.cuda.Event`` pairs and read after one final synchronise; on CPU the matching
@@ -57,6 +59,10 @@ TOL_BY_DTYPE = {
 ROTATE_PAST_L2 = 2.0
 #: never keep more than this many rotating sets (memory grows with each)
 MAX_ROTATING_SETS = 16
+#: GPU warm-up (s) before timing: long enough for clocks and power draw to settle
+GPU_WARMUP_S = 0.5
+#: minimum length (s) of the timed phase on a GPU, so the median is the sustained rate
+GPU_MIN_RUN_S = 0.5
 
 
 class CorrectnessError(AssertionError):
@@ -216,8 +222,16 @@ class Timing:
 
 def time_fn(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]],
             device: torch.device, n_warmup: int = 5, n_rep: int = 50,
-            max_total_s: float = 30.0) -> Timing:
-    """Time ``fn(*arg_sets[i % len(arg_sets)])`` ``n_rep`` times after ``n_warmup`` calls.
+            max_total_s: float = 30.0, warmup_s: float | None = None,
+            min_run_s: float | None = None) -> Timing:
+    """Time ``fn(*arg_sets[i % len(arg_sets)])`` at least ``n_rep`` times after warm-up.
+
+    Warm-up is ``n_warmup`` calls and, on a GPU, at least ``warmup_s`` seconds
+    (default :data:`GPU_WARMUP_S`): clocks and power settle only after sustained load, and a
+    burst measured from a cold, idle card reads faster than the same kernel in a real
+    workload (an H200 bf16 GEMM: ~780 TFLOP/s for 50 ms, ~670 once power limits bite).
+    The timed phase then lasts at least ``min_run_s`` (default :data:`GPU_MIN_RUN_S` on
+    GPU, 0 on CPU), so the median describes the sustained state.
 
     CUDA: one event pair per repetition, read after a single synchronise at the end.
     CPU: ``perf_counter`` around each call. ``max_total_s`` stops early (keeping at least 3
@@ -225,15 +239,27 @@ def time_fn(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]],
     """
     if not arg_sets:
         raise InputError("time_fn needs at least one argument set")
+    gpu = device.type == "cuda"
+    warmup_s = (GPU_WARMUP_S if gpu else 0.0) if warmup_s is None else warmup_s
+    min_run_s = (GPU_MIN_RUN_S if gpu else 0.0) if min_run_s is None else min_run_s
     n_sets = len(arg_sets)
-    for i in range(n_warmup):
+    t0 = time.perf_counter()
+    i = 0
+    while i < n_warmup or time.perf_counter() - t0 < warmup_s:
         fn(*arg_sets[i % n_sets])
+        i += 1
+        if gpu and i % 8 == 0:
+            synchronize(device)  # keep the host honest about elapsed GPU time
+        if time.perf_counter() - t0 > max_total_s:
+            break
     synchronize(device)
+    per_call_s = max((time.perf_counter() - t0) / max(i, 1), 1e-7)
+    n = max(n_rep, min(20000, math.ceil(min_run_s / per_call_s)))
     samples: list[float] = []
     t_start = time.perf_counter()
-    if device.type == "cuda":
+    if gpu:
         events = []
-        for i in range(n_rep):
+        for i in range(n):
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()
@@ -246,11 +272,11 @@ def time_fn(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]],
         samples = [s.elapsed_time(e) for s, e in events]
         timer = "cuda-event"
     else:
-        for i in range(n_rep):
+        for i in range(n):
             args = arg_sets[i % n_sets]
-            t0 = time.perf_counter()
+            t1 = time.perf_counter()
             fn(*args)
-            samples.append((time.perf_counter() - t0) * 1e3)
+            samples.append((time.perf_counter() - t1) * 1e3)
             if i >= 2 and time.perf_counter() - t_start > max_total_s:
                 break
         timer = "cpu-perf-counter"

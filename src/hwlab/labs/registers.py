@@ -287,7 +287,7 @@ def static_report(kernel_name: str, cfg: TileConfig | None = None, dtype: str = 
     return CompileReport(kernel_name, label, n_regs=g["regs"], n_spills=g["stack"] // 4,
                          spill_store_bytes=g["st"], spill_load_bytes=g["ld"],
                          shared_bytes=int(k.metadata.shared), compile_s=compile_s,
-                         source="static ptxas sm_90a (no GPU)")
+                         source="static compile for sm_90a, ptxas -v")
 
 
 def compile_guarded(kernel_name: str, cfg: TileConfig | None = None, *, dtype: str = "bf16",
