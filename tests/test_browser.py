@@ -1,0 +1,99 @@
+"""JupyterLab in a real browser: start it on loopback, open Lab 1 in headless Chromium
+(Debian's, driven by Playwright), run all cells, and check that an ipywidgets control and a
+plot actually render. The screenshot is kept under test-artifacts/browser/."""
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts" / "browser"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium); .ci/run installs it")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    port, token = _free_port(), secrets.token_hex(16)
+    # serve a copy: JupyterLab autosaves, and the committed notebooks must stay output-free
+    kit = tmp_path / "kit"
+    shutil.copytree(ROOT / "notebooks", kit / "notebooks")
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"), JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"))
+    log = open(tmp_path / "lab.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={kit}",
+         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+        + (["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
+        stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(120):
+        if proc.poll() is not None:
+            break
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("JupyterLab did not start: " + (tmp_path / "lab.log").read_text()[-2000:])
+    yield url, token
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+def test_lab01_runs_in_chromium_with_widgets_and_plot(jupyterlab):
+    from playwright.sync_api import sync_playwright
+
+    url, token = jupyterlab
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{url}/lab/tree/notebooks/01_bandwidth_bound.ipynb?token={token}")
+        page.wait_for_selector(".jp-Notebook", timeout=120_000)
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+        page.get_by_role("menuitem", name="Run", exact=True).click()
+        page.get_by_text("Run All Cells", exact=True).click()
+        try:
+            slider = page.wait_for_selector(".widget-slider", state="attached", timeout=240_000)
+            img = page.wait_for_selector(".jp-RenderedImage img", state="attached", timeout=240_000)
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "lab01_failure.png"), full_page=True)
+            (ARTIFACTS / "lab01_failure.html").write_text(page.content())
+            raise
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=240_000)
+        assert slider.is_visible()
+        box = img.bounding_box()
+        assert box and box["width"] > 200 and box["height"] > 100
+        errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+        tracebacks = [t for t in errors.all_inner_texts() if "Traceback" in t or "Error" in t]
+        assert not tracebacks, tracebacks[:1]
+        slider.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "lab01_widget.png"))
+        img.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "lab01_plot.png"))
+        browser.close()
