@@ -184,7 +184,36 @@ def part_lab02(out: Path, summary: list[str]) -> None:
                    f"{launch.speedup:.1f}x, {launch.us_per_launch_eager:.2f} us/launch, idle {launch.gpu_idle_pct_eager:.0f}%")
 
 
-PARTS = ("doctor", "probe_vs_torch", "lab01", "lab02")
+def part_lab03(out: Path, summary: list[str]) -> None:
+    from hwlab.labs import crosslink as lab
+
+    dev_ar = lab.single_gpu_tp_step(staged=False)
+    staged = lab.single_gpu_tp_step(staged=True)
+    h2d = probes.host_link(size_mib=256, direction="h2d")
+    d2h = probes.host_link(size_mib=256, direction="d2h")
+    extra = {"step_ratio_staged_over_device": staged.t_ms / dev_ar.t_ms,
+             "host_link_gbps": {"h2d": h2d.gbps, "d2h": d2h.gbps},
+             "allreduce_bytes": dev_ar.params["allreduce_bytes"],
+             "p2p_matrix": lab.p2p_matrix_gbps(), "nccl_collectives": lab.collectives(2, nccl=True)}
+    ngpu = torch.cuda.device_count()
+    if ngpu >= 2:  # several GPUs: default route vs forced slow route, with NCCL's chosen transport
+        groups = [list(range(ngpu))]
+        extra["nccl_default"] = lab.straggler_report(r := lab.launch(ngpu, groups, nccl=True, steps=20)).to_dict()
+        extra["nccl_default_routes"] = [x["routes"] for x in r]
+        extra["nccl_forced_slow"] = lab.straggler_report(r := lab.launch(
+            ngpu, groups, nccl=True, steps=20, extra_env=lab.FORCE_SLOW_ROUTE)).to_dict()
+        extra["nccl_forced_slow_routes"] = [x["routes"] for x in r]
+    ev = Evidence(kind="lab03_crosslink", machine=machine_info(), results=[dev_ar, staged, h2d, d2h],
+                  extra=extra)
+    ev.save(out / "lab03_crosslink.json")
+    summary.append(f"lab03 TP step: device all-reduce {dev_ar.t_ms:.3f} ms, PCIe-staged {staged.t_ms:.3f} ms "
+                   f"({extra['step_ratio_staged_over_device']:.2f}x); host link h2d {h2d.gbps:.1f} / d2h "
+                   f"{d2h.gbps:.1f} GB/s; staged moved {staged.n_bytes / 2**20:.0f} MiB per step "
+                   f"-> {staged.n_bytes / (staged.t_ms - dev_ar.t_ms) / 1e6:.1f} GB/s effective; "
+                   f"p2p: {extra['p2p_matrix'].get('skipped', 'measured')}")
+
+
+PARTS = ("doctor", "probe_vs_torch", "lab01", "lab02", "lab03")
 
 
 def main(argv=None) -> int:
@@ -211,6 +240,8 @@ def main(argv=None) -> int:
             part_lab01(a.out, summary, c)
         elif part == "lab02":
             part_lab02(a.out, summary)
+        elif part == "lab03":
+            part_lab03(a.out, summary)
         else:
             print(f"unknown part {part!r}; parts: {', '.join(PARTS)}", file=sys.stderr)
             return 2

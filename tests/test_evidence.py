@@ -71,5 +71,7 @@ def test_every_recorded_file_loads_and_is_labelled():
     assert files
     for f in files:
         ev = E.load(f)
-        assert ev.label.startswith("recorded on NVIDIA H200, 2026-")
-        assert ev.is_gpu
+        if f.parent.name == "h200":
+            assert ev.label.startswith("recorded on NVIDIA H200, 2026-") and ev.is_gpu
+        else:
+            assert f.parent.name == "cpu" and ev.label.startswith("recorded on CPU") and not ev.is_gpu

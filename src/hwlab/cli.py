@@ -207,7 +207,13 @@ def cmd_evidence(a) -> int:
         return EXIT_OK
     target = a.target or "doctor"
     p = Path(target)
-    ev = evidence.load(p) if p.suffix == ".json" else evidence.recorded(target, a.device)
+    if p.suffix == ".json":
+        ev = evidence.load(p)
+    else:
+        try:
+            ev = evidence.recorded(target, a.device)
+        except evidence.EvidenceError:
+            ev = evidence.recorded(target, "cpu")
     if a.json:
         print(json.dumps(ev.to_dict(), indent=2, default=str))
         return EXIT_OK
