@@ -153,8 +153,12 @@ class Step:
     value: Any
     criterion: str
     reason: str
+    overridden: bool = False
 
     def __str__(self) -> str:
+        if self.overridden:
+            return (f"{self.question}. {self.text} -> takes the NO branch: {self.metric} = "
+                    f"{_fmt(self.value)} ({self.criterion}) explains it first: {self.reason}")
         return (f"{self.question}. {self.text} -> {self.answer.upper()} "
                 f"({self.metric} = {_fmt(self.value)}; rule {self.criterion})")
 
@@ -221,7 +225,7 @@ def diagnose(evidence: dict[str, Any]) -> Diagnosis:
         if forced:
             c, v = forced[0]
             ans = "no"
-            d.steps.append(Step(q.id, q.text, ans, c.metric, v, c.describe(), c.reason))
+            d.steps.append(Step(q.id, q.text, ans, c.metric, v, c.describe(), c.reason, overridden=True))
         elif present:
             hits = [(c, v) for c, v in present if c.holds(float(v))]
             c, v = hits[0] if hits else present[0]
