@@ -213,7 +213,37 @@ def part_lab03(out: Path, summary: list[str]) -> None:
                    f"p2p: {extra['p2p_matrix'].get('skipped', 'measured')}")
 
 
-PARTS = ("doctor", "probe_vs_torch", "lab01", "lab02", "lab03")
+def part_baseline(out: Path, summary: list[str]) -> None:
+    from hwlab import baseline
+
+    first = baseline.record(progress=lambda s: print("baseline:", s, flush=True))
+    first.save(out / "baseline.json")
+    again = baseline.record(progress=lambda s: print("baseline re-run:", s, flush=True))
+    again.save(out / "baseline_rerun.json")
+    c = baseline.compare(first, again)
+    summary.append(f"baseline: {len(first.results)} probes, missing {sorted(first.extra['missing'])}; "
+                   f"runtime path {first.extra['runtime_path']}")
+    summary.append(f"baseline re-run compare: {'OK' if c.ok else 'DEVIATIONS'}: {c.summary()[:600]}")
+
+
+def part_scenarios(out: Path, summary: list[str]) -> None:
+    from hwlab.labs import scenarios
+
+    d = scenarios.dtype_path()
+    w = scenarios.workload_mix()
+    ev = Evidence(kind="scenarios", machine=machine_info(),
+                  results=list(d["measurements"].values()) + [w["tuned"]] + list(w["buckets"].values()),
+                  extra={"dtype_path": {"flowchart_evidence": d["flowchart_evidence"], "copy_gbps": d["copy_gbps"]},
+                         "workload": {k: w[k] for k in ("measured_step_ms", "predicted_from_tuned_ms",
+                                                          "predicted_from_buckets_ms", "mix", "flowchart_evidence")}})
+    ev.save(out / "scenarios.json")
+    for k, m in d["measurements"].items():
+        summary.append(f"dtype path {k}: {m.tflops:.0f} TFLOP/s")
+    summary.append(f"workload: measured {w['measured_step_ms']:.3f} ms, predicted from tuned shape "
+                   f"{w['predicted_from_tuned_ms']:.3f} ms, from buckets {w['predicted_from_buckets_ms']:.3f} ms")
+
+
+PARTS = ("doctor", "probe_vs_torch", "lab01", "lab02", "lab03", "baseline", "scenarios")
 
 
 def main(argv=None) -> int:
@@ -242,6 +272,10 @@ def main(argv=None) -> int:
             part_lab02(a.out, summary)
         elif part == "lab03":
             part_lab03(a.out, summary)
+        elif part == "baseline":
+            part_baseline(a.out, summary)
+        elif part == "scenarios":
+            part_scenarios(a.out, summary)
         else:
             print(f"unknown part {part!r}; parts: {', '.join(PARTS)}", file=sys.stderr)
             return 2

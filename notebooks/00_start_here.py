@@ -113,6 +113,21 @@ print(d.explain())
 nb.show_mermaid(d.mermaid())
 
 # %% [markdown]
+# ### Walk it yourself
+# Click through the chart: answer each question by hand, or press *Use the evidence* to let the recorded
+# Lab 1 measurement answer it. Each step shows the metric, its threshold and why.
+
+# %%
+from IPython.display import display
+
+display(nb.flowchart_walkthrough(lab1.extra["flowchart_evidence"]["unfused"], lab1.label))
+
+# %% [markdown]
+# Every leaf has a scenario in the kit that lands on it: **G** Lab 1 (unfused chain, strided layout),
+# **I** the fp32-without-TF32 GEMM (`06_case_studies`), **J** Lab 2 (spilling tile, launch-bound step),
+# **L** Lab 3 (TP groups across a slow link), **M** the workload mix predicted from one tuned shape
+# (`06_case_studies`), and **OK** every fixed run.
+#
 # ## Summary
 # - Judge kernels against ceilings *this* machine measured; keep datasheet peaks apart.
 # - The roofline's ridge point says whether bytes or FLOPs bound a kernel before you profile.

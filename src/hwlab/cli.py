@@ -257,6 +257,54 @@ def _find_notebooks() -> Path | None:
     return None
 
 
+def cmd_baseline(a) -> int:
+    from . import baseline, evidence
+
+    if a.action == "record":
+        if not baseline.should_record_on_this_rank():
+            print("not local rank 0: one process per node records the baseline", file=sys.stderr)
+            return EXIT_OK
+        console = _console(stderr=True)
+        with _progress_status(console, True) as st:
+            ev = baseline.record(quick=a.quick, progress=lambda s: st.update(f"baseline: {s}"))
+        out = Path(a.out) if a.out and a.out.endswith(".json") else baseline.default_path(a.out or ".")
+        ev.save(out, overwrite=a.force)
+        print(f"baseline written to {out} ({len(ev.results)} probes; missing: "
+              f"{', '.join(f'{k} ({v})' for k, v in ev.extra['missing'].items()) or 'none'})")
+        return EXIT_OK
+    if a.action == "compare":
+        if not a.paths or len(a.paths) < 2:
+            print("compare needs BASELINE.json NEW.json [NEW2.json ...]", file=sys.stderr)
+            return EXIT_USAGE
+        base = evidence.load(a.paths[0])
+        if len(a.paths) > 2:
+            for row in baseline.fleet_table(a.paths[1:], base):
+                print(json.dumps(row))
+            return EXIT_OK
+        c = baseline.compare(base, evidence.load(a.paths[1]))
+        if a.json:
+            print(json.dumps({"ok": c.ok, "checked": c.checked,
+                              "deviations": [d.__dict__ for d in c.deviations]}, indent=2, default=str))
+        else:
+            print(c.summary())
+        return EXIT_OK if c.ok else EXIT_FAIL
+    return EXIT_USAGE
+
+
+def cmd_incident(a) -> int:
+    from . import evidence, flowchart, incident
+
+    ev = evidence.load(a.evidence) if a.evidence else None
+    obs = json.loads(Path(a.observations).read_text()) if a.observations else {}
+    d = flowchart.diagnose(obs)
+    inc = incident.from_diagnosis(a.title, ev, d, symptom_scope=a.scope, symptom=a.symptom, fix=a.fix,
+                                  reverify=a.reverify, rank_mapping=a.rank_mapping)
+    md, js = incident.save(inc, a.out)
+    print(f"incident written: {md} and {js}\n")
+    print(d.explain())
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hwlab", description="hardware-aware GPU troubleshooting kit")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -284,6 +332,25 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--device", default="h200")
     e.add_argument("--json", action="store_true")
     e.set_defaults(fn=cmd_evidence)
+    b = sub.add_parser("baseline", help="node health baseline: record, or compare against one")
+    b.add_argument("action", choices=["record", "compare"])
+    b.add_argument("paths", nargs="*", help="compare: BASELINE.json NEW.json [more NEW for a fleet table]")
+    b.add_argument("--out", help="record: a .json path or a folder (default: ./baseline-<host>-<time>.json)")
+    b.add_argument("--quick", action="store_true")
+    b.add_argument("--force", action="store_true")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(fn=cmd_baseline)
+    i = sub.add_parser("incident", help="write the minimal incident record (Markdown + JSON)")
+    i.add_argument("--title", required=True)
+    i.add_argument("--scope", required=True, help="single-card, multi-GPU, training, inference or bucket")
+    i.add_argument("--symptom", required=True)
+    i.add_argument("--fix", required=True)
+    i.add_argument("--reverify", required=True, help="which probe or bucket proves recovery")
+    i.add_argument("--evidence", help="an evidence/baseline .json of the affected machine")
+    i.add_argument("--observations", help="a .json of flowchart metrics (metric -> value)")
+    i.add_argument("--rank-mapping", default="n/a")
+    i.add_argument("--out", default="incidents")
+    i.set_defaults(fn=cmd_incident)
     lab = sub.add_parser("lab", help="open the labs in JupyterLab")
     lab.add_argument("--dir", help="the notebooks/ folder")
     lab.add_argument("--port", type=int, default=8888)

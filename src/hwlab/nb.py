@@ -57,3 +57,86 @@ def show_mermaid(src: str) -> None:
     from IPython.display import Markdown, display
 
     display(Markdown(f"```mermaid\n{src}\n```"))
+
+
+def flowchart_walkthrough(evidence: dict | None = None, source: str = ""):
+    """An ipywidgets walk through the flowchart: each question with its metric, threshold and
+    reason; answer by hand (Yes/No) or from ``evidence`` (a probe's output), and see why the
+    next branch follows. Returns the widget (display it)."""
+    import ipywidgets as W
+
+    from . import flowchart as F
+
+    state = {"node": F.START, "answers": {}}
+    title = W.HTML()
+    detail = W.HTML()
+    trail = W.HTML()
+    yes, no, use = W.Button(description="Yes"), W.Button(description="No"), W.Button(description="Use the evidence")
+    restart = W.Button(description="Start again")
+
+    def render():
+        node = state["node"]
+        path = " → ".join(f"{q}:{a}" for q, a in state["answers"].items())
+        trail.value = f"<small>path: {path or '(start)'}</small>"
+        if node in F.LEAVES:
+            leaf = F.LEAVES[node]
+            title.value = f"<b>Leaf {leaf.id}: {leaf.title}</b>"
+            detail.value = "<ul>" + "".join(f"<li>{a}</li>" for a in leaf.actions) + "</ul>" + (
+                f"<small>lab: {leaf.lab}</small>" if leaf.lab else "")
+            for b in (yes, no, use):
+                b.disabled = True
+            return
+        q = F.QUESTIONS[node]
+        title.value = f"<b>{q.id}. {q.text}</b>"
+        rules = "".join(f"<li><code>{c.describe()}</code>: {c.reason}</li>" for c in q.criteria)
+        over = "".join(f"<li>first: <code>{c.describe()}</code> sends it to NO: {c.reason}</li>" for c in q.overrides_no)
+        have = {c.metric: evidence[c.metric] for c in q.criteria + q.overrides_no
+                if evidence and evidence.get(c.metric) is not None}
+        detail.value = (f"<ul>{over}{rules}</ul><small>probe: {q.probe}</small><br>"
+                        + (f"evidence{(' (' + source + ')') if source else ''}: <code>{have}</code>" if have else
+                           "no evidence for this question: answer by hand or run the probe"))
+        yes.disabled = no.disabled = False
+        use.disabled = not have
+
+    def answer(ans: str):
+        q = F.QUESTIONS[state["node"]]
+        state["answers"][q.id] = ans
+        state["node"] = q.yes if ans == "yes" else q.no
+        render()
+
+    def from_evidence(_):
+        q = F.QUESTIONS[state["node"]]
+        sub = {c.metric: evidence[c.metric] for c in q.criteria + q.overrides_no if evidence.get(c.metric) is not None}
+        # diagnose one question: route the evidence through the same rule the chart uses
+        d = F.diagnose({**{m: None for m in ()}, **_prefix(state["answers"]), **sub})
+        step = next((s for s in d.steps if s.question == q.id), None)
+        if step is not None:
+            answer(step.answer)
+
+    yes.on_click(lambda _: answer("yes"))
+    no.on_click(lambda _: answer("no"))
+    use.on_click(from_evidence)
+
+    def again(_):
+        state["node"], state["answers"] = F.START, {}
+        render()
+    restart.on_click(again)
+    render()
+    return W.VBox([title, detail, W.HBox([yes, no, use, restart]), trail])
+
+
+def _prefix(answers: dict[str, str]) -> dict:
+    """Turn earlier by-hand answers back into the by-hand metrics diagnose() understands."""
+    from . import flowchart as F
+
+    out = {}
+    for qid, ans in answers.items():
+        q = F.QUESTIONS[qid]
+        if q.bool_metric:
+            out[q.bool_metric] = ans == "yes"
+        elif q.criteria:  # force the same answer through the first criterion
+            c = q.criteria[0]
+            hit = c.threshold + (1 if c.op in (">=", ">") else -1)
+            miss = c.threshold - (1 if c.op in (">=", ">") else -1)
+            out[c.metric] = hit if ans == "yes" else miss
+    return out

@@ -1,0 +1,84 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · Node health baseline: record it healthy, compare when it is not
+#
+# **Needs:** nothing special; on a GPU node every probe runs there, on a CPU the CPU is probed (labelled)
+# and the H200 baseline this kit recorded is shown beside it. **Takes:** ~1 min on a GPU, ~15 s on a CPU.
+#
+# Without a baseline, on call you can only guess whether "this machine is weird". With one, a regression
+# splits into **hardware**, **topology**, **runtime** or **workload** in one command:
+#
+# ```
+# hwlab baseline record --out baselines/            # once, when the node is known good
+# hwlab baseline compare baselines/baseline-<host>-<t>.json new.json
+# ```
+# Under torchrun or SLURM every node records in parallel (one process per node: `LOCAL_RANK`/`SLURM_LOCALID`
+# 0) into a shared folder; `hwlab baseline compare BASE.json node1.json node2.json ...` prints one table.
+
+# %%
+from hwlab import baseline, evidence, nb
+
+print(nb.live_label())
+live = baseline.record(quick=not nb.has_gpu())
+print("probes:", [m.name for m in live.results])
+print("missing parts (recorded, not fatal):", live.extra["missing"])
+print("runtime path:", live.extra["runtime_path"])
+
+# %% [markdown]
+# ## The H200's baseline (recorded), and an unchanged re-run compared against it
+
+# %%
+h200 = evidence.recorded("baseline")
+rerun = evidence.recorded("baseline_rerun")
+nb.banner("H200 baseline", h200.label)
+for m in h200.results:
+    print("  " + m.summary())
+print("runtime path:", h200.extra["runtime_path"])
+cmp_ = baseline.compare(h200, rerun)
+print("\nre-run vs baseline:", cmp_.summary())
+
+# %% [markdown]
+# ## What each class of deviation looks like
+# The same comparison against copies of the H200 record with one fault injected each: a slower card
+# (hardware), a changed link (topology), a new driver and a lower FP8 hit rate (runtime).
+
+# %%
+import copy
+
+def injected(kind):
+    ev = copy.deepcopy(rerun)
+    if kind == "hardware":
+        for m in ev.results:
+            if m.name.startswith("hbm_copy"):
+                m.t_ms *= 1.3  # 30% slower copy
+    elif kind == "topology":
+        ev.extra["topology"]["numa_affinity"] = {g: 1 for g in ev.extra["topology"]["gpus"]}
+    elif kind == "runtime":
+        ev.versions["driver"] = "999.0"
+        ev.extra["runtime_path"]["hit_rate_pct"] = 40.0
+    return ev
+
+for kind in ("hardware", "topology", "runtime"):
+    c = baseline.compare(h200, injected(kind))
+    print(f"--- injected {kind}: classified as {sorted(c.categories())}\n{c.summary()}\n")
+
+# %% [markdown]
+# ## This machine against the H200 (expect many deviations: a different machine, not a fault)
+
+# %%
+print(baseline.compare(h200, live).summary()[:2000])
+
+# %% [markdown]
+# ## Summary
+# - Record a baseline per machine type when it is healthy; keep it with the node's records.
+# - `compare` names the class of a regression and the next thing to check; when everything matches and
+#   the service is still slow, the workload changed.
