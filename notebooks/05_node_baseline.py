@@ -46,6 +46,20 @@ print("runtime path:", h200.extra["runtime_path"])
 cmp_ = baseline.compare(h200, rerun)
 print("\nre-run vs baseline:", cmp_.summary())
 
+import matplotlib.pyplot as plt
+
+names = [m.name for m in h200.results if m.name != "launch_overhead"]
+b = {m.name: baseline._probe_value(m) for m in h200.results}
+r = {m.name: baseline._probe_value(m) for m in rerun.results}
+fig, ax = plt.subplots(figsize=(8, 3.2))
+ax.bar(names, [100 * r[n][0] / b[n][0] for n in names])
+ax.axhline(100 - baseline.TOL_RATE_PCT, color="r", ls="--", label=f"tolerance: -{baseline.TOL_RATE_PCT:.0f}%")
+ax.set_ylabel("% of baseline (GB/s or TFLOP/s)")
+ax.set_title(f"H200 re-run against its baseline\n({rerun.label})", fontsize=9)
+ax.legend(fontsize=7)
+plt.xticks(rotation=20, fontsize=7)
+plt.show()
+
 # %% [markdown]
 # ## What each class of deviation looks like
 # The same comparison against copies of the H200 record with one fault injected each: a slower card

@@ -99,6 +99,13 @@ else:
     sc = evidence.recorded("scenarios")
     src, fe = sc.label, sc.extra["dtype_path"]["flowchart_evidence"]
     ms = {k: m for k, m in zip(("fp32", "tf32", "bf16", "bf16_unaligned"), sc.results[:4])}
+import matplotlib.pyplot as plt
+
+fig, ax = plt.subplots(figsize=(7, 3))
+ax.bar(list(ms), [m.tflops for m in ms.values()])
+ax.set_ylabel("TFLOP/s")
+ax.set_title(f"The same GEMM on four math paths\n({src})", fontsize=9)
+plt.show()
 for k, m in ms.items():
     print(f"{k:>15}: {m.tflops:,.0f} TFLOP/s  [{src}]")
 for k in ("fp32", "bf16"):

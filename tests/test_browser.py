@@ -76,8 +76,17 @@ def test_lab01_runs_in_chromium_with_widgets_and_plot(jupyterlab):
         page.goto(f"{url}/lab/tree/notebooks/01_bandwidth_bound.ipynb?token={token}")
         page.wait_for_selector(".jp-Notebook", timeout=120_000)
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
-        page.get_by_role("menuitem", name="Run", exact=True).click()
-        page.get_by_text("Run All Cells", exact=True).click()
+        page.wait_for_selector("text=Python 3 (ipykernel) | Idle", timeout=120_000)
+        for _attempt in range(4):  # a click that lands before the kernel is wired up is lost: retry
+            page.get_by_role("menuitem", name="Run", exact=True).click()
+            page.get_by_text("Run All Cells", exact=True).click()
+            try:
+                page.wait_for_function(
+                    "() => [...document.querySelectorAll('.jp-InputPrompt')]"
+                    ".some(e => /\\[(\\*|\\d+)\\]/.test(e.textContent))", timeout=30_000)
+                break
+            except Exception:
+                page.keyboard.press("Escape")
         try:
             slider = page.wait_for_selector(".widget-slider", state="attached", timeout=240_000)
             img = page.wait_for_selector(".jp-RenderedImage img", state="attached", timeout=240_000)

@@ -12,8 +12,10 @@ what to check next. Tolerances (why):
 
 * bandwidth and TFLOP/s probes: a drop of more than ``TOL_RATE_PCT`` (10%) — run-to-run
   spread of these probes on one card is 1-3%, machines of one kind differ by up to ~5%;
-* latency-type probes (launch overhead): a rise of more than ``TOL_LATENCY_PCT`` (25%) — they
-  depend on the host CPU and are noisier;
+* latency-type probes (launch overhead): a rise of more than ``TOL_LATENCY_PCT`` (100%) — they
+  measure the host's Python/driver launch path, which moved between 8.0 and 14.5 us per launch
+  across seven runs of this kit on the same H200 VM (a shared host CPU); only a doubling is a
+  signal there;
 * temperature more than ``TOL_TEMP_C`` (10 C) hotter, any new throttle reason, any increase
   of uncorrected ECC errors or pending row remaps: hardware;
 * any change of GPU count, link class, PCIe width/generation or NUMA affinity: topology;
@@ -38,7 +40,7 @@ from .evidence import Evidence, load, machine_info
 from .measure import Measurement, device_of
 
 TOL_RATE_PCT = 10.0
-TOL_LATENCY_PCT = 25.0
+TOL_LATENCY_PCT = 100.0
 TOL_TEMP_C = 10.0
 TOL_HIT_PP = 5.0
 BASELINE_KIND = "baseline"
