@@ -137,7 +137,10 @@ class StragglerReport:
     tail_ranks: list[int]
     tail_pct: float  # slowest rank's (compute + TP all-reduce) over the median rank's, in %
     step_ms: float   # median step time (all ranks finish a step together)
-    overlap_pct: float  # share of TP communication hidden under compute (0: none in this block)
+    #: share of communication hidden under compute. None here: this block issues its
+    #: collectives after its compute (blocking), so there is nothing to overlap; an overlapped
+    #: variant (async all-reduce under the next micro-batch) is not built yet
+    overlap_pct: float | None
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -163,6 +166,9 @@ def straggler_report(results: list[dict[str, Any]]) -> StragglerReport:
     for r in results:
         med = {k: statistics.median(r[k]) for k in ("compute_ms", "tp_allreduce_ms", "dp_sync_ms", "step_ms")}
         med["own_ms"] = med["compute_ms"] + med["tp_allreduce_ms"]
+        steps = sorted(r["step_ms"])
+        med["step_p10_ms"] = steps[int(0.1 * (len(steps) - 1))]
+        med["step_p90_ms"] = steps[int(0.9 * (len(steps) - 1))]
         per[r["rank"]] = med
     order = sorted(per, key=lambda k: per[k]["own_ms"])
     own = [per[k]["own_ms"] for k in order]
@@ -181,7 +187,7 @@ def straggler_report(results: list[dict[str, Any]]) -> StragglerReport:
         notes.append(f"ranks {tail} finish their TP all-reduce late; ranks {waiting} wait for them "
                      f"in the DP sync ({statistics.median(per[k]['dp_sync_ms'] for k in waiting):.1f} ms median)")
     step = statistics.median(v["step_ms"] for v in per.values())
-    return StragglerReport(per, tail, tail_pct, step, 0.0, notes)
+    return StragglerReport(per, tail, tail_pct, step, None, notes)
 
 
 # ---------------------------------------------------------------- a real slow link
