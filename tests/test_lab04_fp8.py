@@ -1,0 +1,74 @@
+"""Lab 4 (CPU side): the FP8 paths of the real decoder, profiled on CPU (aten ops)."""
+import pytest
+import torch
+
+from hwlab.labs import fp8 as L
+
+
+@pytest.fixture(scope="module")
+def models():
+    return L.make_models(L.TINY, device="cpu")
+
+
+def test_quantization_round_trip_error_is_fp8_sized():
+    for _ in range(3):
+        t = torch.randn(4096) * 3
+        q, s = L.quantize_fp8(t)
+        back = L.dequantize_fp8(q, s, torch.float32)
+        rel = (torch.linalg.vector_norm(back - t) / torch.linalg.vector_norm(t)).item()
+        assert 1e-3 < rel < 0.05  # e4m3: 3 mantissa bits -> a few percent, never exact
+
+
+def test_kv_cache_fp8_round_trip():
+    cache = L.KVCache(L.TINY, batch=2, max_ctx=8, fp8=True, device="cpu")
+    k = torch.randn(2, L.TINY.n_heads, 8, L.TINY.d_head).to(torch.bfloat16)
+    v = torch.randn_like(k)
+    cache.write(0, k, v, 0)
+    kk, vv = cache.read(0, 8)
+    for a, b in ((kk, k), (vv, v)):
+        rel = (torch.linalg.vector_norm(a.float() - b.float()) / torch.linalg.vector_norm(b.float())).item()
+        assert rel < 0.06
+    bf = L.KVCache(L.TINY, batch=2, max_ctx=8, fp8=False, device="cpu")
+    assert cache.n_bytes * 2 == bf.n_bytes
+
+
+def test_memory_accounting(models):
+    mem = L.memory_report(models, batch=2, ctx=4096)
+    cfg = L.TINY
+    d, ff, V = cfg.d_model, cfg.d_ff, cfg.vocab
+    linear = cfg.n_layers * (3 * d * d + d * d + 2 * d * ff) + d * d + V * d
+    emb = V * d
+    assert mem["bf16"]["weight_bytes"] == 2 * (linear + emb)
+    assert mem["fp8_dequant"]["weight_bytes"] == linear + 2 * emb  # FP8 weights, bf16 embedding
+    assert mem["fixed"]["weight_bytes"] == linear - V * d + 2 * V * d + 2 * emb  # head kept bf16
+    assert mem["fixed"]["kv_bytes"] * 2 == mem["bf16"]["kv_bytes"]  # FP8 KV from 4k context
+    short = L.memory_report(models, 2, 512)
+    assert short["fixed"]["kv_bytes"] == short["bf16"]["kv_bytes"]  # bf16 KV below 4k context
+
+
+def test_every_path_agrees_with_bf16_within_its_bound(models):
+    err = L.logit_error(models)
+    assert err["bf16"] == 0.0
+    for p, e in err.items():
+        assert e <= L.LOGIT_ERROR_BOUND[p], (p, e)
+    assert err["mixed"] > 0  # FP8 is not free: the error is real and measured
+
+
+def test_hit_rate_and_dequant_counting_from_the_profiler(models):
+    r = {p: L.decode_profile(m) for p, m in models.items()}
+    n_gemm = L.TINY.n_layers * 4 + 2
+    assert all(x["gemm_calls"] == n_gemm for x in r.values())
+    assert r["bf16"]["fp8_hits"] == 0 and r["bf16"]["dequant_ranges"] == 0
+    assert r["fp8_dequant"]["fp8_hits"] == 0 and r["fp8_dequant"]["dequant_ranges"] == n_gemm
+    assert r["mixed"]["fp8_hits"] == n_gemm - 2 and r["mixed"]["dequant_ranges"] == 2  # connector + head
+    assert r["mixed"]["fallback_gemms"] == r["mixed"]["dequant_ranges"]
+    assert r["fixed"]["fp8_hits"] == n_gemm - 1 and r["fixed"]["fallback_rate_pct"] == 0.0
+    assert r["fixed"]["high_precision_by_choice"] == 1  # the head, on purpose
+    assert r["mixed"]["quant_ranges"] == n_gemm - 2  # one activation requant per FP8 GEMM
+
+
+def test_bad_path():
+    with pytest.raises(ValueError, match="path must be one of"):
+        L.Decoder(L.TINY, "int3", device="cpu")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        L.QLinear(torch.randn(4, 4), "fp4")
