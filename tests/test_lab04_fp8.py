@@ -72,3 +72,20 @@ def test_bad_path():
         L.Decoder(L.TINY, "int3", device="cpu")
     with pytest.raises(ValueError, match="mode must be one of"):
         L.QLinear(torch.randn(4, 4), "fp4")
+
+
+def test_run_reports_every_path_and_bucket_on_cpu():
+    r = L.run(buckets=[(16, 2)], n_rep=2, device="cpu")
+    assert set(r["paths"]) == set(L.PATHS)
+    for p, v in r["paths"].items():
+        b = v["buckets"][0]
+        assert b["ttft_ms"] > 0 and b["tpot_ms"] > 0 and b["timer"] == "cpu-perf-counter"
+    assert r["paths"]["mixed"]["weight_mem_change_pct"] < -30  # FP8 weights: memory falls
+
+
+def test_grader():
+    assert L.grade_path(None).status == "not done yet"
+    assert L.grade_path(dict(L.PATHS["mixed"])).status == "wrong"
+    assert L.grade_path({"main": "fp8_mm", "connector": "fp8_mm", "head": "bf16", "kv_fp8_from_ctx": None}).passed
+    assert L.grade_path({"main": "bf16"}).status == "wrong"  # no FP8 hits
+    assert "custom path" in L.grade_path({"main": "int4"}).message

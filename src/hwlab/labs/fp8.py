@@ -152,12 +152,21 @@ class KVCache:
 
 
 class Decoder(torch.nn.Module):
-    def __init__(self, cfg: ModelConfig, path: str = "bf16", seed: int = 0, device=None):
+    def __init__(self, cfg: ModelConfig, path: str | dict = "bf16", seed: int = 0, device=None):
         super().__init__()
-        if path not in PATHS:
-            raise ValueError(f"path must be one of {list(PATHS)}, not {path!r}")
-        self.cfg, self.path = cfg, path
-        p = PATHS[path]
+        if isinstance(path, dict):
+            p = {**PATHS["bf16"], **path}
+            bad = {k: v for k, v in p.items() if k != "kv_fp8_from_ctx" and v not in QLinear.MODES}
+            if bad or set(p) != set(PATHS["bf16"]):
+                raise ValueError(f"a custom path maps main/connector/head to one of {QLinear.MODES} "
+                                 f"and kv_fp8_from_ctx to a context length or None; got {path!r}")
+            self.path_cfg, self.path = p, "custom"
+        elif path in PATHS:
+            self.path_cfg, self.path = PATHS[path], path
+        else:
+            raise ValueError(f"path must be one of {list(PATHS)} or a dict, not {path!r}")
+        self.cfg = cfg
+        p = self.path_cfg
         g = torch.Generator().manual_seed(seed)
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
@@ -181,7 +190,7 @@ class Decoder(torch.nn.Module):
         return self.embed.numel() * 2 + sum(m.weight_bytes for m in self.modules() if isinstance(m, QLinear))
 
     def new_cache(self, batch: int, max_ctx: int) -> KVCache:
-        f = PATHS[self.path]["kv_fp8_from_ctx"]
+        f = self.path_cfg["kv_fp8_from_ctx"]
         return KVCache(self.cfg, batch, max_ctx, fp8=f is not None and max_ctx >= f, device=self.device)
 
     def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -268,3 +277,106 @@ def decode_profile(m: Decoder, batch: int = 2, ctx: int = 32) -> dict[str, Any]:
 def memory_report(models: dict[str, Decoder], batch: int, ctx: int) -> dict[str, dict[str, int]]:
     return {p: {"weight_bytes": m.weight_bytes, "kv_bytes": m.new_cache(batch, ctx).n_bytes}
             for p, m in models.items()}
+
+
+# ---------------------------------------------------------------- timing: TTFT and TPOT per bucket
+def time_prefill_decode(m: Decoder, batch: int, ctx: int, n_rep: int = 10, graph: bool | None = None) -> dict[str, float]:
+    """Median TTFT (prefill of ``ctx`` tokens) and TPOT (one decode step at position ``ctx``).
+
+    On a GPU the decode step is captured in a CUDA graph and replayed, so launch overhead
+    (Lab 2) does not hide the bytes each path moves; on a CPU it runs eagerly.
+    """
+    from ..measure import time_fn
+
+    dev = m.device
+    graph = dev.type == "cuda" if graph is None else graph
+    g = torch.Generator().manual_seed(2)
+    toks = torch.randint(0, m.cfg.vocab, (batch, ctx + 1), generator=g).to(dev)
+    cache = m.new_cache(batch, ctx + 1)
+
+    def prefill():
+        cache.len = 0
+        return m(toks[:, :ctx], cache)
+
+    with torch.no_grad():
+        t_pf = time_fn(prefill, [()], dev, n_warmup=1, n_rep=n_rep, min_run_s=0.0, warmup_s=0.0)
+        prefill()
+        step_tok = toks[:, ctx:ctx + 1]
+
+        def decode():
+            cache.len = ctx
+            return m(step_tok, cache)
+
+        if graph:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(2):
+                    decode()
+            torch.cuda.current_stream().wait_stream(s)
+            cg = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cg):
+                decode()
+            t_dec = time_fn(cg.replay, [()], dev, n_rep=max(n_rep, 20))
+        else:
+            t_dec = time_fn(decode, [()], dev, n_warmup=2, n_rep=n_rep)
+    return {"ttft_ms": t_pf.median_ms, "tpot_ms": t_dec.median_ms, "tpot_p90_ms": t_dec.p90_ms,
+            "timer": t_dec.timer, "graph": graph}
+
+
+def default_buckets(device) -> list[tuple[int, int]]:
+    """(context, batch): short context (weights dominate), 4k, and a long 32k bucket."""
+    if torch.device(device).type == "cuda":
+        return [(512, 16), (4096, 16), (32768, 4)]
+    return [(32, 2), (128, 2)]
+
+
+def run(cfg: ModelConfig | None = None, buckets=None, device=None, n_rep: int = 10) -> dict[str, Any]:
+    """Every path: memory, TTFT/TPOT per bucket, hit rate and dequant counts, logit error."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cfg = cfg or (H200_SIZE if dev.type == "cuda" else TINY)
+    buckets = buckets or default_buckets(dev)
+    models = make_models(cfg, device=dev)
+    out: dict[str, Any] = {"config": cfg.__dict__, "buckets": buckets, "device": str(dev),
+                           "logit_error": logit_error(models), "paths": {}}
+    for p, m in models.items():
+        rows = []
+        for ctx, batch in buckets:
+            mem = m.new_cache(batch, ctx + 1).n_bytes
+            rows.append({"ctx": ctx, "batch": batch, "kv_bytes": mem, **time_prefill_decode(m, batch, ctx, n_rep)})
+        out["paths"][p] = {"weight_bytes": m.weight_bytes, "buckets": rows, "profile": decode_profile(m)}
+    base = out["paths"]["bf16"]
+    for p, r in out["paths"].items():
+        r["weight_mem_change_pct"] = 100.0 * (r["weight_bytes"] / base["weight_bytes"] - 1)
+        for row, b in zip(r["buckets"], base["buckets"]):
+            row["tpot_change_pct"] = 100.0 * (row["tpot_ms"] / b["tpot_ms"] - 1)
+    return out
+
+
+def grade_path(path: dict | None, cfg: ModelConfig = TINY, min_hit_pct: float = 80.0):
+    """Exercise 04's checker: no GEMM may fall back to a dequantized weight, FP8 must be hit
+    on at least ``min_hit_pct`` % of GEMMs, and the logits stay within the FP8 bound."""
+    from ..exercise import ExerciseResult, not_done
+
+    name = "FP8 path"
+    if path is None:
+        return not_done(name, "Set MY_PATH to a dict with main/connector/head/kv_fp8_from_ctx.")
+    try:
+        m = Decoder(cfg, path, device="cpu" if not torch.cuda.is_available() else None)
+    except ValueError as e:
+        return ExerciseResult(name, "wrong", str(e))
+    prof = decode_profile(m)
+    models = {"bf16": Decoder(cfg, "bf16", device=m.device), "yours": m}
+    err = logit_error(models)["yours"]
+    if prof["fallback_gemms"]:
+        return ExerciseResult(name, "wrong", f"{prof['fallback_gemms']} GEMM(s) still dequantize an FP8 "
+                              f"weight every step ({prof['dequant_ranges']} dequant ranges in the profile).")
+    if (prof["hit_rate_pct"] or 0) < min_hit_pct:
+        return ExerciseResult(name, "wrong", f"FP8 hit rate {prof['hit_rate_pct']:.0f}% < {min_hit_pct:.0f}%: "
+                              "the main matmuls should run on the FP8 path.")
+    if err > LOGIT_ERROR_BOUND["fixed"]:
+        return ExerciseResult(name, "wrong", f"logit error {err:.3f} exceeds the bound "
+                              f"{LOGIT_ERROR_BOUND['fixed']}; keep the sensitive head in bf16.")
+    return ExerciseResult(name, "passed", f"hit rate {prof['hit_rate_pct']:.0f}%, no fallback GEMMs, "
+                          f"{prof['high_precision_by_choice']} kept high-precision on purpose, logit error "
+                          f"{err:.3f} (bound {LOGIT_ERROR_BOUND['fixed']}).")
