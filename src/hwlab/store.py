@@ -68,6 +68,4 @@ def _default(o: Any) -> Any:
         return o.to_dict()
     if isinstance(o, Path):
         return str(o)
-    if isinstance(o, float):
-        return None
     raise TypeError(f"cannot store {type(o).__name__} in a JSON record")
