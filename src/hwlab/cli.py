@@ -305,6 +305,41 @@ def cmd_incident(a) -> int:
     return EXIT_OK
 
 
+def cmd_drill(a) -> int:
+    import dataclasses
+
+    from . import drills
+    from .store import write_json_atomic
+
+    if a.action == "new":
+        d = drills.new(seed=a.seed, fault=a.fault)
+        p = d.save(a.dir)
+        print(f"drill {d.drill_id} written to {p}\nworkload: {d.workload}\nwhat the probes show "
+              f"({d.source}):\n{json.dumps(d.observations, indent=2)}\nwalk the flowchart, then: "
+              f"hwlab drill submit {p} --leaf LEAF --learner NAME")
+        return EXIT_OK
+    if a.action == "summary":
+        grades = [drills.Grade(**json.loads(x.read_text())) for x in sorted(Path(a.dir).glob("grade-*.json"))]
+        print(json.dumps(drills.class_summary(grades), indent=2))
+        return EXIT_OK
+    if not a.drill:
+        print(f"drill {a.action} needs the drill's .json file", file=sys.stderr)
+        return EXIT_USAGE
+    d = drills.Drill.load(a.drill)
+    if a.action == "reveal":
+        print(json.dumps(drills.reveal(d), indent=2))
+        return EXIT_OK
+    if not a.leaf:
+        print("submit needs --leaf (G, I, J, L, M or OK)", file=sys.stderr)
+        return EXIT_USAGE
+    ev = json.loads(Path(a.evidence).read_text()) if a.evidence else None
+    g = drills.grade(d, a.leaf, ev, learner=a.learner)
+    write_json_atomic(Path(a.dir) / f"grade-{d.drill_id}-{a.learner}-{g.at.replace(':', '')}.json",
+                      dataclasses.asdict(g))
+    print(("PASSED: " if g.passed else "NOT YET: ") + g.explanation)
+    return EXIT_OK if g.passed else EXIT_FAIL
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hwlab", description="hardware-aware GPU troubleshooting kit")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -351,6 +386,16 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--rank-mapping", default="n/a")
     i.add_argument("--out", default="incidents")
     i.set_defaults(fn=cmd_incident)
+    dr = sub.add_parser("drill", help="diagnosis drills: a hidden fault to find")
+    dr.add_argument("action", choices=["new", "submit", "reveal", "summary"])
+    dr.add_argument("drill", nargs="?", help="submit/reveal: the drill .json")
+    dr.add_argument("--seed", type=int)
+    dr.add_argument("--fault", help="instructor: choose the fault (see hwlab.drills.FAULTS)")
+    dr.add_argument("--leaf")
+    dr.add_argument("--evidence", help="submit: a .json of the metrics your diagnosis rests on")
+    dr.add_argument("--learner", default="anonymous")
+    dr.add_argument("--dir", default="drills", help="where drills and grades are kept")
+    dr.set_defaults(fn=cmd_drill)
     lab = sub.add_parser("lab", help="open the labs in JupyterLab")
     lab.add_argument("--dir", help="the notebooks/ folder")
     lab.add_argument("--port", type=int, default=8888)

@@ -1,0 +1,73 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 07 · Diagnosis drills: a slow run you did not set up
+#
+# **Needs:** nothing special. Each drill draws one fault from the kit's scenarios (or none) and shows only
+# what the probes showed — recorded on the H200 or on a CPU machine, or measured live here (each labelled).
+# **Takes:** 5–10 min per drill.
+#
+# You walk the flowchart, submit a leaf and the evidence it rests on; hwlab grades the leaf, checks that
+# your evidence is what the probes showed and leads there, and applies the fix to see the slowdown go.
+# From the command line: `hwlab drill new`, `hwlab drill submit DRILL.json --leaf G`, `hwlab drill reveal`.
+
+# %%
+from IPython.display import display
+from hwlab import drills, nb
+
+print(nb.live_label())
+drill = drills.new()  # instructors: drills.new(seed=..., fault="slow_link_rank")
+print(f"drill {drill.drill_id}: the workload is {drill.workload}")
+print(f"what the probes show ({drill.source}):")
+for k, v in drill.observations.items():
+    print(f"  {k} = {v}")
+
+# %% [markdown]
+# ## Walk the flowchart
+# Press *Use the evidence* at each question, or answer by hand from the numbers above.
+
+# %%
+display(nb.flowchart_walkthrough(drill.observations, drill.source))
+
+# %% [markdown]
+# ## Submit
+# Set `MY_LEAF` to the leaf you reached (G, I, J, L, M or OK). Optionally pass the metrics you relied on as
+# `MY_EVIDENCE` (a dict); by default the probes' own readings are used.
+
+# %%
+MY_LEAF = None  # e.g. "G"
+MY_EVIDENCE = None
+if MY_LEAF is None:
+    print("not done yet: set MY_LEAF to the leaf the walk reached, then run this cell again")
+else:
+    g = drills.grade(drill, MY_LEAF, MY_EVIDENCE, learner="me")
+    print(("PASSED: " if g.passed else "NOT YET: ") + g.explanation)
+
+# %% [markdown]
+# ## Instructor: every fault, graded once each (a self-check of the drill pool)
+
+# %%
+import matplotlib.pyplot as plt
+
+grades = []
+for name, fault in drills.FAULTS.items():
+    d = drills.new(seed=1, fault=name)
+    grades.append(drills.grade(d, fault.leaf, learner="reference"))
+    wrong = next(x for x in ("G", "J", "L", "OK") if x != fault.leaf)
+    grades.append(drills.grade(d, wrong, learner="a learner guessing"))
+summary = drills.class_summary(grades)
+print(summary)
+fig, ax = plt.subplots(figsize=(6, 3))
+ax.bar(list(summary["wrong_leaf_counts"]), list(summary["wrong_leaf_counts"].values()))
+ax.set_ylabel("wrong submissions")
+ax.set_xlabel("leaf submitted")
+ax.set_title("Class view: which wrong leaves were taken", fontsize=9)
+plt.show()
