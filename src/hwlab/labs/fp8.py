@@ -167,14 +167,14 @@ class Decoder(torch.nn.Module):
             raise ValueError(f"path must be one of {list(PATHS)} or a dict, not {path!r}")
         self.cfg = cfg
         p = self.path_cfg
-        g = torch.Generator().manual_seed(seed)
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        g = torch.Generator(device=dev).manual_seed(seed)  # weights drawn where they live (GB-sized on a GPU)
 
         def w(o, i):
-            return (torch.randn(o, i, generator=g) / math.sqrt(i)).to(dev)
+            return torch.randn(o, i, generator=g, device=dev) / math.sqrt(i)
 
         d = cfg.d_model
-        self.embed = (torch.randn(cfg.vocab, d, generator=g) * 0.5).to(dev, torch.bfloat16)
+        self.embed = (torch.randn(cfg.vocab, d, generator=g, device=dev) * 0.5).to(torch.bfloat16)
         self.connector = QLinear(w(d, d), p["connector"])
         self.layers = torch.nn.ModuleList()
         for _ in range(cfg.n_layers):
