@@ -94,7 +94,7 @@ def part_probe_vs_torch(out: Path, summary: list[str]) -> None:
         summary.append(f"{c['what']}: probe/torch = {c['ratio_probe_over_torch']:.3f} ({c['criterion']})")
 
 
-def part_lab01(out: Path, summary: list[str], c: Ceilings | None) -> None:
+def part_lab01(out: Path, summary: list[str]) -> None:
     from hwlab.labs import bandwidth as lab
 
     n_rows, n_cols = lab.default_size("cuda")
@@ -258,16 +258,15 @@ def main(argv=None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     parts = a.only.split(",")
     summary: list[str] = []
-    c = None
     for part in parts:
         t0 = time.time()
         print(f"== {part}", flush=True)
         if part == "doctor":
-            c = part_doctor(a.out, summary)
+            part_doctor(a.out, summary)
         elif part == "probe_vs_torch":
             part_probe_vs_torch(a.out, summary)
         elif part == "lab01":
-            part_lab01(a.out, summary, c)
+            part_lab01(a.out, summary)
         elif part == "lab02":
             part_lab02(a.out, summary)
         elif part == "lab03":

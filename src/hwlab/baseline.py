@@ -14,7 +14,7 @@ what to check next. Tolerances (why):
   spread of these probes on one card is 1-3%, machines of one kind differ by up to ~5%;
 * latency-type probes (launch overhead): a rise of more than ``TOL_LATENCY_PCT`` (100%) — they
   measure the host's Python/driver launch path, which moved between 8.0 and 14.5 us per launch
-  across seven runs of this kit on the same H200 VM (a shared host CPU); only a doubling is a
+  across this kit's runs on one H200 VM on 2026-12-02 (a shared host CPU); only a doubling is a
   signal there;
 * temperature more than ``TOL_TEMP_C`` (10 C) hotter, any new throttle reason, any increase
   of uncorrected ECC errors or pending row remaps: hardware;
@@ -133,8 +133,13 @@ def fp8_decode_path(dev, quick: bool = True) -> dict[str, Any]:
         step(x)
         if gpu:
             torch.cuda.synchronize()
-    return hit_rate_from_events([(e.name, e.device_type.name if hasattr(e.device_type, "name") else str(e.device_type))
-                                 for e in prof.events()], gpu)
+    return hit_rate_from_events(profiler_events(prof), gpu)
+
+
+def profiler_events(prof) -> list[tuple[str, str]]:
+    """(name, device type) of every event a ``torch.profiler`` run recorded."""
+    return [(e.name, e.device_type.name if hasattr(e.device_type, "name") else str(e.device_type))
+            for e in prof.events()]
 
 
 FP8_KERNEL_MARKERS = ("qqtst", "fp8", "e4m3", "f8f8")

@@ -185,9 +185,8 @@ def grade(drill: Drill, leaf: str, evidence: dict[str, Any] | None = None, learn
     truth = flowchart.diagnose(drill.observations)
     correct = leaf == f.leaf
     if not correct:
-        right = flowchart.diagnose(drill.observations)
-        step = next((s for s in right.steps), None)
-        for s in right.steps:
+        step = next(iter(truth.steps), None)
+        for s in truth.steps:
             q = flowchart.QUESTIONS[s.question]
             target = q.yes if s.answer == "yes" else q.no
             if leaf not in _reachable(target):

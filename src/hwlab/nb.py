@@ -108,7 +108,7 @@ def flowchart_walkthrough(evidence: dict | None = None, source: str = ""):
         q = F.QUESTIONS[state["node"]]
         sub = {c.metric: evidence[c.metric] for c in q.criteria + q.overrides_no if evidence.get(c.metric) is not None}
         # diagnose one question: route the evidence through the same rule the chart uses
-        d = F.diagnose({**{m: None for m in ()}, **_prefix(state["answers"]), **sub})
+        d = F.diagnose({**_prefix(state["answers"]), **sub})
         step = next((s for s in d.steps if s.question == q.id), None)
         if step is not None:
             answer(step.answer)

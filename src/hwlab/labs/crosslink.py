@@ -265,31 +265,22 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def launch(world: int, groups: list[list[int]], *, slow: SlowLink | None = None,
-           slow_ranks: tuple[int, ...] = (), steps: int = 20, hidden: int = 1024, ffn: int = 2048,
-           batch: int = 256, timeout_s: float = 600.0, workdir: Path | None = None,
-           nccl: bool = False, extra_env: dict[str, str] | None = None) -> list[dict]:
-    """Start ``world`` ranks as processes and collect their results.
-
-    gloo (default): ``slow_ranks`` run inside the slow link's namespace; without ``slow`` all
-    ranks share loopback. ``nccl=True``: rank r drives ``cuda:r`` over NCCL with multicast
-    kept off; ``extra_env`` (e.g. :data:`FORCE_SLOW_ROUTE`) steers NCCL, and each result
-    carries the transports NCCL reported choosing (``routes``)."""
-    if nccl and needs_gpus(world):
-        raise RuntimeError(f"NCCL TP block {needs_gpus(world)}")
+def _run_ranks(world: int, rank_args: list[str], *, nccl: bool = False, slow: SlowLink | None = None,
+               slow_ranks: tuple[int, ...] = (), extra_env: dict[str, str] | None = None,
+               timeout_s: float = 600.0, workdir: Path | None = None) -> list[tuple[dict, str]]:
+    """Start ``world`` processes of this module's rank entry point (``rank_args`` added to each),
+    wait for all, and return each rank's result JSON with its log. Every process is killed if
+    one overruns ``timeout_s``; a rank that fails raises with the end of its log."""
     import tempfile
 
     host = slow.host_ip if slow else "127.0.0.1"
-    port = _free_port(host)
-    init = f"tcp://{host}:{port}"
-    workdir = Path(workdir or tempfile.mkdtemp(prefix="hwlab-tp-"))
-    gtxt = ";".join(",".join(map(str, g)) for g in groups)
+    init = f"tcp://{host}:{_free_port(host)}"
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="hwlab-ranks-"))
     procs = []
     for r in range(world):
         out = workdir / f"rank{r}.json"
         cmd = [sys.executable, "-m", "hwlab.labs.crosslink", "--rank", str(r), "--world", str(world),
-               "--groups", gtxt, "--init", init, "--steps", str(steps), "--hidden", str(hidden),
-               "--ffn", str(ffn), "--batch", str(batch), "--out", str(out)]
+               "--init", init, "--out", str(out), *rank_args]
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **(extra_env or {}))
         if nccl:
             cmd += ["--backend", "nccl", "--device", f"cuda:{r}"]
@@ -298,11 +289,11 @@ def launch(world: int, groups: list[list[int]], *, slow: SlowLink | None = None,
             env["GLOO_SOCKET_IFNAME"] = slow.ns_if if r in slow_ranks else slow.host_if
             if r in slow_ranks:
                 cmd = slow.wrap(cmd)
-        if not nccl and not slow:
+        else:
             env["GLOO_SOCKET_IFNAME"] = "lo"
         procs.append((r, out, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                                stderr=subprocess.STDOUT, text=True)))
-    results, errors = [], []
+    done, errors = [], []
     deadline = time.time() + timeout_s
     for r, out, p in procs:
         try:
@@ -314,12 +305,33 @@ def launch(world: int, groups: list[list[int]], *, slow: SlowLink | None = None,
         if p.returncode != 0 or not out.exists():
             errors.append(f"rank {r} exited {p.returncode}: {log[-800:]}")
         else:
-            res = json.loads(out.read_text())
-            if nccl:
-                res["routes"] = nccl_routes(log)
-            results.append(res)
+            done.append((json.loads(out.read_text()), log))
     if errors:
         raise RuntimeError("; ".join(errors))
+    return done
+
+
+def launch(world: int, groups: list[list[int]], *, slow: SlowLink | None = None,
+           slow_ranks: tuple[int, ...] = (), steps: int = 20, hidden: int = 1024, ffn: int = 2048,
+           batch: int = 256, timeout_s: float = 600.0, workdir: Path | None = None,
+           nccl: bool = False, extra_env: dict[str, str] | None = None) -> list[dict]:
+    """Start ``world`` ranks of the TP block as processes and collect their results.
+
+    gloo (default): ``slow_ranks`` run inside the slow link's namespace; without ``slow`` all
+    ranks share loopback. ``nccl=True``: rank r drives ``cuda:r`` over NCCL with multicast
+    kept off; ``extra_env`` (e.g. :data:`FORCE_SLOW_ROUTE`) steers NCCL, and each result
+    carries the transports NCCL reported choosing (``routes``)."""
+    if nccl and needs_gpus(world):
+        raise RuntimeError(f"NCCL TP block {needs_gpus(world)}")
+    gtxt = ";".join(",".join(map(str, g)) for g in groups)
+    args = ["--groups", gtxt, "--steps", str(steps), "--hidden", str(hidden), "--ffn", str(ffn),
+            "--batch", str(batch)]
+    results = []
+    for res, log in _run_ranks(world, args, nccl=nccl, slow=slow, slow_ranks=slow_ranks,
+                               extra_env=extra_env, timeout_s=timeout_s, workdir=workdir):
+        if nccl:
+            res["routes"] = nccl_routes(log)
+        results.append(res)
     return sorted(results, key=lambda d: d["rank"])
 
 
@@ -397,28 +409,12 @@ def busbw_table(rank_results: list[dict[str, Any]], world: int) -> list[dict[str
 def collectives(world: int, sizes=(1 << 16, 1 << 20, 1 << 24), *, nccl: bool = False,
                 timeout_s: float = 300.0) -> dict[str, Any]:
     """Launch ``world`` ranks measuring all-reduce / all-to-all busbw (gloo on CPU, NCCL on GPUs)."""
-    import tempfile
-
     if nccl and needs_gpus(max(2, world)):
         return {"skipped": f"NCCL collectives {needs_gpus(max(2, world))}"}
-    port = _free_port("127.0.0.1")
-    work = Path(tempfile.mkdtemp(prefix="hwlab-coll-"))
-    procs = []
-    for r in range(world):
-        cmd = [sys.executable, "-m", "hwlab.labs.crosslink", "--rank", str(r), "--world", str(world),
-               "--groups", ";".join(str(i) for i in range(world)), "--init", f"tcp://127.0.0.1:{port}",
-               "--collectives", ",".join(map(str, sizes)), "--out", str(work / f"c{r}.json")]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        if nccl:
-            cmd += ["--backend", "nccl", "--device", f"cuda:{r}"]
-            env.update(NCCL_SAFE_ENV)
-        else:
-            env["GLOO_SOCKET_IFNAME"] = "lo"
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = [p.communicate(timeout=timeout_s)[0] for p in procs]
-    if any(p.returncode for p in procs):
-        raise RuntimeError("collectives failed: " + " | ".join(l[-400:] for l in logs))
-    res = [json.loads((work / f"c{r}.json").read_text()) for r in range(world)]
+    args = ["--groups", ";".join(str(i) for i in range(world)),
+            "--collectives", ",".join(map(str, sizes))]
+    res = sorted((r for r, _log in _run_ranks(world, args, nccl=nccl, timeout_s=timeout_s)),
+                 key=lambda d: d["rank"])
     return {"world": world, "backend": "nccl" if nccl else "gloo", "rows": busbw_table(res, world)}
 
 

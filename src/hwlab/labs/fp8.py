@@ -248,7 +248,7 @@ def decode_profile(m: Decoder, batch: int = 2, ctx: int = 32) -> dict[str, Any]:
     """FP8 hit rate and dequant/requant count of one decode step, from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
-    from ..baseline import hit_rate_from_events
+    from ..baseline import hit_rate_from_events, profiler_events
 
     gpu = m.device.type == "cuda"
     cache = m.new_cache(batch, ctx + 1)
@@ -259,8 +259,7 @@ def decode_profile(m: Decoder, batch: int = 2, ctx: int = 32) -> dict[str, Any]:
         m(toks[:, ctx:ctx + 1], cache)
         if gpu:
             torch.cuda.synchronize()
-    ev = [(e.name, e.device_type.name if hasattr(e.device_type, "name") else str(e.device_type))
-          for e in prof.events()]
+    ev = profiler_events(prof)
     r = hit_rate_from_events(ev, gpu)
     names = [n for n, _ in ev]
     # weights are dequantized in the step itself (activations and the FP8 KV cache too): one
