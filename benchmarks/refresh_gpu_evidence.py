@@ -12,6 +12,11 @@ Parts:
                       in the same run (acceptance: copy >= 95%, GEMM within 5%)
 * ``lab01``           Lab 1 (bandwidth-bound): unfused vs fused chain, strided vs
                       coalesced, with Nsight Compute counters where ncu is installed
+* ``lab02`` ``lab03`` Lab 2 (tiles, spills, occupancy, launch) and Lab 3 (one-GPU TP step)
+* ``baseline``        the node baseline, recorded twice and compared (an unchanged re-run)
+* ``scenarios``       the dtype/MMA-path and workload-mix leaves
+* ``lab04``           Lab 4 (FP8): every precision path, TTFT/TPOT per bucket, hit rates,
+                      logit error, kernel self-checks, attention kernel vs SDPA
 """
 from __future__ import annotations
 
@@ -243,7 +248,37 @@ def part_scenarios(out: Path, summary: list[str]) -> None:
                    f"{w['predicted_from_tuned_ms']:.3f} ms, from buckets {w['predicted_from_buckets_ms']:.3f} ms")
 
 
-PARTS = ("doctor", "probe_vs_torch", "lab01", "lab02", "lab03", "baseline", "scenarios")
+def part_lab04(out: Path, summary: list[str]) -> None:
+    from hwlab.labs import fp8 as lab
+    from hwlab.labs import fp8_kernels
+
+    checks = fp8_kernels.self_check("cuda")
+    r = lab.run(progress=lambda s: print("lab04:", s, flush=True))
+    copy = probes.hbm_copy(size_mib=2048, impl="torch").gbps
+    for rows in r["paths"].values():
+        for row in rows["buckets"]:
+            row["decode_pct_of_copy"] = 100.0 * row["decode_gbps"] / copy
+    ev = Evidence(kind="lab04_fp8", machine=machine_info(),
+                  ceilings={"copy_gbps": copy, "source": "hbm_copy[torch] in this run"},
+                  extra={"run": r, "kernel_checks": checks})
+    ev.save(out / "lab04_fp8.json")
+    summary.append("lab04 kernel checks: " + ", ".join(f"{k} {v:.2e}" for k, v in checks.items()))
+    summary.append("lab04 logit error: " + ", ".join(f"{k} {v:.3f}" for k, v in r["logit_error"].items()))
+    for p, v in r["paths"].items():
+        pr = v["profile"]
+        summary.append(f"lab04 {p}: weights {v['weight_bytes'] / 1e9:.2f} GB ({v['weight_mem_change_pct']:+.0f}%), "
+                       f"hit {pr['hit_rate_pct']:.0f}% of {pr['gemm_calls']} GEMMs, fallback {pr['fallback_gemms']}, "
+                       f"dq+rq/token {pr['dequant_requant_per_token']:.1f}")
+        for b in v["buckets"]:
+            summary.append(f"   ctx {b['ctx']} x{b['batch']}: TTFT {b['ttft_ms']:.1f} ms ({b['ttft_change_pct']:+.0f}%), "
+                           f"TPOT {b['tpot_ms']:.3f} ms ({b['tpot_change_pct']:+.0f}%), {b['decode_gbps']:.0f} GB/s "
+                           f"({b['decode_pct_of_copy']:.0f}% of copy)"
+                           + (f", KV dequantized first: {b['tpot_kv_dequant_ms']:.3f} ms" if "tpot_kv_dequant_ms" in b else ""))
+    for a in r.get("attention_vs_sdpa", []):
+        summary.append(f"lab04 attention ctx {a['ctx']} x{a['batch']}: kit {a['kit_gbps']:.0f} GB/s, SDPA {a['sdpa_gbps']:.0f} GB/s, err {a['rel_err_vs_float32']:.1e}")
+
+
+PARTS = ("doctor", "probe_vs_torch", "lab01", "lab02", "lab03", "baseline", "scenarios", "lab04")
 
 
 def main(argv=None) -> int:
@@ -275,6 +310,8 @@ def main(argv=None) -> int:
             part_baseline(a.out, summary)
         elif part == "scenarios":
             part_scenarios(a.out, summary)
+        elif part == "lab04":
+            part_lab04(a.out, summary)
         else:
             print(f"unknown part {part!r}; parts: {', '.join(PARTS)}", file=sys.stderr)
             return 2

@@ -136,32 +136,52 @@ def fp8_decode_path(dev, quick: bool = True) -> dict[str, Any]:
     return hit_rate_from_events(profiler_events(prof), gpu)
 
 
+CPU_GEMM_OPS = ("aten::_scaled_mm", "aten::mm", "aten::addmm", "aten::bmm")
+
+
+def _inside_gemm(e) -> bool:
+    p = getattr(e, "cpu_parent", None)
+    while p is not None:
+        if p.name in CPU_GEMM_OPS:
+            return True
+        p = getattr(p, "cpu_parent", None)
+    return False
+
+
 def profiler_events(prof) -> list[tuple[str, str]]:
-    """(name, device type) of every event a ``torch.profiler`` run recorded."""
+    """(name, device type) of every event a ``torch.profiler`` run recorded, leaving out ops
+    nested inside a GEMM op (on a CPU ``aten::_scaled_mm`` calls ``aten::mm`` itself: one call)."""
     return [(e.name, e.device_type.name if hasattr(e.device_type, "name") else str(e.device_type))
-            for e in prof.events()]
+            for e in prof.events() if not _inside_gemm(e)]
 
 
 FP8_KERNEL_MARKERS = ("qqtst", "fp8", "e4m3", "f8f8")
 GEMM_KERNEL_MARKERS = ("gemm", "nvjet", "cutlass", "sm90_xmma", "ampere_bf16", "cublas")
+#: kernels that match a GEMM marker but are not a GEMM call (cuBLAS split-K reductions)
+NOT_GEMM_MARKERS = ("splitkreduce", "reduce_kernel")
 
 
 def hit_rate_from_events(events: list[tuple[str, str]], gpu: bool) -> dict[str, Any]:
     """FP8 hit rate and dequant count from (name, device) profiler events."""
     if gpu:
         kernels = [n for n, dt in events if "CUDA" in dt]
-        gemms = [n for n in kernels if any(m in n.lower() for m in GEMM_KERNEL_MARKERS + FP8_KERNEL_MARKERS)]
+        gemms = [n for n in kernels if any(m in n.lower() for m in GEMM_KERNEL_MARKERS + FP8_KERNEL_MARKERS)
+                 and not any(x in n.lower() for x in NOT_GEMM_MARKERS)]
         hits = [n for n in gemms if any(m in n.lower() for m in FP8_KERNEL_MARKERS)]
-        dequant = [n for n in kernels if "direct_copy_kernel" in n or "copy_kernel" in n]
+        dequant = [n for n in kernels if "copy_kernel" in n or "_dequant_rows_kernel" in n]
     else:
         ops = [n for n, _ in events]
-        gemms = [n for n in ops if n in ("aten::_scaled_mm", "aten::mm", "aten::addmm", "aten::bmm")]
+        gemms = [n for n in ops if n in CPU_GEMM_OPS]
         hits = [n for n in gemms if n == "aten::_scaled_mm"]
         dequant = [n for n in ops if n == "aten::_to_copy"]
     n = len(gemms)
+    names: dict[str, int] = {}
+    for g in gemms:  # what was classified, kept in the evidence so the classification can be checked
+        names[g[:160]] = names.get(g[:160], 0) + 1
     return {"gemm_calls": n, "fp8_hits": len(hits), "hit_rate_pct": 100.0 * len(hits) / n if n else None,
             "fallback_rate_pct": 100.0 * (n - len(hits)) / n if n else None,
-            "dequant_copies": len(dequant), "source": "torch.profiler kernel names" if gpu else "torch.profiler aten ops"}
+            "dequant_copies": len(dequant), "gemm_names": names,
+            "source": "torch.profiler kernel names" if gpu else "torch.profiler aten ops"}
 
 
 # ---------------------------------------------------------------- record

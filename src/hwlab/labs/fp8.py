@@ -31,28 +31,38 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
+from . import fp8_kernels as K
+
+FP8 = K.FP8
+FP8_MAX = K.FP8_MAX
 QUANT_MARK, DEQUANT_MARK = "hwlab::quant_fp8", "hwlab::dequant_fp8"
 
 
-def quantize_fp8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-tensor e4m3 quantization: (t / scale) in FP8 with scale = amax / 448.
-    Marked ``hwlab::quant_fp8`` in profiles, so requant counts come from the profiler."""
+def quantize_fp8(t: torch.Tensor, dim: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 quantization, per tensor (``dim=None``) or per slice along ``dim`` (keepdim):
+    (t / scale) in FP8 with scale = amax / 448. Marked ``hwlab::quant_fp8`` in profiles, so
+    requant counts come from the profiler."""
     with torch.profiler.record_function(QUANT_MARK):
-        amax = t.detach().abs().amax().float().clamp(min=1e-12)
+        a = t.detach().abs()
+        amax = (a.amax() if dim is None else a.amax(dim=dim, keepdim=True)).float().clamp(min=1e-12)
         scale = (amax / FP8_MAX).to(torch.float32)
-        return (t.float() / scale).to(FP8), scale
+        return (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
 def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype=torch.bfloat16) -> torch.Tensor:
-    """Back to ``dtype``; marked ``hwlab::dequant_fp8`` in profiles."""
+    """Back to ``dtype`` (scale broadcasts); marked ``hwlab::dequant_fp8`` in profiles."""
     with torch.profiler.record_function(DEQUANT_MARK):
         return (q.to(torch.float32) * scale).to(dtype)
 
 
 class QLinear(torch.nn.Module):
-    """A bias-free linear layer holding its weight for one precision path."""
+    """A bias-free linear layer holding its weight for one precision path.
+
+    FP8 weights carry one scale per output row; ``fp8_mm`` quantizes each activation row
+    (per-token dynamic scaling) and calls ``torch._scaled_mm`` with row-wise scales, the
+    FP8 GEMM path of Hopper-class GPUs. ``fp8_dequant`` runs the one-pass dequant kernel of
+    :mod:`.fp8_kernels` (1 B read + 2 B written per weight) and then a bf16 GEMM.
+    """
 
     MODES = ("bf16", "fp8_dequant", "fp8_mm")
 
@@ -65,9 +75,10 @@ class QLinear(torch.nn.Module):
         if mode == "bf16":
             self.register_buffer("w", weight.to(torch.bfloat16))
         else:
-            q, s = quantize_fp8(weight)
+            q, s = quantize_fp8(weight, dim=1)  # (N, K) FP8, (N, 1) scales
             self.register_buffer("w", q)
-            self.register_buffer("w_scale", s)
+            self.register_buffer("w_scale", s.contiguous())
+            self.register_buffer("w_scale_row", s.reshape(1, -1).contiguous())  # (1, N) for _scaled_mm
 
     @property
     def weight_bytes(self) -> int:
@@ -76,12 +87,14 @@ class QLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "bf16":
             return F.linear(x, self.w)
-        if self.mode == "fp8_dequant":
-            return F.linear(x, dequantize_fp8(self.w, self.w_scale))  # the fallback
+        if self.mode == "fp8_dequant":  # the fallback: a bf16 copy of the weight, every step
+            with torch.profiler.record_function(DEQUANT_MARK):
+                w = K.dequant_rows(self.w, self.w_scale)
+            return F.linear(x, w)
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        xq, xs = quantize_fp8(x2)  # requant of the activation
-        y = torch._scaled_mm(xq, self.w.t(), scale_a=xs, scale_b=self.w_scale, out_dtype=torch.bfloat16)
+        with torch.profiler.record_function(QUANT_MARK):  # requant of the activation, per row
+            xq, xs = K.quant_rows(x.reshape(-1, shape[-1]))
+        y = torch._scaled_mm(xq, self.w.t(), scale_a=xs, scale_b=self.w_scale_row, out_dtype=torch.bfloat16)
         return y.reshape(*shape[:-1], self.out_features)
 
 
@@ -116,14 +129,21 @@ def _rmsnorm(x, eps=1e-6):
 
 
 class KVCache:
-    """Per-layer K/V of shape (B, H, T, Dh), in bf16 or FP8 with a per-layer scale per write."""
+    """Per-layer K/V of shape (B, H, T, Dh), in bf16 or FP8 with one static scale per layer
+    (fixed from the prefill's K and V, as serving stacks do for a static FP8 KV cache).
 
-    def __init__(self, cfg: ModelConfig, batch: int, max_ctx: int, fp8: bool, device):
+    Decode attention reads the cache in its stored dtype through
+    :func:`.fp8_kernels.decode_attention` (``fused_read=True``); ``fused_read=False`` is the
+    path without an FP8-aware attention kernel: dequantize the whole cache to bf16 every step,
+    then attend (the FP8 cache then saves memory, not time).
+    """
+
+    def __init__(self, cfg: ModelConfig, batch: int, max_ctx: int, fp8: bool, device, fused_read: bool = True):
         dt = FP8 if fp8 else torch.bfloat16
         shape = (batch, cfg.n_heads, max_ctx, cfg.d_head)
-        self.fp8 = fp8
-        self.k = [torch.zeros(shape, dtype=dt, device=device) for _ in range(cfg.n_layers)]
-        self.v = [torch.zeros(shape, dtype=dt, device=device) for _ in range(cfg.n_layers)]
+        self.fp8, self.fused_read = fp8, fused_read
+        self.k = [torch.empty(shape, dtype=dt, device=device) for _ in range(cfg.n_layers)]
+        self.v = [torch.empty(shape, dtype=dt, device=device) for _ in range(cfg.n_layers)]
         self.scale = [torch.ones((), device=device) for _ in range(cfg.n_layers)]
         self.len = 0
 
@@ -133,6 +153,9 @@ class KVCache:
 
     def write(self, layer: int, k, v, pos: int):
         t = k.shape[2]
+        if pos + t > self.k[layer].shape[2]:
+            raise ValueError(f"the cache holds {self.k[layer].shape[2]} positions; writing {t} at {pos} "
+                             "overflows it: make the cache with max_ctx >= prompt + decode steps")
         if self.fp8:
             if pos == 0:  # one scale per layer, fixed at prefill (static per-tensor KV quantization)
                 self.scale[layer] = (torch.maximum(k.abs().amax(), v.abs().amax()).float() / FP8_MAX).clamp(min=1e-12)
@@ -144,11 +167,19 @@ class KVCache:
             self.v[layer][:, :, pos:pos + t] = v
 
     def read(self, layer: int, upto: int):
+        """K and V up to ``upto`` as bf16 (an FP8 cache is dequantized: a marked copy)."""
         k, v = self.k[layer][:, :, :upto], self.v[layer][:, :, :upto]
-        if self.fp8:  # no fused FP8 attention here: dequantize first (saves memory, not time)
+        if self.fp8:
             s = self.scale[layer]
             return dequantize_fp8(k, s), dequantize_fp8(v, s)
         return k, v
+
+    def attend(self, layer: int, q: torch.Tensor, n_ctx: int) -> torch.Tensor:
+        """One decode query (B, H, 1, Dh) against the first ``n_ctx`` cached positions."""
+        if self.fp8 and not self.fused_read:
+            kk, vv = self.read(layer, n_ctx)
+            return F.scaled_dot_product_attention(q, kk, vv)
+        return K.decode_attention(q, self.k[layer], self.v[layer], self.scale[layer], n_ctx)
 
 
 class Decoder(torch.nn.Module):
@@ -189,27 +220,37 @@ class Decoder(torch.nn.Module):
     def weight_bytes(self) -> int:
         return self.embed.numel() * 2 + sum(m.weight_bytes for m in self.modules() if isinstance(m, QLinear))
 
-    def new_cache(self, batch: int, max_ctx: int) -> KVCache:
+    def new_cache(self, batch: int, max_ctx: int, fused_read: bool = True) -> KVCache:
         f = self.path_cfg["kv_fp8_from_ctx"]
-        return KVCache(self.cfg, batch, max_ctx, fp8=f is not None and max_ctx >= f, device=self.device)
+        return KVCache(self.cfg, batch, max_ctx, fp8=f is not None and max_ctx >= f, device=self.device,
+                       fused_read=fused_read)
 
     def forward(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Logits for ``tokens`` (B, T) appended at ``cache.len`` (prefill: T > 1; decode: T = 1)."""
+        """Next-token logits (B, 1, vocab) after ``tokens`` (B, T) appended at ``cache.len``.
+
+        Prefill (T > 1, empty cache): causal attention over the prompt's own K/V, which are
+        then written to the cache; only the last position goes through the head (what
+        serving needs for the first token). Decode (T = 1): attention over the cache.
+        """
         cfg = self.cfg
         B, T = tokens.shape
         pos = cache.len
+        if T > 1 and pos:
+            raise ValueError("prefill (more than one token) starts from an empty cache; decode one token at a time")
         x = self.connector(self.embed[tokens])
         for li, L in enumerate(self.layers):
             h = _rmsnorm(x)
             q, k, v = L["qkv"](h).split(cfg.d_model, dim=-1)
             q, k, v = (t.reshape(B, T, cfg.n_heads, cfg.d_head).transpose(1, 2) for t in (q, k, v))
             cache.write(li, k, v, pos)
-            kk, vv = cache.read(li, pos + T)
-            a = F.scaled_dot_product_attention(q, kk, vv, is_causal=T > 1 and pos == 0)
+            if T > 1:
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                a = cache.attend(li, q, pos + 1)
             x = x + L["out"](a.transpose(1, 2).reshape(B, T, cfg.d_model))
             x = x + L["down"](F.gelu(L["up"](_rmsnorm(x))))
         cache.len = pos + T
-        return self.head(_rmsnorm(x)).float()
+        return self.head(_rmsnorm(x[:, -1:])).float()
 
 
 def make_models(cfg: ModelConfig = TINY, paths=tuple(PATHS), device=None) -> dict[str, Decoder]:
@@ -279,11 +320,14 @@ def memory_report(models: dict[str, Decoder], batch: int, ctx: int) -> dict[str,
 
 
 # ---------------------------------------------------------------- timing: TTFT and TPOT per bucket
-def time_prefill_decode(m: Decoder, batch: int, ctx: int, n_rep: int = 10, graph: bool | None = None) -> dict[str, float]:
+def time_prefill_decode(m: Decoder, batch: int, ctx: int, n_rep: int = 10, graph: bool | None = None,
+                        kv_fused: bool = True) -> dict[str, Any]:
     """Median TTFT (prefill of ``ctx`` tokens) and TPOT (one decode step at position ``ctx``).
 
     On a GPU the decode step is captured in a CUDA graph and replayed, so launch overhead
-    (Lab 2) does not hide the bytes each path moves; on a CPU it runs eagerly.
+    (Lab 2) does not hide the bytes each path moves; on a CPU it runs eagerly. Prefills of
+    64k tokens or more are timed 3 times (each is compute-bound and takes ~0.1-1 s on an H200).
+    ``kv_fused=False`` reads an FP8 cache by dequantizing it first (no FP8 attention kernel).
     """
     from ..measure import time_fn
 
@@ -291,14 +335,15 @@ def time_prefill_decode(m: Decoder, batch: int, ctx: int, n_rep: int = 10, graph
     graph = dev.type == "cuda" if graph is None else graph
     g = torch.Generator().manual_seed(2)
     toks = torch.randint(0, m.cfg.vocab, (batch, ctx + 1), generator=g).to(dev)
-    cache = m.new_cache(batch, ctx + 1)
+    cache = m.new_cache(batch, ctx + 1, fused_read=kv_fused)
 
     def prefill():
         cache.len = 0
         return m(toks[:, :ctx], cache)
 
     with torch.no_grad():
-        t_pf = time_fn(prefill, [()], dev, n_warmup=1, n_rep=n_rep, min_run_s=0.0, warmup_s=0.0)
+        reps_pf = n_rep if batch * ctx < 65536 else min(n_rep, 3)
+        t_pf = time_fn(prefill, [()], dev, n_warmup=1, n_rep=reps_pf, min_run_s=0.0, warmup_s=0.0)
         prefill()
         step_tok = toks[:, ctx:ctx + 1]
 
@@ -317,10 +362,48 @@ def time_prefill_decode(m: Decoder, batch: int, ctx: int, n_rep: int = 10, graph
             with torch.cuda.graph(cg):
                 decode()
             t_dec = time_fn(cg.replay, [()], dev, n_rep=max(n_rep, 20))
+            del cg
         else:
             t_dec = time_fn(decode, [()], dev, n_warmup=2, n_rep=n_rep)
-    return {"ttft_ms": t_pf.median_ms, "tpot_ms": t_dec.median_ms, "tpot_p90_ms": t_dec.p90_ms,
-            "timer": t_dec.timer, "graph": graph}
+    return {"ttft_ms": t_pf.median_ms, "ttft_p90_ms": t_pf.p90_ms, "tpot_ms": t_dec.median_ms,
+            "tpot_p10_ms": t_dec.p10_ms, "tpot_p90_ms": t_dec.p90_ms, "timer": t_dec.timer,
+            "graph": graph, "kv_fp8": cache.fp8, "kv_fused": kv_fused}
+
+
+def decode_bytes(m: Decoder, batch: int, ctx: int) -> int:
+    """The fewest bytes one decode step must move: every weight GEMM reads its weight once
+    (a dequantized weight: 1 B read + 2 B written + 2 B read again), the embedding reads
+    ``batch`` rows, and attention reads K and V up to ``ctx + 1`` in their stored dtype."""
+    n = batch * m.cfg.d_model * 2
+    for mod in m.modules():
+        if isinstance(mod, QLinear):
+            n += mod.w.numel() * (5 if mod.mode == "fp8_dequant" else mod.w.element_size())
+    kv_elem = 1 if (m.path_cfg["kv_fp8_from_ctx"] is not None and ctx + 1 >= m.path_cfg["kv_fp8_from_ctx"]) else 2
+    n += 2 * m.cfg.n_layers * batch * m.cfg.n_heads * (ctx + 1) * m.cfg.d_head * kv_elem
+    return n
+
+
+def attention_vs_sdpa(cfg: ModelConfig, batch: int, ctx: int, device=None) -> dict[str, float]:
+    """One layer's decode attention on a bf16 cache: the kit's kernel against torch's SDPA,
+    so that the baseline path is not slowed by a weak kernel (GB/s of K+V read)."""
+    from ..measure import time_fn
+
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    shape = (batch, cfg.n_heads, ctx, cfg.d_head)
+    k = torch.randn(shape, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(shape, device=dev, dtype=torch.bfloat16)
+    q = torch.randn(batch, cfg.n_heads, 1, cfg.d_head, device=dev, dtype=torch.bfloat16)
+    one = torch.ones((), device=dev)
+    ref = K.decode_attention_ref(q, k, v, one, ctx).float()
+    ours = K.decode_attention(q, k, v, one, ctx).float()
+    err = float(torch.linalg.vector_norm(ours - ref) / torch.linalg.vector_norm(ref))
+    n_bytes = 2 * k.numel() * 2
+    with torch.no_grad():
+        t_ours = time_fn(lambda: K.decode_attention(q, k, v, one, ctx), [()], dev, n_rep=20)
+        t_sdpa = time_fn(lambda: F.scaled_dot_product_attention(q, k, v), [()], dev, n_rep=20)
+    return {"ctx": ctx, "batch": batch, "kv_bytes": n_bytes, "rel_err_vs_float32": err,
+            "kit_ms": t_ours.median_ms, "sdpa_ms": t_sdpa.median_ms,
+            "kit_gbps": n_bytes / t_ours.median_ms / 1e6, "sdpa_gbps": n_bytes / t_sdpa.median_ms / 1e6}
 
 
 def default_buckets(device) -> list[tuple[int, int]]:
@@ -330,25 +413,45 @@ def default_buckets(device) -> list[tuple[int, int]]:
     return [(32, 2), (128, 2)]
 
 
-def run(cfg: ModelConfig | None = None, buckets=None, device=None, n_rep: int = 10) -> dict[str, Any]:
-    """Every path: memory, TTFT/TPOT per bucket, hit rate and dequant counts, logit error."""
+def run(cfg: ModelConfig | None = None, buckets=None, device=None, n_rep: int = 10,
+        progress=None) -> dict[str, Any]:
+    """Every path: memory, TTFT/TPOT per bucket (with the bytes a step must move and the
+    GB/s it achieved), hit rate and dequant counts, logit error; on FP8-KV buckets the fixed
+    path is also timed with the cache dequantized before attention (no fused kernel)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cfg = cfg or (H200_SIZE if dev.type == "cuda" else TINY)
     buckets = buckets or default_buckets(dev)
+    say = progress or (lambda s: None)
     models = make_models(cfg, device=dev)
+    say("logit error")
     out: dict[str, Any] = {"config": cfg.__dict__, "buckets": buckets, "device": str(dev),
-                           "logit_error": logit_error(models), "paths": {}}
+                           "logit_error": logit_error(models), "logit_error_bound": LOGIT_ERROR_BOUND,
+                           "paths": {}}
     for p, m in models.items():
         rows = []
         for ctx, batch in buckets:
+            say(f"{p} ctx {ctx} batch {batch}")
             mem = m.new_cache(batch, ctx + 1).n_bytes
-            rows.append({"ctx": ctx, "batch": batch, "kv_bytes": mem, **time_prefill_decode(m, batch, ctx, n_rep)})
+            t = time_prefill_decode(m, batch, ctx, n_rep)
+            nb = decode_bytes(m, batch, ctx)
+            row = {"ctx": ctx, "batch": batch, "kv_bytes": mem, **t, "decode_bytes": nb,
+                   "decode_gbps": nb / t["tpot_ms"] / 1e6}
+            if t["kv_fp8"]:
+                u = time_prefill_decode(m, batch, ctx, n_rep, kv_fused=False)
+                row["tpot_kv_dequant_ms"] = u["tpot_ms"]
+            rows.append(row)
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
         out["paths"][p] = {"weight_bytes": m.weight_bytes, "buckets": rows, "profile": decode_profile(m)}
+    if dev.type == "cuda":
+        say("attention vs SDPA")
+        out["attention_vs_sdpa"] = [attention_vs_sdpa(cfg, b, c, dev) for c, b in buckets]
     base = out["paths"]["bf16"]
     for p, r in out["paths"].items():
         r["weight_mem_change_pct"] = 100.0 * (r["weight_bytes"] / base["weight_bytes"] - 1)
         for row, b in zip(r["buckets"], base["buckets"]):
             row["tpot_change_pct"] = 100.0 * (row["tpot_ms"] / b["tpot_ms"] - 1)
+            row["ttft_change_pct"] = 100.0 * (row["ttft_ms"] / b["ttft_ms"] - 1)
     return out
 
 
