@@ -34,6 +34,8 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 #: context positions per attention program; 256 keeps >= ~1000 programs for the lab's buckets
 CHUNK_T = 256
+#: context positions per loop step and warps per attention program
+BLOCK_T, ATTN_WARPS = 32, 4
 
 
 # ---------------------------------------------------------------- quantize / dequantize rows
@@ -163,7 +165,8 @@ def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     kv_scale: torch.Tensor, n_ctx: int, use_triton: bool | None = None) -> torch.Tensor:
+                     kv_scale: torch.Tensor, n_ctx: int, use_triton: bool | None = None,
+                     chunk: int | None = None, block_t: int | None = None, num_warps: int | None = None) -> torch.Tensor:
     """One decode query per (batch, head) against a (B, H, max_ctx, D) cache of any dtype.
 
     ``q``: (B, H, 1, D); ``kv_scale``: a 0-d float32 tensor (1.0 for a bf16 cache). Reads each
@@ -179,7 +182,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         return decode_attention_ref(q, k_cache, v_cache, kv_scale, n_ctx)
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("decode_attention reads contiguous (B, H, T, D) caches")
-    n_splits = triton.cdiv(n_ctx, CHUNK_T)
+    chunk, block_t, num_warps = chunk or CHUNK_T, block_t or BLOCK_T, num_warps or ATTN_WARPS
+    n_splits = triton.cdiv(n_ctx, chunk)
     dev = q.device
     m = torch.empty((B * H, n_splits), dtype=torch.float32, device=dev)
     l = torch.empty_like(m)
@@ -187,7 +191,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     qc = q.contiguous()
     _decode_attn_partial[(B * H, n_splits)](qc, k_cache, v_cache, kv_scale.reshape(1).float(), m, l, acc,
                                             n_ctx, k_cache.shape[2], n_splits, 1.0 / math.sqrt(D),
-                                            D=D, CHUNK=CHUNK_T, BLOCK_T=32)
+                                            D=D, CHUNK=chunk, BLOCK_T=block_t, num_warps=num_warps)
     out = torch.empty_like(qc)
     _decode_attn_combine[(B * H,)](m, l, acc, out, n_splits, D=D,
                                    SPLITS=max(2, triton.next_power_of_2(n_splits)))
