@@ -35,7 +35,7 @@ FP8_MAX = 448.0
 #: context positions per attention program; 256 keeps >= ~1000 programs for the lab's buckets
 CHUNK_T = 256
 #: context positions per loop step and warps per attention program
-BLOCK_T, ATTN_WARPS = 32, 4
+ATTN_BLOCK_T, ATTN_WARPS = 32, 4
 
 
 # ---------------------------------------------------------------- quantize / dequantize rows
@@ -182,7 +182,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         return decode_attention_ref(q, k_cache, v_cache, kv_scale, n_ctx)
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("decode_attention reads contiguous (B, H, T, D) caches")
-    chunk, block_t, num_warps = chunk or CHUNK_T, block_t or BLOCK_T, num_warps or ATTN_WARPS
+    chunk, block_t, num_warps = chunk or CHUNK_T, block_t or ATTN_BLOCK_T, num_warps or ATTN_WARPS
     n_splits = triton.cdiv(n_ctx, chunk)
     dev = q.device
     m = torch.empty((B * H, n_splits), dtype=torch.float32, device=dev)
