@@ -17,6 +17,7 @@ Parts:
 * ``scenarios``       the dtype/MMA-path and workload-mix leaves
 * ``lab04``           Lab 4 (FP8): every precision path, TTFT/TPOT per bucket, hit rates,
                       logit error, kernel self-checks, attention kernel vs SDPA
+* ``drills``          one diagnosis drill per fault, live where one GPU can reproduce it
 """
 from __future__ import annotations
 
@@ -278,7 +279,31 @@ def part_lab04(out: Path, summary: list[str]) -> None:
         summary.append(f"lab04 attention ctx {a['ctx']} x{a['batch']}: kit {a['kit_gbps']:.0f} GB/s, SDPA {a['sdpa_gbps']:.0f} GB/s, err {a['rel_err_vs_float32']:.1e}")
 
 
-PARTS = ("doctor", "probe_vs_torch", "lab01", "lab02", "lab03", "baseline", "scenarios", "lab04")
+def part_drills(out: Path, summary: list[str]) -> None:
+    """One drill per fault, live on this GPU where the fault has a one-GPU form: the sealed
+    drill, the right answer graded (its fix applied and re-measured) and one wrong answer."""
+    from dataclasses import asdict
+
+    from hwlab import drills, flowchart
+
+    rows = []
+    for i, (name, f) in enumerate(drills.FAULTS.items()):
+        print("drill:", name, flush=True)
+        d = drills.new(seed=1000 + i, fault=name)
+        right = drills.grade(d, f.leaf, learner="refresh-script")
+        wrong_leaf = "G" if f.leaf != "G" else "J"
+        wrong = drills.grade(d, wrong_leaf, learner="refresh-script")
+        rows.append({"fault": name, "leaf": f.leaf, "drill": asdict(d),
+                     "observed_leaf": flowchart.diagnose(d.observations).leaf_id,
+                     "right": asdict(right), "wrong": asdict(wrong)})
+        summary.append(f"drill {name}: {'live' if d.live else 'recorded'} -> "
+                       f"{rows[-1]['observed_leaf']} (want {f.leaf}); right answer passed={right.passed} "
+                       f"fix works={right.fix_removes_slowdown}; wrong {wrong_leaf}: {wrong.explanation[:90]}")
+    ev = Evidence(kind="drills", machine=machine_info(), extra={"drills": rows})
+    ev.save(out / "drills.json")
+
+
+PARTS = ("doctor", "probe_vs_torch", "lab01", "lab02", "lab03", "baseline", "scenarios", "lab04", "drills")
 
 
 def main(argv=None) -> int:
@@ -312,6 +337,8 @@ def main(argv=None) -> int:
             part_scenarios(a.out, summary)
         elif part == "lab04":
             part_lab04(a.out, summary)
+        elif part == "drills":
+            part_drills(a.out, summary)
         else:
             print(f"unknown part {part!r}; parts: {', '.join(PARTS)}", file=sys.stderr)
             return 2

@@ -164,7 +164,8 @@ NOT_GEMM_MARKERS = ("splitkreduce", "reduce_kernel")
 def hit_rate_from_events(events: list[tuple[str, str]], gpu: bool) -> dict[str, Any]:
     """FP8 hit rate and dequant count from (name, device) profiler events."""
     if gpu:
-        kernels = [n for n, dt in events if "CUDA" in dt]
+        # the kit's record_function ranges are mirrored onto the GPU timeline: not kernels
+        kernels = [n for n, dt in events if "CUDA" in dt and not n.startswith("hwlab::")]
         gemms = [n for n in kernels if any(m in n.lower() for m in GEMM_KERNEL_MARKERS + FP8_KERNEL_MARKERS)
                  and not any(x in n.lower() for x in NOT_GEMM_MARKERS)]
         hits = [n for n in gemms if any(m in n.lower() for m in FP8_KERNEL_MARKERS)]

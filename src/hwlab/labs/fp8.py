@@ -58,10 +58,13 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype=torch.bfloat16) -
 class QLinear(torch.nn.Module):
     """A bias-free linear layer holding its weight for one precision path.
 
-    FP8 weights carry one scale per output row; ``fp8_mm`` quantizes each activation row
-    (per-token dynamic scaling) and calls ``torch._scaled_mm`` with row-wise scales, the
-    FP8 GEMM path of Hopper-class GPUs. ``fp8_dequant`` runs the one-pass dequant kernel of
-    :mod:`.fp8_kernels` (1 B read + 2 B written per weight) and then a bf16 GEMM.
+    FP8 weights carry one scale per tensor; ``fp8_mm`` quantizes the activation per tensor
+    (dynamic scaling, two small kernels) and calls ``torch._scaled_mm`` in its tensor-wise
+    mode, the FP8 GEMM path of Hopper-class GPUs. (Row-wise scales are more accurate, but on
+    the H200 cuBLASLt ran them with 128x128 tiles that read a decode-shaped weight at ~2.6
+    TB/s against ~3.9 for tensor-wise: benchmarks/LAB04_NOTES.md.) ``fp8_dequant`` runs the
+    one-pass dequant kernel of :mod:`.fp8_kernels` (1 B read + 2 B written per weight) and
+    then a bf16 GEMM that reads the copy again.
     """
 
     MODES = ("bf16", "fp8_dequant", "fp8_mm")
@@ -75,10 +78,9 @@ class QLinear(torch.nn.Module):
         if mode == "bf16":
             self.register_buffer("w", weight.to(torch.bfloat16))
         else:
-            q, s = quantize_fp8(weight, dim=1)  # (N, K) FP8, (N, 1) scales
+            q, s = quantize_fp8(weight)  # (N, K) FP8, one float32 scale
             self.register_buffer("w", q)
-            self.register_buffer("w_scale", s.contiguous())
-            self.register_buffer("w_scale_row", s.reshape(1, -1).contiguous())  # (1, N) for _scaled_mm
+            self.register_buffer("w_scale", s)
 
     @property
     def weight_bytes(self) -> int:
@@ -92,9 +94,9 @@ class QLinear(torch.nn.Module):
                 w = K.dequant_rows(self.w, self.w_scale)
             return F.linear(x, w)
         shape = x.shape
-        with torch.profiler.record_function(QUANT_MARK):  # requant of the activation, per row
-            xq, xs = K.quant_rows(x.reshape(-1, shape[-1]))
-        y = torch._scaled_mm(xq, self.w.t(), scale_a=xs, scale_b=self.w_scale_row, out_dtype=torch.bfloat16)
+        with torch.profiler.record_function(QUANT_MARK):  # requant of the activation
+            xq, xs = K.quant_tensor(x.reshape(-1, shape[-1]))
+        y = torch._scaled_mm(xq, self.w.t(), scale_a=xs, scale_b=self.w_scale, out_dtype=torch.bfloat16)
         return y.reshape(*shape[:-1], self.out_features)
 
 
@@ -175,8 +177,12 @@ class KVCache:
         return k, v
 
     def attend(self, layer: int, q: torch.Tensor, n_ctx: int) -> torch.Tensor:
-        """One decode query (B, H, 1, Dh) against the first ``n_ctx`` cached positions."""
-        if self.fp8 and not self.fused_read:
+        """One decode query (B, H, 1, Dh) against the first ``n_ctx`` cached positions.
+
+        A bf16 cache goes to torch's SDPA (faster on the H200 than the kit's kernel on bf16,
+        so the baseline is not handicapped); an FP8 cache to the kit's kernel, which reads FP8
+        directly, or, with ``fused_read=False``, is dequantized to bf16 first."""
+        if not self.fp8 or not self.fused_read:
             kk, vv = self.read(layer, n_ctx)
             return F.scaled_dot_product_attention(q, kk, vv)
         return K.decode_attention(q, self.k[layer], self.v[layer], self.scale[layer], n_ctx)

@@ -32,10 +32,11 @@ import triton.language as tl
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
-#: context positions per attention program; 256 keeps >= ~1000 programs for the lab's buckets
+#: context positions per attention program, positions per loop step, warps per program: the
+#: best of an H200 sweep (chunk 256/512/1024 x step 32/64/128 x 4/8 warps; LAB04_NOTES.md):
+#: FP8 cache ~2.9 TB/s, bf16 cache ~3.6-3.7 TB/s at 4k-32k context (SDPA on bf16: ~4.4)
 CHUNK_T = 256
-#: context positions per loop step and warps per attention program
-ATTN_BLOCK_T, ATTN_WARPS = 32, 4
+ATTN_BLOCK_T, ATTN_WARPS = 128, 4
 
 
 # ---------------------------------------------------------------- quantize / dequantize rows
@@ -57,11 +58,37 @@ def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, n_cols, stride_x, stride_q, BLOCK: t
 
 
 @triton.jit
-def _dequant_rows_kernel(q_ptr, s_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+def _row_amax_kernel(x_ptr, amax_ptr, n_cols, stride_x, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for c in range(0, n_cols, BLOCK):
+        o = c + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride_x + o, mask=o < n_cols, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    tl.store(amax_ptr + row, tl.max(amax, 0))
+
+
+@triton.jit
+def _quant_tensor_kernel(x_ptr, amax_ptr, q_ptr, s_ptr, n_amax, n_cols, stride_x, stride_q,
+                         BLOCK: tl.constexpr, AMAX_BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    a = tl.load(amax_ptr + tl.arange(0, AMAX_BLOCK), mask=tl.arange(0, AMAX_BLOCK) < n_amax, other=0.0)
+    scale = tl.maximum(tl.max(a, 0), 1e-12) / 448.0
+    if row == 0:
+        tl.store(s_ptr, scale)
+    for c in range(0, n_cols, BLOCK):
+        o = c + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride_x + o, mask=o < n_cols, other=0.0).to(tl.float32)
+        y = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+        tl.store(q_ptr + row * stride_q + o, y.to(q_ptr.dtype.element_ty), mask=o < n_cols)
+
+
+@triton.jit
+def _dequant_rows_kernel(q_ptr, s_ptr, out_ptr, n_cols, s_stride, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     o = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = o < n_cols
-    s = tl.load(s_ptr + row)
+    s = tl.load(s_ptr + row * s_stride)
     x = tl.load(q_ptr + row * n_cols + o, mask=m).to(tl.float32) * s
     tl.store(out_ptr + row * n_cols + o, x.to(out_ptr.dtype.element_ty), mask=m)
 
@@ -86,18 +113,51 @@ def quant_rows(x: torch.Tensor, use_triton: bool | None = None) -> tuple[torch.T
     return q, s
 
 
+def quant_tensor_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor e4m3: (x / s) in FP8, s = amax(x) / 448 as a 0-d float32 tensor."""
+    s = x.detach().abs().amax().float().clamp(min=1e-12) / FP8_MAX
+    return (x.float() / s).clamp(-FP8_MAX, FP8_MAX).to(FP8), s
+
+
+def quant_tensor(x: torch.Tensor, use_triton: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor dynamic FP8 quantization of a 2-D activation: a row-amax kernel, then one
+    kernel that reduces the row maxima and quantizes (decode: 2 launches, no host sync). The
+    scale feeds ``torch._scaled_mm``'s tensor-wise mode, whose small-batch H200 kernels read
+    the weight at ~3.9 TB/s where the row-wise mode managed ~2.6 (benchmarks/LAB04_NOTES.md)."""
+    if x.dim() != 2:
+        raise ValueError(f"quant_tensor wants a 2-D (rows, cols) tensor, got shape {tuple(x.shape)}")
+    if not _triton(x, use_triton):
+        return quant_tensor_ref(x)
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    rows, cols = x.shape
+    amax = torch.empty((rows,), dtype=torch.float32, device=x.device)
+    _row_amax_kernel[(rows,)](x, amax, cols, x.stride(0), BLOCK=1024)
+    if rows > 1024:  # prefill: reduce the row maxima first, so each program reads one value
+        amax = amax.amax().reshape(1)
+    q = torch.empty((rows, cols), dtype=FP8, device=x.device)
+    s = torch.empty((), dtype=torch.float32, device=x.device)
+    _quant_tensor_kernel[(rows,)](x, amax, q, s, amax.numel(), cols, x.stride(0), q.stride(0),
+                                  BLOCK=1024, AMAX_BLOCK=max(16, triton.next_power_of_2(amax.numel())))
+    return q, s
+
+
 def dequant_rows_ref(q: torch.Tensor, s: torch.Tensor, dtype=torch.bfloat16) -> torch.Tensor:
     return (q.float() * s).to(dtype)
 
 
 def dequant_rows(q: torch.Tensor, s: torch.Tensor, dtype=torch.bfloat16, use_triton: bool | None = None) -> torch.Tensor:
-    """``q * s`` per row (s: (rows, 1) float32) to ``dtype``, one read of q and one write."""
+    """``q * s`` to ``dtype`` (s: one float32 per row, (rows, 1), or one for the tensor), one
+    read of q and one write."""
     if not _triton(q, use_triton):
         return dequant_rows_ref(q, s, dtype)
     rows, cols = q.shape
     out = torch.empty((rows, cols), dtype=dtype, device=q.device)
     block = 1024
-    _dequant_rows_kernel[(rows, triton.cdiv(cols, block))](q.contiguous(), s.contiguous(), out, cols, BLOCK=block)
+    s = s.float().contiguous()
+    if s.numel() not in (1, rows):
+        raise ValueError(f"dequant_rows: {s.numel()} scales for {rows} rows; give one per row or one")
+    _dequant_rows_kernel[(rows, triton.cdiv(cols, block))](q.contiguous(), s, out, cols,
+                                                          0 if s.numel() == 1 else 1, BLOCK=block)
     return out
 
 
@@ -226,7 +286,10 @@ def self_check(device=None, act_dtype: torch.dtype | None = None, seed: int = 0)
     qq = torch.randn(B, H, 1, D, generator=g, device=dev).to(act)
     kc = torch.randn(B, H, T, D, generator=g, device=dev)
     vc = torch.randn(B, H, T, D, generator=g, device=dev)
+    qt, st = quant_tensor(x, use_triton=True)
+    qtr, str_ = quant_tensor_ref(x)
     out = {"quant_rows_roundtrip": rel(q.float() * s, x), "quant_rows_scale": rel(s, sr),
+           "quant_tensor_roundtrip": rel(qt.float() * st, x), "quant_tensor_scale": rel(st, str_),
            "dequant_rows": rel(w, dequant_rows_ref(qr, sr, torch.float32))}
     for name, dt, sc in (("decode_attention_16bit", act, 1.0), ("decode_attention_fp8", FP8, 0.01)):
         kk, vv = (kc / sc).to(dt), (vc / sc).to(dt)
