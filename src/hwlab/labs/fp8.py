@@ -64,10 +64,15 @@ class QLinear(torch.nn.Module):
     the H200 cuBLASLt ran them with 128x128 tiles that read a decode-shaped weight at ~2.6
     TB/s against ~3.9 for tensor-wise: benchmarks/LAB04_NOTES.md.) ``fp8_dequant`` runs the
     one-pass dequant kernel of :mod:`.fp8_kernels` (1 B read + 2 B written per weight) and
-    then a bf16 GEMM that reads the copy again.
+    then a bf16 GEMM that reads the copy again. ``fp8_w8`` is ``fp8_mm`` for prefill, but
+    decode-shaped calls (at most ``W8_MAX_ROWS`` rows) on a GPU go to the kit's weight-only
+    FP8 kernel, which reads the FP8 weight once and needs no activation requant: on the H200
+    the cuBLASLt FP8 kernels for 16-row GEMMs streamed weights at roughly half the bf16
+    GEMMs' rate (LAB04_NOTES.md). On a CPU ``fp8_w8`` runs as ``fp8_mm`` (torch's CPU
+    ``_scaled_mm``); the Triton kernel itself is tested in the interpreter.
     """
 
-    MODES = ("bf16", "fp8_dequant", "fp8_mm")
+    MODES = ("bf16", "fp8_dequant", "fp8_mm", "fp8_w8")
 
     def __init__(self, weight: torch.Tensor, mode: str = "bf16"):
         super().__init__()
@@ -94,8 +99,11 @@ class QLinear(torch.nn.Module):
                 w = K.dequant_rows(self.w, self.w_scale)
             return F.linear(x, w)
         shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if self.mode == "fp8_w8" and x.is_cuda and x2.shape[0] <= K.W8_MAX_ROWS:
+            return K.fp8w_linear(x2, self.w, self.w_scale).reshape(*shape[:-1], self.out_features)
         with torch.profiler.record_function(QUANT_MARK):  # requant of the activation
-            xq, xs = K.quant_tensor(x.reshape(-1, shape[-1]))
+            xq, xs = K.quant_tensor(x2)
         y = torch._scaled_mm(xq, self.w.t(), scale_a=xs, scale_b=self.w_scale, out_dtype=torch.bfloat16)
         return y.reshape(*shape[:-1], self.out_features)
 
@@ -122,7 +130,7 @@ PATHS: dict[str, dict[str, Any]] = {
     "bf16": {"main": "bf16", "connector": "bf16", "head": "bf16", "kv_fp8_from_ctx": None},
     "fp8_dequant": {"main": "fp8_dequant", "connector": "fp8_dequant", "head": "fp8_dequant", "kv_fp8_from_ctx": None},
     "mixed": {"main": "fp8_mm", "connector": "fp8_dequant", "head": "fp8_dequant", "kv_fp8_from_ctx": None},
-    "fixed": {"main": "fp8_mm", "connector": "fp8_mm", "head": "bf16", "kv_fp8_from_ctx": 4096},
+    "fixed": {"main": "fp8_w8", "connector": "fp8_w8", "head": "bf16", "kv_fp8_from_ctx": 4096},
 }
 
 

@@ -161,6 +161,63 @@ def dequant_rows(q: torch.Tensor, s: torch.Tensor, dtype=torch.bfloat16, use_tri
     return out
 
 
+# ---------------------------------------------------------------- FP8-weight GEMM for decode (W8A16)
+def _w8_configs():
+    if tritonenv.INTERPRETED:  # the interpreter runs one config; there is no speed to tune
+        return [triton.Config({"BN": 16, "BK": 64}, num_warps=4, num_stages=1)]
+    return [triton.Config({"BN": bn, "BK": bk}, num_warps=4, num_stages=st)
+            for bn in (16, 32, 64) for bk in (128, 256, 512) for st in (3, 4)]
+
+
+@triton.autotune(configs=_w8_configs(), key=["M", "N", "K"])
+@triton.jit
+def _fp8w_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + rk
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)
+        acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+    acc = acc * tl.load(s_ptr)
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+#: decode-shaped GEMMs (at most this many rows) take the FP8-weight kernel; prefill takes
+#: the FP8 tensor-core GEMM (``torch._scaled_mm``), which is compute-efficient at large M
+W8_MAX_ROWS = 64
+
+
+def fp8w_linear_ref(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return ((x.float() @ w.float().t()) * s).to(x.dtype)
+
+
+def fp8w_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, use_triton: bool | None = None) -> torch.Tensor:
+    """``x @ (w * s).T`` for a 2-D activation ``x`` (M <= :data:`W8_MAX_ROWS`) and an FP8 weight
+    (N, K) with one float32 scale: the weight is read once, as FP8, and widened in registers
+    (weight-only FP8, "W8A16"). No activation requant and no dequantized copy: the bytes of a
+    decode step are the FP8 weight's. Tile (BN x BK) and pipeline depth are tuned per shape by
+    ``triton.autotune`` on first use (before any CUDA-graph capture)."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"fp8w_linear wants x (M, K) and w (N, K); got {tuple(x.shape)}, {tuple(w.shape)}")
+    if not _triton(x, use_triton):
+        return fp8w_linear_ref(x, w, s)
+    M, Kd = x.shape
+    N = w.shape[0]
+    x = x if x.stride(1) == 1 else x.contiguous()
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    BM = 16
+    grid = lambda meta: (triton.cdiv(N, meta["BN"]), triton.cdiv(M, BM))  # noqa: E731
+    _fp8w_gemm_kernel[grid](x, w, s.reshape(1).float(), y, M, N, Kd, x.stride(0), w.stride(0), y.stride(0), BM=BM)
+    return y
+
+
 # ---------------------------------------------------------------- decode attention (split over context)
 @triton.jit
 def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_ptr,
@@ -288,7 +345,10 @@ def self_check(device=None, act_dtype: torch.dtype | None = None, seed: int = 0)
     vc = torch.randn(B, H, T, D, generator=g, device=dev)
     qt, st = quant_tensor(x, use_triton=True)
     qtr, str_ = quant_tensor_ref(x)
-    out = {"quant_rows_roundtrip": rel(q.float() * s, x), "quant_rows_scale": rel(s, sr),
+    wq, wsc = quant_tensor_ref(torch.randn(96, 1500, generator=g, device=dev))
+    xs16 = x[:16]
+    out_w8 = {"fp8w_linear": rel(fp8w_linear(xs16, wq, wsc, use_triton=True), fp8w_linear_ref(xs16.float(), wq, wsc))}
+    out = {**out_w8, "quant_rows_roundtrip": rel(q.float() * s, x), "quant_rows_scale": rel(s, sr),
            "quant_tensor_roundtrip": rel(qt.float() * st, x), "quant_tensor_scale": rel(st, str_),
            "dequant_rows": rel(w, dequant_rows_ref(qr, sr, torch.float32))}
     for name, dt, sc in (("decode_attention_16bit", act, 1.0), ("decode_attention_fp8", FP8, 0.01)):
