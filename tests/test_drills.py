@@ -76,3 +76,27 @@ def test_cli_round_trip(tmp_path):
     s = json.loads(run("summary").stdout)
     assert s["n"] == 2 and s["wrong_leaf_counts"] == {"G": 1}
     assert json.loads(run("reveal", str(p)).stdout)["leaf"] == "I"
+
+
+def test_one_drill_per_fault_ran_on_the_h200():
+    """recorded/h200/drills.json: the refresh script drew one drill per fault on the H200
+    (live where one GPU reproduces the fault), graded the right answer (fix applied and
+    re-measured there) and a wrong one. Re-derived here with this version's flowchart."""
+    from hwlab import flowchart
+    from hwlab.evidence import recorded
+
+    ev = recorded("drills")
+    assert ev.device == "NVIDIA H200"
+    rows = {r["fault"]: r for r in ev.extra["drills"]}
+    assert set(rows) == set(D.FAULTS)
+    for name, r in rows.items():
+        drill = D.Drill(**r["drill"])
+        assert drill.fault().name == name  # the seal opens to this fault
+        assert flowchart.diagnose(drill.observations).leaf_id == D.FAULTS[name].leaf
+        assert r["right"]["correct_leaf"] and r["right"]["evidence_supports"]
+        if D.FAULTS[name].leaf != "OK":  # the fix, re-measured on the H200, leaves the leaf
+            assert r["right"]["fix_removes_slowdown"] is True
+            assert flowchart.diagnose(r["right"]["fix_evidence"]).leaf_id != D.FAULTS[name].leaf
+        assert not r["wrong"]["correct_leaf"] and " is not it: " in r["wrong"]["explanation"]
+        # live unless the fault has no one-GPU form (the slow-link rank needs several ranks/links)
+        assert drill.live == (name != "slow_link_rank"), name

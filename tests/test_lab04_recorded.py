@@ -1,0 +1,95 @@
+"""Lab 4's recorded H200 run (benchmarks/refresh_gpu_evidence.py --only lab04), re-derived.
+
+The issue's targets: the mixed path shows the seed's signature (weights -30% or more, decode
+TPOT improving by 10% or less); the fixed path improves TPOT by >= 25% in the memory-bound
+buckets (NOT reached on the H200: see test_fixed_path_gain_is_reported_as_measured and
+benchmarks/LAB04_NOTES.md); hit rate and dequant counts for every path; logit error in bound.
+"""
+import pytest
+
+from hwlab.evidence import recorded
+from hwlab.labs import fp8 as L
+
+
+@pytest.fixture(scope="module")
+def run():
+    ev = recorded("lab04_fp8")
+    assert ev.device == "NVIDIA H200" and ev.is_gpu
+    return ev.extra["run"]
+
+
+def _tpot_change(run, path):
+    base = {(b["ctx"], b["batch"]): b["tpot_ms"] for b in run["paths"]["bf16"]["buckets"]}
+    return {(b["ctx"], b["batch"]): 100 * (b["tpot_ms"] / base[(b["ctx"], b["batch"])] - 1)
+            for b in run["paths"][path]["buckets"]}
+
+
+def test_memory_accounting_matches_the_config(run):
+    cfg = L.ModelConfig(**run["config"])
+    d, ff, V = cfg.d_model, cfg.d_ff, cfg.vocab
+    linear = cfg.n_layers * (3 * d * d + d * d + 2 * d * ff) + d * d + V * d
+    w = {p: v["weight_bytes"] for p, v in run["paths"].items()}
+    assert w["bf16"] == 2 * (linear + V * d)
+    assert w["mixed"] == linear + 2 * V * d
+    assert w["fixed"] == linear + V * d + 2 * V * d  # head kept in bf16
+    for b16, bfx in zip(run["paths"]["bf16"]["buckets"], run["paths"]["fixed"]["buckets"]):
+        assert bfx["kv_bytes"] * (2 if bfx["ctx"] + 1 >= 4096 else 1) == b16["kv_bytes"]
+
+
+def test_mixed_path_reproduces_the_seed_signature(run):
+    w = run["paths"]["mixed"]["weight_bytes"] / run["paths"]["bf16"]["weight_bytes"] - 1
+    assert w <= -0.30
+    for bucket, change in _tpot_change(run, "mixed").items():
+        assert change >= -10.0, (bucket, change)  # TPOT improves by 10% or less (here: it worsens)
+
+
+def test_fixed_path_gain_is_reported_as_measured(run):
+    change = _tpot_change(run, "fixed")
+    # better than bf16 in every bucket, more where the FP8 KV cache halves the dominant bytes
+    assert all(c < 0 for c in change.values()), change
+    assert change[(32768, 4)] < change[(512, 16)]
+    # the >= 25% target is not met on the H200 (best -15%); the lab says so instead of hiding it
+    assert min(change.values()) > -25.0
+
+
+def test_every_path_reports_hits_and_dequant_counts(run):
+    prof = {p: v["profile"] for p, v in run["paths"].items()}
+    n = run["config"]["n_layers"] * 4 + 2
+    for p, r in prof.items():
+        assert r["gemm_calls"] == n, (p, r["gemm_names"])  # one GEMM per linear, nothing else
+        assert r["source"] == "torch.profiler kernel names"
+    assert prof["bf16"]["fp8_hits"] == 0 and prof["fp8_dequant"]["fallback_gemms"] == n
+    assert prof["mixed"]["fallback_gemms"] == 2 and prof["mixed"]["fp8_hits"] == n - 2
+    assert prof["fixed"]["fallback_gemms"] == 0 and prof["fixed"]["high_precision_by_choice"] == 1
+    # the recorded run counted each marked range twice (host and its mirror on the GPU
+    # timeline); decode_profile now counts the host timeline only and says so
+    per = {p: (1 if r.get("ranges_counted_on") == "host timeline" else 2) for p, r in prof.items()}
+    assert prof["fixed"]["dequant_ranges"] == 0 and prof["mixed"]["dequant_ranges"] == 2 * per["mixed"]
+    assert prof["fp8_dequant"]["dequant_ranges"] == n * per["fp8_dequant"]
+    assert prof["mixed"]["quant_ranges"] == (n - 2) * per["mixed"]  # one requant per FP8 GEMM call
+    assert prof["fixed"]["quant_ranges"] == 0  # the weight-only decode kernel needs no requant
+
+
+def test_logit_error_within_bound_and_kernels_checked(run):
+    ev = recorded("lab04_fp8")
+    for p, e in run["logit_error"].items():
+        assert e <= L.LOGIT_ERROR_BOUND[p], (p, e)
+    assert run["logit_error"]["fixed"] > 0
+    checks = ev.extra["kernel_checks"]
+    assert checks["decode_attention_fp8"] < 1e-3 and checks["fp8w_linear"] < 1e-2
+    assert checks["quant_tensor_roundtrip"] < 0.05  # e4m3 with round-to-nearest on the GPU
+
+
+def test_fp8_kv_without_a_fused_kernel_saves_memory_not_time(run):
+    for b in run["paths"]["fixed"]["buckets"]:
+        if b["kv_fp8"]:
+            assert b["tpot_kv_dequant_ms"] > 2 * b["tpot_ms"]
+
+
+def test_bytes_and_bandwidth_are_consistent(run):
+    copy = recorded("lab04_fp8").ceilings["copy_gbps"]
+    for p, v in run["paths"].items():
+        for b in v["buckets"]:
+            assert b["decode_gbps"] == pytest.approx(b["decode_bytes"] / b["tpot_ms"] / 1e6)
+            assert b["decode_gbps"] < copy  # no step beats the measured copy ceiling
+            assert b["tpot_p10_ms"] <= b["tpot_ms"] <= b["tpot_p90_ms"]
