@@ -52,14 +52,31 @@ else:
     print(("PASSED: " if g.passed else "NOT YET: ") + g.explanation)
 
 # %% [markdown]
-# ## Instructor: every fault, graded once each (a self-check of the drill pool)
+# ## Instructor: one drill per fault on the H200
+# The kit's refresh script ran one drill per fault on the H200: each fault's scenario measured live there
+# (the slow-link rank uses its recorded CPU run: it needs several ranks and a shaped link), the right
+# answer graded with the fix applied and re-measured on the H200, and one wrong answer.
+
+# %%
+from hwlab import evidence, flowchart
+
+rec = evidence.recorded("drills")
+for r in rec.extra["drills"]:
+    fix = r["right"]["fix_evidence"]
+    print(f"{r['fault']:>15} ({'live' if r['drill']['live'] else 'recorded'}): probes -> {r['observed_leaf']}, "
+          f"right answer {'passed' if r['right']['correct_leaf'] and r['right']['evidence_supports'] else 'FAILED'}, "
+          f"after the fix -> {flowchart.diagnose(fix).leaf_id}  [{rec.label}]")
+print("\na wrong answer, as graded there:", rec.extra["drills"][0]["wrong"]["explanation"])
+
+# %% [markdown]
+# ## Instructor: every fault, graded once each (a self-check of the drill pool, from recorded evidence)
 
 # %%
 import matplotlib.pyplot as plt
 
 grades = []
 for name, fault in drills.FAULTS.items():
-    d = drills.new(seed=1, fault=name)
+    d = drills.new(seed=1, fault=name, live=False)
     grades.append(drills.grade(d, fault.leaf, learner="reference"))
     wrong = next(x for x in ("G", "J", "L", "OK") if x != fault.leaf)
     grades.append(drills.grade(d, wrong, learner="a learner guessing"))

@@ -1,4 +1,4 @@
-"""Lab 4 (in progress), FP8 dequant fallback: memory falls, TPOT does not.
+"""Lab 4, FP8 dequant fallback: memory falls, TPOT does not.
 
 A small decoder (embedding, a connector projection, attention + MLP layers with a KV cache,
 an output head) whose every linear layer picks its precision path:
@@ -8,7 +8,9 @@ an output head) whose every linear layer picks its precision path:
                   before every matmul: memory falls, but each step reads the FP8 weight,
                   writes a bf16 copy and reads it again;
 * ``fp8_mm``      the activation quantized per tensor and both operands fed to
-                  ``torch._scaled_mm``: the FP8 GEMM path (a *hit*).
+                  ``torch._scaled_mm``: the FP8 GEMM path (a *hit*);
+* ``fp8_w8``      ``fp8_mm`` for prefill; decode-shaped calls on a GPU go to the kit's
+                  weight-only FP8 kernel (reads the FP8 weight directly: also a hit).
 
 Paths (:data:`PATHS`): ``bf16`` baseline; ``fp8_dequant`` everywhere; the seed's ``mixed``
 path (main matmuls FP8, connector and head dequantized, KV cache bf16); the ``fixed`` path
@@ -17,10 +19,11 @@ buckets). Probes: weight and KV memory, prefill (TTFT) and decode (TPOT) time pe
 bucket, FP8 hit rate and dequant/requant count per token from ``torch.profiler``, and the
 logit error against the bf16 path.
 
-Status: the model, the paths and the CPU-side probes are built and tested; the H200 run that
-shows the seed's signature (weight memory -30%, TPOT <= -10% for ``mixed``; >= 25% for
-``fixed``) has not been recorded yet. Without a fused FP8-KV attention kernel, the FP8 KV
-cache here is dequantized before attention, so it saves memory, not time.
+Recorded on the H200 (``recorded/h200/lab04_fp8.json``; history and analysis in
+``benchmarks/LAB04_NOTES.md``): ``mixed`` cuts weight memory 40% while decode TPOT gets 4-13%
+*worse* (the seed's signature); ``fixed`` (zero fallbacks, head bf16 on purpose, FP8 KV with an
+attention kernel that reads FP8) improves TPOT 7-15% and TTFT 11-29%, short of the 25% the
+bytes predict; an FP8 KV cache dequantized before attention is ~10x slower per step.
 """
 from __future__ import annotations
 
@@ -469,6 +472,42 @@ def run(cfg: ModelConfig | None = None, buckets=None, device=None, n_rep: int = 
         for row, b in zip(r["buckets"], base["buckets"]):
             row["tpot_change_pct"] = 100.0 * (row["tpot_ms"] / b["tpot_ms"] - 1)
             row["ttft_change_pct"] = 100.0 * (row["ttft_ms"] / b["ttft_ms"] - 1)
+    return out
+
+
+def bucket_table(run_result: dict[str, Any], copy_gbps: float | None = None) -> list[dict[str, Any]]:
+    """One row per (path, bucket): TTFT, TPOT and their change against bf16, the bytes a decode
+    step must move, the GB/s it reached and, given this machine's copy ceiling, the byte floor
+    (bytes / ceiling) and % of the ceiling."""
+    rows = []
+    for p, v in run_result["paths"].items():
+        for b in v["buckets"]:
+            row = {"path": p, "ctx": b["ctx"], "batch": b["batch"], "ttft_ms": b["ttft_ms"],
+                   "ttft_change_pct": b.get("ttft_change_pct"), "tpot_ms": b["tpot_ms"],
+                   "tpot_change_pct": b.get("tpot_change_pct"), "kv_fp8": b.get("kv_fp8"),
+                   "decode_bytes": b.get("decode_bytes"), "decode_gbps": b.get("decode_gbps"),
+                   "tpot_kv_dequant_ms": b.get("tpot_kv_dequant_ms")}
+            if copy_gbps and b.get("decode_bytes"):
+                row["floor_ms"] = b["decode_bytes"] / copy_gbps / 1e6
+                row["pct_of_copy"] = 100.0 * b["decode_gbps"] / copy_gbps
+            rows.append(row)
+    return rows
+
+
+def path_table(run_result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per path: weight memory and its change, FP8 hit rate, fallback GEMMs, GEMMs
+    kept high-precision on purpose, dequant+requant ranges per token, logit error and bound."""
+    out = []
+    for p, v in run_result["paths"].items():
+        pr = v["profile"]
+        per_tok = pr["dequant_requant_per_token"]
+        if pr.get("ranges_counted_on") != "host timeline" and pr["source"] == "torch.profiler kernel names":
+            per_tok /= 2  # recorded before ranges were counted once (see test_lab04_recorded)
+        out.append({"path": p, "weight_gb": v["weight_bytes"] / 1e9, "weight_change_pct": v["weight_mem_change_pct"],
+                    "gemm_calls": pr["gemm_calls"], "fp8_hit_pct": pr["hit_rate_pct"],
+                    "fallback_gemms": pr["fallback_gemms"], "high_precision_by_choice": pr["high_precision_by_choice"],
+                    "dq_rq_per_token": per_tok, "logit_error": run_result["logit_error"][p],
+                    "logit_bound": LOGIT_ERROR_BOUND.get(p)})
     return out
 
 
