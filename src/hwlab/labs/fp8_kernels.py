@@ -41,23 +41,6 @@ ATTN_BLOCK_T, ATTN_WARPS = 128, 4
 
 # ---------------------------------------------------------------- quantize / dequantize rows
 @triton.jit
-def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, n_cols, stride_x, stride_q, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    amax = tl.zeros((BLOCK,), dtype=tl.float32)
-    for c in range(0, n_cols, BLOCK):
-        o = c + tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + row * stride_x + o, mask=o < n_cols, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(x))
-    scale = tl.maximum(tl.max(amax, 0), 1e-12) / 448.0
-    tl.store(s_ptr + row, scale)
-    for c in range(0, n_cols, BLOCK):
-        o = c + tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + row * stride_x + o, mask=o < n_cols, other=0.0).to(tl.float32)
-        y = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
-        tl.store(q_ptr + row * stride_q + o, y.to(q_ptr.dtype.element_ty), mask=o < n_cols)
-
-
-@triton.jit
 def _row_amax_kernel(x_ptr, amax_ptr, n_cols, stride_x, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     amax = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -69,13 +52,18 @@ def _row_amax_kernel(x_ptr, amax_ptr, n_cols, stride_x, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _quant_tensor_kernel(x_ptr, amax_ptr, q_ptr, s_ptr, n_amax, n_cols, stride_x, stride_q,
-                         BLOCK: tl.constexpr, AMAX_BLOCK: tl.constexpr):
+def _quant_kernel(x_ptr, amax_ptr, q_ptr, s_ptr, n_amax, n_cols, stride_x, stride_q,
+                  BLOCK: tl.constexpr, AMAX_BLOCK: tl.constexpr, PER_ROW: tl.constexpr):
+    """Scale = amax / 448 of this row (PER_ROW) or of all rows' maxima; store it, then x / scale."""
     row = tl.program_id(0)
-    a = tl.load(amax_ptr + tl.arange(0, AMAX_BLOCK), mask=tl.arange(0, AMAX_BLOCK) < n_amax, other=0.0)
-    scale = tl.maximum(tl.max(a, 0), 1e-12) / 448.0
-    if row == 0:
-        tl.store(s_ptr, scale)
+    if PER_ROW:
+        scale = tl.maximum(tl.load(amax_ptr + row), 1e-12) / 448.0
+        tl.store(s_ptr + row, scale)
+    else:
+        a = tl.load(amax_ptr + tl.arange(0, AMAX_BLOCK), mask=tl.arange(0, AMAX_BLOCK) < n_amax, other=0.0)
+        scale = tl.maximum(tl.max(a, 0), 1e-12) / 448.0
+        if row == 0:
+            tl.store(s_ptr, scale)
     for c in range(0, n_cols, BLOCK):
         o = c + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + row * stride_x + o, mask=o < n_cols, other=0.0).to(tl.float32)
@@ -100,17 +88,10 @@ def quant_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quant_rows(x: torch.Tensor, use_triton: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row dynamic FP8 quantization of a 2-D activation, in one kernel on a GPU."""
-    if x.dim() != 2:
-        raise ValueError(f"quant_rows wants a 2-D (rows, cols) tensor, got shape {tuple(x.shape)}")
-    if not _triton(x, use_triton):
-        return quant_rows_ref(x)
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    rows, cols = x.shape
-    q = torch.empty((rows, cols), dtype=FP8, device=x.device)
-    s = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
-    _quant_rows_kernel[(rows,)](x, q, s, cols, x.stride(0), q.stride(0), BLOCK=1024)
-    return q, s
+    """Per-row dynamic FP8 quantization of a 2-D activation (scales (rows, 1)). Kept for the
+    row-wise ``_scaled_mm`` comparison of ``benchmarks/lab04_tuning.py``; the decoder
+    quantizes per tensor (:func:`quant_tensor`)."""
+    return _quantize(x, per_row=True, use_triton=use_triton)
 
 
 def quant_tensor_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,20 +105,27 @@ def quant_tensor(x: torch.Tensor, use_triton: bool | None = None) -> tuple[torch
     kernel that reduces the row maxima and quantizes (decode: 2 launches, no host sync). The
     scale feeds ``torch._scaled_mm``'s tensor-wise mode, whose small-batch H200 kernels read
     the weight at ~3.9 TB/s where the row-wise mode managed ~2.6 (benchmarks/LAB04_NOTES.md)."""
+    return _quantize(x, per_row=False, use_triton=use_triton)
+
+
+def _quantize(x: torch.Tensor, per_row: bool, use_triton: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A row-amax kernel, then one kernel that forms the scale (this row's, or the maximum of
+    all rows') and quantizes: 2 launches, no host sync, so a decode step can be graph-captured."""
     if x.dim() != 2:
-        raise ValueError(f"quant_tensor wants a 2-D (rows, cols) tensor, got shape {tuple(x.shape)}")
+        raise ValueError(f"FP8 quantization wants a 2-D (rows, cols) tensor, got shape {tuple(x.shape)}")
     if not _triton(x, use_triton):
-        return quant_tensor_ref(x)
+        return quant_rows_ref(x) if per_row else quant_tensor_ref(x)
     x = x if x.stride(-1) == 1 else x.contiguous()
     rows, cols = x.shape
     amax = torch.empty((rows,), dtype=torch.float32, device=x.device)
     _row_amax_kernel[(rows,)](x, amax, cols, x.stride(0), BLOCK=1024)
-    if rows > 1024:  # prefill: reduce the row maxima first, so each program reads one value
+    if not per_row and rows > 1024:  # prefill: reduce the row maxima first, so each program reads one value
         amax = amax.amax().reshape(1)
     q = torch.empty((rows, cols), dtype=FP8, device=x.device)
-    s = torch.empty((), dtype=torch.float32, device=x.device)
-    _quant_tensor_kernel[(rows,)](x, amax, q, s, amax.numel(), cols, x.stride(0), q.stride(0),
-                                  BLOCK=1024, AMAX_BLOCK=max(16, triton.next_power_of_2(amax.numel())))
+    s = torch.empty((rows, 1) if per_row else (), dtype=torch.float32, device=x.device)
+    _quant_kernel[(rows,)](x, amax, q, s, amax.numel(), cols, x.stride(0), q.stride(0), BLOCK=1024,
+                           AMAX_BLOCK=16 if per_row else max(16, triton.next_power_of_2(amax.numel())),
+                           PER_ROW=per_row)
     return q, s
 
 
