@@ -275,6 +275,9 @@ def part_lab04(out: Path, summary: list[str]) -> None:
                            f"TPOT {b['tpot_ms']:.3f} ms ({b['tpot_change_pct']:+.0f}%), {b['decode_gbps']:.0f} GB/s "
                            f"({b['decode_pct_of_copy']:.0f}% of copy)"
                            + (f", KV dequantized first: {b['tpot_kv_dequant_ms']:.3f} ms" if "tpot_kv_dequant_ms" in b else ""))
+        for br in v.get("breakdown", []):
+            summary.append(f"   time by kernel, ctx {br['ctx']} x{br['batch']}: total {br['total_us']:.0f} us, "
+                           + ", ".join(f"{k} {br['share_pct'][k]:.0f}% ({br['count'][k]})" for k in br["us"]))
     for a in r.get("attention_vs_sdpa", []):
         summary.append(f"lab04 attention ctx {a['ctx']} x{a['batch']}: kit {a['kit_gbps']:.0f} GB/s, SDPA {a['sdpa_gbps']:.0f} GB/s, err {a['rel_err_vs_float32']:.1e}")
 

@@ -89,3 +89,15 @@ def test_grader():
     assert L.grade_path({"main": "fp8_mm", "connector": "fp8_mm", "head": "bf16", "kv_fp8_from_ctx": None}).passed
     assert L.grade_path({"main": "bf16"}).status == "wrong"  # no FP8 hits
     assert "custom path" in L.grade_path({"main": "int4"}).message
+
+
+def test_decode_breakdown_accounts_for_every_gemm(models):
+    n_gemm = L.TINY.n_layers * 4 + 2
+    for p, m in models.items():
+        b = L.decode_breakdown(m, batch=2, ctx=24)
+        prof = L.decode_profile(m)
+        assert b["count"]["gemm fp8"] == prof["fp8_hits"], p
+        assert b["count"]["gemm fp8"] + b["count"]["gemm"] == n_gemm, p
+        assert b["total_us"] == pytest.approx(sum(b["us"].values()))
+        assert sum(b["share_pct"].values()) == pytest.approx(100.0)
+        assert (b["count"]["quant/dequant"] > 0) == (p != "bf16"), p  # bf16 never (de)quantizes

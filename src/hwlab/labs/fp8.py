@@ -302,25 +302,33 @@ def _run(m: Decoder, toks, prompt: int, steps: int) -> list[torch.Tensor]:
 LOGIT_ERROR_BOUND = {"bf16": 0.0, "fp8_dequant": 0.15, "mixed": 0.15, "fixed": 0.15}
 
 
-def decode_profile(m: Decoder, batch: int = 2, ctx: int = 32) -> dict[str, Any]:
-    """FP8 hit rate and dequant/requant count of one decode step, from torch.profiler."""
+def _profile_decode_step(m: Decoder, batch: int, ctx: int):
+    """torch.profiler over one decode step at position ``ctx`` (after a prefill and one
+    unprofiled decode step: the first call of a shape compiles and autotunes, and on the H200
+    a cold W8A16 kernel's autotune put 81k benchmark launches into the profile)."""
     from torch.profiler import ProfilerActivity, profile
-
-    from ..baseline import hit_rate_from_events, profiler_events
 
     gpu = m.device.type == "cuda"
     cache = m.new_cache(batch, ctx + 1)
     toks = torch.randint(0, m.cfg.vocab, (batch, ctx + 1)).to(m.device)
-    m(toks[:, :ctx], cache)
-    # one decode step outside the profile: the first call of a shape compiles and autotunes
-    # (on the H200 a cold W8A16 kernel's autotune put 81k benchmark launches into the profile)
-    m(toks[:, ctx:ctx + 1], cache)
-    cache.len = ctx
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
-    with profile(activities=acts) as prof:
+    with torch.no_grad():
+        m(toks[:, :ctx], cache)
         m(toks[:, ctx:ctx + 1], cache)
-        if gpu:
-            torch.cuda.synchronize()
+        cache.len = ctx
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+        with profile(activities=acts) as prof:
+            m(toks[:, ctx:ctx + 1], cache)
+            if gpu:
+                torch.cuda.synchronize()
+    return prof
+
+
+def decode_profile(m: Decoder, batch: int = 2, ctx: int = 32) -> dict[str, Any]:
+    """FP8 hit rate and dequant/requant count of one decode step, from torch.profiler."""
+    from ..baseline import hit_rate_from_events, profiler_events
+
+    gpu = m.device.type == "cuda"
+    prof = _profile_decode_step(m, batch, ctx)
     ev = profiler_events(prof)
     r = hit_rate_from_events(ev, gpu)
     # count ranges on the host timeline only: on a GPU the profiler mirrors each range onto the
@@ -336,6 +344,59 @@ def decode_profile(m: Decoder, batch: int = 2, ctx: int = 32) -> dict[str, Any]:
               "dequant_requant_per_token": (names.count(QUANT_MARK) + names.count(DEQUANT_MARK)) / batch,
               "ranges_counted_on": "host timeline"})
     return r
+
+
+#: kernel-name markers per category of a decode step's time (GPU kernel names; CPU aten ops)
+BREAKDOWN_CATEGORIES = (
+    ("attention", ("_decode_attn", "flash", "fmha", "attention")),
+    ("quant/dequant", ("_quant_", "_row_amax", "_dequant_rows")),
+    ("gemm fp8", ("fp8w_gemm", "qqtst", "_scaled_mm", "e4m3", "f8f8")),
+    ("gemm", ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas", "aten::mm", "aten::addmm", "aten::bmm")),
+)
+
+
+def _inside_range(e, names) -> bool:
+    p = getattr(e, "cpu_parent", None)
+    while p is not None:
+        if p.name in names:
+            return True
+        p = getattr(p, "cpu_parent", None)
+    return False
+
+
+def decode_breakdown(m: Decoder, batch: int, ctx: int) -> dict[str, Any]:
+    """Where one decode step's device time goes, by kernel category, from torch.profiler:
+    GEMMs (FP8 or not), attention, quant/dequant, and everything else (norms, KV writes,
+    residual adds, activations). On a GPU the sum of kernel times excludes launch gaps, so
+    ``graph TPOT - kernel sum`` bounds what launches cost; on a CPU it is aten self time.
+    This is the measurement ``benchmarks/LAB04_NOTES.md`` asks for next."""
+    from ..baseline import _inside_gemm
+
+    gpu = m.device.type == "cuda"
+    prof = _profile_decode_step(m, batch, ctx)
+    per: dict[str, float] = {c: 0.0 for c, _ in BREAKDOWN_CATEGORIES}
+    per["other"] = 0.0
+    counts: dict[str, int] = {k: 0 for k in per}
+    for e in prof.events():
+        dev = e.device_type.name if hasattr(e.device_type, "name") else str(e.device_type)
+        if gpu:
+            if "CUDA" not in dev or e.name.startswith("hwlab::"):
+                continue
+            us = e.time_range.elapsed_us()
+        else:
+            if not e.name.startswith("aten::") or _inside_gemm(e):
+                continue
+            us = e.self_cpu_time_total
+        name = e.name.lower()
+        cat = next((c for c, marks in BREAKDOWN_CATEGORIES if any(k.lower() in name for k in marks)), "other")
+        if not gpu and cat == "other" and _inside_range(e, (QUANT_MARK, DEQUANT_MARK)):
+            cat = "quant/dequant"  # on a CPU the (de)quantization is plain aten ops inside the marked ranges
+        per[cat] += us
+        counts[cat] += 1
+    total = sum(per.values())
+    return {"ctx": ctx, "batch": batch, "source": "GPU kernel times" if gpu else "CPU aten self times",
+            "us": per, "count": counts, "total_us": total,
+            "share_pct": {k: 100.0 * v / total if total else 0.0 for k, v in per.items()}}
 
 
 def memory_report(models: dict[str, Decoder], batch: int, ctx: int) -> dict[str, dict[str, int]]:
@@ -466,7 +527,8 @@ def run(cfg: ModelConfig | None = None, buckets=None, device=None, n_rep: int = 
             rows.append(row)
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-        out["paths"][p] = {"weight_bytes": m.weight_bytes, "buckets": rows, "profile": decode_profile(m)}
+        out["paths"][p] = {"weight_bytes": m.weight_bytes, "buckets": rows, "profile": decode_profile(m),
+                           "breakdown": [decode_breakdown(m, b, c) for c, b in buckets[:2]]}
     if dev.type == "cuda":
         say("attention vs SDPA")
         out["attention_vs_sdpa"] = [attention_vs_sdpa(cfg, b, c, dev) for c, b in buckets]
