@@ -4,5 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for f in notebooks/*.py exercises/*.py solutions/*.py; do
-  .venv/bin/jupytext --quiet --to ipynb --update-metadata '{"jupytext": {"formats": "ipynb,py:percent"}}' "$f" -o "${f%.py}.ipynb"
+  upd=(); [ -f "${f%.py}.ipynb" ] && upd=(--update)  # keep cell ids: no churn in the diff
+  .venv/bin/jupytext --quiet --to ipynb "${upd[@]}" --update-metadata '{"jupytext": {"formats": "ipynb,py:percent"}}' "$f" -o "${f%.py}.ipynb"
 done

@@ -22,7 +22,8 @@ from hwlab.labs import fp8 as lab
 
 m = lab.Decoder(lab.TINY, "mixed", device="cpu")
 prof = lab.decode_profile(m)
-print(prof)
+print(f"[measured live on this machine's CPU, tiny decoder: {prof['source']}]")
+print({k: v for k, v in prof.items() if k != "gemm_names"})
 print({name: mod.mode for name, mod in m.named_modules() if isinstance(mod, lab.QLinear)})
 
 # %% tags=["learner"]
