@@ -91,14 +91,25 @@ plt.show()
 
 # %% [markdown]
 # ## Place it on the flowchart
-# Kernel microbenchmarks are fine (the FP8 GEMM itself is fast: prefill TTFT falls ~30%); only the service
-# path is slow; no rank tail → **shape bucket / cache / fallback**. The evidence that names the fallback is
-# the profile: GEMMs fed by a dequantized weight.
+# Kernel microbenchmarks are fine (the FP8 GEMM itself is fast: prefill TTFT falls ~30%), so the first
+# answer is NO, by hand. The service question is measured: decode TPOT over the floor the FP8 weights
+# *promise* (every FP8 weight read once as FP8, over the copy bandwidth). One GPU has no rank tail → the
+# walk ends at **shape bucket / cache / fallback**, and the profile names the fallback: GEMMs fed by a
+# dequantized weight.
 
 # %%
-d = flowchart.diagnose({"single_gpu_slow": False, "multi_gpu_or_service_slow": True, "rank_tail": False})
-print(d.explain())
+fe = lab.flowchart_evidence(res, copy)
+print(flowchart.diagnose(fe["mixed ctx 32768 x4"]).explain())
+print(f"\nevery path and bucket  [{src}]:")
+for k, e in fe.items():
+    print(f"  {k:>24}: TPOT {e['e2e_slowdown']:.2f}x its promised floor -> {flowchart.diagnose(e).leaf_id}")
 print(f"\nfallback GEMMs per path: { {p: v['profile']['fallback_gemms'] for p, v in res['paths'].items()} }  [{src}]")
+
+# %% [markdown]
+# Read the table, not one row: at 32k context bf16 runs at its floor (OK) while the seed's path does not
+# (M). At 512 even bf16 is ~1.6x over its floor — a per-step cost that fewer bytes do not shrink — so
+# short-context buckets need the kernel-time breakdown as well (`lab.decode_breakdown`). And the fixed
+# path below is still on M everywhere: it removes the fallbacks, not the whole gap.
 
 # %% [markdown]
 # ## Fix and re-verify

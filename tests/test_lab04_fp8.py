@@ -101,3 +101,11 @@ def test_decode_breakdown_accounts_for_every_gemm(models):
         assert b["total_us"] == pytest.approx(sum(b["us"].values()))
         assert sum(b["share_pct"].values()) == pytest.approx(100.0)
         assert (b["count"]["quant/dequant"] > 0) == (p != "bf16"), p  # bf16 never (de)quantizes
+
+
+def test_byte_model_from_config_matches_the_model(models):
+    for p, m in models.items():
+        for ctx in (31, 4095, 5000):
+            assert L.decode_bytes_for(L.TINY, L.PATHS[p], 2, ctx) == L.decode_bytes(m, 2, ctx)
+    # a dequantized weight moves 5 bytes per element: mixed moves more than its FP8 promise
+    assert L.decode_bytes_for(L.TINY, L.PATHS["mixed"], 2, 31) > L.decode_bytes_for(L.TINY, L.PATHS["mixed"], 2, 31, promised=True)

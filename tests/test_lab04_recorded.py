@@ -93,3 +93,24 @@ def test_bytes_and_bandwidth_are_consistent(run):
             assert b["decode_gbps"] == pytest.approx(b["decode_bytes"] / b["tpot_ms"] / 1e6)
             assert b["decode_gbps"] < copy  # no step beats the measured copy ceiling
             assert b["tpot_p10_ms"] <= b["tpot_ms"] <= b["tpot_p90_ms"]
+
+
+def test_byte_model_reproduces_the_recorded_bytes(run):
+    cfg = L.ModelConfig(**run["config"])
+    for p, v in run["paths"].items():
+        for b in v["buckets"]:
+            assert L.decode_bytes_for(cfg, L.PATHS[p], b["batch"], b["ctx"]) == b["decode_bytes"], (p, b["ctx"])
+            promised = L.decode_bytes_for(cfg, L.PATHS[p], b["batch"], b["ctx"], promised=True)
+            assert (promised < b["decode_bytes"]) == (p in ("fp8_dequant", "mixed")), p  # only fallbacks break the promise
+
+
+def test_flowchart_on_measured_evidence(run):
+    from hwlab.flowchart import diagnose
+
+    ev = recorded("lab04_fp8")
+    fe = L.flowchart_evidence(run, ev.ceilings["copy_gbps"])
+    leaf = {k: diagnose(e).leaf_id for k, e in fe.items()}
+    # the seed's path is slow against what its FP8 weights promise, in every bucket
+    assert all(leaf[f"mixed ctx {c} x{b}"] == "M" for c, b in run["buckets"])
+    # where bytes dominate (32k context) bf16 runs at its floor; the fixed path does not yet
+    assert leaf["bf16 ctx 32768 x4"] == "OK" and leaf["fixed ctx 32768 x4"] == "M"

@@ -455,17 +455,48 @@ def time_prefill_decode(m: Decoder, batch: int, ctx: int, n_rep: int = 10, graph
             "graph": graph, "kv_fp8": cache.fp8, "kv_fused": kv_fused}
 
 
+#: bytes per weight element a decode step moves, by QLinear mode (a dequantized FP8 weight:
+#: 1 B read + 2 B bf16 copy written + 2 B read again by the bf16 GEMM)
+BYTES_PER_WEIGHT = {"bf16": 2, "fp8_dequant": 5, "fp8_mm": 1, "fp8_w8": 1}
+
+
+def decode_bytes_for(cfg: ModelConfig, path: dict[str, Any], batch: int, ctx: int, promised: bool = False) -> int:
+    """The fewest bytes one decode step must move on ``path``: each weight once at its mode's
+    bytes (:data:`BYTES_PER_WEIGHT`), ``batch`` embedding rows, and K and V up to ``ctx + 1``
+    in their stored dtype. ``promised=True``: what the FP8 weights promise, i.e. every weight
+    stored in FP8 read once as FP8 (a fallback's dequant traffic left out)."""
+    d = cfg.d_model
+    sizes = {"connector": d * d, "main": cfg.n_layers * (3 * d * d + d * d + 2 * d * cfg.d_ff), "head": cfg.vocab * d}
+    n = batch * d * 2
+    for group, elems in sizes.items():
+        mode = path[group]
+        n += elems * (1 if promised and mode == "fp8_dequant" else BYTES_PER_WEIGHT[mode])
+    f = path["kv_fp8_from_ctx"]
+    kv_elem = 1 if f is not None and ctx + 1 >= f else 2
+    return n + 2 * cfg.n_layers * batch * cfg.n_heads * (ctx + 1) * cfg.d_head * kv_elem
+
+
 def decode_bytes(m: Decoder, batch: int, ctx: int) -> int:
-    """The fewest bytes one decode step must move: every weight GEMM reads its weight once
-    (a dequantized weight: 1 B read + 2 B written + 2 B read again), the embedding reads
-    ``batch`` rows, and attention reads K and V up to ``ctx + 1`` in their stored dtype."""
-    n = batch * m.cfg.d_model * 2
-    for mod in m.modules():
-        if isinstance(mod, QLinear):
-            n += mod.w.numel() * (5 if mod.mode == "fp8_dequant" else mod.w.element_size())
-    kv_elem = 1 if (m.path_cfg["kv_fp8_from_ctx"] is not None and ctx + 1 >= m.path_cfg["kv_fp8_from_ctx"]) else 2
-    n += 2 * m.cfg.n_layers * batch * m.cfg.n_heads * (ctx + 1) * m.cfg.d_head * kv_elem
-    return n
+    """:func:`decode_bytes_for` of this model's path."""
+    return decode_bytes_for(m.cfg, m.path_cfg, batch, ctx)
+
+
+def flowchart_evidence(run_result: dict[str, Any], copy_gbps: float) -> dict[str, dict[str, Any]]:
+    """Flowchart evidence per (path, bucket) from a Lab 4 run, keyed ``"path ctx xbatch"``.
+
+    The single-GPU question is answered by hand (the FP8 GEMM itself is fast: prefill TTFT
+    falls ~30% on it); the service question is measured: decode TPOT over the floor the FP8
+    weights promise (:func:`decode_bytes_for` with ``promised=True`` over this machine's copy
+    bandwidth). One GPU has no rank tail. A fallback path's TPOT sits far above its promise."""
+    cfg = ModelConfig(**run_result["config"])
+    out = {}
+    for p, v in run_result["paths"].items():
+        path = PATHS[p]
+        for b in v["buckets"]:
+            floor_ms = decode_bytes_for(cfg, path, b["batch"], b["ctx"], promised=True) / copy_gbps / 1e6
+            out[f"{p} ctx {b['ctx']} x{b['batch']}"] = {
+                "single_gpu_slow": False, "e2e_slowdown": b["tpot_ms"] / floor_ms, "rank_tail_pct": 0.0}
+    return out
 
 
 def attention_vs_sdpa(cfg: ModelConfig, batch: int, ctx: int, device=None) -> dict[str, float]:
