@@ -306,7 +306,9 @@ def part_drills(out: Path, summary: list[str]) -> None:
     ev.save(out / "drills.json")
 
 
-PARTS = ("doctor", "probe_vs_torch", "lab01", "lab02", "lab03", "baseline", "scenarios", "lab04", "drills")
+PARTS = {"doctor": part_doctor, "probe_vs_torch": part_probe_vs_torch, "lab01": part_lab01,
+         "lab02": part_lab02, "lab03": part_lab03, "baseline": part_baseline,
+         "scenarios": part_scenarios, "lab04": part_lab04, "drills": part_drills}
 
 
 def main(argv=None) -> int:
@@ -318,33 +320,17 @@ def main(argv=None) -> int:
         print("no CUDA GPU here: this script refreshes GPU evidence and has nothing to measure",
               file=sys.stderr)
         return 2
-    a.out.mkdir(parents=True, exist_ok=True)
     parts = a.only.split(",")
+    unknown = [x for x in parts if x not in PARTS]
+    if unknown:  # before any part runs, not after an hour of the others
+        print(f"unknown part(s) {unknown}; parts: {', '.join(PARTS)}", file=sys.stderr)
+        return 2
+    a.out.mkdir(parents=True, exist_ok=True)
     summary: list[str] = []
     for part in parts:
         t0 = time.time()
         print(f"== {part}", flush=True)
-        if part == "doctor":
-            part_doctor(a.out, summary)
-        elif part == "probe_vs_torch":
-            part_probe_vs_torch(a.out, summary)
-        elif part == "lab01":
-            part_lab01(a.out, summary)
-        elif part == "lab02":
-            part_lab02(a.out, summary)
-        elif part == "lab03":
-            part_lab03(a.out, summary)
-        elif part == "baseline":
-            part_baseline(a.out, summary)
-        elif part == "scenarios":
-            part_scenarios(a.out, summary)
-        elif part == "lab04":
-            part_lab04(a.out, summary)
-        elif part == "drills":
-            part_drills(a.out, summary)
-        else:
-            print(f"unknown part {part!r}; parts: {', '.join(PARTS)}", file=sys.stderr)
-            return 2
+        PARTS[part](a.out, summary)
         print(f"== {part} done in {time.time() - t0:.0f} s", flush=True)
     print("\n".join(summary))
     return 0

@@ -139,10 +139,11 @@ def fp8_decode_path(dev, quick: bool = True) -> dict[str, Any]:
 CPU_GEMM_OPS = ("aten::_scaled_mm", "aten::mm", "aten::addmm", "aten::bmm")
 
 
-def _inside_gemm(e) -> bool:
+def inside_op(e, names) -> bool:
+    """Whether a profiler event runs inside (below) an op or range named in ``names``."""
     p = getattr(e, "cpu_parent", None)
     while p is not None:
-        if p.name in CPU_GEMM_OPS:
+        if p.name in names:
             return True
         p = getattr(p, "cpu_parent", None)
     return False
@@ -152,7 +153,7 @@ def profiler_events(prof) -> list[tuple[str, str]]:
     """(name, device type) of every event a ``torch.profiler`` run recorded, leaving out ops
     nested inside a GEMM op (on a CPU ``aten::_scaled_mm`` calls ``aten::mm`` itself: one call)."""
     return [(e.name, e.device_type.name if hasattr(e.device_type, "name") else str(e.device_type))
-            for e in prof.events() if not _inside_gemm(e)]
+            for e in prof.events() if not inside_op(e, CPU_GEMM_OPS)]
 
 
 FP8_KERNEL_MARKERS = ("qqtst", "fp8", "e4m3", "f8f8")

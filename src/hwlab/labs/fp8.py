@@ -41,21 +41,18 @@ FP8_MAX = K.FP8_MAX
 QUANT_MARK, DEQUANT_MARK = "hwlab::quant_fp8", "hwlab::dequant_fp8"
 
 
-def quantize_fp8(t: torch.Tensor, dim: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """e4m3 quantization, per tensor (``dim=None``) or per slice along ``dim`` (keepdim):
-    (t / scale) in FP8 with scale = amax / 448. Marked ``hwlab::quant_fp8`` in profiles, so
-    requant counts come from the profiler."""
+def quantize_fp8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor e4m3 quantization (:func:`.fp8_kernels.quant_tensor_ref`): (t / scale) in FP8
+    with scale = amax / 448. Marked ``hwlab::quant_fp8`` in profiles, so requant counts come
+    from the profiler."""
     with torch.profiler.record_function(QUANT_MARK):
-        a = t.detach().abs()
-        amax = (a.amax() if dim is None else a.amax(dim=dim, keepdim=True)).float().clamp(min=1e-12)
-        scale = (amax / FP8_MAX).to(torch.float32)
-        return (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+        return K.quant_tensor_ref(t)
 
 
 def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype=torch.bfloat16) -> torch.Tensor:
     """Back to ``dtype`` (scale broadcasts); marked ``hwlab::dequant_fp8`` in profiles."""
     with torch.profiler.record_function(DEQUANT_MARK):
-        return (q.to(torch.float32) * scale).to(dtype)
+        return K.dequant_rows_ref(q, scale, dtype)
 
 
 class QLinear(torch.nn.Module):
@@ -355,22 +352,13 @@ BREAKDOWN_CATEGORIES = (
 )
 
 
-def _inside_range(e, names) -> bool:
-    p = getattr(e, "cpu_parent", None)
-    while p is not None:
-        if p.name in names:
-            return True
-        p = getattr(p, "cpu_parent", None)
-    return False
-
-
 def decode_breakdown(m: Decoder, batch: int, ctx: int) -> dict[str, Any]:
     """Where one decode step's device time goes, by kernel category, from torch.profiler:
     GEMMs (FP8 or not), attention, quant/dequant, and everything else (norms, KV writes,
     residual adds, activations). On a GPU the sum of kernel times excludes launch gaps, so
     ``graph TPOT - kernel sum`` bounds what launches cost; on a CPU it is aten self time.
     This is the measurement ``benchmarks/LAB04_NOTES.md`` asks for next."""
-    from ..baseline import _inside_gemm
+    from ..baseline import CPU_GEMM_OPS, inside_op
 
     gpu = m.device.type == "cuda"
     prof = _profile_decode_step(m, batch, ctx)
@@ -384,12 +372,12 @@ def decode_breakdown(m: Decoder, batch: int, ctx: int) -> dict[str, Any]:
                 continue
             us = e.time_range.elapsed_us()
         else:
-            if not e.name.startswith("aten::") or _inside_gemm(e):
+            if not e.name.startswith("aten::") or inside_op(e, CPU_GEMM_OPS):
                 continue
             us = e.self_cpu_time_total
         name = e.name.lower()
         cat = next((c for c, marks in BREAKDOWN_CATEGORIES if any(k.lower() in name for k in marks)), "other")
-        if not gpu and cat == "other" and _inside_range(e, (QUANT_MARK, DEQUANT_MARK)):
+        if not gpu and cat == "other" and inside_op(e, (QUANT_MARK, DEQUANT_MARK)):
             cat = "quant/dequant"  # on a CPU the (de)quantization is plain aten ops inside the marked ranges
         per[cat] += us
         counts[cat] += 1
