@@ -109,3 +109,12 @@ def test_byte_model_from_config_matches_the_model(models):
             assert L.decode_bytes_for(L.TINY, L.PATHS[p], 2, ctx) == L.decode_bytes(m, 2, ctx)
     # a dequantized weight moves 5 bytes per element: mixed moves more than its FP8 promise
     assert L.decode_bytes_for(L.TINY, L.PATHS["mixed"], 2, 31) > L.decode_bytes_for(L.TINY, L.PATHS["mixed"], 2, 31, promised=True)
+
+
+def test_run_refuses_a_size_that_does_not_fit_before_allocating():
+    from hwlab.measure import InsufficientMemoryError
+
+    need = L.memory_needed_bytes(L.H200_SIZE, L.default_buckets("cuda"))
+    assert 25e9 < need < 100e9  # four H200-size models (~15 GB) + the 32k bucket's 17 GB KV cache
+    with pytest.raises(InsufficientMemoryError, match="choose a smaller size"):
+        L.run(cfg=L.TINY, buckets=[(2**40, 64)], device="cpu")

@@ -510,6 +510,28 @@ def attention_vs_sdpa(cfg: ModelConfig, batch: int, ctx: int, device=None) -> di
             "kit_gbps": n_bytes / t_ours.median_ms / 1e6, "sdpa_gbps": n_bytes / t_sdpa.median_ms / 1e6}
 
 
+def memory_needed_bytes(cfg: ModelConfig, buckets, paths=tuple(PATHS)) -> int:
+    """A conservative estimate of what :func:`run` holds at its peak: every path's weights at
+    once, the fp32 copy a weight is drawn in, and the largest bucket's bf16 KV cache plus its
+    prefill activations and one layer's dequantized-first KV (fp32 and bf16 copies)."""
+    d = cfg.d_model
+    linear = cfg.n_layers * (3 * d * d + d * d + 2 * d * cfg.d_ff) + d * d
+    weights = 0
+    for p in paths:
+        pc = PATHS[p]
+        n_main = linear - d * d
+        weights += 2 * cfg.vocab * d  # embedding, bf16 on every path
+        weights += sum(n * (2 if pc[g] == "bf16" else 1)
+                       for g, n in (("main", n_main), ("connector", d * d), ("head", cfg.vocab * d)))
+    draw = 4 * max(cfg.vocab * d, d * cfg.d_ff)
+    per_bucket = []
+    for ctx, batch in buckets:
+        kv_layer = 2 * batch * cfg.n_heads * (ctx + 1) * cfg.d_head * 2  # K and V of one layer, bf16
+        prefill = batch * ctx * (3 * d + 3 * cfg.d_ff) * 2
+        per_bucket.append(cfg.n_layers * kv_layer + prefill + 3 * kv_layer)
+    return weights + draw + max(per_bucket, default=0)
+
+
 def default_buckets(device) -> list[tuple[int, int]]:
     """(context, batch): short context (weights dominate), 4k, and a long 32k bucket."""
     if torch.device(device).type == "cuda":
@@ -526,6 +548,10 @@ def run(cfg: ModelConfig | None = None, buckets=None, device=None, n_rep: int = 
     cfg = cfg or (H200_SIZE if dev.type == "cuda" else TINY)
     buckets = buckets or default_buckets(dev)
     say = progress or (lambda s: None)
+    from ..measure import require_memory
+
+    require_memory(memory_needed_bytes(cfg, buckets), dev,
+                   f"Lab 4 with d_model {cfg.d_model}, {cfg.n_layers} layers, buckets {list(buckets)}")
     models = make_models(cfg, device=dev)
     say("logit error")
     out: dict[str, Any] = {"config": cfg.__dict__, "buckets": buckets, "device": str(dev),
