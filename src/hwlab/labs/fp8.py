@@ -72,7 +72,7 @@ class QLinear(torch.nn.Module):
     ``_scaled_mm``); the Triton kernel itself is tested in the interpreter.
     """
 
-    MODES = ("bf16", "fp8_dequant", "fp8_mm", "fp8_w8")
+    MODES = ("bf16", "fp8_dequant", "fp8_mm", "fp8_w8", "fp8_static")
 
     def __init__(self, weight: torch.Tensor, mode: str = "bf16"):
         super().__init__()
@@ -86,6 +86,9 @@ class QLinear(torch.nn.Module):
             q, s = quantize_fp8(weight)  # (N, K) FP8, one float32 scale
             self.register_buffer("w", q)
             self.register_buffer("w_scale", s)
+        if mode == "fp8_static":  # the activation's scale, set by Decoder.calibrate
+            self.register_buffer("x_scale", torch.full((), float("nan"), device=weight.device))
+        self.calibrating = self.calibrated = False
 
     @property
     def weight_bytes(self) -> int:
@@ -102,8 +105,22 @@ class QLinear(torch.nn.Module):
         x2 = x.reshape(-1, shape[-1])
         if self.mode == "fp8_w8" and x.is_cuda and x2.shape[0] <= K.W8_MAX_ROWS:
             return K.fp8w_linear(x2, self.w, self.w_scale).reshape(*shape[:-1], self.out_features)
-        with torch.profiler.record_function(QUANT_MARK):  # requant of the activation
-            xq, xs = K.quant_tensor(x2)
+        if self.mode == "fp8_static" and not self.calibrating:
+            if not self.calibrated:
+                raise RuntimeError("an fp8_static layer has no activation scale yet: build it through Decoder "
+                                   "(which calibrates) or call Decoder.calibrate() first")
+            xs = self.x_scale
+            if x2.dtype == FP8:  # quantized by the producer (a norm that wrote FP8 with our scale)
+                xq = x2
+            else:
+                with torch.profiler.record_function(QUANT_MARK):  # requant, static scale: one pass
+                    xq = K.quant_static(x2, xs)
+        else:
+            if self.calibrating:  # record the largest activation seen; compute as fp8_mm meanwhile
+                self.x_scale = torch.maximum(torch.nan_to_num(self.x_scale, nan=0.0),
+                                             x2.detach().abs().amax().float() / FP8_MAX)
+            with torch.profiler.record_function(QUANT_MARK):  # requant of the activation
+                xq, xs = K.quant_tensor(x2)
         y = torch._scaled_mm(xq, self.w.t(), scale_a=xs, scale_b=self.w_scale, out_dtype=torch.bfloat16)
         return y.reshape(*shape[:-1], self.out_features)
 
@@ -135,7 +152,8 @@ PATHS: dict[str, dict[str, Any]] = {
 
 
 def _rmsnorm(x, eps=1e-6):
-    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
+    """One kernel on a GPU (:func:`.fp8_kernels.rmsnorm`), the torch reference on a CPU."""
+    return K.rmsnorm(x, eps)
 
 
 class KVCache:
@@ -166,6 +184,8 @@ class KVCache:
         if pos + t > self.k[layer].shape[2]:
             raise ValueError(f"the cache holds {self.k[layer].shape[2]} positions; writing {t} at {pos} "
                              "overflows it: make the cache with max_ctx >= prompt + decode steps")
+        if t == 1 and pos > 0:  # a decode step: one kernel (quantizing for an FP8 cache)
+            return K.kv_store(k, v, self.k[layer], self.v[layer], self.scale[layer], pos)
         if self.fp8:
             if pos == 0:  # one scale per layer, fixed at prefill (static per-tensor KV quantization)
                 self.scale[layer] = (torch.maximum(k.abs().amax(), v.abs().amax()).float() / FP8_MAX).clamp(min=1e-12)
@@ -229,6 +249,39 @@ class Decoder(torch.nn.Module):
             self.layers.append(layer)
         self.head = QLinear(w(cfg.vocab, d), p["head"])
         self.device = dev
+        self.calibrate()
+
+    def calibrate(self, batch: int = 2, prompt: int = 64, seed: int = 3) -> dict[str, float]:
+        """Static activation scales for ``fp8_static`` layers: one prefill of ``batch`` x
+        ``prompt`` seeded random tokens records each such layer's largest input |x|; its scale
+        is that / 448 (what FP8 checkpoints ship as an input scale). Decode then quantizes
+        with it in one pass, or inside the norm that feeds the layer; a larger activation
+        later saturates at +-448 (the logit-error bound checks the cost). Returns the scales."""
+        mods = {n: m for n, m in self.named_modules() if isinstance(m, QLinear) and m.mode == "fp8_static"}
+        if not mods:
+            return {}
+        for m in mods.values():
+            m.calibrating, m.calibrated = True, False
+            m.x_scale = torch.full((), float("nan"), device=self.device)
+        g = torch.Generator().manual_seed(seed)
+        toks = torch.randint(0, self.cfg.vocab, (batch, prompt), generator=g).to(self.device)
+        try:
+            with torch.no_grad():
+                self(toks, KVCache(self.cfg, batch, prompt, fp8=False, device=self.device))
+        finally:
+            for m in mods.values():
+                m.calibrating = False
+        for m in mods.values():
+            m.calibrated = True
+        return {n: float(m.x_scale) for n, m in mods.items()}
+
+    def _norm_for(self, x: torch.Tensor, consumer: QLinear) -> torch.Tensor:
+        """RMSNorm of ``x`` for ``consumer``: written straight to FP8 (one kernel, the requant
+        fused in) when the consumer takes static-scaled FP8 input."""
+        if consumer.mode == "fp8_static" and consumer.calibrated:
+            with torch.profiler.record_function(QUANT_MARK):
+                return K.rmsnorm(x, out_scale=consumer.x_scale)
+        return _rmsnorm(x)
 
     @property
     def weight_bytes(self) -> int:
@@ -253,7 +306,7 @@ class Decoder(torch.nn.Module):
             raise ValueError("prefill (more than one token) starts from an empty cache; decode one token at a time")
         x = self.connector(self.embed[tokens])
         for li, L in enumerate(self.layers):
-            h = _rmsnorm(x)
+            h = self._norm_for(x, L["qkv"])
             q, k, v = L["qkv"](h).split(cfg.d_model, dim=-1)
             q, k, v = (t.reshape(B, T, cfg.n_heads, cfg.d_head).transpose(1, 2) for t in (q, k, v))
             cache.write(li, k, v, pos)
@@ -262,7 +315,7 @@ class Decoder(torch.nn.Module):
             else:
                 a = cache.attend(li, q, pos + 1)
             x = x + L["out"](a.transpose(1, 2).reshape(B, T, cfg.d_model))
-            x = x + L["down"](F.gelu(L["up"](_rmsnorm(x))))
+            x = x + L["down"](F.gelu(L["up"](self._norm_for(x, L["up"]))))
         cache.len = pos + T
         return self.head(_rmsnorm(x[:, -1:])).float()
 
@@ -445,7 +498,7 @@ def time_prefill_decode(m: Decoder, batch: int, ctx: int, n_rep: int = 10, graph
 
 #: bytes per weight element a decode step moves, by QLinear mode (a dequantized FP8 weight:
 #: 1 B read + 2 B bf16 copy written + 2 B read again by the bf16 GEMM)
-BYTES_PER_WEIGHT = {"bf16": 2, "fp8_dequant": 5, "fp8_mm": 1, "fp8_w8": 1}
+BYTES_PER_WEIGHT = {"bf16": 2, "fp8_dequant": 5, "fp8_mm": 1, "fp8_w8": 1, "fp8_static": 1}
 
 
 def decode_bytes_for(cfg: ModelConfig, path: dict[str, Any], batch: int, ctx: int, promised: bool = False) -> int:

@@ -36,7 +36,11 @@ FP8_MAX = 448.0
 #: best of an H200 sweep (chunk 256/512/1024 x step 32/64/128 x 4/8 warps; LAB04_NOTES.md):
 #: FP8 cache ~2.9 TB/s, bf16 cache ~3.6-3.7 TB/s at 4k-32k context (SDPA on bf16: ~4.4)
 CHUNK_T = 256
-ATTN_BLOCK_T, ATTN_WARPS = 128, 4
+ATTN_BLOCK_T, ATTN_WARPS, ATTN_STAGES = 128, 4, 2
+#: scores and output on the tensor cores (see ``_decode_attn_partial``)
+ATTN_USE_DOT = False
+#: issue the next tile's K/V loads before this tile's math (two tiles in flight per program)
+ATTN_PREFETCH = False
 
 
 # ---------------------------------------------------------------- quantize / dequantize rows
@@ -150,95 +154,325 @@ def dequant_rows(q: torch.Tensor, s: torch.Tensor, dtype=torch.bfloat16, use_tri
 
 
 # ---------------------------------------------------------------- FP8-weight GEMM for decode (W8A16)
-def _w8_configs():
-    if tritonenv.INTERPRETED:  # the interpreter runs one config; there is no speed to tune
-        return [triton.Config({"BN": 16, "BK": 64}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BN": bn, "BK": bk}, num_warps=4, num_stages=st)
-            for bn in (16, 32, 64) for bk in (128, 256, 512) for st in (3, 4)]
-
-
-@triton.autotune(configs=_w8_configs(), key=["M", "N", "K"])
 @triton.jit
-def _fp8w_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+def _fp8w_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SWAP: tl.constexpr,
+                      SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr):
+    """y[M, N] = x[M, K] @ (w[N, K] * s).T with the FP8 tile widened to x's dtype in registers.
+
+    ``SWAP``: compute the transposed product (w tile as the MMA's A operand, BN rows; x as B,
+    BM columns), the usual layout for a small M ("swap AB"); otherwise x is A and w is B.
+    ``SPLIT_K`` > 1: each program sums one K slice into a float32 workspace (atomic adds); the
+    last program of an N tile (a counter) reads the sum, writes y and zeroes workspace and
+    counter for the next call. It lets wide N tiles (each re-reads x from L2: N / BN times in
+    all) still fill the GPU, with no extra launch for the reduction."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
+    if SWAP:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    k_len = tl.cdiv(tl.cdiv(K, SPLIT_K), BK) * BK
+    k_lo = pid_k * k_len
+    k_hi = tl.minimum(k_lo + k_len, K)
+    if PREFETCH:  # the next tile's loads are issued before this tile's MMA: two in flight
+        kk = k_lo + rk
+        w_next = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
+    for k0 in range(k_lo, k_hi, BK):
         kk = k0 + rk
         x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-        w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)
-        acc += tl.dot(x, tl.trans(w.to(x.dtype)))
-    acc = acc * tl.load(s_ptr)
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=(rm[:, None] < M) & (rn[None, :] < N))
+        if PREFETCH:
+            w = w_next
+            kn = kk + BK
+            w_next = tl.load(w_ptr + rn[:, None] * stride_wn + kn[None, :], mask=(rn[:, None] < N) & (kn[None, :] < k_hi), other=0.0)
+        else:
+            w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)
+        if SWAP:
+            acc += tl.dot(w.to(x.dtype), tl.trans(x))
+        else:
+            acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+    if SWAP:
+        part = tl.trans(acc)
+    else:
+        part = acc
+    out_mask = (rm[:, None] < M) & (rn[None, :] < N)
+    y_off = rm[:, None] * stride_ym + rn[None, :]
+    if SPLIT_K == 1:
+        tl.store(y_ptr + y_off, (part * tl.load(s_ptr)).to(y_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        tile = pid_m * tl.num_programs(0) + pid_n
+        w_off = rm[:, None] * N + rn[None, :]
+        tl.atomic_add(ws_ptr + w_off, part, mask=out_mask)
+        tl.debug_barrier()  # every thread's adds are issued before the counter's release
+        if tl.atomic_add(cnt_ptr + tile, 1) == SPLIT_K - 1:  # acq_rel: the other slices' adds are visible
+            total = tl.load(ws_ptr + w_off, mask=out_mask, other=0.0, cache_modifier=".cg")  # from L2
+            tl.store(y_ptr + y_off, (total * tl.load(s_ptr)).to(y_ptr.dtype.element_ty), mask=out_mask)
+            tl.store(ws_ptr + w_off, tl.zeros((BM, BN), dtype=tl.float32), mask=out_mask)
+            tl.store(cnt_ptr + tile, 0)
 
 
 #: decode-shaped GEMMs (at most this many rows) take the FP8-weight kernel; prefill takes
 #: the FP8 tensor-core GEMM (``torch._scaled_mm``), which is compute-efficient at large M
 W8_MAX_ROWS = 64
+#: the W8A16 tile: BN weight rows x BK columns per step, pipeline depth, warps, operand order.
+#: Chosen from a sweep on the H200 in CUDA graphs over weights larger than L2 (the way a
+#: decode step streams them), not by ``triton.autotune``: autotuning re-reads one weight, which
+#: then sits in the 60 MB L2, and picks a tile for L2 bandwidth (benchmarks/LAB04_NOTES.md)
+W8_CONFIG = {"BN": 16, "BK": 512, "num_warps": 4, "num_stages": 4, "SWAP": False, "SPLIT_K": 1, "PREFETCH": False}
+#: the interpreter runs any tile; a small one keeps CPU tests quick
+_W8_CONFIG_CPU = {"BN": 16, "BK": 64, "num_warps": 4, "num_stages": 1, "SWAP": False, "SPLIT_K": 1, "PREFETCH": False}
 
 
 def fp8w_linear_ref(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return ((x.float() @ w.float().t()) * s).to(x.dtype)
 
 
-def fp8w_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, use_triton: bool | None = None) -> torch.Tensor:
+def fp8w_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, use_triton: bool | None = None,
+                config: dict | None = None) -> torch.Tensor:
     """``x @ (w * s).T`` for a 2-D activation ``x`` (M <= :data:`W8_MAX_ROWS`) and an FP8 weight
     (N, K) with one float32 scale: the weight is read once, as FP8, and widened in registers
     (weight-only FP8, "W8A16"). No activation requant and no dequantized copy: the bytes of a
-    decode step are the FP8 weight's. Tile (BN x BK) and pipeline depth are tuned per shape by
-    ``triton.autotune`` on first use (before any CUDA-graph capture)."""
+    decode step are the FP8 weight's. ``config`` overrides :data:`W8_CONFIG` (sweeps)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"fp8w_linear wants x (M, K) and w (N, K); got {tuple(x.shape)}, {tuple(w.shape)}")
     if not _triton(x, use_triton):
         return fp8w_linear_ref(x, w, s)
     M, Kd = x.shape
     N = w.shape[0]
+    c = {"SPLIT_K": 1, "PREFETCH": False, **(config or (_W8_CONFIG_CPU if tritonenv.INTERPRETED else W8_CONFIG))}
     x = x if x.stride(1) == 1 else x.contiguous()
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     BM = 16
-    grid = lambda meta: (triton.cdiv(N, meta["BN"]), triton.cdiv(M, BM))  # noqa: E731
-    _fp8w_gemm_kernel[grid](x, w, s.reshape(1).float(), y, M, N, Kd, x.stride(0), w.stride(0), y.stride(0), BM=BM)
+    grid = (triton.cdiv(N, c["BN"]), triton.cdiv(M, BM), c["SPLIT_K"])
+    ws, cnt = _splitk_workspace(x.device, grid[1] * BM, N, grid[0] * grid[1]) if c["SPLIT_K"] > 1 else (y, y)
+    _fp8w_gemm_kernel[grid](
+        x, w, s.reshape(1).float(), y, ws, cnt, M, N, Kd, x.stride(0), w.stride(0), y.stride(0), BM=BM,
+        BN=c["BN"], BK=c["BK"], SWAP=c["SWAP"], SPLIT_K=c["SPLIT_K"], PREFETCH=c["PREFETCH"], num_warps=c["num_warps"],
+        num_stages=c["num_stages"])
     return y
+
+
+_WORKSPACES: dict = {}
+
+
+def _splitk_workspace(device, rows: int, n: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A zeroed float32 (rows, n) workspace and int32 tile counters for split-K, kept per
+    device and grown as needed: the kernel leaves both zeroed, so calls (and CUDA-graph
+    replays, which must not allocate) reuse them. Calls on one stream run one at a time."""
+    key = (str(device), "splitk")
+    ws, cnt = _WORKSPACES.get(key, (None, None))
+    if ws is None or ws.numel() < rows * n or cnt.numel() < tiles:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("split-K workspace first needed inside a CUDA-graph capture: run the "
+                               "step once eagerly before capturing it")
+        ws = torch.zeros(max(rows * n, 0 if ws is None else ws.numel()), dtype=torch.float32, device=device)
+        cnt = torch.zeros(max(tiles, 0 if cnt is None else cnt.numel()), dtype=torch.int32, device=device)
+        _WORKSPACES[key] = (ws, cnt)
+    return ws, cnt
+
+
+# ---------------------------------------------------------------- decode-step glue: norm, KV write
+@triton.jit
+def _rmsnorm_kernel(x_ptr, y_ptr, s_ptr, n_cols, stride_x, stride_y, eps, BLOCK: tl.constexpr, QUANT: tl.constexpr):
+    row = tl.program_id(0)
+    o = tl.arange(0, BLOCK)
+    m = o < n_cols
+    x = tl.load(x_ptr + row * stride_x + o, mask=m, other=0.0).to(tl.float32)
+    y = x * (1.0 / tl.sqrt(tl.sum(x * x, 0) / n_cols + eps))
+    if QUANT:  # the consumer's static FP8 scale: the next GEMM reads 1 B per activation
+        y = tl.minimum(tl.maximum(y / tl.load(s_ptr), -448.0), 448.0)
+    tl.store(y_ptr + row * stride_y + o, y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _quant_static_kernel(x_ptr, s_ptr, q_ptr, n, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = o < n
+    x = tl.load(x_ptr + o, mask=m, other=0.0).to(tl.float32)
+    q = tl.minimum(tl.maximum(x / tl.load(s_ptr), -448.0), 448.0)
+    tl.store(q_ptr + o, q.to(q_ptr.dtype.element_ty), mask=m)
+
+
+def rmsnorm_ref(x: torch.Tensor, eps: float = 1e-6, out_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) over the last dimension, computed in float32; with
+    ``out_scale``, quantized to FP8 with that (static) scale."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return y.to(x.dtype) if out_scale is None else quant_static_ref(y, out_scale)
+
+
+def rmsnorm(x: torch.Tensor, eps: float = 1e-6, use_triton: bool | None = None,
+            out_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm (no weight) in one kernel: one program per row (rows up to 16k wide). In torch
+    it is ~6 small kernels; a decode step runs it 2 x layers + 1 times, so each launch counts.
+    ``out_scale``: write FP8 (x / scale) for a GEMM that takes static-scaled FP8 input."""
+    if not _triton(x, use_triton) or x.shape[-1] > 16384:
+        return rmsnorm_ref(x, eps, out_scale)
+    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    y = torch.empty(x2.shape, dtype=x.dtype if out_scale is None else FP8, device=x.device)
+    s = y if out_scale is None else out_scale.reshape(1).float()
+    _rmsnorm_kernel[(x2.shape[0],)](x2, y, s, x2.shape[1], x2.stride(0), y.stride(0), eps,
+                                    BLOCK=triton.next_power_of_2(x2.shape[1]), QUANT=out_scale is not None)
+    return y.reshape(x.shape)
+
+
+def quant_static_ref(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """(x / scale) clamped to +-448, in e4m3: quantization with a fixed (calibrated) scale."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def quant_static(x: torch.Tensor, scale: torch.Tensor, use_triton: bool | None = None) -> torch.Tensor:
+    """FP8 quantization with a static scale: one elementwise pass (no amax, so no reduction
+    and no second kernel, unlike :func:`quant_tensor`)."""
+    if not _triton(x, use_triton):
+        return quant_static_ref(x, scale)
+    xc = x.contiguous()
+    q = torch.empty(xc.shape, dtype=FP8, device=x.device)
+    n = xc.numel()
+    _quant_static_kernel[(triton.cdiv(n, 2048),)](xc, scale.reshape(1).float(), q, n, BLOCK=2048)
+    return q
+
+
+@triton.jit
+def _kv_store_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, s_ptr, pos, H, stride_kb, stride_kh, stride_vb, stride_vh,
+                     max_ctx, D: tl.constexpr, QUANT: tl.constexpr):
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    d = tl.arange(0, D)
+    k = tl.load(k_ptr + b * stride_kb + h * stride_kh + d).to(tl.float32)
+    v = tl.load(v_ptr + b * stride_vb + h * stride_vh + d).to(tl.float32)
+    if QUANT:
+        inv = 1.0 / tl.load(s_ptr)
+        k = tl.minimum(tl.maximum(k * inv, -448.0), 448.0)
+        v = tl.minimum(tl.maximum(v * inv, -448.0), 448.0)
+    dst = (bh.to(tl.int64) * max_ctx + pos) * D + d
+    tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty))
+    tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty))
+
+
+def kv_store_ref(k, v, k_cache, v_cache, scale, pos: int) -> None:
+    """Write one position's K and V (B, H, 1, D) into (B, H, T, D) caches at ``pos``; an FP8
+    cache stores (x / scale) clamped to +-448."""
+    if k_cache.dtype == FP8:
+        k = (k.float() / scale).clamp(-FP8_MAX, FP8_MAX)
+        v = (v.float() / scale).clamp(-FP8_MAX, FP8_MAX)
+    k_cache[:, :, pos:pos + 1] = k.to(k_cache.dtype)
+    v_cache[:, :, pos:pos + 1] = v.to(v_cache.dtype)
+
+
+def kv_store(k, v, k_cache, v_cache, scale, pos: int, use_triton: bool | None = None) -> None:
+    """One decode position's K and V into the caches, quantized if the cache is FP8: one kernel
+    (in torch, 2 copies for a bf16 cache and ~8 kernels for an FP8 one). ``k``/``v`` may be
+    strided views (B, H, 1, D) of the QKV projection's output."""
+    B, H, one, D = k.shape
+    if one != 1 or v.shape != k.shape or k_cache.shape[:2] != (B, H) or k_cache.shape[3] != D:
+        raise ValueError(f"kv_store writes one position: k, v (B, H, 1, D) into (B, H, T, D) caches; got "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}, {tuple(k_cache.shape)}")
+    if not 0 <= pos < k_cache.shape[2]:
+        raise ValueError(f"position {pos} is outside the cache (length {k_cache.shape[2]})")
+    if not _triton(k, use_triton):
+        return kv_store_ref(k, v, k_cache, v_cache, scale, pos)
+    if k.stride(3) != 1 or v.stride(3) != 1 or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("kv_store wants unit-stride head dimensions and contiguous caches")
+    _kv_store_kernel[(B * H,)](k, v, k_cache, v_cache, scale.reshape(1).float(), pos, H,
+                               k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.shape[2],
+                               D=D, QUANT=k_cache.dtype == FP8)
 
 
 # ---------------------------------------------------------------- decode attention (split over context)
 @triton.jit
 def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_ptr,
-                         n_ctx, max_ctx, n_splits, sm_scale,
-                         D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr):
+                         n_ctx, max_ctx, n_splits, sm_scale, H, stride_qb, stride_qh,
+                         D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
+                         USE_DOT: tl.constexpr, PREFETCH: tl.constexpr):
+    """One (batch, head) query against one CHUNK of the cache: partial max, sum and output.
+
+    The cache's scale is applied once per score and once to the output, not per element.
+    ``USE_DOT``: scores and output on the tensor cores (the query padded to 16 rows of which
+    one is non-zero; FP8 tiles widened to fp16, which holds every e4m3 value exactly), which
+    leaves the loop to loads and conversions; otherwise elementwise products and sums."""
     bh = tl.program_id(0)
     sp = tl.program_id(1)
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + bh * D + d).to(tl.float32) * sm_scale
+    q = tl.load(q_ptr + (bh // H) * stride_qb + (bh % H) * stride_qh + d).to(tl.float32) * sm_scale
     kv_scale = tl.load(kv_scale_ptr)
     base = bh.to(tl.int64) * max_ctx * D
     m_i = -float("inf")
     l_i = 0.0
-    acc = tl.zeros((D,), dtype=tl.float32)
     start = sp * CHUNK
-    for t0 in range(start, start + CHUNK, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
-        tm = t < n_ctx
-        off = base + t[:, None] * D + d[None, :]
-        k = tl.load(k_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32) * kv_scale
-        s = tl.sum(k * q[None, :], 1)
-        s = tl.where(tm, s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new)
-        v = tl.load(v_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32) * kv_scale
-        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
-        l_i = l_i * alpha + tl.sum(p, 0)
-        m_i = m_new
+    if USE_DOT:
+        rows = tl.arange(0, 16)
+        dt = tl.float16 if k_ptr.dtype.element_ty == tl.float8e4nv else k_ptr.dtype.element_ty
+        qm = tl.where(rows[:, None] == 0, q[None, :], 0.0).to(dt)
+        acc2 = tl.zeros((16, D), dtype=tl.float32)
+        if PREFETCH:
+            t = start + tl.arange(0, BLOCK_T)
+            k_nx = tl.load(k_ptr + base + t[:, None] * D + d[None, :], mask=(t < n_ctx)[:, None], other=0.0)
+            v_nx = tl.load(v_ptr + base + t[:, None] * D + d[None, :], mask=(t < n_ctx)[:, None], other=0.0)
+        for t0 in range(start, start + CHUNK, BLOCK_T):
+            t = t0 + tl.arange(0, BLOCK_T)
+            tm = t < n_ctx
+            off = base + t[:, None] * D + d[None, :]
+            if PREFETCH:  # this tile was loaded last iteration; issue the next one's loads now
+                k_raw, v_raw = k_nx, v_nx
+                tn = t + BLOCK_T
+                mn = ((tn < n_ctx) & (tn < start + CHUNK))[:, None]
+                k_nx = tl.load(k_ptr + off + BLOCK_T * D, mask=mn, other=0.0)
+                v_nx = tl.load(v_ptr + off + BLOCK_T * D, mask=mn, other=0.0)
+            else:
+                k_raw = tl.load(k_ptr + off, mask=tm[:, None], other=0.0)
+                v_raw = tl.load(v_ptr + off, mask=tm[:, None], other=0.0)
+            k = k_raw.to(dt)
+            s = tl.sum(tl.dot(qm, tl.trans(k)), 0) * kv_scale
+            s = tl.where(tm, s, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 0))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new)
+            v = v_raw.to(dt)
+            pm = tl.where(rows[:, None] == 0, p[None, :], 0.0).to(dt)
+            acc2 = acc2 * alpha + tl.dot(pm, v)
+            l_i = l_i * alpha + tl.sum(p, 0)
+            m_i = m_new
+        acc = tl.sum(acc2, 0)
+    else:
+        acc = tl.zeros((D,), dtype=tl.float32)
+        if PREFETCH:
+            t = start + tl.arange(0, BLOCK_T)
+            k_nx = tl.load(k_ptr + base + t[:, None] * D + d[None, :], mask=(t < n_ctx)[:, None], other=0.0)
+            v_nx = tl.load(v_ptr + base + t[:, None] * D + d[None, :], mask=(t < n_ctx)[:, None], other=0.0)
+        for t0 in range(start, start + CHUNK, BLOCK_T):
+            t = t0 + tl.arange(0, BLOCK_T)
+            tm = t < n_ctx
+            off = base + t[:, None] * D + d[None, :]
+            if PREFETCH:
+                k_raw, v_raw = k_nx, v_nx
+                tn = t + BLOCK_T
+                mn = ((tn < n_ctx) & (tn < start + CHUNK))[:, None]
+                k_nx = tl.load(k_ptr + off + BLOCK_T * D, mask=mn, other=0.0)
+                v_nx = tl.load(v_ptr + off + BLOCK_T * D, mask=mn, other=0.0)
+            else:
+                k_raw = tl.load(k_ptr + off, mask=tm[:, None], other=0.0)
+                v_raw = tl.load(v_ptr + off, mask=tm[:, None], other=0.0)
+            k = k_raw.to(tl.float32)
+            s = tl.sum(k * q[None, :], 1) * kv_scale
+            s = tl.where(tm, s, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 0))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new)
+            v = v_raw.to(tl.float32)
+            acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+            l_i = l_i * alpha + tl.sum(p, 0)
+            m_i = m_new
     o = bh * n_splits + sp
     tl.store(m_ptr + o, m_i)
     tl.store(l_ptr + o, l_i)
-    tl.store(acc_ptr + o * D + d, acc)
+    tl.store(acc_ptr + o * D + d, acc * kv_scale)
 
 
 @triton.jit
@@ -271,7 +505,9 @@ def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      kv_scale: torch.Tensor, n_ctx: int, use_triton: bool | None = None,
-                     chunk: int | None = None, block_t: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+                     chunk: int | None = None, block_t: int | None = None, num_warps: int | None = None,
+                     use_dot: bool | None = None, num_stages: int | None = None,
+                     prefetch: bool | None = None) -> torch.Tensor:
     """One decode query per (batch, head) against a (B, H, max_ctx, D) cache of any dtype.
 
     ``q``: (B, H, 1, D); ``kv_scale``: a 0-d float32 tensor (1.0 for a bf16 cache). Reads each
@@ -288,16 +524,22 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("decode_attention reads contiguous (B, H, T, D) caches")
     chunk, block_t, num_warps = chunk or CHUNK_T, block_t or ATTN_BLOCK_T, num_warps or ATTN_WARPS
+    use_dot = ATTN_USE_DOT if use_dot is None else use_dot
+    prefetch = ATTN_PREFETCH if prefetch is None else prefetch
+    num_stages = num_stages or ATTN_STAGES
     n_splits = triton.cdiv(n_ctx, chunk)
     dev = q.device
     m = torch.empty((B * H, n_splits), dtype=torch.float32, device=dev)
     l = torch.empty_like(m)
     acc = torch.empty((B * H, n_splits, D), dtype=torch.float32, device=dev)
-    qc = q.contiguous()
-    _decode_attn_partial[(B * H, n_splits)](qc, k_cache, v_cache, kv_scale.reshape(1).float(), m, l, acc,
+    if q.stride(3) != 1:
+        q = q.contiguous()
+    _decode_attn_partial[(B * H, n_splits)](q, k_cache, v_cache, kv_scale.reshape(1).float(), m, l, acc,
                                             n_ctx, k_cache.shape[2], n_splits, 1.0 / math.sqrt(D),
-                                            D=D, CHUNK=chunk, BLOCK_T=block_t, num_warps=num_warps)
-    out = torch.empty_like(qc)
+                                            H, q.stride(0), q.stride(1), D=D, CHUNK=chunk, BLOCK_T=block_t,
+                                            USE_DOT=use_dot, PREFETCH=prefetch, num_warps=num_warps,
+                                            num_stages=num_stages)
+    out = torch.empty((B, H, 1, D), dtype=q.dtype, device=dev)
     _decode_attn_combine[(B * H,)](m, l, acc, out, n_splits, D=D,
                                    SPLITS=max(2, triton.next_power_of_2(n_splits)))
     return out
@@ -335,13 +577,26 @@ def self_check(device=None, act_dtype: torch.dtype | None = None, seed: int = 0)
     qtr, str_ = quant_tensor_ref(x)
     wq, wsc = quant_tensor_ref(torch.randn(96, 1500, generator=g, device=dev))
     xs16 = x[:16]
-    out_w8 = {"fp8w_linear": rel(fp8w_linear(xs16, wq, wsc, use_triton=True), fp8w_linear_ref(xs16.float(), wq, wsc))}
+    w8_ref = fp8w_linear_ref(xs16.float(), wq, wsc)
+    out_w8 = {"fp8w_linear": rel(fp8w_linear(xs16, wq, wsc, use_triton=True), w8_ref)}
+    # the other operand order, split-K (twice: the workspace must come back zeroed) and prefetch
+    c = {**(_W8_CONFIG_CPU if tritonenv.INTERPRETED else W8_CONFIG), "BN": 32, "SWAP": True, "SPLIT_K": 3, "PREFETCH": True}
+    out_w8["fp8w_linear_splitk"] = max(rel(fp8w_linear(xs16, wq, wsc, use_triton=True, config=c), w8_ref) for _ in range(2))
+    out_w8["rmsnorm"] = rel(rmsnorm(x, use_triton=True), rmsnorm_ref(x.float()))
     out = {**out_w8, "quant_rows_roundtrip": rel(q.float() * s, x), "quant_rows_scale": rel(s, sr),
            "quant_tensor_roundtrip": rel(qt.float() * st, x), "quant_tensor_scale": rel(st, str_),
            "dequant_rows": rel(w, dequant_rows_ref(qr, sr, torch.float32))}
     for name, dt, sc in (("decode_attention_16bit", act, 1.0), ("decode_attention_fp8", FP8, 0.01)):
         kk, vv = (kc / sc).to(dt), (vc / sc).to(dt)
         scale = torch.tensor(sc, device=dev)
-        out[name] = max(rel(decode_attention(qq, kk, vv, scale, n, use_triton=True),
-                            decode_attention_ref(qq, kk, vv, scale, n)) for n in (1, 255, 257, T))
+        for dot in (False, True):
+            out[name + ("_dot" if dot else "")] = max(
+                rel(decode_attention(qq, kk, vv, scale, n, use_triton=True, use_dot=dot),
+                    decode_attention_ref(qq, kk, vv, scale, n)) for n in (1, 255, 257, T))
+        # one decode position written through the kernel, read back against the reference write
+        kn, vn = (torch.randn(B, H, 1, D, generator=g, device=dev) * 3).to(act), (torch.randn(B, H, 1, D, generator=g, device=dev) * 3).to(act)
+        k2, v2, k3, v3 = (t.clone() for t in (kk, vv, kk, vv))
+        kv_store(kn, vn, k2, v2, scale, 5, use_triton=True)
+        kv_store_ref(kn, vn, k3, v3, scale, 5)
+        out[name.replace("decode_attention", "kv_store")] = max(rel(a[:, :, 5].float(), b[:, :, 5].float()) for a, b in ((k2, k3), (v2, v3)))
     return out
