@@ -118,3 +118,31 @@ def test_run_refuses_a_size_that_does_not_fit_before_allocating():
     assert 25e9 < need < 100e9  # four H200-size models (~15 GB) + the 32k bucket's 17 GB KV cache
     with pytest.raises(InsufficientMemoryError, match="choose a smaller size"):
         L.run(cfg=L.TINY, buckets=[(2**40, 64)], device="cpu")
+
+
+STATIC = {"main": "fp8_static", "connector": "fp8_static", "head": "bf16", "kv_fp8_from_ctx": 64}
+
+
+def test_static_activation_scales_are_calibrated_and_reproducible():
+    a, b = L.Decoder(L.TINY, STATIC, device="cpu"), L.Decoder(L.TINY, STATIC, device="cpu")
+    sa = a.calibrate()
+    assert len(sa) == L.TINY.n_layers * 4 + 1  # every FP8 layer but the bf16 head
+    assert all(0 < v < 1 for v in sa.values())
+    assert sa == b.calibrate()  # seeded calibration: the same model gets the same scales
+    # a scale is the largest input seen / 448: the connector sees embedding rows
+    emb_amax = a.embed.float().abs().max().item()
+    assert sa["connector"] <= emb_amax / 448 * (1 + 1e-6)
+    q = L.QLinear(torch.randn(8, 8), "fp8_static")
+    with pytest.raises(RuntimeError, match="calibrate"):
+        q(torch.randn(2, 8))
+
+
+def test_static_path_hits_fp8_with_one_requant_per_gemm_and_stays_accurate():
+    m = L.Decoder(L.TINY, STATIC, device="cpu")
+    ms = {"bf16": L.Decoder(L.TINY, "bf16", device="cpu"), "static": m}
+    assert 0 < L.logit_error(ms)["static"] <= L.LOGIT_ERROR_BOUND["fixed"]
+    r = L.decode_profile(m)
+    n_gemm = L.TINY.n_layers * 4 + 2
+    assert r["fp8_hits"] == n_gemm - 1 and r["fallback_gemms"] == 0 and r["dequant_ranges"] == 0
+    # each FP8 GEMM's input is quantized once: in the norm (qkv, up) or by one static pass
+    assert r["quant_ranges"] == n_gemm - 1

@@ -58,3 +58,80 @@ def test_bad_inputs_say_what_to_do():
         K.quant_rows(torch.randn(2, 8).bfloat16(), use_triton=True)
     with pytest.raises(ValueError, match="one per row or one"):
         K.dequant_rows(torch.zeros(4, 8).to(K.FP8), torch.ones(3, 1), use_triton=True)
+
+
+def _rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize("swap,split_k,prefetch", [(False, 1, False), (True, 1, True), (False, 3, True), (True, 2, False)])
+def test_fp8_weight_gemm_variants_and_split_k_workspace_left_clean(swap, split_k, prefetch):
+    g = torch.Generator().manual_seed(5 + split_k)
+    cfg = {"BN": 32 if swap else 16, "BK": 64, "num_warps": 4, "num_stages": 1, "SWAP": swap,
+           "SPLIT_K": split_k, "PREFETCH": prefetch}
+    for N, Kd, M in ((80, 200, 5), (48, 300, 17)):  # ragged N, K; M over one 16-row tile
+        wq, s = K.quant_tensor_ref(torch.randn(N, Kd, generator=g))
+        for _ in range(2):  # a second call must find the split-K workspace zeroed again
+            x = torch.randn(M, Kd, generator=g).half()
+            ref = x.float() @ (wq.float() * s).t()
+            assert _rel(K.fp8w_linear(x, wq, s, use_triton=True, config=cfg), ref) < 5e-3
+    if split_k > 1:
+        ws, cnt = K._WORKSPACES[("cpu", "splitk")]
+        assert ws.abs().max() == 0 and cnt.abs().max() == 0
+
+
+@pytest.mark.parametrize("use_dot,prefetch", [(False, True), (True, False), (True, True)])
+def test_decode_attention_variants_and_strided_query(use_dot, prefetch):
+    g = torch.Generator().manual_seed(6)
+    B, H, T, D = 2, 3, 600, 32
+    qkv = torch.randn(B, 1, 3 * H * D, generator=g).half()
+    q = qkv[..., : H * D].reshape(B, 1, H, D).transpose(1, 2)  # a strided view, as in the decoder
+    assert not q.is_contiguous()
+    for dt, sc in ((torch.float16, 1.0), (K.FP8, 0.01)):
+        k = (torch.randn(B, H, T, D, generator=g) / sc).to(dt)
+        v = (torch.randn(B, H, T, D, generator=g) / sc).to(dt)
+        k[:, :, 520:] = float("nan")  # past n_ctx: a prefetch must not pull it in
+        v[:, :, 520:] = float("nan")
+        scale = torch.tensor(sc)
+        for n in (1, 64, 65, 257, 520):
+            out = K.decode_attention(q, k, v, scale, n, use_triton=True, use_dot=use_dot, prefetch=prefetch,
+                                     chunk=256, block_t=64)
+            assert torch.isfinite(out).all()
+            # tensor-core variant: fp16 operands (the FP8 values are exact in fp16; q and p round)
+            assert _rel(out, K.decode_attention_ref(q, k, v, scale, n)) < (2e-3 if use_dot else 1e-4), (dt, n)
+
+
+def test_rmsnorm_and_static_quant_kernels():
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(9, 300, generator=g) * 4).half()
+    ref = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert _rel(K.rmsnorm(x, use_triton=True), ref) < 1e-3
+    s = torch.tensor(0.01)
+    q = K.rmsnorm(x, use_triton=True, out_scale=s)
+    assert q.dtype == K.FP8
+    assert _rel(q.float() * s, ref) < 0.10  # one e4m3 step (the interpreter truncates)
+    s_x = x.float().abs().max() / 448  # x's own amax: nothing saturates
+    qs = K.quant_static(x, s_x, use_triton=True)
+    assert qs.dtype == K.FP8 and qs.shape == x.shape
+    assert _rel(qs.float() * s_x, x) < 0.10
+    big = K.quant_static(x, s_x / 10, use_triton=True)  # past the scale: saturates at +-448
+    assert big.float().abs().max() == 448.0
+
+
+def test_kv_store_writes_one_position_and_quantizes():
+    g = torch.Generator().manual_seed(8)
+    B, H, T, D = 2, 3, 10, 32
+    qkv = torch.randn(B, 1, 3 * H * D, generator=g).half()
+    k = qkv[..., H * D: 2 * H * D].reshape(B, 1, H, D).transpose(1, 2)
+    v = qkv[..., 2 * H * D:].reshape(B, 1, H, D).transpose(1, 2)
+    for dt in (torch.float16, K.FP8):
+        kc = torch.zeros(B, H, T, D).to(dt)
+        vc = torch.zeros(B, H, T, D).to(dt)
+        s = torch.tensor(0.01 if dt == K.FP8 else 1.0)
+        K.kv_store(k, v, kc, vc, s, 4, use_triton=True)
+        for c, src in ((kc, k), (vc, v)):
+            assert _rel(c[:, :, 4:5].float() * s, src) < (0.10 if dt == K.FP8 else 1e-6)
+            others = torch.cat([c[:, :, :4], c[:, :, 5:]], 2).float()
+            assert others.abs().max() == 0  # no other position touched
+    with pytest.raises(ValueError, match="outside the cache"):
+        K.kv_store(k, v, kc, vc, s, T, use_triton=True)
