@@ -114,6 +114,9 @@ def test_rmsnorm_and_static_quant_kernels():
     qs = K.quant_static(x, s_x, use_triton=True)
     assert qs.dtype == K.FP8 and qs.shape == x.shape
     assert _rel(qs.float() * s_x, x) < 0.10
+    gq = K.quant_static(x, s_x, use_triton=True, gelu=True)  # GELU fused into the requant
+    assert _rel(gq.float() * s_x, torch.nn.functional.gelu(x.float())) < 0.10
+    assert _rel(gq.float(), K.quant_static(x, s_x, gelu=True).float()) < 0.10  # the torch path agrees
     big = K.quant_static(x, s_x / 10, use_triton=True)  # past the scale: saturates at +-448
     assert big.float().abs().max() == 448.0
 

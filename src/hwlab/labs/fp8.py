@@ -315,7 +315,13 @@ class Decoder(torch.nn.Module):
             else:
                 a = cache.attend(li, q, pos + 1)
             x = x + L["out"](a.transpose(1, 2).reshape(B, T, cfg.d_model))
-            x = x + L["down"](F.gelu(L["up"](self._norm_for(x, L["up"]))))
+            u = L["up"](self._norm_for(x, L["up"]))
+            if L["down"].mode == "fp8_static" and L["down"].calibrated:
+                with torch.profiler.record_function(QUANT_MARK):  # GELU and the requant in one pass
+                    u = K.quant_static(u, L["down"].x_scale, gelu=True)
+            else:
+                u = F.gelu(u)
+            x = x + L["down"](u)
         cache.len = pos + T
         return self.head(_rmsnorm(x[:, -1:])).float()
 

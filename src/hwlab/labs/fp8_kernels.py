@@ -289,10 +289,12 @@ def _rmsnorm_kernel(x_ptr, y_ptr, s_ptr, n_cols, stride_x, stride_y, eps, BLOCK:
 
 
 @triton.jit
-def _quant_static_kernel(x_ptr, s_ptr, q_ptr, n, BLOCK: tl.constexpr):
+def _quant_static_kernel(x_ptr, s_ptr, q_ptr, n, BLOCK: tl.constexpr, GELU: tl.constexpr):
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = o < n
     x = tl.load(x_ptr + o, mask=m, other=0.0).to(tl.float32)
+    if GELU:  # exact (erf) GELU first, as F.gelu: the MLP's activation and the requant in one pass
+        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
     q = tl.minimum(tl.maximum(x / tl.load(s_ptr), -448.0), 448.0)
     tl.store(q_ptr + o, q.to(q_ptr.dtype.element_ty), mask=m)
 
@@ -326,15 +328,17 @@ def quant_static_ref(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
-def quant_static(x: torch.Tensor, scale: torch.Tensor, use_triton: bool | None = None) -> torch.Tensor:
+def quant_static(x: torch.Tensor, scale: torch.Tensor, use_triton: bool | None = None,
+                 gelu: bool = False) -> torch.Tensor:
     """FP8 quantization with a static scale: one elementwise pass (no amax, so no reduction
-    and no second kernel, unlike :func:`quant_tensor`)."""
+    and no second kernel, unlike :func:`quant_tensor`). ``gelu``: apply exact GELU first (the
+    MLP's activation fused into the requant of the down projection's input)."""
     if not _triton(x, use_triton):
-        return quant_static_ref(x, scale)
+        return quant_static_ref(torch.nn.functional.gelu(x.float()) if gelu else x, scale)
     xc = x.contiguous()
     q = torch.empty(xc.shape, dtype=FP8, device=x.device)
     n = xc.numel()
-    _quant_static_kernel[(triton.cdiv(n, 2048),)](xc, scale.reshape(1).float(), q, n, BLOCK=2048)
+    _quant_static_kernel[(triton.cdiv(n, 2048),)](xc, scale.reshape(1).float(), q, n, BLOCK=2048, GELU=gelu)
     return q
 
 
