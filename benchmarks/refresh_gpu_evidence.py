@@ -22,6 +22,8 @@ Parts:
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -253,6 +255,12 @@ def part_lab04(out: Path, summary: list[str]) -> None:
     from hwlab.labs import fp8 as lab
     from hwlab.labs import fp8_kernels
 
+    tuned = os.environ.get("HWLAB_LAB04_TUNED")  # a lab04_decode_tuning.py result from this machine
+    if tuned:
+        t = json.loads(Path(tuned).read_text())
+        fp8_kernels.apply_kernel_config({"w8": t["best_w8"]["config"], "attn": t["best_attn"]})
+    kernels = fp8_kernels.kernel_config()
+    print("lab04 kernel tiles:", kernels, flush=True)
     checks = fp8_kernels.self_check("cuda")
     r = lab.run(progress=lambda s: print("lab04:", s, flush=True))
     copy = probes.hbm_copy(size_mib=2048, impl="torch").gbps
@@ -261,7 +269,8 @@ def part_lab04(out: Path, summary: list[str]) -> None:
             row["decode_pct_of_copy"] = 100.0 * row["decode_gbps"] / copy
     ev = Evidence(kind="lab04_fp8", machine=machine_info(),
                   ceilings={"copy_gbps": copy, "source": "hbm_copy[torch] in this run"},
-                  extra={"run": r, "kernel_checks": checks})
+                  extra={"run": r, "kernel_checks": checks, "kernel_config": kernels,
+                         "kernel_config_from": tuned and Path(tuned).name})
     ev.save(out / "lab04_fp8.json")
     summary.append("lab04 kernel checks: " + ", ".join(f"{k} {v:.2e}" for k, v in checks.items()))
     summary.append("lab04 logit error: " + ", ".join(f"{k} {v:.3f}" for k, v in r["logit_error"].items()))

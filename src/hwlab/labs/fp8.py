@@ -147,7 +147,7 @@ PATHS: dict[str, dict[str, Any]] = {
     "bf16": {"main": "bf16", "connector": "bf16", "head": "bf16", "kv_fp8_from_ctx": None},
     "fp8_dequant": {"main": "fp8_dequant", "connector": "fp8_dequant", "head": "fp8_dequant", "kv_fp8_from_ctx": None},
     "mixed": {"main": "fp8_mm", "connector": "fp8_dequant", "head": "fp8_dequant", "kv_fp8_from_ctx": None},
-    "fixed": {"main": "fp8_w8", "connector": "fp8_w8", "head": "bf16", "kv_fp8_from_ctx": 4096},
+    "fixed": {"main": "fp8_static", "connector": "fp8_static", "head": "bf16", "kv_fp8_from_ctx": 4096},
 }
 
 

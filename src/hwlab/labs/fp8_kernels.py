@@ -32,14 +32,16 @@ import triton.language as tl
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
-#: context positions per attention program, positions per loop step, warps per program: the
-#: best of an H200 sweep (chunk 256/512/1024 x step 32/64/128 x 4/8 warps; LAB04_NOTES.md):
-#: FP8 cache ~2.9 TB/s, bf16 cache ~3.6-3.7 TB/s at 4k-32k context (SDPA on bf16: ~4.4)
+#: the decode attention's tile: context positions per program (CHUNK_T), positions per loop
+#: step, warps and pipeline stages per program, scores and output on the tensor cores
+#: (ATTN_USE_DOT, see ``_decode_attn_partial``), the next tile's loads issued before this
+#: tile's math (ATTN_PREFETCH). The best of H200 sweeps in CUDA graphs over 8 layers' caches
+#: (``benchmarks/lab04_decode_tuning.py``; numbers in LAB04_NOTES.md). Round 1: a 128 x 128
+#: tile with 4 warps needs 255 registers (static sm_90a compile), so few warps stay resident;
+#: fewer warps per program with smaller steps, or the tensor cores, did as well or better.
 CHUNK_T = 256
-ATTN_BLOCK_T, ATTN_WARPS, ATTN_STAGES = 128, 4, 2
-#: scores and output on the tensor cores (see ``_decode_attn_partial``)
-ATTN_USE_DOT = False
-#: issue the next tile's K/V loads before this tile's math (two tiles in flight per program)
+ATTN_BLOCK_T, ATTN_WARPS, ATTN_STAGES = 32, 2, 2
+ATTN_USE_DOT = True
 ATTN_PREFETCH = False
 
 
@@ -222,7 +224,7 @@ W8_MAX_ROWS = 64
 #: Chosen from a sweep on the H200 in CUDA graphs over weights larger than L2 (the way a
 #: decode step streams them), not by ``triton.autotune``: autotuning re-reads one weight, which
 #: then sits in the 60 MB L2, and picks a tile for L2 bandwidth (benchmarks/LAB04_NOTES.md)
-W8_CONFIG = {"BN": 16, "BK": 512, "num_warps": 4, "num_stages": 4, "SWAP": False, "SPLIT_K": 1, "PREFETCH": False}
+W8_CONFIG = {"BN": 64, "BK": 256, "num_warps": 8, "num_stages": 3, "SWAP": False, "SPLIT_K": 4, "PREFETCH": False}
 #: the interpreter runs any tile; a small one keeps CPU tests quick
 _W8_CONFIG_CPU = {"BN": 16, "BK": 64, "num_warps": 4, "num_stages": 1, "SWAP": False, "SPLIT_K": 1, "PREFETCH": False}
 
@@ -547,6 +549,30 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _decode_attn_combine[(B * H,)](m, l, acc, out, n_splits, D=D,
                                    SPLITS=max(2, triton.next_power_of_2(n_splits)))
     return out
+
+
+_ATTN_KEYS = {"chunk": "CHUNK_T", "block_t": "ATTN_BLOCK_T", "num_warps": "ATTN_WARPS",
+              "num_stages": "ATTN_STAGES", "use_dot": "ATTN_USE_DOT", "prefetch": "ATTN_PREFETCH"}
+
+
+def kernel_config() -> dict:
+    """The tiles this module runs with now (recorded next to Lab 4's GPU evidence)."""
+    g = globals()
+    return {"w8": dict(W8_CONFIG), "attn": {k: g[v] for k, v in _ATTN_KEYS.items()}}
+
+
+def apply_kernel_config(cfg: dict) -> dict:
+    """Set the tiles from a sweep's result: ``{"w8": {...}, "attn": {...}}`` (either part may
+    be missing; keys as :func:`kernel_config` returns them). Returns the config now in use."""
+    global W8_CONFIG
+    bad = set(cfg) - {"w8", "attn"} | set(cfg.get("attn", {})) - set(_ATTN_KEYS) | set(cfg.get("w8", {})) - set(W8_CONFIG)
+    if bad:
+        raise ValueError(f"unknown kernel config keys {sorted(bad)}; expected those of kernel_config(): {kernel_config()}")
+    if "w8" in cfg:
+        W8_CONFIG = {**W8_CONFIG, **cfg["w8"]}
+    for k, v in cfg.get("attn", {}).items():
+        globals()[_ATTN_KEYS[k]] = v
+    return kernel_config()
 
 
 def _triton(t: torch.Tensor, use_triton: bool | None) -> bool:
