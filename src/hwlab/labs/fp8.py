@@ -10,7 +10,10 @@ an output head) whose every linear layer picks its precision path:
 * ``fp8_mm``      the activation quantized per tensor and both operands fed to
                   ``torch._scaled_mm``: the FP8 GEMM path (a *hit*);
 * ``fp8_w8``      ``fp8_mm`` for prefill; decode-shaped calls on a GPU go to the kit's
-                  weight-only FP8 kernel (reads the FP8 weight directly: also a hit).
+                  weight-only FP8 kernel (reads the FP8 weight directly: also a hit);
+* ``fp8_static``  ``torch._scaled_mm`` with a *static* activation scale calibrated once
+                  (:meth:`Decoder.calibrate`): the requant is one elementwise pass, fused into
+                  the RMSNorm or GELU that feeds the layer where there is one.
 
 Paths (:data:`PATHS`): ``bf16`` baseline; ``fp8_dequant`` everywhere; the seed's ``mixed``
 path (main matmuls FP8, connector and head dequantized, KV cache bf16); the ``fixed`` path
@@ -66,10 +69,13 @@ class QLinear(torch.nn.Module):
     one-pass dequant kernel of :mod:`.fp8_kernels` (1 B read + 2 B written per weight) and
     then a bf16 GEMM that reads the copy again. ``fp8_w8`` is ``fp8_mm`` for prefill, but
     decode-shaped calls (at most ``W8_MAX_ROWS`` rows) on a GPU go to the kit's weight-only
-    FP8 kernel, which reads the FP8 weight once and needs no activation requant: on the H200
-    the cuBLASLt FP8 kernels for 16-row GEMMs streamed weights at roughly half the bf16
-    GEMMs' rate (LAB04_NOTES.md). On a CPU ``fp8_w8`` runs as ``fp8_mm`` (torch's CPU
-    ``_scaled_mm``); the Triton kernel itself is tested in the interpreter.
+    FP8 kernel, which reads the FP8 weight once and needs no activation requant. On a CPU
+    ``fp8_w8`` runs as ``fp8_mm`` (torch's CPU ``_scaled_mm``); the Triton kernel itself is
+    tested in the interpreter. ``fp8_static`` is ``fp8_mm`` with the activation scale fixed
+    by calibration: no amax pass, and an activation that arrives already in FP8 (a norm that
+    quantized with this layer's scale) is used as is. On the H200, in CUDA graphs over weights
+    larger than L2, cuBLAS's FP8 GEMM read decode-shaped weights at 2.3-3.4 TB/s, the best
+    W8A16 tile at 2.3-2.4 (benchmarks/LAB04_NOTES.md, round 1).
     """
 
     MODES = ("bf16", "fp8_dequant", "fp8_mm", "fp8_w8", "fp8_static")
