@@ -100,12 +100,14 @@ print(d2.explain())
 # **Fix and re-verify.** The seed's list, as Lab 4's `fixed` path: sensitive head kept in BF16 on purpose,
 # main matmuls confirmed on FP8 kernels, FP8 KV cache for the long-context buckets (read by an attention
 # kernel that reads FP8), dequant/requant counted per token. Re-verified with the same probes: zero
-# fallbacks, logit error in bound, TPOT per bucket. On the H200 the fix is real but smaller than the
-# bytes predict (see Lab 4's last section): the incident record says so.
+# fallbacks, logit error in bound, TPOT per bucket: on the H200 −33% and −37% where bytes dominate
+# (4k, 32k context), −22% at 512 where the fix's bytes promise −29%. The incident record says which.
 
 # %%
 fx = paths["fixed"]
 gain = {c: -tpot[("fixed", c)]["tpot_change_pct"] for c in (512, 4096, 32768)}
+# the issue's target: >= 25% in the memory-bound buckets (bf16 decode at >= 90% of the copy ceiling)
+bound = [c for c in gain if tpot[("bf16", c)]["pct_of_copy"] >= 90]
 inc2 = incident.from_diagnosis(
     "FP8 weights: memory -40%, decode TPOT not better", rec4, d2, symptom_scope="inference",
     symptom=f"weights {paths['mixed']['weight_change_pct']:+.0f}%, decode TPOT "
@@ -113,10 +115,11 @@ inc2 = incident.from_diagnosis(
             + " at ctx 512/4k/32k against bf16",
     fix="head kept bf16 on purpose, connector and main GEMMs on FP8 kernels, FP8 KV cache from 4k context",
     reverify=f"Lab 4 profile: {fx['fallback_gemms']} fallback GEMMs, logit error {fx['logit_error']:.3f}; TPOT "
-             + "/".join(f"-{g:.0f}%" for g in gain.values()) + " (target was -25%: partly fixed)",
+             + "/".join(f"-{g:.0f}%" for g in gain.values()) + " at ctx 512/4k/32k; target -25% in the "
+             + "memory-bound buckets (" + ", ".join(str(c) for c in bound) + ")",
     extra_evidence=[f"mixed: {paths['mixed']['fallback_gemms']} GEMMs fed by dequantized FP8 weights (connector, head)",
                     f"FP8 KV dequantized before attention: {tpot[('fixed', 32768)]['tpot_kv_dequant_ms']:.0f} ms/step at 32k"],
-    reverified=min(gain.values()) >= 25)
+    reverified=bool(bound) and min(gain[c] for c in bound) >= 25)
 md2, _ = incident.save(inc2, folder)
 print(md2.read_text())
 

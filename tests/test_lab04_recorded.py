@@ -2,8 +2,10 @@
 
 The issue's targets: the mixed path shows the seed's signature (weights -30% or more, decode
 TPOT improving by 10% or less); the fixed path improves TPOT by >= 25% in the memory-bound
-buckets (NOT reached on the H200: see test_fixed_path_gain_is_reported_as_measured and
-benchmarks/LAB04_NOTES.md); hit rate and dequant counts for every path; logit error in bound.
+buckets (met at 4k and 32k context, where bf16 decode runs at >= 90% of the copy ceiling; at
+512 context the fixed path gains 22% against a byte promise of 29%: see
+test_fixed_path_meets_the_target_where_bytes_dominate and benchmarks/LAB04_NOTES.md); hit rate
+and dequant counts for every path; logit error in bound.
 """
 import pytest
 
@@ -43,13 +45,28 @@ def test_mixed_path_reproduces_the_seed_signature(run):
         assert change >= -10.0, (bucket, change)  # TPOT improves by 10% or less (here: it worsens)
 
 
-def test_fixed_path_gain_is_reported_as_measured(run):
+def test_fixed_path_meets_the_target_where_bytes_dominate(run):
     change = _tpot_change(run, "fixed")
-    # better than bf16 in every bucket, more where the FP8 KV cache halves the dominant bytes
-    assert all(c < 0 for c in change.values()), change
-    assert change[(32768, 4)] < change[(512, 16)]
-    # the >= 25% target is not met on the H200 (best -15%); the lab says so instead of hiding it
-    assert min(change.values()) > -25.0
+    copy = recorded("lab04_fp8").ceilings["copy_gbps"]
+    bf16 = {(b["ctx"], b["batch"]): b for b in run["paths"]["bf16"]["buckets"]}
+    memory_bound = {k for k, b in bf16.items() if b["decode_gbps"] >= 0.9 * copy}
+    assert memory_bound == {(4096, 16), (32768, 4)}  # bf16 decode at >= 90% of the copy ceiling
+    for k in memory_bound:
+        assert change[k] <= -25.0, (k, change[k])  # the issue's target
+    # 512 context: head and KV stay bf16 by design, so the bytes promise only -29%; the run
+    # gains less than that and the lab reports it as measured, not as met
+    cfg = L.ModelConfig(**run["config"])
+    promise = L.decode_bytes_for(cfg, L.PATHS["fixed"], 16, 512) / L.decode_bytes_for(cfg, L.PATHS["bf16"], 16, 512) - 1
+    assert -0.30 < promise < -0.28
+    assert 100 * promise < change[(512, 16)] < 0
+    assert change[(32768, 4)] < change[(4096, 16)] < change[(512, 16)]  # more where FP8 KV halves more
+
+
+def test_recorded_tiles_are_the_kits_defaults(run):
+    from hwlab.labs import fp8_kernels as K
+
+    ev = recorded("lab04_fp8")
+    assert ev.extra["kernel_config"] == K.kernel_config()  # the code in the repo produced this run
 
 
 def test_every_path_reports_hits_and_dequant_counts(run):
@@ -67,7 +84,11 @@ def test_every_path_reports_hits_and_dequant_counts(run):
     assert prof["fixed"]["dequant_ranges"] == 0 and prof["mixed"]["dequant_ranges"] == 2 * per["mixed"]
     assert prof["fp8_dequant"]["dequant_ranges"] == n * per["fp8_dequant"]
     assert prof["mixed"]["quant_ranges"] == (n - 2) * per["mixed"]  # one requant per FP8 GEMM call
-    assert prof["fixed"]["quant_ranges"] == 0  # the weight-only decode kernel needs no requant
+    # static scales: one requant per FP8 GEMM, fused into the norm or GELU that feeds it where
+    # there is one (qkv, up, down) or one elementwise pass (connector, out)
+    assert prof["fixed"]["quant_ranges"] == n - 1
+    assert set(prof["fixed"]["gemm_names"]) - {n for n in prof["bf16"]["gemm_names"]} and \
+        all("qqtst" in k for k in prof["fixed"]["gemm_names"] if k not in prof["bf16"]["gemm_names"])  # cuBLAS FP8
 
 
 def test_logit_error_within_bound_and_kernels_checked(run):
@@ -77,6 +98,8 @@ def test_logit_error_within_bound_and_kernels_checked(run):
     assert run["logit_error"]["fixed"] > 0
     checks = ev.extra["kernel_checks"]
     assert checks["decode_attention_fp8"] < 1e-3 and checks["fp8w_linear"] < 1e-2
+    assert checks["fp8w_linear_splitk"] < 1e-2 and checks["rmsnorm"] < 1e-2
+    assert checks["kv_store_fp8"] == 0.0 and checks["decode_attention_fp8_dot"] < 5e-3
     assert checks["quant_tensor_roundtrip"] < 0.05  # e4m3 with round-to-nearest on the GPU
 
 
@@ -110,7 +133,11 @@ def test_flowchart_on_measured_evidence(run):
     ev = recorded("lab04_fp8")
     fe = L.flowchart_evidence(run, ev.ceilings["copy_gbps"])
     leaf = {k: diagnose(e).leaf_id for k, e in fe.items()}
-    # the seed's path is slow against what its FP8 weights promise, in every bucket
-    assert all(leaf[f"mixed ctx {c} x{b}"] == "M" for c, b in run["buckets"])
-    # where bytes dominate (32k context) bf16 runs at its floor; the fixed path does not yet
-    assert leaf["bf16 ctx 32768 x4"] == "OK" and leaf["fixed ctx 32768 x4"] == "M"
+    # the seed's path is slow against what its FP8 weights promise where weights weigh most
+    assert leaf["mixed ctx 512 x16"] == "M" and leaf["mixed ctx 4096 x16"] == "M"
+    # at 32k the bf16 KV cache dominates: the fallbacks cost ~5%, the cache is the cost
+    assert fe["mixed ctx 32768 x4"]["e2e_slowdown"] < fe["mixed ctx 4096 x16"]["e2e_slowdown"]
+    # where bytes dominate bf16 runs at its floor; the fixed path is faster yet still >= 1.2x
+    # its own floor (FP8 attention at ~3.5 TB/s, FP8 GEMMs below the bf16 GEMMs' rate)
+    assert leaf["bf16 ctx 32768 x4"] == "OK" and leaf["bf16 ctx 4096 x16"] == "OK"
+    assert leaf["fixed ctx 32768 x4"] == "M"

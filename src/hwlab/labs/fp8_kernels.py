@@ -35,13 +35,15 @@ FP8_MAX = 448.0
 #: the decode attention's tile: context positions per program (CHUNK_T), positions per loop
 #: step, warps and pipeline stages per program, scores and output on the tensor cores
 #: (ATTN_USE_DOT, see ``_decode_attn_partial``), the next tile's loads issued before this
-#: tile's math (ATTN_PREFETCH). The best of H200 sweeps in CUDA graphs over 8 layers' caches
-#: (``benchmarks/lab04_decode_tuning.py``; numbers in LAB04_NOTES.md). Round 1: a 128 x 128
-#: tile with 4 warps needs 255 registers (static sm_90a compile), so few warps stay resident;
-#: fewer warps per program with smaller steps, or the tensor cores, did as well or better.
+#: tile's math (ATTN_PREFETCH). The best of two H200 sweeps in CUDA graphs over 8 layers'
+#: caches (``benchmarks/lab04_decode_tuning.py``, LAB04_NOTES.md): the old 128 x 128 tile with 4
+#: warps needs 255 registers (static sm_90a compile) and reached ~2.8-3.0 TB/s on FP8; every
+#: reduction over a tile that spans warps costs a barrier. One warp per program, 32 positions
+#: per step, elementwise: 3.44 TB/s at 4k x16 and 3.68 TB/s at 32k x4 on FP8 (SDPA on bf16:
+#: 4.38-4.50); the tensor-core and prefetch variants did not beat it.
 CHUNK_T = 256
-ATTN_BLOCK_T, ATTN_WARPS, ATTN_STAGES = 32, 2, 2
-ATTN_USE_DOT = True
+ATTN_BLOCK_T, ATTN_WARPS, ATTN_STAGES = 32, 1, 2
+ATTN_USE_DOT = False
 ATTN_PREFETCH = False
 
 
@@ -220,10 +222,11 @@ def _fp8w_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stri
 #: decode-shaped GEMMs (at most this many rows) take the FP8-weight kernel; prefill takes
 #: the FP8 tensor-core GEMM (``torch._scaled_mm``), which is compute-efficient at large M
 W8_MAX_ROWS = 64
-#: the W8A16 tile: BN weight rows x BK columns per step, pipeline depth, warps, operand order.
-#: Chosen from a sweep on the H200 in CUDA graphs over weights larger than L2 (the way a
-#: decode step streams them), not by ``triton.autotune``: autotuning re-reads one weight, which
-#: then sits in the 60 MB L2, and picks a tile for L2 bandwidth (benchmarks/LAB04_NOTES.md)
+#: the W8A16 tile: BN weight rows x BK columns per step, pipeline depth, warps, operand order,
+#: K split, register prefetch. Chosen from a sweep on the H200 in CUDA graphs over weights
+#: larger than L2 (the way a decode step streams them), not by ``triton.autotune``: autotuning
+#: re-reads one weight, which then sits in the 60 MB L2, and picked a tile (16 x 512) that
+#: streams HBM at 1.1-1.4 TB/s; this one reaches 2.3-2.4 (benchmarks/LAB04_NOTES.md)
 W8_CONFIG = {"BN": 64, "BK": 256, "num_warps": 8, "num_stages": 3, "SWAP": False, "SPLIT_K": 4, "PREFETCH": False}
 #: the interpreter runs any tile; a small one keeps CPU tests quick
 _W8_CONFIG_CPU = {"BN": 16, "BK": 64, "num_warps": 4, "num_stages": 1, "SWAP": False, "SPLIT_K": 1, "PREFETCH": False}
