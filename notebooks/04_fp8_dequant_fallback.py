@@ -99,7 +99,7 @@ plt.show()
 
 # %%
 fe = lab.flowchart_evidence(res, copy)
-print(flowchart.diagnose(fe["mixed ctx 32768 x4"]).explain())
+print(flowchart.diagnose(fe["mixed ctx 4096 x16"]).explain())
 print(f"\nevery path and bucket  [{src}]:")
 for k, e in fe.items():
     print(f"  {k:>24}: TPOT {e['e2e_slowdown']:.2f}x its promised floor -> {flowchart.diagnose(e).leaf_id}")

@@ -23,10 +23,11 @@ bucket, FP8 hit rate and dequant/requant count per token from ``torch.profiler``
 logit error against the bf16 path.
 
 Recorded on the H200 (``recorded/h200/lab04_fp8.json``; history and analysis in
-``benchmarks/LAB04_NOTES.md``): ``mixed`` cuts weight memory 40% while decode TPOT gets 4-13%
-*worse* (the seed's signature); ``fixed`` (zero fallbacks, head bf16 on purpose, FP8 KV with an
-attention kernel that reads FP8) improves TPOT 7-15% and TTFT 11-29%, short of the 25% the
-bytes predict; an FP8 KV cache dequantized before attention is ~10x slower per step.
+``benchmarks/LAB04_NOTES.md``): ``mixed`` cuts weight memory 40% while decode TPOT gets 5-15%
+*worse* (the seed's signature); ``fixed`` (zero fallbacks, cuBLAS FP8 GEMMs with calibrated
+activation scales, head bf16 on purpose, FP8 KV from 4k read by an attention kernel that reads
+FP8) improves decode TPOT 33% at 4k and 37% at 32k context, 22% at 512 (where its bytes promise
+29%), and TTFT 14-37%; an FP8 KV cache dequantized before attention is ~10-20x slower per step.
 """
 from __future__ import annotations
 
@@ -366,8 +367,8 @@ LOGIT_ERROR_BOUND = {"bf16": 0.0, "fp8_dequant": 0.15, "mixed": 0.15, "fixed": 0
 
 def _profile_decode_step(m: Decoder, batch: int, ctx: int):
     """torch.profiler over one decode step at position ``ctx`` (after a prefill and one
-    unprofiled decode step: the first call of a shape compiles and autotunes, and on the H200
-    a cold W8A16 kernel's autotune put 81k benchmark launches into the profile)."""
+    unprofiled decode step: the first call of a shape compiles (and any autotuned kernel
+    benchmarks itself), which on the H200 once put 81k benchmark launches into a profile)."""
     from torch.profiler import ProfilerActivity, profile
 
     gpu = m.device.type == "cuda"
