@@ -1,6 +1,11 @@
 """Lab 4, decode tuning on a GPU: why the fixed path's decode misses its byte floor.
 
-    python benchmarks/lab04_decode_tuning.py OUT.json [--budget-s 420]
+    python benchmarks/lab04_decode_tuning.py OUT.json [--budget-s 420] [--skip-model]
+
+Candidates come from ``lab04_decode_tuning_configs.json`` (now round 2's list; round 1's is kept
+in its result, ``results/lab04_decode_tuning_h200_round1.json``, under ``candidates``). A result's
+``best_w8``/``best_attn`` feed ``HWLAB_LAB04_TUNED=OUT.json refresh_gpu_evidence.py --only lab04``,
+which records the tiles it ran; the kit's defaults are then set to them (a test checks).
 
 The recorded run (2026-12-02) left the fixed path at 48-58% of the copy ceiling. A static
 sm_90a compile (no GPU) showed why the kit's kernels might stream slowly: the FP8 attention's
