@@ -101,6 +101,11 @@ class QLinear(torch.nn.Module):
     def weight_bytes(self) -> int:
         return self.w.numel() * self.w.element_size()
 
+    @property
+    def takes_fp8_input(self) -> bool:
+        """A calibrated ``fp8_static`` layer: its producer (norm, GELU) may quantize for it."""
+        return self.mode == "fp8_static" and self.calibrated
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "bf16":
             return F.linear(x, self.w)
@@ -158,11 +163,6 @@ PATHS: dict[str, dict[str, Any]] = {
 }
 
 
-def _rmsnorm(x, eps=1e-6):
-    """One kernel on a GPU (:func:`.fp8_kernels.rmsnorm`), the torch reference on a CPU."""
-    return K.rmsnorm(x, eps)
-
-
 class KVCache:
     """Per-layer K/V of shape (B, H, T, Dh), in bf16 or FP8 with one static scale per layer
     (fixed from the prefill's K and V, as serving stacks do for a static FP8 KV cache).
@@ -197,8 +197,8 @@ class KVCache:
             if pos == 0:  # one scale per layer, fixed at prefill (static per-tensor KV quantization)
                 self.scale[layer] = (torch.maximum(k.abs().amax(), v.abs().amax()).float() / FP8_MAX).clamp(min=1e-12)
             s = self.scale[layer]
-            self.k[layer][:, :, pos:pos + t] = (k.float() / s).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-            self.v[layer][:, :, pos:pos + t] = (v.float() / s).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+            self.k[layer][:, :, pos:pos + t] = K.quant_static_ref(k, s)
+            self.v[layer][:, :, pos:pos + t] = K.quant_static_ref(v, s)
         else:
             self.k[layer][:, :, pos:pos + t] = k
             self.v[layer][:, :, pos:pos + t] = v
@@ -285,10 +285,10 @@ class Decoder(torch.nn.Module):
     def _norm_for(self, x: torch.Tensor, consumer: QLinear) -> torch.Tensor:
         """RMSNorm of ``x`` for ``consumer``: written straight to FP8 (one kernel, the requant
         fused in) when the consumer takes static-scaled FP8 input."""
-        if consumer.mode == "fp8_static" and consumer.calibrated:
+        if consumer.takes_fp8_input:
             with torch.profiler.record_function(QUANT_MARK):
                 return K.rmsnorm(x, out_scale=consumer.x_scale)
-        return _rmsnorm(x)
+        return K.rmsnorm(x)  # one kernel on a GPU, the torch reference on a CPU
 
     @property
     def weight_bytes(self) -> int:
@@ -323,14 +323,14 @@ class Decoder(torch.nn.Module):
                 a = cache.attend(li, q, pos + 1)
             x = x + L["out"](a.transpose(1, 2).reshape(B, T, cfg.d_model))
             u = L["up"](self._norm_for(x, L["up"]))
-            if L["down"].mode == "fp8_static" and L["down"].calibrated:
+            if L["down"].takes_fp8_input:
                 with torch.profiler.record_function(QUANT_MARK):  # GELU and the requant in one pass
                     u = K.quant_static(u, L["down"].x_scale, gelu=True)
             else:
                 u = F.gelu(u)
             x = x + L["down"](u)
         cache.len = pos + T
-        return self.head(_rmsnorm(x[:, -1:])).float()
+        return self.head(K.rmsnorm(x[:, -1:])).float()
 
 
 def make_models(cfg: ModelConfig = TINY, paths=tuple(PATHS), device=None) -> dict[str, Decoder]:

@@ -89,10 +89,15 @@ def _dequant_rows_kernel(q_ptr, s_ptr, out_ptr, n_cols, s_stride, BLOCK: tl.cons
     tl.store(out_ptr + row * n_cols + o, x.to(out_ptr.dtype.element_ty), mask=m)
 
 
+def quant_static_ref(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """(x / scale) clamped to +-448, in e4m3: quantization with a fixed (calibrated) scale."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
 def quant_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row e4m3: (x / s) in FP8, s = amax(row) / 448 as a float32 (rows, 1) column."""
     s = (x.detach().abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX)
-    return (x.float() / s).clamp(-FP8_MAX, FP8_MAX).to(FP8), s
+    return quant_static_ref(x, s), s
 
 
 def quant_rows(x: torch.Tensor, use_triton: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,7 +110,7 @@ def quant_rows(x: torch.Tensor, use_triton: bool | None = None) -> tuple[torch.T
 def quant_tensor_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-tensor e4m3: (x / s) in FP8, s = amax(x) / 448 as a 0-d float32 tensor."""
     s = x.detach().abs().amax().float().clamp(min=1e-12) / FP8_MAX
-    return (x.float() / s).clamp(-FP8_MAX, FP8_MAX).to(FP8), s
+    return quant_static_ref(x, s), s
 
 
 def quant_tensor(x: torch.Tensor, use_triton: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -328,11 +333,6 @@ def rmsnorm(x: torch.Tensor, eps: float = 1e-6, use_triton: bool | None = None,
     return y.reshape(x.shape)
 
 
-def quant_static_ref(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """(x / scale) clamped to +-448, in e4m3: quantization with a fixed (calibrated) scale."""
-    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-
-
 def quant_static(x: torch.Tensor, scale: torch.Tensor, use_triton: bool | None = None,
                  gelu: bool = False) -> torch.Tensor:
     """FP8 quantization with a static scale: one elementwise pass (no amax, so no reduction
@@ -369,8 +369,7 @@ def kv_store_ref(k, v, k_cache, v_cache, scale, pos: int) -> None:
     """Write one position's K and V (B, H, 1, D) into (B, H, T, D) caches at ``pos``; an FP8
     cache stores (x / scale) clamped to +-448."""
     if k_cache.dtype == FP8:
-        k = (k.float() / scale).clamp(-FP8_MAX, FP8_MAX)
-        v = (v.float() / scale).clamp(-FP8_MAX, FP8_MAX)
+        k, v = quant_static_ref(k, scale), quant_static_ref(v, scale)
     k_cache[:, :, pos:pos + 1] = k.to(k_cache.dtype)
     v_cache[:, :, pos:pos + 1] = v.to(v_cache.dtype)
 
