@@ -138,3 +138,25 @@ def test_kv_store_writes_one_position_and_quantizes():
             assert others.abs().max() == 0  # no other position touched
     with pytest.raises(ValueError, match="outside the cache"):
         K.kv_store(k, v, kc, vc, s, T, use_triton=True)
+
+
+def test_static_register_report_of_the_tuned_tiles(tmp_path):
+    """The sm_90a compile behind LAB04_NOTES round 1, run here (no GPU): the old attention tile
+    sits at the register limit and spills, the tuned one does not."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "regs.json"
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root / "src"))
+    subprocess.run([sys.executable, str(root / "benchmarks" / "lab04_static_registers.py"), str(out)],
+                   check=True, env=env, capture_output=True, timeout=600)
+    rows = {(r["kernel"].split()[0], r["label"]): r for r in json.loads(out.read_text())["rows"]}
+    old, tuned = rows[("_decode_attn_partial", "old tile")], rows[("_decode_attn_partial", "tuned tile")]
+    assert old["regs"] == 255 and old["st"] > 0  # at the limit, spilling
+    assert tuned["regs"] < 200 and tuned["st"] == 0
+    w8 = [r for r in json.loads(out.read_text())["rows"] if r["label"] == "old autotuned tile"]
+    assert len(w8) == 2 and w8[0]["shared"] == w8[1]["shared"]  # deeper pipeline, same buffers

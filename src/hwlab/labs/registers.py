@@ -255,9 +255,6 @@ def static_report(kernel_name: str, cfg: TileConfig | None = None, dtype: str = 
                   block: int | None = None, warps: int | None = None) -> CompileReport:
     """Compile for sm_90a without a GPU and read ``ptxas -v`` (in this process; see
     :func:`compile_guarded` for the time-limited version)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     fn = KERNELS[kernel_name]
     sig, attrs = _signature(kernel_name, dtype)
     if kernel_name == "wide_block":
@@ -269,6 +266,20 @@ def static_report(kernel_name: str, cfg: TileConfig | None = None, dtype: str = 
                   "stride_cn": 1}
         opts = {"num_warps": cfg.warps, "num_stages": cfg.stages}
         label = cfg.label
+    g = ptxas_sm90(fn, sig, consts, attrs, opts, label)
+    return CompileReport(kernel_name, label, n_regs=g["regs"], n_spills=g["stack"] // 4,
+                         spill_store_bytes=g["st"], spill_load_bytes=g["ld"],
+                         shared_bytes=g["shared"], compile_s=g["compile_s"],
+                         source="static compile for sm_90a, ptxas -v")
+
+
+def ptxas_sm90(fn, sig: dict, consts: dict, attrs: dict, opts: dict, label: str = "") -> dict:
+    """Compile a Triton kernel for sm_90a without a GPU and read ``ptxas -v``: registers,
+    stack frame and spill bytes, shared memory, compile seconds. Needs ``TRITON_INTERPRET`` off
+    (real, not interpreted, kernels)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
     t0 = time.time()
     k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options=opts)
@@ -284,10 +295,7 @@ def static_report(kernel_name: str, cfg: TileConfig | None = None, dtype: str = 
     if r.returncode != 0:
         raise RuntimeError(f"ptxas failed on {label}: {log[-500:]}")
     g = {k_: int(m.group(1)) if (m := rx.search(log)) else 0 for k_, rx in _PTXAS_RE.items()}
-    return CompileReport(kernel_name, label, n_regs=g["regs"], n_spills=g["stack"] // 4,
-                         spill_store_bytes=g["st"], spill_load_bytes=g["ld"],
-                         shared_bytes=int(k.metadata.shared), compile_s=compile_s,
-                         source="static compile for sm_90a, ptxas -v")
+    return {**g, "shared": int(k.metadata.shared), "compile_s": compile_s}
 
 
 def compile_guarded(kernel_name: str, cfg: TileConfig | None = None, *, dtype: str = "bf16",

@@ -1,0 +1,61 @@
+"""Lab 4's kernels compiled for sm_90a without a GPU: registers, spills, shared memory.
+
+    TRITON_INTERPRET=0 python benchmarks/lab04_static_registers.py OUT.json
+
+The static evidence behind the tuning rounds in LAB04_NOTES.md (a CPU result: ptxas of this
+machine's Triton, not the H200's, so counts can differ by a few registers): the old FP8
+attention tile (128 positions x 128 dims, 4 warps) against the tuned one (32, 1 warp) and the
+tensor-core variant; W8A16 tiles at two pipeline depths (the shared memory does not grow with
+``num_stages``: the loads are not pipelined).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "0"  # compile real kernels (no GPU needed for sm_90a)
+
+import triton  # noqa: E402
+
+from hwlab.labs import fp8_kernels as K  # noqa: E402
+from hwlab.labs.registers import ptxas_sm90  # noqa: E402
+
+ATTN_SIG = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "kv_scale_ptr": "*fp32", "m_ptr": "*fp32",
+            "l_ptr": "*fp32", "acc_ptr": "*fp32", "n_ctx": "i32", "max_ctx": "i32", "n_splits": "i32",
+            "sm_scale": "fp32", "H": "i32", "stride_qb": "i32", "stride_qh": "i32", "D": "constexpr",
+            "CHUNK": "constexpr", "BLOCK_T": "constexpr", "USE_DOT": "constexpr", "PREFETCH": "constexpr"}
+W8_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*bf16", "ws_ptr": "*fp32",
+          "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32",
+          "stride_ym": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "SWAP": "constexpr",
+          "SPLIT_K": "constexpr", "PREFETCH": "constexpr"}
+
+
+def main(out_path: str) -> None:
+    rows = []
+    for label, bt, warps, dot in (("old tile", 128, 4, False), ("tuned tile", 32, 1, False),
+                                  ("tensor cores", 32, 2, True)):
+        c = {"D": 128, "CHUNK": 256, "BLOCK_T": bt, "USE_DOT": dot, "PREFETCH": False}
+        g = ptxas_sm90(K._decode_attn_partial, ATTN_SIG, c, {}, {"num_warps": warps, "num_stages": 2}, label)
+        rows.append({"kernel": "_decode_attn_partial (FP8 cache)", "label": label, "warps": warps, **c, **g})
+    for label, bn, bk, warps, sk, stages in (("old autotuned tile", 16, 512, 4, 1, 3),
+                                             ("old autotuned tile", 16, 512, 4, 1, 5),
+                                             ("tuned tile", 64, 256, 8, 4, 3)):
+        c = {"BM": 16, "BN": bn, "BK": bk, "SWAP": False, "SPLIT_K": sk, "PREFETCH": False}
+        g = ptxas_sm90(K._fp8w_gemm_kernel, W8_SIG, c, {}, {"num_warps": warps, "num_stages": stages}, label)
+        rows.append({"kernel": "_fp8w_gemm_kernel", "label": label, "warps": warps, "stages": stages, **c, **g})
+    for r in rows:
+        print(f"{r['kernel']:>34} {r['label']:>20}: {r['regs']} registers, {r['st']} B spill stores, "
+              f"{r['shared']} B shared")
+    out = {"source": f"static compile for sm_90a on a CPU (triton {triton.__version__}, ptxas -v); not a GPU run",
+           "rows": rows}
+    tmp = out_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(out, f, indent=1)
+    os.replace(tmp, out_path)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: TRITON_INTERPRET=0 python benchmarks/lab04_static_registers.py OUT.json")
+    main(sys.argv[1])
