@@ -257,8 +257,12 @@ def part_lab04(out: Path, summary: list[str]) -> None:
 
     tuned = os.environ.get("HWLAB_LAB04_TUNED")  # a lab04_decode_tuning.py result from this machine
     if tuned:
-        t = json.loads(Path(tuned).read_text())
-        fp8_kernels.apply_kernel_config({"w8": t["best_w8"]["config"], "attn": t["best_attn"]})
+        try:
+            t = json.loads(Path(tuned).read_text())
+            fp8_kernels.apply_kernel_config({"w8": t["best_w8"]["config"], "attn": t["best_attn"]})
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"HWLAB_LAB04_TUNED={tuned}: not a finished lab04_decode_tuning.py result "
+                             f"({type(e).__name__}: {e}); rerun the tuning or unset it to use the kit's tiles")
     kernels = fp8_kernels.kernel_config()
     print("lab04 kernel tiles:", kernels, flush=True)
     checks = fp8_kernels.self_check("cuda")
