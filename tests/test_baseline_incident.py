@@ -150,7 +150,7 @@ def test_cli_baseline_and_incident(tmp_path, monkeypatch):
     assert r.returncode == 0, r.stderr
     r = run("baseline", "compare", str(tmp_path / "b.json"), str(tmp_path / "b.json"), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["ok"] is True
-    assert run("baseline", "record", "--quick", "--out", str(tmp_path / "b.json")).returncode == 1  # exists
+    assert run("baseline", "record", "--quick", "--out", str(tmp_path / "b.json")).returncode == 2  # exists
     obs = tmp_path / "obs.json"
     obs.write_text(json.dumps({"slowdown_vs_floor": 3.0, "dram_pct_estimated": 80}))
     r = run("incident", "--title", "x", "--scope", "single-card", "--symptom", "s", "--fix", "fuse",

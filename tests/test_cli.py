@@ -39,7 +39,8 @@ def test_doctor_human_and_save_never_overwrites(tmp_path):
     assert "verdict" in r.stdout and "copy bandwidth" in r.stdout
     first = out.read_text()
     r2 = hwlab("doctor", "--quick", "--save", str(out), env={"HWLAB_CACHE": str(tmp_path)})
-    assert r2.returncode == 1 and "already exists" in r2.stderr
+    assert r2.returncode == 2 and "already exists" in r2.stderr
+    assert "Traceback" not in r2.stderr and "verdict" not in r2.stdout  # refused before measuring
     assert out.read_text() == first
     shown = hwlab("evidence", "show", str(out))
     assert shown.returncode == 0 and "RECORDED ON" in shown.stdout
@@ -52,9 +53,9 @@ def test_probe_commands():
     assert m["name"] == "gemm[fp32]" and m["n_flops"] == 2 * 64**3 and m["derived"]["tflops"] > 0
     assert hwlab("probe", "warp_drive").returncode == 2
     bad = hwlab("probe", "hbm_copy", "-p", "size_mib=-5")
-    assert bad.returncode == 1 and "size_mib must be positive" in bad.stderr
-    huge = hwlab("probe", "hbm_copy", "-p", "size_mib=100000000")
-    assert huge.returncode == 1 and "choose a smaller size" in huge.stderr
+    assert bad.returncode == 2 and "size_mib takes an integer 1..1048576" in bad.stderr
+    huge = hwlab("probe", "hbm_copy", "-p", "size_mib=1000000")
+    assert huge.returncode == 2 and "choose a smaller size" in huge.stderr
 
 
 def test_topo_from_file_and_malformed(tmp_path):
@@ -67,7 +68,69 @@ def test_topo_from_file_and_malformed(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_text("        GPU0    GPU1\nGPU0     X      NV4\nGPU1    NVX      X\n")
     r = hwlab("topo", "--file", str(bad))
-    assert r.returncode == 1 and "line 3" in r.stderr and "'NVX'" in r.stderr
+    assert r.returncode == 2 and "line 3" in r.stderr and "'NVX'" in r.stderr
+
+
+def test_version_and_one_line_usage_errors():
+    r = hwlab("--version")
+    assert r.returncode == 0 and r.stdout.startswith("hwlab ")
+    r = hwlab("frobnicate")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_probe_help_lists_the_schema():
+    from hwlab.probes import PARAMS
+
+    for name, params in PARAMS.items():
+        r = hwlab("probe", name, "--help")
+        assert r.returncode == 0
+        for p in params:
+            assert f"-p {p.name}=" in r.stdout
+
+
+def test_probe_schema_matches_the_probe_signatures():
+    import inspect
+
+    from hwlab.probes import PARAMS, PROBES
+
+    assert set(PARAMS) == set(PROBES)
+    for name, params in PARAMS.items():
+        sig = inspect.signature(PROBES[name])
+        for p in params:
+            assert sig.parameters[p.name].default == p.default, (name, p.name)
+
+
+def test_internal_error_is_one_line_and_exit_3(monkeypatch, capsys):
+    from hwlab import cli, probes
+
+    def broken(**_):
+        raise RuntimeError("boom\nsecond line")
+    monkeypatch.setitem(probes.PROBES, "launch_overhead", broken)
+    assert cli.main(["probe", "launch_overhead"]) == 3
+    err = capsys.readouterr().err
+    assert "internal error" in err and "please report" in err and "Traceback" not in err
+    assert cli.main(["--debug", "probe", "launch_overhead"]) == 3
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_json_output_is_strict(capsys):
+    from hwlab import cli
+    from hwlab.console import loads_strict
+
+    assert cli.main(["probe", "launch_overhead", "-p", "n_launches=10", "--json"]) == 0
+    d = loads_strict(capsys.readouterr().out)  # refuses NaN / Infinity
+    assert d["derived"]["arithmetic_intensity"] is None
+    assert "arithmetic_intensity" in next(iter(d["null_reasons"]))
+
+
+def test_doctor_labels_cached_ceilings_with_their_age(tmp_path):
+    env = {"HWLAB_CACHE": str(tmp_path)}
+    first = json.loads(hwlab("doctor", "--json", "--quick", env=env).stdout)
+    assert first["ceilings_status"]["cached"] is False
+    r = hwlab("doctor", "--quick", env=env)
+    assert r.returncode == 0 and "cached, measured" in r.stdout and "old" in r.stdout
+    again = json.loads(hwlab("doctor", "--json", "--quick", env=env).stdout)
+    assert again["ceilings_status"]["cached"] is True and again["ceilings_status"]["age_s"] >= 0
 
 
 def test_evidence_show_is_labelled_recorded():
@@ -77,9 +140,62 @@ def test_evidence_show_is_labelled_recorded():
     assert "fused" in r.stdout
     assert hwlab("evidence", "list").stdout.count("recorded on NVIDIA H200") >= 3
     corrupt = hwlab("evidence", "show", __file__.replace(".py", "_nope.json"))
-    assert corrupt.returncode == 1 and "does not exist" in corrupt.stderr
+    assert corrupt.returncode == 2 and "does not exist" in corrupt.stderr
 
 
 def test_lab_dry_run():
     r = hwlab("lab", "--dry-run", "--no-browser")
     assert r.returncode == 0 and "jupyter" in r.stdout and "00_start_here.ipynb" in r.stdout
+    assert "JupyterLab: http://127.0.0.1:" in r.stdout and "token=" in r.stdout
+    assert ("--allow-root" in r.stdout) == (os.geteuid() == 0)
+
+
+def test_lab_takes_the_next_free_port_and_says_so():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        r = hwlab("lab", "--dry-run", "--no-browser", "--port", str(taken))
+    assert r.returncode == 0, r.stderr
+    assert f"port {taken} is taken" in r.stdout and f":{taken}/lab" not in r.stdout
+
+
+def test_lab_serves_as_this_user_with_the_venvs_kernel(tmp_path):
+    """Start JupyterLab for real (as root where the tests run as root), fetch the printed URL,
+    and check the kernel the notebooks name runs this venv's Python; then stop it."""
+    import re
+    import time
+    import urllib.request
+
+    pytest.importorskip("jupyterlab")
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"), JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"))
+    proc = subprocess.Popen([sys.executable, "-m", "hwlab.cli", "lab", "--no-browser"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    try:
+        url, lines = None, []
+        t0 = time.monotonic()
+        while url is None and time.monotonic() - t0 < 60:
+            line = proc.stdout.readline()
+            lines.append(line)
+            m = re.search(r"JupyterLab: (http://\S+)", line)
+            url = m.group(1) if m else None
+        assert url, "".join(lines)
+        if os.geteuid() == 0:
+            assert any("running as root" in x for x in lines)
+        base, token = url.split("/lab?token=")
+        body = None
+        while time.monotonic() - t0 < 120:
+            try:
+                body = urllib.request.urlopen(f"{base}/api/kernelspecs?token={token}", timeout=5).read()
+                break
+            except OSError:
+                time.sleep(1)
+        assert body is not None, "JupyterLab did not answer at the printed URL"
+        specs = json.loads(body)["kernelspecs"]
+        assert specs["python3"]["spec"]["argv"][0] in ("python", sys.executable)
+        assert urllib.request.urlopen(url, timeout=10).status == 200
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)

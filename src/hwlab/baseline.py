@@ -24,6 +24,13 @@ what to check next. Tolerances (why):
 
 The workload class has no probe of its own: when every part matches and the service is still
 slow, the difference is in the workload (shape buckets, caches, fallbacks); compare says so.
+
+Before any of that, :func:`comparability` decides whether the two records can be compared at
+all: a different GPU model, GPU count, driver or CUDA major version, or different probe sizes
+and parameters (a ``--quick`` record against a full one) make every figure differ for reasons
+that say nothing about the node's health. Such a pair is its own class, *not comparable*: the
+differences are listed, and no deviation or node advice ("drain and swap") is given. Minor
+driver/CUDA versions stay comparable and are reported as runtime deviations.
 """
 from __future__ import annotations
 
@@ -36,6 +43,7 @@ from typing import Any, Callable
 
 import torch
 
+from .errors import UserInputError
 from .evidence import Evidence, load, machine_info
 from .measure import Measurement, device_of
 
@@ -283,19 +291,89 @@ class Deviation:
 class Comparison:
     deviations: list[Deviation] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
+    #: why the two records cannot be compared (empty: comparable); see :func:`comparability`
+    not_comparable: list[str] = field(default_factory=list)
+
+    @property
+    def comparable(self) -> bool:
+        return not self.not_comparable
 
     @property
     def ok(self) -> bool:
-        return not [d for d in self.deviations if d.category != "missing"]
+        return self.comparable and not [d for d in self.deviations if d.category != "missing"]
 
     def categories(self) -> set[str]:
         return {d.category for d in self.deviations}
 
+    @property
+    def verdict(self) -> str:
+        if not self.comparable:
+            return "not comparable"
+        return "ok" if self.ok else ",".join(sorted(self.categories() - {"missing"}))
+
     def summary(self) -> str:
+        if not self.comparable:
+            return ("NOT COMPARABLE: " + "; ".join(self.not_comparable) + ". No node advice: compare "
+                    "a record with a baseline of the same GPU model and count, driver/CUDA major "
+                    "and probe sizes (record both with or both without --quick).")
         if self.ok:
             return ("matches the baseline within tolerance (" + ", ".join(self.checked) + "). If the service "
                     "is still slow, the difference is in the workload: shape buckets, caches, fallbacks.")
         return "\n".join(str(d) for d in self.deviations)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "comparable": self.comparable, "ok": self.ok,
+                "not_comparable": self.not_comparable, "checked": self.checked,
+                "deviations": [d.__dict__ for d in self.deviations]}
+
+
+#: params a probe reports that are results, not settings (left out of the comparability check)
+MEASURED_PARAMS = {"us_per_launch"}
+
+
+def _major(version: Any) -> str | None:
+    if version in (None, ""):
+        return None
+    return str(version).split(".")[0]
+
+
+def _gpu_count(ev: Evidence) -> int | None:
+    if ev.snapshot is not None and isinstance(ev.snapshot.get("gpus"), list):
+        return len(ev.snapshot["gpus"])
+    return None
+
+
+def comparability(base: Evidence, now: Evidence) -> list[str]:
+    """What makes ``now`` not comparable with ``base``, one phrase each (empty: comparable).
+
+    Checked: GPU model (the record's device name), GPU count (NVML), driver major version, CUDA
+    runtime and driver-API major version, and for every probe both ran, its sizes and
+    parameters (``params`` minus :data:`MEASURED_PARAMS`)."""
+    why: list[str] = []
+    if base.device != now.device:
+        why.append(f"GPU model differs: {base.device} vs {now.device}")
+    n0, n1 = _gpu_count(base), _gpu_count(now)
+    if n0 != n1:
+        why.append(f"GPU count differs: {n0} vs {n1} (if a GPU vanished from this node, that is "
+                   "the finding: check `nvidia-smi -L` and the kernel log for Xid errors)")
+    for key, what in (("driver", "driver major version"), ("cuda_runtime", "CUDA runtime major version")):
+        a, b = _major(base.versions.get(key)), _major(now.versions.get(key))
+        if a != b:
+            why.append(f"{what} differs: {base.versions.get(key)} vs {now.versions.get(key)}")
+    a, b = base.versions.get("cuda_driver"), now.versions.get("cuda_driver")
+    if isinstance(a, int) and isinstance(b, int) and a // 1000 != b // 1000:
+        why.append(f"CUDA driver API major version differs: {a // 1000} vs {b // 1000}")
+    bm = {m.name: m for m in base.results}
+    for m in now.results:
+        if m.name not in bm:
+            continue
+        p0 = {k: v for k, v in bm[m.name].params.items() if k not in MEASURED_PARAMS}
+        p1 = {k: v for k, v in m.params.items() if k not in MEASURED_PARAMS}
+        if p0 != p1:
+            diff = ", ".join(f"{k} {p0.get(k)} vs {p1.get(k)}" for k in sorted(set(p0) | set(p1), key=str)
+                             if p0.get(k) != p1.get(k))
+            why.append(f"probe {m.name} ran with other parameters: {diff}")
+    return why
 
 
 LATENCY_PROBES = {"launch_overhead"}
@@ -317,8 +395,13 @@ def _probe_value(m: Measurement) -> tuple[float, str]:
 def compare(base: Evidence, now: Evidence) -> Comparison:
     """Classify what changed between a baseline and a new record (see the module doc)."""
     c = Comparison()
-    if base.kind != BASELINE_KIND or now.kind != BASELINE_KIND:
-        raise ValueError("compare takes two baseline records (hwlab baseline record)")
+    for ev in (base, now):
+        if ev.kind != BASELINE_KIND:
+            raise UserInputError(f"{ev.path or 'a record'} is a {ev.kind!r} record: compare takes two "
+                                 "baseline records (hwlab baseline record)")
+    c.not_comparable = comparability(base, now)
+    if c.not_comparable:  # no deviations, no advice: the figures differ for other reasons
+        return c
     # hardware: probes
     bm = {m.name: m for m in base.results}
     for m in now.results:
@@ -402,6 +485,8 @@ def fleet_table(paths: list[str | os.PathLike], base: Evidence | None = None) ->
             row[f"{m.name} ({unit})"] = round(v, 2)
         if base is not None:
             cmp_ = compare(base, ev)
-            row["verdict"] = "ok" if cmp_.ok else ",".join(sorted(cmp_.categories() - {"missing"}))
+            row["verdict"] = cmp_.verdict
+            if not cmp_.comparable:
+                row["not_comparable"] = cmp_.not_comparable
         rows.append(row)
     return rows

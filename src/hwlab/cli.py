@@ -1,213 +1,157 @@
-"""``hwlab`` command line: doctor, probe, topo, evidence, lab."""
+"""``hwlab`` command line: doctor, probe, topo, evidence, baseline, incident, drill, lab.
+
+Conventions (like nvidia-smi, dcgmi, nccl-tests), shared by every subcommand including the
+``cli_<name>`` modules other parts register:
+
+* exit codes (:mod:`hwlab.errors`): 0 ok, 1 a finding (unhealthy verdict, deviation, failed
+  grade), 2 bad input or usage (one line on stderr saying what to do; nothing measured or
+  written), 3 internal error (one line asking for a report; the traceback with ``--debug`` or
+  ``HWLAB_DEBUG=1``);
+* ``--json``: strict JSON on stdout (no NaN/Infinity: null, with ``null_reasons``);
+* every command that writes checks its destination before it measures
+  (:func:`hwlab.store.check_destination`) and, if the write fails afterwards, saves the
+  result in the rescue folder and prints where.
+"""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-EXIT_OK, EXIT_USAGE, EXIT_FAIL = 0, 2, 1
+from . import __version__, cli_doctor
+from .cli_doctor import doctor_report  # noqa: F401  (benchmarks/refresh_gpu_evidence.py uses it)
+from .console import Steps, print_json
+from .errors import EXIT_FINDING, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, UserInputError
+from .store import check_destination, check_folder, rescue_json
+
+EXIT_FAIL = EXIT_FINDING  # the old name, kept for callers
 
 
-def _console(stderr: bool = False):
-    from rich.console import Console
-
-    return Console(stderr=stderr, highlight=False)
-
-
-def _progress_status(console, enabled: bool):
-    """A rich spinner whose text each step updates; a no-op when output is JSON."""
-    if not enabled:
-        class _Null:
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *a):
-                return False
-
-            def update(self, *_a, **_k):
-                pass
-        return _Null()
-    return console.status("starting", spinner="dots")
-
-
-def doctor_report(remeasure: bool = False, quick: bool = False, progress=None) -> dict[str, Any]:
-    """System state, topology, ceilings, quick probes and a verdict, as one dict."""
-    import torch
-
-    from . import ceilings, probes, specs, system, topology
-    from .evidence import machine_info
-
-    def step(msg):
-        if progress:
-            progress(msg)
-
-    step("reading NVML")
-    snap = system.snapshot()
-    gpu = torch.cuda.is_available()
-    report: dict[str, Any] = {"machine": machine_info(), "snapshot": snap}
-    step("reading topology")
-    text = topology.capture_topo_text()
-    topo = None
-    if text:
-        try:
-            topo = topology.parse_topo_matrix(text, source="nvidia-smi topo -m")
-        except topology.TopologyParseError as e:
-            report["topology_error"] = str(e)
-    if topo is None:
-        topo = topology.from_nvml()
-    report["topology"] = topo.to_dict() if topo else None
-    report["topology_text"] = text
-    spec = specs.try_lookup(report["machine"]["device"]) if gpu else None
-    report["spec"] = spec.to_dict() if spec else None
-    if gpu and spec is None:
-        report["spec_note"] = str(specs.UnknownGPUError(report["machine"]["device"]))
-    c = ceilings.get(remeasure=remeasure, quick=quick, progress=lambda s: step(f"ceiling: {s}"))
-    report["ceilings"] = c.to_dict()
-    step("probe: launch overhead")
-    report["probes"] = [probes.launch_overhead(n_launches=500 if quick else 2000).to_dict()]
-    verdict = system.health_flags(snap) if gpu else []
-    warn = ceilings.datasheet_check(c)
-    if warn:
-        verdict.append(warn)
-    if not gpu:
-        verdict.append("no CUDA GPU here: figures are this CPU's; recorded H200 results: "
-                       "`hwlab evidence show doctor`")
-    report["verdict"] = verdict or ["healthy: no throttling, ECC or link warnings; ceilings "
-                                    "within the datasheet band"]
-    return report
+def _read_json(path: str | os.PathLike, what: str) -> Any:
+    """A user-given JSON file, or one line saying why it cannot be used."""
+    p = Path(path)
+    if p.is_dir():
+        raise UserInputError(f"{what} {p} is a folder: pass a .json file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserInputError(f"{what} {p} does not exist") from None
+    except UnicodeDecodeError:
+        raise UserInputError(f"{what} {p} is not text (binary data): pass a .json file") from None
+    except OSError as e:
+        raise UserInputError(f"cannot read {what} {p} ({e.strerror or e})") from None
+    if not text.strip():
+        raise UserInputError(f"{what} {p} is empty")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserInputError(f"{what} {p} is not valid JSON (line {e.lineno}, column {e.colno}: "
+                             f"{e.msg}); it may be truncated") from None
 
 
-def _print_doctor(rep: dict[str, Any], console) -> None:
-    from rich.table import Table
-
-    m = rep["machine"]
-    console.print(f"[bold]hwlab doctor[/bold] on {m['device']} (host {m['host']})")
-    v = rep["snapshot"]["versions"]
-    console.print("versions: " + ", ".join(f"{k} {v[k]}" for k in
-                  ("python", "torch", "cuda_runtime", "triton", "nccl", "driver") if k in v))
-    nv = rep["snapshot"].get("nvml", {})
-    if not nv.get("available"):
-        console.print(f"NVML: [yellow]not available[/yellow]: {nv.get('reason')}")
-    for g in rep["snapshot"]["gpus"]:
-        def f(key, unit=""):
-            val = g.get(key)
-            return "unsupported" if isinstance(val, dict) and "unsupported" in val else f"{val}{unit}"
-        console.print(f"GPU{g['index']} {f('name')}: {f('temperature_c', ' C')}, {f('power_w', ' W')}"
-                      f"/{f('power_limit_w', ' W')}, SM {f('sm_clock_mhz')}/{f('sm_clock_max_mhz')} MHz, "
-                      f"PCIe Gen{f('pcie_gen')} x{f('pcie_width')} (max Gen{f('pcie_gen_max')} "
-                      f"x{f('pcie_width_max')}), ECC {f('ecc_mode')}, clocks: {f('clock_event_reasons')}")
-    if rep.get("topology_text"):
-        console.print(rep["topology_text"].split("\n\nLegend")[0])
-    c = rep["ceilings"]
-    t = Table(title=f"ceilings ({c.get('source')}, {c.get('measured_at', '')[:19]})")
-    t.add_column("ceiling")
-    t.add_column("measured", justify="right")
-    t.add_column("datasheet", justify="right")
-    spec = rep.get("spec") or {}
-    t.add_row("copy bandwidth", f"{c['copy_gbps']:,.0f} GB/s",
-              f"{spec['hbm_gbps']:,.0f} GB/s" if spec else "-")
-    for dt, val in c["gemm_tflops"].items():
-        key = {"fp32": "fp32_tflops", "tf32": "tf32_tflops", "bf16": "bf16_tflops",
-               "fp8": "fp8_tflops"}.get(dt)
-        ds = spec.get(key) if spec and key else None
-        t.add_row(f"GEMM {dt}", f"{val:,.2f} TFLOP/s", f"{ds:,.1f}" if ds else "-")
-    if c.get("host_link_gbps"):
-        t.add_row("host->device (pinned)", f"{c['host_link_gbps']:,.1f} GB/s", spec.get("host_link", "-"))
-    console.print(t)
-    if rep.get("spec_note"):
-        console.print(f"[yellow]{rep['spec_note']}[/yellow]")
-    for p in rep["probes"]:
-        if p["name"] == "launch_overhead":
-            console.print(f"launch overhead: {p['params']['us_per_launch']:.2f} us per launch "
-                          f"[{p['device']}]")
-    console.print("[bold]verdict:[/bold]")
-    for line in rep["verdict"]:
-        console.print(f"  - {line}")
+def _write_or_rescue(write, obj: Any, stem: str, target: Path) -> tuple[Path | None, str | None]:
+    """Run ``write()``; if it fails after a measurement, keep ``obj`` in the rescue folder.
+    Returns (written path, None) or (None, one line saying where the result went)."""
+    try:
+        return write(), None
+    except OSError as e:
+        fb = rescue_json(obj, stem)
+        return None, (f"could not write {target} ({e.strerror or e}); the result was saved to "
+                      f"{fb} instead")
 
 
-def cmd_doctor(a) -> int:
-    console = _console(stderr=a.json)
-    with _progress_status(console, not a.json) as st:
-        rep = doctor_report(remeasure=a.remeasure, quick=a.quick,
-                            progress=lambda s: st.update(s))
-    if a.save:
-        from .ceilings import Ceilings
-        from .evidence import Evidence
-        from .measure import Measurement
-
-        ev = Evidence(kind="doctor", machine=rep["machine"],
-                      results=[Measurement.from_dict(p) for p in rep["probes"]],
-                      ceilings=Ceilings.from_dict(rep["ceilings"]).to_dict(),
-                      versions=rep["snapshot"]["versions"], snapshot=rep["snapshot"],
-                      extra={k: rep[k] for k in ("topology", "topology_text", "spec", "verdict")})
-        ev.save(a.save, overwrite=a.force)
-    if a.json:
-        print(json.dumps(rep, indent=2, default=str))
-    else:
-        _print_doctor(rep, console)
-    return EXIT_OK
-
-
+# ---------------------------------------------------------------- probe
 def cmd_probe(a) -> int:
     from . import probes
 
-    if a.name not in probes.PROBES:
-        print(f"unknown probe {a.name!r}; choose one of: {', '.join(probes.PROBES)}", file=sys.stderr)
-        return EXIT_USAGE
-    kwargs: dict[str, Any] = {}
-    for kv in a.param or []:
-        if "=" not in kv:
-            print(f"--param takes KEY=VALUE, got {kv!r}", file=sys.stderr)
-            return EXIT_USAGE
-        k, v = kv.split("=", 1)
-        try:
-            kwargs[k] = json.loads(v)
-        except json.JSONDecodeError:
-            kwargs[k] = v
-    console = _console(stderr=True)
-    with _progress_status(console, not a.json) as st:
-        st.update(f"probe {a.name}")
+    kwargs = probes.parse_params(a.name, a.param or [])
+    with Steps(f"hwlab probe {a.name}", 1, enabled=True) as st:
+        st.step("measuring")
         m = probes.PROBES[a.name](**kwargs)
-    print(json.dumps(m.to_dict(), indent=2, default=str) if a.json else m.summary())
+    if a.json:
+        print_json(m.to_dict())
+    else:
+        print(m.summary())
     return EXIT_OK
 
 
+def _add_probe(sub) -> None:
+    from .probes import PARAMS
+
+    pr = sub.add_parser("probe", help="run one probe: " + ", ".join(PARAMS),
+                        description="Run one probe; `hwlab probe NAME --help` lists its parameters.")
+    names = pr.add_subparsers(dest="name", required=True, metavar="NAME")
+    for name, params in PARAMS.items():
+        lines = "\n".join("  -p " + p.describe() for p in params)
+        q = names.add_parser(name, help=f"parameters: {', '.join(p.name for p in params)}",
+                             formatter_class=argparse.RawDescriptionHelpFormatter,
+                             description=f"probe {name}; parameters (-p KEY=VALUE):\n{lines}")
+        q.add_argument("--param", "-p", action="append", metavar="KEY=VALUE",
+                       help="a parameter from the list above")
+        q.add_argument("--json", action="store_true", help="strict JSON on stdout")
+        q.set_defaults(fn=cmd_probe)
+
+
+# ---------------------------------------------------------------- topo
 def cmd_topo(a) -> int:
     from . import topology
 
     if a.file:
-        text = Path(a.file).read_text()
-        src = a.file
+        p = Path(a.file)
+        if p.is_dir():
+            raise UserInputError(f"{p} is a folder: pass a saved `nvidia-smi topo -m` output")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise UserInputError(f"{p} does not exist") from None
+        except UnicodeDecodeError:
+            raise UserInputError(f"{p} is not text: pass a saved `nvidia-smi topo -m` output") from None
+        if not text.strip():
+            raise UserInputError(f"{p} is empty: pass a saved `nvidia-smi topo -m` output")
+        src = str(p)
     else:
         text = topology.capture_topo_text()
         src = "nvidia-smi topo -m"
         if text is None:
             t = topology.from_nvml()
             if t is None:
-                print("no nvidia-smi and no NVML here: pass a saved `nvidia-smi topo -m` "
-                      "output with --file", file=sys.stderr)
-                return EXIT_FAIL
-            print(t.render())
+                raise UserInputError("no nvidia-smi and no NVML here: pass a saved "
+                                     "`nvidia-smi topo -m` output with --file")
+            if a.json:
+                print_json(t.to_dict())
+            else:
+                print(t.render())
             return EXIT_OK
     t = topology.parse_topo_matrix(text, source=src)
-    print(json.dumps(t.to_dict(), indent=2) if a.json else t.render())
+    if a.json:
+        print_json(t.to_dict())
+    else:
+        print(t.render())
     return EXIT_OK
 
 
+# ---------------------------------------------------------------- evidence
 def cmd_evidence(a) -> int:
     from . import evidence
 
     if a.action == "list":
+        rows = []
         for p in sorted(evidence.RECORDED_DIR.glob("*/*.json")):
             ev = evidence.load(p)
-            print(f"{p.parent.name}/{p.stem}: {ev.kind}, {ev.label}")
+            rows.append({"record": f"{p.parent.name}/{p.stem}", "kind": ev.kind, "label": ev.label})
+        if a.json:
+            print_json(rows)
+        else:
+            for r in rows:
+                print(f"{r['record']}: {r['kind']}, {r['label']}")
         return EXIT_OK
     target = a.target or "doctor"
     p = Path(target)
-    if p.suffix == ".json":
+    if p.suffix == ".json" or os.sep in target or p.exists():
         ev = evidence.load(p)
     else:
         try:
@@ -215,7 +159,7 @@ def cmd_evidence(a) -> int:
         except evidence.EvidenceError:
             ev = evidence.recorded(target, "cpu")
     if a.json:
-        print(json.dumps(ev.to_dict(), indent=2, default=str))
+        print_json(ev.to_dict())
         return EXIT_OK
     print(f"{ev.kind}: {ev.label.upper()} (not measured on this machine)")
     if ev.ceilings:
@@ -227,136 +171,203 @@ def cmd_evidence(a) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------- lab
 def cmd_lab(a) -> int:
-    import subprocess
+    from . import lablaunch
 
-    root = Path(a.dir) if a.dir else _find_notebooks()
-    if root is None:
-        print("cannot find the notebooks/ folder: run from the hwlab checkout or pass --dir",
-              file=sys.stderr)
-        return EXIT_FAIL
-    import importlib.util
-
-    if importlib.util.find_spec("jupyterlab") is None:
-        print("JupyterLab is not installed in this environment: pip install jupyterlab", file=sys.stderr)
-        return EXIT_FAIL
-    cmd = [sys.executable, "-m", "jupyter", "lab", f"--notebook-dir={root.parent}", f"--port={a.port}",
-           str(Path(root.name) / "00_start_here.ipynb")]
-    if a.no_browser:
-        cmd.append("--no-browser")
-    print("starting:", " ".join(cmd))
-    if a.dry_run:
-        return EXIT_OK
-    return subprocess.call(cmd, cwd=root.parent)
+    return lablaunch.run(a)
 
 
-def _find_notebooks() -> Path | None:
-    for base in [Path.cwd(), *Path.cwd().parents, Path(__file__).resolve().parents[2]]:
-        if (base / "notebooks" / "00_start_here.ipynb").exists():
-            return base / "notebooks"
-    return None
-
-
+# ---------------------------------------------------------------- baseline
 def cmd_baseline(a) -> int:
     from . import baseline, evidence
 
     if a.action == "record":
+        if a.paths:
+            raise UserInputError("baseline record takes no paths: use --out FILE.json or --out FOLDER")
+        out = Path(a.out) if a.out else None
+        if out is not None and out.suffix == ".json":
+            check_destination(out, overwrite=a.force)
+        else:
+            check_folder(out or Path("."), what="--out folder")
         if not baseline.should_record_on_this_rank():
             print("not local rank 0: one process per node records the baseline", file=sys.stderr)
             return EXIT_OK
-        console = _console(stderr=True)
-        with _progress_status(console, True) as st:
-            ev = baseline.record(quick=a.quick, progress=lambda s: st.update(f"baseline: {s}"))
-        out = Path(a.out) if a.out and a.out.endswith(".json") else baseline.default_path(a.out or ".")
-        ev.save(out, overwrite=a.force)
-        print(f"baseline written to {out} ({len(ev.results)} probes; missing: "
-              f"{', '.join(f'{k} ({v})' for k, v in ev.extra['missing'].items()) or 'none'})")
-        return EXIT_OK
-    if a.action == "compare":
-        if not a.paths or len(a.paths) < 2:
-            print("compare needs BASELINE.json NEW.json [NEW2.json ...]", file=sys.stderr)
+        with Steps("hwlab baseline", 8) as st:
+            ev = baseline.record(quick=a.quick, progress=st.step)
+        target = out if out is not None and out.suffix == ".json" else baseline.default_path(out or ".")
+        written, err = _write_or_rescue(lambda: ev.save(target, overwrite=a.force), ev.to_dict(),
+                                        "baseline", target)
+        if err:
+            print(f"hwlab baseline: {err}", file=sys.stderr)
             return EXIT_USAGE
-        base = evidence.load(a.paths[0])
-        if len(a.paths) > 2:
-            for row in baseline.fleet_table(a.paths[1:], base):
-                print(json.dumps(row))
-            return EXIT_OK
-        c = baseline.compare(base, evidence.load(a.paths[1]))
+        missing = ", ".join(f"{k} ({v})" for k, v in ev.extra["missing"].items()) or "none"
         if a.json:
-            print(json.dumps({"ok": c.ok, "checked": c.checked,
-                              "deviations": [d.__dict__ for d in c.deviations]}, indent=2, default=str))
+            print_json({"written": str(written), "probes": len(ev.results), "missing": ev.extra["missing"]})
         else:
-            print(c.summary())
-        return EXIT_OK if c.ok else EXIT_FAIL
-    return EXIT_USAGE
+            print(f"baseline written to {written} ({len(ev.results)} probes; missing: {missing})")
+        return EXIT_OK
+    if not a.paths or len(a.paths) < 2:
+        raise UserInputError("compare needs BASELINE.json NEW.json [NEW2.json ...]")
+    base = evidence.load(a.paths[0])
+    if len(a.paths) > 2:
+        rows = baseline.fleet_table(a.paths[1:], base)
+        if a.json:
+            print_json(rows)
+        else:
+            for row in rows:
+                print(json.dumps(row))
+        return (EXIT_USAGE if any(r.get("verdict") == "not comparable" for r in rows)
+                else EXIT_FINDING if any(r.get("verdict") not in (None, "ok") for r in rows)
+                else EXIT_OK)
+    c = baseline.compare(base, evidence.load(a.paths[1]))
+    if a.json:
+        print_json(c.to_dict())
+    else:
+        print(c.summary())
+    if not c.comparable:
+        return EXIT_USAGE
+    return EXIT_OK if c.ok else EXIT_FINDING
+
+
+# ---------------------------------------------------------------- incident
+def _observations(path: str) -> dict[str, Any]:
+    obs = _read_json(path, "observations file")
+    if not isinstance(obs, dict):
+        raise UserInputError(f"observations file {path} should hold a JSON object of metric -> "
+                             f"value, not a {type(obs).__name__}")
+    for k, v in obs.items():
+        if v is not None and not isinstance(v, (int, float, bool)):
+            raise UserInputError(f"observations file {path}: {k!r} should be a number, true/false "
+                                 f"or null, not {json.dumps(v)[:40]}")
+    return obs
 
 
 def cmd_incident(a) -> int:
     from . import evidence, flowchart, incident
 
+    folder = check_folder(a.out, what="--out folder")
     ev = evidence.load(a.evidence) if a.evidence else None
-    obs = json.loads(Path(a.observations).read_text()) if a.observations else {}
+    obs = _observations(a.observations) if a.observations else {}
     d = flowchart.diagnose(obs)
     inc = incident.from_diagnosis(a.title, ev, d, symptom_scope=a.scope, symptom=a.symptom, fix=a.fix,
                                   reverify=a.reverify, rank_mapping=a.rank_mapping)
-    md, js = incident.save(inc, a.out)
+    try:
+        md, js = incident.save(inc, folder)
+    except OSError as e:
+        fb = rescue_json(dataclasses.asdict(inc), "incident")
+        print(f"hwlab incident: could not write into {folder} ({e.strerror or e}); the record was "
+              f"saved to {fb} instead", file=sys.stderr)
+        return EXIT_USAGE
     print(f"incident written: {md} and {js}\n")
     print(d.explain())
     return EXIT_OK
 
 
-def cmd_drill(a) -> int:
-    import dataclasses
+# ---------------------------------------------------------------- drill
+def _load_drill(path: str):
+    from . import drills
 
+    raw = _read_json(path, "drill file")
+    if not isinstance(raw, dict):
+        raise UserInputError(f"drill file {path} is not a drill (a JSON object from `hwlab drill new`)")
+    try:
+        return drills.Drill.load(path)
+    except (TypeError, KeyError, AttributeError) as e:
+        raise UserInputError(f"drill file {path} is not a drill written by `hwlab drill new` "
+                             f"({str(e)[:80]})") from None
+
+
+def cmd_drill(a) -> int:
     from . import drills
     from .store import write_json_atomic
 
     if a.action == "new":
+        if a.drill:
+            raise UserInputError("drill new takes no drill file (it writes one into --dir)")
+        if a.fault is not None and a.fault not in drills.FAULTS:
+            raise UserInputError(f"unknown fault {a.fault!r}; choose one of {', '.join(drills.FAULTS)}")
+        folder = check_folder(a.dir, what="--dir folder")
         d = drills.new(seed=a.seed, fault=a.fault)
-        p = d.save(a.dir)
+        p, err = _write_or_rescue(lambda: d.save(folder), dataclasses.asdict(d), "drill", folder)
+        if err:
+            print(f"hwlab drill: {err}", file=sys.stderr)
+            return EXIT_USAGE
         print(f"drill {d.drill_id} written to {p}\nworkload: {d.workload}\nwhat the probes show "
               f"({d.source}):\n{json.dumps(d.observations, indent=2)}\nwalk the flowchart, then: "
               f"hwlab drill submit {p} --leaf LEAF --learner NAME")
         return EXIT_OK
     if a.action == "summary":
-        grades = [drills.Grade(**json.loads(x.read_text())) for x in sorted(Path(a.dir).glob("grade-*.json"))]
-        print(json.dumps(drills.class_summary(grades), indent=2))
+        folder = Path(a.dir)
+        if not folder.is_dir():
+            raise UserInputError(f"--dir {folder} is not a folder of grades: pass the folder "
+                                 "`hwlab drill submit` wrote into")
+        grades = []
+        for x in sorted(folder.glob("grade-*.json")):
+            g = _read_json(x, "grade file")
+            try:
+                grades.append(drills.Grade(**g))
+            except TypeError:
+                raise UserInputError(f"grade file {x} is not a grade written by `hwlab drill submit`") from None
+        print_json(drills.class_summary(grades))
         return EXIT_OK
     if not a.drill:
-        print(f"drill {a.action} needs the drill's .json file", file=sys.stderr)
-        return EXIT_USAGE
-    d = drills.Drill.load(a.drill)
+        raise UserInputError(f"drill {a.action} needs the drill's .json file")
+    d = _load_drill(a.drill)
     if a.action == "reveal":
-        print(json.dumps(drills.reveal(d), indent=2))
+        print_json(drills.reveal(d))
         return EXIT_OK
     if not a.leaf:
-        print("submit needs --leaf (G, I, J, L, M or OK)", file=sys.stderr)
-        return EXIT_USAGE
-    ev = json.loads(Path(a.evidence).read_text()) if a.evidence else None
+        raise UserInputError("submit needs --leaf (G, I, J, L, M or OK)")
+    folder = check_folder(a.dir, what="--dir folder")
+    ev = _read_json(a.evidence, "evidence file") if a.evidence else None
+    if ev is not None and not isinstance(ev, dict):
+        raise UserInputError(f"evidence file {a.evidence} should hold a JSON object of metric -> value")
     g = drills.grade(d, a.leaf, ev, learner=a.learner)
-    write_json_atomic(Path(a.dir) / f"grade-{d.drill_id}-{a.learner}-{g.at.replace(':', '')}.json",
-                      dataclasses.asdict(g))
+    target = folder / f"grade-{d.drill_id}-{a.learner}-{g.at.replace(':', '')}.json"
+    _, err = _write_or_rescue(lambda: write_json_atomic(target, dataclasses.asdict(g)),
+                              dataclasses.asdict(g), "grade", target)
     print(("PASSED: " if g.passed else "NOT YET: ") + g.explanation)
-    return EXIT_OK if g.passed else EXIT_FAIL
+    if err:
+        print(f"hwlab drill: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK if g.passed else EXIT_FINDING
+
+
+# ---------------------------------------------------------------- parser
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (argparse prints the whole usage block), exit 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= v < 2**63:
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range (0 .. 2^63-1)")
+    return v
+
+
+def _port(text: str) -> int:
+    v = _positive_int(text)
+    if not 1 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"port {v} is not in 1..65535")
+    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hwlab", description="hardware-aware GPU troubleshooting kit")
+    p = _Parser(prog="hwlab", description="hardware-aware GPU troubleshooting kit. Exit codes: "
+                "0 ok, 1 finding (unhealthy verdict, deviation, failed grade), 2 bad input or "
+                "usage, 3 internal error.")
+    p.add_argument("--version", action="version", version=f"hwlab {__version__}")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an internal error")
     sub = p.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("doctor", help="system state, topology, ceilings and a verdict")
-    d.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    d.add_argument("--remeasure", action="store_true", help="re-measure the cached ceilings")
-    d.add_argument("--quick", action="store_true", help="small sizes (seconds, less accurate)")
-    d.add_argument("--save", metavar="PATH", help="also write an evidence record to PATH")
-    d.add_argument("--force", action="store_true", help="replace PATH if it exists")
-    d.set_defaults(fn=cmd_doctor)
-    pr = sub.add_parser("probe", help="run one probe: " + ", ".join(
-        ["hbm_copy", "host_link", "gemm", "launch_overhead"]))
-    pr.add_argument("name")
-    pr.add_argument("--param", "-p", action="append", metavar="KEY=VALUE",
-                    help="probe argument, e.g. -p size_mib=512 -p dtype=bf16")
-    pr.add_argument("--json", action="store_true")
-    pr.set_defaults(fn=cmd_probe)
+    cli_doctor.add_parser(sub)
+    _add_probe(sub)
     t = sub.add_parser("topo", help="parse and show the GPU topology")
     t.add_argument("--file", help="a saved `nvidia-smi topo -m` output")
     t.add_argument("--json", action="store_true")
@@ -367,7 +378,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--device", default="h200")
     e.add_argument("--json", action="store_true")
     e.set_defaults(fn=cmd_evidence)
-    b = sub.add_parser("baseline", help="node health baseline: record, or compare against one")
+    b = sub.add_parser("baseline", help="node health baseline: record, or compare against one",
+                       description="record: measure this node. compare: exit 0 within tolerance, "
+                       "1 a deviation, 2 not comparable (different GPU, count, driver/CUDA major, "
+                       "probe sizes) or bad input.")
     b.add_argument("action", choices=["record", "compare"])
     b.add_argument("paths", nargs="*", help="compare: BASELINE.json NEW.json [more NEW for a fleet table]")
     b.add_argument("--out", help="record: a .json path or a folder (default: ./baseline-<host>-<time>.json)")
@@ -384,12 +398,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--evidence", help="an evidence/baseline .json of the affected machine")
     i.add_argument("--observations", help="a .json of flowchart metrics (metric -> value)")
     i.add_argument("--rank-mapping", default="n/a")
-    i.add_argument("--out", default="incidents")
+    i.add_argument("--out", default="incidents", help="folder for the records (created if absent)")
     i.set_defaults(fn=cmd_incident)
     dr = sub.add_parser("drill", help="diagnosis drills: a hidden fault to find")
     dr.add_argument("action", choices=["new", "submit", "reveal", "summary"])
     dr.add_argument("drill", nargs="?", help="submit/reveal: the drill .json")
-    dr.add_argument("--seed", type=int)
+    dr.add_argument("--seed", type=_positive_int)
     dr.add_argument("--fault", help="instructor: choose the fault (see hwlab.drills.FAULTS)")
     dr.add_argument("--leaf")
     dr.add_argument("--evidence", help="submit: a .json of the metrics your diagnosis rests on")
@@ -398,28 +412,56 @@ def build_parser() -> argparse.ArgumentParser:
     dr.set_defaults(fn=cmd_drill)
     lab = sub.add_parser("lab", help="open the labs in JupyterLab")
     lab.add_argument("--dir", help="the notebooks/ folder")
-    lab.add_argument("--port", type=int, default=8888)
+    lab.add_argument("--port", type=_port, default=8888,
+                     help="first port to try (default 8888; the next free one is taken)")
+    lab.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     lab.add_argument("--no-browser", action="store_true")
     lab.add_argument("--dry-run", action="store_true", help="print the command, start nothing")
     lab.set_defaults(fn=cmd_lab)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    from .evidence import EvidenceError
-    from .measure import CorrectnessError, InputError, InsufficientMemoryError
+# ---------------------------------------------------------------- main
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean bad input wherever they come from (exit 2, one line)."""
+    from .measure import InputError, InsufficientMemoryError
     from .specs import UnknownGPUError
-    from .store import RecordExistsError
     from .topology import TopologyParseError
 
+    return (UserInputError, InputError, InsufficientMemoryError, TopologyParseError,
+            UnknownGPUError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
+            PermissionError, FileExistsError, json.JSONDecodeError, UnicodeDecodeError)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return " ".join(x.strip() for x in text.splitlines() if x.strip())
+
+
+def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    debug = a.debug or os.environ.get("HWLAB_DEBUG") not in (None, "", "0")
     try:
         return a.fn(a)
-    except (EvidenceError, InputError, InsufficientMemoryError, TopologyParseError,
-            RecordExistsError, UnknownGPUError, CorrectnessError, FileNotFoundError,
-            ValueError, TypeError) as e:
-        print(f"hwlab {a.cmd}: {e}", file=sys.stderr)
-        return EXIT_FAIL
+    except KeyboardInterrupt:
+        print(f"hwlab {a.cmd}: interrupted", file=sys.stderr)
+        return 130
+    except _user_errors() as e:
+        print(f"hwlab {a.cmd}: {_one_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as e:  # a bug: say so in one line, the traceback only when asked
+        from .measure import CorrectnessError
+
+        if isinstance(e, CorrectnessError):  # a kernel disagreed with its reference: a finding
+            print(f"hwlab {a.cmd}: {_one_line(e)}", file=sys.stderr)
+            return EXIT_FINDING
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        print(f"hwlab {a.cmd}: internal error ({type(e).__name__}: {_one_line(e)[:200]}); please "
+              "report it with the traceback (rerun with --debug or HWLAB_DEBUG=1)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .errors import UserInputError
 from .measure import Measurement
 from .store import write_json_atomic
 
@@ -28,7 +29,7 @@ SCHEMA_VERSION = 1
 RECORDED_DIR = Path(os.environ.get("HWLAB_RECORDED_DIR") or Path(__file__).parent / "recorded")
 
 
-class EvidenceError(ValueError):
+class EvidenceError(UserInputError):
     """An evidence file that cannot be used; the message says which and why."""
 
 
@@ -100,10 +101,18 @@ def machine_info(device: Any = None) -> dict[str, Any]:
 def load(path: str | os.PathLike) -> Evidence:
     """Load and validate a record; every failure names the file and what to do."""
     p = Path(path)
+    if p.is_dir():
+        raise EvidenceError(f"{p} is a folder: pass an evidence .json file")
     try:
         raw = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise EvidenceError(f"evidence file {p} does not exist") from None
+    except UnicodeDecodeError:
+        raise EvidenceError(f"{p} is not text (binary data): pass an hwlab evidence .json") from None
+    except OSError as e:
+        raise EvidenceError(f"cannot read evidence file {p} ({e.strerror or e})") from None
+    if not raw.strip():
+        raise EvidenceError(f"evidence file {p} is empty: re-record it")
     try:
         d = json.loads(raw)
     except json.JSONDecodeError as e:
@@ -118,9 +127,13 @@ def load(path: str | os.PathLike) -> Evidence:
     for key in ("kind", "machine", "results", "recorded_at"):
         if key not in d:
             raise EvidenceError(f"{p} lacks the field {key!r}")
+    for key, typ in (("machine", dict), ("results", list), ("recorded_at", str), ("kind", str)):
+        if not isinstance(d[key], typ):
+            raise EvidenceError(f"{p}: the field {key!r} should be a {typ.__name__}, "
+                                f"not {type(d[key]).__name__}; re-record it")
     try:
         results = [Measurement.from_dict(r) for r in d["results"]]
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, AttributeError) as e:
         raise EvidenceError(f"{p}: a result is malformed ({e})") from None
     return Evidence(kind=d["kind"], machine=d["machine"], results=results,
                     ceilings=d.get("ceilings") or {}, versions=d.get("versions") or {},

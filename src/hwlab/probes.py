@@ -8,13 +8,21 @@ Byte counts: a copy of N bytes reads N and writes N, so ``n_bytes = 2N`` (nvband
 counts N once; we count what the DRAM really carries). A host->device copy of N bytes
 moves N over the link, ``n_bytes = N``. A GEMM ``(M,K)@(K,N)`` does ``2MNK`` FLOPs and
 needs at least ``(MK + KN + MN) * itemsize`` bytes.
+
+What a user may pass to each probe from the command line is listed in :data:`PARAMS`
+(name, type, default, allowed range or choices, meaning); :func:`parse_params` checks
+``KEY=VALUE`` strings against it and refuses anything else in one line, before any tensor
+is allocated. Ranges are what the probe can mean, not what fits: a size that is allowed but
+does not fit in this device's free memory is refused by ``require_memory``.
 """
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
+from .errors import UserInputError
 from .measure import (TOL_BY_DTYPE, InputError, Measurement, bench, device_name, device_of,
                       poison_, require_memory, synchronize, time_fn)
 
@@ -24,6 +32,102 @@ PROBES: dict[str, Callable[..., Measurement]] = {}
 def _probe(fn: Callable[..., Measurement]) -> Callable[..., Measurement]:
     PROBES[fn.__name__] = fn
     return fn
+
+
+# ---------------------------------------------------------------- parameter schema
+@dataclass(frozen=True)
+class Param:
+    """One command-line parameter of a probe: its type, range or choices, and meaning."""
+    name: str
+    type: type
+    default: Any
+    help: str
+    lo: int | None = None
+    hi: int | None = None
+    choices: tuple[str, ...] | None = None
+
+    def describe(self) -> str:
+        if self.choices:
+            allowed = "one of " + ", ".join(self.choices)
+        elif self.type is bool:
+            allowed = "true or false"
+        else:
+            allowed = f"integer {self.lo}..{self.hi}"
+        default = "auto" if self.default is None else str(self.default).lower() if self.type is bool \
+            else self.default
+        return f"{self.name}={allowed} (default {default}): {self.help}"
+
+    def parse(self, probe: str, raw: str) -> Any:
+        bad = f"probe {probe}: {self.name}={raw!r} is not allowed; {self.name} takes "
+        if self.choices:
+            if raw not in self.choices:
+                raise UserInputError(bad + "one of " + ", ".join(self.choices))
+            return raw
+        if self.type is bool:
+            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise UserInputError(bad + "true or false")
+            return raw.lower() in ("true", "1", "yes")
+        try:
+            v = int(raw)
+        except ValueError:
+            raise UserInputError(bad + f"an integer {self.lo}..{self.hi}") from None
+        if not (self.lo <= v <= self.hi):
+            raise UserInputError(bad + f"an integer {self.lo}..{self.hi}")
+        return v
+
+
+#: sizes up to 1 TiB / 2^20 elements per side: beyond what any GPU holds, so the limit never
+#: hides a real machine; the free-memory check refuses what this machine cannot hold
+_MIB_MAX = 1 << 20
+_DIM_MAX = 1 << 20
+PARAMS: dict[str, tuple[Param, ...]] = {
+    "hbm_copy": (
+        Param("size_mib", int, 1024, "MiB of fp32 copied (read once, written once)", 1, _MIB_MAX),
+        Param("impl", str, "auto", "the copy kernel: hwlab's Triton kernel or torch copy_",
+              choices=("auto", "triton", "torch")),
+        Param("n_rep", int, 50, "timed repetitions", 1, 10_000),
+    ),
+    "host_link": (
+        Param("size_mib", int, 256, "MiB moved over the host link", 1, _MIB_MAX),
+        Param("direction", str, "h2d", "host to device or device to host", choices=("h2d", "d2h")),
+        Param("pinned", bool, True, "page-locked host memory (false: pageable)"),
+        Param("n_rep", int, 20, "timed repetitions", 1, 10_000),
+    ),
+    "gemm": (
+        Param("size", int, None, "M = N = K (default 8192 on a GPU, 512 on a CPU)", 1, _DIM_MAX),
+        Param("dtype", str, "bf16", "input type (fp32 turns TF32 off, tf32 on)", choices=(
+            "fp32", "tf32", "bf16", "fp16", "fp8")),
+        Param("m", int, None, "rows of A (overrides size)", 1, _DIM_MAX),
+        Param("n", int, None, "columns of B (overrides size)", 1, _DIM_MAX),
+        Param("k", int, None, "the reduction dimension (overrides size)", 1, _DIM_MAX),
+        Param("n_rep", int, 30, "timed repetitions", 1, 10_000),
+    ),
+    "launch_overhead": (
+        Param("n_launches", int, 2000, "back-to-back launches per timed repetition", 1, 1_000_000),
+        Param("n_rep", int, 10, "timed repetitions", 1, 10_000),
+    ),
+}
+
+
+def parse_params(probe: str, pairs: list[str]) -> dict[str, Any]:
+    """``["size=64", "dtype=fp32"]`` -> keyword arguments for ``PROBES[probe]``, checked
+    against :data:`PARAMS`; anything else raises :class:`UserInputError` (one line)."""
+    if probe not in PARAMS:
+        raise UserInputError(f"unknown probe {probe!r}; choose one of: {', '.join(PARAMS)}")
+    schema = {p.name: p for p in PARAMS[probe]}
+    kwargs: dict[str, Any] = {}
+    for kv in pairs:
+        key, sep, raw = kv.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UserInputError(f"probe {probe}: parameters are KEY=VALUE, got {kv!r}")
+        if key not in schema:
+            raise UserInputError(f"probe {probe} has no parameter {key!r}; it takes: "
+                                 f"{', '.join(schema)} (see hwlab probe {probe} --help)")
+        if key in kwargs:
+            raise UserInputError(f"probe {probe}: {key} given twice")
+        kwargs[key] = schema[key].parse(probe, raw.strip())
+    return kwargs
 
 
 # ---------------------------------------------------------------- device copy
