@@ -1,4 +1,6 @@
-"""environment.yml (conda users) must ask for what pyproject.toml asks for."""
+"""Packaging: environment.yml (conda users) asks for what pyproject.toml asks for; the ranges
+admit what the kit ran on; setup.sh installs everything and only its own kernel; a wheel built
+from the tree ships the recorded evidence and works installed non-editable."""
 import re
 import tomllib
 from pathlib import Path
@@ -13,7 +15,7 @@ def _name(req: str) -> str:
 def test_environment_yml_matches_pyproject():
     py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = {_name(r) for r in py["dependencies"]} | {
-        _name(r) for r in py["optional-dependencies"]["dev"]}
+        _name(r) for reqs in py["optional-dependencies"].values() for r in reqs}
     env = (ROOT / "environment.yml").read_text()
     pip_block = env.split("- pip:", 1)[1]
     listed = {_name(m.group(1)) for m in re.finditer(r"^\s+-\s+([A-Za-z][A-Za-z0-9_.\-]*[^\n#]*)",
@@ -29,3 +31,103 @@ def test_ci_runs_the_readme_test_command():
     m = re.search(r"```bash\n(.*?scripts/test\.sh.*?)\n```", readme, re.S)
     assert m, "README must show the test command"
     assert "scripts/test.sh" in ci
+
+
+def _all_extras(py) -> set[str]:
+    return {_name(r) for reqs in py["optional-dependencies"].values() for r in reqs}
+
+
+def test_environment_yml_has_every_extra():
+    py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    env = (ROOT / "environment.yml").read_text().split("- pip:", 1)[1].lower()
+    for name in _all_extras(py):
+        assert f"- {name}" in env, f"environment.yml lacks {name} (an extra of pyproject.toml)"
+
+
+def test_setup_installs_every_extra_and_its_own_kernel_only():
+    py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    m = re.search(r"-e '\.\[([a-z,]+)\]'", setup)
+    assert m and set(m.group(1).split(",")) == set(py["optional-dependencies"]), \
+        "scripts/setup.sh must install every extra (README's two commands install everything)"
+    kernel_lines = [x for x in setup.splitlines() if "ipykernel install" in x]
+    assert kernel_lines and all("--sys-prefix" in x and "--name hwlab" in x for x in kernel_lines), \
+        "the kit's kernel is `hwlab`, inside .venv; it never replaces a user's kernel"
+    assert "--user" not in setup and "--name python3" not in setup
+
+
+def test_dependency_ranges_admit_the_versions_the_kit_ran_and_exclude_bad_triton():
+    from packaging.requirements import Requirement
+
+    deps = {Requirement(r).name: Requirement(r) for r in
+            tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    pins = dict(line.split("==") for line in (ROOT / "constraints-cpu.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    for name, version in pins.items():  # the CPU pins lie inside the ranges
+        assert deps[name].specifier.contains(version), (name, version)
+    assert deps["torch"].specifier.contains("2.11.0")  # the H200 image
+    assert deps["triton"].specifier.contains("3.6.0")  # the H200 image
+    assert not deps["triton"].specifier.contains("3.9.0")  # its ptxas rejects sm_90a
+    assert not deps["torch"].specifier.contains("2.4.0")  # _scaled_mm returned a tuple, no CPU path
+
+
+def _recorded_replay_cell() -> str:
+    """The notebook cell that replays the H200 baseline records (notebook 05), with the
+    notebook's imports in front of it."""
+    import jupytext
+
+    nb = jupytext.read(ROOT / "notebooks" / "05_node_baseline.py")
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    cell = next(c for c in code if 'evidence.recorded("baseline")' in c)
+    imports = [ln for c in code for ln in c.splitlines() if ln.startswith(("from hwlab import", "import "))]
+    return "\n".join(imports) + "\n" + cell
+
+
+def test_wheel_installs_non_editable_and_replays_recorded_evidence(tmp_path):
+    """Build the wheel from a copy of the tree, install it (not editable) into a fresh venv
+    whose only other packages are this venv's (a .pth, `--no-index`: pip resolves the
+    wheel's dependency ranges against them and downloads nothing), then run the CLI and a
+    recorded-replay notebook cell from a folder outside the checkout."""
+    import shutil
+    import subprocess
+    import sys
+    import sysconfig
+    import zipfile
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "src", src / "src",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc"))
+    run = lambda *cmd, **kw: subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)  # noqa: E731
+    r = run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+            "-q", "-w", str(tmp_path / "dist"), str(src))
+    assert r.returncode == 0, r.stderr[-2000:]
+    wheel = next((tmp_path / "dist").glob("hwlab-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    recorded = {f"hwlab/{p.relative_to(ROOT / 'src' / 'hwlab').as_posix()}"
+                for p in (ROOT / "src" / "hwlab" / "recorded").rglob("*") if p.is_file()}
+    assert recorded and recorded <= names, f"wheel lacks {sorted(recorded - names)[:5]}"
+
+    venv = tmp_path / "venv"
+    r = run(sys.executable, "-m", "venv", "--without-pip", str(venv))
+    assert r.returncode == 0, r.stderr
+    py = venv / "bin" / "python"
+    purelib = run(str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
+    (Path(purelib) / "hwlab_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    r = run(sys.executable, "-m", "pip", "--python", str(py), "install", "--no-index", "-q", str(wheel))
+    assert r.returncode == 0, r.stderr[-2000:]
+
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("PYTHONPATH", "HWLAB_RECORDED_DIR")}
+    env["MPLBACKEND"] = "Agg"
+    where = run(str(py), "-c", "import hwlab; print(hwlab.__file__)", cwd=work, env=env)
+    assert where.stdout.startswith(str(venv)), where.stdout + where.stderr  # the wheel, not the checkout
+    shown = run(str(venv / "bin" / "hwlab"), "evidence", "show", "doctor", cwd=work, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "RECORDED ON NVIDIA H200" in shown.stdout and "ceilings: copy" in shown.stdout
+    cell = run(str(py), "-c", _recorded_replay_cell(), cwd=work, env=env)
+    assert cell.returncode == 0, cell.stderr[-2000:]
+    assert "[NVIDIA H200" in cell.stdout and "re-run vs baseline: matches the baseline" in cell.stdout
