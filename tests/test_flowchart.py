@@ -51,3 +51,30 @@ def test_evidence_from_measurement_floor():
     ev = F.evidence_from_measurement(m, ceiling_gbps=3000.0, bytes_moved=9 * 10**9)
     assert ev["slowdown_vs_floor"] == pytest.approx(3.0)     # floor 1 ms
     assert ev["dram_pct_estimated"] == pytest.approx(100.0)  # 9 GB in 3 ms = 3000 GB/s
+
+
+def test_by_hand_answers_are_labelled_and_measured_ones_name_their_source():
+    d = F.diagnose({"single_gpu_slow": False, "e2e_slowdown": 2.0, "rank_tail_pct": 40.0, "n_ranks": 6,
+                    "metric_sources": {"e2e_slowdown": "TP step vs one-GPU prediction"}})
+    assert d.leaf_id == "L" and not d.fully_measured
+    assert [s.question for s in d.by_hand] == ["B"] and d.steps[0].how == F.BY_HAND
+    assert [s.how for s in d.steps[1:]] == [F.MEASURED, F.MEASURED]
+    text = d.explain()
+    lines = text.splitlines()
+    assert "BY HAND" in lines[0] and "BY HAND" not in lines[1]
+    assert "[measured: TP step vs one-GPU prediction]" in lines[1]
+    assert "over 6 ranks" in lines[2]
+    assert "NOTE: answered by hand, not measured, at B (single_gpu_slow)" in text
+    assert d.measured() == {"e2e_slowdown": 2.0, "rank_tail_pct": 40.0}
+    assert F.by_hand_keys({"single_gpu_slow": False, "rank_tail": True}) == ["single_gpu_slow", "rank_tail"]
+
+
+def test_fully_measured_walk_says_so_and_one_rank_is_measured():
+    d = F.diagnose({"slowdown_vs_floor": 1.1, "e2e_slowdown": 1.4, "rank_tail_pct": 0.0, "n_ranks": 1})
+    assert d.leaf_id == "M" and d.fully_measured and d.by_hand == []
+    assert "over 1 rank]" in d.explain() and "BY HAND" not in d.explain()
+    assert d.explain().endswith("every answer on this walk was measured")
+    # numeric evidence wins over a by-hand answer given beside it
+    d = F.diagnose({"slowdown_vs_floor": 1.1, "single_gpu_slow": True, "e2e_slowdown": 1.0})
+    assert d.path == ["B", "D", "OK"] and d.fully_measured
+    assert not F.diagnose({"slowdown_vs_floor": 2.0}).fully_measured  # undecided: no leaf

@@ -8,34 +8,47 @@ the evidence behind it; :func:`grade` checks three things:
 2. the submitted evidence supports it: it agrees with what the drill's probes showed
    (same metrics, values within ``EVIDENCE_TOL_PCT``) and the flowchart walked on it
    reaches the submitted leaf;
-3. the fix hwlab applies for that leaf removes the slowdown when re-measured (the fault's
-   fixed run leaves the leaf).
+3. the fix hwlab applies for that leaf removes the slowdown: the fault's *fixed*
+   configuration is run again (live where the drill was live, else its recorded run) and every
+   metric is recomputed; the fix works when that walk leaves the fault's leaf.
 
-Sealing: the drill file stores ``sha256(salt + fault)``, not the fault, so a learner does
-not read it by accident; the choice is reproducible from the seed. Observations come from
-the kit's own runs: live where this machine can produce them (the slow link needs root; the
-FP8 profile runs anywhere), otherwise the recorded H200/CPU evidence, labelled as such.
+Observations come from running the fault's scenario (:mod:`hwlab.labs.drillruns`), which is
+given the scenario and the case to run and never the fault's name or leaf: nothing the learner
+sees, and nothing the fix check uses, is derived from the label. Every answer on the walk is
+measured (B, D and K included; a one-process workload reports its one rank, measured).
+
+Sealing (what it protects against, and what not): a drill file carries an HMAC-SHA256, keyed
+by a secret that is not in the file, over the canonical JSON of the whole drill (observations,
+source, seed, salt, seal, dates). :meth:`Drill.load` refuses a file whose HMAC does not match:
+an edited observation, a swapped seal or a copied-in fault is detected. The fault itself is
+stored only as ``HMAC(key, salt:fault)``, so the short list of fault names cannot be tried
+against it without the key. The key lives in ``~/.config/hwlab/drill.key`` (created 0600 on
+first use) or the file ``HWLAB_DRILL_KEY_FILE`` names (an instructor's key shared with the
+grader). It does NOT protect against anyone who can read the key file: a learner grading
+drills under their own account can read it, re-seal an edited drill and open the seal; for an
+exam, keep the key (and grading) on an account the learner cannot read. Nor does it hide the
+observations, which are the point of the drill.
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import os
 import random
 import secrets
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import flowchart
-from .evidence import recorded
+from .errors import UserInputError
+from .labs import drillruns
 from .store import write_json_atomic
 
 EVIDENCE_TOL_PCT = 1.0
-
-
-Observer = Callable[[], tuple[dict[str, Any], str]]  # -> (flowchart evidence, source label)
 
 
 @dataclass(frozen=True)
@@ -43,122 +56,75 @@ class Fault:
     name: str
     leaf: str
     workload: str
-    observe: Observer
-    fixed: Observer
-    #: the same scenario measured live on this GPU (None: no one-GPU live form)
-    live_observe: Observer | None = None
-    live_fixed: Observer | None = None
+    #: the scenario that reproduces it and the case to run: faulty, and with the fix applied
+    scenario: str
+    case: str
+    fixed_case: str
 
+    def observe(self, live: bool = False, device=None) -> tuple[dict[str, Any], str]:
+        """Run (or read the recorded run of) the faulty configuration."""
+        return drillruns.observe(self.scenario, self.case, live=live, device=device)
 
-def _rec(kind: str, device: str, path: list[str]) -> Callable[[], tuple[dict[str, Any], str]]:
-    def get():
-        ev = recorded(kind, device)
-        node: Any = ev.extra
-        for key in path:
-            node = node[key]
-        return dict(node), ev.label
-    return get
+    def fixed(self, live: bool = False, device=None) -> tuple[dict[str, Any], str]:
+        """Run (or read the recorded run of) the configuration with the fix applied."""
+        return drillruns.observe(self.scenario, self.fixed_case, live=live, device=device)
 
-
-def _fp8_profile(path_name: str) -> Observer:
-    def get():
-        import torch
-
-        from .labs import fp8
-        from .nb import live_label
-
-        cfg = fp8.H200_SIZE if torch.cuda.is_available() else fp8.TINY  # the lab's decoder, GPU-sized on a GPU
-        prof = fp8.decode_profile(fp8.Decoder(cfg, path_name))
-        # the service is slow, single-GPU GEMM microbenchmarks are not, no rank tail: the chart's
-        # by-hand answers for this fault; the profile is the evidence that names the fallback
-        slow = prof["fallback_gemms"] > 0
-        return ({"single_gpu_slow": False, "multi_gpu_or_service_slow": slow, "rank_tail": False,
-                 "fp8_fallback_rate_pct": prof["fallback_rate_pct"], "fp8_hit_rate_pct": prof["hit_rate_pct"]},
-                live_label())
-    return get
-
-
-def _live(scenario: str, case: str) -> Observer:
-    """Run the scenario now on this GPU and return the flowchart evidence of one case."""
-    def get():
-        import torch
-
-        from .nb import live_label
-
-        if not torch.cuda.is_available():
-            raise RuntimeError("a live drill needs a GPU; without one, drills use recorded evidence")
-        if scenario == "lab01":
-            from .labs import bandwidth
-            ev = bandwidth.run(cases=(case,)).evidence[case]
-        elif scenario == "tile":
-            from .labs import registers
-            cfg = next(c for c in registers.SWEEP if c.label == case)
-            cublas = registers.cublas_bf16().tflops
-            r = registers.sweep([cfg], ceiling_tflops=cublas)[0]
-            ev = registers.config_evidence(r, _copy_gbps())
-        elif scenario == "launch":
-            from .labs import registers
-            lr = registers.launch_bound()
-            ev = (registers.launch_evidence(lr, _copy_gbps()) if case == "eager" else
-                  {"slowdown_vs_floor": 1.0, "multi_gpu_or_service_slow": False,
-                   "graph_step_ms": lr.graph.t_ms, "eager_step_ms": lr.eager.t_ms})
-        elif scenario == "dtype":
-            from .labs import scenarios
-            ev = scenarios.dtype_path(copy_gbps=_copy_gbps())["flowchart_evidence"][case]
-        elif scenario == "workload":
-            from .labs import scenarios
-            ev = scenarios.workload_mix()["flowchart_evidence"][case]
-        else:
-            raise ValueError(f"no live scenario {scenario!r}")
-        return dict(ev), live_label()
-    return get
-
-
-def _copy_gbps() -> float:
-    from .probes import hbm_copy
-    return hbm_copy(size_mib=1024, impl="torch").gbps
+    def can_run_live(self, device=None) -> bool:
+        return drillruns.can_run_live(self.scenario, device)
 
 
 FAULTS: dict[str, Fault] = {f.name: f for f in [
-    Fault("unfused_chain", "G", "a fused-op pipeline (bias+GELU+residual+scale)",
-          _rec("lab01_bandwidth", "h200", ["flowchart_evidence", "unfused"]),
-          _rec("lab01_bandwidth", "h200", ["flowchart_evidence", "fused"]),
-          _live("lab01", "unfused"), _live("lab01", "fused")),
-    Fault("strided_layout", "G", "a fused-op pipeline reading a transposed tensor",
-          _rec("lab01_bandwidth", "h200", ["flowchart_evidence", "strided"]),
-          _rec("lab01_bandwidth", "h200", ["flowchart_evidence", "coalesced"]),
-          _live("lab01", "strided"), _live("lab01", "coalesced")),
-    Fault("oversized_tile", "J", "a custom Triton GEMM",
-          _rec("lab02_registers", "h200", ["flowchart_evidence", "256x256x64 w4 s2"]),
-          _rec("lab02_registers", "h200", ["flowchart_evidence", "128x256x64 w8 s3"]),
-          _live("tile", "256x256x64 w4 s2"), _live("tile", "128x256x64 w8 s3")),
-    Fault("launch_bound", "J", "a small-batch decode step",
-          _rec("lab02_registers", "h200", ["flowchart_evidence", "launch-bound step"]),
-          lambda: ({"slowdown_vs_floor": 1.0, "multi_gpu_or_service_slow": False},
-                   recorded("lab02_registers").label + " (graph replay at its own floor)"),
-          _live("launch", "eager"), _live("launch", "graph")),
-    Fault("dtype_mma_miss", "I", "a GEMM-heavy layer",
-          _rec("scenarios", "h200", ["dtype_path", "flowchart_evidence", "fp32"]),
-          _rec("scenarios", "h200", ["dtype_path", "flowchart_evidence", "bf16"]),
-          _live("dtype", "fp32"), _live("dtype", "bf16")),
-    Fault("slow_link_rank", "L", "a tensor-parallel block on six ranks",
-          _rec("lab03_slowlink", "cpu", ["experiment", "naive", "flowchart_evidence"]),
-          _rec("lab03_slowlink", "cpu", ["experiment", "aware", "flowchart_evidence"])),
-    Fault("fp8_fallback", "M", "an FP8 decoder in service", _fp8_profile("mixed"), _fp8_profile("fixed"),
-          _fp8_profile("mixed"), _fp8_profile("fixed")),
-    Fault("untuned_bucket", "M", "a serving step of decode and prefill GEMMs",
-          _rec("scenarios", "h200", ["workload", "flowchart_evidence", "tuned-shape prediction"]),
-          _rec("scenarios", "h200", ["workload", "flowchart_evidence", "bucketed prediction"]),
-          _live("workload", "tuned-shape prediction"), _live("workload", "bucketed prediction")),
-    Fault("none", "OK", "a fused-op pipeline",
-          _rec("lab01_bandwidth", "h200", ["flowchart_evidence", "fused"]),
-          _rec("lab01_bandwidth", "h200", ["flowchart_evidence", "fused"]),
-          _live("lab01", "fused"), _live("lab01", "fused")),
+    Fault("unfused_chain", "G", "a fused-op pipeline (bias+GELU+residual+scale)", "chain", "unfused", "fused"),
+    Fault("strided_layout", "G", "a fused-op pipeline reading a transposed tensor", "chain", "strided", "coalesced"),
+    Fault("oversized_tile", "J", "a custom Triton GEMM", "tile", "256x256x64 w4 s2", "128x256x64 w8 s3"),
+    Fault("launch_bound", "J", "a small-batch decode step", "launch", "eager", "graph"),
+    Fault("dtype_mma_miss", "I", "a GEMM-heavy layer", "dtype", "fp32", "bf16"),
+    Fault("slow_link_rank", "L", "a tensor-parallel block on six ranks", "slowlink", "naive", "aware"),
+    Fault("fp8_fallback", "M", "an FP8 decoder in service", "fp8", "mixed", "fixed"),
+    Fault("untuned_bucket", "M", "a serving step of decode and prefill GEMMs", "workload",
+          "tuned-shape prediction", "bucketed prediction"),
+    Fault("none", "OK", "a fused-op pipeline", "chain", "fused", "fused"),
 ]}
 
 
+# ---------------------------------------------------------------- the key and the seal
+def key_path() -> Path:
+    return Path(os.environ.get("HWLAB_DRILL_KEY_FILE") or Path.home() / ".config" / "hwlab" / "drill.key")
+
+
+def drill_key() -> bytes:
+    """This user's drill key (32 random bytes), created 0600 on first use."""
+    p = key_path()
+    try:
+        return bytes.fromhex(p.read_text().strip())
+    except FileNotFoundError:
+        pass
+    except ValueError:
+        raise UserInputError(f"drill key {p} is not a hex key: remove it to make a new one "
+                             "(drills sealed with the old key will no longer open)") from None
+    p.parent.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_bytes(32)
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process made it first: use theirs
+        return bytes.fromhex(p.read_text().strip())
+    with os.fdopen(fd, "w") as f:
+        f.write(key.hex() + "\n")
+    return key
+
+
+def _mac(data: bytes) -> str:
+    return hmac.new(drill_key(), data, hashlib.sha256).hexdigest()
+
+
 def _seal(salt: str, fault: str) -> str:
-    return hashlib.sha256(f"{salt}:{fault}".encode()).hexdigest()
+    return _mac(f"{salt}:{fault}".encode())
+
+
+def canonical(d: dict[str, Any]) -> bytes:
+    """The bytes the drill's HMAC covers: sorted keys, no whitespace, the ``mac`` left out."""
+    return json.dumps({k: v for k, v in d.items() if k != "mac"}, sort_keys=True,
+                      separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
 @dataclass
@@ -172,39 +138,76 @@ class Drill:
     source: str
     live: bool = False
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    mac: str = ""
 
     def fault(self) -> Fault:
         for f in FAULTS.values():
-            if _seal(self.salt, f.name) == self.sealed:
+            if hmac.compare_digest(_seal(self.salt, f.name), self.sealed):
                 return f
-        raise ValueError("this drill's seal matches no fault of this hwlab version")
+        raise UserInputError("this drill's seal matches no fault of this hwlab version under this "
+                             "machine's drill key: was it made with another key (HWLAB_DRILL_KEY_FILE)?")
+
+    def signed(self) -> "Drill":
+        self.mac = _mac(canonical(asdict(self)))
+        return self
+
+    def verify(self) -> None:
+        if not self.mac or not hmac.compare_digest(self.mac, _mac(canonical(asdict(self)))):
+            raise UserInputError("this drill file was edited after it was made (its seal does not match "
+                                 "its contents): draw a new drill with `hwlab drill new`")
 
     def save(self, folder: str | Path) -> Path:
+        if not self.mac:
+            self.signed()
         return write_json_atomic(Path(folder) / f"drill-{self.drill_id}.json", asdict(self))
 
     @classmethod
+    def from_dict(cls, d: Any, what: str = "drill") -> "Drill":
+        names = {f.name for f in fields(cls)}
+        if not isinstance(d, dict) or not {"drill_id", "seed", "salt", "sealed", "observations"} <= set(d):
+            raise UserInputError(f"{what} is not an hwlab drill (fields missing): pass a drill-*.json "
+                                 "written by `hwlab drill new`")
+        if set(d) - names:
+            raise UserInputError(f"{what} has fields no drill has ({sorted(set(d) - names)}): it was edited")
+        drill = cls(**d)
+        drill.verify()
+        return drill
+
+    @classmethod
     def load(cls, path: str | Path) -> "Drill":
-        return cls(**json.loads(Path(path).read_text()))
+        """Read and verify a drill file; any edit (observations included) is refused."""
+        p = Path(path)
+        try:
+            raw = json.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise UserInputError(f"drill file {p} does not exist") from None
+        except IsADirectoryError:
+            raise UserInputError(f"{p} is a folder: pass a drill-*.json file") from None
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise UserInputError(f"{p} is not a drill file (not JSON): pass a drill-*.json") from None
+        return cls.from_dict(raw, str(p))
 
 
-def new(seed: int | None = None, fault: str | None = None, live: bool | None = None) -> Drill:
+def new(seed: int | None = None, fault: str | None = None, live: bool | None = None, device=None) -> Drill:
     """Draw a fault (or take the instructor's), seal it, and record what the probes show.
 
-    ``live`` (default: when a GPU is here): run the fault's scenario now on this GPU; faults
-    without a one-GPU form (the slow-link rank) and CPU machines use the recorded evidence."""
+    ``live`` (default: when a GPU is here): run the fault's scenario now on this machine (on a
+    CPU, the scenarios that run there at small sizes); a scenario this machine cannot run
+    (the slow-link rank needs several ranks and a shaped link; a Triton GEMM's speed and
+    CUDA graphs need a GPU) comes from the kit's recorded run of it, labelled."""
     seed = secrets.randbelow(2**31) if seed is None else seed
     if fault is not None and fault not in FAULTS:
-        raise ValueError(f"unknown fault {fault!r}; choose one of {', '.join(FAULTS)}")
+        raise UserInputError(f"unknown fault {fault!r}; choose one of {', '.join(FAULTS)}")
     name = fault or random.Random(seed).choice(sorted(FAULTS))
     f = FAULTS[name]
     salt = hashlib.sha256(f"hwlab-drill-{seed}".encode()).hexdigest()[:16]
     if live is None:
         import torch
         live = torch.cuda.is_available()
-    live = bool(live and f.live_observe is not None)
-    obs, src = (f.live_observe if live else f.observe)()
+    live = bool(live and f.can_run_live(device))
+    obs, src = f.observe(live=live, device=device)
     return Drill(drill_id=f"{seed:010d}", seed=seed, salt=salt, sealed=_seal(salt, name),
-                 workload=f.workload, observations=obs, source=src, live=live)
+                 workload=f.workload, observations=obs, source=src, live=live).signed()
 
 
 @dataclass
@@ -231,7 +234,8 @@ def grade(drill: Drill, leaf: str, evidence: dict[str, Any] | None = None, learn
           started: float | None = None) -> Grade:
     """Grade a submission: right leaf, evidence that supports it, and a fix that works."""
     if leaf not in flowchart.LEAVES:
-        raise ValueError(f"leaf must be one of {', '.join(flowchart.LEAVES)}")
+        raise UserInputError(f"leaf must be one of {', '.join(flowchart.LEAVES)}")
+    drill.verify()
     f = drill.fault()
     evidence = dict(drill.observations if evidence is None else evidence)
     why: list[str] = []
@@ -239,7 +243,7 @@ def grade(drill: Drill, leaf: str, evidence: dict[str, Any] | None = None, learn
     mismatch = [k for k, v in evidence.items() if k in drill.observations and isinstance(v, (int, float))
                 and not isinstance(v, bool) and isinstance(drill.observations[k], (int, float))
                 and abs(v - drill.observations[k]) > abs(drill.observations[k]) * EVIDENCE_TOL_PCT / 100 + 1e-12]
-    invented = [k for k in evidence if k not in drill.observations]
+    invented = [k for k in evidence if k not in drill.observations and k not in flowchart.META_KEYS]
     d = flowchart.diagnose(evidence)
     supports = not mismatch and not invented and d.leaf_id == leaf
     if mismatch:
@@ -263,17 +267,21 @@ def grade(drill: Drill, leaf: str, evidence: dict[str, Any] | None = None, learn
         if step is not None:
             why.insert(0, f"{leaf} is not it: at {step.question} ({step.text}) the evidence says "
                           f"{step.answer.upper()} because {step.metric} = {step.value} ({step.criterion})")
-    # 3. apply the fix for the fault's leaf and re-measure (the fault's fixed run)
-    fixed_ev, fixed_src = (f.live_fixed if drill.live and f.live_fixed else f.fixed)()
-    fixed_leaf = flowchart.diagnose(fixed_ev).leaf_id
-    works = None if f.leaf == "OK" else fixed_leaf != f.leaf
-    if correct and works is False:
-        why.append(f"the fix for {f.leaf} did not remove the slowdown on re-measure")
+    # 3. apply the fix for the fault's leaf: run the fixed configuration, recompute every metric
+    fixed_ev = fixed_src = fixed_leaf = None
+    works = None
+    if correct:
+        fixed_ev, fixed_src = f.fixed(live=drill.live)
+        fixed_leaf = flowchart.diagnose(fixed_ev).leaf_id
+        works = None if f.leaf == "OK" else fixed_leaf != f.leaf
+        if works is False:
+            why.append(f"the fix for {f.leaf} did not remove the slowdown on re-measure "
+                       f"(the fixed run still walks to {fixed_leaf})")
     if not why:
-        why.append(f"right: {' -> '.join(truth.path)}; after the fix the same probe lands on {fixed_leaf}")
+        why.append(f"right: {' -> '.join(truth.path)}; after the fix the same probes land on {fixed_leaf}")
     if started is None:  # time since the drill was handed out
         started = datetime.fromisoformat(drill.created).timestamp()
-    return Grade(learner, drill.drill_id, leaf, correct, supports, works if correct else None, d.path,
+    return Grade(learner, drill.drill_id, leaf, correct, supports, works, d.path,
                  "; ".join(why), seconds=time.time() - started, fix_evidence=fixed_ev, fix_source=fixed_src)
 
 

@@ -144,6 +144,10 @@ LEAVES: dict[str, Leaf] = {l.id: l for l in [
 START = "B"
 
 
+#: how a question was answered: from a metric a probe measured, or by a person
+MEASURED, BY_HAND = "measured", "by hand"
+
+
 @dataclass
 class Step:
     question: str
@@ -154,13 +158,32 @@ class Step:
     criterion: str
     reason: str
     overridden: bool = False
+    #: "measured" (a numeric metric a probe produced) or "by hand" (a yes/no someone typed)
+    how: str = MEASURED
+    #: what measured it, from the evidence's ``metric_sources`` (None: not stated)
+    source: str | None = None
+    #: ranks the rank-tail figure was measured over (the K question), when the evidence says
+    n_ranks: int | None = None
+
+    @property
+    def by_hand(self) -> bool:
+        return self.how == BY_HAND
+
+    def provenance(self) -> str:
+        if self.by_hand:
+            return "[BY HAND: not measured]"
+        extra = [self.source] if self.source else []
+        if self.n_ranks is not None:
+            extra.append(f"over {self.n_ranks} rank{'s' if self.n_ranks != 1 else ''}")
+        return "[measured" + (": " + "; ".join(extra) if extra else "") + "]"
 
     def __str__(self) -> str:
         if self.overridden:
             return (f"{self.question}. {self.text} -> takes the NO branch: {self.metric} = "
-                    f"{_fmt(self.value)} ({self.criterion}) explains it first: {self.reason}")
+                    f"{_fmt(self.value)} ({self.criterion}) explains it first: {self.reason} "
+                    f"{self.provenance()}")
         return (f"{self.question}. {self.text} -> {self.answer.upper()} "
-                f"({self.metric} = {_fmt(self.value)}; rule {self.criterion})")
+                f"({self.metric} = {_fmt(self.value)}; rule {self.criterion}) {self.provenance()}")
 
 
 @dataclass
@@ -182,6 +205,20 @@ class Diagnosis:
             ids.append(self.undecided.id)
         return ids
 
+    @property
+    def by_hand(self) -> list[Step]:
+        """The steps answered by a person, not by a measured metric."""
+        return [s for s in self.steps if s.by_hand]
+
+    @property
+    def fully_measured(self) -> bool:
+        """True when the walk reached a leaf and every answer on it came from a measured metric."""
+        return self.leaf is not None and not self.by_hand
+
+    def measured(self) -> dict[str, Any]:
+        """metric -> value of every measured answer on the walk (what decided it)."""
+        return {s.metric: s.value for s in self.steps if not s.by_hand}
+
     def explain(self) -> str:
         lines = [str(s) for s in self.steps]
         if self.leaf:
@@ -192,6 +229,12 @@ class Diagnosis:
             need = ", ".join(c.metric for c in q.criteria)
             lines.append(f"=> cannot decide at {q.id} ({q.text}): evidence lacks {need}; "
                          f"run {q.probe}")
+        if self.by_hand:
+            qs = ", ".join(f"{s.question} ({s.metric})" for s in self.by_hand)
+            lines.append(f"NOTE: answered by hand, not measured, at {qs}: this walk is only as good "
+                         "as those answers; run the probes named above to measure them.")
+        elif self.steps:
+            lines.append("every answer on this walk was measured")
         return "\n".join(lines)
 
     __str__ = explain
@@ -204,13 +247,28 @@ def _fmt(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else repr(v)
 
 
+#: evidence keys that are not metrics: where each metric came from, and over how many ranks
+META_KEYS = ("metric_sources", "n_ranks")
+
+
 def diagnose(evidence: dict[str, Any]) -> Diagnosis:
     """Walk the chart from the start on ``evidence`` (metric -> value).
 
     At each question the first present criterion decides unless another present one says
     "yes" (a question is "yes" if any of its measured criteria holds). A by-hand boolean
-    (``bool_metric``) is used only when no numeric metric is present.
+    (``bool_metric``) is used only when no numeric metric is present, and its step is marked
+    ``how="by hand"`` (:attr:`Diagnosis.by_hand`); every other step is ``"measured"``.
+    ``evidence["metric_sources"]`` (metric -> what measured it) and ``evidence["n_ranks"]``
+    (the ranks behind ``rank_tail_pct``) are shown beside the steps they answer.
     """
+    sources = evidence.get("metric_sources") or {}
+    n_ranks = evidence.get("n_ranks")
+
+    def step(q: Question, ans: str, c: Criterion, v: Any, overridden: bool = False) -> Step:
+        return Step(q.id, q.text, ans, c.metric, v, c.describe(), c.reason, overridden=overridden,
+                    source=sources.get(c.metric),
+                    n_ranks=n_ranks if c.metric == "rank_tail_pct" else None)
+
     d = Diagnosis()
     node = START
     for _ in range(len(QUESTIONS) + 1):
@@ -225,21 +283,27 @@ def diagnose(evidence: dict[str, Any]) -> Diagnosis:
         if forced:
             c, v = forced[0]
             ans = "no"
-            d.steps.append(Step(q.id, q.text, ans, c.metric, v, c.describe(), c.reason, overridden=True))
+            d.steps.append(step(q, ans, c, v, overridden=True))
         elif present:
             hits = [(c, v) for c, v in present if c.holds(float(v))]
             c, v = hits[0] if hits else present[0]
             ans = "yes" if hits else "no"
-            d.steps.append(Step(q.id, q.text, ans, c.metric, v, c.describe(), c.reason))
+            d.steps.append(step(q, ans, c, v))
         elif q.bool_metric and evidence.get(q.bool_metric) is not None:
             ans = "yes" if evidence[q.bool_metric] else "no"
             d.steps.append(Step(q.id, q.text, ans, q.bool_metric, evidence[q.bool_metric],
-                                "answered by hand", "observed by the engineer"))
+                                "answered by hand", "observed by the engineer, not measured",
+                                how=BY_HAND, source=sources.get(q.bool_metric)))
         else:
             d.undecided = q
             return d
         node = q.yes if ans == "yes" else q.no
     raise RuntimeError("flowchart has a cycle")  # pragma: no cover
+
+
+def by_hand_keys(evidence: dict[str, Any]) -> list[str]:
+    """The by-hand (boolean) answers present in ``evidence``, measured or not on the walk."""
+    return [q.bool_metric for q in QUESTIONS.values() if q.bool_metric and q.bool_metric in evidence]
 
 
 def render_mermaid(path: list[str] | None = None) -> str:

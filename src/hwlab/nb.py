@@ -67,7 +67,7 @@ def flowchart_walkthrough(evidence: dict | None = None, source: str = ""):
 
     from . import flowchart as F
 
-    state = {"node": F.START, "answers": {}}
+    state = {"node": F.START, "answers": {}, "how": {}}  # how: question -> "measured" | "by hand"
     title = W.HTML()
     detail = W.HTML()
     trail = W.HTML()
@@ -76,7 +76,7 @@ def flowchart_walkthrough(evidence: dict | None = None, source: str = ""):
 
     def render():
         node = state["node"]
-        path = " → ".join(f"{q}:{a}" for q, a in state["answers"].items())
+        path = " → ".join(f"{q}:{a} ({state['how'].get(q, 'by hand')})" for q, a in state["answers"].items())
         trail.value = f"<small>path: {path or '(start)'}</small>"
         if node in F.LEAVES:
             leaf = F.LEAVES[node]
@@ -98,9 +98,10 @@ def flowchart_walkthrough(evidence: dict | None = None, source: str = ""):
         yes.disabled = no.disabled = False
         use.disabled = not have
 
-    def answer(ans: str):
+    def answer(ans: str, how: str = F.BY_HAND):
         q = F.QUESTIONS[state["node"]]
         state["answers"][q.id] = ans
+        state["how"][q.id] = how
         state["node"] = q.yes if ans == "yes" else q.no
         render()
 
@@ -108,21 +109,27 @@ def flowchart_walkthrough(evidence: dict | None = None, source: str = ""):
         q = F.QUESTIONS[state["node"]]
         sub = {c.metric: evidence[c.metric] for c in q.criteria + q.overrides_no if evidence.get(c.metric) is not None}
         # diagnose one question: route the evidence through the same rule the chart uses
-        d = F.diagnose({**_prefix(state["answers"]), **sub})
+        d = F.diagnose({**_prefix(state["answers"]), **sub, "metric_sources": evidence.get("metric_sources") or {}})
         step = next((s for s in d.steps if s.question == q.id), None)
         if step is not None:
-            answer(step.answer)
+            answer(step.answer, step.how)
 
     yes.on_click(lambda _: answer("yes"))
     no.on_click(lambda _: answer("no"))
     use.on_click(from_evidence)
 
     def again(_):
-        state["node"], state["answers"] = F.START, {}
+        state["node"], state["answers"], state["how"] = F.START, {}, {}
         render()
     restart.on_click(again)
     render()
     return W.VBox([title, detail, W.HBox([yes, no, use, restart]), trail])
+
+
+def show_walk(d, source: str = "") -> None:
+    """Print a walk with, per step, whether it was measured (and by what) or answered by hand;
+    a walk with a by-hand answer ends in a NOTE that says so (:meth:`Diagnosis.explain`)."""
+    print((f"[{source}]\n" if source else "") + d.explain())
 
 
 def _prefix(answers: dict[str, str]) -> dict:

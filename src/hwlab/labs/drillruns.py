@@ -1,0 +1,237 @@
+"""Run a drill's scenario now and measure every flowchart answer (the runs behind hwlab.drills).
+
+A drill names a *scenario* (a workload from the labs) and a *case* (the faulty or the fixed
+configuration); :func:`observe` runs that configuration on this machine and returns the
+flowchart evidence the run produced, nothing else: it is never told which fault a drill
+holds, so no observation can be derived from a fault's name or leaf.
+
+Every evidence dict answers the chart's questions from measurements:
+
+* B ``slowdown_vs_floor`` (and F/H's metrics): the workload's kernel alone against this
+  machine's measured floor, from the lab's own probe;
+* D ``e2e_slowdown``: the workload run as one process serves it (back-to-back calls timed as
+  one step) over what the kernel's own median predicts (:func:`scenarios.one_gpu_service`);
+* K ``rank_tail_pct`` with ``n_ranks``: from the per-step times of the process's ranks.
+
+Where runs happen: ``chain`` (Lab 1), ``dtype`` and ``workload`` (scenarios) and ``fp8``
+(Lab 4's decoder) run on a CPU at small sizes as well as on a GPU; ``tile`` and ``launch``
+need a GPU (a Triton GEMM's speed, CUDA graphs); ``slowlink`` needs several ranks behind a
+shaped link (root, network namespaces), so it always comes from its recorded CPU run. A
+machine that cannot run a scenario reads it from the kit's recorded drill runs
+(``recorded/h200/drills.json``, field ``runs``: each (scenario, case) measured on the H200).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..evidence import EvidenceError, recorded
+from ..measure import device_of
+from . import scenarios
+
+#: the by-hand answers a lab's evidence may still carry: dropped, the run measures them
+BY_HAND_KEYS = ("single_gpu_slow", "multi_gpu_or_service_slow", "rank_tail")
+
+CPU_OK = ("chain", "dtype", "workload", "fp8")
+GPU_ONLY = ("tile", "launch")
+RECORDED_ONLY = ("slowlink",)
+
+
+def can_run_live(scenario: str, device=None) -> bool:
+    """Whether this machine can run ``scenario`` now (see the module docstring)."""
+    if scenario in RECORDED_ONLY:
+        return False
+    return scenario in CPU_OK or device_of(device).type == "cuda"
+
+
+def _measured_only(ev: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in ev.items() if k not in BY_HAND_KEYS and v is not None}
+
+
+def _copy_gbps(dev) -> float:
+    from ..probes import hbm_copy
+    return hbm_copy(size_mib=1024 if dev.type == "cuda" else 16, device=dev, impl="torch").gbps
+
+
+def _chain(case: str, dev) -> dict[str, Any]:
+    from . import bandwidth
+
+    n_rows, n_cols = bandwidth.default_size(dev)
+    dtype = torch.float16
+    copy = _copy_gbps(dev)
+    r = bandwidth.run(n_rows, n_cols, dtype, device=dev, ceiling_gbps=copy, cases=(case,))
+    m = r.measurements[case]
+    if case in ("unfused", "fused"):
+        fn = bandwidth.unfused_chain if case == "unfused" else bandwidth.fused_chain
+
+        def make():
+            return bandwidth.make_chain_inputs(n_rows, n_cols, dtype, dev)
+    else:
+        def fn(x, L=case):
+            return bandwidth.scale_layout(x, 0.5, L)
+
+        def make():
+            return (torch.randn(n_rows, n_cols, device=dev, dtype=dtype),)
+    ev = _measured_only(r.evidence[case])
+    ev.update(_service(fn, make, m.t_ms, dev))
+    ev["metric_sources"] = {
+        "slowdown_vs_floor": f"{m.name} alone vs its required bytes at the copy ceiling measured in this run",
+        "dram_pct_estimated": f"{m.name}: bytes moved (traffic model) over time, vs the measured copy ceiling",
+        "sector_amplification": "Nsight Compute counters where recorded, else the layout's access model",
+        **scenarios.SERVICE_SOURCE}
+    return ev
+
+
+def _service(fn, make, kernel_ms: float, dev) -> dict[str, Any]:
+    svc = scenarios.one_gpu_service(fn, make, kernel_ms, dev)
+    return {k: svc[k] for k in ("e2e_slowdown", "rank_tail_pct", "n_ranks")}
+
+
+def _tile(case: str, dev) -> dict[str, Any]:
+    from . import registers
+
+    cfg = next(c for c in registers.SWEEP if c.label == case)
+    cublas = registers.cublas_bf16(device=dev)
+    r = registers.sweep([cfg], ceiling_tflops=cublas.tflops, device=dev)[0]
+    if r.measurement is None:
+        raise RuntimeError(f"tile {case} did not run: {r.report.skipped}")
+    size = 8192
+    ev = _measured_only(registers.config_evidence(r, _copy_gbps(dev)))
+
+    def make():
+        return (torch.randn(size, size, device=dev, dtype=torch.bfloat16),
+                torch.randn(size, size, device=dev, dtype=torch.bfloat16))
+    ev.update(_service(lambda a, b: registers.matmul(a, b, cfg)[0], make, r.measurement.t_ms, dev))
+    ev["metric_sources"] = {
+        "slowdown_vs_floor": f"triton {cfg.label} alone vs cuBLAS bf16 measured in this run",
+        "tensor_pct_of_peak": "TFLOP/s over cuBLAS bf16 in this run",
+        "n_spills": "the compiled kernel's spill count (Triton runtime report)",
+        **scenarios.SERVICE_SOURCE}
+    return ev
+
+
+def _kernel_busy_ms(step: Callable[[], Any]) -> float:
+    """Device time of one step's kernels (sum of kernel durations, torch.profiler): the floor
+    of a launch-bound step, what it would take with no gap between launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    us = sum(e.time_range.elapsed_us() for e in prof.events()
+             if "CUDA" in str(getattr(e.device_type, "name", e.device_type)))
+    return us / 1e3
+
+
+def _launch(case: str, dev) -> dict[str, Any]:
+    from ..measure import time_fn
+    from . import registers
+
+    n_layers, hidden = 64, 4096
+    weights = [torch.randn(2, hidden, device=dev) for _ in range(n_layers)]
+    x = torch.randn(hidden, device=dev)
+    if case == "eager":
+        def step():
+            return registers.decode_like_step(x, weights)
+    else:  # the fix: the same kernels captured once in a CUDA graph and replayed
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                registers.decode_like_step(x, weights)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            registers.decode_like_step(x, weights)
+        step = g.replay
+    busy_ms = _kernel_busy_ms(lambda: registers.decode_like_step(x, weights))
+    t = time_fn(step, [()], dev, n_warmup=5, n_rep=50)
+    ev = {"slowdown_vs_floor": t.median_ms / busy_ms,
+          "launch_gap_pct": max(0.0, 100.0 * (1 - busy_ms / t.median_ms)),
+          "kernel_busy_ms": busy_ms, "step_ms": t.median_ms}
+    ev.update(_service(step, lambda: (), t.median_ms, dev))
+    ev["metric_sources"] = {
+        "slowdown_vs_floor": f"{case} step (median of {len(t.samples_ms)}) over its kernels' device time "
+                             "(torch.profiler, same run)",
+        "launch_gap_pct": "1 - kernels' device time / step time, both measured in this run",
+        **scenarios.SERVICE_SOURCE}
+    return ev
+
+
+def _dtype(case: str, dev) -> dict[str, Any]:
+    d = scenarios.dtype_path(device=dev, copy_gbps=_copy_gbps(dev), cases=(case,))
+    return d["flowchart_evidence"][case]
+
+
+def _workload(case: str, dev) -> dict[str, Any]:
+    from ..ceilings import get
+
+    w = scenarios.workload_mix(device=dev, ceilings=get(dev, quick=True))
+    return w["flowchart_evidence"][case]
+
+
+def _fp8(case: str, dev) -> dict[str, Any]:
+    """Lab 4's decoder on the ``case`` path (``mixed``: the seed's fallback; ``fixed``), one
+    bucket where the KV bytes matter, evidence from Lab 4's own :func:`fp8.flowchart_evidence`."""
+    from . import fp8
+
+    gpu = dev.type == "cuda"
+    cfg = fp8.H200_SIZE if gpu else fp8.TINY
+    ctx, batch = (4096, 16) if gpu else (32, 2)
+    r = fp8.run(cfg, buckets=[(ctx, batch)], device=dev)
+    fe = fp8.flowchart_evidence(r, _copy_gbps(dev))
+    ev = _measured_only(fe[f"{case} ctx {ctx} x{batch}"])
+    prof = r["paths"][case]["profile"]
+    ev["fp8_fallback_rate_pct"] = prof["fallback_rate_pct"]
+    ev["fp8_hit_rate_pct"] = prof["hit_rate_pct"]
+    ev.setdefault("metric_sources", {})
+    ev["metric_sources"] = {**ev["metric_sources"],
+                            "fp8_fallback_rate_pct": "torch.profiler over one decode step (this run)",
+                            "fp8_hit_rate_pct": "torch.profiler over one decode step (this run)"}
+    return ev
+
+
+def _slowlink(case: str) -> tuple[dict[str, Any], str]:
+    ev = recorded("lab03_slowlink", "cpu")
+    return dict(ev.extra["experiment"][case]["flowchart_evidence"]), ev.label
+
+
+LIVE: dict[str, Callable[[str, torch.device], dict[str, Any]]] = {
+    "chain": _chain, "tile": _tile, "launch": _launch, "dtype": _dtype, "workload": _workload, "fp8": _fp8}
+
+
+def live_label(dev) -> str:
+    from ..measure import device_name
+
+    kind = "GPU" if dev.type == "cuda" else "CPU at small sizes (not GPU speed)"
+    return f"measured live on {device_name(dev)}, {kind}"
+
+
+def observe(scenario: str, case: str, *, live: bool = True, device=None) -> tuple[dict[str, Any], str]:
+    """Flowchart evidence of ``case`` of ``scenario`` and where it came from.
+
+    ``live`` and this machine can run it: run it now. Otherwise: the kit's recorded run of
+    that (scenario, case) (the slow link: its recorded CPU run)."""
+    if scenario not in LIVE and scenario not in RECORDED_ONLY:
+        raise ValueError(f"no drill scenario {scenario!r}")
+    dev = device_of(device)
+    if scenario == "slowlink":
+        return _slowlink(case)
+    if live and can_run_live(scenario, dev):
+        return LIVE[scenario](case, dev), live_label(dev)
+    return recorded_run(scenario, case)
+
+
+def recorded_run(scenario: str, case: str) -> tuple[dict[str, Any], str]:
+    """The H200's recorded run of (scenario, case) from ``recorded/h200/drills.json``."""
+    ev = recorded("drills")
+    runs = ev.extra.get("runs") or {}
+    key = f"{scenario}/{case}"
+    if key not in runs:
+        raise EvidenceError(f"recorded drills ({ev.label}) hold no measured run of {key}: "
+                            "re-record them with benchmarks/refresh_gpu_evidence.py --only drills")
+    r = runs[key]
+    return dict(r["evidence"]), r.get("source") or ev.label
