@@ -22,11 +22,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import __version__, cli_doctor
+from . import __version__, cli_doctor, cli_examine
 from .cli_doctor import doctor_report  # noqa: F401  (benchmarks/refresh_gpu_evidence.py uses it)
-from .console import Steps, print_json
+from .console import Steps, print_json, stderr_is_terminal
 from .errors import EXIT_FINDING, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, UserInputError
 from .store import check_destination, check_folder, rescue_json
+from . import classroom, cli_class, cli_ranks  # noqa: E402,I001  (issue 20's commands and class results)
 
 EXIT_FAIL = EXIT_FINDING  # the old name, kept for callers
 
@@ -69,7 +70,8 @@ def cmd_probe(a) -> int:
     from . import probes
 
     kwargs = probes.parse_params(a.name, a.param or [])
-    with Steps(f"hwlab probe {a.name}", 1, enabled=True) as st:
+    # one step: a spinner in a terminal; no plain line (it would say nothing a log needs)
+    with Steps(f"hwlab probe {a.name}", 1, enabled=stderr_is_terminal()) as st:
         st.step("measuring")
         m = probes.PROBES[a.name](**kwargs)
     if a.json:
@@ -246,9 +248,11 @@ def _observations(path: str) -> dict[str, Any]:
 def cmd_incident(a) -> int:
     from . import evidence, flowchart, incident
 
-    folder = check_folder(a.out, what="--out folder")
+    if a.scope not in incident.SCOPES:
+        raise UserInputError(f"--scope {a.scope!r} is not one of {', '.join(incident.SCOPES)}")
     ev = evidence.load(a.evidence) if a.evidence else None
     obs = _observations(a.observations) if a.observations else {}
+    folder = check_folder(a.out, what="--out folder")  # inputs first: a refusal creates nothing
     d = flowchart.diagnose(obs)
     inc = incident.from_diagnosis(a.title, ev, d, symptom_scope=a.scope, symptom=a.symptom, fix=a.fix,
                                   reverify=a.reverify, rank_mapping=a.rank_mapping)
@@ -270,7 +274,8 @@ def _load_drill(path: str):
 
     raw = _read_json(path, "drill file")
     if not isinstance(raw, dict):
-        raise UserInputError(f"drill file {path} is not a drill (a JSON object from `hwlab drill new`)")
+        raise UserInputError(f"drill file {path} is not a drill written by `hwlab drill new` (it holds "
+                             f"a JSON {type(raw).__name__}, not an object)")
     try:
         return drills.Drill.load(path)
     except (TypeError, KeyError, AttributeError) as e:
@@ -317,13 +322,19 @@ def cmd_drill(a) -> int:
     if a.action == "reveal":
         print_json(drills.reveal(d))
         return EXIT_OK
+    from .flowchart import LEAVES
+
     if not a.leaf:
-        raise UserInputError("submit needs --leaf (G, I, J, L, M or OK)")
-    folder = check_folder(a.dir, what="--dir folder")
+        raise UserInputError(f"submit needs --leaf ({', '.join(LEAVES)})")
+    if a.leaf not in LEAVES:
+        raise UserInputError(f"--leaf {a.leaf!r}: leaf must be one of {', '.join(LEAVES)}")
     ev = _read_json(a.evidence, "evidence file") if a.evidence else None
     if ev is not None and not isinstance(ev, dict):
         raise UserInputError(f"evidence file {a.evidence} should hold a JSON object of metric -> value")
+    folder = check_folder(a.dir, what="--dir folder")
+    class_folder = check_folder(a.class_dir, what="--class-dir folder") if a.class_dir else None
     g = drills.grade(d, a.leaf, ev, learner=a.learner)
+    classroom.record_drill(d, g, class_folder)  # no-op unless --class-dir or HWLAB_CLASS_DIR
     target = folder / f"grade-{d.drill_id}-{a.learner}-{g.at.replace(':', '')}.json"
     _, err = _write_or_rescue(lambda: write_json_atomic(target, dataclasses.asdict(g)),
                               dataclasses.asdict(g), "grade", target)
@@ -367,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show the traceback of an internal error")
     sub = p.add_subparsers(dest="cmd", required=True)
     cli_doctor.add_parser(sub)
+    cli_examine.add_parser(sub)
     _add_probe(sub)
     t = sub.add_parser("topo", help="parse and show the GPU topology")
     t.add_argument("--file", help="a saved `nvidia-smi topo -m` output")
@@ -409,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--evidence", help="submit: a .json of the metrics your diagnosis rests on")
     dr.add_argument("--learner", default="anonymous")
     dr.add_argument("--dir", default="drills", help="where drills and grades are kept")
+    dr.add_argument("--class-dir", help="submit: also record the graded result here (default: $HWLAB_CLASS_DIR)")
     dr.set_defaults(fn=cmd_drill)
     lab = sub.add_parser("lab", help="open the labs in JupyterLab")
     lab.add_argument("--dir", help="the notebooks/ folder")
@@ -418,6 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--no-browser", action="store_true")
     lab.add_argument("--dry-run", action="store_true", help="print the command, start nothing")
     lab.set_defaults(fn=cmd_lab)
+    cli_ranks.add_parser(sub)
+    cli_class.add_parser(sub)
     return p
 
 
