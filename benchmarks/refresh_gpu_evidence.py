@@ -16,7 +16,9 @@ Parts:
 * ``baseline``        the node baseline, recorded twice and compared (an unchanged re-run)
 * ``scenarios``       the dtype/MMA-path and workload-mix leaves
 * ``lab04``           Lab 4 (FP8): every precision path, TTFT/TPOT per bucket, hit rates,
-                      logit error, kernel self-checks, attention kernel vs SDPA
+                      logit error, kernel self-checks, attention kernel vs SDPA; the serving
+                      stream per bucket (bf16, mixed, fixed): per-path performance reports,
+                      the seed's p50/p99 signature, the flowchart's B/D/K measured
 * ``drills``          one diagnosis drill per fault, live where one GPU can reproduce it
 """
 from __future__ import annotations
@@ -252,6 +254,7 @@ def part_scenarios(out: Path, summary: list[str]) -> None:
 
 
 def part_lab04(out: Path, summary: list[str]) -> None:
+    from hwlab import flowchart
     from hwlab.labs import fp8 as lab
     from hwlab.labs import fp8_kernels
 
@@ -265,17 +268,31 @@ def part_lab04(out: Path, summary: list[str]) -> None:
                              f"({type(e).__name__}: {e}); rerun the tuning or unset it to use the kit's tiles")
     kernels = fp8_kernels.kernel_config()
     print("lab04 kernel tiles:", kernels, flush=True)
-    checks = fp8_kernels.self_check("cuda")
-    r = lab.run(progress=lambda s: print("lab04:", s, flush=True))
-    copy = probes.hbm_copy(size_mib=2048, impl="torch").gbps
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: --cpu-check at the lab's tiny sizes
+    checks = fp8_kernels.self_check(dev)
+    r = lab.run(device=dev, progress=lambda s: print("lab04:", s, flush=True))
+    copy = probes.hbm_copy(size_mib=2048 if dev == "cuda" else 256, device=dev, impl="torch").gbps
     for rows in r["paths"].values():
         for row in rows["buckets"]:
             row["decode_pct_of_copy"] = 100.0 * row["decode_gbps"] / copy
+    walk = lab.flowchart_evidence(r, copy)
     ev = Evidence(kind="lab04_fp8", machine=machine_info(),
                   ceilings={"copy_gbps": copy, "source": "hbm_copy[torch] in this run"},
                   extra={"run": r, "kernel_checks": checks, "kernel_config": kernels,
-                         "kernel_config_from": tuned and Path(tuned).name})
+                         "kernel_config_from": tuned and Path(tuned).name,
+                         "stream_reports": {p: lab.performance_report(r["stream"], p) for p in r["stream"]["paths"]},
+                         "seed_signature": lab.seed_signature(r["stream"]),
+                         "flowchart_evidence": walk,
+                         "flowchart_leaves": {k: flowchart.diagnose(e).leaf_id for k, e in walk.items()}})
     ev.save(out / "lab04_fp8.json")
+    for p in r["stream"]["paths"]:
+        summary.append(lab.format_report(ev.extra["stream_reports"][p], "lab04 stream"))
+    summary.append("lab04 seed signature (mixed vs bf16 TPOT gain p50/p99 %): " + ", ".join(
+        f"ctx {x['ctx']}: {x['gain_p50_pct']:+.1f}/{x['gain_p99_pct']:+.1f} {x['p99_gain_not_above_p50']}"
+        for x in ev.extra["seed_signature"]))
+    for k, e in walk.items():
+        summary.append(f"lab04 walk {k}: B {e['slowdown_vs_floor']:.2f}x, D {e['e2e_slowdown']:.2f}x, "
+                       f"K {e['rank_tail_pct']:.1f}% -> {ev.extra['flowchart_leaves'][k]}")
     summary.append("lab04 kernel checks: " + ", ".join(f"{k} {v:.2e}" for k, v in checks.items()))
     summary.append("lab04 logit error: " + ", ".join(f"{k} {v:.3f}" for k, v in r["logit_error"].items()))
     for p, v in r["paths"].items():

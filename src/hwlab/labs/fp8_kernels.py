@@ -348,12 +348,14 @@ def quant_static(x: torch.Tensor, scale: torch.Tensor, use_triton: bool | None =
 
 
 @triton.jit
-def _kv_store_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, s_ptr, pos, H, stride_kb, stride_kh, stride_vb, stride_vh,
-                     max_ctx, D: tl.constexpr, QUANT: tl.constexpr):
+def _kv_store_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, s_ptr, pos, pos_ptr, H, stride_kb, stride_kh, stride_vb,
+                     stride_vh, max_ctx, D: tl.constexpr, QUANT: tl.constexpr, PER_ROW: tl.constexpr):
     bh = tl.program_id(0)
     b = bh // H
     h = bh % H
     d = tl.arange(0, D)
+    if PER_ROW:  # each batch row writes at its own position (continuous batching)
+        pos = tl.load(pos_ptr + b)
     k = tl.load(k_ptr + b * stride_kb + h * stride_kh + d).to(tl.float32)
     v = tl.load(v_ptr + b * stride_vb + h * stride_vh + d).to(tl.float32)
     if QUANT:
@@ -365,55 +367,75 @@ def _kv_store_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, s_ptr, pos, H, stride_kb, str
     tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty))
 
 
-def kv_store_ref(k, v, k_cache, v_cache, scale, pos: int) -> None:
-    """Write one position's K and V (B, H, 1, D) into (B, H, T, D) caches at ``pos``; an FP8
-    cache stores (x / scale) clamped to +-448."""
+def kv_store_ref(k, v, k_cache, v_cache, scale, pos: int | torch.Tensor) -> None:
+    """Write one position's K and V (B, H, 1, D) into (B, H, T, D) caches at ``pos`` (an int,
+    or one position per batch row as an integer tensor (B,)); an FP8 cache stores (x / scale)
+    clamped to +-448."""
     if k_cache.dtype == FP8:
         k, v = quant_static_ref(k, scale), quant_static_ref(v, scale)
+    if isinstance(pos, torch.Tensor):
+        rows = torch.arange(k.shape[0], device=k.device)
+        p = pos.long()
+        k_cache[rows, :, p] = k[:, :, 0].to(k_cache.dtype)
+        v_cache[rows, :, p] = v[:, :, 0].to(v_cache.dtype)
+        return
     k_cache[:, :, pos:pos + 1] = k.to(k_cache.dtype)
     v_cache[:, :, pos:pos + 1] = v.to(v_cache.dtype)
 
 
-def kv_store(k, v, k_cache, v_cache, scale, pos: int, use_triton: bool | None = None) -> None:
+def kv_store(k, v, k_cache, v_cache, scale, pos: int | torch.Tensor, use_triton: bool | None = None) -> None:
     """One decode position's K and V into the caches, quantized if the cache is FP8: one kernel
     (in torch, 2 copies for a bf16 cache and ~8 kernels for an FP8 one). ``k``/``v`` may be
-    strided views (B, H, 1, D) of the QKV projection's output."""
+    strided views (B, H, 1, D) of the QKV projection's output. ``pos``: an int, or an int32
+    tensor (B,) of per-row positions on the cache's device (continuous batching; read on the
+    device, so a CUDA graph can replay it; the caller keeps each in range)."""
     B, H, one, D = k.shape
     if one != 1 or v.shape != k.shape or k_cache.shape[:2] != (B, H) or k_cache.shape[3] != D:
         raise ValueError(f"kv_store writes one position: k, v (B, H, 1, D) into (B, H, T, D) caches; got "
                          f"{tuple(k.shape)}, {tuple(v.shape)}, {tuple(k_cache.shape)}")
-    if not 0 <= pos < k_cache.shape[2]:
+    per_row = isinstance(pos, torch.Tensor)
+    if per_row and (pos.shape != (B,) or pos.dtype != torch.int32 or pos.device != k_cache.device):
+        raise ValueError(f"per-row positions are an int32 tensor of shape ({B},) on {k_cache.device}; got "
+                         f"{pos.dtype} {tuple(pos.shape)} on {pos.device}")
+    if not per_row and not 0 <= pos < k_cache.shape[2]:
         raise ValueError(f"position {pos} is outside the cache (length {k_cache.shape[2]})")
     if not _triton(k, use_triton):
         return kv_store_ref(k, v, k_cache, v_cache, scale, pos)
     if k.stride(3) != 1 or v.stride(3) != 1 or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("kv_store wants unit-stride head dimensions and contiguous caches")
-    _kv_store_kernel[(B * H,)](k, v, k_cache, v_cache, scale.reshape(1).float(), pos, H,
+    _kv_store_kernel[(B * H,)](k, v, k_cache, v_cache, scale.reshape(1).float(), 0 if per_row else pos,
+                               pos if per_row else k_cache, H,
                                k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.shape[2],
-                               D=D, QUANT=k_cache.dtype == FP8)
+                               D=D, QUANT=k_cache.dtype == FP8, PER_ROW=per_row)
 
 
 # ---------------------------------------------------------------- decode attention (split over context)
 @triton.jit
 def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_ptr,
-                         n_ctx, max_ctx, n_splits, sm_scale, H, stride_qb, stride_qh,
+                         n_ctx, nctx_ptr, max_ctx, n_splits, sm_scale, H, stride_qb, stride_qh,
                          D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
-                         USE_DOT: tl.constexpr, PREFETCH: tl.constexpr):
+                         USE_DOT: tl.constexpr, PREFETCH: tl.constexpr, PER_ROW: tl.constexpr):
     """One (batch, head) query against one CHUNK of the cache: partial max, sum and output.
 
     The cache's scale is applied once per score and once to the output, not per element.
     ``USE_DOT``: scores and output on the tensor cores (the query padded to 16 rows of which
     one is non-zero; FP8 tiles widened to fp16, which holds every e4m3 value exactly), which
-    leaves the loop to loads and conversions; otherwise elementwise products and sums."""
+    leaves the loop to loads and conversions; otherwise elementwise products and sums.
+    ``PER_ROW``: each batch row's length is read from ``nctx_ptr``; the grid covers the whole
+    cache and a chunk past its row's length runs no iteration (partial max -inf, sum 0)."""
     bh = tl.program_id(0)
     sp = tl.program_id(1)
+    start = sp * CHUNK
+    hi = start + CHUNK
+    if PER_ROW:
+        n_ctx = tl.load(nctx_ptr + bh // H)
+        hi = tl.minimum(hi, n_ctx)
     d = tl.arange(0, D)
     q = tl.load(q_ptr + (bh // H) * stride_qb + (bh % H) * stride_qh + d).to(tl.float32) * sm_scale
     kv_scale = tl.load(kv_scale_ptr)
     base = bh.to(tl.int64) * max_ctx * D
     m_i = -float("inf")
     l_i = 0.0
-    start = sp * CHUNK
     if USE_DOT:
         rows = tl.arange(0, 16)
         dt = tl.float16 if k_ptr.dtype.element_ty == tl.float8e4nv else k_ptr.dtype.element_ty
@@ -423,7 +445,7 @@ def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_pt
             t = start + tl.arange(0, BLOCK_T)
             k_nx = tl.load(k_ptr + base + t[:, None] * D + d[None, :], mask=(t < n_ctx)[:, None], other=0.0)
             v_nx = tl.load(v_ptr + base + t[:, None] * D + d[None, :], mask=(t < n_ctx)[:, None], other=0.0)
-        for t0 in range(start, start + CHUNK, BLOCK_T):
+        for t0 in range(start, hi, BLOCK_T):
             t = t0 + tl.arange(0, BLOCK_T)
             tm = t < n_ctx
             off = base + t[:, None] * D + d[None, :]
@@ -454,7 +476,7 @@ def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_pt
             t = start + tl.arange(0, BLOCK_T)
             k_nx = tl.load(k_ptr + base + t[:, None] * D + d[None, :], mask=(t < n_ctx)[:, None], other=0.0)
             v_nx = tl.load(v_ptr + base + t[:, None] * D + d[None, :], mask=(t < n_ctx)[:, None], other=0.0)
-        for t0 in range(start, start + CHUNK, BLOCK_T):
+        for t0 in range(start, hi, BLOCK_T):
             t = t0 + tl.arange(0, BLOCK_T)
             tm = t < n_ctx
             off = base + t[:, None] * D + d[None, :]
@@ -505,6 +527,14 @@ def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
     Written with elementwise products and sums, not matmuls, so that a CPU profile of the
     decoder counts only the weight GEMMs (on a GPU the Triton kernel is no GEMM either)."""
+    if isinstance(n_ctx, torch.Tensor):  # per-row lengths: positions past a row's length never read
+        t = torch.arange(k_cache.shape[2], device=q.device)
+        past = (t[None, :] >= n_ctx.to(q.device).long()[:, None])[:, None, :, None]  # (B, 1, T, 1)
+        k = torch.where(past, 0.0, k_cache.float() * kv_scale)
+        v = torch.where(past, 0.0, v_cache.float() * kv_scale)
+        s = (k * q.float()).sum(-1) / math.sqrt(q.shape[-1])  # (B, H, T)
+        s = s.masked_fill(past[..., 0], float("-inf"))
+        return (torch.softmax(s, dim=-1).unsqueeze(-1) * v).sum(-2, keepdim=True).to(q.dtype)
     k = k_cache[:, :, :n_ctx].float() * kv_scale
     v = v_cache[:, :, :n_ctx].float() * kv_scale
     s = (k * q.float()).sum(-1) / math.sqrt(q.shape[-1])  # (B, H, T)
@@ -519,13 +549,20 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """One decode query per (batch, head) against a (B, H, max_ctx, D) cache of any dtype.
 
     ``q``: (B, H, 1, D); ``kv_scale``: a 0-d float32 tensor (1.0 for a bf16 cache). Reads each
-    K/V element once, in its stored dtype; returns (B, H, 1, D) in q's dtype.
+    K/V element once, in its stored dtype; returns (B, H, 1, D) in q's dtype. ``n_ctx``: an
+    int, or an int32 tensor (B,) of per-row lengths on the cache's device (continuous
+    batching: read on the device so a CUDA graph can replay it; each must be in 1..T, the
+    caller's to keep; the grid then covers all T positions and empty chunks exit at once).
     """
     B, H, one, D = q.shape
     if one != 1 or k_cache.shape != v_cache.shape or k_cache.shape[:2] != (B, H) or k_cache.shape[3] != D:
         raise ValueError(f"decode_attention wants q (B, H, 1, D) and caches (B, H, T, D); got "
                          f"{tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
-    if not 0 < n_ctx <= k_cache.shape[2]:
+    per_row = isinstance(n_ctx, torch.Tensor)
+    if per_row and (n_ctx.shape != (B,) or n_ctx.dtype != torch.int32 or n_ctx.device != k_cache.device):
+        raise ValueError(f"per-row lengths are an int32 tensor of shape ({B},) on {k_cache.device}; got "
+                         f"{n_ctx.dtype} {tuple(n_ctx.shape)} on {n_ctx.device}")
+    if not per_row and not 0 < n_ctx <= k_cache.shape[2]:
         raise ValueError(f"n_ctx={n_ctx} must be in 1..{k_cache.shape[2]} (the cache length)")
     if not _triton(q, use_triton):
         return decode_attention_ref(q, k_cache, v_cache, kv_scale, n_ctx)
@@ -535,7 +572,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     use_dot = ATTN_USE_DOT if use_dot is None else use_dot
     prefetch = ATTN_PREFETCH if prefetch is None else prefetch
     num_stages = num_stages or ATTN_STAGES
-    n_splits = triton.cdiv(n_ctx, chunk)
+    n_splits = triton.cdiv(k_cache.shape[2] if per_row else n_ctx, chunk)
     dev = q.device
     m = torch.empty((B * H, n_splits), dtype=torch.float32, device=dev)
     l = torch.empty_like(m)
@@ -543,10 +580,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if q.stride(3) != 1:
         q = q.contiguous()
     _decode_attn_partial[(B * H, n_splits)](q, k_cache, v_cache, kv_scale.reshape(1).float(), m, l, acc,
-                                            n_ctx, k_cache.shape[2], n_splits, 1.0 / math.sqrt(D),
+                                            0 if per_row else n_ctx, n_ctx if per_row else m,
+                                            k_cache.shape[2], n_splits, 1.0 / math.sqrt(D),
                                             H, q.stride(0), q.stride(1), D=D, CHUNK=chunk, BLOCK_T=block_t,
-                                            USE_DOT=use_dot, PREFETCH=prefetch, num_warps=num_warps,
-                                            num_stages=num_stages)
+                                            USE_DOT=use_dot, PREFETCH=prefetch, PER_ROW=per_row,
+                                            num_warps=num_warps, num_stages=num_stages)
     out = torch.empty((B, H, 1, D), dtype=q.dtype, device=dev)
     _decode_attn_combine[(B * H,)](m, l, acc, out, n_splits, D=D,
                                    SPLITS=max(2, triton.next_power_of_2(n_splits)))

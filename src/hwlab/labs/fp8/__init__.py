@@ -1,0 +1,47 @@
+"""Lab 4, FP8 dequant fallback: memory falls, TPOT does not.
+
+A small decoder (embedding, a connector projection, attention + MLP layers with a KV cache,
+an output head) whose every linear layer picks its precision path:
+
+* ``bf16``        the weight in bf16, ``F.linear``;
+* ``fp8_dequant`` the weight stored in FP8 (e4m3, per-tensor scale) and dequantized to bf16
+                  before every matmul: memory falls, but each step reads the FP8 weight,
+                  writes a bf16 copy and reads it again;
+* ``fp8_mm``      the activation quantized per tensor and both operands fed to
+                  ``torch._scaled_mm``: the FP8 GEMM path (a *hit*);
+* ``fp8_w8``      ``fp8_mm`` for prefill; decode-shaped calls on a GPU go to the kit's
+                  weight-only FP8 kernel (reads the FP8 weight directly: also a hit);
+* ``fp8_static``  ``torch._scaled_mm`` with a *static* activation scale calibrated once
+                  (:meth:`Decoder.calibrate`): the requant is one elementwise pass, fused into
+                  the RMSNorm or GELU that feeds the layer where there is one.
+
+Paths (:data:`PATHS`): ``bf16`` baseline; ``fp8_dequant`` everywhere; the seed's ``mixed``
+path (main matmuls FP8, connector and head dequantized, KV cache bf16); the ``fixed`` path
+(FP8 where it is hit, the head kept in bf16 on purpose, FP8 KV cache for long-context
+buckets). Probes: weight and KV memory, prefill (TTFT) and decode (TPOT) time per context
+bucket, FP8 hit rate and dequant/requant count per token from ``torch.profiler``, and the
+logit error against the bf16 path.
+
+Recorded on the H200 (``recorded/h200/lab04_fp8.json``; history and analysis in
+``benchmarks/LAB04_NOTES.md``): ``mixed`` cuts weight memory 40% while decode TPOT gets 5-15%
+*worse* (the seed's signature); ``fixed`` (zero fallbacks, cuBLAS FP8 GEMMs with calibrated
+activation scales, head bf16 on purpose, FP8 KV from 4k read by an attention kernel that reads
+FP8) improves decode TPOT 33% at 4k and 37% at 32k context, 22% at 512 (where its bytes promise
+29%), and TTFT 14-37%; an FP8 KV cache dequantized before attention is ~10-20x slower per step.
+"""
+from __future__ import annotations
+
+from .. import fp8_kernels as K
+from .grader import grade_path
+from .model import (DEQUANT_MARK, FP8, FP8_MAX, H200_SIZE, LOGIT_ERROR_BOUND, MAIN, PATHS, QUANT_MARK, TINY,
+                    Decoder, KVCache, ModelConfig, QLinear, dequantize_fp8, logit_error, make_models,
+                    quantize_fp8)
+from .profile import BREAKDOWN_CATEGORIES, bucket_profile, decode_breakdown, decode_profile
+from .report import (CLASSES, SERVING_PATHS, format_report, performance_report, plot_reports, run_stream,
+                     seed_signature)
+from .run import attention_vs_sdpa, bucket_table, default_buckets, path_table, run, time_prefill_decode
+from .stream import Request, StreamSpec, default_streams, make_requests, percentile, serve
+from .traffic import BYTES_PER_WEIGHT, decode_bytes, decode_bytes_for, memory_needed_bytes, memory_report, step_bytes
+from .walk import bucket_evidence, flowchart_evidence, rank_tail_pct
+
+__all__ = [n for n in dir() if not n.startswith("_") and n != "annotations"]

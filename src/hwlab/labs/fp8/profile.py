@@ -1,0 +1,129 @@
+"""Lab 4's profiles of one decode step: FP8 hit rate, fallbacks and dequant/requant ranges
+(:func:`decode_profile`), and where the step's device time goes by kernel class
+(:func:`decode_breakdown`), both from one ``torch.profiler`` run."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .model import DEQUANT_MARK, QUANT_MARK, Decoder, QLinear
+
+
+def _profile_decode_step(m: Decoder, batch: int, ctx: int, per_row: bool = False, max_len: int | None = None):
+    """torch.profiler over one decode step at position ``ctx`` (after a prefill and one
+    unprofiled decode step: the first call of a shape compiles (and any autotuned kernel
+    benchmarks itself), which on the H200 once put 81k benchmark launches into a profile).
+    ``per_row``: the step the serving stream runs (:mod:`.stream`: per-row lengths, the kit's
+    attention kernel for every cache) on a cache of ``max_len`` positions."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = m.device.type == "cuda"
+    cache = m.new_cache(batch, max_len or ctx + 1)
+    toks = torch.randint(0, m.cfg.vocab, (batch, ctx + 1)).to(m.device)
+    with torch.no_grad():
+        m(toks[:, :ctx], cache)
+        step = cache
+        if per_row:
+            cache.row_len = torch.full((batch,), ctx, dtype=torch.int32, device=m.device)
+            step = cache.rows(batch)
+        m(toks[:, ctx:ctx + 1], step)
+        cache.len = ctx
+        if per_row:
+            cache.row_len.fill_(ctx)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+        with profile(activities=acts) as prof:
+            m(toks[:, ctx:ctx + 1], step)
+            if gpu:
+                torch.cuda.synchronize()
+    return prof
+
+
+def decode_profile(m: Decoder, batch: int = 2, ctx: int = 32) -> dict[str, Any]:
+    """FP8 hit rate and dequant/requant count of one decode step, from torch.profiler."""
+    return _hits(m, _profile_decode_step(m, batch, ctx), batch)
+
+
+def _hits(m: Decoder, prof, batch: int) -> dict[str, Any]:
+    from ...baseline import hit_rate_from_events, profiler_events
+
+    gpu = m.device.type == "cuda"
+    ev = profiler_events(prof)
+    r = hit_rate_from_events(ev, gpu)
+    # count ranges on the host timeline only: on a GPU the profiler mirrors each range onto the
+    # device timeline too (the first H200 run counted both, doubling these counts)
+    names = [n for n, dt in ev if "CUDA" not in dt]
+    # weights are dequantized in the step itself (activations and the FP8 KV cache too): one
+    # weight dequant feeds one fallback GEMM; count the marked ranges the profiler recorded
+    n_weight_dequant = sum(1 for mod in m.modules() if isinstance(mod, QLinear) and mod.mode == "fp8_dequant")
+    r.update({"quant_ranges": names.count(QUANT_MARK), "dequant_ranges": names.count(DEQUANT_MARK),
+              "fallback_gemms": n_weight_dequant,
+              "fallback_rate_pct": 100.0 * n_weight_dequant / r["gemm_calls"] if r["gemm_calls"] else None,
+              "high_precision_by_choice": r["gemm_calls"] - r["fp8_hits"] - n_weight_dequant,
+              "dequant_requant_per_token": (names.count(QUANT_MARK) + names.count(DEQUANT_MARK)) / batch,
+              "ranges_counted_on": "host timeline"})
+    return r
+
+
+def bucket_profile(m: Decoder, batch: int, ctx: int, max_len: int | None = None) -> dict[str, Any]:
+    """One context bucket of the serving stream, profiled once: the stream's decode step
+    (per-row lengths, ``batch`` rows at ``ctx``, a cache of ``max_len`` positions as the
+    stream allocates it) with its FP8 hit rate, fallbacks and dequant/requant ranges per token
+    (:func:`decode_profile`'s counts) and its device time by kernel class (``breakdown``, as
+    :func:`decode_breakdown`): the kernels of one step run alone on one device."""
+    prof = _profile_decode_step(m, batch, ctx, per_row=True, max_len=max_len)
+    kv_fp8 = _kv_fp8(m, max_len or ctx + 1)
+    return {"ctx": ctx, "batch": batch, "kv_fp8": kv_fp8, **_hits(m, prof, batch),
+            "breakdown": _breakdown(m, prof, batch, ctx)}
+
+
+def _kv_fp8(m: Decoder, max_len: int) -> bool:
+    f = m.path_cfg["kv_fp8_from_ctx"]
+    return f is not None and max_len >= f
+
+
+#: kernel-name markers per category of a decode step's time (GPU kernel names; CPU aten ops)
+BREAKDOWN_CATEGORIES = (
+    ("attention", ("_decode_attn", "flash", "fmha", "attention")),
+    ("quant/dequant", ("_quant_", "_row_amax", "_dequant_rows")),
+    ("gemm fp8", ("fp8w_gemm", "qqtst", "_scaled_mm", "e4m3", "f8f8")),
+    ("gemm", ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas", "aten::mm", "aten::addmm", "aten::bmm")),
+)
+
+
+def decode_breakdown(m: Decoder, batch: int, ctx: int) -> dict[str, Any]:
+    """Where one decode step's device time goes, by kernel category, from torch.profiler:
+    GEMMs (FP8 or not), attention, quant/dequant, and everything else (norms, KV writes,
+    residual adds, activations). On a GPU the sum of kernel times excludes launch gaps, so
+    ``graph TPOT - kernel sum`` bounds what launches cost; on a CPU it is aten self time.
+    This is the measurement ``benchmarks/LAB04_NOTES.md`` asks for next."""
+    return _breakdown(m, _profile_decode_step(m, batch, ctx), batch, ctx)
+
+
+def _breakdown(m: Decoder, prof, batch: int, ctx: int) -> dict[str, Any]:
+    from ...baseline import CPU_GEMM_OPS, inside_op
+
+    gpu = m.device.type == "cuda"
+    per: dict[str, float] = {c: 0.0 for c, _ in BREAKDOWN_CATEGORIES}
+    per["other"] = 0.0
+    counts: dict[str, int] = {k: 0 for k in per}
+    for e in prof.events():
+        dev = e.device_type.name if hasattr(e.device_type, "name") else str(e.device_type)
+        if gpu:
+            if "CUDA" not in dev or e.name.startswith("hwlab::"):
+                continue
+            us = e.time_range.elapsed_us()
+        else:
+            if not e.name.startswith("aten::") or inside_op(e, CPU_GEMM_OPS):
+                continue
+            us = e.self_cpu_time_total
+        name = e.name.lower()
+        cat = next((c for c, marks in BREAKDOWN_CATEGORIES if any(k.lower() in name for k in marks)), "other")
+        if not gpu and cat == "other" and inside_op(e, (QUANT_MARK, DEQUANT_MARK)):
+            cat = "quant/dequant"  # on a CPU the (de)quantization is plain aten ops inside the marked ranges
+        per[cat] += us
+        counts[cat] += 1
+    total = sum(per.values())
+    return {"ctx": ctx, "batch": batch, "source": "GPU kernel times" if gpu else "CPU aten self times",
+            "us": per, "count": counts, "total_us": total,
+            "share_pct": {k: 100.0 * v / total if total else 0.0 for k, v in per.items()}}

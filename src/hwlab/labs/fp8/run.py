@@ -1,0 +1,184 @@
+"""Lab 4's fixed-bucket run: every path's memory, TTFT and TPOT per context bucket (one
+decode step replayed from a CUDA graph), profiles, logit error; the tables the notebook prints."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ...measure import require_memory, time_fn
+from .. import fp8_kernels as K
+from .model import H200_SIZE, LOGIT_ERROR_BOUND, PATHS, TINY, Decoder, ModelConfig, logit_error, make_models
+from .profile import decode_breakdown, decode_profile
+from .report import SERVING_PATHS, run_stream
+from .stream import StreamSpec, default_streams
+from .traffic import decode_bytes, memory_needed_bytes
+
+
+# ---------------------------------------------------------------- timing: TTFT and TPOT per bucket
+def time_prefill_decode(m: Decoder, batch: int, ctx: int, n_rep: int = 10, graph: bool | None = None,
+                        kv_fused: bool = True) -> dict[str, Any]:
+    """Median TTFT (prefill of ``ctx`` tokens) and TPOT (one decode step at position ``ctx``).
+
+    On a GPU the decode step is captured in a CUDA graph and replayed, so launch overhead
+    (Lab 2) does not hide the bytes each path moves; on a CPU it runs eagerly. Prefills of
+    64k tokens or more are timed 3 times (each is compute-bound and takes ~0.1-1 s on an H200).
+    ``kv_fused=False`` reads an FP8 cache by dequantizing it first (no FP8 attention kernel).
+    """
+    dev = m.device
+    graph = dev.type == "cuda" if graph is None else graph
+    g = torch.Generator().manual_seed(2)
+    toks = torch.randint(0, m.cfg.vocab, (batch, ctx + 1), generator=g).to(dev)
+    cache = m.new_cache(batch, ctx + 1, fused_read=kv_fused)
+
+    def prefill():
+        cache.len = 0
+        return m(toks[:, :ctx], cache)
+
+    with torch.no_grad():
+        reps_pf = n_rep if batch * ctx < 65536 else min(n_rep, 3)
+        t_pf = time_fn(prefill, [()], dev, n_warmup=1, n_rep=reps_pf, min_run_s=0.0, warmup_s=0.0)
+        prefill()
+        step_tok = toks[:, ctx:ctx + 1]
+
+        def decode():
+            cache.len = ctx
+            return m(step_tok, cache)
+
+        if graph:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(2):
+                    decode()
+            torch.cuda.current_stream().wait_stream(s)
+            cg = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cg):
+                decode()
+            t_dec = time_fn(cg.replay, [()], dev, n_rep=max(n_rep, 20))
+            del cg
+        else:
+            t_dec = time_fn(decode, [()], dev, n_warmup=2, n_rep=n_rep)
+    return {"ttft_ms": t_pf.median_ms, "ttft_p90_ms": t_pf.p90_ms, "tpot_ms": t_dec.median_ms,
+            "tpot_p10_ms": t_dec.p10_ms, "tpot_p90_ms": t_dec.p90_ms, "timer": t_dec.timer,
+            "graph": graph, "kv_fp8": cache.fp8, "kv_fused": kv_fused}
+
+
+
+def attention_vs_sdpa(cfg: ModelConfig, batch: int, ctx: int, device=None) -> dict[str, float]:
+    """One layer's decode attention on a bf16 cache: the kit's kernel against torch's SDPA,
+    so that the baseline path is not slowed by a weak kernel (GB/s of K+V read)."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    shape = (batch, cfg.n_heads, ctx, cfg.d_head)
+    k = torch.randn(shape, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(shape, device=dev, dtype=torch.bfloat16)
+    q = torch.randn(batch, cfg.n_heads, 1, cfg.d_head, device=dev, dtype=torch.bfloat16)
+    one = torch.ones((), device=dev)
+    ref = K.decode_attention_ref(q, k, v, one, ctx).float()
+    ours = K.decode_attention(q, k, v, one, ctx).float()
+    err = float(torch.linalg.vector_norm(ours - ref) / torch.linalg.vector_norm(ref))
+    n_bytes = 2 * k.numel() * 2
+    with torch.no_grad():
+        t_ours = time_fn(lambda: K.decode_attention(q, k, v, one, ctx), [()], dev, n_rep=20)
+        t_sdpa = time_fn(lambda: F.scaled_dot_product_attention(q, k, v), [()], dev, n_rep=20)
+    return {"ctx": ctx, "batch": batch, "kv_bytes": n_bytes, "rel_err_vs_float32": err,
+            "kit_ms": t_ours.median_ms, "sdpa_ms": t_sdpa.median_ms,
+            "kit_gbps": n_bytes / t_ours.median_ms / 1e6, "sdpa_gbps": n_bytes / t_sdpa.median_ms / 1e6}
+
+
+
+def default_buckets(device) -> list[tuple[int, int]]:
+    """(context, batch): short context (weights dominate), 4k, and a long 32k bucket."""
+    if torch.device(device).type == "cuda":
+        return [(512, 16), (4096, 16), (32768, 4)]
+    return [(32, 2), (128, 2)]
+
+
+def run(cfg: ModelConfig | None = None, buckets=None, device=None, n_rep: int = 10,
+        progress=None, streams: list[StreamSpec] | None = None, stream: bool = True) -> dict[str, Any]:
+    """Every path: memory, TTFT/TPOT per bucket (with the bytes a step must move and the
+    GB/s it achieved), hit rate and dequant counts, logit error; on FP8-KV buckets the fixed
+    path is also timed with the cache dequantized before attention (no fused kernel). Then
+    (``stream=True``) the serving stream per bucket on bf16, mixed and fixed
+    (:func:`.report.run_stream`, under ``"stream"``)."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cfg = cfg or (H200_SIZE if dev.type == "cuda" else TINY)
+    buckets = buckets or default_buckets(dev)
+    streams = (streams or default_streams(dev)) if stream else []
+    say = progress or (lambda s: None)
+    # a stream's cache holds its longest prompt plus its longest output (estimated like a bucket)
+    need = memory_needed_bytes(cfg, list(buckets) + [(s.max_len, s.max_batch) for s in streams])
+    require_memory(need, dev, f"Lab 4 with d_model {cfg.d_model}, {cfg.n_layers} layers, buckets {list(buckets)}"
+                   + (f", streams {[(s.ctx, s.max_batch) for s in streams]}" if streams else ""))
+    models = make_models(cfg, device=dev)
+    say("logit error")
+    out: dict[str, Any] = {"config": cfg.__dict__, "buckets": buckets, "device": str(dev),
+                           "logit_error": logit_error(models), "logit_error_bound": LOGIT_ERROR_BOUND,
+                           "paths": {}}
+    for p, m in models.items():
+        rows = []
+        for ctx, batch in buckets:
+            say(f"{p} ctx {ctx} batch {batch}")
+            mem = m.new_cache(batch, ctx + 1).n_bytes
+            t = time_prefill_decode(m, batch, ctx, n_rep)
+            nb = decode_bytes(m, batch, ctx)
+            row = {"ctx": ctx, "batch": batch, "kv_bytes": mem, **t, "decode_bytes": nb,
+                   "decode_gbps": nb / t["tpot_ms"] / 1e6}
+            if t["kv_fp8"]:
+                u = time_prefill_decode(m, batch, ctx, n_rep, kv_fused=False)
+                row["tpot_kv_dequant_ms"] = u["tpot_ms"]
+            rows.append(row)
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+        out["paths"][p] = {"weight_bytes": m.weight_bytes, "buckets": rows, "profile": decode_profile(m),
+                           "breakdown": [decode_breakdown(m, b, c) for c, b in buckets[:2]]}
+    if dev.type == "cuda":
+        say("attention vs SDPA")
+        out["attention_vs_sdpa"] = [attention_vs_sdpa(cfg, b, c, dev) for c, b in buckets]
+    if streams:
+        out["stream"] = run_stream(cfg, streams, device=dev, progress=say,
+                                   models={p: models[p] for p in SERVING_PATHS if p in models})
+    base = out["paths"]["bf16"]
+    for p, r in out["paths"].items():
+        r["weight_mem_change_pct"] = 100.0 * (r["weight_bytes"] / base["weight_bytes"] - 1)
+        for row, b in zip(r["buckets"], base["buckets"]):
+            row["tpot_change_pct"] = 100.0 * (row["tpot_ms"] / b["tpot_ms"] - 1)
+            row["ttft_change_pct"] = 100.0 * (row["ttft_ms"] / b["ttft_ms"] - 1)
+    return out
+
+
+def bucket_table(run_result: dict[str, Any], copy_gbps: float | None = None) -> list[dict[str, Any]]:
+    """One row per (path, bucket): TTFT, TPOT and their change against bf16, the bytes a decode
+    step must move, the GB/s it reached and, given this machine's copy ceiling, the byte floor
+    (bytes / ceiling) and % of the ceiling."""
+    rows = []
+    for p, v in run_result["paths"].items():
+        for b in v["buckets"]:
+            row = {"path": p, "ctx": b["ctx"], "batch": b["batch"], "ttft_ms": b["ttft_ms"],
+                   "ttft_change_pct": b.get("ttft_change_pct"), "tpot_ms": b["tpot_ms"],
+                   "tpot_change_pct": b.get("tpot_change_pct"), "kv_fp8": b.get("kv_fp8"),
+                   "decode_bytes": b.get("decode_bytes"), "decode_gbps": b.get("decode_gbps"),
+                   "tpot_kv_dequant_ms": b.get("tpot_kv_dequant_ms")}
+            if copy_gbps and b.get("decode_bytes"):
+                row["floor_ms"] = b["decode_bytes"] / copy_gbps / 1e6
+                row["pct_of_copy"] = 100.0 * b["decode_gbps"] / copy_gbps
+            rows.append(row)
+    return rows
+
+
+def path_table(run_result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per path: weight memory and its change, FP8 hit rate, fallback GEMMs, GEMMs
+    kept high-precision on purpose, dequant+requant ranges per token, logit error and bound."""
+    out = []
+    for p, v in run_result["paths"].items():
+        pr = v["profile"]
+        per_tok = pr["dequant_requant_per_token"]
+        if pr.get("ranges_counted_on") != "host timeline" and pr["source"] == "torch.profiler kernel names":
+            per_tok /= 2  # recorded before ranges were counted once (see test_lab04_recorded)
+        out.append({"path": p, "weight_gb": v["weight_bytes"] / 1e9, "weight_change_pct": v["weight_mem_change_pct"],
+                    "gemm_calls": pr["gemm_calls"], "fp8_hit_pct": pr["hit_rate_pct"],
+                    "fallback_gemms": pr["fallback_gemms"], "high_precision_by_choice": pr["high_precision_by_choice"],
+                    "dq_rq_per_token": per_tok, "logit_error": run_result["logit_error"][p],
+                    "logit_bound": LOGIT_ERROR_BOUND.get(p)})
+    return out

@@ -1,0 +1,90 @@
+"""Lab 4's flowchart evidence: the chart's B, D and K answered from metrics the run measured.
+
+Per path and context bucket of the serving stream (:mod:`.stream`, keys ``"path ctx C xB"``):
+
+* **B** ``slowdown_vs_floor``: the device time of one decode step's kernels run alone on one
+  device (``torch.profiler`` kernel times summed, launch gaps excluded: :func:`.profile.bucket_profile`
+  at the bucket's full batch and context) over the bytes those kernels must move on this path
+  (:func:`.traffic.step_bytes`, a fallback's dequant traffic included) at this machine's
+  measured copy bandwidth. It asks whether the kernels are slow *for what they do*; the
+  flowchart's threshold is 1.5x. ``dram_pct_estimated`` (the same bytes over the same kernel
+  time, % of the copy bandwidth) answers F where B says yes.
+* **D** ``e2e_slowdown``: the stream's measured TPOT p50 over what the single-device figures
+  predict for it: each stream step's *promised* bytes (every FP8 weight read once as FP8, the
+  KV cache in its stored dtype: what the path's FP8 weights promise) at the rate the step's
+  kernels reached in B, token-weighted p50 over the same steps. Fallback dequant copies,
+  format conversions and per-step costs the kernel sum does not hold (launches, graph
+  replays) are what lifts it; the flowchart's threshold is 1.2x.
+* **K** ``rank_tail_pct`` with ``n_ranks``: the slowest rank's median step over the median
+  rank's, from the per-step times of each serving process; one process serves here, so
+  it is computed over one rank (0.0, measured, not typed in).
+
+``metric_sources`` says for each metric what measured it; the profile's FP8 hit and fallback
+rates ride along (the evidence the leaf names). No by-hand answer is set.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from .model import PATHS, ModelConfig
+from .stream import percentile
+from .traffic import step_bytes
+
+
+def rank_tail_pct(step_ms_by_rank: dict[int, list[float]]) -> float:
+    """Slowest rank's median step over the median of the ranks' medians, in % (the
+    flowchart's K metric), from measured per-step times of each rank."""
+    meds = [statistics.median(v) for v in step_ms_by_rank.values() if v]
+    if not meds:
+        raise ValueError("rank_tail_pct needs at least one rank with measured steps")
+    return 100.0 * (max(meds) / statistics.median(meds) - 1.0)
+
+
+def bucket_evidence(cfg: ModelConfig, path: dict[str, Any], bucket: dict[str, Any], copy_gbps: float) -> dict[str, Any]:
+    """B, D and K for one path's bucket of a stream run (see the module docstring)."""
+    prof, st = bucket["profile"], bucket["stream"]
+    kv_fp8 = prof["kv_fp8"]
+    b, ctx = prof["batch"], prof["ctx"]
+    kernel_us = prof["breakdown"]["total_us"]
+    actual = step_bytes(cfg, path, b, b * (ctx + 1), kv_fp8)
+    floor_us = actual / copy_gbps / 1e3
+    slowdown = kernel_us / floor_us
+    steps = st["steps"]
+    predicted = [step_bytes(cfg, path, s["n"], s["kv_positions"], kv_fp8, promised=True) / copy_gbps / 1e6 * slowdown
+                 for s in steps]
+    weights = [s["n"] for s in steps]
+    pred_p50 = percentile(predicted, 50, weights)
+    tail = rank_tail_pct({0: [s["t_ms"] for s in steps]})
+    return {
+        "slowdown_vs_floor": slowdown, "dram_pct_estimated": 100.0 / slowdown,
+        "e2e_slowdown": st["tpot_ms_p50"] / pred_p50,
+        "rank_tail_pct": tail, "n_ranks": 1,
+        "fp8_fallback_rate_pct": prof["fallback_rate_pct"], "fp8_hit_rate_pct": prof["hit_rate_pct"],
+        "kernel_us": kernel_us, "floor_us": floor_us, "predicted_tpot_ms_p50": pred_p50,
+        "tpot_ms_p50": st["tpot_ms_p50"],
+        "metric_sources": {
+            "slowdown_vs_floor": f"{prof['breakdown']['source']} of one decode step ({b} rows at ctx {ctx}, "
+                                 f"the stream's kernels) over its bytes by the byte model / copy GB/s",
+            "e2e_slowdown": f"stream TPOT p50 over {st['n_steps']} device-timed steps over the promised bytes "
+                            "of the same steps at the kernel rate measured for slowdown_vs_floor",
+            "dram_pct_estimated": "the same step's bytes by the byte model over its kernel time, % of copy GB/s",
+            "rank_tail_pct": "median step time of each serving process (1 process, measured steps)"},
+    }
+
+
+def flowchart_evidence(run_result: dict[str, Any], copy_gbps: float) -> dict[str, dict[str, Any]]:
+    """Flowchart evidence per (path, bucket) of a Lab 4 run's serving stream (``run_result
+    ["stream"]`` from :func:`.report.run_stream`, or a stream result itself), keyed ``"path
+    ctx C xB"`` (B: the stream's batch limit). Every answer is a measured metric (module
+    docstring); ``copy_gbps``: this machine's copy bandwidth measured in the same run."""
+    stream = run_result.get("stream", run_result)
+    if "paths" not in stream or not all("stream" in b for v in stream["paths"].values() for b in v["buckets"]):
+        raise ValueError("this Lab 4 result has no serving stream (recorded before the stream existed): "
+                         "re-run lab.run() or refresh_gpu_evidence.py --only lab04")
+    cfg = ModelConfig(**stream["config"])
+    out = {}
+    for p, v in stream["paths"].items():
+        for b in v["buckets"]:
+            out[f"{p} ctx {b['profile']['ctx']} x{b['profile']['batch']}"] = bucket_evidence(cfg, PATHS[p], b, copy_gbps)
+    return out
