@@ -7,7 +7,9 @@ Modules (one purpose each):
   probes      copy, host link, GEMM, launch         evidence   recorded runs, replayable on CPU
   roofline    roofline maths and plot               flowchart  the diagnosis chart as data
   exercise    checking learners' answers            labs.*     one module per failure mode
+  examine     hwlab.examine(fn, *args): measure your own function and walk the flowchart on it
 """
 __version__ = "0.1.0"
 
 from . import tritonenv  # noqa: E402,F401  (without a GPU: Triton's interpreter, before any kernel)
+from . import examine  # noqa: E402,F401  (callable: hwlab.examine(fn, *args), see examine.py)

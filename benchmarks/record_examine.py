@@ -1,0 +1,127 @@
+"""Record ``hwlab examine`` on every function in ``examples/`` (through the API, and through
+the CLI in a subprocess for the ones in CLI_TARGETS), as one evidence record.
+
+    PYTHONPATH=src python3 benchmarks/record_examine.py --out DIR [--only a,b] [--tiny]
+
+Writes ``DIR/examine.json`` (kind ``examine``; never over an existing file): per function the
+measurement, the evidence and where each metric came from, the walk, the leaf it landed on and
+the leaf its cause predicts (``EXPECTED``, kept here, never shown to ``examine``). On a GPU the
+examples run at their full sizes; on a CPU at their small ones (labelled CPU, leaves
+indicative), which is how the tests run this script end to end. ``--tiny`` shortens every
+timing (seconds per function) for a smoke run. A function that fails is recorded with its
+error and the run goes on. Copy the GPU result to ``src/hwlab/recorded/h200/examine.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from hwlab import ceilings as ceilings_mod
+from hwlab.evidence import Evidence, machine_info
+from hwlab.examine import examine
+from hwlab.examine_target import load
+from hwlab.measure import device_of
+from hwlab.store import check_destination
+from hwlab.system import versions
+
+ROOT = Path(__file__).resolve().parents[1]
+#: example -> the leaf its cause predicts (what the recording is checked against)
+EXPECTED = {
+    "unfused_chain": "G",       # six passes over DRAM where one would do
+    "shuffled_gather": "G",     # a sector per 4-byte value
+    "gemm_fp32": "I",           # fp32 without TF32: no tensor cores
+    "gemm_misaligned": "I",     # bf16 with K = 8191: off the aligned MMA kernels
+    "tiny_kernels": "J",        # 128 tiny launches: the GPU waits on the host
+    "triton_spill": "J",        # a 256x256 accumulator on 4 warps spills
+    "gemm_bf16": "OK",          # cuBLAS bf16 at an aligned shape
+    "compiled_chain": "OK",     # torch.compile fuses the chain into one pass
+}
+#: examples also examined through the command line (a subprocess, --json)
+CLI_TARGETS = ("unfused_chain", "gemm_bf16")
+
+
+def _entry(name: str, ex) -> dict:
+    d = ex.to_dict()
+    return {"name": name, "target": f"examples/{name}.py:{name}", "expected_leaf": EXPECTED[name],
+            "leaf": ex.leaf_id, "path": d["walk"]["path"], "undecided_at": d["walk"]["undecided_at"],
+            "evidence": ex.evidence, "evidence_sources": ex.evidence_sources, "walk": d["walk"],
+            "counts": d["counts"], "profile": d["profile"], "notes": ex.notes, "label": ex.label,
+            "measurement": ex.measurement.name, "ncu": ex.ncu, "error": None}
+
+
+def _cli(name: str, env: dict) -> dict:
+    cmd = [sys.executable, "-c", "import sys; from hwlab.cli import main; sys.exit(main(sys.argv[1:]))",
+           "examine", f"examples/{name}.py:{name}", "--json"]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = {"command": "hwlab examine " + " ".join(cmd[4:]), "rc": r.returncode,
+           "wall_s": time.perf_counter() - t0, "stderr_tail": r.stderr[-400:]}
+    try:
+        d = json.loads(r.stdout)
+        out.update(leaf=d["walk"]["leaf"], path=d["walk"]["path"], evidence=d["evidence"],
+                   evidence_sources=d["evidence_sources"], label=d["label"])
+    except (json.JSONDecodeError, KeyError) as e:
+        out["error"] = f"no JSON examination on stdout ({e})"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="folder for examine.json")
+    p.add_argument("--only", help="comma-separated example names (default: all)")
+    p.add_argument("--tiny", action="store_true", help="short timings (a smoke run)")
+    p.add_argument("--no-cli", action="store_true", help="skip the command-line runs")
+    a = p.parse_args(argv)
+    names = a.only.split(",") if a.only else list(EXPECTED)
+    unknown = [n for n in names if n not in EXPECTED]
+    if unknown:
+        print(f"unknown example(s) {unknown}; choose from {', '.join(EXPECTED)}", file=sys.stderr)
+        return 2
+    out_path = check_destination(Path(a.out) / "examine.json")  # before measuring
+    dev = device_of(None)
+    gpu = dev.type == "cuda"
+    print(f"ceilings on {machine_info(dev)['device']} ...", flush=True)
+    c = ceilings_mod.get(dev, quick=a.tiny or not gpu)
+    entries, results = [], []
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            fn, mod = load(f"{ROOT / 'examples' / (name + '.py')}:{name}")
+            ex = examine(fn, make_inputs=mod.inputs, ceilings=c, name=name,
+                         max_total_s=3.0 if a.tiny else 20.0)
+            e = _entry(name, ex)
+            results.append(ex.measurement)
+        except Exception as err:  # recorded with its traceback; the run goes on to the next function
+            e = {"name": name, "expected_leaf": EXPECTED[name], "leaf": None,
+                 "error": f"{type(err).__name__}: {' '.join(str(err).split())[:400]}",
+                 "traceback": traceback.format_exc()[-2000:]}
+        e["wall_s"] = time.perf_counter() - t0
+        entries.append(e)
+        print(f"{name:18s} leaf {e['leaf']!s:4s} expected {EXPECTED[name]:3s} ({e['wall_s']:.1f} s)"
+              + (f"  ERROR {e['error']}" if e.get("error") else ""), flush=True)
+    cli_runs = {}
+    if not a.no_cli:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+        for name in (n for n in CLI_TARGETS if n in names):
+            cli_runs[name] = _cli(name, env)
+            print(f"{name:18s} CLI leaf {cli_runs[name].get('leaf')} rc {cli_runs[name]['rc']}", flush=True)
+    rec = Evidence(kind="examine", machine=machine_info(dev), results=results, ceilings=c.to_dict(),
+                   versions=versions(),
+                   extra={"entries": entries, "cli": cli_runs, "tiny": a.tiny, "on_gpu": gpu,
+                          "ceilings_label": c.label, "expected": EXPECTED})
+    rec.save(out_path)
+    ok = sum(1 for e in entries if e["leaf"] == e["expected_leaf"])
+    print(f"wrote {out_path}: {ok}/{len(entries)} on their expected leaf "
+          f"({'GPU' if gpu else 'CPU: indicative, not a GPU verdict'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The text report of an :class:`hwlab.examine.Examination`: what was measured (labelled GPU
+or CPU), the counts and where each came from, the profile, the evidence with its source, the
+walk, the seed's actions for the leaf, the lab that teaches it, and the notes."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def _b(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= f:
+            return f"{n / f:,.2f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def _v(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def render(ex) -> str:
+    m, c, p = ex.measurement, ex.counts, ex.profile
+    lines = [f"hwlab examine: {ex.name}", f"  {ex.label}",
+             f"  ceilings: {ex.ceilings.get('label')}: copy {ex.ceilings['copy_gbps']:,.0f} GB/s, GEMM "
+             + ", ".join(f"{k} {v:,.1f}" for k, v in ex.ceilings.get("gemm_tflops", {}).items()) + " TFLOP/s",
+             "", "measurement", f"  {m.summary()}",
+             f"  {m.n_rep} timed calls, {m.params.get('n_rotating_sets')} input set(s); first call "
+             f"{c['first_call_s']:.3g} s (compile/autotune, not timed); back to back "
+             f"{m.params.get('wall_ms_per_call', 0):.4g} ms per call",
+             "", "counts",
+             f"  required bytes {_b(c['n_bytes'])} ({c['n_bytes_source']})",
+             f"  FLOPs {c['n_flops']:,} ({c['n_flops_source']})",
+             f"  moved bytes {_b(c.get('moved_bytes'))} ({c.get('moved_bytes_source')})"]
+    if c.get("sector_amplification_estimated") is not None:
+        lines.append(f"  sector amplification {c['sector_amplification_estimated']:.2f}x (estimated from strides "
+                     "and index values)")
+    o = c["ops"]
+    lines.append(f"  aten ops {o['ops']}: matmul {o['matmul']} (fp8 {o['fp8_matmul']}, on dequantized data "
+                 f"{o['matmul_on_dequantized']}), quant {o['quant']}, dequant {o['dequant']}, gather {o['gather']}")
+    what = "kernels" if p.on_gpu else "aten ops (CPU)"
+    lines += ["", f"profile ({p.source})",
+              f"  {what} per call {p.kernels_per_call:.1f}; busy {p.busy_ms_per_call:.4g} ms per call"
+              + (f"; GEMM kernels {p.gemm_kernels} (tensor-core {p.tensor_core_gemm_kernels}, fp8 "
+                 f"{p.fp8_gemm_kernels})" if p.on_gpu else "")
+              + ("; compiled region" if p.compiled_region else "")]
+    for k in p.top:
+        tc = {True: ", tensor-core", False: ", CUDA cores (no MMA)", None: ""}[k["tensor_core"]]
+        lines.append(f"  {k['share_pct']:5.1f}%  {k['per_call']:.0f}x/call  {k['class']}{tc}  {k['name'][:90]}")
+    for t in p.triton:
+        lines.append(f"  triton {t['name']}: " + (f"{t['n_regs']} registers, {t['n_spills']} spill slots"
+                                                  if "n_regs" in t else t.get("error", "")))
+    if ex.ncu:
+        lines += ["", f"Nsight Compute ({ex.ncu['n_kernels']} kernels, counted)"]
+        lines += [f"  {k} = {_v(v)}" for k, v in ex.ncu["evidence"].items()]
+    lines += ["", "evidence (measured; source of each)"]
+    lines += [f"  {k} = {_v(v)}   [{ex.evidence_sources.get(k, '?')}]" for k, v in ex.evidence.items()]
+    lines += ["", "walk"] + ["  " + s for s in ex.diagnosis.explain().splitlines()]
+    if ex.lab:
+        lines.append(f"  lab that teaches it: notebooks/{ex.lab}")
+    if ex.notes:
+        lines += ["", "notes"] + [f"  - {n}" for n in ex.notes]
+    return "\n".join(lines)
