@@ -1,0 +1,95 @@
+"""``hwlab ranks`` on real torchrun runs of examples/straggler_torchrun.py (4 CPU ranks over gloo,
+one injected slow rank), with and without the startup capture; the report's rules on their own."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hwlab import ranks
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "straggler_torchrun.py"
+PCIE = ROOT / "src" / "hwlab" / "recorded" / "topology" / "pcie4_2socket_pix_sys.txt"
+BIN = Path(sys.executable).parent
+
+
+def _torchrun(run_dir, *args):
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "4", str(EXAMPLE),
+           "--run-dir", str(run_dir), "--steps", "24", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def _ranks_cli(*args):
+    r = subprocess.run([str(BIN / "hwlab"), "ranks", *map(str, args)], capture_output=True, text=True, timeout=120)
+    return r
+
+
+@pytest.fixture(scope="module")
+def crosslink_run(tmp_path_factory):
+    """Slow rank 2, TP groups {0,2} {1,3} on the recorded 2-socket PCIe box: both cross SYS."""
+    d = tmp_path_factory.mktemp("run") / "crosslink"
+    r = _torchrun(d, "--slow-rank", "2", "--spike-every", "4", "--topo-file", str(PCIE), "--tp-groups", "0,2;1,3")
+    return d, r
+
+
+def test_names_exactly_the_slow_rank_and_walks_to_the_mapping_leaf(crosslink_run):
+    d, run = crosslink_run
+    assert "crosses SYS" in run.stderr  # the capture warned at startup
+    r = _ranks_cli(d, "--json")
+    assert r.returncode == 1, r.stderr  # a finding
+    rep = json.loads(r.stdout)
+    assert rep["n_ranks"] == 4 and rep["tail_ranks"] == [2] and rep["basis"] == "compute"
+    fc = rep["flowchart"]
+    assert fc["path"] == ["B", "D", "K", "L"] and fc["leaf"] == "L" and fc["unmeasured"] == {}
+    assert set(fc["evidence"]) >= {"slowdown_vs_floor", "e2e_slowdown", "rank_tail_pct", "n_ranks"}
+    assert "every answer on this walk was measured" in fc["explain"]
+    p = rep["placement"]["2"]
+    assert p["gpu"] == "GPU2" and p["numa_node"] == 1 and p["tp_group"] == [0, 2]
+    assert p["tp_group_slowest_link"] == "SYS" and "PIX" in p["mapping_warnings"][0]
+    assert len(rep["mapping_warnings"]) == 2
+    assert rep["spikes"]["local"]["2"]["period"] == 4  # the injected spike every 4th step
+    inc = rep["incident_draft"]["record"]
+    assert inc["diagnosis_path"] == ["B", "D", "K", "L"] and "2->" in inc["rank_mapping"]
+    assert "injected" in json.dumps(rep["capture"]["topology"])
+    mapping = json.loads((d / "mapping.json").read_text())
+    assert [r["device"]["gpu"] for r in mapping["ranks"]] == ["GPU0", "GPU1", "GPU2", "GPU3"]
+
+
+def test_text_report_and_saved_incident(crosslink_run, tmp_path):
+    d, _ = crosslink_run
+    r = _ranks_cli(d, "--save-incident", tmp_path / "inc")
+    assert r.returncode == 1
+    assert "TAIL: ranks [2]" in r.stdout and "MAPPING:" in r.stdout and "=> L:" in r.stdout
+    saved = sorted((tmp_path / "inc").glob("incident-*.md"))
+    assert len(saved) == 1 and "rank tail" in saved[0].read_text()
+
+
+def test_without_the_capture_says_so_and_does_not_guess_b(tmp_path):
+    d = tmp_path / "nocap"
+    _torchrun(d, "--slow-rank", "1", "--no-capture")
+    r = _ranks_cli(d, "--json")
+    rep = json.loads(r.stdout)
+    assert rep["tail_ranks"] == [1] and r.returncode == 1
+    assert rep["capture"]["present"] is False and rep["placement"]["1"].startswith("capture missing")
+    fc = rep["flowchart"]
+    assert fc["leaf"] is None and fc["path"] == ["B"] and "capture missing" in fc["unmeasured"]["B"]
+    text = _ranks_cli(d).stdout
+    assert "capture MISSING" in text and "B not measured" in text
+
+
+def test_bad_run_dir_is_a_usage_error(tmp_path):
+    assert _ranks_cli(tmp_path / "nope").returncode == 2
+    (tmp_path / "empty").mkdir()
+    r = _ranks_cli(tmp_path / "empty")
+    assert r.returncode == 2 and "no step logs" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_tail_split_rule():
+    assert ranks.tail_split({0: 10.0, 1: 10.5, 2: 30.0, 3: 9.8}) == ([2], pytest.approx(100 * (30 - 10) / 10))
+    tail, pct = ranks.tail_split({0: 10.0, 1: 11.0, 2: 11.5, 3: 10.2})  # jitter: no 1.25x jump
+    assert tail == [] and 0 < pct < 25
+    assert ranks.quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5  # interpolating, as measure.Timing
