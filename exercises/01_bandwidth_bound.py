@@ -24,7 +24,7 @@
 
 # %%
 import torch
-from hwlab import ceilings, exercise, nb  # first: without a GPU it switches on Triton's interpreter
+from hwlab import ceilings, exercise, exercise_checks, nb  # first: without a GPU it switches on Triton's interpreter
 from hwlab.labs import bandwidth as lab
 from hwlab.measure import TOL_BY_DTYPE
 import triton
@@ -46,14 +46,17 @@ def my_fused_chain(x, bias, residual, scale=0.5):
 
 # %% [markdown]
 # ## Check
-# Correctness on fresh random data first; then the pass band relative to this machine's copy ceiling.
+# First that your function runs *your* kernel (an answer that calls the kit's fused kernel, a
+# `torch.compile` kernel, or lets torch do the arithmetic is refused: it would grade someone else's
+# kernel); then correctness on fresh random data; then the pass band relative to this machine's copy
+# ceiling. A missing or broken Triton is reported as an environment problem, with the fix.
 
 # %%
 rows, cols = (8192, 8192) if GPU else (48, 200)
 dtype = torch.float16
 c = ceilings.get(quick=True)
-res = exercise.check_kernel(
-    "fused chain", my_fused_chain, lab.reference_chain,
+res = exercise_checks.check_own_kernel(
+    "fused chain", my_fused_chain, [my_fused_kernel], lab.reference_chain,
     lambda: lab.make_chain_inputs(rows, cols, dtype),
     tol=TOL_BY_DTYPE["float16"], n_bytes=lab.chain_traffic(rows, cols, 2)["bytes_required"],
     ceiling_gbps=c.copy_gbps if GPU else None, min_pct=70.0,

@@ -16,11 +16,14 @@
 #
 # The config `256x256x64, 8 warps, 3 stages` spills. Pick a `TileConfig(BM, BN, BK, warps, stages)`
 # that compiles **without spills** and, on a GPU, reaches **≥ 70% of cuBLAS bf16 measured on this
-# machine in the same run**. Write one sentence saying why it does not spill (count the accumulator
-# registers per thread) and which occupancy limit binds.
+# machine in the same run**. Name the limiter that binds its occupancy in `MY_LIMITER` (`"registers"`,
+# `"shared memory"`, `"warps"` or `"spills"`) and write one sentence saying why it does not spill (count the
+# accumulator registers per thread). The checker compiles your config for sm_90a, reads registers, spills
+# and shared memory from `ptxas -v`, computes the occupancy, and compares your limiter with the one that
+# binds. A missing or broken Triton/ptxas is reported as an environment problem, never as a wrong answer.
 
 # %%
-from hwlab import nb
+from hwlab import exercise_checks, nb
 from hwlab.labs import registers as lab
 from hwlab.labs.registers import TileConfig
 
@@ -30,7 +33,8 @@ for cfg in (lab.SPILL, lab.SANE):
 
 # %% tags=["learner"]
 MY_CONFIG = None  # YOUR CODE HERE, e.g. TileConfig(BM, BN, BK, warps, stages)
+MY_LIMITER = None  # YOUR ANSWER HERE: "registers", "shared memory", "warps" or "spills"
 MY_REASON = ""    # YOUR ANSWER HERE: why it does not spill, and which occupancy limit binds
 
 # %%
-lab.grade_config(MY_CONFIG, MY_REASON)
+exercise_checks.check_limiter(MY_CONFIG, MY_LIMITER, MY_REASON)

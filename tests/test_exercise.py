@@ -40,3 +40,105 @@ def test_check_value():
     assert X.check_value("leaf", "G", "G", "why").passed
     w = X.check_value("leaf", "J", "G", "DRAM is saturated")
     assert w.status == "wrong" and "'J'" in w.message
+
+
+# ---------------------------------------------------------------- graded on what matters
+import pytest  # noqa: E402
+import triton  # noqa: E402  (hwlab, imported above, set the interpreter up first)
+import triton.language as tl  # noqa: E402
+
+from hwlab import exercise_checks as C  # noqa: E402
+from hwlab.labs import bandwidth as lab  # noqa: E402
+from hwlab.labs.registers import TileConfig  # noqa: E402
+from hwlab.measure import TOL_BY_DTYPE  # noqa: E402
+
+
+@triton.jit
+def _learners_kernel(x_ptr, b_ptr, r_ptr, y_ptr, n, n_cols, scale, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    b = tl.load(b_ptr + offs % n_cols, mask=mask).to(tl.float32)
+    r = tl.load(r_ptr + offs, mask=mask).to(tl.float32)
+    t = x + b
+    g = t * tl.sigmoid(2.0 * 0.7978845608028654 * (t + 0.044715 * t * t * t))
+    tl.store(y_ptr + offs, ((g + r) * scale).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _learners_chain(x, bias, residual, scale=0.5):
+    y = torch.empty_like(x)
+    _learners_kernel[(triton.cdiv(x.numel(), 1024),)](x, bias, residual, y, x.numel(), x.shape[-1], scale,
+                                                      BLOCK=1024)
+    return y
+
+
+def _check01(fn):
+    return C.check_own_kernel("fused chain", fn, [_learners_kernel], lab.reference_chain,
+                              lambda: lab.make_chain_inputs(16, 96, torch.float16), tol=TOL_BY_DTYPE["float16"],
+                              n_bytes=lab.chain_traffic(16, 96, 2)["bytes_required"], device="cpu")
+
+
+def test_01_own_kernel_passes_and_kit_or_torch_answers_fail():
+    assert _check01(_learners_chain).passed
+    kit = _check01(lab.fused_chain)  # correct output, but the kit's kernel
+    assert kit.status == "wrong" and "hwlab.labs.bandwidth._fused_chain_kernel" in kit.message
+    eager = _check01(lab.unfused_chain)  # torch's own chain
+    assert eager.status == "wrong" and "aten::gelu" in eager.message and "never ran" in eager.message
+    half = _check01(lambda x, b, r, scale=0.5: _learners_chain(x, b, r, 1.0) * scale)
+    assert half.status == "wrong" and "aten::mul" in half.message
+
+
+def test_02_wrong_limiter_fails_right_one_passes():
+    cfg = TileConfig(64, 64, 32, 4, 2)  # 59 registers, 16 KiB shared: registers bind (8 blocks/SM)
+    w = C.check_limiter(cfg, "shared memory", "small tile")
+    assert w.status == "wrong" and "registers" in w.message and "not shared_mem" in w.message
+    s = C.check_limiter(cfg, "spills", "small tile")
+    assert s.status == "wrong" and "nothing spills" in s.message
+    ok = C.check_limiter(cfg, "registers", "64x64 on 4 warps is 32 accumulator registers per thread")
+    assert ok.passed and "static sm_90a compile" in ok.message
+    assert C.check_limiter(cfg, None, "x").status == "not done yet"
+
+
+def test_04_fp8_head_fails_with_the_seeds_reason_and_kv_is_graded_per_bucket():
+    fix = {"main": "fp8_mm", "connector": "fp8_mm", "head": "bf16", "kv_fp8_from_ctx": 4096}
+    h = C.check_fp8_path(dict(fix, head="fp8_mm"))
+    assert h.status == "wrong" and "先保留敏感头高精" in h.message
+    kv = C.check_fp8_path(dict(fix, kv_fp8_from_ctx=512))  # FP8 KV where its bytes do not pay
+    assert kv.status == "wrong" and "ctx 512 x16" in kv.message and "does not pay; you chose FP8" in kv.message
+    none = C.check_fp8_path(dict(fix, kv_fp8_from_ctx=None))  # bf16 KV where FP8 would pay
+    assert none.status == "wrong" and "FP8 pays; you chose bf16" in none.message
+    rows, label = C.kv_buckets()
+    assert label.startswith("recorded on NVIDIA H200")
+    for r in rows:  # the share is recomputed from the recorded bytes
+        assert r["kv_share_pct"] == pytest.approx(100.0 * r["kv_bytes"] / r["decode_bytes"])
+    assert C.check_fp8_path(fix).passed
+
+
+@pytest.mark.parametrize("problem", ["missing", "version", "ptxas"])
+def test_toolchain_problem_is_an_environment_problem_not_a_wrong_answer(problem, monkeypatch, tmp_path):
+    if problem == "missing":
+        monkeypatch.setattr(C, "_triton_version", lambda: None)
+    elif problem == "version":
+        monkeypatch.setattr(C, "_triton_version", lambda: (3, 2))
+    else:
+        monkeypatch.setattr(C, "_ptxas", lambda: tmp_path / "no-ptxas")
+    results = [C.check_limiter(TileConfig(64, 64, 32, 4, 2), "registers", "why")]
+    if problem != "ptxas":  # 01 and 04 need ptxas only on a GPU (the static sm_90a report of 02 always)
+        results.append(_check01(_learners_chain))
+        results.append(C.check_fp8_path({"main": "fp8_mm", "connector": "fp8_mm", "head": "bf16",
+                                         "kv_fp8_from_ctx": 4096}))
+    for r in results:
+        assert r.status == "environment problem" and not r.passed, r
+        assert "not your answer" in r.message and "scripts/setup.sh" in r.message
+        assert str(r).startswith("[!]")
+
+
+def test_toolchain_failure_inside_the_compile_is_an_environment_problem(monkeypatch):
+    from hwlab.labs import registers
+
+    monkeypatch.setattr(registers, "compile_guarded", lambda *a, **k: registers.CompileReport(
+        "matmul", "64x64x32 w4 s2", source="skipped", skipped="compile failed: ['FileNotFoundError: "
+        "triton 3.8.0 ships no ptxas at /x']"))
+    r = C.check_limiter(TileConfig(64, 64, 32, 4, 2), "registers", "why")
+    assert r.status == "environment problem" and "ships no ptxas" in r.message
+    assert C.toolchain_problem(static_compile=True) is None  # this machine's own toolchain is fine

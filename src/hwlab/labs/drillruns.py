@@ -174,24 +174,15 @@ def _workload(case: str, dev) -> dict[str, Any]:
 
 
 def _fp8(case: str, dev) -> dict[str, Any]:
-    """Lab 4's decoder on the ``case`` path (``mixed``: the seed's fallback; ``fixed``), one
-    bucket where the KV bytes matter, evidence from Lab 4's own :func:`fp8.flowchart_evidence`."""
+    """Lab 4's decoder on the ``case`` path (``mixed``: the seed's fallback; ``fixed``) serving
+    one context bucket's stream (4k context on a GPU, where KV bytes matter; the tiny stream
+    on a CPU); evidence from Lab 4's own :func:`fp8.flowchart_evidence` (B, D, K measured)."""
     from . import fp8
 
-    gpu = dev.type == "cuda"
-    cfg = fp8.H200_SIZE if gpu else fp8.TINY
-    ctx, batch = (4096, 16) if gpu else (32, 2)
-    r = fp8.run(cfg, buckets=[(ctx, batch)], device=dev)
-    fe = fp8.flowchart_evidence(r, _copy_gbps(dev))
-    ev = _measured_only(fe[f"{case} ctx {ctx} x{batch}"])
-    prof = r["paths"][case]["profile"]
-    ev["fp8_fallback_rate_pct"] = prof["fallback_rate_pct"]
-    ev["fp8_hit_rate_pct"] = prof["hit_rate_pct"]
-    ev.setdefault("metric_sources", {})
-    ev["metric_sources"] = {**ev["metric_sources"],
-                            "fp8_fallback_rate_pct": "torch.profiler over one decode step (this run)",
-                            "fp8_hit_rate_pct": "torch.profiler over one decode step (this run)"}
-    return ev
+    spec = fp8.default_streams(dev)[1 if dev.type == "cuda" else 0]
+    res = fp8.run_stream(streams=[spec], paths=(case,), device=dev)
+    fe = fp8.flowchart_evidence(res, _copy_gbps(dev))
+    return _measured_only(fe[f"{case} ctx {spec.ctx} x{spec.max_batch}"])
 
 
 def _slowlink(case: str) -> tuple[dict[str, Any], str]:
