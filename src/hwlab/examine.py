@@ -41,17 +41,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from . import ceilings as ceilings_mod
 from . import incident as incident_mod
 from .errors import UserInputError
 from .evidence import Evidence, machine_info
+from .examine_inputs import call, check_inputs, fingerprint, make
 from .examine_estimate import Traffic, count_flops, count_traffic, required_bytes, tensors_of
 from .examine_profile import ProfileSummary, profile_calls
 from .flowchart import LEAVES, Diagnosis, diagnose, evidence_from_measurement
-from .measure import (InputError, Measurement, device_name, l2_bytes_of, n_rotating_sets,
-                      refuse_constant_inputs, synchronize, time_fn)
+from .measure import Measurement, device_name, l2_bytes_of, n_rotating_sets, synchronize, time_fn
 from .store import dumps_strict
 from .system import versions
 
@@ -77,7 +76,6 @@ METRIC_SOURCES = {
 #: question D's back-to-back run: chunks (median taken) and total time budget
 E2E_CHUNKS = 5
 E2E_BUDGET_MS = 500.0
-_SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, complex)
 
 
 @dataclass
@@ -142,63 +140,6 @@ class Examination:
     __str__ = report
 
 
-def _check_inputs(args: tuple, kwargs: dict) -> torch.device:
-    leaves, _ = tree_flatten((args, kwargs))
-    tensors = []
-    for i, x in enumerate(leaves):
-        if isinstance(x, torch.Tensor):
-            tensors.append(x)
-        elif not isinstance(x, _SCALARS):
-            raise UserInputError(
-                f"input #{i} is a {type(x).__module__}.{type(x).__qualname__}: examine times tensors; "
-                "pass torch tensors (e.g. torch.as_tensor(x, device='cuda')) and plain scalars only")
-    if not tensors:
-        raise UserInputError("no tensor among the inputs: examine needs the tensors the function works on "
-                             "(pass them after the function, or an input factory: --inputs MODULE:FUNC)")
-    devs = {str(t.device) for t in tensors}
-    if len(devs) > 1:
-        raise UserInputError(f"inputs live on several devices ({', '.join(sorted(devs))}): move them to one")
-    try:
-        refuse_constant_inputs(tensors)
-    except InputError as e:
-        raise UserInputError(str(e)) from None
-    return tensors[0].device
-
-
-def _fingerprint(tensors: list[torch.Tensor]) -> list[tuple[int, float]]:
-    out = []
-    with torch.no_grad():
-        for t in tensors:
-            x = t.detach().abs() if t.is_complex() else t.detach()
-            out.append((t._version, torch.sum(x, dtype=torch.float64).item()))
-    return out
-
-
-def _call(fn: Callable[..., Any], name: str, args: tuple, kwargs: dict):
-    try:
-        return fn(*args, **kwargs)
-    except UserInputError:
-        raise
-    except Exception as e:  # the user's function failed: one line, nothing measured
-        msg = " ".join(str(e).split())[:300]
-        raise UserInputError(f"{name} raised {type(e).__name__}: {msg} (on the inputs given; fix the "
-                             "function or its inputs, nothing was measured)") from None
-
-
-def _make(make_inputs: Callable[[], Any], where: str) -> tuple:
-    try:
-        a = make_inputs()
-    except Exception as e:
-        raise UserInputError(f"the input factory {where} raised {type(e).__name__}: "
-                             f"{' '.join(str(e).split())[:200]}") from None
-    if isinstance(a, torch.Tensor):
-        return (a,)
-    if not isinstance(a, (tuple, list)):
-        raise UserInputError(f"the input factory {where} returned {type(a).__name__}: return a tuple "
-                             "of the function's arguments (a single tensor is taken as one argument)")
-    return tuple(a)
-
-
 def _peak_dtype(traffic: Traffic, args: tuple, dtype_peak: str | None, c, gpu: bool,
                 notes: list[str]) -> str | None:
     if dtype_peak:
@@ -246,15 +187,15 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
             raise UserInputError("pass either arguments or make_inputs, not both")
         if not callable(make_inputs):
             raise UserInputError(f"make_inputs {make_inputs!r} is not callable")
-        args = _make(make_inputs, "make_inputs")
+        args = make(make_inputs, "make_inputs")
     args = tuple(args)
-    dev = _check_inputs(args, kwargs)
+    dev = check_inputs(args, kwargs)
     gpu = dev.type == "cuda"
     in_tensors = tensors_of((args, kwargs))
-    before = _fingerprint(in_tensors)
+    before = fingerprint(in_tensors)
 
     t0 = time.perf_counter()
-    out = _call(fn, name, args, kwargs)
+    out = call(fn, name, args, kwargs)
     synchronize(dev)
     first_call_s = time.perf_counter() - t0
     if out is None:
@@ -263,7 +204,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     if not tensors_of(out):
         raise UserInputError(f"{name} returned {type(out).__name__} with no tensor in it: return the "
                              "result tensor(s)")
-    changed = [i for i, (a, b) in enumerate(zip(before, _fingerprint(in_tensors)))
+    changed = [i for i, (a, b) in enumerate(zip(before, fingerprint(in_tensors)))
                if a[0] != b[0] or not (a[1] == b[1] or (math.isnan(a[1]) and math.isnan(b[1])))]
     if changed:
         raise UserInputError(f"{name} changed its input tensor(s) #{', #'.join(map(str, changed))} in place: "
@@ -276,15 +217,25 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     # counting: caller's figures first, estimates labelled as such
     read_b, written_b = required_bytes((args, kwargs), out)
     del out
-    traffic = count_traffic(fn, args, kwargs)
+    try:
+        traffic = count_traffic(fn, args, kwargs)
+    except Exception as e:  # a function that will not run under a dispatch mode: no traffic model
+        traffic = Traffic()
+        notes.append(f"the traffic model could not run the function ({type(e).__name__}: "
+                     f"{' '.join(str(e).split())[:150]}); moved bytes = required bytes")
+    flops_est, flops_src = 0, "estimated: torch.utils.flop_counter (matmul family only; none inside Triton or compiled graphs)"
+    if n_flops is None:
+        try:
+            flops_est = count_flops(fn, args, kwargs)
+        except Exception as e:
+            flops_src = f"not counted: FlopCounterMode failed ({type(e).__name__}); pass n_flops"
     counts: dict[str, Any] = {
         "required_read_bytes": read_b, "required_written_bytes": written_b,
         "n_bytes": int(n_bytes) if n_bytes is not None else read_b + written_b,
         "n_bytes_source": "given by the caller" if n_bytes is not None else
         "estimated: inputs read once + outputs written once (unique storages)",
-        "n_flops": int(n_flops) if n_flops is not None else count_flops(fn, args, kwargs),
-        "n_flops_source": "given by the caller" if n_flops is not None else
-        "estimated: torch.utils.flop_counter (matmul family only; none inside Triton or compiled graphs)",
+        "n_flops": int(n_flops) if n_flops is not None else flops_est,
+        "n_flops_source": "given by the caller" if n_flops is not None else flops_src,
         "ops": traffic.counts(), "by_op": traffic.by_op(), "first_call_s": first_call_s,
     }
 
@@ -293,16 +244,16 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     l2 = l2_bytes_of(dev)
     if make_inputs is not None:
         n_sets = n_rotating_sets(max(read_b, 1), l2)
-        arg_sets += [_make(make_inputs, "make_inputs") for _ in range(n_sets - 1)]
+        arg_sets += [make(make_inputs, "make_inputs") for _ in range(n_sets - 1)]
         for s in arg_sets[1:]:
-            _check_inputs(s, kwargs)
+            check_inputs(s, kwargs)
     elif l2 and read_b < 2 * l2:
         notes.append(f"inputs not rotated (no input factory): {read_b / 2**20:.1f} MiB read per call may be "
                      f"served from the {l2 / 2**20:.0f} MiB L2; pass an input factory (--inputs)")
-    call = (lambda *a: fn(*a, **kwargs)) if kwargs else fn
-    timing = time_fn(call, arg_sets, dev, n_warmup=3, n_rep=20, max_total_s=max_total_s)
+    run = (lambda *a: fn(*a, **kwargs)) if kwargs else fn
+    timing = time_fn(run, arg_sets, dev, n_warmup=3, n_rep=20, max_total_s=max_total_s)
     # question D: the same calls back to back as a caller runs them, one synchronise at the end
-    wall_ms = back_to_back_ms(call, arg_sets, dev, timing.median_ms)
+    wall_ms = back_to_back_ms(run, arg_sets, dev, timing.median_ms)
     try:
         prof = profile_calls(fn, arg_sets, kwargs, dev)
     except Exception as e:  # the measurement stands without a profile; the walk says what is missing

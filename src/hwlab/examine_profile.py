@@ -93,8 +93,8 @@ def triton_kernels(names: Sequence[str]) -> list[dict[str, Any]]:
     for obj in gc.get_objects():
         if not isinstance(obj, JITFunction):
             continue
-        caches = getattr(obj, "device_caches", None) or {}
-        for entry in list(caches.values()):
+        caches = getattr(obj, "device_caches", None) or getattr(obj, "cache", None) or {}
+        for entry in list(caches.values()):  # triton 3.x: device -> (kernel cache, ...); older: dict
             kernel_cache = entry[0] if isinstance(entry, tuple) else entry
             for k in list(getattr(kernel_cache, "values", lambda: [])()):
                 kname = getattr(getattr(k, "metadata", None), "name", None) or getattr(obj, "__name__", "")
@@ -196,8 +196,20 @@ def _summarise_gpu(events, n_calls: int, compiled: bool) -> ProfileSummary:
         d["us"] += hi - lo
         d["count"] += 1
     total = sum(d["us"] for d in per.values())
-    attributed = sum(d["us"] for n, d in per.items()
-                     if owner.get(n, (None, False))[0] and not owner.get(n, (None, False))[1])
+    triton = triton_kernels(list(per))
+    outside = {t["name"] for t in triton}
+
+    def seen_by_aten(name: str) -> bool:
+        """Positive evidence only: a Triton kernel, or a launcher with no aten op / a compiled
+        region above it, is outside; a kernel whose launcher the profiler did not link is not."""
+        if name in outside or name.startswith("triton"):
+            return False
+        if name in owner:
+            op, comp = owner[name]
+            return bool(op) and not comp
+        return True
+
+    attributed = sum(d["us"] for n, d in per.items() if seen_by_aten(n))
     top = []
     for name, d in sorted(per.items(), key=lambda kv: -kv[1]["us"])[:TOP_N]:
         cls, tc = kernel_class(name)
@@ -210,7 +222,7 @@ def _summarise_gpu(events, n_calls: int, compiled: bool) -> ProfileSummary:
         on_gpu=True, n_calls=n_calls, kernels_per_call=len(kern) / n_calls,
         busy_ms_per_call=_busy_us(intervals) / n_calls / 1e3, top=top,
         attributable_pct=100.0 * attributed / total if total else None, compiled_region=compiled,
-        triton=triton_kernels(list(per)), gemm_kernels=len(gemms) // n_calls,
+        triton=triton, gemm_kernels=len(gemms) // n_calls,
         tensor_core_gemm_kernels=sum(1 for (c, t), _ in classes if c in ("gemm", "fp8-gemm") and t) // n_calls,
         fp8_gemm_kernels=gemms.count("fp8-gemm") // n_calls,
         source="torch.profiler device kernels (CUPTI)")
