@@ -59,7 +59,8 @@ def main(argv=None) -> int:
         torch.cuda.set_device(local_rank)
     dev = torch.device("cuda", local_rank) if gpu else torch.device("cpu")
     dist.init_process_group("nccl" if gpu else "gloo")
-    groups = parse_groups(a.tp_groups or ";".join(f"{i},{i + 1}" for i in range(0, world - 1, 2)), world)
+    pairs = ";".join(",".join(str(r) for r in range(i, min(i + 2, world))) for i in range(0, world, 2))
+    groups = parse_groups(a.tp_groups or pairs, world)  # default: consecutive pairs (one rank alone if odd)
     pgs = [dist.new_group(g) for g in groups]  # every rank creates every group, in the same order
     tp_pg = pgs[next(i for i, g in enumerate(groups) if rank in g)]
     if not a.no_capture:

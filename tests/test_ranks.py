@@ -93,3 +93,20 @@ def test_tail_split_rule():
     tail, pct = ranks.tail_split({0: 10.0, 1: 11.0, 2: 11.5, 3: 10.2})  # jitter: no 1.25x jump
     assert tail == [] and 0 < pct < 25
     assert ranks.quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5  # interpolating, as measure.Timing
+
+
+RECORDED_NCCL = ROOT / "src" / "hwlab" / "recorded" / "runs" / "straggler_nccl_h200"
+
+
+@pytest.mark.skipif(not RECORDED_NCCL.is_dir(), reason="the NCCL run on the H200 is not recorded yet "
+                    "(benchmarks/record_straggler_nccl.sh; see docs/RUNBOOK.md)")
+def test_recorded_nccl_run_on_gpus():
+    """The same example over NCCL on the lent H200s: GPU ordinals from NVML, CUDA-event clock."""
+    rep = ranks.report(RECORDED_NCCL)
+    n = rep["n_ranks"]
+    assert all(s["clock"] == "CUDA events" for s in rep["per_rank"].values())
+    assert all(p["device"]["gpu_source"].startswith("PCI bus id") for p in
+               (json.loads(x.read_text()) for x in RECORDED_NCCL.glob("*/rank-*.json")))
+    if n > 1:
+        assert rep["tail_ranks"] == [n - 1] and rep["flowchart"]["leaf"] == "L"
+        assert any(v["routes"] for v in rep["nccl_routes"].values())  # NCCL's chosen transports parsed

@@ -133,10 +133,11 @@ def device_of_rank(local_rank: int, snap: dict[str, Any], topo: Topology | None,
 
         p = torch.cuda.get_device_properties(cuda_index)
         d["name"] = p.name
-        d["pci_bus_id"] = _bus(getattr(p, "pci_domain_id", 0), p.pci_bus_id, p.pci_device_id)
+        if hasattr(p, "pci_bus_id"):  # torch >= 2.1 exposes the PCI location
+            d["pci_bus_id"] = _bus(getattr(p, "pci_domain_id", 0), p.pci_bus_id, getattr(p, "pci_device_id", 0))
         for g in snap.get("gpus", []):
             b = g.get("pci_bus_id")
-            if isinstance(b, str) and _norm_bus(b) == _norm_bus(d["pci_bus_id"]):
+            if d["pci_bus_id"] and isinstance(b, str) and _norm_bus(b) == _norm_bus(d["pci_bus_id"]):
                 d["gpu"], d["gpu_source"] = f"GPU{g['index']}", "PCI bus id matched to NVML's ordinal"
                 break
         else:

@@ -270,7 +270,8 @@ def render(rep: dict[str, Any]) -> str:
         if isinstance(p, str):
             out.append(f"  rank {r}: {p}")
         else:
-            out.append(f"  rank {r}: {p['host']} {p['gpu'] or 'no GPU'} ({p['gpu_source']}), NUMA {p['numa_node']}, "
+            gpu = f"{p['gpu']} ({p['gpu_source']})" if p["gpu"] else "no GPU"
+            out.append(f"  rank {r}: {p['host']} {gpu}, NUMA {p['numa_node']}, "
                        f"CPUs {p['cpu_affinity']} ({p['numa_binding']}); TP group {p['tp_group']} slowest link "
                        f"{p['tp_group_slowest_link'] or 'unknown'} [topology: {p['topology_source']}]")
     cap = rep["capture"]
@@ -284,7 +285,7 @@ def render(rep: dict[str, Any]) -> str:
     if sp["global_steps"]:
         out.append(f"spikes on all ranks at steps {sp['global_steps'][:12]} ({sp['rule']}): a global event")
     for r, v in sp["local"].items():
-        per = f", every {v['period']} steps" if v["period"] else ""
+        per = f", every {v['period']:g} steps" if v["period"] else ""
         out.append(f"spikes on rank {r} only: steps {v['steps'][:12]}{per}")
     for path, v in rep["nccl_routes"].items():
         out.append(f"NCCL routes (rank {v['rank']}): {v['routes'] or 'no route lines'} [{path}]")
