@@ -137,9 +137,64 @@ def test_incident_record_never_overwrites(tmp_path):
     md2, js2 = incident.save(inc, tmp_path)
     assert md1 != md2 and md1.read_text() == first
     assert "NCCL / NVLink / NUMA / rank mapping" in first and "NVIDIA H200" in first
+    assert "[BY HAND: not measured]" in first  # the by-hand B answer is labelled in the record
     assert incident.load(js1).diagnosis_path == ["B", "D", "K", "L"]
     with pytest.raises(ValueError, match="symptom_scope"):
         incident.from_diagnosis("t", None, d, symptom_scope="galaxy", symptom="", fix="", reverify="")
+
+
+def _no_unknowns(inc):
+    blob = json.dumps({"machine": inc.machine, "topology": inc.topology, "rank_mapping": inc.rank_mapping})
+    assert "null" not in blob and "unknown" not in blob.lower() and "?" not in blob, blob
+
+
+def test_incident_on_this_cpu_machine_says_what_it_is():
+    import torch
+    d = flowchart.diagnose({"slowdown_vs_floor": 3.0, "dram_pct_estimated": 80.0})
+    inc = incident.from_diagnosis("t", None, d, symptom_scope="single-card", symptom="s", fix="f", reverify="r")
+    _no_unknowns(inc)
+    if not torch.cuda.is_available():
+        assert inc.machine["gpu_model"] == f"no GPU: {incident.cpu_model()}"
+        assert inc.topology == "none: CPU only" and inc.rank_mapping == "1 process on CPU"
+        assert inc.machine["driver"].startswith("none: no NVIDIA driver")
+    assert inc.measured["slowdown_vs_floor"]["value"] == 3.0 and inc.measured["slowdown_vs_floor"]["how"] == "measured"
+
+
+def test_incident_from_a_recorded_gpu_run_fills_machine_from_its_snapshot():
+    """Lab 4's record has no NVML snapshot: driver, clocks and topology come from the kit's doctor
+    record of the same host and GPU, and the record says so. Re-verification is data."""
+    rec = recorded("lab04_fp8")
+    doc = recorded("doctor")
+    d = flowchart.diagnose({"slowdown_vs_floor": 1.1, "e2e_slowdown": 1.5, "rank_tail_pct": 0.0, "n_ranks": 1,
+                            "metric_sources": {"e2e_slowdown": "stream TPOT p50 over prediction"}})
+    after = {"slowdown_vs_floor": 1.1, "e2e_slowdown": 1.05, "rank_tail_pct": 0.0, "n_ranks": 1}
+    inc = incident.from_diagnosis("t", rec, d, symptom_scope="inference", symptom="s", fix="f",
+                                  reverify="Lab 4 stream", reverify_evidence=after, reverify_probe="Lab 4 stream, fixed")
+    _no_unknowns(inc)
+    assert inc.machine["gpu_model"] == "NVIDIA H200 x1" and inc.machine["driver"] == doc.versions["driver"]
+    assert "doctor record of the same host" in inc.machine["source"]
+    assert "single GPU" in inc.topology and inc.rank_mapping.startswith("1 process: rank 0 -> GPU0 (")
+    g = doc.snapshot["gpus"][0]
+    state = next(x for x in inc.key_evidence if x.startswith("state: "))
+    assert f"SM clock {g['sm_clock_mhz']}/{g['sm_clock_max_mhz']} MHz" in state and f"{g['temperature_c']} C" in state
+    assert "clock events: " in state
+    assert "[measured: stream TPOT p50 over prediction]" in "\n".join(inc.key_evidence)
+    assert inc.measured["e2e_slowdown"]["value"] == 1.5 and inc.measured["rank_tail_pct"]["how"] == "measured"
+    r = inc.reverify_result
+    assert r["probe"] == "Lab 4 stream, fixed" and r["measured"]["e2e_slowdown"] == 1.05 and r["leaf"] == "OK"
+    assert inc.reverified is True and "re-measured with Lab 4 stream, fixed" in inc.to_markdown()
+
+
+def test_incident_multi_rank_wait_per_rank(tmp_path):
+    d = flowchart.diagnose({"slowdown_vs_floor": 1.0, "e2e_slowdown": 3.6, "rank_tail_pct": 337.0, "n_ranks": 6})
+    inc = incident.from_diagnosis("t", recorded("lab03_slowlink", "cpu"), d, symptom_scope="multi-GPU", symptom="s",
+                                  fix="f", reverify="r", collective_wait_ms={0: 4.9, 2: 87.2})
+    _no_unknowns(inc)
+    assert inc.collective_wait_ms == {"0": 4.9, "2": 87.2}
+    assert "collective wait per rank: rank 0 4.9 ms, rank 2 87.2 ms" in inc.key_evidence
+    assert inc.machine["gpu_model"].startswith("no GPU: ")
+    _, js = incident.save(inc, tmp_path)
+    assert incident.load(js).collective_wait_ms == {"0": 4.9, "2": 87.2}
 
 
 def test_cli_baseline_and_incident(tmp_path, monkeypatch):
@@ -157,20 +212,31 @@ def test_cli_baseline_and_incident(tmp_path, monkeypatch):
             "--reverify", "lab01 probe", "--observations", str(obs), "--out", str(tmp_path / "inc"))
     assert r.returncode == 0 and "bandwidth / layout / fusion" in r.stdout
     assert len(list((tmp_path / "inc").glob("*.md"))) == 1
+    rec = json.loads(next((tmp_path / "inc").glob("*.json")).read_text())  # filled from this machine
+    for v in (rec["machine"]["gpu_model"], rec["machine"]["driver"], rec["topology"], rec["rank_mapping"]):
+        assert v and "unknown" not in v.lower()
 
 
-def test_scenarios_on_cpu_and_recorded():
+def test_scenarios_on_cpu_measure_every_answer():
     d = scenarios.dtype_path(size=128, copy_gbps=10.0)
     assert set(d["flowchart_evidence"]) == {"fp32", "bf16", "bf16_unaligned"}
     for m in d["measurements"].values():
         assert m.rel_err <= m.tol
-    sc = recorded("scenarios")
-    fe = sc.extra["dtype_path"]["flowchart_evidence"]
-    assert flowchart.diagnose(fe["fp32"]).leaf_id == "I"
-    assert flowchart.diagnose(fe["bf16"]).leaf_id == "OK"
-    w = sc.extra["workload"]["flowchart_evidence"]
-    assert flowchart.diagnose(w["tuned-shape prediction"]).leaf_id == "M"
-    assert flowchart.diagnose(w["bucketed prediction"]).leaf_id == "OK"
+    for k, ev in d["flowchart_evidence"].items():
+        assert not flowchart.by_hand_keys(ev) and ev["n_ranks"] == 1
+        svc = d["service"][k]  # D re-derived from the service step the run measured
+        assert ev["e2e_slowdown"] == pytest.approx(svc["service_step_ms"] / svc["service_predicted_ms"])
+        walk = flowchart.diagnose(ev)
+        assert walk.steps and not walk.by_hand
+    w = scenarios.workload_mix()
+    for k, ev in w["flowchart_evidence"].items():
+        walk = flowchart.diagnose(ev)  # CPU speeds against cached CPU ceilings: any leaf, all measured
+        assert walk.fully_measured, walk.explain()
+        assert ev["rank_tail_pct"] == pytest.approx(scenarios.rank_tail_pct([w["step_samples_ms"]])) == 0.0
+    t = w["flowchart_evidence"]["tuned-shape prediction"]
+    assert t["slowdown_vs_floor"] == pytest.approx(w["tuned"].t_ms / w["floor_tuned_ms"])
+    assert t["e2e_slowdown"] == pytest.approx(w["measured_step_ms"] / w["predicted_from_tuned_ms"])
+    assert scenarios.rank_tail_pct([[1.0, 1.0], [1.5, 1.5], [1.0]]) == pytest.approx(50.0)
 
 
 def test_every_leaf_has_a_recorded_scenario():

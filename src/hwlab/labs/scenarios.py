@@ -184,6 +184,7 @@ def workload_mix(device=None, n_rep: int = 10, ceilings=None) -> dict[str, Any]:
     tuned_floor = floor_ms(tuned.n_flops, tuned.n_bytes, rate, copy)
     bucket_floor = sum(floor_ms(buckets[label].n_flops, buckets[label].n_bytes, rate, copy) * c
                        for label, *_s, c in mix)
+    bucket_bytes = sum(buckets[label].n_bytes * c for label, *_s, c in mix)
     k_src = "per-step times of the one process serving the mix (n_ranks=1), measured"
     ceil_src = f"this machine's ceilings ({dname} GEMM {rate:.4g} TFLOP/s, copy {copy:.4g} GB/s)"
     return {"tuned": tuned, "buckets": buckets, "measured_step_ms": measured,
@@ -195,6 +196,7 @@ def workload_mix(device=None, n_rep: int = 10, ceilings=None) -> dict[str, Any]:
             "flowchart_evidence": {
                 "tuned-shape prediction": {
                     "slowdown_vs_floor": tuned.t_ms / tuned_floor, "e2e_slowdown": measured / pred_tuned_ms,
+                    "dram_pct_estimated": 100.0 * tuned.gbps / copy, "tensor_pct_of_peak": 100.0 * tuned.tflops / rate,
                     "rank_tail_pct": tail, "n_ranks": 1,
                     "metric_sources": {
                         "slowdown_vs_floor": f"{tuned.name} alone vs its floor at {ceil_src}",
@@ -202,6 +204,8 @@ def workload_mix(device=None, n_rep: int = 10, ceilings=None) -> dict[str, Any]:
                         "rank_tail_pct": k_src}},
                 "bucketed prediction": {
                     "slowdown_vs_floor": pred_bucket_ms / bucket_floor, "e2e_slowdown": measured / pred_bucket_ms,
+                    "dram_pct_estimated": 100.0 * bucket_bytes / (pred_bucket_ms * 1e-3) / 1e9 / copy,
+                    "tensor_pct_of_peak": 100.0 * flops / (pred_bucket_ms * 1e-3) / 1e12 / rate,
                     "rank_tail_pct": tail, "n_ranks": 1,
                     "metric_sources": {
                         "slowdown_vs_floor": f"each bucket's GEMM alone (x its count) vs its floor at {ceil_src}",
