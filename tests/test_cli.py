@@ -199,3 +199,17 @@ def test_lab_serves_as_this_user_with_the_venvs_kernel(tmp_path):
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=30)
+
+
+def test_readme_documents_every_command_and_exit_code():
+    from pathlib import Path
+
+    from hwlab import cli
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## The CLI", 1)[1].split("\n## ", 1)[0]
+    sub = next(a for a in cli.build_parser()._actions if a.dest == "cmd")
+    for name in sub.choices:
+        assert f"hwlab {name}" in section, f"README's CLI section does not show `hwlab {name}`"
+    for code in "0123":
+        assert f"| {code} |" in section
