@@ -61,3 +61,43 @@ def render(ex) -> str:
     if ex.notes:
         lines += ["", "notes"] + [f"  - {n}" for n in ex.notes]
     return "\n".join(lines)
+
+
+def table(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per recorded examination (``examine.json``'s entries): the leaf beside the one its
+    cause predicts, and the measured figures the walk turned on."""
+    rows = []
+    for e in entries:
+        ev = e.get("evidence") or {}
+        rows.append({"function": e["name"], "leaf": e.get("leaf"), "expected": e.get("expected_leaf"),
+                     "path": " > ".join(e.get("path") or []),
+                     "slowdown_vs_floor": ev.get("slowdown_vs_floor"),
+                     "dram_pct_estimated": ev.get("dram_pct_estimated"),
+                     "sector_amplification": ev.get("sector_amplification"),
+                     "tensor_pct_of_peak": ev.get("tensor_pct_of_peak"),
+                     "launch_gap_pct": ev.get("launch_gap_pct"), "n_spills": ev.get("n_spills"),
+                     "error": e.get("error")})
+    return rows
+
+
+def plot_slowdowns(rows: list[dict[str, Any]], source: str, ax=None):
+    """Bars of slowdown over the roofline floor per function (log scale), labelled by leaf, with
+    the flowchart's 1.5x line."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3.4))
+    rows = [r for r in rows if r.get("slowdown_vs_floor")]
+    names = [r["function"] for r in rows]
+    vals = [r["slowdown_vs_floor"] for r in rows]
+    bars = ax.bar(names, vals, color=["tab:green" if r["leaf"] == "OK" else "tab:orange" for r in rows])
+    for b, r in zip(bars, rows):
+        ax.annotate(f"{r['leaf'] or '?'}", (b.get_x() + b.get_width() / 2, b.get_height()),
+                    ha="center", va="bottom", fontsize=8)
+    ax.axhline(1.5, ls="--", color="r", lw=0.8, label="B: slow at >= 1.5x the floor")
+    ax.set_yscale("log")
+    ax.set_ylabel("measured time / roofline floor")
+    ax.set_title(f"hwlab examine: time over each function's floor, leaf on top\n({source})", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.tick_params(axis="x", labelrotation=20, labelsize=7)
+    return ax
