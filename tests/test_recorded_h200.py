@@ -59,3 +59,50 @@ def test_lab01_lands_on_the_bandwidth_leaf_and_the_fix_leaves_it():
     # the counted figures (ncu) agree with the estimate's story
     c = ev.extra["counters"]
     assert c["strided"]["sector_amplification"] > 4 * c["coalesced"]["sector_amplification"]
+
+
+def test_scenarios_answer_every_question_by_measurement():
+    """recorded/h200/scenarios.json: B, D and K of every scenario walk re-derived from the
+    recorded timings (dtype path: each GEMM against bf16's rate, its service step over its own
+    median x calls; workload: the tuned shape against this machine's floor, the measured mixed
+    step over the single-shape prediction, the one process's steps for the rank tail). Fails on
+    a scenarios.json recorded before the scenarios measured B/D/K: re-record with --only scenarios."""
+    import statistics
+
+    from hwlab.labs.scenarios import floor_ms, rank_tail_pct
+
+    sc = recorded("scenarios")
+    assert sc.device == "NVIDIA H200"
+    dtype_ms = dict(zip(("fp32", "tf32", "bf16", "bf16_unaligned"), sc.results[:4]))
+    dp = sc.extra["dtype_path"]
+    for k, ev in dp["flowchart_evidence"].items():
+        m, svc = dtype_ms[k], dp["service"][k]
+        assert ev["slowdown_vs_floor"] == pytest.approx(dtype_ms["bf16"].tflops / m.tflops)
+        assert ev["tensor_pct_of_peak"] == pytest.approx(100 * m.tflops / dtype_ms["bf16"].tflops)
+        assert svc["service_predicted_ms"] == pytest.approx(svc["service_calls"] * m.t_ms)
+        assert ev["e2e_slowdown"] == pytest.approx(svc["service_step_ms"] / svc["service_predicted_ms"])
+        assert ev["n_ranks"] == 1 and ev["rank_tail_pct"] == 0.0
+        walk = diagnose(ev)
+        assert walk.fully_measured and not any(b in ev for b in ("single_gpu_slow", "multi_gpu_or_service_slow")), \
+            walk.explain()
+    fe = dp["flowchart_evidence"]
+    assert diagnose(fe["fp32"]).leaf_id == "I" and diagnose(fe["bf16"]).leaf_id == "OK"
+
+    w = sc.extra["workload"]
+    tuned, buckets = sc.results[4], sc.results[5:]
+    rate, copy = w["ceilings"]["gemm_tflops"], w["ceilings"]["copy_gbps"]
+    mix = w["mix"]
+    flops = sum(2 * M * N * K * c for _l, M, N, K, c in mix)
+    assert w["measured_step_ms"] == pytest.approx(statistics.median(w["step_samples_ms"]))
+    pred_tuned = flops / (tuned.tflops * 1e12) * 1e3
+    pred_buckets = sum(b.t_ms * row[4] for b, row in zip(buckets, mix))
+    t, bk = w["flowchart_evidence"]["tuned-shape prediction"], w["flowchart_evidence"]["bucketed prediction"]
+    assert t["slowdown_vs_floor"] == pytest.approx(tuned.t_ms / floor_ms(tuned.n_flops, tuned.n_bytes, rate, copy))
+    assert t["e2e_slowdown"] == pytest.approx(w["measured_step_ms"] / pred_tuned)
+    assert bk["e2e_slowdown"] == pytest.approx(w["measured_step_ms"] / pred_buckets)
+    floor_b = sum(floor_ms(b.n_flops, b.n_bytes, rate, copy) * row[4] for b, row in zip(buckets, mix))
+    assert bk["slowdown_vs_floor"] == pytest.approx(pred_buckets / floor_b)
+    for ev in (t, bk):
+        assert ev["n_ranks"] == 1 and ev["rank_tail_pct"] == pytest.approx(rank_tail_pct([w["step_samples_ms"]]))
+        assert diagnose(ev).fully_measured
+    assert diagnose(t).leaf_id == "M" and diagnose(bk).leaf_id != "M"

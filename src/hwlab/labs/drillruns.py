@@ -149,7 +149,9 @@ def _launch(case: str, dev) -> dict[str, Any]:
         step = g.replay
     busy_ms = _kernel_busy_ms(lambda: registers.decode_like_step(x, weights))
     t = time_fn(step, [()], dev, n_warmup=5, n_rep=50)
+    n_bytes = 3 * n_layers * 2 * hidden * 4  # each of the 3 kernels per layer reads and writes the hidden vector
     ev = {"slowdown_vs_floor": t.median_ms / busy_ms,
+          "dram_pct_estimated": 100.0 * n_bytes / (t.median_ms * 1e-3) / 1e9 / _copy_gbps(dev),
           "launch_gap_pct": max(0.0, 100.0 * (1 - busy_ms / t.median_ms)),
           "kernel_busy_ms": busy_ms, "step_ms": t.median_ms}
     ev.update(_service(step, lambda: (), t.median_ms, dev))
@@ -157,6 +159,7 @@ def _launch(case: str, dev) -> dict[str, Any]:
         "slowdown_vs_floor": f"{case} step (median of {len(t.samples_ms)}) over its kernels' device time "
                              "(torch.profiler, same run)",
         "launch_gap_pct": "1 - kernels' device time / step time, both measured in this run",
+        "dram_pct_estimated": "the step's bytes over its time, vs the copy ceiling measured in this run",
         **scenarios.SERVICE_SOURCE}
     return ev
 
