@@ -225,3 +225,39 @@ def test_recorded_stream_shows_the_seed_signature(rec):
     for ctx_b in ("ctx 512 x16", "ctx 4096 x16", "ctx 32768 x4"):
         assert walk[f"mixed {ctx_b}"]["e2e_slowdown"] > walk[f"bf16 {ctx_b}"]["e2e_slowdown"]
     assert rec.extra["flowchart_leaves"]["mixed ctx 512 x16"] == "M"  # where weights dominate
+
+
+def test_memory_guard_counts_the_stream_before_allocating():
+    from hwlab.measure import InsufficientMemoryError
+
+    with pytest.raises(InsufficientMemoryError, match="streams"):
+        L.run(cfg=L.TINY, buckets=[(16, 2)], streams=[L.StreamSpec(2**34, 64, 1)], device="cpu")
+
+
+def test_refresh_part_lab04_records_the_stream_end_to_end_on_cpu(tmp_path):
+    """The device command's own code path (benchmarks/refresh_gpu_evidence.py, part lab04), run
+    here at the lab's CPU sizes: the record carries the stream, the reports, the signature and
+    the walk, and they re-derive from it."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from hwlab.evidence import load
+
+    spec = importlib.util.spec_from_file_location(
+        "refresh_gpu_evidence", Path(__file__).parents[1] / "benchmarks" / "refresh_gpu_evidence.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    summary: list[str] = []
+    mod.part_lab04(tmp_path, summary)
+    path = tmp_path / "lab04_fp8.json"
+    json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    ev = load(path)
+    assert not ev.is_gpu
+    res = ev.extra["run"]["stream"]
+    walk = _check_report(res, ev.ceilings["copy_gbps"])
+    assert set(ev.extra["flowchart_evidence"]) == set(walk)
+    for p, rep in ev.extra["stream_reports"].items():
+        assert rep == L.performance_report(res, p)
+    assert [s["ctx"] for s in ev.extra["seed_signature"]] == [s.ctx for s in L.default_streams("cpu")]
+    assert any("lab04 walk mixed" in line for line in summary)

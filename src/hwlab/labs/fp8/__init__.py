@@ -20,14 +20,19 @@ path (main matmuls FP8, connector and head dequantized, KV cache bf16); the ``fi
 (FP8 where it is hit, the head kept in bf16 on purpose, FP8 KV cache for long-context
 buckets). Probes: weight and KV memory, prefill (TTFT) and decode (TPOT) time per context
 bucket, FP8 hit rate and dequant/requant count per token from ``torch.profiler``, and the
-logit error against the bf16 path.
+logit error against the bf16 path; then a seeded request stream per context bucket
+(continuous batching, mixed prompt and output lengths) served by bf16, mixed and fixed, one
+performance report per path (hit rate, fallbacks and dequant/requant per token per bucket,
+time by kernel class, TTFT and TPOT p50/p99), and the flowchart's B, D and K measured on it.
 
-Recorded on the H200 (``recorded/h200/lab04_fp8.json``; history and analysis in
-``benchmarks/LAB04_NOTES.md``): ``mixed`` cuts weight memory 40% while decode TPOT gets 5-15%
-*worse* (the seed's signature); ``fixed`` (zero fallbacks, cuBLAS FP8 GEMMs with calibrated
-activation scales, head bf16 on purpose, FP8 KV from 4k read by an attention kernel that reads
-FP8) improves decode TPOT 33% at 4k and 37% at 32k context, 22% at 512 (where its bytes promise
-29%), and TTFT 14-37%; an FP8 KV cache dequantized before attention is ~10-20x slower per step.
+Modules, one job each: :mod:`.model` (the decoder, its precision paths, the KV cache),
+:mod:`.traffic` (the byte model), :mod:`.profile` (hit rate, fallbacks, time by kernel
+class), :mod:`.run` (the fixed-bucket run and its tables), :mod:`.stream` (the serving
+stream), :mod:`.report` (the per-path performance report), :mod:`.walk` (flowchart evidence),
+:mod:`.grader` (exercise 04). Every name is re-exported here: ``fp8.<name>``.
+
+What the H200 measured: ``recorded/h200/lab04_fp8.json``, with its history and analysis in
+``benchmarks/LAB04_NOTES.md``.
 """
 from __future__ import annotations
 
