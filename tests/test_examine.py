@@ -268,3 +268,35 @@ def test_cli_without_inputs_says_what_to_pass(tmp_path):
     r = _hwlab("examine", f"{tmp_path / 'mine.py'}:f", "--inputs", f"{tmp_path / 'inp.py'}:make", "--json")
     assert r.returncode in (0, 1), r.stderr[-1000:]
     assert not math.isnan(json.loads(r.stdout)["measurement"]["t_ms"])
+
+
+def test_gpu_profile_summary_from_a_profiler_shaped_event_list():
+    """The GPU summariser's arithmetic (busy time as a union, per-call counts, attribution, the
+    launching op) on events shaped like torch.profiler's FunctionEvents; the real CUPTI capture is
+    exercised by the H200 recording (examine.json)."""
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+
+    from hwlab.examine_profile import CALL_MARK, _summarise_gpu
+
+    def ev(name, dev, start=0.0, end=0.0, kernels=(), parent=None):
+        return NS(name=name, device_type=dev, time_range=NS(start=start, end=end),
+                  kernels=[NS(name=k) for k in kernels], cpu_parent=parent)
+
+    call = ev(CALL_MARK, DeviceType.CPU)
+    mm = ev("aten::mm", DeviceType.CPU, kernels=["nvjet_tst_128x256_h_bz"], parent=call)
+    launch = ev("cuLaunchKernelEx", DeviceType.CPU, kernels=["my_triton_kernel"], parent=call)
+    events = [call, mm, launch,
+              ev(CALL_MARK, DeviceType.CUDA, 0, 500),  # the range mirrored on the GPU: not a kernel
+              ev("nvjet_tst_128x256_h_bz", DeviceType.CUDA, 0, 100),
+              ev("nvjet_tst_128x256_h_bz", DeviceType.CUDA, 50, 150),  # overlaps the first: busy once
+              ev("my_triton_kernel", DeviceType.CUDA, 300, 400)]
+    s = _summarise_gpu(events, n_calls=2, compiled=False)
+    assert s.kernels_per_call == 1.5
+    assert s.busy_ms_per_call == pytest.approx(250 / 2 / 1e3)
+    assert s.attributable_pct == pytest.approx(100 * 200 / 300)  # the Triton launch has no aten op above it
+    assert s.top[0]["name"].startswith("nvjet") and s.top[0]["launched_by"] == "aten::mm"
+    assert s.top[0]["class"] == "gemm" and s.top[0]["tensor_core"] is True and s.top[0]["per_call"] == 1
+    assert s.launch_gap_pct(0.5) == pytest.approx(75.0)
+    assert s.gemm_kernels == 1 and s.tensor_core_gemm_kernels == 1

@@ -50,7 +50,8 @@ from .examine_inputs import call, check_inputs, fingerprint, make
 from .examine_estimate import Traffic, count_flops, count_traffic, required_bytes, tensors_of
 from .examine_profile import ProfileSummary, profile_calls
 from .flowchart import LEAVES, Diagnosis, diagnose, evidence_from_measurement
-from .measure import Measurement, device_name, l2_bytes_of, n_rotating_sets, synchronize, time_fn
+from .measure import (InsufficientMemoryError, Measurement, device_name, l2_bytes_of, n_rotating_sets,
+                      require_memory, synchronize, time_fn)
 from .store import dumps_strict
 from .system import versions
 
@@ -181,6 +182,9 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     if not callable(fn):
         raise UserInputError(f"{fn!r} is not callable: pass a function (MODULE:FUNC on the command line)")
     name = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    for what, v in (("n_bytes", n_bytes), ("n_flops", n_flops)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise UserInputError(f"{what}={v!r}: give a whole number >= 0, or leave it out to estimate it")
     notes: list[str] = []
     if make_inputs is not None:
         if args:
@@ -244,6 +248,11 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     l2 = l2_bytes_of(dev)
     if make_inputs is not None:
         n_sets = n_rotating_sets(max(read_b, 1), l2)
+        try:
+            require_memory(read_b * (n_sets - 1), dev, what="the rotating input sets")
+        except InsufficientMemoryError:
+            notes.append(f"{n_sets} rotating input sets do not fit in free memory: timed on one set")
+            n_sets = 1
         arg_sets += [make(make_inputs, "make_inputs") for _ in range(n_sets - 1)]
         for s in arg_sets[1:]:
             check_inputs(s, kwargs)

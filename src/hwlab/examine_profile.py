@@ -22,6 +22,7 @@ whose compiled metadata (registers, spills) is reachable in this process.
 from __future__ import annotations
 
 import gc
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -90,9 +91,10 @@ def triton_kernels(names: Sequence[str]) -> list[dict[str, Any]]:
         return []
     wanted = set(names)
     found: dict[str, dict[str, Any]] = {}
-    for obj in gc.get_objects():
-        if not isinstance(obj, JITFunction):
-            continue
+    with warnings.catch_warnings():  # isinstance on some lazy torch objects warns (deprecations)
+        warnings.simplefilter("ignore")
+        jit_fns = [o for o in gc.get_objects() if isinstance(o, JITFunction)]
+    for obj in jit_fns:
         caches = getattr(obj, "device_caches", None) or getattr(obj, "cache", None) or {}
         for entry in list(caches.values()):  # triton 3.x: device -> (kernel cache, ...); older: dict
             kernel_cache = entry[0] if isinstance(entry, tuple) else entry
