@@ -1,14 +1,16 @@
-"""An update written as a Python loop over a small tensor: 128 tiny kernels per call, each
-finishing long before the next one is launched."""
+"""A row-by-row Python loop over a small matrix: per row an index, a multiply, a tanh and a
+copy into the output, so 192 tiny kernels per call, each finishing long before the host has
+launched the next one."""
 import torch
 
 
-def tiny_kernels(x):
-    for _ in range(64):
-        x = x * 0.999 + 0.001
-    return x
+def tiny_kernels(x, w):
+    out = torch.empty_like(x)
+    for i in range(x.shape[0]):
+        out[i] = torch.tanh(x[i] * w)
+    return out
 
 
 def inputs():
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    return (torch.randn(4096, device=dev),)
+    return torch.randn(64, 1024, device=dev), torch.randn(1024, device=dev)

@@ -38,7 +38,7 @@ REFERENCES = {
     "gemm_fp32": lambda a, b: a.double() @ b.double(),
     "gemm_misaligned": lambda a, b: a.double() @ b.double(),
     "gemm_bf16": lambda a, b: a.double() @ b.double(),
-    "tiny_kernels": lambda x: x.double() * 0.999 ** 64 + 0.001 * sum(0.999 ** i for i in range(64)),
+    "tiny_kernels": lambda x, w: torch.tanh(x.double() * w.double()),
     "triton_spill": lambda a, b: a.double() @ b.double(),
 }
 TOL = {"gemm_misaligned": 2e-2, "gemm_bf16": 2e-2, "triton_spill": 5e-3}

@@ -100,7 +100,7 @@ def triton_kernels(names: Sequence[str]) -> list[dict[str, Any]]:
             kernel_cache = entry[0] if isinstance(entry, tuple) else entry
             for k in list(getattr(kernel_cache, "values", lambda: [])()):
                 kname = getattr(getattr(k, "metadata", None), "name", None) or getattr(obj, "__name__", "")
-                if kname not in wanted:
+                if kname not in wanted and not any(kname and kname in w for w in wanted):
                     continue
                 try:
                     if hasattr(k, "_init_handles"):
@@ -113,7 +113,8 @@ def triton_kernels(names: Sequence[str]) -> list[dict[str, Any]]:
                     continue
                 prev = found.get(kname)
                 if prev is None or (spills or 0) > (prev.get("n_spills") or 0):
-                    found[kname] = {"name": kname, "n_regs": int(regs), "n_spills": int(spills or 0),
+                    shown = next((w for w in wanted if kname in w), kname)  # the profiler's name
+                    found[kname] = {"name": shown, "n_regs": int(regs), "n_spills": int(spills or 0),
                                     "source": "triton compiled kernel metadata (ptxas)"}
     return sorted(found.values(), key=lambda d: d["name"])
 
