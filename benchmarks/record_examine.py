@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -44,6 +45,8 @@ EXPECTED = {
 }
 #: examples also examined through the command line (a subprocess, --json)
 CLI_TARGETS = ("unfused_chain", "gemm_bf16")
+#: ... and once more with --ncu where `ncu` exists (counted figures beside the estimates)
+NCU_TARGETS = ("shuffled_gather",)
 
 
 def _entry(name: str, ex) -> dict:
@@ -55,9 +58,9 @@ def _entry(name: str, ex) -> dict:
             "measurement": ex.measurement.name, "ncu": ex.ncu, "error": None}
 
 
-def _cli(name: str, env: dict) -> dict:
+def _cli(name: str, env: dict, *extra: str) -> dict:
     cmd = [sys.executable, "-c", "import sys; from hwlab.cli import main; sys.exit(main(sys.argv[1:]))",
-           "examine", f"examples/{name}.py:{name}", "--json"]
+           "examine", f"examples/{name}.py:{name}", "--json", *extra]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     out = {"command": "hwlab examine " + " ".join(cmd[4:]), "rc": r.returncode,
@@ -65,7 +68,8 @@ def _cli(name: str, env: dict) -> dict:
     try:
         d = json.loads(r.stdout)
         out.update(leaf=d["walk"]["leaf"], path=d["walk"]["path"], evidence=d["evidence"],
-                   evidence_sources=d["evidence_sources"], label=d["label"])
+                   evidence_sources=d["evidence_sources"], label=d["label"], ncu=d.get("ncu"),
+                   notes=d.get("notes"))
     except (json.JSONDecodeError, KeyError) as e:
         out["error"] = f"no JSON examination on stdout ({e})"
     return out
@@ -105,16 +109,22 @@ def main(argv: list[str] | None = None) -> int:
         entries.append(e)
         print(f"{name:18s} leaf {e['leaf']!s:4s} expected {EXPECTED[name]:3s} ({e['wall_s']:.1f} s)"
               + (f"  ERROR {e['error']}" if e.get("error") else ""), flush=True)
-    cli_runs = {}
+    cli_runs: dict = {}
+    cli_ncu: dict = {}
     if not a.no_cli:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
         for name in (n for n in CLI_TARGETS if n in names):
             cli_runs[name] = _cli(name, env)
             print(f"{name:18s} CLI leaf {cli_runs[name].get('leaf')} rc {cli_runs[name]['rc']}", flush=True)
+        if gpu and shutil.which("ncu"):
+            for name in (n for n in NCU_TARGETS if n in names):
+                cli_ncu[name] = _cli(name, env, "--ncu")
+                print(f"{name:18s} CLI --ncu leaf {cli_ncu[name].get('leaf')} counters "
+                      f"{(cli_ncu[name].get('ncu') or {}).get('evidence')}", flush=True)
     rec = Evidence(kind="examine", machine=machine_info(dev), results=results, ceilings=c.to_dict(),
                    versions=versions(),
-                   extra={"entries": entries, "cli": cli_runs, "tiny": a.tiny, "on_gpu": gpu,
+                   extra={"entries": entries, "cli": cli_runs, "cli_ncu": cli_ncu, "tiny": a.tiny, "on_gpu": gpu,
                           "ceilings_label": c.label, "expected": EXPECTED})
     rec.save(out_path)
     ok = sum(1 for e in entries if e["leaf"] == e["expected_leaf"])

@@ -300,3 +300,24 @@ def test_gpu_profile_summary_from_a_profiler_shaped_event_list():
     assert s.top[0]["class"] == "gemm" and s.top[0]["tensor_core"] is True and s.top[0]["per_call"] == 1
     assert s.launch_gap_pct(0.5) == pytest.approx(75.0)
     assert s.gemm_kernels == 1 and s.tensor_core_gemm_kernels == 1
+
+
+def test_ncu_rows_become_time_weighted_counted_evidence():
+    from hwlab.examine_ncu import summarise
+    from hwlab.ncu import TENSOR_METRIC
+
+    rows = [{"kernel": "a", "gpu__time_duration.sum": 3000.0,
+             "dram__throughput.avg.pct_of_peak_sustained_elapsed": 80.0,
+             "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": 3200.0,
+             "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum": 100.0, TENSOR_METRIC: 0.0,
+             "launch__registers_per_thread": 40.0},
+            {"kernel": "b", "gpu__time_duration.sum": 1000.0,
+             "dram__throughput.avg.pct_of_peak_sustained_elapsed": 20.0,
+             "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": 0.0,
+             "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum": 0.0, TENSOR_METRIC: 60.0,
+             "launch__registers_per_thread": 128.0}]
+    s = summarise(rows)
+    assert s["evidence"]["dram_pct_of_peak"] == pytest.approx((3 * 80 + 20) / 4)
+    assert s["evidence"]["sector_amplification"] == pytest.approx(3200 / 100 / 4)  # 8x: a sector per item
+    assert s["evidence"]["tensor_pipe_pct"] == pytest.approx(60 / 4)
+    assert s["registers_per_thread_max"] == 128.0 and s["n_kernels"] == 2

@@ -106,4 +106,9 @@ def test_recorded_h200_examinations_land_on_the_expected_leaf_from_measured_answ
     for name, c in ev.extra["cli"].items():  # the command line lands where the API does
         assert c["rc"] == (0 if c["leaf"] == "OK" else 1)
         assert c["leaf"] == record_examine.EXPECTED[name] and diagnose(c["evidence"]).leaf_id == c["leaf"]
+    for name, c in ev.extra.get("cli_ncu", {}).items():  # counted figures, where ncu ran there
+        counted = (c.get("ncu") or {}).get("evidence") or {}
+        if counted:
+            assert c["leaf"] == record_examine.EXPECTED[name] and diagnose(c["evidence"]).leaf_id == c["leaf"]
+            assert all("Nsight" in c["evidence_sources"][k] for k in counted if k in c["evidence"])
     assert json.loads(RECORDED.read_text())  # strict JSON

@@ -21,6 +21,8 @@ NVTX_RANGE = "hwlab_examine"
 METRICS = ncu_mod.MEMORY_METRICS + ["launch__registers_per_thread",
                                     "sm__warps_active.avg.pct_of_peak_sustained_active"]
 IDEAL_SECTORS_PER_REQUEST = 4.0
+#: one profiled call; a counter run that takes longer than this is abandoned (estimates stand)
+NCU_TIMEOUT_S = 180.0
 
 
 def run_target(spec: str) -> None:
@@ -71,7 +73,7 @@ def collect(spec: str, notes: list[str]) -> dict[str, Any] | None:
         return None
     code = f"from hwlab.examine_ncu import run_target; run_target({spec!r})"
     try:
-        rows = ncu_mod.profile(["-c", code], METRICS, nvtx_range=NVTX_RANGE)
+        rows = ncu_mod.profile(["-c", code], METRICS, nvtx_range=NVTX_RANGE, timeout_s=NCU_TIMEOUT_S)
     except Exception as e:  # a failed counter run leaves the estimates standing, said
         notes.append(f"--ncu failed ({type(e).__name__}: {' '.join(str(e).split())[:200]}); estimates only")
         return None
