@@ -12,12 +12,18 @@
 # # 07 · Diagnosis drills: a slow run you did not set up
 #
 # **Needs:** nothing special. Each drill draws one fault from the kit's scenarios (or none) and shows only
-# what the probes showed — recorded on the H200 or on a CPU machine, or measured live here (each labelled).
-# **Takes:** 5–10 min per drill.
+# what the probes showed when the fault's scenario was *run*: live here on a GPU, or the H200's recorded run
+# of the same configuration on a CPU machine (the slow-link rank: its recorded multi-rank CPU run). Every
+# flowchart answer in a drill is a measured metric — B (the kernel alone against this machine's floor),
+# D (the served step against what the kernel predicts), K (the per-rank step distribution; one process
+# reports its one rank) — and each says what measured it. **Takes:** 5–10 min per drill.
 #
 # You walk the flowchart, submit a leaf and the evidence it rests on; hwlab grades the leaf, checks that
-# your evidence is what the probes showed and leads there, and applies the fix to see the slowdown go.
-# From the command line: `hwlab drill new`, `hwlab drill submit DRILL.json --leaf G`, `hwlab drill reveal`.
+# your evidence is what the probes showed and leads there, then runs the *fixed* configuration and
+# recomputes every metric to see the slowdown go. Nothing you see or the fix check uses is derived from the
+# fault's name. The drill file is sealed whole (an HMAC with a key outside the file): edit an observation
+# and hwlab refuses it. From the command line: `hwlab drill new`, `hwlab drill submit DRILL.json --leaf G`,
+# `hwlab drill reveal`.
 
 # %%
 from IPython.display import display
@@ -28,7 +34,9 @@ drill = drills.new()  # instructors: drills.new(seed=..., fault="slow_link_rank"
 print(f"drill {drill.drill_id}: the workload is {drill.workload}")
 print(f"what the probes show ({drill.source}):")
 for k, v in drill.observations.items():
-    print(f"  {k} = {v}")
+    if k != "metric_sources":
+        print(f"  {k} = {v}" + (f"   <- {drill.observations['metric_sources'][k]}"
+                                 if k in drill.observations.get("metric_sources", {}) else ""))
 
 # %% [markdown]
 # ## Walk the flowchart
@@ -53,20 +61,51 @@ else:
     print(("PASSED: " if g.passed else "NOT YET: ") + g.explanation)
 
 # %% [markdown]
+# ## The seal: an edited drill is refused
+# A copy of this drill with one observation changed (as a learner might, to make a walk come out) does not
+# load: the HMAC over the whole file no longer matches. What it does not stop: anyone who can read the key
+# file (`~/.config/hwlab/drill.key`, or `HWLAB_DRILL_KEY_FILE`) can re-seal; for an exam, keep the key and
+# the grading on an account the learners cannot read.
+
+# %%
+import json
+import tempfile
+from pathlib import Path
+
+from hwlab.errors import UserInputError
+
+p = drill.save(tempfile.mkdtemp(prefix="drill-"))
+raw = json.loads(p.read_text())
+metric = next(k for k, v in raw["observations"].items() if isinstance(v, float))
+raw["observations"][metric] *= 0.5
+forged = Path(p.parent / "forged.json")
+forged.write_text(json.dumps(raw))
+try:
+    drills.Drill.load(forged)
+    print("the edited drill loaded: the seal failed")
+except UserInputError as e:
+    print(f"halved {metric} in a copy -> refused: {e}")
+
+# %% [markdown]
 # ## Instructor: one drill per fault on the H200
-# The kit's refresh script ran one drill per fault on the H200: each fault's scenario measured live there
-# (the slow-link rank uses its recorded CPU run: it needs several ranks and a shaped link), the right
-# answer graded with the fix applied and re-measured on the H200, and one wrong answer.
+# The kit's refresh script ran one drill per fault on the H200: each fault's scenario run live there, faulty
+# and fixed (the slow-link rank uses its recorded CPU run: it needs several ranks and a shaped link), the
+# right answer graded with the fixed configuration run again and every metric recomputed, one wrong answer.
 
 # %%
 from hwlab import evidence, flowchart
 
 rec = evidence.recorded("drills")
 for r in rec.extra["drills"]:
-    fix = r["right"]["fix_evidence"]
-    print(f"{r['fault']:>15} ({'live' if r['drill']['live'] else 'recorded'}): probes -> {r['observed_leaf']}, "
-          f"right answer {'passed' if r['right']['correct_leaf'] and r['right']['evidence_supports'] else 'FAILED'}, "
-          f"after the fix -> {flowchart.diagnose(fix).leaf_id}  [{rec.label}]")
+    if "error" in r:
+        print(f"{r['fault']:>15}: did not run there ({r['error']})  [{rec.label}]")
+        continue
+    walk = flowchart.diagnose(r["drill"]["observations"])
+    fix = flowchart.diagnose(r["right"]["fix_evidence"])
+    print(f"{r['fault']:>15} ({'live' if r['drill']['live'] else 'recorded'}): probes -> {walk.leaf_id} "
+          f"({'has BY-HAND answers' if walk.by_hand else 'every answer measured'}), right answer "
+          f"{'passed' if r['right']['correct_leaf'] and r['right']['evidence_supports'] else 'FAILED'}, "
+          f"fixed run re-measured -> {fix.leaf_id}  [{rec.label}]")
 print("\na wrong answer, as graded there:", rec.extra["drills"][0]["wrong"]["explanation"])
 
 # %% [markdown]
