@@ -215,3 +215,22 @@ def test_readme_documents_every_command_and_exit_code():
         assert f"hwlab {name}" in section, f"README's CLI section does not show `hwlab {name}`"
     for code in "0123":
         assert f"| {code} |" in section
+
+
+def test_every_reporting_command_prints_strict_json(tmp_path, monkeypatch, capsys):
+    """--json on the commands that report, each parsed by a strict parser (no NaN/Infinity)."""
+    from pathlib import Path
+
+    from hwlab import cli, evidence
+    from hwlab.console import loads_strict
+
+    monkeypatch.chdir(tmp_path)
+    topo = next((Path(evidence.RECORDED_DIR) / "topology").glob("*.txt"))
+    base = str(evidence.RECORDED_DIR / "h200" / "baseline.json")
+    for argv in (["evidence", "list", "--json"], ["evidence", "show", "doctor", "--json"],
+                 ["topo", "--file", str(topo), "--json"], ["baseline", "compare", base, base, "--json"],
+                 ["incident", "--title", "t", "--scope", "single-card", "--symptom", "s", "--fix", "f",
+                  "--reverify", "r", "--out", "inc", "--json"]):
+        assert cli.main(argv) == 0, argv
+        loads_strict(capsys.readouterr().out)
+    assert len(list((tmp_path / "inc").glob("incident-*.json"))) == 1

@@ -263,8 +263,12 @@ def cmd_incident(a) -> int:
         print(f"hwlab incident: could not write into {folder} ({e.strerror or e}); the record was "
               f"saved to {fb} instead", file=sys.stderr)
         return EXIT_USAGE
-    print(f"incident written: {md} and {js}\n")
-    print(d.explain())
+    if a.json:
+        print_json({"markdown": str(md), "json": str(js), "leaf": d.leaf_id, "path": d.path,
+                    "explanation": d.explain()})
+    else:
+        print(f"incident written: {md} and {js}\n")
+        print(d.explain())
     return EXIT_OK
 
 
@@ -298,6 +302,10 @@ def cmd_drill(a) -> int:
         if err:
             print(f"hwlab drill: {err}", file=sys.stderr)
             return EXIT_USAGE
+        if a.json:
+            print_json({"drill_id": d.drill_id, "file": str(p), "workload": d.workload,
+                        "source": d.source, "observations": d.observations})
+            return EXIT_OK
         print(f"drill {d.drill_id} written to {p}\nworkload: {d.workload}\nwhat the probes show "
               f"({d.source}):\n{json.dumps(d.observations, indent=2)}\nwalk the flowchart, then: "
               f"hwlab drill submit {p} --leaf LEAF --learner NAME")
@@ -338,7 +346,10 @@ def cmd_drill(a) -> int:
     target = folder / f"grade-{d.drill_id}-{a.learner}-{g.at.replace(':', '')}.json"
     _, err = _write_or_rescue(lambda: write_json_atomic(target, dataclasses.asdict(g)),
                               dataclasses.asdict(g), "grade", target)
-    print(("PASSED: " if g.passed else "NOT YET: ") + g.explanation)
+    if a.json:
+        print_json({**dataclasses.asdict(g), "passed": g.passed, "file": None if err else str(target)})
+    else:
+        print(("PASSED: " if g.passed else "NOT YET: ") + g.explanation)
     if err:
         print(f"hwlab drill: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -411,6 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--observations", help="a .json of flowchart metrics (metric -> value)")
     i.add_argument("--rank-mapping", default="n/a")
     i.add_argument("--out", default="incidents", help="folder for the records (created if absent)")
+    i.add_argument("--json", action="store_true", help="strict JSON on stdout")
     i.set_defaults(fn=cmd_incident)
     dr = sub.add_parser("drill", help="diagnosis drills: a hidden fault to find")
     dr.add_argument("action", choices=["new", "submit", "reveal", "summary"])
@@ -421,6 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--evidence", help="submit: a .json of the metrics your diagnosis rests on")
     dr.add_argument("--learner", default="anonymous")
     dr.add_argument("--dir", default="drills", help="where drills and grades are kept")
+    dr.add_argument("--json", action="store_true", help="new/submit: strict JSON on stdout "
+                    "(reveal and summary always print JSON)")
     dr.add_argument("--class-dir", help="submit: also record the graded result here (default: $HWLAB_CLASS_DIR)")
     dr.set_defaults(fn=cmd_drill)
     lab = sub.add_parser("lab", help="open the labs in JupyterLab")
