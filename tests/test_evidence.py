@@ -75,3 +75,66 @@ def test_every_recorded_file_loads_and_is_labelled():
             assert ev.label.startswith("recorded on NVIDIA H200, 2026-") and ev.is_gpu
         else:
             assert f.parent.name == "cpu" and ev.label.startswith("recorded on CPU") and not ev.is_gpu
+
+
+def _strict(text):
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_records_are_strict_json(tmp_path):
+    """A probe that moves no bytes has an unbounded FLOP/byte: written as null, not Infinity."""
+    m = Measurement(name="launch_overhead", t_ms=1.0, t_p10_ms=0.9, t_p90_ms=1.2, n_bytes=0,
+                    n_flops=0, device="CPU", timer="cpu-perf-counter", n_rep=5)
+    p = E.Evidence(kind="probe", machine={"device": "CPU"}, results=[m]).save(tmp_path / "r.json")
+    d = _strict(p.read_text())
+    assert d["results"][0]["derived"]["arithmetic_intensity"] is None
+    assert E.load(p).results[0] == m
+
+
+def test_every_recorded_file_is_strict_json():
+    for f in sorted(E.RECORDED_DIR.glob("*/*.json")):
+        _strict(f.read_text())
+
+
+@pytest.mark.parametrize("content,match", [
+    ("", "is empty"),
+    (b"\x00\xff\xfe binary", "not text"),
+    ('{"schema": "hwlab.evidence", "schema_version": 1, "kind": "x", "machine": [], "results": [], '
+     '"recorded_at": "2026"}', "should be a dict"),
+])
+def test_empty_binary_and_wrong_shape_give_clear_errors(tmp_path, content, match):
+    p = tmp_path / "bad.json"
+    p.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(E.EvidenceError, match=match):
+        E.load(p)
+    with pytest.raises(E.EvidenceError, match="is a folder"):
+        E.load(tmp_path)
+
+
+def test_destination_checks(tmp_path):
+    from hwlab.store import DestinationError, check_destination, check_folder
+
+    (tmp_path / "f.json").write_text("x")
+    with pytest.raises(DestinationError, match="already exists"):
+        check_destination(tmp_path / "f.json")
+    assert check_destination(tmp_path / "f.json", overwrite=True)
+    with pytest.raises(DestinationError, match="is a folder"):
+        check_destination(tmp_path)
+    with pytest.raises(DestinationError, match="is a file, not a folder"):
+        check_destination(tmp_path / "f.json" / "x.json")
+    assert check_destination(tmp_path / "new" / "deeper" / "x.json")
+    assert (tmp_path / "new" / "deeper").is_dir()  # the parent is created
+    assert not (tmp_path / "new" / "deeper" / "x.json").exists()
+    assert sorted(x.name for x in (tmp_path / "new" / "deeper").iterdir()) == []  # probe file removed
+    with pytest.raises(DestinationError, match="cannot"):
+        check_folder("/sys" if os.geteuid() == 0 else "/proc/1")
+
+
+def test_rescue_never_overwrites(tmp_path, monkeypatch):
+    from hwlab.store import rescue_json
+
+    monkeypatch.setenv("HWLAB_RESCUE_DIR", str(tmp_path))
+    a, b = rescue_json({"a": 1}, "doctor"), rescue_json({"a": 2}, "doctor")
+    assert a != b and json.loads(a.read_text()) == {"a": 1} and json.loads(b.read_text()) == {"a": 2}
