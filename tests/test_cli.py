@@ -234,3 +234,18 @@ def test_every_reporting_command_prints_strict_json(tmp_path, monkeypatch, capsy
         assert cli.main(argv) == 0, argv
         loads_strict(capsys.readouterr().out)
     assert len(list((tmp_path / "inc").glob("incident-*.json"))) == 1
+
+
+def test_progress_plain_lines_with_eta_outside_a_terminal(capsys):
+    from hwlab.console import Steps
+
+    with Steps("hwlab x", 3, terminal=False) as st:
+        for label in ("copy", "gemm fp32", "launch", "one more than announced"):
+            st.step(label)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("hwlab x: [1/3] copy (") and "left" not in lines[0]
+    assert lines[1].startswith("hwlab x: [2/3] gemm fp32 (") and "s left)" in lines[1]
+    assert lines[3].startswith("hwlab x: [4/4] one more than announced")
+    with Steps("hwlab x", 3, enabled=False) as st:
+        st.step("quiet")
+    assert capsys.readouterr().err == ""
