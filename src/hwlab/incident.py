@@ -141,7 +141,7 @@ def machine_facts(evidence: Evidence | None = None) -> tuple[dict[str, Any], str
     else:
         snap, machine, topo = evidence.snapshot, dict(evidence.machine), evidence.extra.get("topology")
         source = evidence.label
-        if machine.get("is_gpu") and not snap:
+        if machine.get("is_gpu", True) and not snap and not str(machine.get("device", "")).lower().startswith(("cpu", "no gpu")):
             doc = _doctor_for(evidence)
             if doc is not None:
                 snap, topo = doc.snapshot, topo or doc.extra.get("topology")
@@ -151,7 +151,10 @@ def machine_facts(evidence: Evidence | None = None) -> tuple[dict[str, Any], str
     gpus = _gpu_state(snap)
     out = {"host": machine.get("host") or snap.get("host") or platform.node(), "source": source,
            "device": machine.get("device")}
-    if machine.get("is_gpu"):
+    is_gpu = machine.get("is_gpu")
+    if is_gpu is None:  # a record that does not say: a GPU in its snapshot, or a device not named as a CPU
+        is_gpu = bool(gpus) or not str(machine.get("device") or "cpu").lower().startswith(("cpu", "no gpu"))
+    if is_gpu:
         names = sorted({g["name"] for g in gpus if g.get("name")}) or [machine.get("device")]
         out["gpu_model"] = ", ".join(f"{n} x{sum(1 for g in gpus if g.get('name') == n) or 1}" for n in names)
         out["driver"] = versions.get("driver") or f"not in {source} (no NVML snapshot)"
@@ -161,8 +164,8 @@ def machine_facts(evidence: Evidence | None = None) -> tuple[dict[str, Any], str
         mapping = ("1 process: rank 0 -> GPU0" + (f" ({gpus[0]['pci_bus_id']})" if gpus and gpus[0].get("pci_bus_id") else "")
                    if len(gpus) <= 1 else f"{len(gpus)} GPUs; rank mapping not given")
     else:
-        cpu = machine.get("device") if evidence is not None else cpu_model()
-        out["gpu_model"] = f"no GPU: {cpu}"
+        cpu = machine.get("device") if evidence is not None and machine.get("device") else cpu_model()
+        out["gpu_model"] = cpu if str(cpu).lower().startswith("no gpu") else f"no GPU: {cpu}"
         out["driver"] = "none: no NVIDIA driver (CPU only)"
         topo_text = _topology_text(topo) or "none: CPU only"
         mapping = "1 process on CPU"
