@@ -198,7 +198,9 @@ def test_bad_drill_submission_with_a_real_drill(area, capsys):
                           (["drill", "submit", str(p), "--leaf", "Z"], "leaf must be one of"),
                           (["drill", "submit", str(p), "--leaf", "I", "--evidence", "list.json"], "JSON object"),
                           (["drill", "submit", str(p), "--leaf", "I", "--evidence", "binary.json"], "not text"),
-                          (["drill", "submit", str(p), "--leaf", "I", "--dir", "notes.txt"], "is a file")]:
+                          (["drill", "submit", str(p), "--leaf", "I", "--dir", "notes.txt"], "is a file"),
+                          (["drill", "submit", str(p), "--leaf", "I", "--learner", "../../etc/x"], "--learner"),
+                          (["drill", "submit", str(p), "--leaf", "I", "--learner", ""], "--learner")]:
         rc, out, err = run_main(argv, capsys)
         assert rc == 2 and len(err.strip().splitlines()) == 1 and message in err, (argv, rc, err)
     assert _snapshot(area) == before

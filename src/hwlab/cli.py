@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -336,6 +337,9 @@ def cmd_drill(a) -> int:
         raise UserInputError(f"submit needs --leaf ({', '.join(LEAVES)})")
     if a.leaf not in LEAVES:
         raise UserInputError(f"--leaf {a.leaf!r}: leaf must be one of {', '.join(LEAVES)}")
+    if not re.fullmatch(r"[\w.-]{1,64}", a.learner) or a.learner.startswith("."):
+        raise UserInputError(f"--learner {a.learner!r}: use 1-64 letters, digits, '.', '-' or '_' "
+                             "(it becomes part of the grade's file name)")
     ev = _read_json(a.evidence, "evidence file") if a.evidence else None
     if ev is not None and not isinstance(ev, dict):
         raise UserInputError(f"evidence file {a.evidence} should hold a JSON object of metric -> value")
