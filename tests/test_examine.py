@@ -321,3 +321,21 @@ def test_ncu_rows_become_time_weighted_counted_evidence():
     assert s["evidence"]["sector_amplification"] == pytest.approx(3200 / 100 / 4)  # 8x: a sector per item
     assert s["evidence"]["tensor_pipe_pct"] == pytest.approx(60 / 4)
     assert s["registers_per_thread_max"] == 128.0 and s["n_kernels"] == 2
+
+
+def test_a_compiled_function_is_timed_compiled_and_stays_compiled(cpu_ceilings):
+    """Counting runs a function under dispatch modes; a torch.compile'd function called under one
+    runs eagerly from then on. examine counts last and holds compiled code eager while counting."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def chain(x):
+        return torch.sigmoid(torch.relu(x * 2 + 1))
+
+    cc = torch.compile(chain, dynamic=False)
+    x = torch.randn(4096)
+    ex = examine(cc, x, ceilings=cpu_ceilings)
+    assert ex.profile.compiled_region, "the timed and profiled calls ran the compiled graph"
+    assert "not attributable" in ex.counts["moved_bytes_source"]  # the traffic model did not see them
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        cc(x)
+    assert any(e.name.startswith("Torch-Compiled Region") for e in p.events())

@@ -32,6 +32,7 @@ ceilings, and the leaf is indicative of the code path, not a GPU verdict.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import sys
@@ -46,6 +47,7 @@ from . import ceilings as ceilings_mod
 from . import incident as incident_mod
 from .errors import UserInputError
 from .evidence import Evidence, machine_info
+from .examine_ncu import collect as ncu_collect
 from .examine_inputs import call, check_inputs, fingerprint, make
 from .examine_estimate import Traffic, count_flops, count_traffic, required_bytes, tensors_of
 from .examine_profile import ProfileSummary, profile_calls
@@ -141,6 +143,29 @@ class Examination:
     __str__ = report
 
 
+def _count(fn: Callable[..., Any], args: tuple, kwargs: dict, want_flops: bool,
+           notes: list[str]) -> tuple[Traffic, int, str]:
+    """The traffic model and the FLOP count of one call each, under ``force_eager`` where torch
+    has it (so counting never changes how a compiled function runs afterwards)."""
+    stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
+    guard = stance("force_eager") if stance else contextlib.nullcontext()
+    flops, src = 0, ("estimated: torch.utils.flop_counter (matmul family only; none inside Triton or "
+                     "compiled graphs)")
+    with guard:
+        try:
+            traffic = count_traffic(fn, args, kwargs)
+        except Exception as e:  # a function that will not run under a dispatch mode: no traffic model
+            traffic = Traffic()
+            notes.append(f"the traffic model could not run the function ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:150]}); moved bytes = required bytes")
+        if want_flops:
+            try:
+                flops = count_flops(fn, args, kwargs)
+            except Exception as e:
+                src = f"not counted: FlopCounterMode failed ({type(e).__name__}); pass n_flops"
+    return traffic, flops, src
+
+
 def _peak_dtype(traffic: Traffic, args: tuple, dtype_peak: str | None, c, gpu: bool,
                 notes: list[str]) -> str | None:
     if dtype_peak:
@@ -218,30 +243,9 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     if any(t.is_floating_point() and not torch.isfinite(t).all() for t in outs):
         notes.append("the output holds NaN or inf on these inputs: check the function before trusting its speed")
 
-    # counting: caller's figures first, estimates labelled as such
+    # required bytes from what went in and came out (caller's figures win, below)
     read_b, written_b = required_bytes((args, kwargs), out)
-    del out
-    try:
-        traffic = count_traffic(fn, args, kwargs)
-    except Exception as e:  # a function that will not run under a dispatch mode: no traffic model
-        traffic = Traffic()
-        notes.append(f"the traffic model could not run the function ({type(e).__name__}: "
-                     f"{' '.join(str(e).split())[:150]}); moved bytes = required bytes")
-    flops_est, flops_src = 0, "estimated: torch.utils.flop_counter (matmul family only; none inside Triton or compiled graphs)"
-    if n_flops is None:
-        try:
-            flops_est = count_flops(fn, args, kwargs)
-        except Exception as e:
-            flops_src = f"not counted: FlopCounterMode failed ({type(e).__name__}); pass n_flops"
-    counts: dict[str, Any] = {
-        "required_read_bytes": read_b, "required_written_bytes": written_b,
-        "n_bytes": int(n_bytes) if n_bytes is not None else read_b + written_b,
-        "n_bytes_source": "given by the caller" if n_bytes is not None else
-        "estimated: inputs read once + outputs written once (unique storages)",
-        "n_flops": int(n_flops) if n_flops is not None else flops_est,
-        "n_flops_source": "given by the caller" if n_flops is not None else flops_src,
-        "ops": traffic.counts(), "by_op": traffic.by_op(), "first_call_s": first_call_s,
-    }
+    del out, outs
 
     # timing under the protocol
     arg_sets = [args]
@@ -261,7 +265,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
                      f"served from the {l2 / 2**20:.0f} MiB L2; pass an input factory (--inputs)")
     run = (lambda *a: fn(*a, **kwargs)) if kwargs else fn
     timing = time_fn(run, arg_sets, dev, n_warmup=3, n_rep=20, max_total_s=max_total_s)
-    # question D: the same calls back to back as a caller runs them, one synchronise at the end
+    # question D: the same calls back to back as a caller runs them (short chunks, see below)
     wall_ms = back_to_back_ms(run, arg_sets, dev, timing.median_ms)
     try:
         prof = profile_calls(fn, arg_sets, kwargs, dev)
@@ -270,6 +274,18 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
                               error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
         notes.append(f"the profiler failed ({prof.error}): no kernel list, launch-gap or spill figures")
 
+    # counting after timing and profiling, compiled functions held eager: a torch.compile'd
+    # function called under a dispatch mode runs eagerly from then on (seen with torch 2.13)
+    traffic, flops_est, flops_src = _count(fn, args, kwargs, n_flops is None, notes)
+    counts: dict[str, Any] = {
+        "required_read_bytes": read_b, "required_written_bytes": written_b,
+        "n_bytes": int(n_bytes) if n_bytes is not None else read_b + written_b,
+        "n_bytes_source": "given by the caller" if n_bytes is not None else
+        "estimated: inputs read once + outputs written once (unique storages)",
+        "n_flops": int(n_flops) if n_flops is not None else flops_est,
+        "n_flops_source": "given by the caller" if n_flops is not None else flops_src,
+        "ops": traffic.counts(), "by_op": traffic.by_op(), "first_call_s": first_call_s,
+    }
     c = ceilings if ceilings is not None else ceilings_mod.get(dev, quick=True)
     peak = _peak_dtype(traffic, args, dtype_peak, c, gpu, notes)
     m = Measurement(name=name, t_ms=timing.median_ms, t_p10_ms=timing.p10_ms, t_p90_ms=timing.p90_ms,
@@ -293,8 +309,6 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
         amp = traffic.sector_amplification
     counts["moved_bytes"] = moved
     counts["sector_amplification_estimated"] = amp
-
-    from .examine_ncu import collect as ncu_collect
 
     ncu = ncu_collect(ncu_target, notes) if ncu_target else None
     ev, sources = build_evidence(m, moved=moved, amp=amp, prof=prof, wall_ms=wall_ms,
