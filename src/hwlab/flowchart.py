@@ -14,6 +14,13 @@ Every question names the metric that answers it, its unit, its threshold and the
 for that threshold, and the probe that measures it. Evidence is a plain dict of metric ->
 value; a question whose metrics are all missing stops the walk with "cannot decide: run
 <probe>". Thresholds are heuristics: the docstrings say why, so you can disagree knowingly.
+
+Every step of a walk records how it was answered (:attr:`Step.how`): ``"measured"`` from a
+numeric metric a probe produced (with what measured it, from the evidence's optional
+``metric_sources``, and ``n_ranks`` behind a rank tail), or ``"by hand"`` from a yes/no a person
+typed (the questions' ``bool_metric``, used only when no metric is present). Printed walks
+show it per step, and a walk with a by-hand answer ends in a NOTE saying so
+(:attr:`Diagnosis.by_hand`, :attr:`Diagnosis.fully_measured`).
 """
 from __future__ import annotations
 
