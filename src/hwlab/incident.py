@@ -28,7 +28,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .evidence import Evidence, EvidenceError, RECORDED_DIR, load as load_evidence
+from . import system, topology
+from .errors import UserInputError
+from .evidence import RECORDED_DIR, Evidence, EvidenceError, load as load_evidence, machine_info
 from .flowchart import Diagnosis, diagnose
 from .store import RecordExistsError, write_json_atomic, write_text_atomic
 
@@ -130,9 +132,6 @@ def _topology_text(topo: dict[str, Any] | None) -> str | None:
 def machine_facts(evidence: Evidence | None = None) -> tuple[dict[str, Any], str, str, list[dict[str, Any]]]:
     """(machine, topology, default rank mapping, GPU state) from the record, else this machine now."""
     if evidence is None:
-        from . import system, topology
-        from .evidence import machine_info
-
         snap = system.snapshot()
         machine = machine_info()
         t = topology.from_nvml()
@@ -199,8 +198,6 @@ def from_diagnosis(title: str, evidence: Evidence | None, diagnosis: Diagnosis, 
     runs pass ``collective_wait_ms`` (rank -> wait). ``reverify_evidence``: the flowchart
     evidence the probe re-measured after the fix (``reverify_probe`` names the probe); its walk
     is stored, and ``reverified`` defaults to "it left the diagnosed leaf"."""
-    from .errors import UserInputError
-
     if symptom_scope not in SCOPES:
         raise UserInputError(f"symptom_scope must be one of {SCOPES}, not {symptom_scope!r}")
     machine, topo, mapping, gpus = machine_facts(evidence)
