@@ -339,3 +339,16 @@ def test_a_compiled_function_is_timed_compiled_and_stays_compiled(cpu_ceilings):
     with profile(activities=[ProfilerActivity.CPU]) as p:
         cc(x)
     assert any(e.name.startswith("Torch-Compiled Region") for e in p.events())
+
+
+def test_captured_weights_are_required_reads(cpu_ceilings):
+    lin = torch.nn.Linear(32, 16)
+    x = torch.randn(8, 32)
+    t = count_traffic(lin, (x,), {})
+    assert t.captured_read_bytes((x,)) == (32 * 16 + 16) * 4  # weight and bias, not the input
+    w = torch.randn(32, 32)
+    t = count_traffic(lambda v: torch.relu(v @ w) @ w, (x,), {})  # a closure: w read twice, counted once
+    assert t.captured_read_bytes((x,)) == 32 * 32 * 4
+    ex = examine(lin, x, ceilings=cpu_ceilings)
+    assert ex.name == "Linear"
+    assert ex.counts["n_bytes"] == 8 * 32 * 4 + (32 * 16 + 16) * 4 + 8 * 16 * 4

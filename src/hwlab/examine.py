@@ -206,7 +206,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     """
     if not callable(fn):
         raise UserInputError(f"{fn!r} is not callable: pass a function (MODULE:FUNC on the command line)")
-    name = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    name = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
     for what, v in (("n_bytes", n_bytes), ("n_flops", n_flops)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise UserInputError(f"{what}={v!r}: give a whole number >= 0, or leave it out to estimate it")
@@ -277,11 +277,14 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     # counting after timing and profiling, compiled functions held eager: a torch.compile'd
     # function called under a dispatch mode runs eagerly from then on (seen with torch 2.13)
     traffic, flops_est, flops_src = _count(fn, args, kwargs, n_flops is None, notes)
+    captured_b = traffic.captured_read_bytes((args, kwargs))
     counts: dict[str, Any] = {
         "required_read_bytes": read_b, "required_written_bytes": written_b,
-        "n_bytes": int(n_bytes) if n_bytes is not None else read_b + written_b,
+        "captured_read_bytes": captured_b,
+        "n_bytes": int(n_bytes) if n_bytes is not None else read_b + captured_b + written_b,
         "n_bytes_source": "given by the caller" if n_bytes is not None else
-        "estimated: inputs read once + outputs written once (unique storages)",
+        "estimated: inputs (and tensors it captured: weights, closures) read once + outputs written "
+        "once (unique storages)",
         "n_flops": int(n_flops) if n_flops is not None else flops_est,
         "n_flops_source": "given by the caller" if n_flops is not None else flops_src,
         "ops": traffic.counts(), "by_op": traffic.by_op(), "first_call_s": first_call_s,
@@ -297,7 +300,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
 
     # moved bytes: the traffic model where it saw the kernels, else the required bytes (labelled)
     seen_all = prof.attributable_pct is None or prof.attributable_pct >= 95.0
-    if prof.compiled_region or not seen_all or traffic.unamplified_bytes < read_b + written_b:
+    if prof.compiled_region or not seen_all or traffic.unamplified_bytes < read_b + captured_b + written_b:
         moved = counts["n_bytes"]
         counts["moved_bytes_source"] = (
             "not attributable: kernels ran outside aten ops (Triton / torch.compile), so the traffic "

@@ -103,17 +103,19 @@ def span_bytes(tensors: list[torch.Tensor], skip: set | None = None) -> int:
         if skip and k in skip:
             continue
         by_storage.setdefault(k, []).append(span(t))
-    total = 0
-    for spans in by_storage.values():
-        spans.sort()
-        cur_lo, cur_hi = spans[0]
-        for lo, hi in spans[1:]:
-            if lo > cur_hi:
-                total += cur_hi - cur_lo
-                cur_lo, cur_hi = lo, hi
-            else:
-                cur_hi = max(cur_hi, hi)
-        total += cur_hi - cur_lo
+    return sum(union_len(spans) for spans in by_storage.values())
+
+
+def union_len(spans: list[tuple[int, int]]) -> int:
+    """Total length of the union of [start, end) intervals."""
+    total, end = 0, None
+    for lo, hi in sorted(spans):
+        if end is None or lo > end:
+            total += hi - lo
+            end = hi
+        elif hi > end:
+            total += hi - end
+            end = hi
     return total
 
 
@@ -219,15 +221,24 @@ class TrafficCounter(TorchDispatchMode):
         super().__init__()
         self.ops: list[OpRecord] = []
         self._dequantized: set = set()
+        self.produced: set = set()  # storages written by an op of this call
+        self.external: dict[tuple[str, int], list[tuple[int, int]]] = {}  # read, not produced here
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = op_name(func)
-        if getattr(func, "is_view", False) or name in NO_TRAFFIC_OPS:
-            return out
         ins = tensors_of((args, kwargs))
         outs = tensors_of(out)
+        if getattr(func, "is_view", False):
+            return out
+        for t in ins:  # tensors that existed before the call: its inputs, and captured weights
+            k = storage_key(t)
+            if k not in self.produced and t.numel():
+                self.external.setdefault(k, []).append(span(t))
+        self.produced.update(storage_key(t) for t in outs)
+        if name in NO_TRAFFIC_OPS:
+            return out
         read = span_bytes(ins)
         written = span_bytes(outs)
         amp: float | None = None
@@ -259,6 +270,13 @@ class Traffic:
     """The traffic model of one call (see the module doc), summed over its ops."""
 
     ops: list[OpRecord] = field(default_factory=list)
+    external: dict = field(default_factory=dict)  # storage -> spans read that the call did not write
+
+    def captured_read_bytes(self, inputs: Any) -> int:
+        """Bytes of tensors the call read that were neither its inputs nor made by it: weights of
+        an ``nn.Module``, tensors a closure or a global holds. They are required reads too."""
+        skip = {storage_key(t) for t in tensors_of(inputs)}
+        return sum(union_len(v) for k, v in self.external.items() if k not in skip)
 
     @property
     def moved_bytes(self) -> int:
@@ -311,4 +329,4 @@ def count_traffic(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Traffic:
     tc = TrafficCounter()
     with torch.no_grad(), tc:
         fn(*args, **kwargs)
-    return Traffic(tc.ops)
+    return Traffic(tc.ops, tc.external)
