@@ -30,7 +30,6 @@ def add_parser(sub) -> None:
 
 
 def cmd_examine(a) -> int:
-    from . import incident
     from .examine import examine
     from .examine_target import load
     from .store import check_destination, write_text_atomic
@@ -52,7 +51,7 @@ def cmd_examine(a) -> int:
     ex.notes.append(f"inputs from {inputs_spec}")
     if out is not None:
         write_text_atomic(out, ex.to_json() + "\n", overwrite=a.force)
-        md, js = incident.save(ex.incident, out.parent if str(out.parent) else Path("."))
+        md, _ = ex.save_incident(out.parent if str(out.parent) else Path("."))
         print(f"examination written to {out}; draft incident {md}", file=sys.stderr)
     print(ex.to_json() if a.json else ex.report())
     return EXIT_OK if ex.leaf_id == "OK" else EXIT_FINDING

@@ -132,6 +132,10 @@ class Examination:
             "incident_draft": self.incident.__dict__, "notes": self.notes,
         }
 
+    def save_incident(self, folder: str) -> tuple:
+        """Write the draft incident record (Markdown + JSON, numbered, never over another)."""
+        return incident_mod.save(self.incident, folder)
+
     def to_json(self) -> str:
         return dumps_strict(self.to_dict())
 
