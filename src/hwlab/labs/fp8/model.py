@@ -35,9 +35,9 @@ class QLinear(torch.nn.Module):
 
     FP8 weights carry one scale per tensor; ``fp8_mm`` quantizes the activation per tensor
     (dynamic scaling, two small kernels) and calls ``torch._scaled_mm`` in its tensor-wise
-    mode, the FP8 GEMM path of Hopper-class GPUs. (Row-wise scales are more accurate, but on
-    the H200 cuBLASLt ran them with 128x128 tiles that read a decode-shaped weight at ~2.6
-    TB/s against ~3.9 for tensor-wise: benchmarks/LAB04_NOTES.md.) ``fp8_dequant`` runs the
+    mode, the FP8 GEMM path of Hopper-class GPUs. (Row-wise scales are more accurate, but
+    cuBLASLt ran them with large tiles that read a decode-shaped weight well below tensor-wise
+    scaling's rate: benchmarks/LAB04_NOTES.md, run 2.) ``fp8_dequant`` runs the
     one-pass dequant kernel of :mod:`.fp8_kernels` (1 B read + 2 B written per weight) and
     then a bf16 GEMM that reads the copy again. ``fp8_w8`` is ``fp8_mm`` for prefill, but
     decode-shaped calls (at most ``W8_MAX_ROWS`` rows) on a GPU go to the kit's weight-only
@@ -45,9 +45,9 @@ class QLinear(torch.nn.Module):
     ``fp8_w8`` runs as ``fp8_mm`` (torch's CPU ``_scaled_mm``); the Triton kernel itself is
     tested in the interpreter. ``fp8_static`` is ``fp8_mm`` with the activation scale fixed
     by calibration: no amax pass, and an activation that arrives already in FP8 (a norm that
-    quantized with this layer's scale) is used as is. On the H200, in CUDA graphs over weights
-    larger than L2, cuBLAS's FP8 GEMM read decode-shaped weights at 2.3-3.4 TB/s, the best
-    W8A16 tile at 2.3-2.4 (benchmarks/LAB04_NOTES.md, round 1).
+    quantized with this layer's scale) is used as is. How cuBLAS's FP8 GEMM and the W8A16
+    kernel compare at decode shapes, in CUDA graphs over weights larger than L2:
+    benchmarks/LAB04_NOTES.md, round 1.
     """
 
     MODES = ("bf16", "fp8_dequant", "fp8_mm", "fp8_w8", "fp8_static")
@@ -216,8 +216,8 @@ class KVCache:
     def attend(self, layer: int, q: torch.Tensor, n_ctx: int) -> torch.Tensor:
         """One decode query (B, H, 1, Dh) against the first ``n_ctx`` cached positions.
 
-        A bf16 cache goes to torch's SDPA (faster on the H200 than the kit's kernel on bf16,
-        so the baseline is not handicapped); an FP8 cache to the kit's kernel, which reads FP8
+        A bf16 cache goes to torch's SDPA (faster than the kit's kernel on bf16, measured by
+        :func:`.run.attention_vs_sdpa` in the same run, so the baseline is not handicapped); an FP8 cache to the kit's kernel, which reads FP8
         directly, or, with ``fused_read=False``, is dequantized to bf16 first. With per-row
         lengths (``row_len``), every cache goes to the kit's kernel over each row's length."""
         if self._attend_len is not None:

@@ -14,7 +14,11 @@ Timing (the protocol of :mod:`hwlab.measure`): on a GPU every decode step replay
 captured for its batch size (the fixed-bucket TPOT in :func:`.run.time_prefill_decode` does
 the same), prefills run eagerly, and each operation is bracketed by CUDA events read after
 one final synchronise; before the stream the full batch is replayed for
-:data:`hwlab.measure.GPU_WARMUP_S` so clocks have settled. On a CPU each operation runs
+:data:`hwlab.measure.GPU_WARMUP_S` so clocks have settled, and every prompt shape is
+prefilled once untimed (a first call of a shape pays one-off host costs). A timed prefill is
+preceded by a GPU sleep longer than the host needs to enqueue it (:class:`_HostLead`), so its
+events time the device's work, not Python's launches: the first H200 run, without it, timed
+up to ~80 ms of host time into a BF16 prefill whose kernels take a few ms. On a CPU each operation runs
 eagerly under ``time.perf_counter`` (labelled; CPU times say nothing about a GPU). Moving a
 slot when a request finishes with the queue empty (compaction) is host bookkeeping plus a
 copy a paged cache would not make: it is left off the clock and said so.
@@ -35,7 +39,7 @@ from typing import Any
 import torch
 
 from ...measure import GPU_WARMUP_S, poison_
-from .model import Decoder, QLinear
+from .model import FP8, Decoder, QLinear
 
 
 @dataclass(frozen=True)
@@ -56,8 +60,8 @@ class StreamSpec:
 
 def default_streams(device) -> list[StreamSpec]:
     """One stream per context bucket of :func:`.run.default_buckets`: 3 x the batch of
-    requests, so the batch is full for most of the stream and drains at the end. On an H200
-    the three streams take ~10 s per path (prefills included)."""
+    requests, so the batch is full for most of the stream and drains at the end; sized so the
+    three streams of three paths fit the refresh's ~2 minutes of device time for them."""
     if torch.device(device).type == "cuda":
         return [StreamSpec(512, 16, 48, (16, 128), seed=1), StreamSpec(4096, 16, 48, (16, 128), seed=2),
                 StreamSpec(32768, 4, 12, (16, 128), seed=3)]
@@ -96,6 +100,33 @@ def percentile(values: list[float], q: float, weights: list[int] | None = None) 
         if seen >= rank:
             return v
     return pairs[-1][0]  # pragma: no cover
+
+
+class _HostLead:
+    """Keeps the GPU ahead of the host for an eager prefill: ``hold()`` enqueues a GPU sleep of
+    twice the host time one (warm) prefill takes to enqueue, so the GPU reaches the prefill's
+    start event only once the host has queued all of it, and the events time the device's work
+    alone (not Python launching ~300 kernels). Calibrated once per stream: the sleep's cycles
+    per ms are timed with events, the enqueue time with ``perf_counter`` over a prefill of the
+    first prompt (its shape already warm). The sleep is off the stream's clock."""
+
+    def __init__(self, m: Decoder, prompt: torch.Tensor, cache):
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        torch.cuda._sleep(1_000_000)
+        b.record()
+        torch.cuda.synchronize()
+        cycles_per_ms = 1_000_000 / max(a.elapsed_time(b), 1e-3)
+        torch.cuda._sleep(int(cycles_per_ms * 50))  # keep the GPU busy while the host enqueues
+        t0 = time.perf_counter()
+        m(prompt, cache.slot(0))
+        host_ms = (time.perf_counter() - t0) * 1e3
+        torch.cuda.synchronize()
+        self.host_ms, self.cycles = host_ms, int(cycles_per_ms * 2 * host_ms)
+
+    def hold(self):
+        torch.cuda._sleep(self.cycles)
 
 
 class _Timer:
@@ -147,8 +178,11 @@ def check_rows_step(m: Decoder, max_len: int, prompt_lens: tuple[int, ...] = (5,
     n = len(prompt_lens)
     toks = [torch.randint(0, m.cfg.vocab, (1, p + 2), generator=g).to(dev) for p in prompt_lens]
     cache = m.new_cache(n, max_len)
-    for t in cache.k + cache.v:
-        poison_(t)  # NaN past every row's length: a row that reads beyond it fails the check
+    for t in cache.k + cache.v:  # NaN past every row's length: a row that reads beyond it fails the check
+        if t.dtype == FP8:
+            t.view(torch.uint8).fill_(0x7F)  # e4m3fn's NaN, written as bytes (fill_ of FP8 is not everywhere)
+        else:
+            poison_(t)
     cache.row_len = torch.zeros(n, dtype=torch.int32, device=dev)
     errs = []
     with torch.no_grad():
@@ -183,7 +217,8 @@ def serve(m: Decoder, spec: StreamSpec, graph: bool | None = None, progress=None
     positions the step's attention reads, summed over rows, this step's included),
     ``t_ms`` its device time, ``prefill_ms_before`` the prefills run since the previous step.
     ``requests``: prompt and output length, TTFT (its prefill's device time) and its ITL
-    samples' p50/max. ``tpot_ms_p50/p99`` (token-weighted over steps), ``itl_ms_p50/p99``,
+    samples' p50/max. ``host_lead_ms``: the host enqueue time of one prefill the GPU sleeps
+    twice over before each timed prefill (GPU only). ``tpot_ms_p50/p99`` (token-weighted over steps), ``itl_ms_p50/p99``,
     ``ttft_ms_p50/p99``."""
     dev = m.device
     graph = dev.type == "cuda" if graph is None else graph
@@ -227,6 +262,15 @@ def serve(m: Decoder, spec: StreamSpec, graph: bool | None = None, progress=None
                 torch.cuda.synchronize()
             cache.row_len.zero_()
             tok.zero_()
+        # every prompt shape once, untimed: a first call of a shape pays one-off host costs (library
+        # heuristics, kernel selection) that a long-running server has paid already; the first one
+        # also fixes an FP8 cache's per-layer K/V scale, which every request then uses
+        say(f"warm {len(reqs)} prefill shapes")
+        for r in reqs:
+            m(prompts[r.id], cache.slot(0))
+            cache.scale_frozen = True
+        lead = _HostLead(m, prompts[reqs[0].id], cache) if graph else None
+        tok.zero_()
 
         timer = _Timer(dev)
         queue = deque(reqs)
@@ -239,9 +283,10 @@ def serve(m: Decoder, spec: StreamSpec, graph: bool | None = None, progress=None
                 view = cache.slot(i)
                 logits = m(prompts[r.id], view)
                 tok[i:i + 1].copy_(logits.argmax(-1))
+            if lead is not None:
+                lead.hold()  # the GPU waits while the host enqueues the prefill: device time only
             ops.append(("prefill", r.id, timer.run(prefill)))
             cache.row_len[i:i + 1].fill_(r.prompt_len)
-            cache.scale_frozen = True  # every later request quantizes K/V with the first one's scale
             left[r.id] = r.out_len - 1  # the prefill produced the first token
 
         def move(src: int, dst: int):  # compaction: untimed (a paged cache would not copy)
@@ -286,7 +331,8 @@ def serve(m: Decoder, spec: StreamSpec, graph: bool | None = None, progress=None
                     slots[i] = slots[last]
                     slots.pop()
         ms = timer.durations_ms()
-    return {**_summarise(spec, reqs, ops, ms, graph, dev), "rows_check_rel_err": rows_err}
+    return {**_summarise(spec, reqs, ops, ms, graph, dev), "rows_check_rel_err": rows_err,
+            "host_lead_ms": lead.host_ms if lead is not None else None}
 
 
 def _summarise(spec: StreamSpec, reqs: list[Request], ops, ms: list[float], graph: bool, dev) -> dict[str, Any]:
