@@ -125,7 +125,7 @@ class Examination:
                      "undecided_at": d.undecided.id if d.undecided else None,
                      "steps": [{"question": s.question, "answer": s.answer, "metric": s.metric,
                                 "value": s.value, "rule": s.criterion, "overridden": s.overridden,
-                                "source": self.evidence_sources.get(s.metric, "by hand")}
+                                "how": s.how, "source": self.evidence_sources.get(s.metric, "by hand")}
                                for s in d.steps],
                      "explain": d.explain(),
                      "actions": list(d.leaf.actions) if d.leaf else [], "lab": self.lab},
@@ -320,7 +320,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     ncu = ncu_collect(ncu_target, notes) if ncu_target else None
     ev, sources = build_evidence(m, moved=moved, amp=amp, prof=prof, wall_ms=wall_ms,
                                  flop_bound=_flop_bound(m), ncu=ncu, on_gpu=gpu)
-    diag = diagnose(ev)
+    diag = diagnose({**ev, "metric_sources": sources})  # the walk prints what measured each answer
     if diag.undecided is not None and diag.undecided.id == "H" and not _flop_bound(m):
         notes.append("H asks about Tensor-Core use, which applies to matmul work; this function's floor is "
                      "set by its bytes (no matmul FLOPs counted or given). Run with --ncu for occupancy "
