@@ -25,10 +25,13 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
+from ..ceilings import get as get_ceilings
 from ..evidence import EvidenceError, recorded
-from ..measure import device_of
-from . import scenarios
+from ..measure import device_name, device_of, time_fn
+from ..probes import hbm_copy
+from . import bandwidth, fp8, registers, scenarios
 
 #: the by-hand answers a lab's evidence may still carry: dropped, the run measures them
 BY_HAND_KEYS = ("single_gpu_slow", "multi_gpu_or_service_slow", "rank_tail")
@@ -50,13 +53,10 @@ def _measured_only(ev: dict[str, Any]) -> dict[str, Any]:
 
 
 def _copy_gbps(dev) -> float:
-    from ..probes import hbm_copy
     return hbm_copy(size_mib=1024 if dev.type == "cuda" else 16, device=dev, impl="torch").gbps
 
 
 def _chain(case: str, dev) -> dict[str, Any]:
-    from . import bandwidth
-
     n_rows, n_cols = bandwidth.default_size(dev)
     dtype = torch.float16
     copy = _copy_gbps(dev)
@@ -89,8 +89,6 @@ def _service(fn, make, kernel_ms: float, dev) -> dict[str, Any]:
 
 
 def _tile(case: str, dev) -> dict[str, Any]:
-    from . import registers
-
     cfg = next(c for c in registers.SWEEP if c.label == case)
     cublas = registers.cublas_bf16(device=dev)
     r = registers.sweep([cfg], ceiling_tflops=cublas.tflops, device=dev)[0]
@@ -114,8 +112,6 @@ def _tile(case: str, dev) -> dict[str, Any]:
 def _kernel_busy_ms(step: Callable[[], Any]) -> float:
     """Device time of one step's kernels (sum of kernel durations, torch.profiler): the floor
     of a launch-bound step, what it would take with no gap between launches."""
-    from torch.profiler import ProfilerActivity, profile
-
     step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -123,13 +119,12 @@ def _kernel_busy_ms(step: Callable[[], Any]) -> float:
         torch.cuda.synchronize()
     us = sum(e.time_range.elapsed_us() for e in prof.events()
              if "CUDA" in str(getattr(e.device_type, "name", e.device_type)))
+    if us <= 0:
+        raise RuntimeError("torch.profiler recorded no kernel time for the step: cannot set its floor")
     return us / 1e3
 
 
 def _launch(case: str, dev) -> dict[str, Any]:
-    from ..measure import time_fn
-    from . import registers
-
     n_layers, hidden = 64, 4096
     weights = [torch.randn(2, hidden, device=dev) for _ in range(n_layers)]
     x = torch.randn(hidden, device=dev)
@@ -170,9 +165,7 @@ def _dtype(case: str, dev) -> dict[str, Any]:
 
 
 def _workload(case: str, dev) -> dict[str, Any]:
-    from ..ceilings import get
-
-    w = scenarios.workload_mix(device=dev, ceilings=get(dev, quick=True))
+    w = scenarios.workload_mix(device=dev, ceilings=get_ceilings(dev, quick=True))
     return w["flowchart_evidence"][case]
 
 
@@ -180,8 +173,6 @@ def _fp8(case: str, dev) -> dict[str, Any]:
     """Lab 4's decoder on the ``case`` path (``mixed``: the seed's fallback; ``fixed``) serving
     one context bucket's stream (4k context on a GPU, where KV bytes matter; the tiny stream
     on a CPU); evidence from Lab 4's own :func:`fp8.flowchart_evidence` (B, D, K measured)."""
-    from . import fp8
-
     spec = fp8.default_streams(dev)[1 if dev.type == "cuda" else 0]
     res = fp8.run_stream(streams=[spec], paths=(case,), device=dev)
     fe = fp8.flowchart_evidence(res, _copy_gbps(dev))
@@ -198,8 +189,6 @@ LIVE: dict[str, Callable[[str, torch.device], dict[str, Any]]] = {
 
 
 def live_label(dev) -> str:
-    from ..measure import device_name
-
     kind = "GPU" if dev.type == "cuda" else "CPU at small sizes (not GPU speed)"
     return f"measured live on {device_name(dev)}, {kind}"
 
