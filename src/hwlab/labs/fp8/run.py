@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from ...measure import require_memory, time_fn
 from .. import fp8_kernels as K
-from .model import H200_SIZE, LOGIT_ERROR_BOUND, PATHS, TINY, Decoder, ModelConfig, logit_error, make_models
+from .model import H200_SIZE, LOGIT_ERROR_BOUND, TINY, Decoder, ModelConfig, logit_error, make_models
 from .profile import decode_breakdown, decode_profile
 from .report import SERVING_PATHS, run_stream
 from .stream import StreamSpec, default_streams
