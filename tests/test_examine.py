@@ -353,3 +353,21 @@ def test_captured_weights_are_required_reads(cpu_ceilings):
     ex = examine(lin, x, ceilings=cpu_ceilings)
     assert ex.name == "Linear"
     assert ex.counts["n_bytes"] == 8 * 32 * 4 + (32 * 16 + 16) * 4 + 8 * 16 * 4
+
+
+def test_the_triton_kernel_scan_survives_dead_weak_proxies():
+    """torch.compile leaves weakref proxies whose referent is gone; the H200 recording's profile
+    of the compiled chain once failed on one (ReferenceError from isinstance)."""
+    import weakref
+
+    from hwlab.examine_profile import triton_kernels
+
+    class Obj:
+        pass
+
+    o = Obj()
+    proxy = weakref.proxy(o)
+    del o
+    holder = [proxy]  # keep the dead proxy where gc.get_objects() finds its container
+    assert triton_kernels(["no_such_kernel"]) == []
+    assert holder

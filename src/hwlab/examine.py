@@ -188,7 +188,7 @@ def _peak_dtype(traffic: Traffic, args: tuple, dtype_peak: str | None, c, gpu: b
         alt = next(iter(c.gemm_tflops), None)
         notes.append(f"no measured {want} GEMM ceiling here; the FLOP floor uses {alt}")
         want = alt
-    elif dt == "float32" and want == "tf32":
+    elif dt == "float32" and want == "tf32" and traffic.matmul_dtype() is not None:
         notes.append("fp32 matmul: its floor is the TF32 tensor-core rate (the fastest path fp32 data "
                      "can take); pass dtype_peak='fp32' if the function needs full fp32 accuracy")
     return want

@@ -93,7 +93,9 @@ def triton_kernels(names: Sequence[str]) -> list[dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     with warnings.catch_warnings():  # isinstance on some lazy torch objects warns (deprecations)
         warnings.simplefilter("ignore")
-        jit_fns = [o for o in gc.get_objects() if isinstance(o, JITFunction)]
+        # type(), not isinstance(): isinstance on a dead weakref.proxy (torch.compile leaves some)
+        # raises ReferenceError; type() does not dereference it
+        jit_fns = [o for o in gc.get_objects() if issubclass(type(o), JITFunction)]
     for obj in jit_fns:
         caches = getattr(obj, "device_caches", None) or getattr(obj, "cache", None) or {}
         for entry in list(caches.values()):  # triton 3.x: device -> (kernel cache, ...); older: dict
@@ -216,6 +218,8 @@ def _summarise_gpu(events, n_calls: int, compiled: bool) -> ProfileSummary:
     top = []
     for name, d in sorted(per.items(), key=lambda kv: -kv[1]["us"])[:TOP_N]:
         cls, tc = kernel_class(name)
+        if name in outside:
+            cls = "triton"
         top.append({"name": name[:200], "share_pct": 100.0 * d["us"] / total if total else 0.0,
                     "us_per_call": d["us"] / n_calls, "per_call": d["count"] / n_calls,
                     "class": cls, "tensor_core": tc, "launched_by": owner.get(name, (None, False))[0]})
