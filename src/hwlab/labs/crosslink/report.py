@@ -1,0 +1,149 @@
+"""From per-rank timings to findings: the straggler ranks and how late they finish, each
+rank's communication wait, step-time spikes, and the flowchart evidence of a run.
+
+Thresholds, and why:
+
+* a rank's own work is its compute + TP all-reduce per step, summarised by the lower quartile
+  over steps (:data:`OWN_QUANTILE`): on a shared CPU scheduling delays only ever add time, at
+  random, so the lower quartile is the rank's own cost with most of that noise trimmed;
+* a rank is in the tail when its own work sits above the largest jump in the sorted per-rank
+  figures, and that jump is at least :data:`TAIL_JUMP` (1.2x): trimmed as above, healthy ranks
+  on a busy CPU host differ by under ~10%, a slow link costs more; the flowchart's rank-tail
+  threshold (10%) then applies to how far the slowest rank sits above the other ranks;
+* a step is a spike when it exceeds the run's median step by :data:`SPIKE_OVER_MEDIAN` (1.5x):
+  beyond what CPU scheduling noise gives a healthy step here; spikes are called periodic when
+  there are at least three and their spacing varies by under :data:`PERIODIC_CV` (25%).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+TAIL_JUMP = 1.2
+OWN_QUANTILE = 0.25
+SPIKE_OVER_MEDIAN = 1.5
+PERIODIC_CV = 0.25
+
+
+@dataclass
+class StragglerReport:
+    per_rank: dict[int, dict[str, float]]
+    tail_ranks: list[int]
+    tail_pct: float  # slowest rank's own work over the median of the non-tail ranks', in %
+    tail_ms: float   # how much later the tail ranks finish their own work, per step (median)
+    step_ms: float   # median step time (all ranks finish a step together at the DP sync)
+    n_ranks: int
+    step_series_ms: list[float]  # per round: the median rank's step
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"per_rank": self.per_rank, "tail_ranks": self.tail_ranks, "tail_pct": self.tail_pct,
+                "tail_ms": self.tail_ms, "step_ms": self.step_ms, "n_ranks": self.n_ranks,
+                "step_series_ms": self.step_series_ms, "spikes": spikes(self.step_series_ms),
+                "notes": self.notes}
+
+
+def _q(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[int(q * (len(s) - 1))]
+
+
+def straggler_report(results: list[dict[str, Any]]) -> StragglerReport:
+    """Per-rank times; tail ranks split off by the largest jump in their own work (module doc);
+    per rank ``late_ms`` (median over rounds of its own work minus the non-tail ranks' median
+    in the same round) and ``comm_wait_ms`` (time inside collectives: TP all-reduce + DP sync)."""
+    per: dict[int, dict[str, float]] = {}
+    for r in results:
+        own = r.get("own_ms") or [c + t for c, t in zip(r["compute_ms"], r["tp_allreduce_ms"])]
+        med = {k: statistics.median(r[k]) for k in ("compute_ms", "tp_allreduce_ms", "dp_sync_ms", "step_ms")}
+        med["own_ms"] = statistics.median(own)
+        med["own_q_ms"] = _q(own, OWN_QUANTILE)
+        med["comm_wait_ms"] = statistics.median(t + d for t, d in zip(r["tp_allreduce_ms"], r["dp_sync_ms"]))
+        med["step_p10_ms"], med["step_p90_ms"] = _q(r["step_ms"], 0.1), _q(r["step_ms"], 0.9)
+        per[r["rank"]] = med
+    order = sorted(per, key=lambda k: per[k]["own_q_ms"])
+    own = [per[k]["own_q_ms"] for k in order]
+    jumps = [(own[i + 1] / own[i] if own[i] > 0 else 1.0, i) for i in range(len(own) - 1)]
+    tail: list[int] = []
+    base = statistics.median(own)
+    if jumps:
+        ratio, i = max(jumps)
+        if ratio >= TAIL_JUMP:
+            tail = sorted(order[i + 1:])
+            base = statistics.median(own[:i + 1])
+    tail_pct = 100.0 * (max(own) - base) / base if base > 0 else 0.0
+    rest = [k for k in per if k not in tail] or list(per)
+    by_rank = {r["rank"]: (r.get("own_ms") or [c + t for c, t in zip(r["compute_ms"], r["tp_allreduce_ms"])])
+               for r in results}
+    n_rounds = min(len(v) for v in by_rank.values())
+    for k in per:
+        per[k]["late_ms"] = statistics.median(
+            by_rank[k][s] - statistics.median(by_rank[j][s] for j in rest) for s in range(n_rounds))
+    tail_ms = statistics.median(per[k]["late_ms"] for k in tail) if tail else 0.0
+    series = [statistics.median(r["step_ms"][s] for r in results) for s in range(n_rounds)]
+    notes = []
+    if tail:
+        notes.append(f"ranks {tail} finish their TP all-reduce {tail_ms:.1f} ms late per step (median); "
+                     f"ranks {sorted(rest)} wait for them in the DP sync "
+                     f"({statistics.median(per[k]['dp_sync_ms'] for k in rest):.1f} ms median)")
+    step = statistics.median(v["step_ms"] for v in per.values())
+    return StragglerReport(per, tail, tail_pct, tail_ms, step, len(per), series, notes)
+
+
+def spikes(series_ms: list[float]) -> dict[str, Any]:
+    """Steps over SPIKE_OVER_MEDIAN x the median step, and whether they recur periodically."""
+    if not series_ms:
+        return {"n": 0, "at": [], "periodic": False, "period_steps": None}
+    med = statistics.median(series_ms)
+    at = [i for i, v in enumerate(series_ms) if v > SPIKE_OVER_MEDIAN * med]
+    gaps = [b - a for a, b in zip(at, at[1:])]
+    periodic = len(at) >= 3 and statistics.mean(gaps) > 1 and \
+        statistics.pstdev(gaps) / statistics.mean(gaps) < PERIODIC_CV
+    return {"n": len(at), "at": at, "periodic": periodic,
+            "period_steps": statistics.median(gaps) if periodic else None,
+            "threshold_ms": SPIKE_OVER_MEDIAN * med}
+
+
+def paired_ratio(num: list[dict], den: list[dict]) -> float:
+    """Median over rounds of (median rank's step in ``num``) / (same in ``den``): the two
+    phases ran in the same rounds, so load on the machine cancels round by round."""
+    n = min(len(num[0]["step_ms"]), len(den[0]["step_ms"]))
+    a = [statistics.median(r["step_ms"][s] for r in num) for s in range(n)]
+    b = [statistics.median(r["step_ms"][s] for r in den) for s in range(n)]
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def flowchart_evidence(baseline: dict[str, Any], run: list[dict], devices_alone: list[dict],
+                       rep: StragglerReport, **extra: Any) -> dict[str, Any]:
+    """B, D and K from measurements: ``slowdown_vs_floor`` (and the memory/GEMM figures the
+    walk reads after a "yes") from ``baseline`` (:func:`~.block.single_device_baseline`),
+    ``e2e_slowdown`` = the run's step over the devices-alone step of the same rounds,
+    ``rank_tail_pct`` with ``n_ranks``; ``metric_sources`` says what measured each."""
+    ev = {"slowdown_vs_floor": baseline["slowdown_vs_floor"],
+          "dram_pct_estimated": baseline["dram_pct_estimated"],
+          "tensor_pct_of_peak": baseline["tensor_pct_of_peak"],
+          "e2e_slowdown": paired_ratio(run, devices_alone),
+          "rank_tail_pct": rep.tail_pct, "n_ranks": rep.n_ranks,
+          "metric_sources": {
+              "slowdown_vs_floor": f"one rank's block compute ({baseline['kernel']}) alone in one process, "
+                                   f"{baseline['t_ms']:.1f} ms, over this machine's floor "
+                                   f"{baseline['floor_ms']:.1f} ms (measured copy/GEMM ceilings, one thread)",
+              "dram_pct_estimated": "the block's modelled bytes over its time alone, vs the measured copy rate",
+              "tensor_pct_of_peak": "the block's FLOP/s alone vs the measured fp32 GEMM rate",
+              "e2e_slowdown": "median over rounds: the multi-rank step over the same rounds' devices-alone "
+                              "step (every rank's compute, no collectives)",
+              "rank_tail_pct": "per-rank medians of compute + TP all-reduce, same run"}}
+    ev.update({k: v for k, v in extra.items() if v is not None})
+    return ev
+
+
+def signature_row(name: str, case: dict[str, Any]) -> dict[str, Any]:
+    """The seed's signature, measured: rank tail, communication wait, single-device baseline."""
+    rep, ev = case["report"], case["flowchart_evidence"]
+    waits = [v["comm_wait_ms"] for v in rep["per_rank"].values()]
+    return {"case": name, "rank_tail_pct": rep["tail_pct"], "tail_ranks": rep["tail_ranks"],
+            "tail_ms": rep["tail_ms"], "comm_wait_ms_median": statistics.median(waits),
+            "comm_wait_ms_max": max(waits), "step_ms": rep["step_ms"],
+            "slowdown_vs_floor": ev["slowdown_vs_floor"], "e2e_slowdown": ev["e2e_slowdown"],
+            "n_ranks": ev["n_ranks"]}
