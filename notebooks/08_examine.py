@@ -42,7 +42,7 @@ import torch
 
 import hwlab
 from hwlab import ceilings, evidence, nb
-from hwlab.examine_report import plot_slowdowns, table
+from hwlab.examine_report import format_table, plot_slowdowns, table
 from hwlab.examine_target import load
 
 ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
@@ -83,11 +83,9 @@ if rec_path.exists():
     rec = evidence.load(rec_path)
     nb.banner("hwlab examine on the example functions", rec.label)
     rows = table(rec.extra["entries"])
-    for r in rows:
-        print(f"{r['function']:16s} leaf {r['leaf']!s:3s} (expected {r['expected']:3s}) path {r['path']:14s} "
-              f"slowdown {r['slowdown_vs_floor'] or 0:8.2f}x  dram_est {r['dram_pct_estimated'] or 0:5.1f}%  "
-              f"sectors {r['sector_amplification'] or 0:4.1f}x  tensor {r['tensor_pct_of_peak'] or 0:5.1f}%  "
-              f"gap {r['launch_gap_pct'] or 0:4.1f}%  spills {r['n_spills']}")
+    print(format_table(rows))
+    for name, c in rec.extra.get("cli", {}).items():
+        print(f"command line: {c['command']} -> leaf {c.get('leaf')}, exit code {c['rc']}")
     plot_slowdowns(rows, rec.label)
 else:
     print("examine.json has not been recorded on the H200 yet (benchmarks/record_examine.py on a GPU); "
