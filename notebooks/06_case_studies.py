@@ -120,6 +120,13 @@ fe4 = fp8.flowchart_evidence(s4, s4copy)
 k4 = "mixed ctx 4096 x16" if "mixed ctx 4096 x16" in fe4 else next(k for k in fe4 if k.startswith("mixed"))
 d2 = flowchart.diagnose(fe4[k4])
 nb.show_walk(d2, f"{k4}; {s4src}")
+# the seed's judgement, in one step's kernel time: where mixed spends it against bf16 (KV reads, format
+# conversion, the bf16 GEMMs that read dequantized copies, the FP8 GEMMs that were meant to save it)
+by = {p: next(b["profile"]["breakdown"]["us"] for b in s4["paths"][p]["buckets"] if k4.endswith(
+    f"ctx {b['profile']['ctx']} x{b['profile']['batch']}")) for p in ("bf16", "mixed")}
+print(f"{k4} vs bf16, one step's kernel time by class (ms): " + ", ".join(
+    f"{fp8.CLASSES[c]} {by['mixed'][c] / 1e3:.3f} ({(by['mixed'][c] - by['bf16'][c]) / 1e3:+.3f})" for c in fp8.CLASSES)
+    + f"  [{s4src}]")
 
 # %% [markdown]
 # **Fix and re-verify.** The seed's list, as Lab 4's `fixed` path: sensitive head kept in BF16 on purpose,
