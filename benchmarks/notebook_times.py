@@ -36,7 +36,7 @@ def h200_times(folder: Path = ROOT / "docs" / "executed-h200") -> dict[str, dict
 
 
 def cpu_times(summary: Path) -> dict[str, dict]:
-    return {r["notebook"]: {"seconds": r["seconds"], "ok": r["ok"], "source": summary.name}
+    return {r["notebook"]: {"seconds": r["seconds"], "ok": r["ok"], "source": "benchmarks/execute_notebooks.py"}
             for r in json.loads(summary.read_text())}
 
 
@@ -61,14 +61,13 @@ def render(times: dict) -> str:
     for nb in times["notebooks"]:
         h = times["h200"]["runs"].get(nb, {}).get("seconds")
         c = times["cpu"]["runs"].get(nb, {})
-        cpu = _fmt(c.get("seconds")) + ("" if c.get("ok", True) else " (raised)")
+        cpu = _fmt(c.get("seconds")) if c.get("ok", True) else "did not complete (raised)"
         lines.append(f"| `{nb}` | {_fmt(h)} | {cpu} |")
-    tot_h = sum(times["h200"]["runs"].get(nb, {}).get("seconds", 0) for nb in times["notebooks"]
-                if nb.startswith("notebooks/"))
-    tot_c = sum(times["cpu"]["runs"].get(nb, {}).get("seconds", 0) for nb in times["notebooks"]
-                if nb.startswith("notebooks/"))
-    lines += ["", f"All lab notebooks (`notebooks/`) in a row: {_fmt(tot_h)} on the H200 (those measured), "
-              f"{_fmt(tot_c)} on the CPU.", END]
+    labs = [nb for nb in times["notebooks"] if nb.startswith("notebooks/")]
+    h = [times["h200"]["runs"][nb]["seconds"] for nb in labs if nb in times["h200"]["runs"]]
+    c = [times["cpu"]["runs"][nb]["seconds"] for nb in labs if times["cpu"]["runs"].get(nb, {}).get("ok")]
+    lines += ["", f"The lab notebooks (`notebooks/`) in a row: {_fmt(sum(h))} on the H200 ({len(h)} of {len(labs)} "
+              f"measured there), {_fmt(sum(c))} on the CPU ({len(c)} of {len(labs)} completed).", END]
     return "\n".join(lines)
 
 
@@ -83,14 +82,19 @@ def main(argv=None) -> int:
     p.add_argument("--cpu-summary", type=Path, help="notebooks_summary.json of a CPU execute_notebooks.py run")
     p.add_argument("--cpu-label", default="", help="the CPU machine, e.g. '2-core AMD EPYC VM, shared'")
     p.add_argument("--render", action="store_true", help="only re-render the table from the JSON")
+    p.add_argument("--merge", action="store_true", help="update the recorded CPU runs with this summary's "
+                   "notebooks (a re-run of some), keeping the others")
     a = p.parse_args(argv)
     if not a.render:
         if not a.cpu_summary or not a.cpu_label:
             p.error("--cpu-summary and --cpu-label are needed to record times (or --render)")
+        runs = cpu_times(a.cpu_summary)
+        if a.merge:
+            runs = {**json.loads(TIMES.read_text())["cpu"]["runs"], **runs}
         times = {"notebooks": notebooks(),
                  "h200": {"label": "NVIDIA H200, 2026-12-02/03 (docs/executed-h200)", "runs": h200_times()},
                  "cpu": {"label": a.cpu_label, "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                         "runs": cpu_times(a.cpu_summary)}}
+                         "runs": runs}}
         TIMES.write_text(json.dumps(times, indent=2) + "\n")
     update_doc(json.loads(TIMES.read_text()))
     return 0

@@ -31,6 +31,7 @@ unset; it must run before the first NCCL communicator exists. ``hwlab ranks`` re
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -38,6 +39,9 @@ from datetime import datetime, timezone
 from itertools import combinations
 from pathlib import Path
 from typing import Any
+
+import torch
+import torch.distributed as dist
 
 from . import mapping, probes, system, topology
 from .errors import UserInputError
@@ -129,8 +133,6 @@ def device_of_rank(local_rank: int, snap: dict[str, Any], topo: Topology | None,
     d: dict[str, Any] = {"cuda_index": cuda_index, "gpu": None, "gpu_source": None, "pci_bus_id": None,
                          "name": None}
     if cuda_index is not None:
-        import torch
-
         p = torch.cuda.get_device_properties(cuda_index)
         d["name"] = p.name
         if hasattr(p, "pci_bus_id"):  # torch >= 2.1 exposes the PCI location
@@ -178,8 +180,6 @@ def numa_binding(affinity: set[int], gpu_local_cpus: str | None) -> str:
 
 def infer_tp_group(rank: int, world: int) -> list[int] | None:
     """The smallest process group holding this rank with more than one and fewer than all ranks."""
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()):
         return None
     groups = [sorted(ranks) for ranks in dist.distributed_c10d._world.pg_group_ranks.values()
@@ -237,8 +237,6 @@ def mapping_findings(ranks: list[dict[str, Any]], topos: dict[str, Topology | No
 
 def _probe_baseline(cuda_index: int | None) -> list[dict[str, Any]]:
     """One GEMM and one copy on this rank's device (small: well under a second each on a GPU)."""
-    import torch
-
     dev = torch.device("cuda", cuda_index) if cuda_index is not None else torch.device("cpu")
     gpu = dev.type == "cuda"
     g = probes.gemm(size=4096 if gpu else 256, dtype="bf16" if gpu else "fp32", device=dev, n_rep=20)
@@ -258,9 +256,6 @@ def capture(run_dir: str | os.PathLike, *, tp_groups: list[list[int]] | None = N
     Call after ``init_process_group`` to get the all-rank mapping warning at startup; before it,
     each rank's record is written and ``hwlab ranks`` checks the mapping later.
     """
-    import torch
-    import torch.distributed as dist
-
     info = rank_env()
     rank, local_rank, world = info["rank"], info["local_rank"], info["world_size"]
     host = socket.gethostname()
@@ -343,8 +338,6 @@ def capture(run_dir: str | os.PathLike, *, tp_groups: list[list[int]] | None = N
 def load_run(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], list[str]]:
     """(rank records, node records by host, problems) from a run directory; unreadable files are
     reported in ``problems`` and skipped."""
-    import json
-
     ranks, nodes, problems = [], {}, []
     for p in sorted(Path(run_dir).glob("*/rank-*.json")) + sorted(Path(run_dir).glob("*/node.json")):
         try:

@@ -33,10 +33,12 @@ from __future__ import annotations
 import re
 import statistics
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from . import capture, flowchart, incident
+from .errors import UserInputError
 from .evidence import Evidence
 from .labs.crosslink import nccl_routes
 from .labs.crosslink.report import SPIKE_OVER_MEDIAN, TAIL_JUMP, spikes
@@ -116,8 +118,6 @@ def _routes(run_dir: Path, caps: dict[int, dict[str, Any]], extra: list[Path]) -
 
 def report(run_dir: str | Path, *, skip: int = DEFAULT_SKIP, nccl_logs: list[str] | None = None) -> dict[str, Any]:
     """Read every rank's step log and capture under ``run_dir``; see the module docstring."""
-    from .errors import UserInputError
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserInputError(f"{run_dir} is not a folder: pass the run directory your job wrote")
@@ -174,9 +174,11 @@ def report(run_dir: str | Path, *, skip: int = DEFAULT_SKIP, nccl_logs: list[str
     else:
         unmeasured["B"] = ("no floor: the step log declares no work (StepLog(n_flops=, n_bytes=)) or the "
                            "capture ran without probe=True")
-    if has_colls:
-        ev["e2e_slowdown"] = statistics.median(s["step_ms"] for s in stats.values()) / \
-            statistics.median(s["compute_ms"] for s in stats.values())
+    own_ms = statistics.median(s["compute_ms"] for s in stats.values())
+    if has_colls and own_ms > 0:
+        ev["e2e_slowdown"] = statistics.median(s["step_ms"] for s in stats.values()) / own_ms
+    elif has_colls:
+        unmeasured["D"] = "the ranks' own work measured as zero: every step is spent in collectives"
     else:
         unmeasured["D"] = "no collective time recorded: the step cannot be split into own work and waiting"
     d = flowchart.diagnose(ev)
@@ -247,7 +249,6 @@ def _incident(rep: dict[str, Any], d: flowchart.Diagnosis, caps: dict[int, dict[
                 f"no tail rank over {rep['n_ranks']} ranks (spread {rep['rank_tail_pct']:.0f}%)",
         fix=fix, reverify="re-run with the same capture and step log; `hwlab ranks` reports rank_tail_pct < 10%",
         rank_mapping=mapping_txt, extra_evidence=lines)
-    from dataclasses import asdict
     return {"markdown": inc.to_markdown(), "record": asdict(inc)}
 
 
