@@ -82,8 +82,8 @@ def test_sector_amplification_from_index_values():
     shuffled = torch.randperm(8 * n)[:n]
     assert 6.0 < gather_amplification(torch.ops.aten.index_select.default, (x, 0, shuffled), {}) <= 8.0
     t = count_traffic(lambda v, i: v[i], (x, strided), {})
-    # source read at 8x, the int64 index read once; weighted by bytes read
-    src, idx = 8 * n * 4, n * 8
+    # the n touched source elements read at 8x, the int64 index read once; weighted by bytes read
+    src, idx = n * 4, n * 8
     assert t.sector_amplification == pytest.approx((src * 8 + idx) / (src + idx))
 
 
@@ -371,3 +371,16 @@ def test_the_triton_kernel_scan_survives_dead_weak_proxies():
     holder = [proxy]  # keep the dead proxy where gc.get_objects() finds its container
     assert triton_kernels(["no_such_kernel"]) == []
     assert holder
+
+
+def test_a_lookup_needs_only_the_rows_it_touches():
+    table_ = torch.randn(1000, 64)
+    idx = torch.tensor([3, 3, 10, 999] * 8)  # 3 distinct rows of a 1000-row table
+    t = count_traffic(lambda w, i: w[i], (table_, idx), {})
+    assert t.input_read_bytes((table_, idx)) == 3 * 64 * 4 + idx.numel() * 8
+    assert t.ops[0].read_bytes == 3 * 64 * 4 + idx.numel() * 8  # the op's traffic too
+    emb = torch.nn.Embedding(1000, 64)  # captured weights: the same rule
+    t = count_traffic(emb, (idx,), {})
+    assert t.captured_read_bytes((idx,)) == 3 * 64 * 4
+    t = count_traffic(lambda w, i: w[i] + w.sum(), (table_, idx), {})  # read whole elsewhere: all of it
+    assert t.input_read_bytes((table_, idx)) == 1000 * 64 * 4 + idx.numel() * 8

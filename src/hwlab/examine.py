@@ -282,6 +282,8 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     # function called under a dispatch mode runs eagerly from then on (seen with torch 2.13)
     traffic, flops_est, flops_src = _count(fn, args, kwargs, n_flops is None, notes)
     captured_b = traffic.captured_read_bytes((args, kwargs))
+    if traffic.ops:  # inputs only read through gathers need only what the gathers touched
+        read_b = min(read_b, traffic.input_read_bytes((args, kwargs)))
     counts: dict[str, Any] = {
         "required_read_bytes": read_b, "required_written_bytes": written_b,
         "captured_read_bytes": captured_b,

@@ -159,28 +159,36 @@ def strided_amplification(src: torch.Tensor, out: torch.Tensor) -> float | None:
     return float(min(st, per_sector))
 
 
-def gather_amplification(func: Any, args: tuple, kwargs: dict) -> float | None:
-    """Distinct 32-byte source sectors per group of 32 consecutive outputs, over the ideal,
-    from the real index values: the op is replayed on a tensor of storage offsets."""
+def gather_replay(func: Any, args: tuple, kwargs: dict) -> tuple[float | None, int | None]:
+    """(amplification, distinct source bytes read) of a gather op, from the real index values:
+    the op is replayed on a tensor of storage offsets. Amplification: distinct 32-byte source
+    sectors per group of 32 consecutive outputs, over the ideal. (None, None) where the replay
+    does not fit the op."""
     src = args[0] if args and isinstance(args[0], torch.Tensor) else None
     if src is None or src.numel() == 0 or src.numel() > MAX_GATHER_SOURCE:
-        return None
+        return None, None
     try:
         n_storage = src.storage_offset() + sum((s - 1) * st for s, st in zip(src.shape, src.stride())) + 1
         base = torch.arange(n_storage, device=src.device, dtype=torch.int64)
         offs = torch.as_strided(base, src.shape, src.stride(), src.storage_offset())
         out_offs = func(offs, *args[1:], **kwargs)
     except Exception:  # an op the replay does not fit (odd signature): no estimate, said
-        return None
+        return None, None
+    es = src.element_size()
+    touched = int(torch.unique(out_offs.reshape(-1)).numel()) * es
     flat = out_offs.reshape(-1)[:GATHER_SAMPLE]
     n = (flat.numel() // WARP) * WARP
     if n == 0:
-        return None
-    es = src.element_size()
+        return None, touched
     sectors = (flat[:n] * es // SECTOR_BYTES).view(-1, WARP).sort(dim=1).values
     distinct = 1 + (sectors[:, 1:] != sectors[:, :-1]).sum(dim=1)
     ideal = max(1, math.ceil(WARP * es / SECTOR_BYTES))
-    return float(distinct.double().mean().item()) / ideal
+    return float(distinct.double().mean().item()) / ideal, touched
+
+
+def gather_amplification(func: Any, args: tuple, kwargs: dict) -> float | None:
+    """The amplification part of :func:`gather_replay`."""
+    return gather_replay(func, args, kwargs)[0]
 
 
 @dataclass
@@ -223,6 +231,8 @@ class TrafficCounter(TorchDispatchMode):
         self._dequantized: set = set()
         self.produced: set = set()  # storages written by an op of this call
         self.external: dict[tuple[str, int], list[tuple[int, int]]] = {}  # read, not produced here
+        self.gathered: dict[tuple[str, int], int] = {}  # gather source -> distinct bytes it read
+        self.read_whole: set = set()  # storages some op reads other than as a gather's source
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -239,16 +249,25 @@ class TrafficCounter(TorchDispatchMode):
         self.produced.update(storage_key(t) for t in outs)
         if name in NO_TRAFFIC_OPS:
             return out
+        src_key = storage_key(args[0]) if name in GATHER_OPS and args and isinstance(args[0], torch.Tensor) \
+            else None
+        self.read_whole.update(storage_key(t) for t in ins if storage_key(t) != src_key)
         read = span_bytes(ins)
         written = span_bytes(outs)
         amp: float | None = None
         with torch.no_grad():
             if name in GATHER_OPS:
-                g = gather_amplification(func, args, kwargs)
-                if g is not None:
-                    # the source read is amplified; the index and other inputs are read once
-                    src_bytes = span_bytes([args[0]])
-                    amp = (src_bytes * g + (read - src_bytes)) / read if read else None
+                g, touched = gather_replay(func, args, kwargs)
+                if touched is not None and src_key is not None:
+                    self.gathered[src_key] = self.gathered.get(src_key, 0) + touched
+                elif src_key is not None:
+                    self.read_whole.add(src_key)
+                if touched is not None:  # a gather reads the elements it touches, not its whole source
+                    rest = read - span_bytes([args[0]])
+                    read = touched + rest
+                    if g is not None and read:
+                        # the source read is amplified; the index and other inputs are read once
+                        amp = (touched * g + rest) / read
             elif name not in MATMUL_OPS and len(outs) == 1 and ins:
                 amps = [(span_bytes([t]), strided_amplification(t, outs[0])) for t in ins
                         if t.dim() and t.dim() <= outs[0].dim()]
@@ -271,12 +290,29 @@ class Traffic:
 
     ops: list[OpRecord] = field(default_factory=list)
     external: dict = field(default_factory=dict)  # storage -> spans read that the call did not write
+    gathered: dict = field(default_factory=dict)  # gather source storage -> distinct bytes read
+    read_whole: set = field(default_factory=set)  # storages read other than as a gather source
+
+    def _needed(self, key, span_len: int) -> int:
+        """A storage only ever read through gathers needs only the elements they touched."""
+        if key in self.gathered and key not in self.read_whole:
+            return min(span_len, self.gathered[key])
+        return span_len
+
+    def input_read_bytes(self, inputs: Any) -> int:
+        """Required reads of the inputs: each storage's span, or the distinct elements gathers
+        touched where a storage is only read through gathers (a lookup in a large table)."""
+        by: dict = {}
+        for t in tensors_of(inputs):
+            if t.numel():
+                by.setdefault(storage_key(t), []).append(span(t))
+        return sum(self._needed(k, union_len(v)) for k, v in by.items())
 
     def captured_read_bytes(self, inputs: Any) -> int:
         """Bytes of tensors the call read that were neither its inputs nor made by it: weights of
         an ``nn.Module``, tensors a closure or a global holds. They are required reads too."""
         skip = {storage_key(t) for t in tensors_of(inputs)}
-        return sum(union_len(v) for k, v in self.external.items() if k not in skip)
+        return sum(self._needed(k, union_len(v)) for k, v in self.external.items() if k not in skip)
 
     @property
     def moved_bytes(self) -> int:
@@ -329,4 +365,4 @@ def count_traffic(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Traffic:
     tc = TrafficCounter()
     with torch.no_grad(), tc:
         fn(*args, **kwargs)
-    return Traffic(tc.ops, tc.external)
+    return Traffic(tc.ops, tc.external, tc.gathered, tc.read_whole)
