@@ -68,12 +68,14 @@ def main(argv=None) -> int:
                 device=local_rank if gpu else None)
 
     n, L = a.size, a.layers
+    dtype = torch.bfloat16 if gpu else torch.float32  # the dtype the capture's GEMM probe measures
     gen = torch.Generator().manual_seed(rank)
-    x = torch.randn(n, n, generator=gen).to(dev)
-    ws = [(torch.randn(n, n, generator=gen) / n ** 0.5).to(dev) for _ in range(L)]
+    x = torch.randn(n, n, generator=gen).to(dev, dtype)
+    ws = [(torch.randn(n, n, generator=gen) / n ** 0.5).to(dev, dtype) for _ in range(L)]
     sync = torch.ones(1024, device=dev)
     # the step's work, declared so the report can hold it against the probe baseline (B)
-    log = StepLog(a.run_dir, rank=rank, n_flops=L * 2 * n ** 3, n_bytes=L * 3 * n * n * 4, cuda_events=gpu)
+    log = StepLog(a.run_dir, rank=rank, n_flops=L * 2 * n ** 3, n_bytes=L * 3 * n * n * x.element_size(),
+                  cuda_events=gpu)
     for i in range(a.steps):
         with log.step(i):
             y = x

@@ -235,24 +235,27 @@ def mapping_findings(ranks: list[dict[str, Any]], topos: dict[str, Topology | No
     return out
 
 
-def _probe_baseline(cuda_index: int | None) -> list[dict[str, Any]]:
-    """One GEMM and one copy on this rank's device (small: well under a second each on a GPU)."""
+def _probe_baseline(cuda_index: int | None, dtype: str | None = None) -> list[dict[str, Any]]:
+    """One GEMM (``dtype``: bf16 on a GPU, fp32 on a CPU by default; use your job's) and one copy
+    on this rank's device (small: well under a second each on a GPU)."""
     dev = torch.device("cuda", cuda_index) if cuda_index is not None else torch.device("cpu")
     gpu = dev.type == "cuda"
-    g = probes.gemm(size=4096 if gpu else 256, dtype="bf16" if gpu else "fp32", device=dev, n_rep=20)
+    g = probes.gemm(size=4096 if gpu else 256, dtype=dtype or ("bf16" if gpu else "fp32"), device=dev, n_rep=20)
     c = probes.hbm_copy(size_mib=256 if gpu else 16, device=dev, impl="torch", n_rep=20)
     return [g.to_dict(), c.to_dict()]
 
 
 def capture(run_dir: str | os.PathLike, *, tp_groups: list[list[int]] | None = None, tp: int | None = None,
-            topo_file: str | os.PathLike | None = None, probe: bool = False, nccl_log: bool = False,
-            device: int | None = None, quiet: bool = False) -> dict[str, Any]:
+            topo_file: str | os.PathLike | None = None, probe: bool = False, probe_dtype: str | None = None,
+            nccl_log: bool = False, device: int | None = None, quiet: bool = False) -> dict[str, Any]:
     """Write this rank's startup capture (and its node's, on local rank 0); return the rank record.
 
     ``tp_groups``: TP groups as lists of global ranks; or ``tp``: consecutive ranks form groups
     of ``tp`` (Megatron's default order); neither: inferred from the process groups, if any.
     ``topo_file``: use a saved ``nvidia-smi topo -m`` instead of this node's (labelled
     "injected"). ``device``: the CUDA index this rank uses (default ``LOCAL_RANK % device_count``).
+    ``probe_dtype``: the GEMM probe's dtype (fp32, tf32, bf16, fp16, fp8): the one your step's
+    matmuls run in, so that the step log's declared FLOPs are held against the right rate.
     Call after ``init_process_group`` to get the all-rank mapping warning at startup; before it,
     each rank's record is written and ``hwlab ranks`` checks the mapping later.
     """
@@ -301,7 +304,7 @@ def capture(run_dir: str | os.PathLike, *, tp_groups: list[list[int]] | None = N
     if probe:
         if up:
             dist.barrier()  # ranks probe together: the same contention as the job's own steps
-        rec["probe"] = _probe_baseline(device)
+        rec["probe"] = _probe_baseline(device, probe_dtype)
     if local_rank == 0:
         node = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "kind": "node", "host": host,
                 "taken_at": rec["taken_at"], "topology_source": topo_source,
