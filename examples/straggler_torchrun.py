@@ -48,6 +48,8 @@ def main(argv=None) -> int:
     p.add_argument("--size", type=int, default=256, help="batch = hidden size of the matmul chain")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--tp-groups", default="", help="e.g. '0,1;2,3' (default: consecutive pairs)")
+    p.add_argument("--infer-groups", action="store_true",
+                   help="let the capture infer the TP groups from the process groups instead of passing them")
     p.add_argument("--topo-file", help="a saved `nvidia-smi topo -m` to use instead of this node's")
     p.add_argument("--no-capture", action="store_true", help="skip the startup capture (to see what is lost)")
     a = p.parse_args(argv)
@@ -64,7 +66,7 @@ def main(argv=None) -> int:
     pgs = [dist.new_group(g) for g in groups]  # every rank creates every group, in the same order
     tp_pg = pgs[next(i for i, g in enumerate(groups) if rank in g)]
     if not a.no_capture:
-        capture(a.run_dir, tp_groups=groups, topo_file=a.topo_file, probe=True, nccl_log=gpu,
+        capture(a.run_dir, tp_groups=None if a.infer_groups else groups, topo_file=a.topo_file, probe=True, nccl_log=gpu,
                 device=local_rank if gpu else None)
 
     n, L = a.size, a.layers

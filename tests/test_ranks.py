@@ -32,7 +32,8 @@ def _ranks_cli(*args):
 def crosslink_run(tmp_path_factory):
     """Slow rank 2, TP groups {0,2} {1,3} on the recorded 2-socket PCIe box: both cross SYS."""
     d = tmp_path_factory.mktemp("run") / "crosslink"
-    r = _torchrun(d, "--slow-rank", "2", "--spike-every", "4", "--topo-file", str(PCIE), "--tp-groups", "0,2;1,3")
+    r = _torchrun(d, "--slow-rank", "2", "--spike-every", "4", "--topo-file", str(PCIE), "--tp-groups", "0,2;1,3",
+                  "--infer-groups")  # the capture reads the TP groups from the process groups
     return d, r
 
 
@@ -55,6 +56,9 @@ def test_names_exactly_the_slow_rank_and_walks_to_the_mapping_leaf(crosslink_run
     inc = rep["incident_draft"]["record"]
     assert inc["diagnosis_path"] == ["B", "D", "K", "L"] and "2->" in inc["rank_mapping"]
     assert "injected" in json.dumps(rep["capture"]["topology"])
+    caps = [json.loads(p.read_text()) for p in sorted(d.glob("*/rank-*.json"))]
+    assert [c["tp_group"] for c in caps] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    assert {c["tp_group_source"] for c in caps} == {"inferred from process groups"}
     mapping = json.loads((d / "mapping.json").read_text())
     assert [r["device"]["gpu"] for r in mapping["ranks"]] == ["GPU0", "GPU1", "GPU2", "GPU3"]
 
