@@ -133,7 +133,7 @@ def plot_reports(reports: list[dict[str, Any]], title: str = ""):
     kernel time split by class, side by side. Returns the matplotlib figure."""
     import matplotlib.pyplot as plt  # deferred on purpose: only a notebook draws; the library and its tests do not need it
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 3.8))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.8))
     buckets = [f"ctx {r['ctx']} x{r['batch']}" for r in reports[0]["buckets"]]
     width = 0.8 / len(reports)
     for i, rep in enumerate(reports):
@@ -142,9 +142,8 @@ def plot_reports(reports: list[dict[str, Any]], title: str = ""):
         a1.plot(xs, [r["tpot_ms_p99"] for r in rep["buckets"]], "v", color=bars.patches[0].get_facecolor(),
                 markeredgecolor="k", label=f"{rep['path']} p99")
     a1.set_xticks([j + 0.4 - width / 2 for j in range(len(buckets))], buckets)
-    a1.set_yscale("log")
     a1.set_ylabel("TPOT (ms per token, device-timed steps)")
-    a1.legend(fontsize=7, ncol=2)
+    a1.legend(fontsize=7, ncol=len(reports), loc="upper center", bbox_to_anchor=(0.5, -0.12))
     labels, bottoms = [], []
     for rep in reports:
         for r in rep["buckets"]:
@@ -156,7 +155,7 @@ def plot_reports(reports: list[dict[str, Any]], title: str = ""):
         bottoms = [b + v for b, v in zip(bottoms, vals)]
     a2.set_xticks(range(len(labels)), labels, fontsize=7)
     a2.set_ylabel("one decode step's kernel time (ms)")
-    a2.legend(fontsize=6)
+    a2.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.18))
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
