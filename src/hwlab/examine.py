@@ -47,11 +47,12 @@ from . import ceilings as ceilings_mod
 from . import incident as incident_mod
 from .errors import UserInputError
 from .evidence import Evidence, machine_info
-from .examine_ncu import collect as ncu_collect
-from .examine_inputs import call, check_inputs, fingerprint, make
 from .examine_estimate import Traffic, count_flops, count_traffic, required_bytes, tensors_of
+from .examine_evidence import METRIC_SOURCES, build_evidence, flop_bound  # noqa: F401 (re-exported)
+from .examine_inputs import call, check_inputs, fingerprint, make
+from .examine_ncu import collect as ncu_collect
 from .examine_profile import ProfileSummary, profile_calls
-from .flowchart import LEAVES, Diagnosis, diagnose, evidence_from_measurement
+from .flowchart import LEAVES, Diagnosis, diagnose
 from .measure import (InsufficientMemoryError, Measurement, device_name, l2_bytes_of, n_rotating_sets,
                       require_memory, synchronize, time_fn)
 from .store import dumps_strict
@@ -64,18 +65,6 @@ PEAK_FOR_DTYPE = {"float32": "tf32", "bfloat16": "bf16", "float16": "bf16",
                   "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}
 #: labs that teach a leaf whose flowchart entry names none
 LAB_FALLBACK = {"I": "06_case_studies (the dtype / MMA-path scenario)"}
-#: where each flowchart metric comes from in an examination
-METRIC_SOURCES = {
-    "slowdown_vs_floor": "measured time / max(bytes / copy ceiling, FLOPs / GEMM ceiling)",
-    "dram_pct_estimated": "moved bytes (traffic model) / measured time vs the copy ceiling",
-    "sector_amplification": "estimated from each op's strides and index values (or counted by ncu)",
-    "dram_pct_of_peak": "counted by Nsight Compute",
-    "tensor_pct_of_peak": "FLOPs / measured time vs this machine's GEMM ceiling at the dtype",
-    "tensor_pipe_pct": "counted by Nsight Compute",
-    "launch_gap_pct": "GPU idle share of the call: profiler kernel intervals vs the measured time",
-    "n_spills": "Triton compiled-kernel metadata (ptxas)",
-    "e2e_slowdown": "wall-clock per call, back to back / device-event median",
-}
 #: question D's back-to-back run: chunks (median taken) of about this many ms each
 E2E_CHUNKS = 15
 E2E_CHUNK_MS = 5.0
@@ -321,9 +310,9 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
 
     ncu = ncu_collect(ncu_target, notes) if ncu_target else None
     ev, sources = build_evidence(m, moved=moved, amp=amp, prof=prof, wall_ms=wall_ms,
-                                 flop_bound=_flop_bound(m), ncu=ncu, on_gpu=gpu)
+                                 flop_bound=flop_bound(m), ncu=ncu, on_gpu=gpu)
     diag = diagnose({**ev, "metric_sources": sources})  # the walk prints what measured each answer
-    if diag.undecided is not None and diag.undecided.id == "H" and not _flop_bound(m):
+    if diag.undecided is not None and diag.undecided.id == "H" and not flop_bound(m):
         notes.append("H asks about Tensor-Core use, which applies to matmul work; this function's floor is "
                      "set by its bytes (no matmul FLOPs counted or given). Run with --ncu for occupancy "
                      "and registers, or pass n_flops if it does matmul work the counter cannot see")
@@ -355,40 +344,6 @@ def back_to_back_ms(call: Callable[..., Any], arg_sets: list, dev, t_ms: float,
         synchronize(dev)
         chunks.append((time.perf_counter() - t1) * 1e3 / per_chunk)
     return statistics.median(chunks)
-
-
-def _flop_bound(m: Measurement) -> bool:
-    """Matmul-heavy: the FLOP floor is at least the byte floor (arithmetic intensity at or
-    over this machine's measured ridge point)."""
-    if not m.n_flops or not m.ceiling_tflops or not m.ceiling_gbps:
-        return False
-    return m.n_flops / (m.ceiling_tflops * 1e12) >= m.n_bytes / (m.ceiling_gbps * 1e9)
-
-
-def build_evidence(m: Measurement, *, moved: int, amp: float | None, prof: ProfileSummary,
-                   wall_ms: float, flop_bound: bool, ncu: dict[str, Any] | None,
-                   on_gpu: bool) -> tuple[dict[str, Any], dict[str, str]]:
-    """Flowchart evidence from measured figures only, with the source of each metric."""
-    ev = evidence_from_measurement(m, ceiling_gbps=m.ceiling_gbps, ceiling_tflops=m.ceiling_tflops,
-                                   bytes_moved=moved)
-    if amp is not None:
-        ev["sector_amplification"] = amp
-    if flop_bound:
-        ev["tensor_pct_of_peak"] = m.pct_of_flops_ceiling
-    gap = prof.launch_gap_pct(m.t_ms)
-    if gap is not None:
-        ev["launch_gap_pct"] = gap
-    if prof.n_spills is not None:
-        ev["n_spills"] = prof.n_spills
-    ev["e2e_slowdown"] = wall_ms / m.t_ms if m.t_ms > 0 else None
-    sources = {k: METRIC_SOURCES[k] for k in ev if k in METRIC_SOURCES}
-    for k, v in (ncu or {}).get("evidence", {}).items():
-        if k in ("tensor_pipe_pct",) and not flop_bound:
-            continue  # the tensor pipe of a kernel with no matmul work says nothing about H
-        ev[k] = v
-        sources[k] = f"counted by Nsight Compute ({k})"
-    ev = {k: v for k, v in ev.items() if v is not None}
-    return ev, {k: s for k, s in sources.items() if k in ev}
 
 
 def _draft_incident(name: str, m: Measurement, c, diag: Diagnosis, dev) -> incident_mod.Incident:
