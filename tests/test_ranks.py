@@ -114,3 +114,25 @@ def test_recorded_nccl_run_on_gpus():
     if n > 1:
         assert rep["tail_ranks"] == [n - 1] and rep["flowchart"]["leaf"] == "L"
         assert any(v["routes"] for v in rep["nccl_routes"].values())  # NCCL's chosen transports parsed
+
+
+NCCL_LINES = """vm:1234:1300 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] via P2P/CUMEM/read
+vm:1234:1300 [1] NCCL INFO Channel 01/0 : 1[1] -> 0[0] via P2P/CUMEM/read
+vm:1234:1300 [1] NCCL INFO Channel 00/0 : 1[1] -> 3[3] via SHM/direct/direct
+vm:1234:1300 [1] NCCL INFO Connected all rings
+"""
+
+
+def test_nccl_route_lines_are_attributed_to_their_rank(crosslink_run, tmp_path):
+    import shutil
+    d = tmp_path / "run"
+    shutil.copytree(crosslink_run[0], d)
+    cap = json.loads(next(d.glob("*/rank-00001.json")).read_text())
+    (d / cap["host"] / f"nccl.{cap['pid']}.log").write_text(NCCL_LINES)  # where capture(nccl_log=True) sends it
+    extra = tmp_path / "elsewhere.log"
+    extra.write_text(NCCL_LINES)
+    rep = json.loads(_ranks_cli(d, "--json", "--nccl-log", extra).stdout)
+    routes = {Path(k).name: v for k, v in rep["nccl_routes"].items()}
+    assert routes[f"nccl.{cap['pid']}.log"] == {"rank": 1, "routes": {"P2P/CUMEM": 2, "SHM": 1}}
+    assert routes["elsewhere.log"]["rank"] is None and routes["elsewhere.log"]["routes"]["SHM"] == 1
+    assert _ranks_cli(d, "--nccl-log", tmp_path / "missing.log").returncode == 2
