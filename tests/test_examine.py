@@ -384,3 +384,11 @@ def test_a_lookup_needs_only_the_rows_it_touches():
     assert t.captured_read_bytes((idx,)) == 3 * 64 * 4
     t = count_traffic(lambda w, i: w[i] + w.sum(), (table_, idx), {})  # read whole elsewhere: all of it
     assert t.input_read_bytes((table_, idx)) == 1000 * 64 * 4 + idx.numel() * 8
+
+
+def test_dominating_ops_carry_their_dtypes(cpu_ceilings):
+    a, b = torch.randn(128, 128).bfloat16(), torch.randn(128, 128).bfloat16()
+    ex = examine(lambda p, q: (p @ q).float(), a, b, ceilings=cpu_ceilings)
+    mm = next(k for k in ex.profile.top if k["class"] == "matmul")
+    assert mm["dtypes"] == ["bfloat16"]
+    assert ex.counts["by_op"]["aten::mm"]["count"] == 1

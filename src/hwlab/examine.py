@@ -63,6 +63,9 @@ from .system import versions
 #: function needs full fp32 accuracy); fp16 runs at the bf16 rate on the cards the kit knows.
 PEAK_FOR_DTYPE = {"float32": "tf32", "bfloat16": "bf16", "float16": "bf16",
                   "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}
+#: composite ops a profile shows -> the ops below them that the dispatch mode sees
+COMPOSITE_OPS = {"aten::matmul": ("aten::mm", "aten::bmm"), "aten::linear": ("aten::addmm", "aten::mm"),
+                 "aten::einsum": ("aten::bmm", "aten::mm")}
 #: labs that teach a leaf whose flowchart entry names none
 LAB_FALLBACK = {"I": "06_case_studies (the dtype / MMA-path scenario)"}
 #: question D's back-to-back run: chunks (median taken) of about this many ms each
@@ -270,6 +273,13 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     # counting after timing and profiling, compiled functions held eager: a torch.compile'd
     # function called under a dispatch mode runs eagerly from then on (seen with torch 2.13)
     traffic, flops_est, flops_src = _count(fn, args, kwargs, n_flops is None, notes)
+    by_op = traffic.by_op()
+    for k in prof.top:  # the dtypes of each dominating kernel's op, from that op's real tensors
+        op = k.get("launched_by") or ""
+        for name in (op, *COMPOSITE_OPS.get(op, ())):  # a CPU profile names composites (matmul)
+            if name in by_op:
+                k["dtypes"] = by_op[name]["dtypes"]
+                break
     captured_b = traffic.captured_read_bytes((args, kwargs))
     if traffic.ops:  # inputs only read through gathers need only what the gathers touched
         read_b = min(read_b, traffic.input_read_bytes((args, kwargs)))
@@ -282,7 +292,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
         "once (unique storages)",
         "n_flops": int(n_flops) if n_flops is not None else flops_est,
         "n_flops_source": "given by the caller" if n_flops is not None else flops_src,
-        "ops": traffic.counts(), "by_op": traffic.by_op(), "first_call_s": first_call_s,
+        "ops": traffic.counts(), "by_op": by_op, "first_call_s": first_call_s,
     }
     c = ceilings if ceilings is not None else ceilings_mod.get(dev, quick=True)
     peak = _peak_dtype(traffic, args, dtype_peak, c, gpu, notes)

@@ -46,7 +46,8 @@ def render(ex) -> str:
               + ("; compiled region" if p.compiled_region else "")]
     for k in p.top:
         tc = {True: ", tensor-core", False: ", CUDA cores (no MMA)", None: ""}[k["tensor_core"]]
-        lines.append(f"  {k['share_pct']:5.1f}%  {k['per_call']:.0f}x/call  {k['class']}{tc}  {k['name'][:90]}")
+        dts = f" [{', '.join(k['dtypes'])}]" if k.get("dtypes") else ""
+        lines.append(f"  {k['share_pct']:5.1f}%  {k['per_call']:.0f}x/call  {k['class']}{tc}{dts}  {k['name'][:90]}")
     for t in p.triton:
         lines.append(f"  triton {t['name']}: " + (f"{t['n_regs']} registers, {t['n_spills']} spill slots"
                                                   if "n_regs" in t else t.get("error", "")))
