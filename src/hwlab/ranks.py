@@ -7,7 +7,7 @@ What it reports, and the rule behind each part:
   *arrival* (step up to the start of its last collective). The first ``skip`` steps (start-up:
   allocation, communicator set-up) are left out.
 * **Tail ranks**: sorted by compute, the ranks above the largest jump, when that jump is at
-  least ``TAIL_JUMP`` (1.25x, Lab 3's rule: busy hosts jitter by 10-20%, a slow rank costs
+  least ``TAIL_JUMP`` (Lab 3's rule, imported from it: busy hosts jitter by 10-20%, a slow rank costs
   more). If compute shows no tail, arrival is tried (a rank whose earlier collective crossed a
   slow link arrives late at the last one although its compute is normal). Without recorded
   collective time only the step itself is there; in a loop that syncs every step every rank's
