@@ -9,7 +9,7 @@
 set -euo pipefail
 OUT=${1:?usage: record_straggler_nccl.sh OUT}
 N=${NPROC:-$(python3 -c "import torch; print(torch.cuda.device_count())")}
-SLOW=$(( N > 1 ? N - 1 : 0 ))
+SLOW=$(( N > 1 ? N - 1 : -1 ))   # one GPU: no slow rank (a smoke test of capture and step log)
 # NVLink multicast stays off on the lent machines
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m torch.distributed.run --standalone --nproc-per-node "$N" examples/straggler_torchrun.py \
