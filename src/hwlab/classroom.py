@@ -247,11 +247,16 @@ def plot(s: dict[str, Any], path: str | os.PathLike) -> Path:
         vals = [r["wrong_leaves"].get(leaf, 0) for _, r in items]
         bx.barh(names, vals, left=left, label=f"wrong leaf {leaf}")
         left = [a + b for a, b in zip(left, vals)]
+    for i, (_, r) in enumerate(items):  # the most common first wrong branch, where learners turned off
+        if r["first_wrong_branches"]:
+            branch, n = next(iter(r["first_wrong_branches"].items()))
+            bx.text(0.05, i, f"first wrong branch: {branch} (x{n})", va="center", fontsize=8, color="white")
     bx.set_yticks([])
     bx.invert_yaxis()
     bx.set_xlabel("wrong submissions")
+    bx.xaxis.get_major_locator().set_params(integer=True)
     if leaves:
-        bx.legend(fontsize=8)
+        bx.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(f"class results: {s['n_results']} graded attempts", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
