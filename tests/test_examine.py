@@ -392,3 +392,10 @@ def test_dominating_ops_carry_their_dtypes(cpu_ceilings):
     mm = next(k for k in ex.profile.top if k["class"] == "matmul")
     assert mm["dtypes"] == ["bfloat16"]
     assert ex.counts["by_op"]["aten::mm"]["count"] == 1
+
+
+def test_import_hwlab_loads_examine_only_when_used():
+    code = ("import sys, hwlab; assert 'hwlab.examine' not in sys.modules; f = hwlab.examine; "
+            "assert callable(f) and 'hwlab.examine' in sys.modules; from hwlab.examine import Examination")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-1000:]

@@ -12,4 +12,14 @@ Modules (one purpose each):
 __version__ = "0.1.0"
 
 from . import tritonenv  # noqa: E402,F401  (without a GPU: Triton's interpreter, before any kernel)
-from . import examine  # noqa: E402,F401  (callable: hwlab.examine(fn, *args), see examine.py)
+
+
+def __getattr__(name: str):
+    """``hwlab.examine(fn, *args)``: the examine module (callable, see examine.py) loads on first
+    use, deferred on purpose: it pulls in torch's profiler and FLOP counter (~0.6 s, Triton too),
+    which commands that never examine need not pay for."""
+    if name == "examine":
+        import importlib
+
+        return importlib.import_module(".examine", __name__)
+    raise AttributeError(f"module 'hwlab' has no attribute {name!r}")
