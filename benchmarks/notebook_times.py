@@ -2,6 +2,9 @@
 
     python benchmarks/notebook_times.py --cpu-summary OUT/notebooks_summary.json --cpu-label "..."
     python benchmarks/notebook_times.py --render            # only re-render the doc's table
+    python benchmarks/notebook_times.py --refresh-h200      # after docs/executed-h200 was refreshed
+    python benchmarks/execute_notebooks.py --only 06 --out OUT && \
+        python benchmarks/notebook_times.py --merge --cpu-summary OUT/notebooks_summary.json --cpu-label "..."
 
 H200 times come from the executed copies' summaries in docs/executed-h200/ (the latest run of
 each notebook wins: ``notebooks_summary.json``, then ``_second_run``, then ``_third_run``). CPU
@@ -82,10 +85,16 @@ def main(argv=None) -> int:
     p.add_argument("--cpu-summary", type=Path, help="notebooks_summary.json of a CPU execute_notebooks.py run")
     p.add_argument("--cpu-label", default="", help="the CPU machine, e.g. '2-core AMD EPYC VM, shared'")
     p.add_argument("--render", action="store_true", help="only re-render the table from the JSON")
+    p.add_argument("--refresh-h200", action="store_true", help="re-read docs/executed-h200's summaries into "
+                   "the JSON (after a refresh there), keep the CPU runs, re-render")
     p.add_argument("--merge", action="store_true", help="update the recorded CPU runs with this summary's "
                    "notebooks (a re-run of some), keeping the others")
     a = p.parse_args(argv)
-    if not a.render:
+    if a.refresh_h200:
+        times = json.loads(TIMES.read_text())
+        times["notebooks"], times["h200"]["runs"] = notebooks(), h200_times()
+        TIMES.write_text(json.dumps(times, indent=2) + "\n")
+    elif not a.render:
         if not a.cpu_summary or not a.cpu_label:
             p.error("--cpu-summary and --cpu-label are needed to record times (or --render)")
         runs = cpu_times(a.cpu_summary)

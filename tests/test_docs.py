@@ -30,10 +30,12 @@ def test_time_table_is_rendered_from_the_recorded_file():
     block = doc[doc.index(nt.BEGIN):doc.index(nt.END) + len(nt.END)]
     assert block == nt.render(times), "re-render with: python benchmarks/notebook_times.py --render"
     # H200 figures are the executed copies' own (latest run wins), CPU figures a real run's summary
-    assert times["h200"]["runs"] == nt.h200_times()
+    assert times["h200"]["runs"] == nt.h200_times(), "run: python benchmarks/notebook_times.py --refresh-h200"
     assert times["cpu"]["runs"] and all(r["seconds"] > 0 for r in times["cpu"]["runs"].values())
     lab_nbs = [f"notebooks/{p.name}" for p in sorted((ROOT / "notebooks").glob("*.ipynb"))]
-    assert set(lab_nbs) <= set(times["notebooks"]) and set(lab_nbs) <= set(times["cpu"]["runs"])
+    new = set(lab_nbs) - set(times["cpu"]["runs"])
+    assert not new and set(lab_nbs) <= set(times["notebooks"]), \
+        f"{sorted(new)} never timed on a CPU: see benchmarks/notebook_times.py (--merge)"
     for nb in lab_nbs:
         assert f"| `{nb}` |" in block
 
