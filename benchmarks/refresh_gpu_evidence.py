@@ -104,28 +104,42 @@ def part_probe_vs_torch(out: Path, summary: list[str]) -> None:
         summary.append(f"{c['what']}: probe/torch = {c['ratio_probe_over_torch']:.3f} ({c['criterion']})")
 
 
+def _how(d) -> str:
+    """How a walk was answered, for the summary: fully measured, by hand where, or undecided."""
+    if d.by_hand:
+        return "BY HAND at " + ",".join(s.question for s in d.by_hand)
+    return "fully measured" if d.fully_measured else f"undecided at {d.undecided.id if d.undecided else '?'}"
+
+
 def part_lab01(out: Path, summary: list[str]) -> None:
+    from hwlab.flowchart import diagnose
     from hwlab.labs import bandwidth as lab
 
-    n_rows, n_cols = lab.default_size("cuda")
-    try:
-        counters = lab.counters_with_ncu(n_rows, n_cols, torch.float16)
-    except Exception as e:  # ncu missing or refused: the estimates still stand, say so
-        print("ncu counters unavailable:", e, flush=True)
-        counters = {}
-    ceiling = probes.hbm_copy(size_mib=2048, impl="torch").gbps  # same run, same card
-    r = lab.run(n_rows, n_cols, torch.float16, ceiling_gbps=ceiling, counters=counters)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: --cpu-check at the lab's tiny sizes
+    n_rows, n_cols = lab.default_size(dev)
+    counters = {}
+    if dev == "cuda":
+        try:
+            counters = lab.counters_with_ncu(n_rows, n_cols, torch.float16)
+        except Exception as e:  # ncu missing or refused: the estimates still stand, say so
+            print("ncu counters unavailable:", e, flush=True)
+    # same run, same card
+    ceiling = probes.hbm_copy(size_mib=2048 if dev == "cuda" else 16, device=dev, impl="torch").gbps
+    r = lab.run(n_rows, n_cols, torch.float16, device=dev, ceiling_gbps=ceiling, counters=counters,
+                n_rep=50 if dev == "cuda" else 3)
     ev = Evidence(kind="lab01_bandwidth", machine=machine_info(),
                   results=list(r.measurements.values()),
                   ceilings={"copy_gbps": ceiling, "source": "hbm_copy[torch] in this run"},
                   extra={"params": r.params, "flowchart_evidence": r.evidence,
-                         "counters": counters,
+                         "counters": counters, "service": r.service,
                          "diagnosis_paths": {k: d.path for k, d in r.diagnoses.items()},
                          "speedups": {"fused_over_unfused": r.speedup("unfused", "fused"),
                                       "coalesced_over_strided": r.speedup("strided", "coalesced")}})
     ev.save(out / "lab01_bandwidth.json")
-    for k, m in r.measurements.items():
-        summary.append(f"lab01 {m.summary()} -> {r.diagnoses[k].path}")
+    for k, m in r.measurements.items():  # CPU: interpreter timings, walked here only to show the answers
+        d = r.diagnoses.get(k) or diagnose(r.evidence[k])
+        summary.append(f"lab01 {m.summary()} -> {d.path}; D {r.evidence[k]['e2e_slowdown']:.2f}x, "
+                       f"K {r.evidence[k]['rank_tail_pct']:.1f}% over {r.evidence[k]['n_ranks']} rank; {_how(d)}")
     summary.append(f"lab01 fused/unfused {r.speedup('unfused', 'fused'):.2f}x, "
                    f"coalesced/strided {r.speedup('strided', 'coalesced'):.2f}x, counters: "
                    + ", ".join(f"{k}: dram {v['dram_pct_of_peak']:.0f}% amp {v['sector_amplification']:.1f}"
@@ -134,6 +148,7 @@ def part_lab01(out: Path, summary: list[str]) -> None:
 
 def part_lab02(out: Path, summary: list[str]) -> None:
     from hwlab import ncu
+    from hwlab.flowchart import diagnose
     from hwlab.labs import registers as lab
 
     cublas = lab.cublas_bf16(8192)
@@ -192,6 +207,10 @@ def part_lab02(out: Path, summary: list[str]) -> None:
     summary.append(f"lab02 over-fusion: fused {fused.t_ms:.3f} ms (spills {kf.n_spills}) vs split {split.t_ms:.3f} ms (spills {ks.n_spills})")
     summary.append(f"lab02 launch: eager {launch.eager.t_ms:.3f} ms, graph {launch.graph.t_ms:.3f} ms, "
                    f"{launch.speedup:.1f}x, {launch.us_per_launch_eager:.2f} us/launch, idle {launch.gpu_idle_pct_eager:.0f}%")
+    for k, e in ev.extra["flowchart_evidence"].items():
+        d = diagnose(e)
+        summary.append(f"lab02 walk {k}: {d.path}, D {e.get('e2e_slowdown', float('nan')):.2f}x, "
+                       f"K {e.get('rank_tail_pct', float('nan')):.1f}% over {e.get('n_ranks')} rank; {_how(d)}")
 
 
 def part_lab03(out: Path, summary: list[str]) -> None:

@@ -62,3 +62,27 @@ def test_replay_recorded_h200_run():
     assert r.diagnoses["unfused"].leaf_id == "G"
     assert r.speedup("unfused", "fused") == pytest.approx(
         r.measurements["unfused"].t_ms / r.measurements["fused"].t_ms)
+
+
+BY_HAND = ("single_gpu_slow", "multi_gpu_or_service_slow", "rank_tail")
+
+
+def test_run_on_cpu_measures_d_and_k_for_every_case():
+    """Each case's evidence carries D and K from its own one-process service step (the case's
+    calls back to back, timed as one step, over its median x calls) and no by-hand answer. With
+    a copy ceiling so low that every case sits within its floor, every walk reaches D and K, and
+    every answer on it is measured (a by-hand D, as the lab once had, fails here)."""
+    from hwlab.flowchart import diagnose
+
+    r = B.run(16, 64, torch.float32, device="cpu", n_rep=3, ceiling_gbps=1e-6)
+    assert set(r.service) == set(r.measurements)
+    for k, ev in r.evidence.items():
+        svc, m = r.service[k], r.measurements[k]
+        assert not set(BY_HAND) & set(ev)
+        assert svc["service_predicted_ms"] == pytest.approx(svc["service_calls"] * m.t_ms)
+        assert ev["e2e_slowdown"] == pytest.approx(svc["service_step_ms"] / svc["service_predicted_ms"])
+        assert ev["rank_tail_pct"] == 0.0 and ev["n_ranks"] == 1
+        assert set(ev["metric_sources"]) == set(ev) - {"metric_sources", "n_ranks"}
+        walk = diagnose(ev)
+        assert walk.path[:2] == ["B", "D"] and walk.fully_measured, walk.explain()
+        assert "every answer on this walk was measured" in walk.explain()

@@ -7,7 +7,7 @@ from hwlab.evidence import recorded
 from hwlab.flowchart import diagnose
 from hwlab.labs import registers as R
 from hwlab.labs.occupancy import HOPPER, SMLimits, occupancy
-from hwlab.measure import rel_error
+from hwlab.measure import bench, rel_error
 
 
 # ---- occupancy, worked by hand
@@ -114,6 +114,47 @@ def test_launch_bound_on_cpu_is_honest():
     lb = R.launch_bound(n_layers=8, hidden=256, n_rep=5)
     assert lb.graph is None and "CUDA graphs need a GPU" in lb.note
     assert lb.eager.rel_err is not None and lb.n_kernels == 24
+    # D and K from the eager step run back to back as one process serves it; no floor without a
+    # CUDA graph, so B is not answered (the walk stops there), and nothing is answered by hand
+    s = lb.service
+    assert s["service_predicted_ms"] == pytest.approx(s["service_calls"] * lb.eager.t_ms)
+    ev = R.launch_evidence(lb)
+    assert ev["e2e_slowdown"] == pytest.approx(s["service_step_ms"] / s["service_predicted_ms"])
+    assert ev["rank_tail_pct"] == 0.0 and ev["n_ranks"] == 1 and "slowdown_vs_floor" not in ev
+    assert not set(BY_HAND) & set(ev) and set(ev["metric_sources"]) == {"e2e_slowdown", "rank_tail_pct"}
+    walk = diagnose(ev)
+    assert walk.undecided.id == "B" and not walk.by_hand
+    assert lb.to_dict()["service"] == s
+
+
+BY_HAND = ("single_gpu_slow", "multi_gpu_or_service_slow", "rank_tail")
+
+
+def test_config_evidence_measures_d_and_k(reports):
+    """A GEMM config's evidence, built from a real (interpreted) timing, its sm_90a compile report
+    and its service step (the kernel called back to back as one step): D and K are measured, and
+    a walk that reaches D answers every question by measurement."""
+    size, cfg = 128, R.SANE
+    mk = lambda: (torch.randn(size, size, dtype=torch.float16), torch.randn(size, size, dtype=torch.float16))  # noqa: E731
+    m = bench(f"triton {cfg.label}", lambda a, b: R.matmul(a, b, cfg)[0], mk, n_bytes=3 * size * size * 2,
+                n_flops=2 * size**3, reference=lambda a, b: a.double() @ b.double(), tol=2e-3,
+                device="cpu", n_rep=3)
+    # a ceiling the interpreted kernel reaches, so B says "no" and the walk goes on to D and K
+    m = m.with_ceilings(tflops=m.tflops, source="this interpreted run (test)")
+    r = R.ConfigResult(cfg, reports[cfg], measurement=m, service=R.tile_service(cfg, size, m.t_ms, "cpu", n_rep=3))
+    ev = R.config_evidence(r, copy_gbps=10.0)
+    s = r.service
+    assert s["service_predicted_ms"] == pytest.approx(s["service_calls"] * m.t_ms)
+    assert ev["e2e_slowdown"] == pytest.approx(s["service_step_ms"] / s["service_predicted_ms"])
+    assert ev["rank_tail_pct"] == 0.0 and ev["n_ranks"] == 1 and ev["n_spills"] == 0
+    assert not set(BY_HAND) & set(ev)
+    assert set(ev["metric_sources"]) == set(ev) - {"metric_sources", "n_ranks"}
+    walk = diagnose(ev)
+    assert walk.path[:2] == ["B", "D"] and walk.fully_measured, walk.explain()
+    assert r.to_dict()["service"] == s
+    # without a service step, D is left undecided, never answered by hand
+    bare = R.config_evidence(R.ConfigResult(cfg, reports[cfg], measurement=m))
+    assert "e2e_slowdown" not in bare and diagnose(bare).undecided.id == "D"
 
 
 def test_grader():
@@ -138,6 +179,33 @@ def test_recorded_lab02_acceptance():
         assert {k: c["ncu"][f"launch__occupancy_limit_{k}"] for k in ours} == ours
     L = ev.extra["launch"]
     assert L["eager"]["t_ms"] / L["graph"]["t_ms"] >= 3.0
+
+
+def test_recorded_lab02_walks_answer_every_question_by_measurement():
+    """recorded/h200/lab02_registers.json: each timed config's and the launch-bound step's D and
+    K come from their one-process service steps recorded in the same run (re-derived: the step
+    over the kernel's or eager step's own median x calls; one rank), no walk holds a by-hand
+    answer, and every walk reaching D is fully measured. Fails on a file recorded before Lab 2
+    measured D/K: re-record with --only lab02."""
+    ev = recorded("lab02_registers")
+    fe = ev.extra["flowchart_evidence"]
+    steps = {c["report"]["config"]: (c.get("service"), c["measurement"]["t_ms"])
+             for c in ev.extra["configs"] if c["measurement"]}
+    L = ev.extra["launch"]
+    steps["launch-bound step"] = (L.get("service"), L["eager"]["t_ms"])
+    assert set(fe) == set(steps)
+    for k, e in fe.items():
+        s, t_ms = steps[k]
+        assert s, f"{k}: no service step recorded (re-record with --only lab02)"
+        assert not set(BY_HAND) & set(e), k
+        assert s["service_predicted_ms"] == pytest.approx(s["service_calls"] * t_ms)
+        assert e["e2e_slowdown"] == pytest.approx(s["service_step_ms"] / s["service_predicted_ms"])
+        assert e["n_ranks"] == 1 and e["rank_tail_pct"] == 0.0
+        walk = diagnose(e)
+        assert not walk.by_hand, walk.explain()
+        if "D" in walk.path:
+            assert walk.fully_measured, walk.explain()
+    assert "D" in diagnose(fe["128x256x64 w8 s3"]).path
 
 
 def test_recorded_lab02_flowchart():

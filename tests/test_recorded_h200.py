@@ -61,6 +61,29 @@ def test_lab01_lands_on_the_bandwidth_leaf_and_the_fix_leaves_it():
     assert c["strided"]["sector_amplification"] > 4 * c["coalesced"]["sector_amplification"]
 
 
+def test_lab01_walks_answer_every_question_by_measurement():
+    """recorded/h200/lab01_bandwidth.json: every case's D and K come from its one-process
+    service step recorded in the same run (re-derived: the step over the case's own median x
+    calls; one rank, so no tail), no walk holds a by-hand answer, and every walk that reaches D
+    is fully measured. Fails on a file recorded before Lab 1 measured D/K: re-record with
+    --only lab01."""
+    ev = recorded("lab01_bandwidth")
+    t = {r.name: r for r in ev.results}
+    svc = ev.extra.get("service", {})
+    for k, fe in ev.extra["flowchart_evidence"].items():
+        assert not {"single_gpu_slow", "multi_gpu_or_service_slow", "rank_tail"} & set(fe), k
+        assert k in svc, f"{k}: no service step recorded (re-record with --only lab01)"
+        s = svc[k]
+        assert s["service_predicted_ms"] == pytest.approx(s["service_calls"] * t[k].t_ms)
+        assert fe["e2e_slowdown"] == pytest.approx(s["service_step_ms"] / s["service_predicted_ms"])
+        assert fe["n_ranks"] == 1 and fe["rank_tail_pct"] == 0.0
+        walk = diagnose(fe)
+        assert not walk.by_hand, walk.explain()
+        if "D" in walk.path:
+            assert walk.fully_measured, walk.explain()
+    assert "D" in diagnose(ev.extra["flowchart_evidence"]["fused"]).path, "the fused chain sits within its floor"
+
+
 def test_scenarios_answer_every_question_by_measurement():
     """recorded/h200/scenarios.json: B, D and K of every scenario walk re-derived from the
     recorded timings (dtype path: each GEMM against bf16's rate, its service step over its own

@@ -18,6 +18,13 @@ consecutive lanes walking along a row (coalesced: a warp's 32 x 4-byte loads hit
 sectors of 32 bytes) or down a column (strided: 32 lanes hit 32 different sectors, so 8x
 the sector traffic for fp32). Same bytes required, far more transactions: the memory
 system saturates on waste. Predicted: several times slower; the H200 run says how many.
+
+Every flowchart answer of every case is measured in the run: B from the case's own time
+against the floor its required bytes set at this machine's copy ceiling; D
+(``e2e_slowdown``) from the case run as one process serves it, ``scenarios.SERVICE_CALLS``
+back-to-back calls timed as one step, over its own median x calls
+(:func:`hwlab.labs.scenarios.one_gpu_service`); K (``rank_tail_pct``, ``n_ranks`` = 1) from
+that one process's measured steps. ``metric_sources`` in each evidence dict says which.
 """
 from __future__ import annotations
 
@@ -31,6 +38,7 @@ from .. import tritonenv  # noqa: F401  (must precede kernel definitions)
 from ..flowchart import Diagnosis, diagnose, evidence_from_measurement
 from ..measure import (TOL_BY_DTYPE, InputError, Measurement, bench, device_of, poison_,
                        require_memory)
+from . import scenarios
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -156,6 +164,8 @@ class LabResult:
     evidence: dict[str, dict[str, Any]]
     diagnoses: dict[str, Diagnosis] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
+    #: per case, the one-process service step behind D and K (:func:`scenarios.one_gpu_service`)
+    service: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def speedup(self, slow: str, fast: str) -> float:
         return self.measurements[slow].t_ms / self.measurements[fast].t_ms
@@ -185,6 +195,8 @@ def run(n_rows: int | None = None, n_cols: int | None = None, dtype=torch.float1
     ``ceiling_gbps``: this machine's measured copy bandwidth (hwlab.ceilings); without it,
     the copy probe runs first. ``counters``: Nsight Compute readings per case (dram %,
     sector amplification), which replace the estimates in the flowchart evidence.
+    Each case is also run as a one-process service step (``scenarios.SERVICE_CALLS`` calls,
+    at most 10 steps) so D and K are measured, not assumed.
     """
     dev = device_of(device)
     if n_rows is None or n_cols is None:
@@ -222,24 +234,30 @@ def run(n_rows: int | None = None, n_cols: int | None = None, dtype=torch.float1
         return (torch.randn(n_rows, n_cols, device=dev, dtype=dtype),)
 
     ref_scale = lambda x: x.double().cpu() * 0.5  # noqa: E731
+    fns = {"unfused": (unfused_chain, mk_chain), "fused": (fused_chain, mk_chain)}
     for layout in ("strided", "coalesced"):
+        fns[layout] = (lambda x, L=layout: scale_layout(x, 0.5, L), mk_mat)
         if layout in cases:
-            out[layout] = bench(layout, lambda x, L=layout: scale_layout(x, 0.5, L), mk_mat,
+            out[layout] = bench(layout, fns[layout][0], mk_mat,
                                 n_bytes=2 * n * item, n_flops=n, reference=ref_scale, tol=tol,
                                 device=dev, n_rep=n_rep,
                                 params={"bytes_moved": 2 * n * item,
                                         "sector_amplification_est": sector_amplification(layout, item, n_cols)})
-    diags = {}
+    diags, services = {}, {}
     for k, m in out.items():
         out[k] = m.with_ceilings(gbps=ceiling_gbps, source=src)
         out[k].params.update(n_rows=n_rows, n_cols=n_cols, dtype=str(dtype))
         c = counters.get(k, {})
+        fn, make = fns[k]
+        svc = services[k] = scenarios.one_gpu_service(fn, make, m.t_ms, dev, n_rep=min(n_rep, 10))
         ev = evidence_from_measurement(
             out[k], ceiling_gbps=ceiling_gbps, bytes_moved=m.params.get("bytes_moved"),
             sector_amplification=c.get("sector_amplification",
                                        m.params.get("sector_amplification_est")),
             dram_pct_of_peak=c.get("dram_pct_of_peak"),
-            multi_gpu_or_service_slow=False)  # a one-GPU microbenchmark: no service here
+            e2e_slowdown=svc["e2e_slowdown"], rank_tail_pct=svc["rank_tail_pct"],
+            n_ranks=svc["n_ranks"])
+        ev["metric_sources"] = {k_: v for k_, v in _metric_sources(m.name, c).items() if k_ in ev}
         evid[k] = ev
         if not tritonenv.INTERPRETED:
             diags[k] = diagnose(ev)
@@ -247,7 +265,21 @@ def run(n_rows: int | None = None, n_cols: int | None = None, dtype=torch.float1
     return LabResult(out, evid, diags, params={"n_rows": n_rows, "n_cols": n_cols,
                                                "dtype": str(dtype), "ceiling_gbps": ceiling_gbps,
                                                "device": out[next(iter(out))].device,
-                                               "interpreted": tritonenv.INTERPRETED})
+                                               "interpreted": tritonenv.INTERPRETED},
+                     service=services)
+
+
+def _metric_sources(case: str, counters: dict) -> dict[str, str]:
+    """What measured each metric of a case's evidence (shown beside the walk's steps)."""
+    src = {"slowdown_vs_floor": f"{case} alone vs its required bytes at the copy ceiling measured in this run",
+           "dram_pct_estimated": f"{case}: bytes moved (traffic model) over time, vs the measured copy ceiling",
+           "sector_amplification": ("Nsight Compute sectors loaded over the bytes the case must load"
+                                    if "sector_amplification" in counters else
+                                    "the layout's access model (estimate; Nsight Compute replaces it)"),
+           **scenarios.SERVICE_SOURCE}
+    if counters.get("dram_pct_of_peak") is not None:
+        src["dram_pct_of_peak"] = "Nsight Compute dram__throughput, duration-weighted over the case's kernels"
+    return src
 
 
 def result_from_evidence(ev) -> LabResult:
@@ -255,7 +287,7 @@ def result_from_evidence(ev) -> LabResult:
     ms = {m.name: m for m in ev.results}
     evid = ev.extra.get("flowchart_evidence", {})
     return LabResult(ms, evid, {k: diagnose(v) for k, v in evid.items()},
-                     params=ev.extra.get("params", {}))
+                     params=ev.extra.get("params", {}), service=ev.extra.get("service", {}))
 
 
 # ---------------------------------------------------------------- Nsight Compute target

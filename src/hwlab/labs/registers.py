@@ -19,6 +19,13 @@ Registers and spills are read from the compiled kernel on a GPU (``n_regs``, ``n
 ``ptxas -v`` (the ptxas bundled with triton 3.8.0 can). Every compile goes through a
 subprocess with a time limit (:func:`compile_guarded`): a config that takes too long is
 reported and skipped, never hung on.
+
+Flowchart evidence (:func:`config_evidence`, :func:`launch_evidence`) answers every question
+from this run: B from the kernel (or step) alone against its floor (cuBLAS bf16 measured in
+the same run; the CUDA-graph replay for the launch-bound step); D (``e2e_slowdown``) from the
+kernel or step run as one process serves it, back-to-back calls timed as one step, over its
+own median x calls (:func:`hwlab.labs.scenarios.one_gpu_service`); K (``rank_tail_pct``,
+``n_ranks`` = 1) from that one process's measured steps.
 """
 from __future__ import annotations
 
@@ -36,6 +43,7 @@ import torch
 
 from .. import tritonenv  # noqa: F401  (must precede kernel definitions)
 from ..measure import TOL_BY_DTYPE, InputError, Measurement, bench, device_of, time_fn, device_name
+from . import scenarios
 from .occupancy import HOPPER, Occupancy, occupancy
 
 import triton  # noqa: E402
@@ -335,12 +343,14 @@ class ConfigResult:
     occupancy: dict | None = None
     measurement: Measurement | None = None
     ncu: dict | None = None
+    #: the config's GEMM run as a one-process service step (D and K), see :func:`tile_service`
+    service: dict | None = None
 
     def to_dict(self) -> dict:
         return {"config": asdict(self.config), "report": self.report.to_dict(),
                 "occupancy": self.occupancy,
                 "measurement": self.measurement.to_dict() if self.measurement else None,
-                "ncu": self.ncu}
+                "ncu": self.ncu, "service": self.service}
 
 
 def gemm_dtype(device) -> torch.dtype:
@@ -348,11 +358,24 @@ def gemm_dtype(device) -> torch.dtype:
     return torch.bfloat16 if device_of(device).type == "cuda" else torch.float16
 
 
+def tile_service(cfg: TileConfig, size: int, kernel_ms: float, device=None,
+                 n_rep: int = 10) -> dict[str, Any]:
+    """The Triton GEMM at ``cfg`` (``size``-cubed) as one process serves it: back-to-back calls
+    timed as one step, over ``kernel_ms`` (its own median) x calls; D and K of its walk."""
+    dev = device_of(device)
+    dt = gemm_dtype(dev)
+
+    def make():
+        return (torch.randn(size, size, device=dev, dtype=dt), torch.randn(size, size, device=dev, dtype=dt))
+    return scenarios.one_gpu_service(lambda a, b: matmul(a, b, cfg)[0], make, kernel_ms, dev, n_rep=n_rep)
+
+
 def sweep(configs=SWEEP, size: int | None = None, device=None, n_rep: int = 20,
           timeout_s: float = COMPILE_TIMEOUT_S, ceiling_tflops: float | None = None,
-          progress=None) -> list[ConfigResult]:
+          progress=None, service: bool = True) -> list[ConfigResult]:
     """For each config: compile (guarded), registers/spills/shared, occupancy, and on a GPU the
-    time and TFLOP/s against ``ceiling_tflops`` (cuBLAS bf16 measured in the same run).
+    time and TFLOP/s against ``ceiling_tflops`` (cuBLAS bf16 measured in the same run) and,
+    with ``service``, the one-process service step of :func:`tile_service` (D and K).
     On a CPU, the static report only; correctness runs in the interpreter at a tiny size."""
     dev = device_of(device)
     gpu = dev.type == "cuda"
@@ -383,6 +406,8 @@ def sweep(configs=SWEEP, size: int | None = None, device=None, n_rep: int = 20,
                       params={"config": cfg.label})
             if ceiling_tflops:
                 m = m.with_ceilings(tflops=ceiling_tflops, source="cuBLAS bf16 in this run")
+            if service:
+                res.service = tile_service(cfg, size, m.t_ms, dev)
         occ = res.report.occupancy(cfg.warps)
         res.occupancy = occ.to_dict() if occ else None
         res.measurement = m
@@ -414,6 +439,8 @@ class LaunchResult:
     us_per_kernel_graph: float | None
     gpu_idle_pct_eager: float | None  # estimated: 1 - t_graph / t_eager
     note: str = ""
+    #: the eager step as one process serves it (D and K), :func:`scenarios.one_gpu_service`
+    service: dict | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -425,11 +452,12 @@ class LaunchResult:
                 "us_per_launch_eager": self.us_per_launch_eager,
                 "us_per_kernel_graph": self.us_per_kernel_graph,
                 "gpu_idle_pct_eager": self.gpu_idle_pct_eager, "speedup": self.speedup,
-                "note": self.note}
+                "note": self.note, "service": self.service}
 
 
 def launch_bound(n_layers: int = 64, hidden: int = 4096, device=None, n_rep: int = 50) -> LaunchResult:
-    """Eager step vs the same step replayed from a CUDA graph (GPU); eager only on CPU."""
+    """Eager step vs the same step replayed from a CUDA graph (GPU); eager only on CPU. The
+    eager step is also run as one process serves it (back-to-back steps timed as one, D and K)."""
     dev = device_of(device)
     weights = [torch.randn(2, hidden, device=dev) for _ in range(n_layers)]
     x = torch.randn(hidden, device=dev)
@@ -443,9 +471,11 @@ def launch_bound(n_layers: int = 64, hidden: int = 4096, device=None, n_rep: int
                         n_flops=n_k * hidden, device=device_name(dev), timer=t.timer,
                         n_rep=len(t.samples_ms), rel_err=err, tol=TOL_BY_DTYPE["float32"] * 10,
                         params={"n_layers": n_layers, "hidden": hidden, "n_kernels": n_k})
+    svc = scenarios.one_gpu_service(decode_like_step, lambda: (x, weights), t.median_ms, dev,
+                                    n_rep=min(n_rep, 10))
     if dev.type != "cuda":
         return LaunchResult(n_k, eager, None, t.median_ms * 1e3 / n_k, None, None,
-                            note="CUDA graphs need a GPU: eager dispatch cost only (CPU)")
+                            note="CUDA graphs need a GPU: eager dispatch cost only (CPU)", service=svc)
     static_x = x.clone()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -465,7 +495,7 @@ def launch_bound(n_layers: int = 64, hidden: int = 4096, device=None, n_rep: int
                         n_rep=len(tg.samples_ms), params=dict(eager.params))
     idle = max(0.0, 100.0 * (1 - tg.median_ms / t.median_ms))
     return LaunchResult(n_k, eager, graph, t.median_ms * 1e3 / n_k, tg.median_ms * 1e3 / n_k, idle,
-                        note="GPU idle share estimated as 1 - t_graph / t_eager")
+                        note="GPU idle share estimated as 1 - t_graph / t_eager", service=svc)
 
 
 # ---------------------------------------------------------------- child-process entry
@@ -516,27 +546,52 @@ if __name__ == "__main__":
 
 
 # ---------------------------------------------------------------- flowchart evidence
+def _service_evidence(svc: dict | None) -> dict[str, Any]:
+    """D and K of a walk from a one-process service step (nothing when none was measured:
+    the walk then stops at D as undecided, never answered by hand)."""
+    if not svc:
+        return {}
+    return {"e2e_slowdown": svc["e2e_slowdown"], "rank_tail_pct": svc["rank_tail_pct"],
+            "n_ranks": svc["n_ranks"]}
+
+
 def config_evidence(r: ConfigResult, copy_gbps: float | None = None) -> dict[str, Any]:
     """Flowchart evidence of one measured GEMM config: slowdown over the floor set by this
-    machine's cuBLAS rate, estimated DRAM %, Tensor-Core use as % of cuBLAS, and spills."""
+    machine's cuBLAS rate, estimated DRAM %, Tensor-Core use as % of cuBLAS, spills, and
+    D/K from its service step (:func:`tile_service`)."""
     m = r.measurement
-    ev: dict[str, Any] = {"n_spills": r.report.n_spills, "multi_gpu_or_service_slow": False}
+    ev: dict[str, Any] = {"n_spills": r.report.n_spills}
+    src = {"n_spills": f"the compiled kernel's spill count ({r.report.source or 'compile report'})"}
     if m is not None and m.ceiling_tflops:
         ev["slowdown_vs_floor"] = m.ceiling_tflops / m.tflops
         ev["tensor_pct_of_peak"] = 100.0 * m.tflops / m.ceiling_tflops
+        src["slowdown_vs_floor"] = f"{m.name} alone vs cuBLAS bf16 measured in this run"
+        src["tensor_pct_of_peak"] = f"{m.name} TFLOP/s over cuBLAS bf16's in this run"
         if copy_gbps:
             ev["dram_pct_estimated"] = 100.0 * m.gbps / copy_gbps
+            src["dram_pct_estimated"] = f"{m.name} required bytes over time, vs the measured copy ceiling"
+    if r.service:
+        ev.update(_service_evidence(r.service))
+        src.update(scenarios.SERVICE_SOURCE)
+    ev["metric_sources"] = src
     return ev
 
 
 def launch_evidence(lr: LaunchResult, copy_gbps: float | None = None) -> dict[str, Any]:
-    """Flowchart evidence of the launch-bound step: the graph replay is its floor."""
-    if lr.graph is None:
-        return {}
-    ev = {"slowdown_vs_floor": lr.eager.t_ms / lr.graph.t_ms,
-          "launch_gap_pct": lr.gpu_idle_pct_eager, "multi_gpu_or_service_slow": False}
-    if copy_gbps:
-        ev["dram_pct_estimated"] = 100.0 * lr.eager.gbps / copy_gbps
+    """Flowchart evidence of the launch-bound step: the graph replay is its floor (B and the
+    launch gap need a GPU); D and K from the eager step's service run, on any device."""
+    ev: dict[str, Any] = _service_evidence(lr.service)
+    src = dict(scenarios.SERVICE_SOURCE) if lr.service else {}
+    if lr.graph is not None:
+        ev["slowdown_vs_floor"] = lr.eager.t_ms / lr.graph.t_ms
+        ev["launch_gap_pct"] = lr.gpu_idle_pct_eager
+        src["slowdown_vs_floor"] = "eager step over the same kernels replayed from a CUDA graph, this run"
+        src["launch_gap_pct"] = "1 - t_graph / t_eager, both measured in this run"
+        if copy_gbps:
+            ev["dram_pct_estimated"] = 100.0 * lr.eager.gbps / copy_gbps
+            src["dram_pct_estimated"] = "eager step's bytes over time, vs the measured copy ceiling"
+    if ev:
+        ev["metric_sources"] = src
     return ev
 
 
@@ -552,7 +607,7 @@ def grade_config(cfg: TileConfig | None, reason: str | None, min_pct_of_cublas: 
         return not_done(name, "Set MY_CONFIG to a TileConfig and MY_REASON to one sentence.")
     gpu = device_of(device).type == "cuda"
     cublas = cublas_bf16(device=device).tflops if gpu else None
-    r = sweep([cfg], ceiling_tflops=cublas, timeout_s=timeout_s, device=device)[0]
+    r = sweep([cfg], ceiling_tflops=cublas, timeout_s=timeout_s, device=device, service=False)[0]
     if r.report.skipped:
         return ExerciseResult(name, "wrong", f"{cfg.label} did not compile: {r.report.skipped}")
     if r.report.n_spills:
