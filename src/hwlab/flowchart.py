@@ -138,7 +138,11 @@ LEAVES: dict[str, Leaf] = {l.id: l for l in [
     Leaf("L", "NCCL / NVLink / NUMA / rank mapping", (
         "save nvidia-smi topo -m and the rank-to-device map; find pairs crossing SYS/PCIe",
         "regroup TP ranks onto NVLink-adjacent GPUs; bind processes to the GPU's NUMA node",
-        "log NCCL's chosen route (NCCL_DEBUG=INFO) and per-rank step times"), "03_cross_link_tp"),
+        "log NCCL's chosen route (NCCL_DEBUG=INFO) and per-rank step times",
+        "rule 3c, did the overlap really happen: overlap_hidden_pct (measured share of the "
+        "communication hidden under compute) under 50% leaves the collective on the critical path; "
+        "a link whose all-reduce outlasts the compute cannot be hidden, so move the traffic off it"),
+        "03_cross_link_tp"),
     Leaf("M", "shape bucket / cache / fallback", (
         "benchmark the real shape mix, not one tuned shape; split prefill and decode",
         "count fallback / dequant kernels per step (kernel hit rate)",
