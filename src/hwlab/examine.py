@@ -276,9 +276,9 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     by_op = traffic.by_op()
     for k in prof.top:  # the dtypes of each dominating kernel's op, from that op's real tensors
         op = k.get("launched_by") or ""
-        for name in (op, *COMPOSITE_OPS.get(op, ())):  # a CPU profile names composites (matmul)
-            if name in by_op:
-                k["dtypes"] = by_op[name]["dtypes"]
+        for op_seen in (op, *COMPOSITE_OPS.get(op, ())):  # a CPU profile names composites (matmul)
+            if op_seen in by_op:
+                k["dtypes"] = by_op[op_seen]["dtypes"]
                 break
     captured_b = traffic.captured_read_bytes((args, kwargs))
     if traffic.ops:  # inputs only read through gathers need only what the gathers touched
