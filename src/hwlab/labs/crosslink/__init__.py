@@ -15,7 +15,7 @@ checkers. ``python -m hwlab.labs.crosslink`` is one rank (:mod:`.__main__`).
 from .block import (KERNELS, block_partial, block_partial_regressed, block_reference, block_work, partial_fn,
                     cpu_ceilings_one_core, make_weights, shard, single_device_baseline)
 from .comms import busbw_table, collectives, p2p_matrix_gbps, run_collectives, single_gpu_tp_step
-from .grading import grade_mapping, grade_straggler
+from .grading import grade_mapping, grade_straggler, grade_suspect
 from .nccl import FORCE_SLOW_ROUTE, NCCL_SAFE_ENV, ROUTE_PATTERNS, needs_gpus, nccl_routes
 from .overlap import OVERLAP_FAILED_PCT, hidden_pct, overlap_report
 from .ranks import DP_SYNC_ELEMS, launch, launch_phases, parse_groups, phase_view, run_rank
@@ -23,7 +23,7 @@ from .report import (SPIKE_OVER_MEDIAN, TAIL_JUMP, StragglerReport, flowchart_ev
                      straggler_report)
 from .slowlink import (NAIVE_GROUPS, SEED_RATIO, SEED_RATIO_BAND, SEED_TAIL_MS, SLOW_RANKS,
                        EXTREME_RATE_MBIT, FAST_RATE_MBIT, OVERLAP_SIZES, SIZES, SWEEP_RATES_MBIT, WORLD, SlowLink, SlowLinkUnavailable, aware_groups,
-                       calibrate_rate, crossing_ranks, experiment, in_seed_band, island_topology,
+                       analyse, calibrate_rate, crossing_ranks, experiment, in_seed_band, island_topology,
                        overlap_experiment, seed_scale, sweep)
 
 #: the name earlier notebooks used for :func:`experiment`

@@ -39,3 +39,30 @@ def grade_mapping(topo, groups: list[list[int]] | None, tp: int):
                               f"groups whose slowest link is {best.worst} exist on this machine.")
     return ExerciseResult("mapping", "passed", f"slowest link {mine.worst} in every group, the best "
                           f"this topology allows; predicted all-reduce {mine.step_us:,.0f} us.")
+
+
+#: the flowchart's B threshold (a kernel over 1.5x its floor is slow by itself)
+SLOW_KERNEL_X = 1.5
+
+
+def grade_suspect(answer: str | None, signature_row: dict[str, Any]):
+    """'mapping' or 'kernel' for one measured signature (:func:`~.report.signature_row`). The
+    right answer comes from the measurements: a rank tail with the single-device baseline within
+    1.5x of its floor is the mapping (the seed's topology signature); no tail with the baseline
+    slow is the kernel (the seed's counter-example)."""
+    if answer is None:
+        return not_done("suspect", "Answer 'mapping' or 'kernel'.")
+    if answer not in ("mapping", "kernel"):
+        return ExerciseResult("suspect", "wrong", f"answer 'mapping' or 'kernel', not {answer!r}")
+    tail, slow = bool(signature_row["tail_ranks"]), signature_row["slowdown_vs_floor"] >= SLOW_KERNEL_X
+    want = "mapping" if tail and not slow else "kernel" if slow and not tail else None
+    if want is None:
+        return ExerciseResult("suspect", "wrong", "this signature is mixed (tail and slow kernel): fix the "
+                              "kernel first, then re-measure the tail")
+    why = (f"ranks {signature_row['tail_ranks']} finish late while one rank's compute alone is "
+           f"{signature_row['slowdown_vs_floor']:.2f}x its floor (normal)" if want == "mapping" else
+           f"no rank tail, and one rank's compute alone is {signature_row['slowdown_vs_floor']:.2f}x its floor")
+    if answer == want:
+        return ExerciseResult("suspect", "passed", f"{want}: {why}.")
+    return ExerciseResult("suspect", "wrong", f"not {answer}: {why}. Every rank waits in collectives in both "
+                          "cases; the tail and the single-device baseline tell them apart.")

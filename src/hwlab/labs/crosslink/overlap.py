@@ -4,8 +4,8 @@ really happen").
 The overlapped block splits the batch into ``micro`` micro-batches; after each one's partial
 is computed its TP all-reduce is issued asynchronously (``dist.all_reduce(..., async_op=True)``)
 and the next micro-batch computes while it travels; the step waits for all of them at the end.
-The same launch also times the micro-batched compute alone and the all-reduces alone, round by
-round, so the three times share the machine's load. Defined once:
+The same launch also times the micro-batched compute alone and the same all-reduces alone
+(blocking, one after another), round by round, so the three times share the machine's load. Defined once:
 
     hidden_pct = 100 * (t_comm_alone + t_compute_alone - t_overlapped) / t_comm_alone
 
@@ -40,9 +40,11 @@ def compute_alone(x, shards, micro: int, kernel: str = "healthy") -> list[torch.
 
 
 def comm_alone(ys: list[torch.Tensor], group) -> None:
-    works = [dist.all_reduce(y, group=group, async_op=True) for y in ys]
-    for w in works:
-        w.wait()
+    """The micro-batches' all-reduces one after another, each finished before the next: what
+    the step pays for them when nothing overlaps (issuing all at once is no cheaper on gloo:
+    concurrent collectives on the same pair queue behind each other)."""
+    for y in ys:
+        dist.all_reduce(y, group=group)
 
 
 def overlapped(x, shards, group, micro: int, kernel: str = "healthy") -> list[torch.Tensor]:
