@@ -19,6 +19,9 @@
 #
 # Part 2: a two-socket PCIe server (real capture). Propose TP groups of 2 that keep every TP all-reduce
 # on the fastest link this machine offers.
+#
+# Part 3: two slow six-rank runs measured in one launch (recorded on a CPU machine). For each, is the
+# mapping or the kernel to suspect first?
 
 # %%
 from hwlab import evidence, topology
@@ -46,3 +49,19 @@ MY_GROUPS = None  # YOUR ANSWER HERE, e.g. [[0, 2], [1, 3]]
 
 # %%
 lab.grade_mapping(topo, MY_GROUPS, tp=2)
+
+# %%
+sw = evidence.recorded("lab03_linksweep", "cpu")
+sig = sw.extra["calibrated"]["signature"]
+print(sw.label)
+for i, row in enumerate(sig):
+    print(f"run {i}: tail ranks {row['tail_ranks']} ({row['rank_tail_pct']:.0f}% over the others), every rank "
+          f"~{row['comm_wait_ms_median']:.0f} ms per step in collectives, one rank's compute alone "
+          f"{row['slowdown_vs_floor']:.2f}x its floor, step {row['step_ms']:.0f} ms")
+
+# %% tags=["learner"]
+SUSPECTS = [None, None]  # YOUR ANSWER HERE: "mapping" or "kernel" for run 0 and run 1
+
+# %%
+for row, ans in zip(sig, SUSPECTS):
+    print(lab.grade_suspect(ans, row))

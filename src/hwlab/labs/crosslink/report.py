@@ -132,11 +132,12 @@ def flowchart_evidence(baseline: dict[str, Any], run: list[dict], devices_alone:
               "slowdown_vs_floor": f"one rank's block compute ({baseline['kernel']}) alone in one process, "
                                    f"{baseline['t_ms']:.1f} ms, over this machine's floor "
                                    f"{baseline['floor_ms']:.1f} ms (measured copy/GEMM ceilings, one thread)",
-              "dram_pct_estimated": "the block's modelled bytes over its time alone, vs the measured copy rate",
+              "dram_pct_estimated": "the block's modelled bytes over its time alone, vs the measured copy rate "
+                                    "(over 100% when re-read weights come from the CPU's cache)",
               "tensor_pct_of_peak": "the block's FLOP/s alone vs the measured fp32 GEMM rate",
               "e2e_slowdown": "median over rounds: the multi-rank step over the same rounds' devices-alone "
                               "step (every rank's compute, no collectives)",
-              "rank_tail_pct": "per-rank medians of compute + TP all-reduce, same run"}}
+              "rank_tail_pct": "per rank, the lower quartile over steps of compute + TP all-reduce, same run"}}
     ev.update({k: v for k, v in extra.items() if v is not None})
     return ev
 
