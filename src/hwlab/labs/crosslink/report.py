@@ -7,12 +7,13 @@ Thresholds, and why:
   over steps (:data:`OWN_QUANTILE`): on a shared CPU scheduling delays only ever add time, at
   random, so the lower quartile is the rank's own cost with most of that noise trimmed;
 * a rank is in the tail when its own work sits above the largest jump in the sorted per-rank
-  figures, and that jump is at least :data:`TAIL_JUMP` (1.15x): trimmed as above, neighbouring
-  healthy ranks on a busy 2-core host stayed within ~1.1x of each other in the recorded runs,
-  while at the seed's 0.72x a tail of ~0.39 of a step puts ~1.2-1.4x between on-time and tail
-  ranks (a tail that small is near the limit of what a shared CPU can name rank by rank); the
-  flowchart's rank-tail threshold (10%) then applies to how far the slowest rank sits above
-  the other ranks;
+  figures, and that jump is at least :data:`TAIL_JUMP` (1.15x): trimmed as above, healthy
+  neighbours differ by scheduling noise only, while at the seed's 0.72x a tail that explains
+  the loss is 0.39 of a step, which puts at most ~1.4x between on-time and tail ranks (less
+  when ranks also wait for each other); 1.15x sits between, and a tail that small is near the
+  limit of what a shared CPU can name rank by rank (the recorded sweep shows where it fails).
+  The flowchart's rank-tail threshold (10%) then applies to how far the slowest rank sits
+  above the other ranks;
 * a step is a spike when it exceeds the run's median step by :data:`SPIKE_OVER_MEDIAN` (1.5x):
   beyond what CPU scheduling noise gives a healthy step here; spikes are called periodic when
   there are at least three and their spacing varies by under :data:`PERIODIC_CV` (25%).

@@ -39,8 +39,9 @@ NAIVE_GROUPS = [[0, 1], [2, 4], [3, 5]]
 SWEEP_RATES_MBIT = (100, 200, 400, 800, 1600, 3200)
 #: the first, obvious example's link
 EXTREME_RATE_MBIT = 100
-#: the block's sizes in the slow-link runs: a 1 MiB TP all-reduce, and ~6 ms of compute per
-#: rank alone on one core, so six ranks on a small shared CPU stay mostly waiting, not computing
+#: the block's sizes in the slow-link runs: a 1 MiB TP all-reduce and a small compute per rank
+#: (its time alone is recorded with every run), so six ranks on a small shared CPU spend most of
+#: a step waiting on links rather than competing for cores
 SIZES = {"hidden": 1024, "ffn": 1024, "batch": 256}
 #: the overlap runs use the same block
 OVERLAP_SIZES = SIZES
@@ -150,7 +151,7 @@ def overlap_experiment(rate_mbit: float, *, fast_rate_mbit: float | None = FAST_
     (rank 1 behind the link), each timing compute alone, all-reduces alone and both overlapped,
     round by round; fast and slow launches alternate ``repeats`` times and each side reports its
     median repeat, every repeat's figure kept (``hidden_pct_repeats``): on a shared CPU one
-    launch's figure moves by tens of points with the load.
+    launch's figure moves with the load of everything else on the machine.
 
     Two ranks, not six: with six processes on a small CPU the compute is stretched by time
     sharing while the wire time is not, which would flatter the slow link. The fast link is the
