@@ -1,0 +1,128 @@
+"""The floors of the house (STYLE.md): nothing imports a module on a higher floor.
+
+Walks every module under src/hwlab with ``ast`` (function-local imports included, since those
+are how an upward import hides) and fails on an upward import that is not in ``DEBTS``.
+``DEBTS`` lists the upward imports that existed when this test was written (issue #16 removes
+them); the test also fails when a debt is paid but still listed, so the list only shrinks.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "hwlab"
+
+CORE, LABS, CONSUMERS, TOP = 0, 1, 2, 3
+FLOOR_NAMES = {CORE: "core", LABS: "labs", CONSUMERS: "consumers of evidence", TOP: "CLI/notebooks"}
+#: modules by floor (dotted names below ``hwlab``); a module not listed is an error, so a new
+#: module must be placed on a floor on purpose.
+FLOORS = {
+    CORE: {"errors", "measure", "specs", "ceilings", "system", "topology", "evidence", "store",
+           "tritonenv", "roofline", "ncu", "probes", "mapping", "capture", "steplog", "profiling",
+           "comms"},
+    CONSUMERS: {"flowchart", "baseline", "drills", "incident", "exercise", "doctor", "ranks",
+                "classroom", "examine"},
+    TOP: {"cli", "console", "lablaunch", "nb", "__init__", "__main__"},
+}
+
+
+def floor_of(mod: str) -> int:
+    parts = mod.split(".")
+    if parts[0] == "labs":
+        return LABS
+    head = parts[0]
+    for floor, names in FLOORS.items():
+        if head in names or any(head.startswith(n + "_") for n in names):
+            return floor
+    raise AssertionError(f"hwlab.{mod} is on no floor: add it to FLOORS in {__file__}")
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(SRC).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """hwlab modules imported by ``path`` (absolute or relative, anywhere in the file)."""
+    me = module_name(path)
+    pkg = me.split(".")[:-1] if path.name != "__init__.py" else me.split(".")
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[: len(pkg) - (node.level - 1)] if node.level > 1 else list(pkg)
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif node.module and node.module.startswith("hwlab"):
+                target = node.module[len("hwlab"):].lstrip(".")
+            else:
+                continue
+            if node.module is None or not target:
+                out.update(f"{target}.{a.name}".lstrip(".") for a in node.names)
+            else:
+                out.add(target)
+        elif isinstance(node, ast.Import):
+            out.update(a.name[len("hwlab."):] for a in node.names if a.name.startswith("hwlab."))
+    return {m for m in out if m and m != me}
+
+
+def _resolves(mod: str) -> str:
+    """Drop a trailing attribute (``from . import x`` gives module x, ``from .m import f`` gives m)."""
+    parts = mod.split(".")
+    while parts:
+        cand = SRC.joinpath(*parts)
+        if cand.with_suffix(".py").exists() or (cand / "__init__.py").exists():
+            return ".".join(parts)
+        parts = parts[:-1]
+    return "__init__"  # a name defined in hwlab/__init__.py (e.g. __version__)
+
+
+def upward_imports() -> set[tuple[str, str]]:
+    found = set()
+    for path in sorted(SRC.rglob("*.py")):
+        me = module_name(path)
+        if me in ("__init__", "__main__") or me.endswith("__main__"):
+            continue
+        for target in imports_of(path):
+            target = _resolves(target)
+            if floor_of(target) > floor_of(me):
+                found.add((me, target))
+    return found
+
+
+#: upward imports that predate this test (issue #16 pays them off); keep sorted.
+DEBTS: set[tuple[str, str]] = {
+    ("labs.bandwidth", "flowchart"),          # Lab 1 walks its own cases
+    ("labs.crosslink.grading", "exercise"),   # lab graders build ExerciseResult
+    ("labs.fp8.grader", "exercise"),
+    ("labs.fp8.profile", "baseline"),         # the profiler kernel-class table lives in baseline
+    ("labs.registers", "exercise"),
+}
+
+
+def test_every_module_is_on_a_floor():
+    for path in SRC.rglob("*.py"):
+        floor_of(module_name(path))
+
+
+def test_no_new_upward_import():
+    found = upward_imports()
+    new = sorted(found - DEBTS)
+    assert not new, "upward imports (module -> module on a higher floor): " + ", ".join(
+        f"{a} ({FLOOR_NAMES[floor_of(a)]}) -> {b} ({FLOOR_NAMES[floor_of(b)]})" for a, b in new)
+
+
+def test_debts_list_only_shrinks():
+    paid = sorted(DEBTS - upward_imports())
+    assert not paid, f"paid off, remove from DEBTS: {paid}"
+
+
+def test_walker_sees_function_local_and_relative_imports(tmp_path):
+    src = ("import os\nfrom . import flowchart\nfrom .labs import crosslink\n"
+           "def f():\n    from ..measure import bench\n")
+    (tmp_path / "x.py").write_text(src)
+    tree = ast.parse(src)
+    kinds = [type(n).__name__ for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert kinds.count("ImportFrom") == 3
