@@ -119,10 +119,16 @@ def test_debts_list_only_shrinks():
     assert not paid, f"paid off, remove from DEBTS: {paid}"
 
 
-def test_walker_sees_function_local_and_relative_imports(tmp_path):
-    src = ("import os\nfrom . import flowchart\nfrom .labs import crosslink\n"
-           "def f():\n    from ..measure import bench\n")
-    (tmp_path / "x.py").write_text(src)
-    tree = ast.parse(src)
-    kinds = [type(n).__name__ for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
-    assert kinds.count("ImportFrom") == 3
+def test_walker_finds_a_function_local_upward_import(tmp_path):
+    """A core module that imports a lab inside a function is caught (the way #16's cycle hid)."""
+    pkg = tmp_path / "hwlab"
+    (pkg / "labs").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "labs" / "__init__.py").write_text("")
+    (pkg / "labs" / "lab.py").write_text("from ..measure import bench\n")
+    (pkg / "measure.py").write_text("def bench():\n    from .labs import lab\n    return lab\n")
+    globals()["SRC"], saved = pkg, SRC
+    try:
+        assert upward_imports() == {("measure", "labs.lab")}
+    finally:
+        globals()["SRC"] = saved
