@@ -59,10 +59,9 @@ def imports_of(path: Path) -> set[str]:
                 target = node.module[len("hwlab"):].lstrip(".")
             else:
                 continue
-            if node.module is None or not target:
-                out.update(f"{target}.{a.name}".lstrip(".") for a in node.names)
-            else:
-                out.add(target)
+            # "from .labs import crosslink" names module labs.crosslink; "from .measure import
+            # bench" names measure.bench, which _resolves() cuts back to the module measure
+            out.update(f"{target}.{a.name}".lstrip(".") for a in node.names)
         elif isinstance(node, ast.Import):
             out.update(a.name[len("hwlab."):] for a in node.names if a.name.startswith("hwlab."))
     return {m for m in out if m and m != me}
