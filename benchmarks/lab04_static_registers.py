@@ -22,9 +22,10 @@ from hwlab.labs import fp8_kernels as K  # noqa: E402
 from hwlab.labs.registers import ptxas_sm90  # noqa: E402
 
 ATTN_SIG = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "kv_scale_ptr": "*fp32", "m_ptr": "*fp32",
-            "l_ptr": "*fp32", "acc_ptr": "*fp32", "n_ctx": "i32", "max_ctx": "i32", "n_splits": "i32",
-            "sm_scale": "fp32", "H": "i32", "stride_qb": "i32", "stride_qh": "i32", "D": "constexpr",
-            "CHUNK": "constexpr", "BLOCK_T": "constexpr", "USE_DOT": "constexpr", "PREFETCH": "constexpr"}
+            "l_ptr": "*fp32", "acc_ptr": "*fp32", "n_ctx": "i32", "nctx_ptr": "*i32", "max_ctx": "i32",
+            "n_splits": "i32", "sm_scale": "fp32", "H": "i32", "stride_qb": "i32", "stride_qh": "i32",
+            "D": "constexpr", "CHUNK": "constexpr", "BLOCK_T": "constexpr", "USE_DOT": "constexpr",
+            "PREFETCH": "constexpr", "PER_ROW": "constexpr"}
 W8_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*bf16", "ws_ptr": "*fp32",
           "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32",
           "stride_ym": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "SWAP": "constexpr",
@@ -33,9 +34,10 @@ W8_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*bf
 
 def main(out_path: str) -> None:
     rows = []
-    for label, bt, warps, dot in (("old tile", 128, 4, False), ("tuned tile", 32, 1, False),
-                                  ("tensor cores", 32, 2, True)):
-        c = {"D": 128, "CHUNK": 256, "BLOCK_T": bt, "USE_DOT": dot, "PREFETCH": False}
+    for label, bt, warps, dot, per_row in (("old tile", 128, 4, False, False), ("tuned tile", 32, 1, False, False),
+                                           ("tensor cores", 32, 2, True, False),
+                                           ("tuned tile, per-row lengths (serving stream)", 32, 1, False, True)):
+        c = {"D": 128, "CHUNK": 256, "BLOCK_T": bt, "USE_DOT": dot, "PREFETCH": False, "PER_ROW": per_row}
         g = ptxas_sm90(K._decode_attn_partial, ATTN_SIG, c, {}, {"num_warps": warps, "num_stages": 2}, label)
         rows.append({"kernel": "_decode_attn_partial (FP8 cache)", "label": label, "warps": warps, **c, **g})
     for label, bn, bk, warps, sk, stages in (("old autotuned tile", 16, 512, 4, 1, 3),

@@ -158,5 +158,7 @@ def test_static_register_report_of_the_tuned_tiles(tmp_path):
     old, tuned = rows[("_decode_attn_partial", "old tile")], rows[("_decode_attn_partial", "tuned tile")]
     assert old["regs"] == 255 and old["st"] > 0  # at the limit, spilling
     assert tuned["regs"] < 200 and tuned["st"] == 0
+    # the serving stream's variant (per-row lengths: a loop bound read at run time) must not spill
+    assert rows[("_decode_attn_partial", "tuned tile, per-row lengths (serving stream)")]["st"] == 0
     w8 = [r for r in json.loads(out.read_text())["rows"] if r["label"] == "old autotuned tile"]
     assert len(w8) == 2 and w8[0]["shared"] == w8[1]["shared"]  # deeper pipeline, same buffers
