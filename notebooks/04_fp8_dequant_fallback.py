@@ -164,7 +164,8 @@ for k, e in fe.items():
 
 # %% [markdown]
 # Read the table, not one row. Where weights dominate (short context) the seed's path is far over what its
-# FP8 weights promise: the dequantized head and connector. At long context the bf16 KV cache is most of
+# FP8 weights promise (D): the dequantized head and connector; at 512 its kernels are also ~1.5x or more
+# from their floor, so the walk may stop at B (G) before it reaches the service question. At long context the bf16 KV cache is most of
 # the bytes, so the same two fallbacks weigh less and the cost is the cache: the bucket where the seed
 # says to evaluate KV quantization. (On a CPU the tiny decoder is overhead-bound: B says its kernels are
 # far from any floor, and the walk leaves the service branch; that is the CPU, not FP8.)
@@ -204,11 +205,13 @@ for r in reports["fixed"]["buckets"]:  # the same stream, served by the fix
 #   KV reads are untouched and are most of the step at long context. Its p99 *looks* relatively better
 #   than its p50 at 512 because that cost is the same in every step, a smaller share of the longest ones:
 #   read the milliseconds, not only the percentages.
-# - The walk, every answer measured: `mixed` lands on M where weights weigh (512, 4k: TPOT far over what
-#   its own kernels predict for its FP8 promise) and on OK at 32k, where the BF16 KV cache is most of the
-#   bytes and the fallbacks are a small share: there the cost is the cache (the seed's "evaluate KV
-#   quantization for long-context buckets"). `fixed` lands on OK at 4k and 32k; at 512 its kernels sit at
-#   the chart's 1.5x from their byte floor (small kernels and a BF16 head), the headroom of issue #19.
+# - The walk, every answer measured: `mixed` lands on M at 4k (TPOT 1.35x what its own kernels predict
+#   for its FP8 promise) and on OK at 32k, where the BF16 KV cache is most of the bytes and the fallbacks a
+#   small share: there the cost is the cache (the seed's "evaluate KV quantization for long-context
+#   buckets"). At 512 both FP8 paths' kernels sit at ~1.5-1.65x their byte floor (small kernels, the
+#   dequant pass), so B already answers yes and the walk goes to G; the service is still 1.77x over the
+#   promise there (D). `fixed` lands on OK at 4k and 32k; its 512 bucket is the headroom of issue #19.
+#   B comes from one profiled step: it moved from 1.49 to 1.61 for `mixed` at 512 between two runs.
 # - Getting there took measurement, not FP8 alone (`benchmarks/LAB04_NOTES.md` has every run): an
 #   autotuned FP8 kernel picked its tile on a weight sitting in L2 and streamed HBM at ~1.3 TB/s; the
 #   attention kernel's 255-register tile kept too few warps resident (~2.8 TB/s, now ~3.5); norms and KV

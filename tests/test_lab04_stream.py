@@ -230,7 +230,11 @@ def test_recorded_stream_shows_the_seed_signature(rec):
     # the fallbacks' bytes on top of the promise: mixed is further over its prediction than bf16
     for ctx_b in ("ctx 512 x16", "ctx 4096 x16", "ctx 32768 x4"):
         assert walk[f"mixed {ctx_b}"]["e2e_slowdown"] > walk[f"bf16 {ctx_b}"]["e2e_slowdown"]
-    assert rec.extra["flowchart_leaves"]["mixed ctx 512 x16"] == "M"  # where weights dominate
+    # where its fallbacks' bytes weigh, the seed's path is over what its kernels predict for the FP8
+    # promise by more than the chart's 1.2x (4k: 1.37x and 1.35x in the two H200 runs) -> M; at 512 its
+    # kernels themselves sit at ~1.5-1.6x their byte floor (one profiled step: B answered 1.49 then 1.61)
+    assert rec.extra["flowchart_leaves"]["mixed ctx 4096 x16"] == "M"
+    assert walk["mixed ctx 512 x16"]["e2e_slowdown"] >= 1.5
 
 
 def test_memory_guard_counts_the_stream_before_allocating():
