@@ -384,7 +384,18 @@ def test_real_slow_link_diagnosis_holds_beside_a_cpu_hog():
         for h in hogs:
             h.kill()
             h.wait()
-    _check_live(out)
+    naive, aware = out["naive"], out["aware"]
+    # the slow link is found: every crossing rank named, the naive walk on L
+    crossing = C.crossing_ranks(naive["groups"])
+    assert crossing and set(crossing) <= set(naive["report"]["tail_ranks"])
+    assert diagnose(naive["flowchart_evidence"]).leaf_id == "L"
+    assert not any(k in naive["flowchart_evidence"] for k in HAND)
+    # two hogs on a 2-core box give any six ranks a CPU-scheduling tail of their own, so the
+    # aware mapping may show one too: what must hold is that the link's tail is the larger one
+    tail_naive = naive["flowchart_evidence"]["rank_tail_pct"]
+    tail_aware = aware["flowchart_evidence"]["rank_tail_pct"]
+    assert aware["mapping"]["worst"] != "SYS"
+    assert tail_aware < tail_naive / 2, (tail_aware, tail_naive)
 
 
 def test_grade_suspect_follows_the_measured_signature():
