@@ -252,6 +252,28 @@ def fp8_supported(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
+def matmul_at(dtype: str, M: int, N: int, K: int, dev) -> tuple[Callable, Callable]:
+    """``(fn, make)`` for an MxK @ KxN matmul at ``dtype`` (fp32, tf32, bf16, fp16): ``make``
+    draws fresh random operands, ``fn`` multiplies them with torch's float32 matmul precision
+    set for the call only ("high" = TF32 for tf32, "highest" otherwise), so one probe's setting
+    never leaks into the next measurement."""
+    tdt = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
+           "fp16": torch.float16}[dtype]
+    precision = "high" if dtype == "tf32" else "highest"
+
+    def make():
+        return (torch.randn(M, K, device=dev).to(tdt), torch.randn(K, N, device=dev).to(tdt))
+
+    def fn(a, b):
+        prev = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision(precision)
+        try:
+            return a @ b
+        finally:
+            torch.set_float32_matmul_precision(prev)
+    return fn, make
+
+
 @_probe
 def gemm(size: int | None = None, dtype: str = "bf16", device=None, n_rep: int = 30,
          m: int | None = None, n: int | None = None, k: int | None = None) -> Measurement:
@@ -286,18 +308,7 @@ def gemm(size: int | None = None, dtype: str = "bf16", device=None, n_rep: int =
             return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
         tol = TOL_BY_DTYPE["bfloat16"]
     else:
-        def make():
-            return (torch.randn(M, K, device=dev).to(tdt), torch.randn(K, N, device=dev).to(tdt))
-
-        precision = "high" if dtype == "tf32" else "highest"
-
-        def fn(a, b):
-            prev = torch.get_float32_matmul_precision()
-            torch.set_float32_matmul_precision(precision)
-            try:
-                return a @ b
-            finally:
-                torch.set_float32_matmul_precision(prev)
+        fn, make = matmul_at(dtype, M, N, K, dev)
         tol = {"fp32": TOL_BY_DTYPE["float32"] * 10, "tf32": TOL_BY_DTYPE["tf32"],
                "bf16": TOL_BY_DTYPE["bfloat16"], "fp16": TOL_BY_DTYPE["float16"]}[dtype]
 

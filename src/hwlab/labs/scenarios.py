@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..measure import Measurement, device_of, time_fn
-from ..probes import gemm
+from ..probes import gemm, matmul_at
 
 #: calls of the workload's kernel per measured service step (a layer's worth of launches)
 SERVICE_CALLS = 8
@@ -77,20 +77,7 @@ def floor_ms(n_flops: int, n_bytes: int, tflops: float, gbps: float) -> float:
 
 
 def _gemm_fn(dtype: str, M: int, N: int, K: int, dev):
-    tdt = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16}[dtype]
-    precision = "high" if dtype == "tf32" else "highest"
-
-    def make():
-        return (torch.randn(M, K, device=dev).to(tdt), torch.randn(K, N, device=dev).to(tdt))
-
-    def fn(a, b):
-        prev = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision(precision)
-        try:
-            return a @ b
-        finally:
-            torch.set_float32_matmul_precision(prev)
-    return fn, make
+    return matmul_at(dtype, M, N, K, dev)
 
 
 def dtype_path(size: int | None = None, device=None, copy_gbps: float | None = None,
