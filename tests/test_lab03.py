@@ -344,23 +344,6 @@ def _netns_list():
     return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
 
 
-def _check_live(out, exact_tail: bool = True):
-    naive, aware = out["naive"], out["aware"]
-    # the straggler is found: exactly the ranks of the groups that straddle the slow link (near
-    # the calibrated 0.72x the tail is ~20% of a step, so a loaded CI box may name one more rank:
-    # there every crossing rank must be named, the walk must still land on L)
-    crossing = C.crossing_ranks(naive["groups"])
-    if exact_tail:
-        assert naive["report"]["tail_ranks"] == crossing
-    else:
-        assert crossing and set(crossing) <= set(naive["report"]["tail_ranks"])
-    assert diagnose(naive["flowchart_evidence"]).leaf_id == "L"
-    # the aware mapping (from the chooser) keeps TP traffic off the slow link: not on leaf L
-    assert aware["mapping"]["worst"] != "SYS"
-    assert diagnose(aware["flowchart_evidence"]).leaf_id != "L"
-    assert not any(k in naive["flowchart_evidence"] for k in HAND)
-
-
 @pytest.mark.netns
 @pytest.mark.skipif(not NETNS_OK, reason="needs root and iproute2 (ip, tc) to build a rate-limited veth")
 def test_real_slow_link_calibrated_case_short():
@@ -368,7 +351,18 @@ def test_real_slow_link_calibrated_case_short():
     diagnosis (not a speed) is what must hold."""
     rate = recorded("lab03_linksweep", "cpu").extra["calibrated"]["rate_mbit"]
     before = _netns_list()
-    _check_live(C.experiment(rate, steps=10, overlap=False), exact_tail=False)
+    out = C.experiment(rate, steps=10, overlap=False)
+    naive, aware = out["naive"], out["aware"]
+    # near 0.72x the link's tail is ~20% of a step and 10 steps are few: what must hold is that
+    # the link is found (every crossing rank named, the naive walk on L, measured) and that it
+    # costs the naive mapping throughput; the aware mapping's walk to OK is judged on the recorded
+    # runs (test_recorded_cpu_slowlink_evidence), where it is not at the edge of the noise
+    crossing = C.crossing_ranks(naive["groups"])
+    assert crossing and set(crossing) <= set(naive["report"]["tail_ranks"])
+    assert diagnose(naive["flowchart_evidence"]).leaf_id == "L"
+    assert not any(k in naive["flowchart_evidence"] for k in HAND)
+    assert aware["mapping"]["worst"] != "SYS"
+    assert out["throughput_naive_over_aware"] < 1.0
     assert _netns_list() == before, "the test's namespace was not removed"
 
 
