@@ -23,15 +23,8 @@ def decode_bytes_for(cfg: ModelConfig, path: dict[str, Any], batch: int, ctx: in
     bytes (:data:`BYTES_PER_WEIGHT`), ``batch`` embedding rows, and K and V up to ``ctx + 1``
     in their stored dtype. ``promised=True``: what the FP8 weights promise, i.e. every weight
     stored in FP8 read once as FP8 (a fallback's dequant traffic left out)."""
-    d = cfg.d_model
-    sizes = {"connector": d * d, "main": cfg.n_layers * (3 * d * d + d * d + 2 * d * cfg.d_ff), "head": cfg.vocab * d}
-    n = batch * d * 2
-    for group, elems in sizes.items():
-        mode = path[group]
-        n += elems * (1 if promised and mode == "fp8_dequant" else BYTES_PER_WEIGHT[mode])
     f = path["kv_fp8_from_ctx"]
-    kv_elem = 1 if f is not None and ctx + 1 >= f else 2
-    return n + 2 * cfg.n_layers * batch * cfg.n_heads * (ctx + 1) * cfg.d_head * kv_elem
+    return step_bytes(cfg, path, batch, batch * (ctx + 1), f is not None and ctx + 1 >= f, promised)
 
 
 def decode_bytes(m: Decoder, batch: int, ctx: int) -> int:
