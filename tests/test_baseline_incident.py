@@ -6,7 +6,7 @@ import json
 import pytest
 
 from hwlab import baseline as B
-from hwlab import flowchart, incident, nb
+from hwlab import flowchart, incident, nb, profiling
 from hwlab.evidence import load, recorded
 from hwlab.labs import scenarios
 
@@ -99,7 +99,7 @@ def test_hit_rate_counting_on_gpu_kernel_names():
           ("nvjet_sm90_tst_256x128_64x4_2x1_v_bz_coopB_NNT", "CUDA"),
           ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(...)>", "CUDA"),
           ("aten::mm", "CPU")]
-    r = B.hit_rate_from_events(ev, gpu=True)
+    r = profiling.hit_rate_from_events(ev, gpu=True)
     assert r["gemm_calls"] == 2 and r["fp8_hits"] == 1 and r["dequant_copies"] == 1
 
 
@@ -112,7 +112,7 @@ def test_hit_rate_ignores_ranges_mirrored_on_the_gpu_timeline():
           ("nvjet_sm90_tst_512x8_64x3_2x1_v_bz_TNT", "CUDA"),
           ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>(...)", "CUDA"),
           ("_fp8w_gemm_kernel", "CUDA")]
-    r = B.hit_rate_from_events(ev, gpu=True)
+    r = profiling.hit_rate_from_events(ev, gpu=True)
     assert r["gemm_calls"] == 3 and r["fp8_hits"] == 2 and r["dequant_copies"] == 1
     assert set(r["gemm_names"]) == {ev[3][0], ev[6][0], ev[8][0]}
 

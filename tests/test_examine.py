@@ -17,7 +17,8 @@ from hwlab.errors import UserInputError
 from hwlab.examine import Examination, build_evidence, examine
 from hwlab.examine_estimate import (count_flops, count_traffic, gather_amplification, required_bytes,
                                     span_bytes, strided_amplification)
-from hwlab.examine_profile import ProfileSummary, kernel_class
+from hwlab.examine_profile import ProfileSummary
+from hwlab.profiling import kernel_class
 from hwlab.flowchart import diagnose
 from hwlab.measure import Measurement
 

@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from .baseline_compare import (  # noqa: F401  (re-exported: `baseline.compare` is the public name)
     BASELINE_KIND, LATENCY_PROBES, MEASURED_PARAMS, NEXT, TOL_HIT_PP, TOL_LATENCY_PCT, TOL_RATE_PCT,
     TOL_TEMP_C, Comparison, Deviation, _probe_value, comparability, compare, fleet_table)
 from .evidence import Evidence, machine_info
 from .measure import Measurement, device_of
+from .profiling import hit_rate_from_events, profiler_events
 
 
 
@@ -88,12 +90,10 @@ def fp8_decode_path(dev, quick: bool = True) -> dict[str, Any]:
     """Kernel hit rate of a decode-shaped step whose main GEMMs run in FP8 and whose output
     head is dequantized to bf16 (the seed's mixed path), from torch.profiler.
 
-    A GEMM call is an FP8 *hit* when its kernel (GPU: name containing 'qqtst' / 'fp8' /
-    'e4m3'; CPU: the op ``aten::_scaled_mm``) ran; a *fallback* when a plain bf16/fp32 GEMM ran
-    on weights stored in FP8 (after a dequant copy).
+    A GEMM call is an FP8 *hit* when an FP8 GEMM kernel ran, a *fallback* when a plain
+    bf16/fp32 GEMM ran on weights stored in FP8 (after a dequant copy); the kernel classes are
+    :mod:`hwlab.profiling`'s one table.
     """
-    from torch.profiler import ProfilerActivity, profile
-
     gpu = dev.type == "cuda"
     M, d, vocab = (16, 4096, 32768) if gpu else (16, 256, 1024)
     f8 = torch.float8_e4m3fn
@@ -115,56 +115,6 @@ def fp8_decode_path(dev, quick: bool = True) -> dict[str, Any]:
         if gpu:
             torch.cuda.synchronize()
     return hit_rate_from_events(profiler_events(prof), gpu)
-
-
-CPU_GEMM_OPS = ("aten::_scaled_mm", "aten::mm", "aten::addmm", "aten::bmm")
-
-
-def inside_op(e, names) -> bool:
-    """Whether a profiler event runs inside (below) an op or range named in ``names``."""
-    p = getattr(e, "cpu_parent", None)
-    while p is not None:
-        if p.name in names:
-            return True
-        p = getattr(p, "cpu_parent", None)
-    return False
-
-
-def profiler_events(prof) -> list[tuple[str, str]]:
-    """(name, device type) of every event a ``torch.profiler`` run recorded, leaving out ops
-    nested inside a GEMM op (on a CPU ``aten::_scaled_mm`` calls ``aten::mm`` itself: one call)."""
-    return [(e.name, e.device_type.name if hasattr(e.device_type, "name") else str(e.device_type))
-            for e in prof.events() if not inside_op(e, CPU_GEMM_OPS)]
-
-
-FP8_KERNEL_MARKERS = ("qqtst", "fp8", "e4m3", "f8f8")
-GEMM_KERNEL_MARKERS = ("gemm", "nvjet", "cutlass", "sm90_xmma", "ampere_bf16", "cublas")
-#: kernels that match a GEMM marker but are not a GEMM call (cuBLAS split-K reductions)
-NOT_GEMM_MARKERS = ("splitkreduce", "reduce_kernel")
-
-
-def hit_rate_from_events(events: list[tuple[str, str]], gpu: bool) -> dict[str, Any]:
-    """FP8 hit rate and dequant count from (name, device) profiler events."""
-    if gpu:
-        # the kit's record_function ranges are mirrored onto the GPU timeline: not kernels
-        kernels = [n for n, dt in events if "CUDA" in dt and not n.startswith("hwlab::")]
-        gemms = [n for n in kernels if any(m in n.lower() for m in GEMM_KERNEL_MARKERS + FP8_KERNEL_MARKERS)
-                 and not any(x in n.lower() for x in NOT_GEMM_MARKERS)]
-        hits = [n for n in gemms if any(m in n.lower() for m in FP8_KERNEL_MARKERS)]
-        dequant = [n for n in kernels if "copy_kernel" in n or "_dequant_rows_kernel" in n]
-    else:
-        ops = [n for n, _ in events]
-        gemms = [n for n in ops if n in CPU_GEMM_OPS]
-        hits = [n for n in gemms if n == "aten::_scaled_mm"]
-        dequant = [n for n in ops if n == "aten::_to_copy"]
-    n = len(gemms)
-    names: dict[str, int] = {}
-    for g in gemms:  # what was classified, kept in the evidence so the classification can be checked
-        names[g[:160]] = names.get(g[:160], 0) + 1
-    return {"gemm_calls": n, "fp8_hits": len(hits), "hit_rate_pct": 100.0 * len(hits) / n if n else None,
-            "fallback_rate_pct": 100.0 * (n - len(hits)) / n if n else None,
-            "dequant_copies": len(dequant), "gemm_names": names,
-            "source": "torch.profiler kernel names" if gpu else "torch.profiler aten ops"}
 
 
 # ---------------------------------------------------------------- record

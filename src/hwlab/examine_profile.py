@@ -9,10 +9,9 @@ whose compiled metadata (registers, spills) is reachable in this process.
   ``busy_ms`` is the union of kernel intervals per call under the profiler and ``t_ms`` the
   device-event median of the same call timed without it (:mod:`hwlab.measure`). The
   flowchart's threshold (50%) is in :mod:`hwlab.flowchart`.
-* **Kernel classes** reuse the kit's GEMM / FP8 name markers (:mod:`hwlab.baseline`); the
-  tensor-core markers below add the one fact that table lacks. A name heuristic: every
-  kernel's name is kept in the record so the classification can be checked.
-  TODO(issue 16): move both into one core ``profiling`` module.
+* **Kernel classes** come from the kit's one table (:func:`hwlab.profiling.kernel_class`: GEMM /
+  FP8 GEMM / tensor core or not, by name). A name heuristic: every kernel's name is kept in the
+  record so the classification can be checked.
 * **Attribution.** A kernel is attributable when the CPU event that launched it has an aten
   op above it and no compiled region; Triton launches and ``torch.compile`` graphs are not,
   and then the dispatch-mode traffic model (:mod:`hwlab.examine_estimate`) did not see them.
@@ -29,44 +28,11 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from .baseline import FP8_KERNEL_MARKERS, GEMM_KERNEL_MARKERS, NOT_GEMM_MARKERS
+from .profiling import KIT_RANGE_PREFIX, event_device, kernel_class
 
-CALL_MARK = "hwlab::examine_call"
-#: kernel-name fragments of tensor-core (MMA) kernels: cuBLAS/cuBLASLt (nvjet, xmma with a
-#: half/bf16/tf32/fp8 type, *_tensorop_*), CUTLASS (s16816/s1688/h16816 = mma shapes), wgmma
-TENSOR_CORE_MARKERS = ("nvjet", "tensorop", "wgmma", "hmma", "16816", "1688", "bf16", "f16", "fp16",
-                       "tf32", "e4m3", "e5m2", "f8f8", "qqtst", "gmma")
-#: fp32 GEMM kernels on the CUDA cores (no MMA): cuBLAS sgemm and fp32 xmma without tf32
-SIMT_GEMM_MARKERS = ("sgemm", "f32f32_f32f32_f32", "gemv")
+CALL_MARK = KIT_RANGE_PREFIX + "examine_call"
 COMPILED_MARKS = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
 TOP_N = 5
-
-
-def kernel_class(name: str) -> tuple[str, bool | None]:
-    """(class, tensor_core) of a device kernel by name: class in fp8-gemm / gemm / triton /
-    copy / reduce / elementwise / memcpy / other; tensor_core True/False for GEMMs, else None."""
-    n = name.lower()
-    if n.startswith(("memcpy", "memset")):
-        return "memcpy", None
-    is_gemm = any(m in n for m in GEMM_KERNEL_MARKERS + FP8_KERNEL_MARKERS) and \
-        not any(m in n for m in NOT_GEMM_MARKERS)
-    if is_gemm:
-        tc = True if any(m in n for m in TENSOR_CORE_MARKERS) else (
-            False if any(m in n for m in SIMT_GEMM_MARKERS) else None)
-        return ("fp8-gemm" if any(m in n for m in FP8_KERNEL_MARKERS) else "gemm"), tc
-    if n.startswith("triton"):
-        return "triton", None
-    if "copy" in n:
-        return "copy", None
-    if "reduce" in n:
-        return "reduce", None
-    if "elementwise" in n or "vectorized" in n:
-        return "elementwise", None
-    return "other", None
-
-
-def _dev(e) -> str:
-    return e.device_type.name if hasattr(e.device_type, "name") else str(e.device_type)
 
 
 def _owner_op(e) -> tuple[str | None, bool]:
@@ -185,10 +151,10 @@ def profile_calls(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], kwa
 
 
 def _summarise_gpu(events, n_calls: int, compiled: bool) -> ProfileSummary:
-    kern = [e for e in events if "CUDA" in _dev(e) and not e.name.startswith("hwlab::")]
+    kern = [e for e in events if "CUDA" in event_device(e) and not e.name.startswith(KIT_RANGE_PREFIX)]
     owner: dict[str, tuple[str | None, bool]] = {}
     for e in events:  # CPU events that launched kernels carry them in .kernels
-        if "CUDA" not in _dev(e) and getattr(e, "kernels", None):
+        if "CUDA" not in event_device(e) and getattr(e, "kernels", None):
             op, comp = _owner_op(e)
             for k in e.kernels:
                 owner.setdefault(k.name, (op, comp))

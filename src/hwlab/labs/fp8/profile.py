@@ -1,12 +1,16 @@
 """Lab 4's profiles of one decode step: FP8 hit rate, fallbacks and dequant/requant ranges
 (:func:`decode_profile`), and where the step's device time goes by kernel class
-(:func:`decode_breakdown`), both from one ``torch.profiler`` run."""
+(:func:`decode_breakdown`), both from one ``torch.profiler`` run. Kernels are classed by the
+core's one table (:mod:`hwlab.profiling`); this module adds what only Lab 4 knows: its model's
+quant/dequant ranges and which of its layers dequantize weights on purpose."""
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
+from ...profiling import STEP_TIME_CLASSES, hit_rate_from_events, profiler_events, time_by_class
 from .model import DEQUANT_MARK, QUANT_MARK, Decoder, QLinear
 
 
@@ -16,8 +20,6 @@ def _profile_decode_step(m: Decoder, batch: int, ctx: int, per_row: bool = False
     benchmarks itself), which on the H200 once put 81k benchmark launches into a profile).
     ``per_row``: the step the serving stream runs (:mod:`.stream`: per-row lengths, the kit's
     attention kernel for every cache) on a cache of ``max_len`` positions."""
-    from torch.profiler import ProfilerActivity, profile
-
     gpu = m.device.type == "cuda"
     cache = m.new_cache(batch, max_len or ctx + 1)
     toks = torch.randint(0, m.cfg.vocab, (batch, ctx + 1)).to(m.device)
@@ -45,8 +47,6 @@ def decode_profile(m: Decoder, batch: int = 2, ctx: int = 32) -> dict[str, Any]:
 
 
 def _hits(m: Decoder, prof, batch: int) -> dict[str, Any]:
-    from ...baseline import hit_rate_from_events, profiler_events
-
     gpu = m.device.type == "cuda"
     ev = profiler_events(prof)
     r = hit_rate_from_events(ev, gpu)
@@ -82,13 +82,8 @@ def _kv_fp8(m: Decoder, max_len: int) -> bool:
     return f is not None and max_len >= f
 
 
-#: kernel-name markers per category of a decode step's time (GPU kernel names; CPU aten ops)
-BREAKDOWN_CATEGORIES = (
-    ("attention", ("_decode_attn", "flash", "fmha", "attention")),
-    ("quant/dequant", ("_quant_", "_row_amax", "_dequant_rows")),
-    ("gemm fp8", ("fp8w_gemm", "qqtst", "_scaled_mm", "e4m3", "f8f8")),
-    ("gemm", ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas", "aten::mm", "aten::addmm", "aten::bmm")),
-)
+#: the step-time classes of :func:`decode_breakdown` (the core's one table, :mod:`hwlab.profiling`)
+BREAKDOWN_CATEGORIES = STEP_TIME_CLASSES
 
 
 def decode_breakdown(m: Decoder, batch: int, ctx: int) -> dict[str, Any]:
@@ -101,29 +96,6 @@ def decode_breakdown(m: Decoder, batch: int, ctx: int) -> dict[str, Any]:
 
 
 def _breakdown(m: Decoder, prof, batch: int, ctx: int) -> dict[str, Any]:
-    from ...baseline import CPU_GEMM_OPS, inside_op
-
-    gpu = m.device.type == "cuda"
-    per: dict[str, float] = {c: 0.0 for c, _ in BREAKDOWN_CATEGORIES}
-    per["other"] = 0.0
-    counts: dict[str, int] = {k: 0 for k in per}
-    for e in prof.events():
-        dev = e.device_type.name if hasattr(e.device_type, "name") else str(e.device_type)
-        if gpu:
-            if "CUDA" not in dev or e.name.startswith("hwlab::"):
-                continue
-            us = e.time_range.elapsed_us()
-        else:
-            if not e.name.startswith("aten::") or inside_op(e, CPU_GEMM_OPS):
-                continue
-            us = e.self_cpu_time_total
-        name = e.name.lower()
-        cat = next((c for c, marks in BREAKDOWN_CATEGORIES if any(k.lower() in name for k in marks)), "other")
-        if not gpu and cat == "other" and inside_op(e, (QUANT_MARK, DEQUANT_MARK)):
-            cat = "quant/dequant"  # on a CPU the (de)quantization is plain aten ops inside the marked ranges
-        per[cat] += us
-        counts[cat] += 1
-    total = sum(per.values())
-    return {"ctx": ctx, "batch": batch, "source": "GPU kernel times" if gpu else "CPU aten self times",
-            "us": per, "count": counts, "total_us": total,
-            "share_pct": {k: 100.0 * v / total if total else 0.0 for k, v in per.items()}}
+    # on a CPU the (de)quantization is plain aten ops inside the model's marked ranges
+    return {"ctx": ctx, "batch": batch,
+            **time_by_class(prof, m.device.type == "cuda", quant_ranges=(QUANT_MARK, DEQUANT_MARK))}
