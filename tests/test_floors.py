@@ -96,7 +96,6 @@ DEBTS: set[tuple[str, str]] = {
     ("labs.bandwidth", "flowchart"),          # Lab 1 walks its own cases
     ("labs.crosslink.grading", "exercise"),   # lab graders build ExerciseResult
     ("labs.fp8.grader", "exercise"),
-    ("labs.fp8.profile", "baseline"),         # the profiler kernel-class table lives in baseline
     ("labs.registers", "exercise"),
 }
 
