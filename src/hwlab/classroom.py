@@ -8,8 +8,8 @@ nothing is ever overwritten.
 
 Who: ``HWLAB_LEARNER``, else the login name.
 
-What: exercises (:mod:`hwlab.exercise` calls :func:`record_exercise` on every graded result
-except "not done yet"): the checker's status, and for a flowchart question the leaf given
+What: exercises (every :class:`hwlab.grading.ExerciseResult` built is passed to
+:func:`record_exercise`, registered in ``hwlab/__init__.py``; "not done yet" is not recorded): the checker's status, and for a flowchart question the leaf given
 and the right one. Drills (:func:`record_drill`, after :func:`hwlab.drills.grade`): the fault,
 the leaf submitted and the fault's leaf, whether the evidence supported it and whether the
 fix removed the slowdown.
@@ -139,8 +139,8 @@ def record_exercise(result: Any, folder: str | os.PathLike | None = None, learne
 def record_drill(drill: Any, grade: Any, folder: str | os.PathLike | None = None) -> Path | None:
     """Record a :class:`hwlab.drills.Grade` with its drill's fault (read from the drill's seal);
     None without a class folder. Called after :func:`hwlab.drills.grade` by ``hwlab drill
-    submit`` and notebook 07 (this module does not import drills: exercise.py, which the labs'
-    graders use, imports this one, and drills sits a floor above the labs)."""
+    submit`` and notebook 07 (this module does not import drills: every ``import hwlab`` loads this
+    one to record graded results, and need not load drills with it)."""
     folder = class_dir(folder)
     if folder is None:
         return None

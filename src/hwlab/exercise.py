@@ -11,47 +11,10 @@ to the end.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from . import classroom
-from .measure import CorrectnessError, Measurement, bench, check_close, device_of
-
-
-@dataclass
-class ExerciseResult:
-    name: str
-    #: "not done yet" | "wrong" | "too slow" | "passed" | "passed (correctness only)" |
-    #: "environment problem" (the toolchain, not the answer: see hwlab.exercise_checks)
-    status: str
-    message: str
-    measurement: Measurement | None = None
-    answer: Any = None    # a short answer's value (check_value), kept in the class result
-    expected: Any = None
-
-    def __post_init__(self) -> None:
-        """A graded result goes to the class folder when one is set (HWLAB_CLASS_DIR)."""
-        try:
-            classroom.record_exercise(self)
-        except (OSError, ValueError) as e:  # the learner's grade stands; the instructor's copy is what failed
-            print(f"hwlab: could not record this result in the class folder ({e})")
-
-    @property
-    def passed(self) -> bool:
-        return self.status.startswith("passed")
-
-    def __str__(self) -> str:
-        mark = {"not done yet": "[ ]", "wrong": "[x]", "too slow": "[~]",
-                "environment problem": "[!]"}.get(self.status, "[v]")
-        return f"{mark} {self.name}: {self.status}. {self.message}"
-
-    def _repr_markdown_(self) -> str:
-        return f"**{self.name}: {self.status}.** {self.message}"
-
-
-def not_done(name: str, hint: str = "") -> ExerciseResult:
-    return ExerciseResult(name, "not done yet",
-                          "Fill in the cell marked `# YOUR CODE HERE` and run it again. " + hint)
+from .grading import ExerciseResult, not_done  # noqa: F401  (the result type lives in the core; re-exported)
+from .measure import CorrectnessError, bench, check_close, device_of
 
 
 def check_kernel(name: str, learner_fn: Callable[..., Any], reference: Callable[..., Any],

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...exercise import ExerciseResult, not_done
+from ...grading import ExerciseResult, not_done
 from ...mapping import choose_tp_groups, evaluate
 from ...topology import link_rank
 
