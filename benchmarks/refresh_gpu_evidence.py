@@ -147,40 +147,17 @@ def part_lab01(out: Path, summary: list[str]) -> None:
 
 
 def part_lab02(out: Path, summary: list[str]) -> None:
-    from hwlab import ncu
     from hwlab.flowchart import diagnose
     from hwlab.labs import registers as lab
 
     cublas = lab.cublas_bf16(8192)
     results = lab.sweep(lab.SWEEP, size=8192, ceiling_tflops=cublas.tflops,
                         progress=lambda s: print("lab02 config", s, flush=True))
-    for r in results:
-        if ncu.available() and not r.report.skipped:
-            cfg = r.config
-            try:
-                rows = ncu.profile(["-m", "hwlab.labs.registers", "--compile", "matmul", "--mode",
-                                    "gpu", "--ncu-launch", "--config",
-                                    f"{cfg.bm},{cfg.bn},{cfg.bk},{cfg.warps},{cfg.stages}"],
-                                   metrics=ncu.OCCUPANCY_METRICS, nvtx_range="hwlab_case")
-                r.ncu = rows[0] if rows else None
-            except Exception as e:
-                r.ncu = {"error": str(e)[-300:]}
-    # over-fusion: softmax(A @ B) over a 512-wide row, fused vs split
-    dev = torch.device("cuda")
-    M, K, N = 16384, 4096, 512
-    mk = lambda: (torch.randn(M, K, device=dev, dtype=torch.bfloat16) * 0.05,  # noqa: E731
-                  torch.randn(K, N, device=dev, dtype=torch.bfloat16) * 0.05)
-    from hwlab.measure import bench
-    ref = lambda a, b: torch.softmax(a.double() @ b.double(), dim=1)  # noqa: E731
-    a, b = mk()
-    _, kf = lab.matmul_softmax_fused(a, b)
-    _, ks = lab.matmul(a, b, lab.SANE)
-    fused = bench("over-fused gemm+softmax", lambda x, y: lab.matmul_softmax_fused(x, y)[0], mk,
-                  n_bytes=(M * K + K * N + M * N) * 2, n_flops=2 * M * N * K, reference=ref,
-                  tol=2e-2, n_rep=30, params={"report": lab.runtime_report("matmul_softmax", "64x512x64 w4 s2", kf).to_dict()})
-    split = bench("split gemm, softmax", lambda x, y: lab.matmul_softmax_split(x, y)[0], mk,
-                  n_bytes=(M * K + K * N + M * N) * 2, n_flops=2 * M * N * K, reference=ref,
-                  tol=2e-2, n_rep=30, params={"report": lab.runtime_report("matmul", lab.SANE.label, ks).to_dict()})
+    no_ncu = lab.collect_ncu(results, progress=lambda s: print("lab02 ncu", s, flush=True))
+    of = lab.overfusion()  # softmax(A @ B) over a 512-wide row, fused vs split
+    if of.skipped:
+        raise RuntimeError(f"lab02 over-fusion: {of.skipped}")
+    fused, split = of.fused, of.split
     launch = lab.launch_bound()
     copy = probes.hbm_copy(size_mib=2048, impl="torch").gbps
     ok = [r for r in results if r.measurement]
@@ -194,7 +171,7 @@ def part_lab02(out: Path, summary: list[str]) -> None:
                          "flowchart_evidence": {**{r.config.label: lab.config_evidence(r, copy) for r in ok},
                                                 "launch-bound step": lab.launch_evidence(launch, copy)},
                          "best": best.config.label,
-                         "overfusion": {"fused": fused.params["report"], "split": split.params["report"]}})
+                         "overfusion": of.reports()})
     ev.save(out / "lab02_registers.json")
     for r in results:
         m = r.measurement
@@ -204,7 +181,8 @@ def part_lab02(out: Path, summary: list[str]) -> None:
                        + (f"{m.t_ms:.3f} ms {m.tflops:.0f} TFLOP/s ({m.pct_of_flops_ceiling:.0f}% cuBLAS)" if m else r.report.skipped or ""))
     summary.append(f"lab02 cuBLAS {cublas.tflops:.0f} TFLOP/s; best {best.config.label}; worst spill "
                    f"slowdown {max(s.measurement.t_ms for s in spilling) / best.measurement.t_ms if spilling else 0:.1f}x")
-    summary.append(f"lab02 over-fusion: fused {fused.t_ms:.3f} ms (spills {kf.n_spills}) vs split {split.t_ms:.3f} ms (spills {ks.n_spills})")
+    summary.append(f"lab02 over-fusion: fused {fused.t_ms:.3f} ms (spills {of.fused_report.n_spills}) vs split "
+                   f"{split.t_ms:.3f} ms (spills {of.split_report.n_spills}); ncu: {no_ncu or 'ran'}")
     summary.append(f"lab02 launch: eager {launch.eager.t_ms:.3f} ms, graph {launch.graph.t_ms:.3f} ms, "
                    f"{launch.speedup:.1f}x, {launch.us_per_launch_eager:.2f} us/launch, idle {launch.gpu_idle_pct_eager:.0f}%")
     for k, e in ev.extra["flowchart_evidence"].items():
