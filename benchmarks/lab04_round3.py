@@ -43,8 +43,8 @@ STREAM_BYTES = 1.5e9
 
 @triton.jit
 def _attn(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_ptr, n_ctx, max_ctx, n_splits, qk_scale,
-          H, stride_qb, stride_qh, D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
-          F16: tl.constexpr, EVICT: tl.constexpr, LOADONLY: tl.constexpr):
+          H, stride_qb, stride_qh, cnt_ptr, out_ptr, D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
+          F16: tl.constexpr, EVICT: tl.constexpr, LOADONLY: tl.constexpr, FUSE: tl.constexpr, SPLITS: tl.constexpr):
     """One (row, head) query against one CHUNK of the cache: partial max (log2 domain), sum, output."""
     bh = tl.program_id(0)
     sp = tl.program_id(1)
@@ -92,6 +92,18 @@ def _attn(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_ptr, n_ctx, max_c
     tl.store(m_ptr + o, m_i)
     tl.store(l_ptr + o, l_i)
     tl.store(acc_ptr + o * D + d, acc * kv_scale)
+    if FUSE:  # the last program of this (row, head) combines the partials: no second launch
+        tl.debug_barrier()  # every thread's stores are issued before the counter's release
+        if tl.atomic_add(cnt_ptr + bh, 1) == n_splits - 1:  # acq_rel: the other programs' stores are visible
+            spl = tl.arange(0, SPLITS)
+            sm = spl < n_splits
+            mm = tl.load(m_ptr + bh * n_splits + spl, mask=sm, other=-float("inf"), cache_modifier=".cg")
+            ll = tl.load(l_ptr + bh * n_splits + spl, mask=sm, other=0.0, cache_modifier=".cg")
+            aa = tl.load(acc_ptr + (bh * n_splits + spl)[:, None] * D + d[None, :], mask=sm[:, None], other=0.0,
+                         cache_modifier=".cg")
+            w = tl.where(sm, tl.exp2(mm - tl.max(mm, 0)), 0.0)
+            tl.store(out_ptr + bh * D + d, (tl.sum(w[:, None] * aa, 0) / tl.sum(w * ll, 0)).to(out_ptr.dtype.element_ty))
+            tl.store(cnt_ptr + bh, 0)
 
 
 @triton.jit
@@ -108,19 +120,83 @@ def _combine(m_ptr, l_ptr, acc_ptr, out_ptr, n_splits, D: tl.constexpr, SPLITS: 
 
 
 def attention(q, kc, vc, kv_scale, n_ctx, chunk=256, block_t=32, num_warps=1, f16=False, evict=False,
-              loadonly=False, num_stages=1):
+              loadonly=False, num_stages=1, fuse=False):
     B, Hh, _, Dd = q.shape
     n_splits = triton.cdiv(n_ctx, chunk)
+    splits = max(2, triton.next_power_of_2(n_splits))
+    out = torch.empty((B, Hh, 1, Dd), dtype=q.dtype, device=q.device)
+    cnt = _counters(q.device, B * Hh)
     m = torch.empty((B * Hh, n_splits), dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
     acc = torch.empty((B * Hh, n_splits, Dd), dtype=torch.float32, device=q.device)
     _attn[(B * Hh, n_splits)](q, kc, vc, kv_scale, m, l, acc, n_ctx, kc.shape[2], n_splits,
-                              LOG2E / math.sqrt(Dd), Hh, q.stride(0), q.stride(1), D=Dd, CHUNK=chunk,
-                              BLOCK_T=block_t, F16=f16, EVICT=evict, LOADONLY=loadonly,
-                              num_warps=num_warps, num_stages=num_stages)
-    out = torch.empty((B, Hh, 1, Dd), dtype=q.dtype, device=q.device)
-    _combine[(B * Hh,)](m, l, acc, out, n_splits, D=Dd, SPLITS=max(2, triton.next_power_of_2(n_splits)))
+                              LOG2E / math.sqrt(Dd), Hh, q.stride(0), q.stride(1), cnt, out, D=Dd, CHUNK=chunk,
+                              BLOCK_T=block_t, F16=f16, EVICT=evict, LOADONLY=loadonly, FUSE=fuse,
+                              SPLITS=splits, num_warps=num_warps, num_stages=num_stages)
+    if not fuse:
+        _combine[(B * Hh,)](m, l, acc, out, n_splits, D=Dd, SPLITS=splits)
     return out
+
+
+_COUNTERS: dict = {}
+
+
+def _counters(device, n):
+    """Zeroed int32 counters, kept per device: the kernels leave them zeroed (graph-safe)."""
+    c = _COUNTERS.get(str(device))
+    if c is None or c.numel() < n:
+        c = _COUNTERS[str(device)] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+    return c
+
+
+@triton.jit
+def _w8a8(w_ptr, x_ptr, y_ptr, ws_ptr, cnt_ptr, sw_ptr, sx_ptr, M, N, K, stride_w, stride_x, stride_y,
+          BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr):
+    """y[M, N] = (x[M, K] @ w[N, K].T) * sw * sx, both FP8, on the FP8 tensor cores; the weight is
+    the MMA's A operand (BN rows) and the few activation rows its B (BM columns): swap-AB."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rm = tl.arange(0, BM)
+    k_per = K // SPLIT_K
+    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    for k0 in tl.range(pid_k * k_per, (pid_k + 1) * k_per, BK, num_stages=STAGES):
+        kk = k0 + tl.arange(0, BK)
+        w = tl.load(w_ptr + rn[:, None] * stride_w + kk[None, :])
+        x = tl.load(x_ptr + rm[:, None] * stride_x + kk[None, :], mask=(rm < M)[:, None], other=0.0)
+        acc = tl.dot(w, tl.trans(x), acc)
+    part = tl.trans(acc) * (tl.load(sw_ptr) * tl.load(sx_ptr))
+    y_off = rm[:, None] * stride_y + rn[None, :]
+    msk = (rm[:, None] < M) & (rn[None, :] < N)
+    if SPLIT_K == 1:
+        tl.store(y_ptr + y_off, part.to(y_ptr.dtype.element_ty), mask=msk)
+    else:
+        w_off = rm[:, None] * N + rn[None, :]
+        tl.atomic_add(ws_ptr + w_off, part, mask=msk)
+        tl.debug_barrier()
+        if tl.atomic_add(cnt_ptr + pid_n, 1) == SPLIT_K - 1:
+            total = tl.load(ws_ptr + w_off, mask=msk, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + y_off, total.to(y_ptr.dtype.element_ty), mask=msk)
+            tl.store(ws_ptr + w_off, tl.zeros((BM, BN), dtype=tl.float32), mask=msk)
+            tl.store(cnt_ptr + pid_n, 0)
+
+
+_WS: dict = {}
+
+
+def w8a8(xq, w, sx, sw, bn=128, bk=128, split_k=4, stages=4, num_warps=4):
+    M, Kd = xq.shape
+    N = w.shape[0]
+    assert Kd % (bk * split_k) == 0 and N % bn == 0
+    y = torch.empty((M, N), dtype=torch.bfloat16, device=xq.device)
+    key = str(xq.device)
+    ws = _WS.get(key)
+    if ws is None or ws.numel() < 16 * N:
+        ws = _WS[key] = torch.zeros(16 * max(N, 16384), dtype=torch.float32, device=xq.device)
+    cnt = _counters(xq.device, N // bn)
+    _w8a8[(N // bn, split_k)](w, xq, y, ws, cnt, sw, sx, M, N, Kd, w.stride(0), xq.stride(0), y.stride(0),
+                              BN=bn, BM=16, BK=bk, SPLIT_K=split_k, STAGES=stages, num_warps=num_warps)
+    return y
 
 
 def attention_ref(q, kc, vc, kv_scale, n_ctx):
@@ -189,7 +265,21 @@ def attention_candidates():
     return c
 
 
-def attention_part(out, deadline):
+def attention_candidates_b():
+    """Round 3b: round 3a's winner (fp16 math, evict-first, 1 warp), with the combine fused into the
+    partial kernel (one launch per layer), over chunk and tile; the 3a winner unfused for reference."""
+    c = [{"chunk": 256, "block_t": 16, "num_warps": 1, "f16": True, "evict": True}]
+    for ch in (64, 128, 256, 512):
+        for bt in (16, 32):
+            c.append({"chunk": ch, "block_t": bt, "num_warps": 1, "f16": True, "evict": True, "fuse": True})
+    c += [{"chunk": 256, "block_t": 16, "num_warps": 1, "f16": True, "evict": True, "fuse": True, "loadonly": True},
+          {"chunk": 128, "block_t": 16, "num_warps": 1, "f16": False, "evict": True, "fuse": True},
+          {"chunk": 256, "block_t": 16, "num_warps": 2, "f16": True, "evict": True, "fuse": True}]
+    return c
+
+
+def attention_part(out, deadline, candidates=None):
+    candidates = candidates or attention_candidates()
     rows = out["attention"] = []
     for ctx, B in ATTN_BUCKETS:
         shape = (B, H, ctx + 1, D)
@@ -210,7 +300,7 @@ def attention_part(out, deadline):
         rows.append({**base, "impl": "kit bf16 (round-2 tile)", **r, "gbps": 2 * nb / r["us"] / 1e3,
                      "err": rel(attention(q, kb[0], vb[0], torch.ones((), device=dev), ctx + 1), ref)})
         del kb, vb
-        for c in attention_candidates():
+        for c in candidates:
             if time.time() > deadline:
                 out["notes"].append(f"attention out of time at ctx {ctx}")
                 break
@@ -226,15 +316,22 @@ def attention_part(out, deadline):
         print(f"attention ctx {ctx} x{B}: sdpa bf16 {sd:.0f} GB/s", flush=True)
         for r in ok[:8]:
             print(f"   {r['gbps']:.0f} GB/s err {r['err']} {r['config']}", flush=True)
-        base_row = next((r for r in ok if r["config"] == attention_candidates()[0]), None)
+        base_row = next((r for r in ok if r["config"] == candidates[0]), None)
         if base_row:
-            print(f"   round-2 tile: {base_row['gbps']:.0f} GB/s", flush=True)
+            print(f"   reference candidate {candidates[0]}: {base_row['gbps']:.0f} GB/s", flush=True)
         del kf, vf
         torch.cuda.empty_cache()
         save(out, out["_path"])
 
 
-def gemm_part(out, deadline):
+W8A8_CONFIGS = [{"bn": bn, "bk": bk, "split_k": sk, "stages": st, "num_warps": w}
+                for bn, bk, sk, st, w in ((128, 128, 4, 4, 4), (128, 128, 8, 4, 4), (128, 256, 4, 3, 4),
+                                          (64, 128, 4, 4, 4), (64, 256, 4, 4, 4), (64, 128, 8, 6, 4),
+                                          (128, 128, 2, 4, 4), (128, 256, 2, 4, 8), (256, 128, 4, 3, 8),
+                                          (64, 256, 8, 3, 4), (128, 128, 1, 6, 4), (64, 128, 2, 6, 4))]
+
+
+def gemm_part(out, deadline, w8a8_configs=()):
     rows = out["gemm"] = []
     for name, (N, Kd) in GEMM_SHAPES.items():
         if time.time() > deadline:
@@ -266,9 +363,26 @@ def gemm_part(out, deadline):
                 r = graph_us([lambda w=w: g(w) for w in wq])
                 rows.append({**base, "impl": f"swapAB scaled_mm{' fast' if fast else ''}", **r,
                              "gbps": N * Kd / r["us"] / 1e3, "err": rel(g(wq[0])[:, :M].t(), ref)})
-            best = max((r for r in rows if r["shape"] == name and r["M"] == M), key=lambda r: r["gbps"])
-            line = ", ".join(f"{r['impl']} {r['gbps']:.0f}" for r in rows if r["shape"] == name and r["M"] == M)
-            print(f"gemm {name} M={M}: {line} GB/s; best {best['impl']}", flush=True)
+            for c in w8a8_configs:
+                if time.time() > deadline:
+                    out["notes"].append(f"w8a8 out of time at {name} M={M}")
+                    break
+                try:
+                    err = rel(w8a8(xq, wq[0], xs.reshape(1), ws.reshape(1), **c), ref)
+                    r = graph_us([lambda w=w: w8a8(xq, w, xs.reshape(1), ws.reshape(1), **c) for w in wq])
+                    rows.append({**base, "impl": "kit w8a8 swapAB", "config": c, **r, "gbps": N * Kd / r["us"] / 1e3,
+                                 "err": err})
+                except Exception as e:  # shapes it cannot tile, resources: reported
+                    rows.append({**base, "impl": "kit w8a8 swapAB", "config": c, "error": str(e)[:200]})
+            best = max((r for r in rows if r["shape"] == name and r["M"] == M and "gbps" in r), key=lambda r: r["gbps"])
+            line = ", ".join(f"{r['impl']} {r['gbps']:.0f}" for r in rows if r["shape"] == name and r["M"] == M
+                             and "gbps" in r and "config" not in r)
+            kit = sorted((r for r in rows if r["shape"] == name and r["M"] == M and "config" in r and "gbps" in r),
+                         key=lambda r: -r["gbps"])[:3]
+            errs = [r for r in rows if r["shape"] == name and r["M"] == M and "error" in r]
+            print(f"gemm {name} M={M}: {line} GB/s; best {best['impl']} {best.get('config', '')}; kit top "
+                  + "; ".join(f"{r['gbps']:.0f} err {r['err']:.1e} {r['config']}" for r in kit)
+                  + (f"; {len(errs)} failed: {errs[0]['error'][:120]}" if errs else ""), flush=True)
         del wq
         torch.cuda.empty_cache()
     save(out, out["_path"])
@@ -278,6 +392,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--budget-s", type=float, default=360)
+    ap.add_argument("--round", choices=("a", "b"), default="b",
+                    help="a: first sweep (results/lab04_round3_h200.json); b: fused combine + the kit's W8A8")
     a = ap.parse_args()
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "notes": [], "_path": a.out}
@@ -287,8 +403,13 @@ def main():
         x @ x
     torch.cuda.synchronize()
     del x
-    gemm_part(out, T0 + 0.25 * a.budget_s)
-    attention_part(out, T0 + a.budget_s)
+    out["round"] = a.round
+    if a.round == "a":
+        gemm_part(out, T0 + 0.25 * a.budget_s)
+        attention_part(out, T0 + a.budget_s)
+    else:
+        gemm_part(out, T0 + 0.6 * a.budget_s, W8A8_CONFIGS)
+        attention_part(out, T0 + a.budget_s, attention_candidates_b())
     out["elapsed_s"] = time.time() - T0
     out.pop("_path")
     save(out, a.out)
