@@ -4,8 +4,10 @@
 
 Candidates come from ``lab04_decode_tuning_configs.json`` (now round 2's list; round 1's is kept
 in its result, ``results/lab04_decode_tuning_h200_round1.json``, under ``candidates``). A result's
-``best_w8``/``best_attn`` feed ``HWLAB_LAB04_TUNED=OUT.json refresh_gpu_evidence.py --only lab04``,
-which records the tiles it ran; the kit's defaults are then set to them (a test checks).
+``best_attn`` feeds ``HWLAB_LAB04_TUNED=OUT.json refresh_gpu_evidence.py --only lab04`` (an
+elementwise, non-prefetching winner only: the lab's kernel has no other variant), which records
+the tile it ran; ``attention.DEFAULT_TILE`` is then set to it (a test checks). ``best_w8`` is
+research (:mod:`hwlab.labs.fp8.research`, no lab path runs the W8A16 kernel).
 
 The recorded run (2026-12-02) left the fixed path at 48-58% of the copy ceiling. A static
 sm_90a compile (no GPU) showed why the kit's kernels might stream slowly: the FP8 attention's
@@ -32,11 +34,14 @@ import os
 import sys
 import time
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
 from hwlab.labs import fp8 as L
-from hwlab.labs import fp8_kernels as K
+from hwlab.labs.fp8 import kernels as K
+from hwlab.labs.fp8 import research as R
 from hwlab.measure import time_fn
 
 dev = torch.device("cuda")
@@ -91,7 +96,7 @@ def gemm_part(out, deadline, w8_configs):
             x = torch.randn(M, Kd, device=dev).to(torch.bfloat16)
             xq = (x.float() / (x.abs().amax().float() / 448)).to(K.FP8)
             xs = (x.abs().amax().float() / 448)
-            ref = K.fp8w_linear_ref(x, wq[0], ws)
+            ref = R.fp8w_linear_ref(x, wq[0], ws)
             base = {"shape": name, "M": M, "N": N, "K": Kd, "copies": n_copies}
             # bf16 GEMM over bf16 copies of the same count of weights
             wb = [w.to(torch.bfloat16) for w in wq[: max(2, n_copies // 2)]]
@@ -114,8 +119,8 @@ def gemm_part(out, deadline, w8_configs):
                     out["notes"].append(f"gemm part out of time at {name} M={M}")
                     break
                 try:
-                    err = rel(K.fp8w_linear(x, wq[0], ws, config=c), ref)
-                    r = graph_us([lambda w=w: K.fp8w_linear(x, w, ws, config=c) for w in wq])
+                    err = rel(R.fp8w_linear(x, wq[0], ws, config=c), ref)
+                    r = graph_us([lambda w=w: R.fp8w_linear(x, w, ws, config=c) for w in wq])
                     rows.append({**base, "impl": "w8a16", "config": c, **r, "gbps": N * Kd / r["us"] / 1e3, "err": err})
                 except Exception as e:  # shared memory out of range, compile failure: reported
                     rows.append({**base, "impl": "w8a16", "config": c, "error": str(e)[:160]})
@@ -166,7 +171,9 @@ def attention_part(out, deadline, attn_configs):
                 out["notes"].append(f"attention part out of time at ctx {ctx}")
                 break
             try:
-                fn = lambda i: K.decode_attention(q, kf[i], vf[i], sc, ctx + 1, **c)  # noqa: E731
+                tile, dot, pf = R.split_attn_config(c)
+                fn = lambda i: R.decode_attention_variant(q, kf[i], vf[i], sc, ctx + 1, tile=tile,  # noqa: E731
+                                                          use_dot=dot, prefetch=pf)
                 err = rel(fn(0), ref)
                 r = graph_us([lambda i=i: fn(i) for i in range(n_layers)])
                 rows.append({**base, "impl": "kit fp8", "config": c, **r, "gbps": nb / r["us"] / 1e3, "err": err})
@@ -191,14 +198,21 @@ def best_attn(rows):
     return json.loads(min(full, key=full.get))
 
 
-def model_part(out, deadline):
+def model_part(out, deadline, w8_config, attn_config):
+    """bf16, fixed and the W8A16 decoder with ``w8_config`` and the tile of ``attn_config``
+    (the decoders run the lab's elementwise attention kernel: a winning tensor-core or
+    prefetch variant is timed with its tile only, and a note says so)."""
     cfg = MODEL_CFG or L.H200_SIZE
-    res = out["model"] = {"w8_config": K.W8_CONFIG, "attn": {"chunk": K.CHUNK_T, "block_t": K.ATTN_BLOCK_T,
-                          "warps": K.ATTN_WARPS, "stages": K.ATTN_STAGES, "dot": K.ATTN_USE_DOT,
-                          "prefetch": K.ATTN_PREFETCH}, "paths": {}}
-    w8 = {"main": "fp8_w8", "connector": "fp8_w8", "head": "bf16", "kv_fp8_from_ctx": 4096}
-    for p, spec in (("bf16", "bf16"), ("fixed", "fixed"), ("w8a16", w8)):
-        m = L.Decoder(cfg, spec, device=dev)
+    tile, dot, pf = R.split_attn_config(attn_config)
+    if dot or pf:
+        out["notes"].append(f"model part: best attention {attn_config} is a research variant; the decoders "
+                            f"run the lab's elementwise kernel with its tile {tile}")
+    res = out["model"] = {"w8_config": w8_config, "attn": dataclasses.asdict(tile), "paths": {}}
+    builders = (("bf16", lambda: L.Decoder(cfg, "bf16", device=dev, attn_tile=tile)),
+                ("fixed", lambda: L.Decoder(cfg, "fixed", device=dev, attn_tile=tile)),
+                ("w8a16", lambda: R.w8a16_decoder(cfg, device=dev, attn_tile=tile, config=w8_config)))
+    for p, build in builders:
+        m = build()
         rows = []
         for ctx, B in MODEL_BUCKETS:
             if time.time() > deadline:
@@ -231,7 +245,7 @@ def main():
     ap.add_argument("--skip-model", action="store_true", help="sweeps only (the lab04 refresh times the model)")
     a = ap.parse_args()
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "notes": [],
-           "kernel_checks": K.self_check()}
+           "kernel_checks": {**K.self_check(), **{"research_" + k: v for k, v in R.self_check().items()}}}
     print("self-check", out["kernel_checks"], flush=True)
     x = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)  # sustained warm-up: clocks settle
     t = time.time()
@@ -256,11 +270,8 @@ def main():
     ac = best_attn(out["attention"])
     out["best_attn"] = ac
     print("best attention", ac, flush=True)
-    K.W8_CONFIG = cfg
-    K.CHUNK_T, K.ATTN_BLOCK_T, K.ATTN_WARPS = ac["chunk"], ac["block_t"], ac["num_warps"]
-    K.ATTN_STAGES, K.ATTN_USE_DOT, K.ATTN_PREFETCH = ac["num_stages"], ac["use_dot"], ac["prefetch"]
     if not a.skip_model:
-        model_part(out, T0 + b)
+        model_part(out, T0 + b, cfg, ac)
     out["elapsed_s"] = time.time() - T0
     save(out, a.out)
 

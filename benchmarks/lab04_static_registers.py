@@ -5,7 +5,7 @@
 The static evidence behind the tuning rounds in LAB04_NOTES.md (a CPU result: ptxas of this
 machine's Triton, not the H200's, so counts can differ by a few registers): the old FP8
 attention tile (128 positions x 128 dims, 4 warps) against the tuned one (32, 1 warp) and the
-tensor-core variant; W8A16 tiles at two pipeline depths (the shared memory does not grow with
+tensor-core variant (:mod:`hwlab.labs.fp8.research`); W8A16 tiles at two pipeline depths (the shared memory does not grow with
 ``num_stages``: the loads are not pipelined).
 """
 from __future__ import annotations
@@ -18,14 +18,16 @@ os.environ["TRITON_INTERPRET"] = "0"  # compile real kernels (no GPU needed for 
 
 import triton  # noqa: E402
 
-from hwlab.labs import fp8_kernels as K  # noqa: E402
+from hwlab.labs.fp8 import attention as A  # noqa: E402
+from hwlab.labs.fp8 import research as R  # noqa: E402
 from hwlab.labs.registers import ptxas_sm90  # noqa: E402
 
 ATTN_SIG = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "kv_scale_ptr": "*fp32", "m_ptr": "*fp32",
             "l_ptr": "*fp32", "acc_ptr": "*fp32", "n_ctx": "i32", "nctx_ptr": "*i32", "max_ctx": "i32",
             "n_splits": "i32", "sm_scale": "fp32", "H": "i32", "stride_qb": "i32", "stride_qh": "i32",
-            "D": "constexpr", "CHUNK": "constexpr", "BLOCK_T": "constexpr", "USE_DOT": "constexpr",
-            "PREFETCH": "constexpr", "PER_ROW": "constexpr"}
+            "D": "constexpr", "CHUNK": "constexpr", "BLOCK_T": "constexpr", "PER_ROW": "constexpr"}
+#: the research kernel's signature: the lab kernel's plus the two variant switches
+VARIANT_SIG = {**ATTN_SIG, "USE_DOT": "constexpr", "PREFETCH": "constexpr"}
 W8_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*bf16", "ws_ptr": "*fp32",
           "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32",
           "stride_ym": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "SWAP": "constexpr",
@@ -34,17 +36,23 @@ W8_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*bf
 
 def main(out_path: str) -> None:
     rows = []
-    for label, bt, warps, dot, per_row in (("old tile", 128, 4, False, False), ("tuned tile", 32, 1, False, False),
+    t = A.DEFAULT_TILE  # "tuned tile": the one the lab runs
+    for label, bt, warps, dot, per_row in (("old tile", 128, 4, False, False),
+                                           ("tuned tile", t.block_t, t.num_warps, False, False),
                                            ("tensor cores", 32, 2, True, False),
-                                           ("tuned tile, per-row lengths (serving stream)", 32, 1, False, True)):
-        c = {"D": 128, "CHUNK": 256, "BLOCK_T": bt, "USE_DOT": dot, "PREFETCH": False, "PER_ROW": per_row}
-        g = ptxas_sm90(K._decode_attn_partial, ATTN_SIG, c, {}, {"num_warps": warps, "num_stages": 2}, label)
+                                           ("tuned tile, per-row lengths (serving stream)", t.block_t, t.num_warps,
+                                            False, True)):
+        c = {"D": 128, "CHUNK": t.chunk, "BLOCK_T": bt, "PER_ROW": per_row}
+        if dot:  # the tensor-core variant lives in the research kernel
+            c = {**c, "USE_DOT": True, "PREFETCH": False}
+        kernel, sig = (R._decode_attn_partial_variants, VARIANT_SIG) if dot else (A._decode_attn_partial, ATTN_SIG)
+        g = ptxas_sm90(kernel, sig, c, {}, {"num_warps": warps, "num_stages": t.num_stages}, label)
         rows.append({"kernel": "_decode_attn_partial (FP8 cache)", "label": label, "warps": warps, **c, **g})
     for label, bn, bk, warps, sk, stages in (("old autotuned tile", 16, 512, 4, 1, 3),
                                              ("old autotuned tile", 16, 512, 4, 1, 5),
                                              ("tuned tile", 64, 256, 8, 4, 3)):
         c = {"BM": 16, "BN": bn, "BK": bk, "SWAP": False, "SPLIT_K": sk, "PREFETCH": False}
-        g = ptxas_sm90(K._fp8w_gemm_kernel, W8_SIG, c, {}, {"num_warps": warps, "num_stages": stages}, label)
+        g = ptxas_sm90(R._fp8w_gemm_kernel, W8_SIG, c, {}, {"num_warps": warps, "num_stages": stages}, label)
         rows.append({"kernel": "_fp8w_gemm_kernel", "label": label, "warps": warps, "stages": stages, **c, **g})
     for r in rows:
         print(f"{r['kernel']:>34} {r['label']:>20}: {r['regs']} registers, {r['st']} B spill stores, "

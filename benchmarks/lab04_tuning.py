@@ -18,7 +18,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from hwlab.labs import fp8_kernels as K
+from hwlab.labs.fp8 import kernels as K
+from hwlab.labs.fp8 import research as R
+from hwlab.labs.fp8.kernels import AttnTile
 from hwlab.measure import time_fn
 
 dev = torch.device("cuda")
@@ -34,11 +36,11 @@ for N, Kd in ((12288, 4096), (4096, 4096), (14336, 4096), (4096, 14336), (131072
     x = torch.randn(M, Kd, device=dev).to(torch.bfloat16)
     w = torch.randn(N, Kd, device=dev) / Kd ** 0.5
     wb = w.to(torch.bfloat16)
-    wq_r, ws_r = K.quant_rows_ref(w)
+    wq_r, ws_r = R.quant_rows_ref(w)
     ws_row = ws_r.reshape(1, -1).contiguous()
     ws_t = (w.abs().amax() / 448).float()
     wq_t = (w / ws_t).to(K.FP8)
-    xq_r, xs_r = K.quant_rows(x)
+    xq_r, xs_r = R.quant_rows(x)
     xs_t = (x.abs().amax().float() / 448)
     xq_t = (x.float() / xs_t).to(K.FP8)
     ref = x.float() @ w.t()
@@ -55,7 +57,7 @@ for N, Kd in ((12288, 4096), (4096, 4096), (14336, 4096), (4096, 14336), (131072
     except Exception as e:
         row["tensorwise_fast_us"] = str(e)[:200]
     row["dequant_us"] = t_us(lambda: K.dequant_rows(wq_r, ws_r))
-    row["quant_rows_us"] = t_us(lambda: K.quant_rows(x))
+    row["quant_rows_us"] = t_us(lambda: R.quant_rows(x))
     for k in ("bf16", "rowwise", "tensorwise"):
         row[k + "_weight_gbps"] = N * Kd * (2 if k == "bf16" else 1) / row[k + "_us"] / 1e3
     out["gemm"].append(row)
@@ -77,7 +79,7 @@ for ctx, B in ((512, 16), (4096, 16), (32768, 4)):
                 r = {"ctx": ctx, "batch": B, "chunk": chunk, "block_t": bt, "warps": wp}
                 for name, kk, vv, eb in (("bf16", kb, vb, 2), ("fp8", kf, vf, 1)):
                     try:
-                        us = t_us(lambda: K.decode_attention(q, kk, vv, one, ctx, chunk=chunk, block_t=bt, num_warps=wp))
+                        us = t_us(lambda: K.decode_attention(q, kk, vv, one, ctx, tile=AttnTile(chunk, bt, wp)))
                         r[name + "_us"], r[name + "_gbps"] = us, 2 * kk.numel() * eb / us / 1e3
                     except Exception as e:
                         r[name + "_us"] = str(e)[:120]

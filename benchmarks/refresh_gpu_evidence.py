@@ -24,6 +24,7 @@ Parts:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -255,21 +256,26 @@ def part_scenarios(out: Path, summary: list[str]) -> None:
 def part_lab04(out: Path, summary: list[str]) -> None:
     from hwlab import flowchart
     from hwlab.labs import fp8 as lab
-    from hwlab.labs import fp8_kernels
+    from hwlab.labs.fp8 import kernels as fp8_kernels
+    from hwlab.labs.fp8 import research
 
+    tile = fp8_kernels.DEFAULT_TILE
     tuned = os.environ.get("HWLAB_LAB04_TUNED")  # a lab04_decode_tuning.py result from this machine
     if tuned:
         try:
-            t = json.loads(Path(tuned).read_text())
-            fp8_kernels.apply_kernel_config({"w8": t["best_w8"]["config"], "attn": t["best_attn"]})
+            tile, dot, prefetch = research.split_attn_config(json.loads(Path(tuned).read_text())["best_attn"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SystemExit(f"HWLAB_LAB04_TUNED={tuned}: not a finished lab04_decode_tuning.py result "
-                             f"({type(e).__name__}: {e}); rerun the tuning or unset it to use the kit's tiles")
-    kernels = fp8_kernels.kernel_config()
-    print("lab04 kernel tiles:", kernels, flush=True)
+                             f"({type(e).__name__}: {e}); rerun the tuning or unset it to use the kit's tile")
+        if dot or prefetch:
+            raise SystemExit(f"HWLAB_LAB04_TUNED={tuned}: its best attention is a research variant (use_dot "
+                             f"{dot}, prefetch {prefetch}); the lab's kernel runs neither: move the variant into "
+                             "labs/fp8/attention.py first, or unset HWLAB_LAB04_TUNED to use the kit's tile")
+    kernels = dataclasses.asdict(tile)  # the decode attention's tile every decoder of this run uses
+    print("lab04 attention tile:", kernels, flush=True)
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: --cpu-check at the lab's tiny sizes
-    checks = fp8_kernels.self_check(dev)
-    r = lab.run(device=dev, progress=lambda s: print("lab04:", s, flush=True))
+    checks = fp8_kernels.self_check(dev, tile=tile)
+    r = lab.run(device=dev, progress=lambda s: print("lab04:", s, flush=True), attn_tile=tile)
     copy = probes.hbm_copy(size_mib=2048 if dev == "cuda" else 256, device=dev, impl="torch").gbps
     for rows in r["paths"].values():
         for row in rows["buckets"]:

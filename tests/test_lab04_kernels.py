@@ -1,22 +1,64 @@
-"""Lab 4's Triton kernels in the interpreter (fp16 activations; bf16 is wrong there) against
-their torch references, on fresh random data each time."""
+"""Lab 4's teaching kernels in the interpreter (fp16 activations; bf16 is wrong there) against
+their torch references, on fresh random data each time. The research variants:
+tests/test_lab04_research.py."""
+import dataclasses
+
 import pytest
 import torch
 
 import hwlab  # noqa: F401  (interpreter before triton)
-from hwlab.labs import fp8_kernels as K
+from hwlab.labs.fp8 import kernels as K
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_self_check_on_fresh_data(seed):
     c = K.self_check("cpu", torch.float16, seed=seed)
-    assert c["quant_rows_scale"] == 0.0 and c["quant_tensor_scale"] == 0.0  # amax is exact
+    assert c["quant_tensor_scale"] == 0.0  # amax is exact
     # the interpreter truncates when casting to e4m3 (the GPU rounds to nearest: ~2.6%), so
     # the round trip is bounded by one e4m3 step (2^-3 relative) rather than half of one
-    assert 0.01 < c["quant_rows_roundtrip"] < 0.10 and 0.01 < c["quant_tensor_roundtrip"] < 0.10
-    assert c["dequant_rows"] < 1e-3  # fp16 output rounding only
+    assert 0.01 < c["quant_tensor_roundtrip"] < 0.10
+    assert 0.01 < c["quant_static_gelu_roundtrip"] < 0.10 and 0.01 < c["rmsnorm_fp8_roundtrip"] < 0.10
+    assert c["dequant_rows"] < 1e-3 and c["rmsnorm"] < 1e-3  # fp16 output rounding only
     assert c["decode_attention_16bit"] < 1e-3 and c["decode_attention_fp8"] < 1e-3
-    assert c["fp8w_linear"] < 1e-2
+    assert c["kv_store_16bit"] == 0.0 and c["kv_store_fp8"] < 0.10
+
+
+def test_attention_tile_is_a_frozen_checked_value():
+    t = K.AttnTile(chunk=64, block_t=16, num_warps=2, num_stages=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.chunk = 128
+    assert dataclasses.asdict(K.DEFAULT_TILE) == {"chunk": 256, "block_t": 32, "num_warps": 1, "num_stages": 2}
+    for bad in ({"block_t": 24}, {"chunk": 48, "block_t": 32}, {"num_warps": 3}, {"num_stages": 0}):
+        with pytest.raises(ValueError, match="power of two"):
+            K.AttnTile(**{**dataclasses.asdict(K.DEFAULT_TILE), **bad})
+
+
+def test_decoder_passes_its_tile_to_the_kernel(monkeypatch):
+    """The tile set on a decoder is the one its attention launches with (no module state)."""
+    from hwlab.labs import fp8 as L
+    from hwlab.labs.fp8 import model
+
+    seen = []
+    real = model.K.decode_attention
+
+    def spy(*a, tile=K.DEFAULT_TILE, **kw):
+        seen.append(tile)
+        return real(*a, tile=tile, **kw)
+
+    monkeypatch.setattr(model.K, "decode_attention", spy)
+    tile = K.AttnTile(64, 16, 2, 1)
+    path = {**L.PATHS["fixed"], "kv_fp8_from_ctx": 16}  # an FP8 cache: it goes to the kit's kernel
+    m = L.Decoder(L.TINY, path, device="cpu", attn_tile=tile)
+    toks = torch.randint(0, L.TINY.vocab, (2, 17))
+    cache = m.new_cache(2, 17)
+    m(toks[:, :16], cache)
+    m(toks[:, 16:], cache)
+    assert cache.fp8 and seen == [tile] * L.TINY.n_layers
+    m.attn_tile = K.DEFAULT_TILE  # settable by the caller between runs
+    seen.clear()
+    cache.len = 16
+    m(toks[:, 16:], cache)
+    assert seen == [K.DEFAULT_TILE] * L.TINY.n_layers
 
 
 def test_decode_attention_split_boundaries_and_poisoned_tail():
@@ -28,22 +70,11 @@ def test_decode_attention_split_boundaries_and_poisoned_tail():
     k[:, :, 520:] = float("nan")  # positions past n_ctx must never be read into the result
     v[:, :, 520:] = float("nan")
     one = torch.ones(())
-    for n in (1, K.CHUNK_T, K.CHUNK_T + 1, 520):
+    for n in (1, K.DEFAULT_TILE.chunk, K.DEFAULT_TILE.chunk + 1, 520):
         out = K.decode_attention(q, k, v, one, n, use_triton=True)
         ref = K.decode_attention_ref(q, k, v, one, n)
         assert torch.isfinite(out).all()
         assert torch.allclose(out.float(), ref.float(), atol=2e-3, rtol=2e-3), n
-
-
-def test_fp8_weight_gemm_matches_dequantized_reference():
-    g = torch.Generator().manual_seed(4)
-    w = torch.randn(80, 200, generator=g)  # N, K not multiples of the tile: masks are exercised
-    wq, s = K.quant_tensor_ref(w)
-    x = torch.randn(5, 200, generator=g).half()
-    y = K.fp8w_linear(x, wq, s, use_triton=True)
-    ref = (x.float() @ (wq.float() * s).t())
-    assert y.shape == (5, 80) and y.dtype == torch.float16
-    assert (y.float() - ref).norm() / ref.norm() < 5e-3
 
 
 def test_bad_inputs_say_what_to_do():
@@ -55,7 +86,7 @@ def test_bad_inputs_say_what_to_do():
     with pytest.raises(ValueError, match="2-D"):
         K.quant_tensor(torch.randn(2, 3, 4))
     with pytest.raises(ValueError, match="bf16"):
-        K.quant_rows(torch.randn(2, 8).bfloat16(), use_triton=True)
+        K.quant_tensor(torch.randn(2, 8).bfloat16(), use_triton=True)
     with pytest.raises(ValueError, match="one per row or one"):
         K.dequant_rows(torch.zeros(4, 8).to(K.FP8), torch.ones(3, 1), use_triton=True)
 
@@ -64,24 +95,7 @@ def _rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-@pytest.mark.parametrize("swap,split_k,prefetch", [(False, 1, False), (True, 1, True), (False, 3, True), (True, 2, False)])
-def test_fp8_weight_gemm_variants_and_split_k_workspace_left_clean(swap, split_k, prefetch):
-    g = torch.Generator().manual_seed(5 + split_k)
-    cfg = {"BN": 32 if swap else 16, "BK": 64, "num_warps": 4, "num_stages": 1, "SWAP": swap,
-           "SPLIT_K": split_k, "PREFETCH": prefetch}
-    for N, Kd, M in ((80, 200, 5), (48, 300, 17)):  # ragged N, K; M over one 16-row tile
-        wq, s = K.quant_tensor_ref(torch.randn(N, Kd, generator=g))
-        for _ in range(2):  # a second call must find the split-K workspace zeroed again
-            x = torch.randn(M, Kd, generator=g).half()
-            ref = x.float() @ (wq.float() * s).t()
-            assert _rel(K.fp8w_linear(x, wq, s, use_triton=True, config=cfg), ref) < 5e-3
-    if split_k > 1:
-        ws, cnt = K._WORKSPACES[("cpu", "splitk")]
-        assert ws.abs().max() == 0 and cnt.abs().max() == 0
-
-
-@pytest.mark.parametrize("use_dot,prefetch", [(False, True), (True, False), (True, True)])
-def test_decode_attention_variants_and_strided_query(use_dot, prefetch):
+def test_decode_attention_strided_query_small_tile_and_poisoned_tail():
     g = torch.Generator().manual_seed(6)
     B, H, T, D = 2, 3, 600, 32
     qkv = torch.randn(B, 1, 3 * H * D, generator=g).half()
@@ -90,15 +104,13 @@ def test_decode_attention_variants_and_strided_query(use_dot, prefetch):
     for dt, sc in ((torch.float16, 1.0), (K.FP8, 0.01)):
         k = (torch.randn(B, H, T, D, generator=g) / sc).to(dt)
         v = (torch.randn(B, H, T, D, generator=g) / sc).to(dt)
-        k[:, :, 520:] = float("nan")  # past n_ctx: a prefetch must not pull it in
+        k[:, :, 520:] = float("nan")  # past n_ctx: never read
         v[:, :, 520:] = float("nan")
         scale = torch.tensor(sc)
         for n in (1, 64, 65, 257, 520):
-            out = K.decode_attention(q, k, v, scale, n, use_triton=True, use_dot=use_dot, prefetch=prefetch,
-                                     chunk=256, block_t=64)
+            out = K.decode_attention(q, k, v, scale, n, use_triton=True, tile=K.AttnTile(64, 16, 2, 1))
             assert torch.isfinite(out).all()
-            # tensor-core variant: fp16 operands (the FP8 values are exact in fp16; q and p round)
-            assert _rel(out, K.decode_attention_ref(q, k, v, scale, n)) < (2e-3 if use_dot else 1e-4), (dt, n)
+            assert _rel(out, K.decode_attention_ref(q, k, v, scale, n)) < 1e-4, (dt, n)
 
 
 def test_rmsnorm_and_static_quant_kernels():

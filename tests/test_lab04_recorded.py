@@ -63,10 +63,15 @@ def test_fixed_path_meets_the_target_where_bytes_dominate(run):
 
 
 def test_recorded_tiles_are_the_kits_defaults(run):
-    from hwlab.labs import fp8_kernels as K
+    import dataclasses
 
-    ev = recorded("lab04_fp8")
-    assert ev.extra["kernel_config"] == K.kernel_config()  # the code in the repo produced this run
+    from hwlab.labs.fp8 import kernels as K
+
+    rec = recorded("lab04_fp8").extra["kernel_config"]
+    if "attn" in rec:  # recorded before the tile became an AttnTile: {"w8": research tile, "attn": {...}}
+        rec = dict(rec["attn"])
+        assert not rec.pop("use_dot") and not rec.pop("prefetch")  # the lab's elementwise kernel ran
+    assert rec == dataclasses.asdict(K.DEFAULT_TILE)  # the code in the repo produced this run
 
 
 def test_every_path_reports_hits_and_dequant_counts(run):
@@ -97,9 +102,10 @@ def test_logit_error_within_bound_and_kernels_checked(run):
         assert e <= L.LOGIT_ERROR_BOUND[p], (p, e)
     assert run["logit_error"]["fixed"] > 0
     checks = ev.extra["kernel_checks"]
-    assert checks["decode_attention_fp8"] < 1e-3 and checks["fp8w_linear"] < 1e-2
-    assert checks["fp8w_linear_splitk"] < 1e-2 and checks["rmsnorm"] < 1e-2
-    assert checks["kv_store_fp8"] == 0.0 and checks["decode_attention_fp8_dot"] < 5e-3
+    # the lab's kernels (research kernels' checks, recorded here before they moved out, are not judged)
+    assert checks["decode_attention_fp8"] < 1e-3 and checks["decode_attention_16bit"] < 1e-2
+    assert checks["rmsnorm"] < 1e-2 and checks["dequant_rows"] < 1e-2
+    assert checks["kv_store_fp8"] == 0.0 and checks["kv_store_16bit"] == 0.0
     assert checks["quant_tensor_roundtrip"] < 0.05  # e4m3 with round-to-nearest on the GPU
 
 

@@ -10,15 +10,14 @@ import hwlab  # noqa: F401  (interpreter before triton)
 from hwlab import flowchart
 from hwlab.evidence import recorded
 from hwlab.labs import fp8 as L
-from hwlab.labs import fp8_kernels as K
+from hwlab.labs.fp8 import kernels as K
 
 SMALL = [L.StreamSpec(24, 3, 6, (2, 5), seed=11)]
 
 
 # ---------------------------------------------------------------- kernels with per-row lengths
 @pytest.mark.parametrize("dt", [torch.float16, K.FP8])
-@pytest.mark.parametrize("use_dot", [False, True])
-def test_per_row_attention_matches_each_row_alone(dt, use_dot):
+def test_per_row_attention_matches_each_row_alone(dt):
     g = torch.Generator().manual_seed(5)
     B, H, T, D = 3, 2, 200, 16
     kc, vc = torch.randn(B, H, T, D, generator=g).to(dt), torch.randn(B, H, T, D, generator=g).to(dt)
@@ -29,7 +28,7 @@ def test_per_row_attention_matches_each_row_alone(dt, use_dot):
         vc[b, :, n:] = torch.full((H, T - n, D), 300.0).to(dt)
     q = torch.randn(B, H, 1, D, generator=g).half()
     s = torch.tensor(0.5)
-    out = K.decode_attention(q, kc, vc, s, lens, use_triton=True, chunk=64, block_t=16, use_dot=use_dot)
+    out = K.decode_attention(q, kc, vc, s, lens, use_triton=True, tile=K.AttnTile(64, 16))
     ref_rows = K.decode_attention_ref(q, kc, vc, s, lens)
     for b, n in enumerate(lens.tolist()):
         alone = K.decode_attention_ref(q[b:b + 1], kc[b:b + 1], vc[b:b + 1], s, n).float()

@@ -9,8 +9,6 @@ an output head) whose every linear layer picks its precision path:
                   writes a bf16 copy and reads it again;
 * ``fp8_mm``      the activation quantized per tensor and both operands fed to
                   ``torch._scaled_mm``: the FP8 GEMM path (a *hit*);
-* ``fp8_w8``      ``fp8_mm`` for prefill; decode-shaped calls on a GPU go to the kit's
-                  weight-only FP8 kernel (reads the FP8 weight directly: also a hit);
 * ``fp8_static``  ``torch._scaled_mm`` with a *static* activation scale calibrated once
                   (:meth:`Decoder.calibrate`): the requant is one elementwise pass, fused into
                   the RMSNorm or GELU that feeds the layer where there is one.
@@ -25,18 +23,22 @@ logit error against the bf16 path; then a seeded request stream per context buck
 performance report per path (hit rate, fallbacks and dequant/requant per token per bucket,
 time by kernel class, TTFT and TPOT p50/p99), and the flowchart's B, D and K measured on it.
 
-Modules, one job each: :mod:`.model` (the decoder, its precision paths, the KV cache),
+Modules, one job each: :mod:`.kernels` (the Triton kernels a path runs: :mod:`.quant` and
+:mod:`.attention`, with the decode attention's tile as an :class:`AttnTile`), :mod:`.model`
+(the decoder, its precision paths, the KV cache),
 :mod:`.traffic` (the byte model), :mod:`.profile` (hit rate, fallbacks, time by kernel
 class), :mod:`.run` (the fixed-bucket run and its tables), :mod:`.stream` (the serving
 stream), :mod:`.report` (the per-path performance report), :mod:`.walk` (flowchart evidence),
-:mod:`.grader` (exercise 04). Every name is re-exported here: ``fp8.<name>``.
+:mod:`.grader` (exercise 04). Every name is re-exported here: ``fp8.<name>``. Tuning variants
+measured against the kernels (not imported here, no lab path runs them): :mod:`.research`.
 
 What the H200 measured: ``recorded/h200/lab04_fp8.json``, with its history and analysis in
 ``benchmarks/LAB04_NOTES.md``.
 """
 from __future__ import annotations
 
-from .. import fp8_kernels as K
+from . import kernels as K
+from .kernels import DEFAULT_TILE, AttnTile
 from .grader import grade_path
 from .model import (DEQUANT_MARK, FP8, FP8_MAX, H200_SIZE, LOGIT_ERROR_BOUND, MAIN, PATHS, QUANT_MARK, TINY,
                     Decoder, KVCache, ModelConfig, QLinear, dequantize_fp8, logit_error, make_models,

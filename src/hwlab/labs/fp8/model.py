@@ -9,7 +9,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .. import fp8_kernels as K
+from . import kernels as K
+from .kernels import DEFAULT_TILE, AttnTile
 
 FP8 = K.FP8
 FP8_MAX = K.FP8_MAX
@@ -17,7 +18,7 @@ QUANT_MARK, DEQUANT_MARK = "hwlab::quant_fp8", "hwlab::dequant_fp8"
 
 
 def quantize_fp8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-tensor e4m3 quantization (:func:`.fp8_kernels.quant_tensor_ref`): (t / scale) in FP8
+    """Per-tensor e4m3 quantization (:func:`.quant.quant_tensor_ref`): (t / scale) in FP8
     with scale = amax / 448. Marked ``hwlab::quant_fp8`` in profiles, so requant counts come
     from the profiler."""
     with torch.profiler.record_function(QUANT_MARK):
@@ -38,19 +39,15 @@ class QLinear(torch.nn.Module):
     mode, the FP8 GEMM path of Hopper-class GPUs. (Row-wise scales are more accurate, but
     cuBLASLt ran them with large tiles that read a decode-shaped weight well below tensor-wise
     scaling's rate: benchmarks/LAB04_NOTES.md, run 2.) ``fp8_dequant`` runs the
-    one-pass dequant kernel of :mod:`.fp8_kernels` (1 B read + 2 B written per weight) and
-    then a bf16 GEMM that reads the copy again. ``fp8_w8`` is ``fp8_mm`` for prefill, but
-    decode-shaped calls (at most ``W8_MAX_ROWS`` rows) on a GPU go to the kit's weight-only
-    FP8 kernel, which reads the FP8 weight once and needs no activation requant. On a CPU
-    ``fp8_w8`` runs as ``fp8_mm`` (torch's CPU ``_scaled_mm``); the Triton kernel itself is
-    tested in the interpreter. ``fp8_static`` is ``fp8_mm`` with the activation scale fixed
-    by calibration: no amax pass, and an activation that arrives already in FP8 (a norm that
-    quantized with this layer's scale) is used as is. How cuBLAS's FP8 GEMM and the W8A16
-    kernel compare at decode shapes, in CUDA graphs over weights larger than L2:
-    benchmarks/LAB04_NOTES.md, round 1.
+    one-pass dequant kernel of :mod:`.quant` (1 B read + 2 B written per weight) and
+    then a bf16 GEMM that reads the copy again. ``fp8_static`` is ``fp8_mm`` with the
+    activation scale fixed by calibration: no amax pass, and an activation that arrives already
+    in FP8 (a norm that quantized with this layer's scale) is used as is. A weight-only FP8
+    kernel for decode was measured against cuBLAS's FP8 GEMM and is research, not a mode here
+    (:mod:`.research`, benchmarks/LAB04_NOTES.md round 1).
     """
 
-    MODES = ("bf16", "fp8_dequant", "fp8_mm", "fp8_w8", "fp8_static")
+    MODES = ("bf16", "fp8_dequant", "fp8_mm", "fp8_static")
 
     def __init__(self, weight: torch.Tensor, mode: str = "bf16"):
         super().__init__()
@@ -86,8 +83,6 @@ class QLinear(torch.nn.Module):
             return F.linear(x, w)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if self.mode == "fp8_w8" and x.is_cuda and x2.shape[0] <= K.W8_MAX_ROWS:
-            return K.fp8w_linear(x2, self.w, self.w_scale).reshape(*shape[:-1], self.out_features)
         if self.mode == "fp8_static" and not self.calibrating:
             if not self.calibrated:
                 raise RuntimeError("an fp8_static layer has no activation scale yet: build it through Decoder "
@@ -139,7 +134,7 @@ class KVCache:
     (fixed from the prefill's K and V, as serving stacks do for a static FP8 KV cache).
 
     Decode attention reads the cache in its stored dtype through
-    :func:`.fp8_kernels.decode_attention` (``fused_read=True``); ``fused_read=False`` is the
+    :func:`.attention.decode_attention` (``fused_read=True``); ``fused_read=False`` is the
     path without an FP8-aware attention kernel: dequantize the whole cache to bf16 every step,
     then attend (the FP8 cache then saves memory, not time).
 
@@ -213,24 +208,32 @@ class KVCache:
             return dequantize_fp8(k, s), dequantize_fp8(v, s)
         return k, v
 
-    def attend(self, layer: int, q: torch.Tensor, n_ctx: int) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, n_ctx: int, tile: AttnTile = DEFAULT_TILE) -> torch.Tensor:
         """One decode query (B, H, 1, Dh) against the first ``n_ctx`` cached positions.
 
         A bf16 cache goes to torch's SDPA (faster than the kit's kernel on bf16, measured by
         :func:`.run.attention_vs_sdpa` in the same run, so the baseline is not handicapped); an FP8 cache to the kit's kernel, which reads FP8
         directly, or, with ``fused_read=False``, is dequantized to bf16 first. With per-row
-        lengths (``row_len``), every cache goes to the kit's kernel over each row's length."""
+        lengths (``row_len``), every cache goes to the kit's kernel over each row's length.
+        ``tile``: the kit's kernel's launch shape (the decoder passes its ``attn_tile``)."""
         if self._attend_len is not None:
-            return K.decode_attention(q, self.k[layer], self.v[layer], self.scale[layer], self._attend_len)
+            return K.decode_attention(q, self.k[layer], self.v[layer], self.scale[layer], self._attend_len,
+                                      tile=tile)
         if not self.fp8 or not self.fused_read:
             kk, vv = self.read(layer, n_ctx)
             return F.scaled_dot_product_attention(q, kk, vv)
-        return K.decode_attention(q, self.k[layer], self.v[layer], self.scale[layer], n_ctx)
+        return K.decode_attention(q, self.k[layer], self.v[layer], self.scale[layer], n_ctx, tile=tile)
 
 
 class Decoder(torch.nn.Module):
-    def __init__(self, cfg: ModelConfig, path: str | dict = "bf16", seed: int = 0, device=None):
+    """The lab's decoder on one precision ``path`` (a name in :data:`PATHS` or a dict of the
+    same keys). ``attn_tile``: the launch shape of the kit's decode attention
+    (:class:`.attention.AttnTile`); an attribute the caller may set between runs."""
+
+    def __init__(self, cfg: ModelConfig, path: str | dict = "bf16", seed: int = 0, device=None,
+                 attn_tile: AttnTile = DEFAULT_TILE):
         super().__init__()
+        self.attn_tile = attn_tile
         if isinstance(path, dict):
             p = {**PATHS["bf16"], **path}
             bad = {k: v for k, v in p.items() if k != "kv_fp8_from_ctx" and v not in QLinear.MODES}
@@ -328,7 +331,7 @@ class Decoder(torch.nn.Module):
             if T > 1:
                 a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:
-                a = cache.attend(li, q, pos + 1)
+                a = cache.attend(li, q, pos + 1, self.attn_tile)
             x = x + L["out"](a.transpose(1, 2).reshape(B, T, cfg.d_model))
             u = L["up"](self._norm_for(x, L["up"]))
             if L["down"].takes_fp8_input:
@@ -344,9 +347,10 @@ class Decoder(torch.nn.Module):
         return self.head(K.rmsnorm(x[:, -1:])).float()
 
 
-def make_models(cfg: ModelConfig = TINY, paths=tuple(PATHS), device=None) -> dict[str, Decoder]:
-    """One model per path, all from the same random weights (same seed)."""
-    return {p: Decoder(cfg, p, device=device) for p in paths}
+def make_models(cfg: ModelConfig = TINY, paths=tuple(PATHS), device=None,
+                attn_tile: AttnTile = DEFAULT_TILE) -> dict[str, Decoder]:
+    """One model per path, all from the same random weights (same seed) and attention tile."""
+    return {p: Decoder(cfg, p, device=device, attn_tile=attn_tile) for p in paths}
 
 
 def logit_error(models: dict[str, Decoder], batch: int = 2, prompt: int = 16, steps: int = 4) -> dict[str, float]:

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from ...measure import require_memory, time_fn
-from .. import fp8_kernels as K
+from . import kernels as K
+from .kernels import DEFAULT_TILE, AttnTile
 from .model import H200_SIZE, LOGIT_ERROR_BOUND, TINY, Decoder, ModelConfig, logit_error, make_models
 from .profile import decode_breakdown, decode_profile
 from .report import SERVING_PATHS, run_stream
@@ -67,9 +68,10 @@ def time_prefill_decode(m: Decoder, batch: int, ctx: int, n_rep: int = 10, graph
 
 
 
-def attention_vs_sdpa(cfg: ModelConfig, batch: int, ctx: int, device=None) -> dict[str, float]:
-    """One layer's decode attention on a bf16 cache: the kit's kernel against torch's SDPA,
-    so that the baseline path is not slowed by a weak kernel (GB/s of K+V read)."""
+def attention_vs_sdpa(cfg: ModelConfig, batch: int, ctx: int, device=None,
+                      tile: AttnTile = DEFAULT_TILE) -> dict[str, float]:
+    """One layer's decode attention on a bf16 cache: the kit's kernel (launched with ``tile``)
+    against torch's SDPA, so that the baseline path is not slowed by a weak kernel (GB/s of K+V read)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     shape = (batch, cfg.n_heads, ctx, cfg.d_head)
     k = torch.randn(shape, device=dev, dtype=torch.bfloat16)
@@ -77,11 +79,11 @@ def attention_vs_sdpa(cfg: ModelConfig, batch: int, ctx: int, device=None) -> di
     q = torch.randn(batch, cfg.n_heads, 1, cfg.d_head, device=dev, dtype=torch.bfloat16)
     one = torch.ones((), device=dev)
     ref = K.decode_attention_ref(q, k, v, one, ctx).float()
-    ours = K.decode_attention(q, k, v, one, ctx).float()
+    ours = K.decode_attention(q, k, v, one, ctx, tile=tile).float()
     err = float(torch.linalg.vector_norm(ours - ref) / torch.linalg.vector_norm(ref))
     n_bytes = 2 * k.numel() * 2
     with torch.no_grad():
-        t_ours = time_fn(lambda: K.decode_attention(q, k, v, one, ctx), [()], dev, n_rep=20)
+        t_ours = time_fn(lambda: K.decode_attention(q, k, v, one, ctx, tile=tile), [()], dev, n_rep=20)
         t_sdpa = time_fn(lambda: F.scaled_dot_product_attention(q, k, v), [()], dev, n_rep=20)
     return {"ctx": ctx, "batch": batch, "kv_bytes": n_bytes, "rel_err_vs_float32": err,
             "kit_ms": t_ours.median_ms, "sdpa_ms": t_sdpa.median_ms,
@@ -97,12 +99,14 @@ def default_buckets(device) -> list[tuple[int, int]]:
 
 
 def run(cfg: ModelConfig | None = None, buckets=None, device=None, n_rep: int = 10,
-        progress=None, streams: list[StreamSpec] | None = None, stream: bool = True) -> dict[str, Any]:
+        progress=None, streams: list[StreamSpec] | None = None, stream: bool = True,
+        attn_tile: AttnTile = DEFAULT_TILE) -> dict[str, Any]:
     """Every path: memory, TTFT/TPOT per bucket (with the bytes a step must move and the
     GB/s it achieved), hit rate and dequant counts, logit error; on FP8-KV buckets the fixed
     path is also timed with the cache dequantized before attention (no fused kernel). Then
     (``stream=True``) the serving stream per bucket on bf16, mixed and fixed
-    (:func:`.report.run_stream`, under ``"stream"``)."""
+    (:func:`.report.run_stream`, under ``"stream"``). ``attn_tile``: every decoder's decode
+    attention tile (:class:`.attention.AttnTile`)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cfg = cfg or (H200_SIZE if dev.type == "cuda" else TINY)
     buckets = buckets or default_buckets(dev)
@@ -112,7 +116,7 @@ def run(cfg: ModelConfig | None = None, buckets=None, device=None, n_rep: int = 
     need = memory_needed_bytes(cfg, list(buckets) + [(s.max_len, s.max_batch) for s in streams])
     require_memory(need, dev, f"Lab 4 with d_model {cfg.d_model}, {cfg.n_layers} layers, buckets {list(buckets)}"
                    + (f", streams {[(s.ctx, s.max_batch) for s in streams]}" if streams else ""))
-    models = make_models(cfg, device=dev)
+    models = make_models(cfg, device=dev, attn_tile=attn_tile)
     say("logit error")
     out: dict[str, Any] = {"config": cfg.__dict__, "buckets": buckets, "device": str(dev),
                            "logit_error": logit_error(models), "logit_error_bound": LOGIT_ERROR_BOUND,
@@ -136,7 +140,7 @@ def run(cfg: ModelConfig | None = None, buckets=None, device=None, n_rep: int = 
                            "breakdown": [decode_breakdown(m, b, c) for c, b in buckets[:2]]}
     if dev.type == "cuda":
         say("attention vs SDPA")
-        out["attention_vs_sdpa"] = [attention_vs_sdpa(cfg, b, c, dev) for c, b in buckets]
+        out["attention_vs_sdpa"] = [attention_vs_sdpa(cfg, b, c, dev, attn_tile) for c, b in buckets]
     if streams:
         out["stream"] = run_stream(cfg, streams, device=dev, progress=say,
                                    models={p: models[p] for p in SERVING_PATHS if p in models})

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from ...measure import GPU_WARMUP_S, poison_
+from ...measure import GPU_WARMUP_S, poison_, quantile
 from .model import FP8, Decoder, QLinear
 
 
@@ -86,20 +86,10 @@ def make_requests(spec: StreamSpec) -> list[Request]:
 
 def percentile(values: list[float], q: float, weights: list[int] | None = None) -> float | None:
     """Nearest-rank percentile (``q`` in 0..100) of ``values``, each counted ``weights[i]``
-    times (token-weighted step times). None for no samples. Nearest rank, not interpolation,
-    so a recorded p99 is one of the recorded samples and re-derives exactly."""
-    w = weights or [1] * len(values)
-    pairs = sorted((v, n) for v, n in zip(values, w) if n > 0)
-    total = sum(n for _, n in pairs)
-    if not total:
-        return None
-    rank = max(1, math.ceil(q / 100.0 * total))
-    seen = 0
-    for v, n in pairs:
-        seen += n
-        if seen >= rank:
-            return v
-    return pairs[-1][0]  # pragma: no cover
+    times (token-weighted step times), by the core's one definition
+    (:func:`hwlab.measure.quantile`, ``method="nearest"``). None for no samples. Nearest rank,
+    so a recorded p99 is one of the recorded samples; the recorded streams were made with it."""
+    return quantile(values, q / 100.0, weights, method="nearest")
 
 
 class _HostLead:
@@ -202,7 +192,7 @@ def check_rows_step(m: Decoder, max_len: int, prompt_lens: tuple[int, ...] = (5,
                 ref = m(toks[i][:, p + j:p + j + 1], solo).float()
                 errs.append(torch.linalg.vector_norm(batched[j][i] - ref[0]) / torch.linalg.vector_norm(ref[0]))
     worst = float(torch.stack(errs).max())  # NaN (a poisoned position read) propagates
-    fp8_act = any(isinstance(q, QLinear) and q.mode in ("fp8_mm", "fp8_w8", "fp8_static") for q in m.modules())
+    fp8_act = any(isinstance(q, QLinear) and q.mode in ("fp8_mm", "fp8_static") for q in m.modules())
     tol = ROWS_CHECK_TOL_FP8_ACT if fp8_act else ROWS_CHECK_TOL
     if not worst <= tol:
         raise AssertionError(f"continuous-batching decode disagrees with decoding each request alone: relative "

@@ -15,7 +15,7 @@ def memory_report(models: dict[str, Decoder], batch: int, ctx: int) -> dict[str,
 
 #: bytes per weight element a decode step moves, by QLinear mode (a dequantized FP8 weight:
 #: 1 B read + 2 B bf16 copy written + 2 B read again by the bf16 GEMM)
-BYTES_PER_WEIGHT = {"bf16": 2, "fp8_dequant": 5, "fp8_mm": 1, "fp8_w8": 1, "fp8_static": 1}
+BYTES_PER_WEIGHT = {"bf16": 2, "fp8_dequant": 5, "fp8_mm": 1, "fp8_static": 1}
 
 
 def decode_bytes_for(cfg: ModelConfig, path: dict[str, Any], batch: int, ctx: int, promised: bool = False) -> int:

@@ -1,0 +1,259 @@
+"""Lab 4's KV-cache kernels: write one decode position into the cache (quantizing for an FP8
+cache), and the decode attention that reads the cache in its stored dtype (bf16 or FP8)
+without a dequantized copy.
+
+:func:`decode_attention` reads each K and V element once, up to the current position: an FP8
+cache moves half the bytes of a bf16 one. It is split over the context (flash-decoding): one
+program per (batch x head, chunk of ``AttnTile.chunk`` positions) computes a partial max, sum
+and output, and a second kernel combines the chunks, so that a long context with a small batch
+still fills the GPU. The tile travels as an :class:`AttnTile` (a frozen value, passed by the
+caller: the decoder holds one); how the default was chosen, and the variants tried against it,
+is ``benchmarks/LAB04_NOTES.md`` (rounds 1-2) and :mod:`.research`.
+
+Kernel names avoid the profiler's GEMM words; :mod:`.profile` files ``_decode_attn*`` under
+"attention".
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .quant import FP8, quant_static_ref, use_triton_for
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class AttnTile:
+    """The decode attention's launch shape.
+
+    ``chunk``: context positions per program (one split of flash-decoding; more splits fill the
+    GPU at a small batch, fewer leave less to combine); ``block_t``: positions per loop step (a
+    power of two dividing ``chunk``); ``num_warps`` and ``num_stages`` per program. A larger
+    ``block_t`` x ``num_warps`` holds more loads in flight but more registers per thread: at
+    255 the compiler spills and fewer warps stay resident (``benchmarks/lab04_static_registers.py``)."""
+    chunk: int = 256
+    block_t: int = 32
+    num_warps: int = 1
+    num_stages: int = 2
+
+    def __post_init__(self):
+        pow2 = lambda n: isinstance(n, int) and n > 0 and n & (n - 1) == 0  # noqa: E731
+        if not (pow2(self.block_t) and isinstance(self.chunk, int) and self.chunk > 0
+                and self.chunk % self.block_t == 0 and pow2(self.num_warps) and self.num_warps <= 32
+                and isinstance(self.num_stages, int) and self.num_stages >= 1):
+            raise ValueError(f"{self}: block_t a power of two dividing chunk, num_warps a power of two "
+                             "up to 32, num_stages >= 1")
+
+
+#: the tile the lab runs: one warp per program, 32 positions per step, elementwise (the best of
+#: the H200 sweeps in benchmarks/LAB04_NOTES.md, round 2)
+DEFAULT_TILE = AttnTile()
+
+
+# ---------------------------------------------------------------- KV write
+@triton.jit
+def _kv_store_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, s_ptr, pos, pos_ptr, H, stride_kb, stride_kh, stride_vb,
+                     stride_vh, max_ctx, D: tl.constexpr, QUANT: tl.constexpr, PER_ROW: tl.constexpr):
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    d = tl.arange(0, D)
+    if PER_ROW:  # each batch row writes at its own position (continuous batching)
+        pos = tl.load(pos_ptr + b)
+    k = tl.load(k_ptr + b * stride_kb + h * stride_kh + d).to(tl.float32)
+    v = tl.load(v_ptr + b * stride_vb + h * stride_vh + d).to(tl.float32)
+    if QUANT:
+        inv = 1.0 / tl.load(s_ptr)
+        k = tl.minimum(tl.maximum(k * inv, -448.0), 448.0)
+        v = tl.minimum(tl.maximum(v * inv, -448.0), 448.0)
+    dst = (bh.to(tl.int64) * max_ctx + pos) * D + d
+    tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty))
+    tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty))
+
+
+def kv_store_ref(k, v, k_cache, v_cache, scale, pos: int | torch.Tensor) -> None:
+    """Write one position's K and V (B, H, 1, D) into (B, H, T, D) caches at ``pos`` (an int,
+    or one position per batch row as an integer tensor (B,)); an FP8 cache stores (x / scale)
+    clamped to +-448."""
+    if k_cache.dtype == FP8:
+        k, v = quant_static_ref(k, scale), quant_static_ref(v, scale)
+    if isinstance(pos, torch.Tensor):
+        rows = torch.arange(k.shape[0], device=k.device)
+        p = pos.long()
+        k_cache[rows, :, p] = k[:, :, 0].to(k_cache.dtype)
+        v_cache[rows, :, p] = v[:, :, 0].to(v_cache.dtype)
+        return
+    k_cache[:, :, pos:pos + 1] = k.to(k_cache.dtype)
+    v_cache[:, :, pos:pos + 1] = v.to(v_cache.dtype)
+
+
+def kv_store(k, v, k_cache, v_cache, scale, pos: int | torch.Tensor, use_triton: bool | None = None) -> None:
+    """One decode position's K and V into the caches, quantized if the cache is FP8: one kernel
+    (in torch, 2 copies for a bf16 cache and ~8 kernels for an FP8 one). ``k``/``v`` may be
+    strided views (B, H, 1, D) of the QKV projection's output. ``pos``: an int, or an int32
+    tensor (B,) of per-row positions on the cache's device (continuous batching; read on the
+    device, so a CUDA graph can replay it; the caller keeps each in range)."""
+    B, H, one, D = k.shape
+    if one != 1 or v.shape != k.shape or k_cache.shape[:2] != (B, H) or k_cache.shape[3] != D:
+        raise ValueError(f"kv_store writes one position: k, v (B, H, 1, D) into (B, H, T, D) caches; got "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}, {tuple(k_cache.shape)}")
+    per_row = isinstance(pos, torch.Tensor)
+    if per_row and (pos.shape != (B,) or pos.dtype != torch.int32 or pos.device != k_cache.device):
+        raise ValueError(f"per-row positions are an int32 tensor of shape ({B},) on {k_cache.device}; got "
+                         f"{pos.dtype} {tuple(pos.shape)} on {pos.device}")
+    if not per_row and not 0 <= pos < k_cache.shape[2]:
+        raise ValueError(f"position {pos} is outside the cache (length {k_cache.shape[2]})")
+    if not use_triton_for(k, use_triton):
+        return kv_store_ref(k, v, k_cache, v_cache, scale, pos)
+    if k.stride(3) != 1 or v.stride(3) != 1 or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("kv_store wants unit-stride head dimensions and contiguous caches")
+    _kv_store_kernel[(B * H,)](k, v, k_cache, v_cache, scale.reshape(1).float(), 0 if per_row else pos,
+                               pos if per_row else k_cache, H,
+                               k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.shape[2],
+                               D=D, QUANT=k_cache.dtype == FP8, PER_ROW=per_row)
+
+
+# ---------------------------------------------------------------- decode attention
+@triton.jit
+def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_ptr,
+                         n_ctx, nctx_ptr, max_ctx, n_splits, sm_scale, H, stride_qb, stride_qh,
+                         D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, PER_ROW: tl.constexpr):
+    """One (batch, head) query against one CHUNK of the cache: partial max, sum and output
+    (online softmax over BLOCK_T positions per step, elementwise products and sums in fp32).
+
+    The cache's scale is applied once per score and once to the output, not per element.
+    ``PER_ROW``: each batch row's length is read from ``nctx_ptr``; the grid covers the whole
+    cache and a chunk past its row's length runs no iteration (partial max -inf, sum 0)."""
+    bh = tl.program_id(0)
+    sp = tl.program_id(1)
+    start = sp * CHUNK
+    hi = start + CHUNK
+    if PER_ROW:
+        n_ctx = tl.load(nctx_ptr + bh // H)
+        hi = tl.minimum(hi, n_ctx)
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + (bh // H) * stride_qb + (bh % H) * stride_qh + d).to(tl.float32) * sm_scale
+    kv_scale = tl.load(kv_scale_ptr)
+    base = bh.to(tl.int64) * max_ctx * D
+    m_i = -float("inf")
+    l_i = 0.0
+    acc = tl.zeros((D,), dtype=tl.float32)
+    for t0 in range(start, hi, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        tm = t < n_ctx
+        off = base + t[:, None] * D + d[None, :]
+        k_raw = tl.load(k_ptr + off, mask=tm[:, None], other=0.0)  # both loads issued before the math
+        v_raw = tl.load(v_ptr + off, mask=tm[:, None], other=0.0)
+        k = k_raw.to(tl.float32)
+        s = tl.sum(k * q[None, :], 1) * kv_scale
+        s = tl.where(tm, s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new)
+        v = v_raw.to(tl.float32)
+        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        m_i = m_new
+    o = bh * n_splits + sp
+    tl.store(m_ptr + o, m_i)
+    tl.store(l_ptr + o, l_i)
+    tl.store(acc_ptr + o * D + d, acc * kv_scale)
+
+
+@triton.jit
+def _decode_attn_combine(m_ptr, l_ptr, acc_ptr, out_ptr, n_splits,
+                         D: tl.constexpr, SPLITS: tl.constexpr):
+    """The chunks' partial (max, sum, output) of one (batch, head) rescaled to the common max
+    and summed: the softmax over the whole context."""
+    bh = tl.program_id(0)
+    sp = tl.arange(0, SPLITS)
+    sm = sp < n_splits
+    d = tl.arange(0, D)
+    m = tl.load(m_ptr + bh * n_splits + sp, mask=sm, other=-float("inf"))
+    l = tl.load(l_ptr + bh * n_splits + sp, mask=sm, other=0.0)
+    acc = tl.load(acc_ptr + (bh * n_splits + sp)[:, None] * D + d[None, :], mask=sm[:, None], other=0.0)
+    m_all = tl.max(m, 0)
+    w = tl.where(sm, tl.exp(m - m_all), 0.0)
+    out = tl.sum(w[:, None] * acc, 0) / tl.sum(w * l, 0)
+    tl.store(out_ptr + bh * D + d, out.to(out_ptr.dtype.element_ty))
+
+
+def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         kv_scale: torch.Tensor, n_ctx: int) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v over the first ``n_ctx`` cache positions, in float32.
+
+    Written with elementwise products and sums, not matmuls, so that a CPU profile of the
+    decoder counts only the weight GEMMs (on a GPU the Triton kernel is no GEMM either)."""
+    if isinstance(n_ctx, torch.Tensor):  # per-row lengths: positions past a row's length never read
+        t = torch.arange(k_cache.shape[2], device=q.device)
+        past = (t[None, :] >= n_ctx.to(q.device).long()[:, None])[:, None, :, None]  # (B, 1, T, 1)
+        k = torch.where(past, 0.0, k_cache.float() * kv_scale)
+        v = torch.where(past, 0.0, v_cache.float() * kv_scale)
+        s = (k * q.float()).sum(-1) / math.sqrt(q.shape[-1])  # (B, H, T)
+        s = s.masked_fill(past[..., 0], float("-inf"))
+        return (torch.softmax(s, dim=-1).unsqueeze(-1) * v).sum(-2, keepdim=True).to(q.dtype)
+    k = k_cache[:, :, :n_ctx].float() * kv_scale
+    v = v_cache[:, :, :n_ctx].float() * kv_scale
+    s = (k * q.float()).sum(-1) / math.sqrt(q.shape[-1])  # (B, H, T)
+    return (torch.softmax(s, dim=-1).unsqueeze(-1) * v).sum(-2, keepdim=True).to(q.dtype)
+
+
+def check_decode_args(q, k_cache, v_cache, n_ctx) -> bool:
+    """Shapes, dtypes and lengths of a decode-attention call (ValueError saying what is wrong);
+    returns whether ``n_ctx`` holds per-row lengths."""
+    B, H, one, D = q.shape
+    if one != 1 or k_cache.shape != v_cache.shape or k_cache.shape[:2] != (B, H) or k_cache.shape[3] != D:
+        raise ValueError(f"decode_attention wants q (B, H, 1, D) and caches (B, H, T, D); got "
+                         f"{tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    per_row = isinstance(n_ctx, torch.Tensor)
+    if per_row and (n_ctx.shape != (B,) or n_ctx.dtype != torch.int32 or n_ctx.device != k_cache.device):
+        raise ValueError(f"per-row lengths are an int32 tensor of shape ({B},) on {k_cache.device}; got "
+                         f"{n_ctx.dtype} {tuple(n_ctx.shape)} on {n_ctx.device}")
+    if not per_row and not 0 < n_ctx <= k_cache.shape[2]:
+        raise ValueError(f"n_ctx={n_ctx} must be in 1..{k_cache.shape[2]} (the cache length)")
+    return per_row
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     kv_scale: torch.Tensor, n_ctx: int | torch.Tensor, use_triton: bool | None = None,
+                     tile: AttnTile = DEFAULT_TILE) -> torch.Tensor:
+    """One decode query per (batch, head) against a (B, H, max_ctx, D) cache of any dtype.
+
+    ``q``: (B, H, 1, D), may be a strided view; ``kv_scale``: a 0-d float32 tensor (1.0 for a
+    bf16 cache). Reads each K/V element once, in its stored dtype; returns (B, H, 1, D) in q's
+    dtype. ``n_ctx``: an int, or an int32 tensor (B,) of per-row lengths on the cache's device
+    (continuous batching: read on the device so a CUDA graph can replay it; each must be in
+    1..T, the caller's to keep; the grid then covers all T positions and empty chunks exit at
+    once). ``tile``: the launch shape (:class:`AttnTile`)."""
+    per_row = check_decode_args(q, k_cache, v_cache, n_ctx)
+    if not use_triton_for(q, use_triton):
+        return decode_attention_ref(q, k_cache, v_cache, kv_scale, n_ctx)
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("decode_attention reads contiguous (B, H, T, D) caches")
+    B, H, _, D = q.shape
+    n_splits = triton.cdiv(k_cache.shape[2] if per_row else n_ctx, tile.chunk)
+    m = torch.empty((B * H, n_splits), dtype=torch.float32, device=q.device)
+    l = torch.empty_like(m)
+    acc = torch.empty((B * H, n_splits, D), dtype=torch.float32, device=q.device)
+    if q.stride(3) != 1:
+        q = q.contiguous()
+    _decode_attn_partial[(B * H, n_splits)](q, k_cache, v_cache, kv_scale.reshape(1).float(), m, l, acc,
+                                            0 if per_row else n_ctx, n_ctx if per_row else m,
+                                            k_cache.shape[2], n_splits, 1.0 / math.sqrt(D),
+                                            H, q.stride(0), q.stride(1), D=D, CHUNK=tile.chunk,
+                                            BLOCK_T=tile.block_t, PER_ROW=per_row,
+                                            num_warps=tile.num_warps, num_stages=tile.num_stages)
+    return combine_splits(m, l, acc, q)
+
+
+def combine_splits(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The (B * H, n_splits) partial maxima ``m``, sums ``l`` and outputs ``acc`` (.., D) of a
+    split decode attention, combined into (B, H, 1, D) in q's dtype (one program per row)."""
+    B, H, _, D = q.shape
+    n_splits = m.shape[1]
+    out = torch.empty((B, H, 1, D), dtype=q.dtype, device=q.device)
+    _decode_attn_combine[(B * H,)](m, l, acc, out, n_splits, D=D, SPLITS=max(2, triton.next_power_of_2(n_splits)))
+    return out

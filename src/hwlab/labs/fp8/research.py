@@ -1,0 +1,350 @@
+"""RESEARCH, not a lab path: the tuning variants measured against Lab 4's teaching kernels.
+
+No lab path, notebook or exercise runs these; ``benchmarks/lab04_decode_tuning.py``,
+``lab04_tuning.py`` and ``lab04_static_registers.py`` do, and their results and what was
+learnt from them are the tuning diary ``benchmarks/LAB04_NOTES.md``. Kept (and tested in the
+interpreter) so a finding there can be re-measured with the code that produced it.
+
+* :func:`fp8w_linear`: a weight-only FP8 GEMM for decode shapes ("W8A16": the FP8 weight read
+  once and widened in registers, no activation requant), split over K through a float32
+  workspace; :func:`w8a16_decoder` is a decoder whose FP8 layers use it for decode.
+* :func:`decode_attention_variant`: the decode attention with its tensor-core (``use_dot``)
+  and register-prefetch (``prefetch``) variants, which did not beat the elementwise kernel.
+* :func:`quant_rows`: per-row dynamic scales (the row-wise ``_scaled_mm`` comparison).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ... import tritonenv
+from .attention import DEFAULT_TILE, AttnTile, check_decode_args, combine_splits, decode_attention_ref
+from .kernels import rel_err
+from .model import Decoder, ModelConfig, QLinear
+from .quant import BLOCK, FP8, FP8_MAX, _row_amax_kernel, quant_static_ref, quant_tensor_ref, use_triton_for
+import triton
+import triton.language as tl
+
+
+# ---------------------------------------------------------------- per-row dynamic quantization
+@triton.jit
+def _quant_rows_kernel(x_ptr, amax_ptr, q_ptr, s_ptr, n_cols, stride_x, stride_q, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    scale = tl.maximum(tl.load(amax_ptr + row), 1e-12) / 448.0
+    tl.store(s_ptr + row, scale)
+    for c in range(0, n_cols, BLOCK):
+        o = c + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride_x + o, mask=o < n_cols, other=0.0).to(tl.float32)
+        y = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+        tl.store(q_ptr + row * stride_q + o, y.to(q_ptr.dtype.element_ty), mask=o < n_cols)
+
+
+def quant_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row e4m3: (x / s) in FP8, s = amax(row) / 448 as a float32 (rows, 1) column."""
+    s = (x.detach().abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX)
+    return quant_static_ref(x, s), s
+
+
+def quant_rows(x: torch.Tensor, use_triton: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row dynamic FP8 quantization of a 2-D activation (scales (rows, 1)): a row-amax
+    kernel, then one that scales and casts each row."""
+    if x.dim() != 2:
+        raise ValueError(f"FP8 quantization wants a 2-D (rows, cols) tensor, got shape {tuple(x.shape)}")
+    if not use_triton_for(x, use_triton):
+        return quant_rows_ref(x)
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    rows, cols = x.shape
+    amax = torch.empty((rows,), dtype=torch.float32, device=x.device)
+    _row_amax_kernel[(rows,)](x, amax, cols, x.stride(0), BLOCK=BLOCK)
+    q = torch.empty((rows, cols), dtype=FP8, device=x.device)
+    s = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
+    _quant_rows_kernel[(rows,)](x, amax, q, s, cols, x.stride(0), q.stride(0), BLOCK=BLOCK)
+    return q, s
+
+
+# ---------------------------------------------------------------- FP8-weight GEMM for decode (W8A16)
+@triton.jit
+def _fp8w_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SWAP: tl.constexpr,
+                      SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr):
+    """y[M, N] = x[M, K] @ (w[N, K] * s).T with the FP8 tile widened to x's dtype in registers.
+
+    ``SWAP``: compute the transposed product (w tile as the MMA's A operand, BN rows; x as B,
+    BM columns), the usual layout for a small M ("swap AB"); otherwise x is A and w is B.
+    ``SPLIT_K`` > 1: each program sums one K slice into a float32 workspace (atomic adds); the
+    last program of an N tile (a counter) reads the sum, writes y and zeroes workspace and
+    counter for the next call. It lets wide N tiles (each re-reads x from L2: N / BN times in
+    all) still fill the GPU, with no extra launch for the reduction. ``PREFETCH``: the next
+    tile's loads issued before this tile's MMA (two in flight)."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    if SWAP:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    k_len = tl.cdiv(tl.cdiv(K, SPLIT_K), BK) * BK
+    k_lo = pid_k * k_len
+    k_hi = tl.minimum(k_lo + k_len, K)
+    if PREFETCH:
+        kk = k_lo + rk
+        w_next = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < k_hi), other=0.0)
+    for k0 in range(k_lo, k_hi, BK):
+        kk = k0 + rk
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        if PREFETCH:
+            w = w_next
+            kn = kk + BK
+            w_next = tl.load(w_ptr + rn[:, None] * stride_wn + kn[None, :], mask=(rn[:, None] < N) & (kn[None, :] < k_hi), other=0.0)
+        else:
+            w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)
+        if SWAP:
+            acc += tl.dot(w.to(x.dtype), tl.trans(x))
+        else:
+            acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+    if SWAP:
+        part = tl.trans(acc)
+    else:
+        part = acc
+    out_mask = (rm[:, None] < M) & (rn[None, :] < N)
+    y_off = rm[:, None] * stride_ym + rn[None, :]
+    if SPLIT_K == 1:
+        tl.store(y_ptr + y_off, (part * tl.load(s_ptr)).to(y_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        tile = pid_m * tl.num_programs(0) + pid_n
+        w_off = rm[:, None] * N + rn[None, :]
+        tl.atomic_add(ws_ptr + w_off, part, mask=out_mask)
+        tl.debug_barrier()  # every thread's adds are issued before the counter's release
+        if tl.atomic_add(cnt_ptr + tile, 1) == SPLIT_K - 1:  # acq_rel: the other slices' adds are visible
+            total = tl.load(ws_ptr + w_off, mask=out_mask, other=0.0, cache_modifier=".cg")  # from L2
+            tl.store(y_ptr + y_off, (total * tl.load(s_ptr)).to(y_ptr.dtype.element_ty), mask=out_mask)
+            tl.store(ws_ptr + w_off, tl.zeros((BM, BN), dtype=tl.float32), mask=out_mask)
+            tl.store(cnt_ptr + tile, 0)
+
+
+#: decode-shaped GEMMs (at most this many rows) take the W8A16 kernel in :class:`W8Linear`
+W8_MAX_ROWS = 64
+#: the W8A16 tile: BN weight rows x BK columns per step, pipeline depth, warps, operand order,
+#: K split, register prefetch. Picked by a sweep in CUDA graphs over weights larger than L2 (the
+#: way a decode step streams them), not by ``triton.autotune``, which re-reads one weight that
+#: then sits in L2 (LAB04_NOTES.md, round 1)
+W8_CONFIG = {"BN": 64, "BK": 256, "num_warps": 8, "num_stages": 3, "SWAP": False, "SPLIT_K": 4, "PREFETCH": False}
+#: the interpreter runs any tile; a small one keeps CPU tests quick
+W8_CONFIG_CPU = {"BN": 16, "BK": 64, "num_warps": 4, "num_stages": 1, "SWAP": False, "SPLIT_K": 1, "PREFETCH": False}
+
+
+def fp8w_linear_ref(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return ((x.float() @ w.float().t()) * s).to(x.dtype)
+
+
+def fp8w_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, use_triton: bool | None = None,
+                config: dict | None = None) -> torch.Tensor:
+    """``x @ (w * s).T`` for a 2-D activation ``x`` and an FP8 weight (N, K) with one float32
+    scale: the weight is read once, as FP8, and widened in registers. ``config``: the tile
+    (keys of :data:`W8_CONFIG`; default that, or :data:`W8_CONFIG_CPU` in the interpreter)."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"fp8w_linear wants x (M, K) and w (N, K); got {tuple(x.shape)}, {tuple(w.shape)}")
+    if not use_triton_for(x, use_triton):
+        return fp8w_linear_ref(x, w, s)
+    M, Kd = x.shape
+    N = w.shape[0]
+    c = {"SPLIT_K": 1, "PREFETCH": False, **(config or (W8_CONFIG_CPU if tritonenv.INTERPRETED else W8_CONFIG))}
+    x = x if x.stride(1) == 1 else x.contiguous()
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    BM = 16
+    grid = (triton.cdiv(N, c["BN"]), triton.cdiv(M, BM), c["SPLIT_K"])
+    ws, cnt = _splitk_workspace(x.device, grid[1] * BM, N, grid[0] * grid[1]) if c["SPLIT_K"] > 1 else (y, y)
+    _fp8w_gemm_kernel[grid](
+        x, w, s.reshape(1).float(), y, ws, cnt, M, N, Kd, x.stride(0), w.stride(0), y.stride(0), BM=BM,
+        BN=c["BN"], BK=c["BK"], SWAP=c["SWAP"], SPLIT_K=c["SPLIT_K"], PREFETCH=c["PREFETCH"], num_warps=c["num_warps"],
+        num_stages=c["num_stages"])
+    return y
+
+
+_WORKSPACES: dict = {}
+
+
+def _splitk_workspace(device, rows: int, n: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A zeroed float32 (rows, n) workspace and int32 tile counters for split-K, kept per
+    device and grown as needed: the kernel leaves both zeroed, so calls (and CUDA-graph
+    replays, which must not allocate) reuse them. Calls on one stream run one at a time."""
+    key = (str(device), "splitk")
+    ws, cnt = _WORKSPACES.get(key, (None, None))
+    if ws is None or ws.numel() < rows * n or cnt.numel() < tiles:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("split-K workspace first needed inside a CUDA-graph capture: run the "
+                               "step once eagerly before capturing it")
+        ws = torch.zeros(max(rows * n, 0 if ws is None else ws.numel()), dtype=torch.float32, device=device)
+        cnt = torch.zeros(max(tiles, 0 if cnt is None else cnt.numel()), dtype=torch.int32, device=device)
+        _WORKSPACES[key] = (ws, cnt)
+    return ws, cnt
+
+
+class W8Linear(QLinear):
+    """An ``fp8_mm`` layer whose decode-shaped calls (at most :data:`W8_MAX_ROWS` rows) on a GPU
+    run :func:`fp8w_linear` with tile ``config`` (None: :data:`W8_CONFIG`); prefill and CPU
+    calls stay ``fp8_mm``. The bytes a step moves are ``fp8_mm``'s (1 B per weight), so the
+    lab's byte model holds unchanged."""
+
+    config: dict | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        if x.is_cuda and x2.shape[0] <= W8_MAX_ROWS:
+            return fp8w_linear(x2, self.w, self.w_scale, config=self.config).reshape(*x.shape[:-1], self.out_features)
+        return super().forward(x)
+
+
+#: the W8A16 decoder's path: FP8 main matmuls and connector, bf16 head, FP8 KV from 4k
+W8A16_PATH = {"main": "fp8_mm", "connector": "fp8_mm", "head": "bf16", "kv_fp8_from_ctx": 4096}
+
+
+def w8a16_decoder(cfg: ModelConfig, device=None, seed: int = 0, attn_tile: AttnTile = DEFAULT_TILE,
+                  config: dict | None = None) -> Decoder:
+    """A :class:`.model.Decoder` on :data:`W8A16_PATH` whose FP8 layers are :class:`W8Linear`
+    with W8A16 tile ``config`` (same weights as any decoder of this seed)."""
+    m = Decoder(cfg, W8A16_PATH, seed=seed, device=device, attn_tile=attn_tile)
+    for mod in m.modules():
+        if type(mod) is QLinear and mod.mode == "fp8_mm":
+            mod.__class__ = W8Linear  # same buffers and state; only the decode-shaped forward differs
+            mod.config = config
+    return m
+
+
+# ---------------------------------------------------------------- decode attention variants
+@triton.jit
+def _decode_attn_partial_variants(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_ptr,
+                                  n_ctx, nctx_ptr, max_ctx, n_splits, sm_scale, H, stride_qb, stride_qh,
+                                  D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
+                                  USE_DOT: tl.constexpr, PREFETCH: tl.constexpr, PER_ROW: tl.constexpr):
+    """:func:`.attention._decode_attn_partial` with two variants. ``USE_DOT``: scores and
+    output on the tensor cores (the query padded to 16 rows of which one is non-zero; FP8 tiles
+    widened to fp16, which holds every e4m3 value exactly), leaving the loop to loads and
+    conversions. ``PREFETCH``: the next tile's loads issued before this tile's math."""
+    bh = tl.program_id(0)
+    sp = tl.program_id(1)
+    start = sp * CHUNK
+    hi = start + CHUNK
+    if PER_ROW:
+        n_ctx = tl.load(nctx_ptr + bh // H)
+        hi = tl.minimum(hi, n_ctx)
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + (bh // H) * stride_qb + (bh % H) * stride_qh + d).to(tl.float32) * sm_scale
+    kv_scale = tl.load(kv_scale_ptr)
+    base = bh.to(tl.int64) * max_ctx * D
+    m_i = -float("inf")
+    l_i = 0.0
+    rows = tl.arange(0, 16)
+    dt = tl.float16 if k_ptr.dtype.element_ty == tl.float8e4nv else k_ptr.dtype.element_ty
+    qm = tl.where(rows[:, None] == 0, q[None, :], 0.0).to(dt)
+    acc2 = tl.zeros((16, D), dtype=tl.float32)
+    acc = tl.zeros((D,), dtype=tl.float32)
+    if PREFETCH:
+        t = start + tl.arange(0, BLOCK_T)
+        k_nx = tl.load(k_ptr + base + t[:, None] * D + d[None, :], mask=(t < n_ctx)[:, None], other=0.0)
+        v_nx = tl.load(v_ptr + base + t[:, None] * D + d[None, :], mask=(t < n_ctx)[:, None], other=0.0)
+    for t0 in range(start, hi, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        tm = t < n_ctx
+        off = base + t[:, None] * D + d[None, :]
+        if PREFETCH:  # this tile was loaded last iteration; issue the next one's loads now
+            k_raw, v_raw = k_nx, v_nx
+            tn = t + BLOCK_T
+            mn = ((tn < n_ctx) & (tn < start + CHUNK))[:, None]
+            k_nx = tl.load(k_ptr + off + BLOCK_T * D, mask=mn, other=0.0)
+            v_nx = tl.load(v_ptr + off + BLOCK_T * D, mask=mn, other=0.0)
+        else:
+            k_raw = tl.load(k_ptr + off, mask=tm[:, None], other=0.0)
+            v_raw = tl.load(v_ptr + off, mask=tm[:, None], other=0.0)
+        if USE_DOT:
+            s = tl.sum(tl.dot(qm, tl.trans(k_raw.to(dt))), 0) * kv_scale
+        else:
+            s = tl.sum(k_raw.to(tl.float32) * q[None, :], 1) * kv_scale
+        s = tl.where(tm, s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new)
+        if USE_DOT:
+            pm = tl.where(rows[:, None] == 0, p[None, :], 0.0).to(dt)
+            acc2 = acc2 * alpha + tl.dot(pm, v_raw.to(dt))
+        else:
+            acc = acc * alpha + tl.sum(p[:, None] * v_raw.to(tl.float32), 0)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        m_i = m_new
+    if USE_DOT:
+        acc = tl.sum(acc2, 0)
+    o = bh * n_splits + sp
+    tl.store(m_ptr + o, m_i)
+    tl.store(l_ptr + o, l_i)
+    tl.store(acc_ptr + o * D + d, acc * kv_scale)
+
+
+def decode_attention_variant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                             kv_scale: torch.Tensor, n_ctx: int | torch.Tensor, use_triton: bool | None = None,
+                             tile: AttnTile = DEFAULT_TILE, use_dot: bool = False,
+                             prefetch: bool = False) -> torch.Tensor:
+    """:func:`.attention.decode_attention` (same arguments and checks) through the variant
+    kernel: ``use_dot`` (tensor cores), ``prefetch`` (next tile's loads first)."""
+    per_row = check_decode_args(q, k_cache, v_cache, n_ctx)
+    if not use_triton_for(q, use_triton):
+        return decode_attention_ref(q, k_cache, v_cache, kv_scale, n_ctx)
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("decode_attention reads contiguous (B, H, T, D) caches")
+    B, H, _, D = q.shape
+    n_splits = triton.cdiv(k_cache.shape[2] if per_row else n_ctx, tile.chunk)
+    m = torch.empty((B * H, n_splits), dtype=torch.float32, device=q.device)
+    l = torch.empty_like(m)
+    acc = torch.empty((B * H, n_splits, D), dtype=torch.float32, device=q.device)
+    if q.stride(3) != 1:
+        q = q.contiguous()
+    _decode_attn_partial_variants[(B * H, n_splits)](
+        q, k_cache, v_cache, kv_scale.reshape(1).float(), m, l, acc, 0 if per_row else n_ctx,
+        n_ctx if per_row else m, k_cache.shape[2], n_splits, 1.0 / math.sqrt(D), H, q.stride(0), q.stride(1),
+        D=D, CHUNK=tile.chunk, BLOCK_T=tile.block_t, USE_DOT=use_dot, PREFETCH=prefetch, PER_ROW=per_row,
+        num_warps=tile.num_warps, num_stages=tile.num_stages)
+    return combine_splits(m, l, acc, q)
+
+
+def split_attn_config(c: dict) -> tuple[AttnTile, bool, bool]:
+    """A sweep's attention candidate ``{chunk, block_t, num_warps, num_stages, use_dot,
+    prefetch}`` as (tile, use_dot, prefetch)."""
+    return (AttnTile(c["chunk"], c["block_t"], c["num_warps"], c["num_stages"]),
+            bool(c.get("use_dot", False)), bool(c.get("prefetch", False)))
+
+
+def self_check(device=None, act_dtype: torch.dtype | None = None, seed: int = 0) -> dict[str, float]:
+    """The research kernels against their references on fresh random data (relative errors):
+    per-row quantization (round trip and scale), the W8A16 GEMM in its default tile and in the
+    other operand order with split-K (twice: the workspace must come back zeroed) and prefetch,
+    and each attention variant at lengths 1, 255, 257 and 700 (chunk 256)."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    act = act_dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float16)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    x = (torch.randn(37, 1500, generator=g, device=dev) * 3).to(act)
+    q, s = quant_rows(x, use_triton=True)
+    qr, sr = quant_rows_ref(x)
+    out = {"quant_rows_roundtrip": rel_err(q.float() * s, x), "quant_rows_scale": rel_err(s, sr)}
+    wq, wsc = quant_tensor_ref(torch.randn(96, 1500, generator=g, device=dev))
+    xs16 = x[:16]
+    w8_ref = fp8w_linear_ref(xs16.float(), wq, wsc)
+    out["fp8w_linear"] = rel_err(fp8w_linear(xs16, wq, wsc, use_triton=True), w8_ref)
+    c = {**(W8_CONFIG_CPU if tritonenv.INTERPRETED else W8_CONFIG), "BN": 32, "SWAP": True, "SPLIT_K": 3, "PREFETCH": True}
+    out["fp8w_linear_splitk"] = max(rel_err(fp8w_linear(xs16, wq, wsc, use_triton=True, config=c), w8_ref)
+                                    for _ in range(2))
+    B, H, T, D = 2, 3, 700, 64
+    qq = torch.randn(B, H, 1, D, generator=g, device=dev).to(act)
+    kc = torch.randn(B, H, T, D, generator=g, device=dev)
+    vc = torch.randn(B, H, T, D, generator=g, device=dev)
+    for name, dt, sc in (("decode_attention_16bit", act, 1.0), ("decode_attention_fp8", FP8, 0.01)):
+        kk, vv = (kc / sc).to(dt), (vc / sc).to(dt)
+        scale = torch.tensor(sc, device=dev)
+        for dot, pf in ((True, False), (False, True), (True, True)):
+            key = name + ("_dot" if dot else "") + ("_prefetch" if pf else "")
+            out[key] = max(rel_err(decode_attention_variant(qq, kk, vv, scale, n, use_triton=True, use_dot=dot,
+                                                            prefetch=pf), decode_attention_ref(qq, kk, vv, scale, n))
+                           for n in (1, 255, 257, T))
+    return out

@@ -1,0 +1,118 @@
+"""Lab 4's research kernels (:mod:`hwlab.labs.fp8.research`: no lab path runs them; the tuning
+scripts under benchmarks/ do) in the interpreter against their torch references, so a finding
+in benchmarks/LAB04_NOTES.md can be re-measured with code that is still correct."""
+import pytest
+import torch
+
+import hwlab  # noqa: F401  (interpreter before triton)
+from hwlab.labs import fp8 as L
+from hwlab.labs.fp8 import kernels as K
+from hwlab.labs.fp8 import research as R
+
+
+def _rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def test_research_self_check_on_fresh_data():
+    c = R.self_check("cpu", torch.float16, seed=0)
+    assert c["quant_rows_scale"] == 0.0 and 0.01 < c["quant_rows_roundtrip"] < 0.10  # one e4m3 step (truncating)
+    assert c["fp8w_linear"] < 1e-2 and c["fp8w_linear_splitk"] < 1e-2
+    for k in ("decode_attention_16bit", "decode_attention_fp8"):
+        assert c[k + "_prefetch"] < 1e-3  # the elementwise math: float32 throughout
+        assert c[k + "_dot"] < 5e-3 and c[k + "_dot_prefetch"] < 5e-3  # fp16 operands on the tensor cores
+
+
+def test_fp8_weight_gemm_matches_dequantized_reference():
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(80, 200, generator=g)  # N, K not multiples of the tile: masks are exercised
+    wq, s = K.quant_tensor_ref(w)
+    x = torch.randn(5, 200, generator=g).half()
+    y = R.fp8w_linear(x, wq, s, use_triton=True)
+    ref = (x.float() @ (wq.float() * s).t())
+    assert y.shape == (5, 80) and y.dtype == torch.float16
+    assert _rel(y, ref) < 5e-3
+
+
+@pytest.mark.parametrize("swap,split_k,prefetch", [(False, 1, False), (True, 1, True), (False, 3, True), (True, 2, False)])
+def test_fp8_weight_gemm_variants_and_split_k_workspace_left_clean(swap, split_k, prefetch):
+    g = torch.Generator().manual_seed(5 + split_k)
+    cfg = {"BN": 32 if swap else 16, "BK": 64, "num_warps": 4, "num_stages": 1, "SWAP": swap,
+           "SPLIT_K": split_k, "PREFETCH": prefetch}
+    for N, Kd, M in ((80, 200, 5), (48, 300, 17)):  # ragged N, K; M over one 16-row tile
+        wq, s = K.quant_tensor_ref(torch.randn(N, Kd, generator=g))
+        for _ in range(2):  # a second call must find the split-K workspace zeroed again
+            x = torch.randn(M, Kd, generator=g).half()
+            ref = x.float() @ (wq.float() * s).t()
+            assert _rel(R.fp8w_linear(x, wq, s, use_triton=True, config=cfg), ref) < 5e-3
+    if split_k > 1:
+        ws, cnt = R._WORKSPACES[("cpu", "splitk")]
+        assert ws.abs().max() == 0 and cnt.abs().max() == 0
+
+
+@pytest.mark.parametrize("use_dot,prefetch", [(False, True), (True, False), (True, True)])
+def test_decode_attention_variants_and_strided_query(use_dot, prefetch):
+    g = torch.Generator().manual_seed(6)
+    B, H, T, D = 2, 3, 600, 32
+    qkv = torch.randn(B, 1, 3 * H * D, generator=g).half()
+    q = qkv[..., : H * D].reshape(B, 1, H, D).transpose(1, 2)  # a strided view, as in the decoder
+    assert not q.is_contiguous()
+    for dt, sc in ((torch.float16, 1.0), (K.FP8, 0.01)):
+        k = (torch.randn(B, H, T, D, generator=g) / sc).to(dt)
+        v = (torch.randn(B, H, T, D, generator=g) / sc).to(dt)
+        k[:, :, 520:] = float("nan")  # past n_ctx: a prefetch must not pull it in
+        v[:, :, 520:] = float("nan")
+        scale = torch.tensor(sc)
+        for n in (1, 64, 65, 257, 520):
+            out = R.decode_attention_variant(q, k, v, scale, n, use_triton=True, use_dot=use_dot,
+                                             prefetch=prefetch, tile=K.AttnTile(256, 64))
+            assert torch.isfinite(out).all()
+            # tensor-core variant: fp16 operands (the FP8 values are exact in fp16; q and p round)
+            assert _rel(out, K.decode_attention_ref(q, k, v, scale, n)) < (2e-3 if use_dot else 1e-4), (dt, n)
+
+
+@pytest.mark.parametrize("dt", [torch.float16, K.FP8])
+def test_per_row_attention_variant_matches_each_row_alone(dt):
+    g = torch.Generator().manual_seed(5)
+    B, H, T, D = 3, 2, 200, 16
+    kc, vc = torch.randn(B, H, T, D, generator=g).to(dt), torch.randn(B, H, T, D, generator=g).to(dt)
+    lens = torch.tensor([1, 200, 70], dtype=torch.int32)
+    for b, n in enumerate(lens.tolist()):  # past each row's length: huge values, wrong if read
+        kc[b, :, n:] = torch.full((H, T - n, D), 300.0).to(dt)
+        vc[b, :, n:] = torch.full((H, T - n, D), 300.0).to(dt)
+    q = torch.randn(B, H, 1, D, generator=g).half()
+    s = torch.tensor(0.5)
+    out = R.decode_attention_variant(q, kc, vc, s, lens, use_triton=True, tile=K.AttnTile(64, 16), use_dot=True)
+    for b, n in enumerate(lens.tolist()):
+        alone = K.decode_attention_ref(q[b:b + 1], kc[b:b + 1], vc[b:b + 1], s, n).float()
+        assert (out[b:b + 1].float() - alone).abs().max() < 2e-3, (b, n)
+
+
+def test_quant_rows_scales_each_row():
+    g = torch.Generator().manual_seed(9)
+    x = (torch.randn(6, 300, generator=g) * torch.logspace(-2, 2, 6)[:, None]).half()
+    q, s = R.quant_rows(x, use_triton=True)
+    _, sr = R.quant_rows_ref(x)
+    assert s.shape == (6, 1) and torch.equal(s, sr)
+    for i in range(6):  # each row within one e4m3 step of itself, whatever its magnitude
+        assert _rel(q[i].float() * s[i], x[i]) < 0.10
+    with pytest.raises(ValueError, match="bf16"):
+        R.quant_rows(torch.randn(2, 8).bfloat16(), use_triton=True)
+
+
+def test_w8a16_decoder_is_fp8_mm_on_the_cpu_with_the_same_weights():
+    """Its layers are W8Linear (decode-shaped GPU calls take the W8A16 kernel); on a CPU they run
+    as fp8_mm, so its logits equal a plain decoder's on the same path, and so do its bytes."""
+    m = R.w8a16_decoder(L.TINY, device="cpu", config=R.W8_CONFIG_CPU)
+    ref = L.Decoder(L.TINY, R.W8A16_PATH, device="cpu")
+    w8 = [mod for mod in m.modules() if isinstance(mod, R.W8Linear)]
+    assert len(w8) == 4 * L.TINY.n_layers + 1 and all(mod.config == R.W8_CONFIG_CPU for mod in w8)
+    assert not any(isinstance(mod, R.W8Linear) for mod in ref.modules())
+    toks = torch.randint(0, L.TINY.vocab, (2, 9), generator=torch.Generator().manual_seed(0))
+    outs = []
+    for d in (m, ref):
+        cache = d.new_cache(2, 9)
+        outs.append([d(toks[:, :8], cache), d(toks[:, 8:], cache)])
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    assert L.decode_bytes(m, 2, 8) == L.decode_bytes(ref, 2, 8)
