@@ -102,3 +102,21 @@ def test_time_fn_stops_at_the_time_budget():
 def test_size_that_does_not_fit_is_refused_before_allocating():
     with pytest.raises(M.InsufficientMemoryError, match="choose a smaller size"):
         M.require_memory(1 << 50, torch.device("cpu"), "a 1 PiB probe")
+
+
+def test_one_quantile_definition_linear_weighted_and_nearest():
+    xs = [5.0, 1.0, 3.0, 2.0, 4.0]
+    assert M.quantile(xs, 0.5) == 3.0 and M.quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
+    assert M.quantile(xs, 0.1) == pytest.approx(1.4) and M.quantile(xs, 0.0) == 1.0 and M.quantile(xs, 1.0) == 5.0
+    # a weight is a count: the same as repeating the sample
+    assert M.quantile([1.0, 10.0], 0.5, [3, 1]) == M.quantile([1.0, 1.0, 1.0, 10.0], 0.5) == 1.0
+    assert M.quantile([1.0, 10.0], 0.9, [3, 1]) == pytest.approx(M.quantile([1.0, 1.0, 1.0, 10.0], 0.9))
+    assert M.quantile([1.0, 10.0], 0.9, [3, 1]) == pytest.approx(1.0 + 9.0 * 0.7)
+    # nearest rank: always one of the samples
+    assert M.quantile([1.0, 10.0], 0.5, [99, 1], method="nearest") == 1.0
+    assert M.quantile([1.0, 10.0], 0.995, [99, 1], method="nearest") == 10.0
+    assert M.quantile([], 0.5) is None and M.quantile([1.0], 0.5, [0]) is None
+    t = M.Timing(xs, "cpu-perf-counter", 0)
+    assert (t.p10_ms, t.p90_ms) == (M.quantile(xs, 0.1), M.quantile(xs, 0.9))
+    with pytest.raises(ValueError, match="weights"):
+        M.quantile(xs, 0.5, [1, 2])

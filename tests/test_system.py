@@ -125,3 +125,18 @@ def test_recorded_h200_snapshot_replays():
     # the one-GPU VM answers NotSupported for NVLink: recorded as such, not as an error
     assert system.is_unsupported(g["nvlink"])
     assert isinstance(system.health_flags(snap), list)
+
+
+def test_nvml_session_shuts_down_whatever_happens_inside():
+    calls = []
+    m = types.SimpleNamespace(nvmlInit=lambda: calls.append("init"), nvmlShutdown=lambda: calls.append("down"))
+    with pytest.raises(KeyError):
+        with system.nvml_session(m) as (nvml, why):
+            assert nvml is m and why is None
+            raise KeyError("a query failed")
+    assert calls == ["init", "down"]
+
+    def broken():
+        raise RuntimeError("NVML Shared Library Not Found")
+    with system.nvml_session(types.SimpleNamespace(nvmlInit=broken)) as (nvml, why):
+        assert nvml is None and "NVML could not start" in why and "Shared Library" in why

@@ -120,3 +120,30 @@ def test_from_nvml_with_fake_two_gpus():
 def test_round_trip_dict():
     t = load("dgx1_v100_hybrid_cube_mesh.txt")
     assert T.Topology.from_dict(t.to_dict()).links == t.links
+
+
+def test_capture_falls_back_from_unreadable_smi_text_to_nvml_then_absent(monkeypatch, tmp_path):
+    """The one topology capture: a saved file wins; nvidia-smi text that does not parse is kept
+    with its error and NVML answers instead; with neither the capture says absent."""
+    saved = Path(T.__file__).parent / "recorded" / "topology" / "h200x1_vm.txt"
+    cap = T.capture(saved)
+    assert cap.topo.n_gpus == 1 and cap.text == saved.read_text() and cap.source.startswith("injected")
+    bad = tmp_path / "topo.txt"
+    bad.write_text("not a matrix\n")
+    from hwlab.errors import UserInputError
+    with pytest.raises(UserInputError, match="topo.txt"):
+        T.capture(bad)
+    with pytest.raises(UserInputError, match="cannot read"):
+        T.capture(tmp_path / "missing.txt")
+    nvml_topo = T.Topology(gpus=["GPU0"], source="nvml")
+    monkeypatch.setattr(T, "capture_topo_text", lambda: "garbage\n")
+    monkeypatch.setattr(T, "from_nvml", lambda: nvml_topo)
+    cap = T.capture()
+    assert cap.topo is nvml_topo and cap.source == "nvml" and cap.error and cap.text == "garbage\n"
+    monkeypatch.setattr(T, "from_nvml", lambda: None)
+    monkeypatch.setattr(T, "capture_topo_text", lambda: None)
+    cap = T.capture()
+    assert cap.topo is None and cap.source.startswith(T.ABSENT) and cap.error is None
+    monkeypatch.setattr(T, "capture_topo_text", lambda: saved.read_text())
+    cap = T.capture()
+    assert cap.source == T.SMI_SOURCE and cap.topo.n_gpus == 1 and cap.error is None

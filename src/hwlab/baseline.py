@@ -20,19 +20,19 @@ from typing import Any, Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from . import comms, probes, system, topology
 from .baseline_compare import (  # noqa: F401  (re-exported: `baseline.compare` is the public name)
     BASELINE_KIND, LATENCY_PROBES, MEASURED_PARAMS, NEXT, TOL_HIT_PP, TOL_LATENCY_PCT, TOL_RATE_PCT,
     TOL_TEMP_C, Comparison, Deviation, _probe_value, comparability, compare, fleet_table)
 from .evidence import Evidence, machine_info
-from .measure import Measurement, device_of
+from .labs import crosslink
+from .measure import TOL_BY_DTYPE, Measurement, bench, device_of
 from .profiling import hit_rate_from_events, profiler_events
 
 
 
 # ---------------------------------------------------------------- kernel probes
 def _sdpa_probe(dev, quick: bool) -> Measurement:
-    from .measure import TOL_BY_DTYPE, bench
-
     gpu = dev.type == "cuda"
     B, H, T, D = (4, 32, 4096, 128) if gpu and not quick else (2, 4, 256, 64)
     dt = torch.bfloat16 if gpu else torch.float32
@@ -54,8 +54,6 @@ def rmsnorm(x, w, eps: float = 1e-6):
 
 
 def _rmsnorm_probe(dev, quick: bool) -> Measurement:
-    from .measure import TOL_BY_DTYPE, bench
-
     gpu = dev.type == "cuda"
     rows, cols = (65536, 8192) if gpu and not quick else (512, 1024)
     dt = torch.bfloat16 if gpu else torch.float32
@@ -68,8 +66,6 @@ def _rmsnorm_probe(dev, quick: bool) -> Measurement:
 
 def _kv_read_probe(dev, quick: bool) -> Measurement:
     """Decode attention over a long KV cache: one query per sequence reads the whole cache."""
-    from .measure import TOL_BY_DTYPE, bench
-
     gpu = dev.type == "cuda"
     B, H, T, D = (16, 8, 32768, 128) if gpu and not quick else (2, 4, 512, 64)
     dt = torch.bfloat16 if gpu else torch.float32
@@ -120,9 +116,6 @@ def fp8_decode_path(dev, quick: bool = True) -> dict[str, Any]:
 # ---------------------------------------------------------------- record
 def record(quick: bool = False, progress: Callable[[str], None] | None = None) -> Evidence:
     """Measure every baseline part on this machine; parts that cannot run say why."""
-    from . import probes, system, topology
-    from .labs import crosslink
-
     dev = device_of(None)
     gpu = dev.type == "cuda"
 
@@ -142,18 +135,13 @@ def record(quick: bool = False, progress: Callable[[str], None] | None = None) -
             return None
 
     snap = system.snapshot()
-    text = topology.capture_topo_text()
-    topo = None
-    if text:
-        try:
-            topo = topology.parse_topo_matrix(text, "nvidia-smi topo -m").to_dict()
-        except topology.TopologyParseError as e:
-            missing["topology"] = str(e)
-    if topo is None:
-        t = topology.from_nvml()
-        topo = t.to_dict() if t else None
-        if topo is None:
-            missing.setdefault("topology", "no nvidia-smi and no NVML on this machine")
+    cap = topology.capture()
+    text = cap.text
+    topo = cap.topo.to_dict() if cap.topo else None
+    if cap.error:
+        missing["topology"] = cap.error
+    elif topo is None:
+        missing["topology"] = "no nvidia-smi and no NVML on this machine"
     size = 256 if quick else 2048
     for name, fn in [
         ("hbm_copy", lambda: probes.hbm_copy(size_mib=size if gpu else 64, impl="torch")),
@@ -167,7 +155,7 @@ def record(quick: bool = False, progress: Callable[[str], None] | None = None) -
         m = attempt(name, fn)
         if m is not None:
             results.append(m)
-    p2p = crosslink.p2p_matrix_gbps() if gpu else {"skipped": "no GPU"}
+    p2p = comms.p2p_matrix_gbps() if gpu else {"skipped": "no GPU"}
     nccl = crosslink.collectives(max(2, torch.cuda.device_count()), nccl=True) if gpu else {"skipped": "no GPU"}
     for k, v in (("p2p", p2p), ("nccl", nccl)):
         if "skipped" in v:

@@ -50,7 +50,7 @@ from .topology import Topology, link_rank
 
 SCHEMA = "hwlab.capture"
 SCHEMA_VERSION = 1
-ABSENT = "absent"
+ABSENT = topology.ABSENT
 _ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
              "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "MASTER_ADDR", "MASTER_PORT",
              "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NODEID",
@@ -100,22 +100,10 @@ def parse_cpu_list(text: str) -> set[int]:
 
 
 def node_topology(topo_file: str | os.PathLike | None = None) -> tuple[Topology | None, str | None, str]:
-    """(model, raw text, source): an injected saved capture, else ``nvidia-smi topo -m``, else NVML."""
-    if topo_file is not None:
-        p = Path(topo_file)
-        try:
-            text = p.read_text()
-        except OSError as e:
-            raise UserInputError(f"cannot read the topology file {p} ({e.strerror or e}): pass a saved "
-                                 "`nvidia-smi topo -m` output") from None
-        return topology.parse_topo_matrix(text, source=f"injected from {p.name}"), text, f"injected from {p}"
-    text = topology.capture_topo_text()
-    if text:
-        return topology.parse_topo_matrix(text, source="nvidia-smi topo -m"), text, "nvidia-smi topo -m"
-    t = topology.from_nvml()
-    if t is not None:
-        return t, None, "nvml"
-    return None, None, f"{ABSENT}: no nvidia-smi and no NVML on this node"
+    """(model, raw text, source): an injected saved capture, else ``nvidia-smi topo -m``, else NVML
+    (the core's one capture with its fallbacks, :func:`hwlab.topology.capture`)."""
+    cap = topology.capture(topo_file)
+    return cap.topo, cap.text, cap.source
 
 
 def _bus(domain: int, bus: int, dev: int) -> str:

@@ -184,6 +184,47 @@ def l2_bytes_of(device: torch.device) -> int | None:
     return None
 
 
+def quantile(values: Sequence[float], q: float, weights: Sequence[int] | None = None,
+             method: str = "linear") -> float | None:
+    """The kit's one percentile definition: the ``q`` quantile (0..1) of ``values``, each counted
+    ``weights[i]`` times (whole counts, e.g. tokens a step served; default 1). None for no samples.
+
+    ``method="linear"`` (the default, numpy's default): sort the samples (repeats expanded) and
+    interpolate linearly at position ``q * (n - 1)``, so p10..p90 of a few samples moves smoothly.
+    ``method="nearest"``: the nearest-rank sample (the ``ceil(q * n)``-th, at least the first),
+    always one of the samples; kept for records made with it (Lab 4's serving stream).
+    """
+    if method not in ("linear", "nearest"):
+        raise ValueError(f"quantile method {method!r}: use 'linear' or 'nearest'")
+    w = [1] * len(values) if weights is None else list(weights)
+    if len(w) != len(values):
+        raise ValueError(f"{len(values)} values but {len(w)} weights")
+    pairs = sorted((v, int(n)) for v, n in zip(values, w) if n > 0)
+    total = sum(n for _, n in pairs)
+    if not total:
+        return None
+    if method == "nearest":
+        idx = max(1, math.ceil(q * total)) - 1
+        frac = 0.0
+    else:
+        pos = q * (total - 1)
+        idx = int(math.floor(pos))
+        frac = pos - idx
+
+    def at(i: int) -> float:  # the i-th sample (0-based) of the expanded, sorted samples
+        seen = 0
+        for v, n in pairs:
+            seen += n
+            if seen > i:
+                return v
+        return pairs[-1][0]
+
+    lo = at(idx)
+    if frac == 0.0:
+        return lo
+    return lo + (at(min(idx + 1, total - 1)) - lo) * frac
+
+
 @dataclass
 class Timing:
     """Per-repetition times of one measured callable."""
@@ -197,13 +238,8 @@ class Timing:
         return statistics.median(self.samples_ms)
 
     def quantile_ms(self, q: float) -> float:
-        s = sorted(self.samples_ms)
-        if len(s) == 1:
-            return s[0]
-        pos = q * (len(s) - 1)
-        lo = int(math.floor(pos))
-        hi = min(lo + 1, len(s) - 1)
-        return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+        """The ``q`` quantile (0..1) of the samples, by the kit's one definition (:func:`quantile`)."""
+        return quantile(self.samples_ms, q)
 
     @property
     def p10_ms(self) -> float:

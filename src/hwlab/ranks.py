@@ -2,17 +2,17 @@
 
 What it reports, and the rule behind each part:
 
-* **Distribution** per rank: median step, p10/p90 (the one interpolating percentile of
-  :class:`hwlab.measure.Timing`), its *compute* (step minus all time in collectives) and its
+* **Distribution** per rank: median step, p10/p90 (the kit's one percentile,
+  :func:`hwlab.measure.quantile`, linear interpolation), its *compute* (step minus all time in collectives) and its
   *arrival* (step up to the start of its last collective). The first ``skip`` steps (start-up:
   allocation, communicator set-up) are left out.
 * **Tail ranks**: sorted by compute, the ranks above the largest jump, when that jump is at
-  least ``TAIL_JUMP`` (Lab 3's rule, imported from it: busy hosts jitter by 10-20%, a slow rank costs
-  more). If compute shows no tail, arrival is tried (a rank whose earlier collective crossed a
+  least ``TAIL_JUMP`` (:func:`hwlab.tails.tail_split`, the rule Lab 3 uses too: busy hosts jitter
+  by 10-20%, a slow rank costs more). If compute shows no tail, arrival is tried (a rank whose earlier collective crossed a
   slow link arrives late at the last one although its compute is normal). Without recorded
   collective time only the step itself is there; in a loop that syncs every step every rank's
   step is as long as the slowest's, and the report says so.
-* **Periodic spikes**: Lab 3's rule (:func:`hwlab.labs.crosslink.spikes`: over 1.5x the median,
+* **Periodic spikes**: the core's rule (:func:`hwlab.tails.spikes`: over 1.5x the median,
   periodic when three or more are evenly spaced) on each rank's compute (its step, without
   collective time); spikes on at least half the ranks at the same step are called global
   (checkpoint, garbage collection, data loading), others local to the rank.
@@ -40,30 +40,12 @@ from typing import Any
 from . import capture, flowchart, incident
 from .errors import UserInputError
 from .evidence import Evidence
-from .labs.crosslink import nccl_routes
-from .labs.crosslink.report import SPIKE_OVER_MEDIAN, TAIL_JUMP, spikes
-from .measure import Timing
+from .comms import nccl_routes
+from .measure import quantile
 from .steplog import read_log
+from .tails import SPIKE_OVER_MEDIAN, TAIL_JUMP, spikes, tail_split
 
 DEFAULT_SKIP = 3
-
-
-def quantile(xs: list[float], q: float) -> float:
-    """The kit's one percentile definition (linear interpolation, :meth:`Timing.quantile_ms`)."""
-    return Timing(list(xs), "host clock", 0).quantile_ms(q)
-
-
-def tail_split(values: dict[int, float]) -> tuple[list[int], float]:
-    """(tail ranks, tail % over the others' median) by the largest jump in sorted ``values``."""
-    order = sorted(values, key=values.get)
-    vals = [values[k] for k in order]
-    base, tail = statistics.median(vals), []
-    jumps = [(vals[i + 1] / vals[i] if vals[i] > 0 else 1.0, i) for i in range(len(vals) - 1)]
-    if jumps:
-        ratio, i = max(jumps)
-        if ratio >= TAIL_JUMP:
-            tail, base = sorted(order[i + 1:]), statistics.median(vals[:i + 1])
-    return tail, (100.0 * (max(vals) - base) / base if base > 0 else 0.0)
 
 
 def _rank_stats(steps: list[dict[str, Any]], skip: int) -> dict[str, Any] | None:
@@ -79,7 +61,7 @@ def _rank_stats(steps: list[dict[str, Any]], skip: int) -> dict[str, Any] | None
     per_coll = {n: statistics.median([sum(c[1] for c in cs if c[0] == n) for cs in colls]) for n in names}
     has_colls = any(colls)
     ids = [s["step"] for s in steps]
-    sp = spikes(compute if has_colls else step_ms)  # Lab 3's spike rule, one definition
+    sp = spikes(compute if has_colls else step_ms)  # the one spike rule (hwlab.tails)
     hit, period = [ids[i] for i in sp["at"]], sp["period_steps"]
     return {"n_steps": len(steps), "clock": "CUDA events" if gpu else "host clock",
             "step_ms": statistics.median(step_ms), "step_p10_ms": quantile(step_ms, 0.1),

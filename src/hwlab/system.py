@@ -15,11 +15,12 @@ before any kernel is blamed.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 UNSUPPORTED = "unsupported"
 
@@ -84,6 +85,40 @@ def versions() -> dict[str, Any]:
     except ImportError:
         out["triton"] = None
     return out
+
+
+NVML_MISSING = "module pynvml missing"
+
+
+@contextlib.contextmanager
+def nvml_session(pynvml: Any | None = None) -> Iterator[tuple[Any | None, str | None]]:
+    """The kit's one NVML session: ``with nvml_session() as (nvml, why):`` gives the initialised
+    ``pynvml`` module and ``why=None``, or ``nvml=None`` and one sentence saying why NVML is not
+    there (module missing, no driver); NVML is shut down on leaving, whatever happened inside.
+
+    ``pynvml`` may be injected (tests pass a fake). The real module is imported here, not at
+    the top of this module, on purpose: ``nvidia-ml-py`` is optional and a CPU machine has no
+    driver for it, and the import must not cost anything to a caller that never asks NVML.
+    """
+    if pynvml is None:
+        try:
+            import pynvml as _pynvml  # provided by nvidia-ml-py; optional (docstring)
+            pynvml = _pynvml
+        except ImportError:
+            yield None, f"{NVML_MISSING}: pip install nvidia-ml-py"
+            return
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:
+        yield None, f"NVML could not start ({type(e).__name__}: {e})"
+        return
+    try:
+        yield pynvml, None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
 
 
 def _gpu_state(pynvml: Any, i: int) -> dict[str, Any]:
@@ -160,33 +195,17 @@ def snapshot(pynvml: Any | None = None) -> dict[str, Any]:
         "versions": versions(),
         "gpus": [],
     }
-    if pynvml is None:
-        try:
-            import pynvml as _pynvml  # provided by nvidia-ml-py
-            pynvml = _pynvml
-        except ImportError:
-            snap["nvml"] = {"available": False,
-                            "reason": "module pynvml missing: pip install nvidia-ml-py"}
+    with nvml_session(pynvml) as (nvml, why):
+        if nvml is None:
+            if not why.startswith(NVML_MISSING):
+                why += ". No NVIDIA driver here: GPU state is unknown; CPU results and recorded evidence still work."
+            snap["nvml"] = {"available": False, "reason": why}
             return snap
-    try:
-        pynvml.nvmlInit()
-    except Exception as e:
-        snap["nvml"] = {"available": False,
-                        "reason": f"NVML could not start ({type(e).__name__}: {e}). "
-                                  "No NVIDIA driver here: GPU state is unknown; CPU results "
-                                  "and recorded evidence still work."}
-        return snap
-    try:
         snap["nvml"] = {"available": True}
-        snap["versions"]["driver"] = _q(lambda: _s(pynvml.nvmlSystemGetDriverVersion()))
-        snap["versions"]["cuda_driver"] = _q(lambda: pynvml.nvmlSystemGetCudaDriverVersion_v2())
-        n = pynvml.nvmlDeviceGetCount()
-        snap["gpus"] = [_gpu_state(pynvml, i) for i in range(n)]
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+        snap["versions"]["driver"] = _q(lambda: _s(nvml.nvmlSystemGetDriverVersion()))
+        snap["versions"]["cuda_driver"] = _q(lambda: nvml.nvmlSystemGetCudaDriverVersion_v2())
+        n = nvml.nvmlDeviceGetCount()
+        snap["gpus"] = [_gpu_state(nvml, i) for i in range(n)]
     return snap
 
 

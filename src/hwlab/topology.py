@@ -20,10 +20,17 @@ class slower than the best available one is the topology fault of the seed's 0.7
 """
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 from itertools import combinations
+from pathlib import Path
 from typing import Any, Iterable
+
+from .errors import UserInputError
+from .system import nvml_session
 
 LINK_ORDER = ["X", "NV", "PIX", "PXB", "PHB", "NODE", "SYS"]
 _AFFINITY_HEADERS = [("CPU", "Affinity"), ("NUMA", "Affinity"), ("GPU", "NUMA", "ID")]
@@ -218,32 +225,24 @@ def from_nvml(pynvml: Any | None = None) -> Topology | None:
     Returns ``None`` without NVML. Queries NVML refuses (NVLink/NUMA on a one-GPU VM) leave
     the PCIe class in place and the NUMA node unknown.
     """
-    if pynvml is None:
-        try:
-            import pynvml as _p
-            pynvml = _p
-        except ImportError:
+    with nvml_session(pynvml) as (nvml, _why):
+        if nvml is None:
             return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        n = pynvml.nvmlDeviceGetCount()
-        hs = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+        n = nvml.nvmlDeviceGetCount()
+        hs = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
         bus = []
         for h in hs:
-            b = pynvml.nvmlDeviceGetPciInfo(h).busId
+            b = nvml.nvmlDeviceGetPciInfo(h).busId
             bus.append((b.decode() if isinstance(b, bytes) else b).lower())
         gpus = [f"GPU{i}" for i in range(n)]
         topo = Topology(gpus=gpus, source="nvml")
         nv_count = [[0] * n for _ in range(n)]
         for i, h in enumerate(hs):
-            for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+            for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
                 try:
-                    if not pynvml.nvmlDeviceGetNvLinkState(h, link):
+                    if not nvml.nvmlDeviceGetNvLinkState(h, link):
                         continue
-                    rb = pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId
+                    rb = nvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId
                     rb = (rb.decode() if isinstance(rb, bytes) else rb).lower()
                 except Exception:
                     break
@@ -258,28 +257,21 @@ def from_nvml(pynvml: Any | None = None) -> Topology | None:
                     cls = f"NV{nv_count[i][j]}"
                 else:
                     try:
-                        lvl = pynvml.nvmlDeviceGetTopologyCommonAncestor(hs[i], hs[j])
+                        lvl = nvml.nvmlDeviceGetTopologyCommonAncestor(hs[i], hs[j])
                         cls = _NVML_LEVEL.get(int(lvl), "SYS")
                     except Exception:
                         cls = "SYS"
                 topo.links[(gpus[i], gpus[j])] = cls
             try:
-                topo.numa_affinity[gpus[i]] = int(pynvml.nvmlDeviceGetNumaNodeId(hs[i]))
+                topo.numa_affinity[gpus[i]] = int(nvml.nvmlDeviceGetNumaNodeId(hs[i]))
             except Exception:
                 topo.numa_affinity[gpus[i]] = None
         return topo
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def capture_topo_text(timeout_s: float = 20.0) -> str | None:
-    """Run ``nvidia-smi topo -m``; ``None`` where nvidia-smi is absent or fails."""
-    import shutil
-    import subprocess
-
+    """Run ``nvidia-smi topo -m``; ``None`` where nvidia-smi is absent, fails or hangs past
+    ``timeout_s`` seconds (a wedged driver can hang it; the capture then falls back to NVML)."""
     exe = shutil.which("nvidia-smi")
     if not exe:
         return None
@@ -288,3 +280,50 @@ def capture_topo_text(timeout_s: float = 20.0) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return r.stdout if r.returncode == 0 else None
+
+
+#: the capture's source when neither nvidia-smi nor NVML answered
+ABSENT = "absent"
+SMI_SOURCE = "nvidia-smi topo -m"
+
+
+@dataclass
+class TopologyCapture:
+    """This machine's topology as the kit captured it: the model (``None`` when nothing
+    answered), the raw ``nvidia-smi topo -m`` text (``None`` from NVML or when absent), where
+    it came from, and why the nvidia-smi text was not used when it could not be parsed."""
+
+    topo: Topology | None
+    text: str | None
+    source: str
+    error: str | None = None
+
+
+def capture(topo_file: str | os.PathLike | None = None, *, pynvml: Any | None = None) -> TopologyCapture:
+    """The kit's one topology capture with its fallbacks, in order: a saved ``nvidia-smi topo -m``
+    file the user passes (``topo_file``; unreadable or unparsable is the user's input error),
+    else ``nvidia-smi topo -m`` run now (unparsable text is kept with the error, and NVML is
+    asked instead), else NVML (:func:`from_nvml`), else ``source`` starts with :data:`ABSENT`."""
+    if topo_file is not None:
+        p = Path(topo_file)
+        try:
+            text = p.read_text()
+        except OSError as e:
+            raise UserInputError(f"cannot read the topology file {p} ({e.strerror or e}): pass a saved "
+                                 "`nvidia-smi topo -m` output") from None
+        try:
+            return TopologyCapture(parse_topo_matrix(text, source=f"injected from {p.name}"), text,
+                                   f"injected from {p}")
+        except TopologyParseError as e:
+            raise UserInputError(f"{p}: {e}") from None
+    text = capture_topo_text()
+    error = None
+    if text:
+        try:
+            return TopologyCapture(parse_topo_matrix(text, source=SMI_SOURCE), text, SMI_SOURCE)
+        except TopologyParseError as e:
+            error = str(e)
+    t = from_nvml(pynvml) if pynvml is not None else from_nvml()
+    if t is not None:
+        return TopologyCapture(t, text, "nvml", error)
+    return TopologyCapture(None, text, f"{ABSENT}: no nvidia-smi and no NVML on this node", error)

@@ -8,15 +8,16 @@ rank tail plus collective wait everywhere else, while each card alone is fine.
 :mod:`.report` names the tail ranks, how late they finish and each rank's communication wait,
 and builds the flowchart evidence from measured metrics only. :mod:`.slowlink` builds a real
 rate-limited link (netns + veth + tbf) and runs the experiments over it; :mod:`.overlap`
-measures how much communication the micro-batched block hides; :mod:`.comms` holds the
-collective/route/P2P probes and the one-GPU PCIe-staged step; :mod:`.grading` the exercise's
+measures how much communication the micro-batched block hides; :mod:`.comms` launches the
+collectives and holds the one-GPU PCIe-staged step (route parsing, the P2P matrix and bus
+bandwidth are core: :mod:`hwlab.comms`; the tail and spike rules too: :mod:`hwlab.tails`); :mod:`.grading` the exercise's
 checkers. ``python -m hwlab.labs.crosslink`` is one rank (:mod:`.__main__`).
 """
 from .block import (KERNELS, block_partial, block_partial_regressed, block_reference, block_work, partial_fn,
                     cpu_ceilings_one_core, make_weights, shard, single_device_baseline)
 from .comms import busbw_table, collectives, p2p_matrix_gbps, run_collectives, single_gpu_tp_step
 from .grading import grade_mapping, grade_straggler, grade_suspect
-from .nccl import FORCE_SLOW_ROUTE, NCCL_SAFE_ENV, ROUTE_PATTERNS, needs_gpus, nccl_routes
+from ...comms import FORCE_SLOW_ROUTE, NCCL_SAFE_ENV, ROUTE_PATTERNS, needs_gpus, nccl_routes
 from .overlap import OVERLAP_FAILED_PCT, hidden_pct, overlap_report
 from .ranks import DP_SYNC_ELEMS, launch, launch_phases, parse_groups, phase_view, run_rank
 from .report import (SPIKE_OVER_MEDIAN, TAIL_JUMP, StragglerReport, flowchart_evidence, paired_ratio, signature_row, spikes,

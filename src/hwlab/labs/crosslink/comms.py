@@ -1,9 +1,10 @@
-"""Collectives and routes: gloo/NCCL all-reduce and all-to-all bus bandwidth (nccl-tests'
-definitions), NCCL's chosen transport from its log, the GPU peer-to-peer matrix, and the
-one-GPU TP step whose all-reduce is staged through pinned host memory.
+"""Lab 3's collectives and its one-GPU step: gloo/NCCL all-reduce and all-to-all timed on
+ranks this lab launches (:func:`collectives`, bus bandwidth by the core's nccl-tests definitions
+in :mod:`hwlab.comms`), and the one-GPU TP step whose all-reduce is staged through pinned host
+memory (what NCCL falls back to without peer-to-peer).
 
-:mod:`hwlab.baseline` uses :func:`p2p_matrix_gbps` and :func:`collectives` (re-exported by
-:mod:`hwlab.labs.crosslink`).
+Route parsing, the P2P matrix and ``busbw_table`` are core (:mod:`hwlab.comms`); the node
+baseline uses :func:`collectives` (re-exported by :mod:`hwlab.labs.crosslink`).
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ...measure import TOL_BY_DTYPE, bench, device_of, time_fn
+from ...comms import busbw_table, needs_gpus, p2p_matrix_gbps  # noqa: F401 (p2p re-exported)
+from ...measure import TOL_BY_DTYPE, bench, device_of
 from .block import block_partial, block_reference, make_weights, shard
-from .nccl import needs_gpus
 from .ranks import run_processes
 
 
@@ -53,26 +54,6 @@ def run_collectives(rank: int, world: int, init_method: str, sizes: list[int], *
         return out
     finally:
         dist.destroy_process_group()
-
-
-def busbw_table(rank_results: list[dict[str, Any]], world: int) -> list[dict[str, Any]]:
-    """nccl-tests' bus bandwidth from the slowest rank's median time at each size:
-    all-reduce busbw = algbw * 2(n-1)/n; all-to-all busbw = algbw * (n-1)/n."""
-    rows = []
-    ops = ("all_reduce", "all_to_all")
-    sizes = sorted({int(s) for r in rank_results for op in ops for s in r[op]})
-    for op in ops:
-        factor = 2 * (world - 1) / world if op == "all_reduce" else (world - 1) / world
-        for size in sizes:
-            vals = [r[op].get(str(size), r[op].get(size)) for r in rank_results]
-            if any(v is None or isinstance(v, dict) for v in vals):
-                rows.append({"op": op, "bytes": size, "unsupported": True})
-                continue
-            t_ms = max(vals)
-            algbw = size / (t_ms * 1e-3) / 1e9
-            rows.append({"op": op, "bytes": size, "t_ms": t_ms, "algbw_gbps": algbw,
-                         "busbw_gbps": algbw * factor})
-    return rows
 
 
 def collectives(world: int, sizes=(1 << 16, 1 << 20, 1 << 24), *, nccl: bool = False,
@@ -127,22 +108,3 @@ def single_gpu_tp_step(tp: int = 2, hidden: int = 8192, ffn: int = 32768, batch:
               params={"tp": tp, "hidden": hidden, "ffn": ffn, "batch": batch, "staged": staged,
                       "allreduce_bytes": n_ar})
     return m
-
-
-def p2p_matrix_gbps(size_mib: int = 256) -> dict[str, Any]:
-    """GPU-to-GPU copy bandwidth for every ordered pair (GB/s), or why it cannot run."""
-    why = needs_gpus(2)
-    if why:
-        return {"skipped": why}
-    n = torch.cuda.device_count()
-    out: dict[str, Any] = {"size_mib": size_mib, "gbps": {}}
-    for a in range(n):
-        for b in range(n):
-            if a == b:
-                continue
-            src = torch.randn(size_mib * 2**18, device=f"cuda:{a}")
-            dst = torch.empty_like(src, device=f"cuda:{b}")
-            t = time_fn(lambda: dst.copy_(src), [()], torch.device(f"cuda:{a}"), n_rep=10)
-            out["gbps"][f"{a}->{b}"] = src.numel() * 4 / (t.median_ms * 1e-3) / 1e9
-            assert torch.equal(dst.cpu(), src.cpu())
-    return out

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...comms import NCCL_SAFE_ENV, needs_gpus, nccl_routes
 from .block import block_reference, make_weights, partial_fn, shard
-from .nccl import NCCL_SAFE_ENV, needs_gpus, nccl_routes
 from .overlap import comm_alone, compute_alone, overlapped
 
 DP_SYNC_ELEMS = 1024
@@ -264,7 +264,7 @@ def launch(world: int, groups: list[list[int]], *, slow=None, slow_ranks: tuple[
 
     gloo (default): ``slow_ranks`` run inside the slow link's namespace; without ``slow`` all
     ranks share loopback. ``nccl=True``: rank r drives ``cuda:r`` over NCCL with multicast
-    kept off; ``extra_env`` (e.g. :data:`~.comms.FORCE_SLOW_ROUTE`) steers NCCL, and each
+    kept off; ``extra_env`` (e.g. :data:`hwlab.comms.FORCE_SLOW_ROUTE`) steers NCCL, and each
     result carries the transports NCCL reported choosing (``routes``)."""
     res = launch_phases(world, {"m": groups}, ["step:m"], slow=slow, slow_ranks=slow_ranks, steps=steps,
                         hidden=hidden, ffn=ffn, batch=batch, timeout_s=timeout_s, workdir=workdir,

@@ -1,22 +1,19 @@
 """From per-rank timings to findings: the straggler ranks and how late they finish, each
 rank's communication wait, step-time spikes, and the flowchart evidence of a run.
 
-Thresholds, and why:
+The tail split and the spike rule are the core's (:mod:`hwlab.tails`: :data:`TAIL_JUMP`,
+:data:`SPIKE_OVER_MEDIAN`, :data:`PERIODIC_CV`, with their reasons), shared with ``hwlab ranks``.
+What this module adds, and why:
 
 * a rank's own work is its compute + TP all-reduce per step, summarised by the lower quartile
-  over steps (:data:`OWN_QUANTILE`): on a shared CPU scheduling delays only ever add time, at
-  random, so the lower quartile is the rank's own cost with most of that noise trimmed;
-* a rank is in the tail when its own work sits above the largest jump in the sorted per-rank
-  figures, and that jump is at least :data:`TAIL_JUMP` (1.15x): trimmed as above, healthy
-  neighbours differ by scheduling noise only, while at the seed's 0.72x a tail that explains
-  the loss is 0.39 of a step, which puts at most ~1.4x between on-time and tail ranks (less
-  when ranks also wait for each other); 1.15x sits between, and a tail that small is near the
-  limit of what a shared CPU can name rank by rank (the recorded sweep shows where it fails).
-  The flowchart's rank-tail threshold (10%) then applies to how far the slowest rank sits
-  above the other ranks;
-* a step is a spike when it exceeds the run's median step by :data:`SPIKE_OVER_MEDIAN` (1.5x):
-  beyond what CPU scheduling noise gives a healthy step here; spikes are called periodic when
-  there are at least three and their spacing varies by under :data:`PERIODIC_CV` (25%).
+  over steps (:data:`OWN_QUANTILE`, the core's one percentile :func:`hwlab.measure.quantile`):
+  on a shared CPU scheduling delays only ever add time, at random, so the lower quartile is the
+  rank's own cost with most of that noise trimmed; the tail split runs on it. A tail that small
+  is near the limit of what a shared CPU can name rank by rank (the recorded sweep shows where
+  it fails). The flowchart's rank-tail threshold (10%) then applies to how far the slowest rank
+  sits above the other ranks;
+* per rank, ``late_ms`` is the median over rounds of its own work minus the non-tail ranks'
+  median in the same round, so load on the machine cancels round by round.
 """
 from __future__ import annotations
 
@@ -24,10 +21,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-TAIL_JUMP = 1.15
+from ...measure import quantile
+from ...tails import PERIODIC_CV, SPIKE_OVER_MEDIAN, TAIL_JUMP, spikes, tail_split  # noqa: F401 (re-exported)
+
 OWN_QUANTILE = 0.25
-SPIKE_OVER_MEDIAN = 1.5
-PERIODIC_CV = 0.25
 
 
 @dataclass
@@ -48,11 +45,6 @@ class StragglerReport:
                 "notes": self.notes}
 
 
-def _q(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[int(q * (len(s) - 1))]
-
-
 def straggler_report(results: list[dict[str, Any]]) -> StragglerReport:
     """Per-rank times; tail ranks split off by the largest jump in their own work (module doc);
     per rank ``late_ms`` (median over rounds of its own work minus the non-tail ranks' median
@@ -62,21 +54,11 @@ def straggler_report(results: list[dict[str, Any]]) -> StragglerReport:
         own = r.get("own_ms") or [c + t for c, t in zip(r["compute_ms"], r["tp_allreduce_ms"])]
         med = {k: statistics.median(r[k]) for k in ("compute_ms", "tp_allreduce_ms", "dp_sync_ms", "step_ms")}
         med["own_ms"] = statistics.median(own)
-        med["own_q_ms"] = _q(own, OWN_QUANTILE)
+        med["own_q_ms"] = quantile(own, OWN_QUANTILE)
         med["comm_wait_ms"] = statistics.median(t + d for t, d in zip(r["tp_allreduce_ms"], r["dp_sync_ms"]))
-        med["step_p10_ms"], med["step_p90_ms"] = _q(r["step_ms"], 0.1), _q(r["step_ms"], 0.9)
+        med["step_p10_ms"], med["step_p90_ms"] = quantile(r["step_ms"], 0.1), quantile(r["step_ms"], 0.9)
         per[r["rank"]] = med
-    order = sorted(per, key=lambda k: per[k]["own_q_ms"])
-    own = [per[k]["own_q_ms"] for k in order]
-    jumps = [(own[i + 1] / own[i] if own[i] > 0 else 1.0, i) for i in range(len(own) - 1)]
-    tail: list[int] = []
-    base = statistics.median(own)
-    if jumps:
-        ratio, i = max(jumps)
-        if ratio >= TAIL_JUMP:
-            tail = sorted(order[i + 1:])
-            base = statistics.median(own[:i + 1])
-    tail_pct = 100.0 * (max(own) - base) / base if base > 0 else 0.0
+    tail, tail_pct = tail_split({k: v["own_q_ms"] for k, v in per.items()})
     rest = [k for k in per if k not in tail] or list(per)
     by_rank = {r["rank"]: (r.get("own_ms") or [c + t for c, t in zip(r["compute_ms"], r["tp_allreduce_ms"])])
                for r in results}
@@ -93,20 +75,6 @@ def straggler_report(results: list[dict[str, Any]]) -> StragglerReport:
                      f"({statistics.median(per[k]['dp_sync_ms'] for k in rest):.1f} ms median)")
     step = statistics.median(v["step_ms"] for v in per.values())
     return StragglerReport(per, tail, tail_pct, tail_ms, step, len(per), series, notes)
-
-
-def spikes(series_ms: list[float]) -> dict[str, Any]:
-    """Steps over SPIKE_OVER_MEDIAN x the median step, and whether they recur periodically."""
-    if not series_ms:
-        return {"n": 0, "at": [], "periodic": False, "period_steps": None}
-    med = statistics.median(series_ms)
-    at = [i for i, v in enumerate(series_ms) if v > SPIKE_OVER_MEDIAN * med]
-    gaps = [b - a for a, b in zip(at, at[1:])]
-    periodic = len(at) >= 3 and statistics.mean(gaps) > 1 and \
-        statistics.pstdev(gaps) / statistics.mean(gaps) < PERIODIC_CV
-    return {"n": len(at), "at": at, "periodic": periodic,
-            "period_steps": statistics.median(gaps) if periodic else None,
-            "threshold_ms": SPIKE_OVER_MEDIAN * med}
 
 
 def paired_ratio(num: list[dict], den: list[dict]) -> float:
