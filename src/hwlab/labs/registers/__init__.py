@@ -2,12 +2,12 @@
 
 Three reproductions of the flowchart's "launch / occupancy / registers" leaf (J):
 
-1. **Oversized tile** (:mod:`.tiles`, :mod:`.kernels`, :mod:`.sweep`). A Triton GEMM whose
+1. **Oversized tile** (:mod:`.tiles`, :mod:`.kernels`, :mod:`.gemm_sweep`). A Triton GEMM whose
    tile (BM x BN x BK), warps and stages are knobs. The fp32 accumulator alone takes
    ``BM*BN / (32*warps)`` registers per thread: 128x128 on 4 warps is 128, fine; 256x256 on
    8 warps is 256, over the 255 a thread may hold, so the compiler spills to local memory
    (DRAM-backed) inside the hot loop. Each tile is timed against cuBLAS bf16 in the same run.
-2. **Over-fusion** (:mod:`.overfusion`). ``softmax(A @ B)`` fused into one kernel needs a
+2. **Over-fusion** (:mod:`.fusion`). ``softmax(A @ B)`` fused into one kernel needs a
    whole row of the product per program (BN = N): for N = 512 on 4 warps that is 64 x 512
    fp32 live values, 256 per thread, and it spills; split into a GEMM with a sane tile + a
    softmax kernel, it does not.
@@ -33,7 +33,7 @@ from .grader import MIN_PCT_OF_CUBLAS, grade_config  # noqa: F401
 from .kernels import (KERNELS, matmul, matmul_kernel, matmul_softmax_fused, matmul_softmax_kernel,  # noqa: F401
                       matmul_softmax_split, reference_matmul, reference_matmul_softmax, wide_block_kernel)
 from .launch import LaunchResult, decode_like_step, launch_bound  # noqa: F401
-from .overfusion import OverfusionResult, overfusion  # noqa: F401
+from .fusion import OverfusionResult, overfusion  # noqa: F401
 from .report import config_evidence, launch_evidence  # noqa: F401
-from .sweep import ConfigResult, cublas_bf16, gemm_dtype, sweep, tile_service  # noqa: F401
+from .gemm_sweep import ConfigResult, cublas_bf16, gemm_dtype, sweep, tile_service  # noqa: F401
 from .tiles import FUSED, SANE, SMALL, SPILL, SPILL_HEAVY, SWEEP, WIDE, TileConfig  # noqa: F401

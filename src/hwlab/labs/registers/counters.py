@@ -18,7 +18,7 @@ import torch
 
 from ... import ncu
 from .kernels import matmul
-from .sweep import GPU_SIZE, ConfigResult
+from .gemm_sweep import GPU_SIZE, ConfigResult
 from .tiles import TileConfig
 
 NVTX_RANGE = "hwlab_case"

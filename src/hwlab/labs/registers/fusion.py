@@ -21,7 +21,7 @@ import torch
 from ...measure import Measurement, bench, device_of
 from .compile_guard import COMPILE_TIMEOUT_S, CompileReport, compile_guarded, runtime_report
 from .kernels import matmul, matmul_softmax_fused, matmul_softmax_split
-from .sweep import gemm_dtype
+from .gemm_sweep import gemm_dtype
 from .tiles import FUSED, SANE, TileConfig
 
 #: (M, K) on a GPU: enough rows to fill the card many times over; N is the fused tile's BN

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ...grading import ExerciseResult, not_done
 from ...measure import device_of
 from .compile_guard import COMPILE_TIMEOUT_S
-from .sweep import cublas_bf16, sweep
+from .gemm_sweep import cublas_bf16, sweep
 from .tiles import TileConfig
 
 #: pass band: % of cuBLAS bf16 TFLOP/s measured in the same run

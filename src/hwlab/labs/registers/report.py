@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import scenarios
 from .launch import LaunchResult
-from .sweep import ConfigResult
+from .gemm_sweep import ConfigResult
 
 
 def _service_evidence(svc: dict | None) -> dict[str, Any]:
