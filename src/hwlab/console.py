@@ -1,4 +1,5 @@
-"""What the command line shows while it works: progress of long steps, and strict JSON output.
+"""What the command line shows while it works: progress of long steps, strict JSON output, and
+the argument types its subcommands share (:func:`whole_number`).
 
 Top floor (talks to people; only :mod:`hwlab.cli` and ``cli_*`` modules import it).
 
@@ -11,6 +12,7 @@ Progress goes to stderr only: stdout stays clean for ``--json``.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -89,3 +91,15 @@ def loads_strict(text: str) -> Any:
     def refuse(name: str):
         raise ValueError(f"non-standard JSON constant {name}")
     return json.loads(text, parse_constant=refuse)
+
+
+def whole_number(text: str) -> int:
+    """An argparse type: a whole number 0 .. 2^63-1 (a drill seed, a port before its own range
+    check); anything else becomes one usage line naming the argument, exit 2."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= v < 2**63:
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range (0 .. 2^63-1)")
+    return v

@@ -9,7 +9,12 @@ a record must be asked for (``overwrite=True``).
 A command that measures and then writes checks its destination first
 (:func:`check_destination`, :func:`check_folder`), so a bad path is refused before any
 time is spent; if the write still fails afterwards (disk full, permissions changed), the
-result goes to :func:`rescue_json` in the temp folder and the caller prints that path.
+result goes to :func:`rescue_json` in the temp folder (:func:`write_or_rescue`) and the
+caller prints that path.
+
+Files the user names are read with :func:`read_user_text` / :func:`read_user_json`: a
+folder, a missing, binary, unreadable, empty or truncated file is refused in one line that
+says what to pass instead.
 
 Records are strict JSON (RFC 8259): a non-finite float (``inf`` arithmetic intensity of a
 probe that moves no bytes, ``nan`` of a zero time) is written as ``null``;
@@ -21,6 +26,7 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -81,6 +87,56 @@ def check_destination(path: str | os.PathLike, *, overwrite: bool = False) -> Pa
                                "or pass --force to replace it")
     check_folder(path.parent if str(path.parent) else Path("."), what="folder")
     return path
+
+
+def read_user_text(path: str | os.PathLike, what: str, hint: str, *,
+                   error: type[UserInputError] = UserInputError) -> str:
+    """The text of a file the user named, or ``error`` with one line saying what is wrong.
+
+    Every file a command is given (evidence, observations, drills, grades, a saved topology)
+    goes through here so the refusals read alike: ``what`` names the file in the message
+    (``"evidence file"``) and ``hint`` says what to pass instead (``"pass an hwlab evidence
+    .json"``). Refused: a folder, a missing file, binary data (not UTF-8), a file that cannot
+    be read (permissions), an empty or whitespace-only file."""
+    p = Path(path)
+    if p.is_dir():
+        raise error(f"{what} {p} is a folder: {hint}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{what} {p} does not exist: check the path") from None
+    except UnicodeDecodeError:
+        raise error(f"{what} {p} is not text (binary data): {hint}") from None
+    except OSError as e:
+        raise error(f"cannot read {what} {p} ({e.strerror or e}): check its permissions") from None
+    if not text.strip():
+        raise error(f"{what} {p} is empty: {hint}")
+    return text
+
+
+def read_user_json(path: str | os.PathLike, what: str, hint: str, *,
+                   error: type[UserInputError] = UserInputError) -> Any:
+    """:func:`read_user_text` parsed as JSON; invalid JSON (often a truncated write) is refused
+    with the line and column where parsing stopped."""
+    text = read_user_text(path, what, hint, error=error)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{what} {Path(path)} is not valid JSON (line {e.lineno}, column {e.colno}: "
+                    f"{e.msg}); it may be truncated: {hint}") from None
+
+
+def write_or_rescue(write: Callable[[], Path], obj: Any, stem: str,
+                    target: Path) -> tuple[Path | None, str | None]:
+    """Run ``write()``; if it fails (after a measurement: the destination was checked before),
+    keep ``obj`` in the rescue folder. Returns (written path, None) or (None, one line saying
+    where the result went instead)."""
+    try:
+        return write(), None
+    except OSError as e:
+        fb = rescue_json(obj, stem)
+        return None, (f"could not write {target} ({e.strerror or e}); the result was saved to "
+                      f"{fb} instead")
 
 
 def rescue_dir() -> Path:
