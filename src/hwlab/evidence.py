@@ -8,22 +8,32 @@ over an existing file (:mod:`hwlab.store`).
 Anything shown from a record is labelled with :attr:`Evidence.label`,
 ``"recorded on <device>, <date>"``, so a CPU machine never passes a recorded H200 figure
 off as its own.
+
+Records carry ``schema_version``. When what a field means changes, the version goes up and a
+named migration (``MIGRATIONS[v]`` turns version ``v`` into ``v + 1``) brings an older record
+to :data:`SCHEMA_VERSION` once, in :func:`load`; readers never patch old figures themselves.
+``scripts/migrate_evidence.py`` rewrites files in the current version.
 """
 from __future__ import annotations
 
-import json
+import copy
 import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from collections.abc import Callable
+
 from .errors import UserInputError
 from .measure import Measurement
-from .store import write_json_atomic
+from .store import read_user_json, write_json_atomic
 
 SCHEMA = "hwlab.evidence"
-SCHEMA_VERSION = 1
+#: 1: first format. 2: Lab 4 profiles count the marked quant/dequant ranges once (host
+#: timeline) and say so in ``ranges_counted_on`` (:func:`migrate_v1_to_v2`).
+SCHEMA_VERSION = 2
+EVIDENCE_HINT = "pass an hwlab evidence .json (re-record it if it was one)"
 #: where the kit's own recorded runs live (shipped inside the package); HWLAB_RECORDED_DIR
 #: points elsewhere (the GPU refresh executes notebooks against freshly recorded runs)
 RECORDED_DIR = Path(os.environ.get("HWLAB_RECORDED_DIR") or Path(__file__).parent / "recorded")
@@ -98,32 +108,77 @@ def machine_info(device: Any = None) -> dict[str, Any]:
     return info
 
 
+def migrate_v1_to_v2(d: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 -> 2: Lab 4's profile counts of marked quant/dequant ranges, counted once.
+
+    Lab 4's decode profile (``hwlab.labs.fp8.profile``) counts the ranges it marks around each
+    quantize and dequantize. On a GPU, torch.profiler also mirrors every host range onto the
+    device timeline; version 1 counted both copies, so on a GPU record each count is twice the
+    number of ranges that ran. Version 2 counts the host timeline only and says so in
+    ``ranges_counted_on``. This halves ``quant_ranges``, ``dequant_ranges`` and
+    ``dequant_requant_per_token`` of every torch.profiler profile in a GPU record that lacks
+    ``ranges_counted_on`` (a CPU profile has no device timeline: its counts stand). A doubled
+    count is even; an odd one means the record is not what this migration assumes, and it is
+    refused. Returns a new dict; ``d`` is left as it was."""
+    out = copy.deepcopy(d)
+    machine = out.get("machine")
+    on_gpu = isinstance(machine, dict) and bool(machine.get("is_gpu"))
+
+    def fix(node: Any) -> None:
+        if isinstance(node, dict):
+            if ("dequant_requant_per_token" in node and "ranges_counted_on" not in node
+                    and node.get("source") == "torch.profiler kernel names"):
+                if on_gpu:
+                    for k in ("quant_ranges", "dequant_ranges"):
+                        if k in node:
+                            if node[k] % 2:
+                                raise ValueError(f"{k} = {node[k]} is odd, not a doubled count")
+                            node[k] //= 2
+                    node["dequant_requant_per_token"] = node["dequant_requant_per_token"] / 2
+                node["ranges_counted_on"] = "host timeline"
+            for v in node.values():
+                fix(v)
+        elif isinstance(node, list):
+            for v in node:
+                fix(v)
+
+    fix(out.get("extra"))
+    out["schema_version"] = 2
+    return out
+
+
+#: ``MIGRATIONS[v]`` turns a version-``v`` record into version ``v + 1``
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: migrate_v1_to_v2}
+
+
+def migrate(d: dict[str, Any], path: str | os.PathLike = "record") -> dict[str, Any]:
+    """``d`` (a record's parsed JSON) in version :data:`SCHEMA_VERSION`, through each migration
+    from its own version up; a record from a newer hwlab, or one a migration refuses, raises
+    :class:`EvidenceError`."""
+    v = d.get("schema_version")
+    if v == SCHEMA_VERSION:
+        return d
+    if not isinstance(v, int) or isinstance(v, bool) or v not in MIGRATIONS:
+        raise EvidenceError(f"{path} has schema version {v}; this hwlab reads versions "
+                            f"{min(MIGRATIONS)}..{SCHEMA_VERSION}. Upgrade hwlab or re-record.")
+    while v < SCHEMA_VERSION:
+        try:
+            d = MIGRATIONS[v](d)
+        except (TypeError, ValueError, AttributeError) as e:
+            raise EvidenceError(f"{path}: cannot bring schema version {v} up to date ({e}); "
+                                "re-record it") from None
+        v = d["schema_version"]
+    return d
+
+
 def load(path: str | os.PathLike) -> Evidence:
-    """Load and validate a record; every failure names the file and what to do."""
+    """Load and validate a record, migrating an older version to :data:`SCHEMA_VERSION`; every
+    failure is an :class:`EvidenceError` naming the file and what to do."""
     p = Path(path)
-    if p.is_dir():
-        raise EvidenceError(f"{p} is a folder: pass an evidence .json file")
-    try:
-        raw = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise EvidenceError(f"evidence file {p} does not exist") from None
-    except UnicodeDecodeError:
-        raise EvidenceError(f"{p} is not text (binary data): pass an hwlab evidence .json") from None
-    except OSError as e:
-        raise EvidenceError(f"cannot read evidence file {p} ({e.strerror or e})") from None
-    if not raw.strip():
-        raise EvidenceError(f"evidence file {p} is empty: re-record it")
-    try:
-        d = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise EvidenceError(f"evidence file {p} is not valid JSON (line {e.lineno}, column "
-                            f"{e.colno}: {e.msg}); it may be truncated. Re-record it.") from None
+    d = read_user_json(p, "evidence file", EVIDENCE_HINT, error=EvidenceError)
     if not isinstance(d, dict) or d.get("schema") != SCHEMA:
         raise EvidenceError(f"{p} is not an hwlab evidence record (schema {SCHEMA!r} missing)")
-    v = d.get("schema_version")
-    if v != SCHEMA_VERSION:
-        raise EvidenceError(f"{p} has schema version {v}; this hwlab reads version "
-                            f"{SCHEMA_VERSION}. Upgrade hwlab or re-record.")
+    d = migrate(d, p)
     for key in ("kind", "machine", "results", "recorded_at"):
         if key not in d:
             raise EvidenceError(f"{p} lacks the field {key!r}")

@@ -178,9 +178,7 @@ def path_table(run_result: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for p, v in run_result["paths"].items():
         pr = v["profile"]
-        per_tok = pr["dequant_requant_per_token"]
-        if pr.get("ranges_counted_on") != "host timeline" and pr["source"] == "torch.profiler kernel names":
-            per_tok /= 2  # recorded before ranges were counted once (see test_lab04_recorded)
+        per_tok = pr["dequant_requant_per_token"]  # counted once (evidence.migrate_v1_to_v2 for old records)
         out.append({"path": p, "weight_gb": v["weight_bytes"] / 1e9, "weight_change_pct": v["weight_mem_change_pct"],
                     "gemm_calls": pr["gemm_calls"], "fp8_hit_pct": pr["hit_rate_pct"],
                     "fallback_gemms": pr["fallback_gemms"], "high_precision_by_choice": pr["high_precision_by_choice"],
