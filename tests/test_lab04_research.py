@@ -116,3 +116,26 @@ def test_w8a16_decoder_is_fp8_mm_on_the_cpu_with_the_same_weights():
     for a, b in zip(*outs):
         assert torch.equal(a, b)
     assert L.decode_bytes(m, 2, 8) == L.decode_bytes(ref, 2, 8)
+
+
+def test_refresh_refuses_a_tuned_research_variant_for_the_lab(tmp_path, monkeypatch):
+    """HWLAB_LAB04_TUNED feeds a sweep's best tile to the lab; a tensor-core or prefetch winner
+    is a kernel the lab does not run, so the refresh stops before measuring and says why."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "refresh_gpu_evidence", Path(__file__).parents[1] / "benchmarks" / "refresh_gpu_evidence.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    tuned = tmp_path / "tuned.json"
+    tuned.write_text(json.dumps({"best_attn": {"chunk": 256, "block_t": 32, "num_warps": 2, "num_stages": 2,
+                                               "use_dot": True, "prefetch": False}}))
+    monkeypatch.setenv("HWLAB_LAB04_TUNED", str(tuned))
+    with pytest.raises(SystemExit, match="research variant"):
+        mod.part_lab04(tmp_path, [])
+    tuned.write_text("{}")
+    with pytest.raises(SystemExit, match="not a finished"):
+        mod.part_lab04(tmp_path, [])
+    assert not (tmp_path / "lab04_fp8.json").exists()
