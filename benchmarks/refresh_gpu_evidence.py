@@ -113,7 +113,7 @@ def _how(d) -> str:
 
 
 def part_lab01(out: Path, summary: list[str]) -> None:
-    from hwlab.flowchart import diagnose
+    from hwlab.flowchart import diagnose, walk_cases
     from hwlab.labs import bandwidth as lab
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: --cpu-check at the lab's tiny sizes
@@ -126,8 +126,8 @@ def part_lab01(out: Path, summary: list[str]) -> None:
             print("ncu counters unavailable:", e, flush=True)
     # same run, same card
     ceiling = probes.hbm_copy(size_mib=2048 if dev == "cuda" else 16, device=dev, impl="torch").gbps
-    r = lab.run(n_rows, n_cols, torch.float16, device=dev, ceiling_gbps=ceiling, counters=counters,
-                n_rep=50 if dev == "cuda" else 3)
+    r = walk_cases(lab.run(n_rows, n_cols, torch.float16, device=dev, ceiling_gbps=ceiling, counters=counters,
+                           n_rep=50 if dev == "cuda" else 3))  # the lab measures, the flowchart walks
     ev = Evidence(kind="lab01_bandwidth", machine=machine_info(),
                   results=list(r.measurements.values()),
                   ceilings={"copy_gbps": ceiling, "source": "hbm_copy[torch] in this run"},

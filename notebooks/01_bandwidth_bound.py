@@ -62,7 +62,7 @@ print(f"{rows}x{cols} {DTYPE}: required {tr['bytes_required']/2**20:,.1f} MiB, u
 
 # %%
 ceil = ceilings.get(quick=True)
-live = lab.run(dtype=DTYPE, ceiling_gbps=ceil.copy_gbps, n_rep=50 if GPU else 3)
+live = flowchart.walk_cases(lab.run(dtype=DTYPE, ceiling_gbps=ceil.copy_gbps, n_rep=50 if GPU else 3))
 nb.banner("Lab 1 cases", nb.live_label())
 for row in live.table():
     print(f"{row['case']:>10}: {row['t_ms']:.4f} ms ±{row['spread_pct']:.0f}%, "
@@ -79,7 +79,7 @@ if GPU:
     result, source = live, nb.live_label()
 else:
     rec = evidence.recorded("lab01_bandwidth")
-    result, source = lab.result_from_evidence(rec), rec.label
+    result, source = flowchart.walk_cases(lab.result_from_evidence(rec)), rec.label
     print("Nsight Compute counters (counted on the H200):")
     for k, c in rec.extra["counters"].items():
         print(f"  {k:>10}: DRAM {c['dram_pct_of_peak']:.0f}% of peak, sector amplification "
@@ -141,8 +141,8 @@ out = W.Output()
 def remeasure(_=None):
     out.clear_output()
     with out:
-        r = lab.run(size.value, size.value, getattr(torch, dtype.value), ceiling_gbps=ceil.copy_gbps,
-                    n_rep=30 if GPU else 2, cases=(case.value,))
+        r = flowchart.walk_cases(lab.run(size.value, size.value, getattr(torch, dtype.value),
+                                         ceiling_gbps=ceil.copy_gbps, n_rep=30 if GPU else 2, cases=(case.value,)))
         mm = r.measurements[case.value]
         print(f"{mm.summary()}\n[{nb.live_label()}]")
         if case.value in r.diagnoses:

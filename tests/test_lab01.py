@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from hwlab import flowchart
 from hwlab.labs import bandwidth as B
 from hwlab.measure import TOL_BY_DTYPE, rel_error
 
@@ -54,12 +55,15 @@ def test_run_on_cpu_checks_everything_and_refuses_to_diagnose_interpreter_timing
         assert m.rel_err is not None and m.rel_err <= m.tol
         assert m.device.startswith("CPU") and m.ceiling_gbps == 10.0
     assert r.params["interpreted"] is True and r.diagnoses == {}
+    assert flowchart.walk_cases(r).diagnoses == {}  # the walk refuses interpreter timings too
 
 
 def test_replay_recorded_h200_run():
     from hwlab.evidence import recorded
     r = B.result_from_evidence(recorded("lab01_bandwidth"))
-    assert r.diagnoses["unfused"].leaf_id == "G"
+    assert r.diagnoses == {}  # the lab returns evidence; the consumers' floor walks it
+    assert flowchart.walk_cases(r) is r and r.diagnoses["unfused"].leaf_id == "G"
+    assert r.table()[0]["leaf"] == r.diagnoses[r.table()[0]["case"]].leaf_id
     assert r.speedup("unfused", "fused") == pytest.approx(
         r.measurements["unfused"].t_ms / r.measurements["fused"].t_ms)
 

@@ -7,7 +7,7 @@ point ``peak / bandwidth`` a kernel cannot be compute-bound: more FLOP/s needs f
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -25,6 +25,23 @@ def bound_by(ai: float, c: Ceilings, dtype: str = "bf16") -> str:
     if ridge is None:
         return "memory"
     return "memory" if ai < ridge else "compute"
+
+
+def evidence_from_measurement(m: Measurement, *, ceiling_gbps: float, ceiling_tflops: float | None = None,
+                              bytes_moved: int | None = None, **extra: Any) -> dict[str, Any]:
+    """Flowchart evidence from one measurement and this machine's measured ceilings (no verdict:
+    :mod:`hwlab.flowchart` walks it). ``slowdown_vs_floor`` = time over the roofline floor (the
+    required bytes at ``ceiling_gbps`` GB/s, or the FLOPs at ``ceiling_tflops`` TFLOP/s when that
+    is longer); ``dram_pct_estimated`` = ``bytes_moved`` (default: the required bytes) over the
+    time, in % of ``ceiling_gbps``. ``extra`` metrics that are not None are added as given."""
+    floor_ms = m.n_bytes / (ceiling_gbps * 1e9) * 1e3
+    if m.n_flops and ceiling_tflops:
+        floor_ms = max(floor_ms, m.n_flops / (ceiling_tflops * 1e12) * 1e3)
+    moved = bytes_moved if bytes_moved is not None else m.n_bytes
+    ev = {"slowdown_vs_floor": m.t_ms / floor_ms if floor_ms > 0 else None,
+          "dram_pct_estimated": 100.0 * moved / (m.t_ms * 1e-3) / 1e9 / ceiling_gbps}
+    ev.update({k: v for k, v in extra.items() if v is not None})
+    return ev
 
 
 def plot(c: Ceilings, points: Iterable[Measurement] = (), dtypes=("bf16", "fp32"),

@@ -25,6 +25,9 @@ against the floor its required bytes set at this machine's copy ceiling; D
 back-to-back calls timed as one step, over its own median x calls
 (:func:`hwlab.labs.scenarios.one_gpu_service`); K (``rank_tail_pct``, ``n_ranks`` = 1) from
 that one process's measured steps. ``metric_sources`` in each evidence dict says which.
+
+The lab measures and returns evidence only; the walk is the consumers' floor
+(:func:`hwlab.flowchart.walk_cases` fills :attr:`LabResult.diagnoses`).
 """
 from __future__ import annotations
 
@@ -35,9 +38,9 @@ from typing import Any
 import torch
 
 from .. import tritonenv  # noqa: F401  (must precede kernel definitions)
-from ..flowchart import Diagnosis, diagnose, evidence_from_measurement
 from ..measure import (TOL_BY_DTYPE, InputError, Measurement, bench, device_of, poison_,
                        require_memory)
+from ..roofline import evidence_from_measurement
 from . import scenarios
 
 import triton  # noqa: E402
@@ -158,11 +161,13 @@ def sector_amplification(layout: str, itemsize: int, n_cols: int) -> float:
 # ---------------------------------------------------------------- the lab run
 @dataclass
 class LabResult:
-    """One run of the lab: measurements, the evidence each case gives, and its diagnosis."""
+    """One run of the lab: measurements and the evidence each case gives; ``diagnoses`` (case ->
+    :class:`hwlab.flowchart.Diagnosis`) stays empty until a consumer walks the cases
+    (:func:`hwlab.flowchart.walk_cases`)."""
 
     measurements: dict[str, Measurement]
     evidence: dict[str, dict[str, Any]]
-    diagnoses: dict[str, Diagnosis] = field(default_factory=dict)
+    diagnoses: dict[str, Any] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
     #: per case, the one-process service step behind D and K (:func:`scenarios.one_gpu_service`)
     service: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -190,7 +195,8 @@ def default_size(device) -> tuple[int, int]:
 def run(n_rows: int | None = None, n_cols: int | None = None, dtype=torch.float16,
         device=None, ceiling_gbps: float | None = None, n_rep: int = 50,
         cases=("unfused", "fused", "strided", "coalesced"), counters: dict | None = None) -> LabResult:
-    """Measure every case, attach this machine's copy ceiling, place each on the flowchart.
+    """Measure every case, attach this machine's copy ceiling, build each case's flowchart
+    evidence (walked by :func:`hwlab.flowchart.walk_cases`, not here).
 
     ``ceiling_gbps``: this machine's measured copy bandwidth (hwlab.ceilings); without it,
     the copy probe runs first. ``counters``: Nsight Compute readings per case (dram %,
@@ -243,7 +249,7 @@ def run(n_rows: int | None = None, n_cols: int | None = None, dtype=torch.float1
                                 device=dev, n_rep=n_rep,
                                 params={"bytes_moved": 2 * n * item,
                                         "sector_amplification_est": sector_amplification(layout, item, n_cols)})
-    diags, services = {}, {}
+    services = {}
     for k, m in out.items():
         out[k] = m.with_ceilings(gbps=ceiling_gbps, source=src)
         out[k].params.update(n_rows=n_rows, n_cols=n_cols, dtype=str(dtype))
@@ -259,10 +265,8 @@ def run(n_rows: int | None = None, n_cols: int | None = None, dtype=torch.float1
             n_ranks=svc["n_ranks"])
         ev["metric_sources"] = {k_: v for k_, v in _metric_sources(m.name, c).items() if k_ in ev}
         evid[k] = ev
-        if not tritonenv.INTERPRETED:
-            diags[k] = diagnose(ev)
-    # Interpreted Triton timings are NumPy speed, not GPU speed: no diagnosis from them.
-    return LabResult(out, evid, diags, params={"n_rows": n_rows, "n_cols": n_cols,
+    # params["interpreted"]: interpreted Triton timings are NumPy speed; the walk refuses them
+    return LabResult(out, evid, params={"n_rows": n_rows, "n_cols": n_cols,
                                                "dtype": str(dtype), "ceiling_gbps": ceiling_gbps,
                                                "device": out[next(iter(out))].device,
                                                "interpreted": tritonenv.INTERPRETED},
@@ -283,11 +287,11 @@ def _metric_sources(case: str, counters: dict) -> dict[str, str]:
 
 
 def result_from_evidence(ev) -> LabResult:
-    """Rebuild a :class:`LabResult` from a recorded evidence file (for CPU replay)."""
+    """Rebuild a :class:`LabResult` from a recorded evidence file (for CPU replay); walk it with
+    :func:`hwlab.flowchart.walk_cases`."""
     ms = {m.name: m for m in ev.results}
     evid = ev.extra.get("flowchart_evidence", {})
-    return LabResult(ms, evid, {k: diagnose(v) for k, v in evid.items()},
-                     params=ev.extra.get("params", {}), service=ev.extra.get("service", {}))
+    return LabResult(ms, evid, params=ev.extra.get("params", {}), service=ev.extra.get("service", {}))
 
 
 # ---------------------------------------------------------------- Nsight Compute target
