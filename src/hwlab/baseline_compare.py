@@ -7,9 +7,9 @@ what to check next. Tolerances (why):
 * bandwidth and TFLOP/s probes: a drop of more than ``TOL_RATE_PCT`` (10%) — run-to-run
   spread of these probes on one card is 1-3%, machines of one kind differ by up to ~5%;
 * latency-type probes (launch overhead): a rise of more than ``TOL_LATENCY_PCT`` (100%) — they
-  measure the host's Python/driver launch path, which moved between 8.0 and 14.5 us per launch
-  across this kit's runs on one H200 VM on 2026-12-02 (a shared host CPU); only a doubling is a
-  signal there;
+  measure the host's Python/driver launch path, which moves with the load on a shared host CPU
+  far more than the device probes do (the recorded ``baseline`` and ``baseline_rerun`` show how
+  much); only a doubling is a signal there;
 * temperature more than ``TOL_TEMP_C`` (10 C) hotter, any new throttle reason, any increase
   of uncorrected ECC errors or pending row remaps: hardware;
 * any change of link class, PCIe width/generation or NUMA affinity: topology (a different GPU
