@@ -18,16 +18,14 @@ from .errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UserInputError
 from .flowchart import LEAVES
 from .store import check_folder, read_user_json, write_json_atomic, write_or_rescue
 
-DRILL_HINT = "pass the drill .json that `hwlab drill new` wrote"
-
 
 def _load_drill(path: str) -> drills.Drill:
-    raw = read_user_json(path, "drill file", DRILL_HINT)
+    raw = read_user_json(path, "drill file", drills.DRILL_HINT)
     if not isinstance(raw, dict):
         raise UserInputError(f"drill file {path} is not a drill written by `hwlab drill new` (it holds "
                              f"a JSON {type(raw).__name__}, not an object)")
     try:
-        return drills.Drill.load(path)
+        return drills.Drill.from_dict(raw, str(path))
     except (TypeError, KeyError, AttributeError) as e:
         raise UserInputError(f"drill file {path} is not a drill written by `hwlab drill new` "
                              f"({str(e)[:80]})") from None

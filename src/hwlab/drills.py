@@ -46,9 +46,11 @@ from typing import Any
 from . import flowchart
 from .errors import UserInputError
 from .labs import drillruns
-from .store import write_json_atomic
+from .store import read_user_json, write_json_atomic
 
 EVIDENCE_TOL_PCT = 1.0
+#: what a refused drill file should have been
+DRILL_HINT = "pass a drill-*.json written by `hwlab drill new`"
 
 
 @dataclass(frozen=True)
@@ -176,16 +178,7 @@ class Drill:
     @classmethod
     def load(cls, path: str | Path) -> "Drill":
         """Read and verify a drill file; any edit (observations included) is refused."""
-        p = Path(path)
-        try:
-            raw = json.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise UserInputError(f"drill file {p} does not exist") from None
-        except IsADirectoryError:
-            raise UserInputError(f"{p} is a folder: pass a drill-*.json file") from None
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise UserInputError(f"{p} is not a drill file (not JSON): pass a drill-*.json") from None
-        return cls.from_dict(raw, str(p))
+        return cls.from_dict(read_user_json(path, "drill file", DRILL_HINT), str(Path(path)))
 
 
 def new(seed: int | None = None, fault: str | None = None, live: bool | None = None, device=None) -> Drill:
