@@ -4,8 +4,8 @@ Lab graders (Lab 2's tile, Lab 3's straggler and mapping, Lab 4's FP8 path) and 
 checkers in :mod:`hwlab.exercise` all return an :class:`ExerciseResult`. It lives in the core
 so that a lab can build one without importing the floor that consumes it.
 
-Keeping the instructor's copy: every result built (except "not done yet", which is not an
-attempt) is handed to each function registered with :func:`on_graded`. The core cannot
+Keeping the instructor's copy: every result built is handed to each function registered with
+:func:`on_graded` (the class recorder skips "not done yet", which is not an attempt). The core cannot
 import :mod:`hwlab.classroom` (it reads the flowchart, a floor above), so the package's
 top (``hwlab/__init__.py``) registers the class-folder recorder once, for results from any
 floor. A recorder that fails with ``OSError``/``ValueError`` (an unwritable class folder, a
