@@ -120,3 +120,33 @@ def test_one_quantile_definition_linear_weighted_and_nearest():
     assert (t.p10_ms, t.p90_ms) == (M.quantile(xs, 0.1), M.quantile(xs, 0.9))
     with pytest.raises(ValueError, match="weights"):
         M.quantile(xs, 0.5, [1, 2])
+
+
+def test_graph_time_checks_before_timing_and_falls_back_to_eager_on_cpu():
+    """The one CUDA-graph helper: the replay's output is checked before any timing, and on a
+    CPU the same steps run eagerly and say so (graphed False)."""
+    dev = torch.device("cpu")
+    x = torch.randn(64, 64, dtype=torch.float64)
+    calls = []
+
+    def step():
+        calls.append(1)
+        return x @ x
+
+    seen = []
+    t, cap = M.graph_time(step, dev, check=lambda out: seen.append(M.rel_error(out, x @ x)), n_warmup=1, n_rep=3)
+    assert cap.graphed is False and cap.graph is None and seen == [0.0]
+    assert len(t.samples_ms) >= 3 and t.timer == "cpu-perf-counter" and all(s > 0 for s in t.samples_ms)
+    assert len(calls) >= 2 + 1 + 3  # captured call, checked replay, warm-up and timed replays
+    with pytest.raises(M.CorrectnessError):  # a wrong capture is refused before it is timed
+        n_before = len(calls)
+        M.graph_time(step, dev, check=lambda out: M.check_close(out, -out, 1e-3), n_rep=3)
+    assert len(calls) == n_before + 2  # the capture and the checked replay only: nothing timed
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_graph_time_replays_a_cuda_graph():
+    dev = torch.device("cuda")
+    x = torch.randn(256, 256, device=dev)
+    t, cap = M.graph_time(lambda: x @ x, dev, check=lambda out: M.check_close(out, x.double() @ x.double(), 1e-3))
+    assert cap.graphed and t.timer == "cuda-event"

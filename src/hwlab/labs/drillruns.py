@@ -29,7 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from ..ceilings import get as get_ceilings
 from ..evidence import EvidenceError, recorded
-from ..measure import device_name, device_of, time_fn
+from ..measure import capture_graph, device_name, device_of, time_fn
 from ..probes import hbm_copy
 from . import bandwidth, fp8, registers, scenarios
 
@@ -132,16 +132,7 @@ def _launch(case: str, dev) -> dict[str, Any]:
         def step():
             return registers.decode_like_step(x, weights)
     else:  # the fix: the same kernels captured once in a CUDA graph and replayed
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                registers.decode_like_step(x, weights)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            registers.decode_like_step(x, weights)
-        step = g.replay
+        step = capture_graph(lambda: registers.decode_like_step(x, weights), dev).replay
     busy_ms = _kernel_busy_ms(lambda: registers.decode_like_step(x, weights))
     t = time_fn(step, [()], dev, n_warmup=5, n_rep=50)
     n_bytes = 3 * n_layers * 2 * hidden * 4  # each of the 3 kernels per layer reads and writes the hidden vector

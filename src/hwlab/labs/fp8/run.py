@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...measure import require_memory, time_fn
+from ...measure import graph_time, require_memory, time_fn
 from . import kernels as K
 from .kernels import DEFAULT_TILE, AttnTile
 from .model import H200_SIZE, LOGIT_ERROR_BOUND, TINY, Decoder, ModelConfig, logit_error, make_models
@@ -49,17 +49,8 @@ def time_prefill_decode(m: Decoder, batch: int, ctx: int, n_rep: int = 10, graph
             return m(step_tok, cache)
 
         if graph:
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(2):
-                    decode()
-            torch.cuda.current_stream().wait_stream(s)
-            cg = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(cg):
-                decode()
-            t_dec = time_fn(cg.replay, [()], dev, n_rep=max(n_rep, 20))
-            del cg
+            t_dec, cap = graph_time(decode, dev, n_capture_warmup=2, n_rep=max(n_rep, 20))
+            graph = cap.graphed  # False where there are no CUDA graphs (eager, said so)
         else:
             t_dec = time_fn(decode, [()], dev, n_warmup=2, n_rep=n_rep)
     return {"ttft_ms": t_pf.median_ms, "ttft_p90_ms": t_pf.p90_ms, "tpot_ms": t_dec.median_ms,

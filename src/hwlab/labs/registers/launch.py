@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...measure import TOL_BY_DTYPE, Measurement, check_close, device_name, device_of, time_fn
+from ...measure import TOL_BY_DTYPE, Measurement, check_close, device_name, device_of, graph_time, time_fn
 from .. import scenarios
 
 #: tolerance of the float32 step against its float64 reference: 10x float32's, since every
@@ -74,19 +74,8 @@ def launch_bound(n_layers: int = 64, hidden: int = 4096, device=None, n_rep: int
         return LaunchResult(n_k, eager, None, t.median_ms * 1e3 / n_k, None, None,
                             note="CUDA graphs need a GPU: eager dispatch cost only (CPU)", service=svc)
     static_x = x.clone()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            decode_like_step(static_x, weights)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        static_out = decode_like_step(static_x, weights)
-    g.replay()
-    torch.cuda.synchronize()
-    check_close(static_out, ref, STEP_TOL, "graph replay")
-    tg = time_fn(g.replay, [()], dev, n_warmup=5, n_rep=n_rep)
+    tg, _ = graph_time(lambda: decode_like_step(static_x, weights), dev,
+                       check=lambda out: check_close(out, ref, STEP_TOL, "graph replay"), n_warmup=5, n_rep=n_rep)
     graph = Measurement("graph replay", tg.median_ms, tg.p10_ms, tg.p90_ms, n_bytes=eager.n_bytes,
                         n_flops=eager.n_flops, device=device_name(dev), timer=tg.timer,
                         n_rep=len(tg.samples_ms), params=dict(eager.params))
