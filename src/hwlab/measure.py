@@ -8,7 +8,8 @@ Why each rule exists (read this before you trust a number):
   rounding of each dtype: fp32 far under 1e-4, tf32 ~3e-4, fp16/bf16 between 1e-3 and
   1e-2, fp8 a few 1e-2. NaN never passes.
 * **Never time zeros.** Zeros hide unwritten outputs and wrong indexing, and some units
-  run faster on them (a bf16 GEMM ran 13% faster on zeros on an H200). Inputs with no
+  run faster on them (tensor cores draw less power on zeros, so a GEMM on zeros outruns the
+  same GEMM on real data; the size of the gap is in the recorded evidence). Inputs with no
   spread are refused (:func:`refuse_constant_inputs`).
 * **Warm up, then measure the sustained state.** The first calls pay for module load, JIT
   compilation, autotuning and handle creation; ``n_warmup`` calls run untimed, and on a GPU
@@ -265,7 +266,8 @@ def time_fn(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]],
     Warm-up is ``n_warmup`` calls and, on a GPU, at least ``warmup_s`` seconds
     (default :data:`GPU_WARMUP_S`): clocks and power settle only after sustained load, and a
     burst measured from a cold, idle card reads faster than the same kernel in a real
-    workload (an H200 bf16 GEMM: ~780 TFLOP/s for 50 ms, ~670 once power limits bite).
+    workload (boost clocks hold for tens of ms, then the power limit pulls them down; the
+    recorded ``probe_vs_torch_burst`` and ``probe_vs_torch`` runs show the two rates).
     The timed phase then lasts at least ``min_run_s`` (default :data:`GPU_MIN_RUN_S` on
     GPU, 0 on CPU), so the median describes the sustained state.
 

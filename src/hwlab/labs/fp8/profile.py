@@ -16,8 +16,8 @@ from .model import DEQUANT_MARK, QUANT_MARK, Decoder, QLinear
 
 def _profile_decode_step(m: Decoder, batch: int, ctx: int, per_row: bool = False, max_len: int | None = None):
     """torch.profiler over one decode step at position ``ctx`` (after a prefill and one
-    unprofiled decode step: the first call of a shape compiles (and any autotuned kernel
-    benchmarks itself), which on the H200 once put 81k benchmark launches into a profile).
+    unprofiled decode step: the first call of a shape compiles, and any autotuned kernel
+    benchmarks itself, which would put thousands of benchmark launches into the profile).
     ``per_row``: the step the serving stream runs (:mod:`.stream`: per-row lengths, the kit's
     attention kernel for every cache) on a cache of ``max_len`` positions."""
     gpu = m.device.type == "cuda"
@@ -51,7 +51,7 @@ def _hits(m: Decoder, prof, batch: int) -> dict[str, Any]:
     ev = profiler_events(prof)
     r = hit_rate_from_events(ev, gpu)
     # count ranges on the host timeline only: on a GPU the profiler mirrors each range onto the
-    # device timeline too (the first H200 run counted both, doubling these counts)
+    # device timeline too (counting both would double these counts; evidence schema v2)
     names = [n for n, dt in ev if "CUDA" not in dt]
     # weights are dequantized in the step itself (activations and the FP8 KV cache too): one
     # weight dequant feeds one fallback GEMM; count the marked ranges the profiler recorded
