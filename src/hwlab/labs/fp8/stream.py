@@ -17,8 +17,9 @@ one final synchronise; before the stream the full batch is replayed for
 :data:`hwlab.measure.GPU_WARMUP_S` so clocks have settled, and every prompt shape is
 prefilled once untimed (a first call of a shape pays one-off host costs). A timed prefill is
 preceded by a GPU sleep longer than the host needs to enqueue it (:class:`_HostLead`), so its
-events time the device's work, not Python's launches: the first H200 run, without it, timed
-up to ~80 ms of host time into a BF16 prefill whose kernels take a few ms. On a CPU each operation runs
+events time the device's work, not Python's launches (without it, the host's time to enqueue
+a few hundred eager kernels lands inside a prefill's events; ``benchmarks/LAB04_NOTES.md`` has
+the recorded difference). On a CPU each operation runs
 eagerly under ``time.perf_counter`` (labelled; CPU times say nothing about a GPU). Moving a
 slot when a request finishes with the queue empty (compaction) is host bookkeeping plus a
 copy a paged cache would not make: it is left off the clock and said so.
