@@ -32,8 +32,6 @@ from .specs import UnknownGPUError
 from .store import read_user_text
 from .topology import TopologyParseError
 
-EXIT_FAIL = EXIT_FINDING  # the old name, kept for callers
-
 TOPO_HINT = "pass a saved `nvidia-smi topo -m` output"
 
 
