@@ -107,8 +107,10 @@ def read_user_text(path: str | os.PathLike, what: str, hint: str, *,
         raise error(f"{what} {p} does not exist: check the path") from None
     except UnicodeDecodeError:
         raise error(f"{what} {p} is not text (binary data): {hint}") from None
-    except OSError as e:
+    except PermissionError as e:
         raise error(f"cannot read {what} {p} ({e.strerror or e}): check its permissions") from None
+    except OSError as e:  # e.g. a path through a file (Not a directory), an I/O error
+        raise error(f"cannot read {what} {p} ({e.strerror or e}): {hint}") from None
     if not text.strip():
         raise error(f"{what} {p} is empty: {hint}")
     return text
