@@ -105,3 +105,27 @@ def test_the_kits_recorded_files_are_in_the_current_version():
     old = [f"{f.parent.name}/{f.name}" for f in files
            if json.loads(f.read_text()).get("schema_version") != E.SCHEMA_VERSION]
     assert not old, f"run scripts/migrate_evidence.py on: {', '.join(old)}"
+
+
+def test_the_migration_script_rewrites_old_records_and_leaves_current_ones(tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    old = tmp_path / "old.json"
+    shutil.copy(V1_LAB04, old)
+    current = E.Evidence(kind="x", machine={"device": "CPU"}).save(tmp_path / "current.json")
+    (tmp_path / "not_evidence.json").write_text('{"schema": "something else"}')
+    before = current.read_bytes()
+    script = [sys.executable, str(root / "scripts" / "migrate_evidence.py")]
+    env = dict(os.environ, PYTHONPATH=str(root / "src"))
+    check = subprocess.run([*script, "--check", str(tmp_path)], capture_output=True, text=True, env=env)
+    assert check.returncode == 1 and "old.json: schema version 1" in check.stdout
+    assert "current.json" not in check.stdout and "not_evidence" not in check.stdout
+    r = subprocess.run([*script, str(tmp_path)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(old.read_text()) == E.migrate(json.loads(V1_LAB04.read_text()))
+    assert current.read_bytes() == before  # a current record is left byte-identical
+    assert subprocess.run([*script, "--check", str(tmp_path)], env=env, capture_output=True).returncode == 0
