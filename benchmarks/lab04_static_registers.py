@@ -26,8 +26,10 @@ ATTN_SIG = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "kv_scal
             "l_ptr": "*fp32", "acc_ptr": "*fp32", "n_ctx": "i32", "nctx_ptr": "*i32", "max_ctx": "i32",
             "n_splits": "i32", "sm_scale": "fp32", "H": "i32", "stride_qb": "i32", "stride_qh": "i32",
             "D": "constexpr", "CHUNK": "constexpr", "BLOCK_T": "constexpr", "PER_ROW": "constexpr"}
-#: the research kernel's signature: the lab kernel's plus the two variant switches
+#: the research kernel's signature: round 2's lab kernel's plus the two variant switches
 VARIANT_SIG = {**ATTN_SIG, "USE_DOT": "constexpr", "PREFETCH": "constexpr"}
+#: the lab kernel since round 3: the scale folded into q (qk_scale), fp16 math for an FP8 cache
+LAB_SIG = {**{("qk_scale" if k == "sm_scale" else k): v for k, v in ATTN_SIG.items()}, "F16": "constexpr"}
 W8_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*bf16", "ws_ptr": "*fp32",
           "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32",
           "stride_ym": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "SWAP": "constexpr",
@@ -37,15 +39,21 @@ W8_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*bf
 def main(out_path: str) -> None:
     rows = []
     t = A.DEFAULT_TILE  # "tuned tile": the one the lab runs
-    for label, bt, warps, dot, per_row in (("old tile", 128, 4, False, False),
-                                           ("tuned tile", t.block_t, t.num_warps, False, False),
-                                           ("tensor cores", 32, 2, True, False),
-                                           ("tuned tile, per-row lengths (serving stream)", t.block_t, t.num_warps,
-                                            False, True)):
+    # (label, block_t, warps, kernel): "research" is round 2's elementwise kernel (fp32 math), kept in
+    # research.py with its tensor-core switch; "lab" is the lab's kernel (fp16 math on FP8, round 3)
+    for label, bt, warps, which, dot, per_row in (
+            ("old tile", 128, 4, "research", False, False),
+            ("round-2 tile, round-2 kernel", 32, 1, "research", False, False),
+            ("tuned tile", t.block_t, t.num_warps, "lab", False, False),
+            ("tensor cores", 32, 2, "research", True, False),
+            ("tuned tile, per-row lengths (serving stream)", t.block_t, t.num_warps, "lab", False, True)):
         c = {"D": 128, "CHUNK": t.chunk, "BLOCK_T": bt, "PER_ROW": per_row}
-        if dot:  # the tensor-core variant lives in the research kernel
-            c = {**c, "USE_DOT": True, "PREFETCH": False}
-        kernel, sig = (R._decode_attn_partial_variants, VARIANT_SIG) if dot else (A._decode_attn_partial, ATTN_SIG)
+        if which == "research":
+            c = {**c, "USE_DOT": dot, "PREFETCH": False}
+            kernel, sig = R._decode_attn_partial_variants, VARIANT_SIG
+        else:
+            c = {**c, "F16": True}
+            kernel, sig = A._decode_attn_partial, LAB_SIG
         g = ptxas_sm90(kernel, sig, c, {}, {"num_warps": warps, "num_stages": t.num_stages}, label)
         rows.append({"kernel": "_decode_attn_partial (FP8 cache)", "label": label, "warps": warps, **c, **g})
     for label, bn, bk, warps, sk, stages in (("old autotuned tile", 16, 512, 4, 1, 3),

@@ -19,7 +19,7 @@ def test_self_check_on_fresh_data(seed):
     assert 0.01 < c["quant_tensor_roundtrip"] < 0.10
     assert 0.01 < c["quant_static_gelu_roundtrip"] < 0.10 and 0.01 < c["rmsnorm_fp8_roundtrip"] < 0.10
     assert c["dequant_rows"] < 1e-3 and c["rmsnorm"] < 1e-3  # fp16 output rounding only
-    assert c["decode_attention_16bit"] < 1e-3 and c["decode_attention_fp8"] < 1e-3
+    assert c["decode_attention_16bit"] < 1e-3 and c["decode_attention_fp8"] < K.FP8_CACHE_MATH_REL
     assert c["kv_store_16bit"] == 0.0 and c["kv_store_fp8"] < 0.10
 
 
@@ -27,7 +27,7 @@ def test_attention_tile_is_a_frozen_checked_value():
     t = K.AttnTile(chunk=64, block_t=16, num_warps=2, num_stages=1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         t.chunk = 128
-    assert dataclasses.asdict(K.DEFAULT_TILE) == {"chunk": 256, "block_t": 32, "num_warps": 1, "num_stages": 2}
+    assert dataclasses.asdict(K.DEFAULT_TILE) == {"chunk": 256, "block_t": 16, "num_warps": 1, "num_stages": 2}
     for bad in ({"block_t": 24}, {"chunk": 48, "block_t": 32}, {"num_warps": 3}, {"num_stages": 0}):
         with pytest.raises(ValueError, match="power of two"):
             K.AttnTile(**{**dataclasses.asdict(K.DEFAULT_TILE), **bad})
@@ -110,7 +110,7 @@ def test_decode_attention_strided_query_small_tile_and_poisoned_tail():
         for n in (1, 64, 65, 257, 520):
             out = K.decode_attention(q, k, v, scale, n, use_triton=True, tile=K.AttnTile(64, 16, 2, 1))
             assert torch.isfinite(out).all()
-            assert _rel(out, K.decode_attention_ref(q, k, v, scale, n)) < 1e-4, (dt, n)
+            assert _rel(out, K.decode_attention_ref(q, k, v, scale, n)) < (1e-4 if dt == torch.float16 else K.FP8_CACHE_MATH_REL), (dt, n)
 
 
 def test_rmsnorm_and_static_quant_kernels():

@@ -10,6 +10,7 @@ and dequant counts for every path; logit error in bound.
 import pytest
 
 from hwlab.evidence import recorded
+from hwlab.labs.fp8.attention import FP8_CACHE_MATH_REL
 from hwlab.labs import fp8 as L
 
 
@@ -103,7 +104,7 @@ def test_logit_error_within_bound_and_kernels_checked(run):
     assert run["logit_error"]["fixed"] > 0
     checks = ev.extra["kernel_checks"]
     # the lab's kernels (research kernels' checks, recorded here before they moved out, are not judged)
-    assert checks["decode_attention_fp8"] < 1e-3 and checks["decode_attention_16bit"] < 1e-2
+    assert checks["decode_attention_fp8"] < FP8_CACHE_MATH_REL and checks["decode_attention_16bit"] < 1e-2
     assert checks["rmsnorm"] < 1e-2 and checks["dequant_rows"] < 1e-2
     assert checks["kv_store_fp8"] == 0.0 and checks["kv_store_16bit"] == 0.0
     assert checks["quant_tensor_roundtrip"] < 0.05  # e4m3 with round-to-nearest on the GPU

@@ -35,7 +35,7 @@ class AttnTile:
     ``block_t`` x ``num_warps`` holds more loads in flight but more registers per thread: at
     255 the compiler spills and fewer warps stay resident (``benchmarks/lab04_static_registers.py``)."""
     chunk: int = 256
-    block_t: int = 32
+    block_t: int = 16
     num_warps: int = 1
     num_stages: int = 2
 
@@ -48,8 +48,17 @@ class AttnTile:
                              "up to 32, num_stages >= 1")
 
 
-#: the tile the lab runs: one warp per program, 32 positions per step, elementwise (the best of
-#: the H200 sweeps in benchmarks/LAB04_NOTES.md, round 2)
+#: fewest programs a launch should have: about two one-warp programs per resident slot of an
+#: H100/H200-class GPU (132 SMs x 16 warps), so that no SM idles while another's loads wait
+MIN_PROGRAMS = 2048
+#: relative error of the FP8-cache attention against its float32 reference on the same FP8
+#: values, from fp16 products and sums alone (the FP8 rounding of the cache is not in it): a
+#: few 1e-3; a kernel past this bound has a bug, not rounding
+FP8_CACHE_MATH_REL = 5e-3
+LOG2E = 1.4426950408889634
+
+#: the tile the lab runs: one warp per program, 16 positions per step, elementwise (the best of
+#: the H200 sweeps in benchmarks/LAB04_NOTES.md, round 3; chunks shrink by :func:`chunk_for`)
 DEFAULT_TILE = AttnTile()
 
 
@@ -119,46 +128,60 @@ def kv_store(k, v, k_cache, v_cache, scale, pos: int | torch.Tensor, use_triton:
 # ---------------------------------------------------------------- decode attention
 @triton.jit
 def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_ptr,
-                         n_ctx, nctx_ptr, max_ctx, n_splits, sm_scale, H, stride_qb, stride_qh,
-                         D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, PER_ROW: tl.constexpr):
+                         n_ctx, nctx_ptr, max_ctx, n_splits, qk_scale, H, stride_qb, stride_qh,
+                         D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, PER_ROW: tl.constexpr,
+                         F16: tl.constexpr):
     """One (batch, head) query against one CHUNK of the cache: partial max, sum and output
-    (online softmax over BLOCK_T positions per step, elementwise products and sums in fp32).
+    (online softmax over BLOCK_T positions per step, elementwise products and sums).
 
-    The cache's scale is applied once per score and once to the output, not per element.
+    What lets it stream at the rate its loads allow (benchmarks/LAB04_NOTES.md, round 3):
+    * an FP8 cache (``F16``) is widened to fp16, not fp32, and multiplied and summed in fp16: one
+      conversion per two elements and packed math instead of three conversions and two fp32
+      FMAs. fp16 holds every e4m3 value exactly; its rounding of products and sums (~1e-3
+      relative) is far below the FP8 cache's own (~6% per element). A 16-bit cache keeps fp32.
+    * loads marked evict-first: each K/V element is read once, so keeping it in L2 would only
+      push out what is read again.
+    * the cache scale and 1/sqrt(D) * log2(e) folded into q once: a score is one dot product,
+      and the softmax uses exp2. The partial max is stored back in natural-log units.
     ``PER_ROW``: each batch row's length is read from ``nctx_ptr``; the grid covers the whole
     cache and a chunk past its row's length runs no iteration (partial max -inf, sum 0)."""
     bh = tl.program_id(0)
     sp = tl.program_id(1)
     start = sp * CHUNK
-    hi = start + CHUNK
     if PER_ROW:
         n_ctx = tl.load(nctx_ptr + bh // H)
-        hi = tl.minimum(hi, n_ctx)
+    hi = tl.minimum(start + CHUNK, n_ctx)
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + (bh // H) * stride_qb + (bh % H) * stride_qh + d).to(tl.float32) * sm_scale
     kv_scale = tl.load(kv_scale_ptr)
+    q = tl.load(q_ptr + (bh // H) * stride_qb + (bh % H) * stride_qh + d).to(tl.float32) * (qk_scale * kv_scale)
+    q16 = q.to(tl.float16)
     base = bh.to(tl.int64) * max_ctx * D
     m_i = -float("inf")
     l_i = 0.0
     acc = tl.zeros((D,), dtype=tl.float32)
     for t0 in range(start, hi, BLOCK_T):
         t = t0 + tl.arange(0, BLOCK_T)
-        tm = t < n_ctx
+        tm = t < hi
         off = base + t[:, None] * D + d[None, :]
-        k_raw = tl.load(k_ptr + off, mask=tm[:, None], other=0.0)  # both loads issued before the math
-        v_raw = tl.load(v_ptr + off, mask=tm[:, None], other=0.0)
-        k = k_raw.to(tl.float32)
-        s = tl.sum(k * q[None, :], 1) * kv_scale
+        k_raw = tl.load(k_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
+        v_raw = tl.load(v_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
+        if F16:
+            s = tl.sum(k_raw.to(tl.float16) * q16[None, :], 1).to(tl.float32)
+        else:
+            s = tl.sum(k_raw.to(tl.float32) * q[None, :], 1)
         s = tl.where(tm, s, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(s, 0))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new)
-        v = v_raw.to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new)
+        if F16:  # at most BLOCK_T * 448 per sum: fp16 holds it for BLOCK_T <= 128
+            pv = tl.sum(p.to(tl.float16)[:, None] * v_raw.to(tl.float16), 0).to(tl.float32)
+        else:
+            pv = tl.sum(p[:, None] * v_raw.to(tl.float32), 0)
+        acc = acc * alpha + pv
         l_i = l_i * alpha + tl.sum(p, 0)
         m_i = m_new
     o = bh * n_splits + sp
-    tl.store(m_ptr + o, m_i)
+    tl.store(m_ptr + o, m_i * 0.6931471805599453)  # log2 units -> natural log, as the combine expects
     tl.store(l_ptr + o, l_i)
     tl.store(acc_ptr + o * D + d, acc * kv_scale)
 
@@ -234,7 +257,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("decode_attention reads contiguous (B, H, T, D) caches")
     B, H, _, D = q.shape
-    n_splits = triton.cdiv(k_cache.shape[2] if per_row else n_ctx, tile.chunk)
+    if k_cache.dtype == FP8 and tile.block_t > 128:
+        raise ValueError(f"{tile}: an FP8 cache sums block_t products of up to 448 in fp16; keep block_t <= 128")
+    chunk = chunk_for(tile, B * H, k_cache.shape[2] if per_row else n_ctx)
+    n_splits = triton.cdiv(k_cache.shape[2] if per_row else n_ctx, chunk)
     m = torch.empty((B * H, n_splits), dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
     acc = torch.empty((B * H, n_splits, D), dtype=torch.float32, device=q.device)
@@ -242,11 +268,21 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q = q.contiguous()
     _decode_attn_partial[(B * H, n_splits)](q, k_cache, v_cache, kv_scale.reshape(1).float(), m, l, acc,
                                             0 if per_row else n_ctx, n_ctx if per_row else m,
-                                            k_cache.shape[2], n_splits, 1.0 / math.sqrt(D),
-                                            H, q.stride(0), q.stride(1), D=D, CHUNK=tile.chunk,
-                                            BLOCK_T=tile.block_t, PER_ROW=per_row,
+                                            k_cache.shape[2], n_splits, LOG2E / math.sqrt(D),
+                                            H, q.stride(0), q.stride(1), D=D, CHUNK=chunk,
+                                            BLOCK_T=tile.block_t, PER_ROW=per_row, F16=k_cache.dtype == FP8,
                                             num_warps=tile.num_warps, num_stages=tile.num_stages)
     return combine_splits(m, l, acc, q)
+
+
+def chunk_for(tile: AttnTile, n_rows_heads: int, n_positions: int) -> int:
+    """The chunk a launch uses: ``tile.chunk``, halved (down to ``2 * block_t``) while the grid
+    would hold fewer than :data:`MIN_PROGRAMS` programs. A short context with few splits leaves
+    SMs idle while each program's loads wait; more, shorter chunks keep the loads in flight."""
+    chunk = tile.chunk
+    while n_rows_heads * triton.cdiv(n_positions, chunk) < MIN_PROGRAMS and chunk >= 4 * tile.block_t:
+        chunk //= 2
+    return chunk
 
 
 def combine_splits(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
