@@ -13,15 +13,17 @@ collectives and holds the one-GPU PCIe-staged step (route parsing, the P2P matri
 bandwidth are core: :mod:`hwlab.comms`; the tail and spike rules too: :mod:`hwlab.tails`); :mod:`.grading` the exercise's
 checkers. ``python -m hwlab.labs.crosslink`` is one rank (:mod:`.__main__`).
 """
+# core names the lab's notebooks, exercises and tests reach as ``lab.<name>`` (hwlab.comms, hwlab.tails)
+from ...comms import (FORCE_SLOW_ROUTE, NCCL_SAFE_ENV, ROUTE_PATTERNS, busbw_table, needs_gpus, nccl_routes,
+                      p2p_matrix_gbps)
+from ...tails import SPIKE_OVER_MEDIAN, TAIL_JUMP, spikes
 from .block import (KERNELS, block_partial, block_partial_regressed, block_reference, block_work, partial_fn,
                     cpu_ceilings_one_core, make_weights, shard, single_device_baseline)
-from .comms import busbw_table, collectives, p2p_matrix_gbps, run_collectives, single_gpu_tp_step
+from .comms import collectives, run_collectives, single_gpu_tp_step
 from .grading import grade_mapping, grade_straggler, grade_suspect
-from ...comms import FORCE_SLOW_ROUTE, NCCL_SAFE_ENV, ROUTE_PATTERNS, needs_gpus, nccl_routes
 from .overlap import OVERLAP_FAILED_PCT, hidden_pct, overlap_report
 from .ranks import DP_SYNC_ELEMS, launch, launch_phases, parse_groups, phase_view, run_rank
-from .report import (SPIKE_OVER_MEDIAN, TAIL_JUMP, StragglerReport, flowchart_evidence, paired_ratio, signature_row, spikes,
-                     straggler_report)
+from .report import StragglerReport, flowchart_evidence, paired_ratio, signature_row, straggler_report
 from .slowlink import (NAIVE_GROUPS, SEED_RATIO, SEED_RATIO_BAND, SEED_TAIL_MS, SLOW_RANKS,
                        EXTREME_RATE_MBIT, FAST_RATE_MBIT, OVERLAP_SIZES, SIZES, SWEEP_RATES_MBIT, WORLD, SlowLink, SlowLinkUnavailable, aware_groups,
                        analyse, calibrate_rate, crossing_ranks, experiment, in_seed_band, island_topology,

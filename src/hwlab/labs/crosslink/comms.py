@@ -4,7 +4,7 @@ in :mod:`hwlab.comms`), and the one-GPU TP step whose all-reduce is staged throu
 memory (what NCCL falls back to without peer-to-peer).
 
 Route parsing, the P2P matrix and ``busbw_table`` are core (:mod:`hwlab.comms`); the node
-baseline uses :func:`collectives` (re-exported by :mod:`hwlab.labs.crosslink`).
+baseline uses :func:`collectives`.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ...comms import busbw_table, needs_gpus, p2p_matrix_gbps  # noqa: F401 (p2p re-exported)
+from ...comms import busbw_table, needs_gpus
 from ...measure import TOL_BY_DTYPE, bench, device_of
 from .block import block_partial, block_reference, make_weights, shard
 from .ranks import run_processes

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...measure import quantile
-from ...tails import PERIODIC_CV, SPIKE_OVER_MEDIAN, TAIL_JUMP, spikes, tail_split  # noqa: F401 (re-exported)
+from ...tails import spikes, tail_split
 
 OWN_QUANTILE = 0.25
 
