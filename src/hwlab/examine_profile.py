@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import gc
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -117,8 +117,6 @@ class ProfileSummary:
         return max(spills) if spills else None
 
     def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
         return asdict(self)
 
 

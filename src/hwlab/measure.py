@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import platform
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -88,8 +89,6 @@ def device_of(device: str | torch.device | None = None) -> torch.device:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    import platform
-
     return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 

@@ -47,7 +47,7 @@ def evidence_from_measurement(m: Measurement, *, ceiling_gbps: float, ceiling_tf
 def plot(c: Ceilings, points: Iterable[Measurement] = (), dtypes=("bf16", "fp32"),
          ax=None, title: str | None = None, label: str | None = None):
     """Log-log roofline of ``c`` with measured points; returns the matplotlib Axes."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred on purpose: only plots need it, and it costs ~0.5 s
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4.5))

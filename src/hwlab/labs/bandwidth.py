@@ -31,15 +31,17 @@ The lab measures and returns evidence only; the walk is the consumers' floor
 """
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .. import tritonenv  # noqa: F401  (must precede kernel definitions)
+from .. import ncu, tritonenv  # noqa: F401  (tritonenv must precede kernel definitions)
 from ..measure import (TOL_BY_DTYPE, InputError, Measurement, bench, device_of, poison_,
                        require_memory)
+from ..probes import hbm_copy
 from ..roofline import evidence_from_measurement
 from . import scenarios
 
@@ -214,7 +216,6 @@ def run(n_rows: int | None = None, n_cols: int | None = None, dtype=torch.float1
     n = n_rows * n_cols
     require_memory(8 * n * item, dev, f"lab01 at {n_rows}x{n_cols} {dtype}")
     if ceiling_gbps is None:
-        from ..probes import hbm_copy
         ceiling_gbps = hbm_copy(size_mib=max(1, min(1024, 4 * n * 4 // 2**20)), device=dev,
                                 impl="torch").gbps
     tr = chain_traffic(n_rows, n_cols, item)
@@ -321,8 +322,6 @@ def counters_with_ncu(n_rows: int, n_cols: int, dtype=torch.float16,
     """Nsight Compute readings per case: DRAM % of peak (duration-weighted over the case's
     kernels), sector amplification (sectors loaded x 32 B over the bytes the model says the
     case must load) and tensor-pipe %. Empty where ncu is absent."""
-    from .. import ncu
-
     if not ncu.available():
         return {}
     item = torch.tensor([], dtype=dtype).element_size()
@@ -347,8 +346,6 @@ def counters_with_ncu(n_rows: int, n_cols: int, dtype=torch.float16,
 
 
 def _main(argv=None) -> None:
-    import argparse
-
     p = argparse.ArgumentParser(description="launch one lab-1 case once (an ncu target)")
     p.add_argument("--ncu-case", required=True, choices=list(LOADS_PER_ELEMENT))
     p.add_argument("--rows", type=int, default=8192)
