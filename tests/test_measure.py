@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from hwlab import measure as M
+from hwlab import measure_graph as G
 
 
 def test_timing_quantiles_and_spread():
@@ -134,13 +135,13 @@ def test_graph_time_checks_before_timing_and_falls_back_to_eager_on_cpu():
         return x @ x
 
     seen = []
-    t, cap = M.graph_time(step, dev, check=lambda out: seen.append(M.rel_error(out, x @ x)), n_warmup=1, n_rep=3)
+    t, cap = G.graph_time(step, dev, check=lambda out: seen.append(M.rel_error(out, x @ x)), n_warmup=1, n_rep=3)
     assert cap.graphed is False and cap.graph is None and seen == [0.0]
     assert len(t.samples_ms) >= 3 and t.timer == "cpu-perf-counter" and all(s > 0 for s in t.samples_ms)
     assert len(calls) >= 2 + 1 + 3  # captured call, checked replay, warm-up and timed replays
     with pytest.raises(M.CorrectnessError):  # a wrong capture is refused before it is timed
         n_before = len(calls)
-        M.graph_time(step, dev, check=lambda out: M.check_close(out, -out, 1e-3), n_rep=3)
+        G.graph_time(step, dev, check=lambda out: M.check_close(out, -out, 1e-3), n_rep=3)
     assert len(calls) == n_before + 2  # the capture and the checked replay only: nothing timed
 
 
@@ -148,5 +149,5 @@ def test_graph_time_checks_before_timing_and_falls_back_to_eager_on_cpu():
 def test_graph_time_replays_a_cuda_graph():
     dev = torch.device("cuda")
     x = torch.randn(256, 256, device=dev)
-    t, cap = M.graph_time(lambda: x @ x, dev, check=lambda out: M.check_close(out, x.double() @ x.double(), 1e-3))
+    t, cap = G.graph_time(lambda: x @ x, dev, check=lambda out: M.check_close(out, x.double() @ x.double(), 1e-3))
     assert cap.graphed and t.timer == "cuda-event"

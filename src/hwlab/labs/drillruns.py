@@ -29,7 +29,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from ..ceilings import get as get_ceilings
 from ..evidence import EvidenceError, recorded
-from ..measure import capture_graph, device_name, device_of, time_fn
+from ..measure import device_name, device_of, time_fn
+from ..measure_graph import capture_graph
 from ..probes import hbm_copy
 from . import bandwidth, fp8, registers, scenarios
 

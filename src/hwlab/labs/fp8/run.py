@@ -7,7 +7,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...measure import graph_time, require_memory, time_fn
+from ...measure import require_memory, time_fn
+from ...measure_graph import graph_time
 from . import kernels as K
 from .kernels import DEFAULT_TILE, AttnTile
 from .model import H200_SIZE, LOGIT_ERROR_BOUND, TINY, Decoder, ModelConfig, logit_error, make_models

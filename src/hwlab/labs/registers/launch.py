@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ...measure import TOL_BY_DTYPE, Measurement, check_close, device_name, device_of, graph_time, time_fn
+from ...measure import TOL_BY_DTYPE, Measurement, check_close, device_name, device_of, time_fn
+from ...measure_graph import graph_time
 from .. import scenarios
 
 #: tolerance of the float32 step against its float64 reference: 10x float32's, since every
