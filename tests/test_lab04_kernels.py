@@ -19,6 +19,7 @@ def test_self_check_on_fresh_data(seed):
     assert 0.01 < c["quant_tensor_roundtrip"] < 0.10
     assert 0.01 < c["quant_static_gelu_roundtrip"] < 0.10 and 0.01 < c["rmsnorm_fp8_roundtrip"] < 0.10
     assert c["dequant_rows"] < 1e-3 and c["rmsnorm"] < 1e-3  # fp16 output rounding only
+    assert c["add_rmsnorm_sum"] == 0.0 and c["add_rmsnorm"] < 1e-3
     assert c["decode_attention_16bit"] < 1e-3 and c["decode_attention_fp8"] < K.FP8_CACHE_MATH_REL
     assert c["kv_store_16bit"] == 0.0 and c["kv_store_fp8"] < 0.10
 
@@ -111,6 +112,25 @@ def test_decode_attention_strided_query_small_tile_and_poisoned_tail():
             out = K.decode_attention(q, k, v, scale, n, use_triton=True, tile=K.AttnTile(64, 16, 2, 1))
             assert torch.isfinite(out).all()
             assert _rel(out, K.decode_attention_ref(q, k, v, scale, n)) < (1e-4 if dt == torch.float16 else K.FP8_CACHE_MATH_REL), (dt, n)
+
+
+def test_add_rmsnorm_kernel_is_the_add_then_the_norm():
+    """The fused residual add + RMSNorm returns torch's rounded sum exactly and the norm of that
+    sum (in FP8 with a scale); a kernel that normalized the unrounded sum, or the wrong row,
+    or forgot the add, fails."""
+    g = torch.Generator().manual_seed(8)
+    x = (torch.randn(5, 300, generator=g) * 4).half()
+    r = (torch.randn(5, 300, generator=g) * 4).half()
+    tot, y = K.add_rmsnorm(x, r, use_triton=True)
+    assert torch.equal(tot, x + r)
+    assert _rel(y, K.rmsnorm_ref((x + r).float())) < 1e-3
+    s = torch.tensor(0.01)
+    tot8, y8 = K.add_rmsnorm(x, r, use_triton=True, out_scale=s)
+    assert torch.equal(tot8, x + r) and y8.dtype == K.FP8
+    assert _rel(y8.float() * s, K.rmsnorm_ref((x + r).float())) < 0.10  # one e4m3 step (the interpreter truncates)
+    assert _rel(y, K.rmsnorm_ref(x.float())) > 0.1  # the add matters at this size
+    with pytest.raises(ValueError, match="one shape"):
+        K.add_rmsnorm(x, r[:, :10], use_triton=True)
 
 
 def test_rmsnorm_and_static_quant_kernels():

@@ -16,11 +16,11 @@ import torch
 from .attention import (DEFAULT_TILE, FP8_CACHE_MATH_REL, AttnTile, decode_attention, decode_attention_ref, kv_store,
                         kv_store_ref)
 from .quant import (FP8, FP8_MAX, dequant_rows, dequant_rows_ref, quant_static, quant_static_ref,
-                    quant_tensor, quant_tensor_ref, rmsnorm, rmsnorm_ref)
+                    quant_tensor, quant_tensor_ref, rmsnorm, rmsnorm_ref, add_rmsnorm, add_rmsnorm_ref)
 
 __all__ = ["AttnTile", "DEFAULT_TILE", "FP8", "FP8_CACHE_MATH_REL", "FP8_MAX", "decode_attention", "decode_attention_ref", "dequant_rows",
            "dequant_rows_ref", "kv_store", "kv_store_ref", "quant_static", "quant_static_ref", "quant_tensor",
-           "quant_tensor_ref", "rel_err", "rmsnorm", "rmsnorm_ref", "self_check"]
+           "quant_tensor_ref", "rel_err", "rmsnorm", "rmsnorm_ref", "add_rmsnorm", "add_rmsnorm_ref", "self_check"]
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -53,6 +53,9 @@ def self_check(device=None, act_dtype: torch.dtype | None = None, seed: int = 0,
            "rmsnorm": rel_err(rmsnorm(x, use_triton=True), rmsnorm_ref(x.float()))}
     s_n = torch.tensor(0.01, device=dev)
     out["rmsnorm_fp8_roundtrip"] = rel_err(rmsnorm(x, use_triton=True, out_scale=s_n).float() * s_n, rmsnorm_ref(x.float()))
+    r = (torch.randn(x.shape, generator=g, device=dev) * 3).to(act)  # a GEMM output to add into x
+    (tot, y), (tot_ref, y_ref) = add_rmsnorm(x, r, use_triton=True), add_rmsnorm_ref(x, r)
+    out["add_rmsnorm_sum"], out["add_rmsnorm"] = rel_err(tot, tot_ref), rel_err(y, rmsnorm_ref(tot_ref.float()))
     B, H, T, D = 2, 3, 2 * tile.chunk + 188, 64
     qq = torch.randn(B, H, 1, D, generator=g, device=dev).to(act)
     kc = torch.randn(B, H, T, D, generator=g, device=dev)

@@ -2,6 +2,8 @@
 cache and the decoder whose every linear layer picks a path (:data:`PATHS`)."""
 from __future__ import annotations
 
+import contextlib
+
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -290,13 +292,16 @@ class Decoder(torch.nn.Module):
             m.calibrated = True
         return {n: float(m.x_scale) for n, m in mods.items()}
 
-    def _norm_for(self, x: torch.Tensor, consumer: QLinear) -> torch.Tensor:
-        """RMSNorm of ``x`` for ``consumer``: written straight to FP8 (one kernel, the requant
-        fused in) when the consumer takes static-scaled FP8 input."""
-        if consumer.takes_fp8_input:
-            with torch.profiler.record_function(QUANT_MARK):
-                return K.rmsnorm(x, out_scale=consumer.x_scale)
-        return K.rmsnorm(x)  # one kernel on a GPU, the torch reference on a CPU
+    def _add_norm_for(self, x: torch.Tensor, r: torch.Tensor | None,
+                      consumer: QLinear) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x + r`` (the residual stream with a GEMM's output added; ``r`` None: nothing to add)
+        and its RMSNorm for ``consumer``, in one kernel: written straight to FP8 (the requant
+        fused in too) when the consumer takes static-scaled FP8 input."""
+        scale = consumer.x_scale if consumer.takes_fp8_input else None
+        with torch.profiler.record_function(QUANT_MARK) if scale is not None else contextlib.nullcontext():
+            if r is None:
+                return x, K.rmsnorm(x, out_scale=scale)  # one kernel on a GPU, the torch reference on a CPU
+            return K.add_rmsnorm(x, r, out_scale=scale)
 
     @property
     def weight_bytes(self) -> int:
@@ -323,8 +328,9 @@ class Decoder(torch.nn.Module):
         if per_row:  # each row attends over its own length, this step's position included
             cache._attend_len = cache.row_len + 1
         x = self.connector(self.embed[tokens])
+        r = None  # a GEMM's output not yet added into the residual stream x (added with the next norm)
         for li, L in enumerate(self.layers):
-            h = self._norm_for(x, L["qkv"])
+            x, h = self._add_norm_for(x, r, L["qkv"])
             q, k, v = L["qkv"](h).split(cfg.d_model, dim=-1)
             q, k, v = (t.reshape(B, T, cfg.n_heads, cfg.d_head).transpose(1, 2) for t in (q, k, v))
             cache.write(li, k, v, pos)
@@ -332,19 +338,21 @@ class Decoder(torch.nn.Module):
                 a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:
                 a = cache.attend(li, q, pos + 1, self.attn_tile)
-            x = x + L["out"](a.transpose(1, 2).reshape(B, T, cfg.d_model))
-            u = L["up"](self._norm_for(x, L["up"]))
+            r = L["out"](a.transpose(1, 2).reshape(B, T, cfg.d_model))
+            x, h = self._add_norm_for(x, r, L["up"])
+            u = L["up"](h)
             if L["down"].takes_fp8_input:
                 with torch.profiler.record_function(QUANT_MARK):  # GELU and the requant in one pass
                     u = K.quant_static(u, L["down"].x_scale, gelu=True)
             else:
                 u = F.gelu(u)
-            x = x + L["down"](u)
+            r = L["down"](u)
         cache.len = pos + T
         if per_row:
             cache.row_len.add_(1)  # in place: a view's rows are the whole cache's
             cache._attend_len = None
-        return self.head(K.rmsnorm(x[:, -1:])).float()
+        _, h = K.add_rmsnorm(x[:, -1:], r[:, -1:])
+        return self.head(h).float()
 
 
 def make_models(cfg: ModelConfig = TINY, paths=tuple(PATHS), device=None,

@@ -118,6 +118,25 @@ def _rmsnorm_kernel(x_ptr, y_ptr, s_ptr, n_cols, stride_x, stride_y, eps, BLOCK:
 
 
 @triton.jit
+def _add_rmsnorm_kernel(x_ptr, r_ptr, sum_ptr, y_ptr, s_ptr, n_cols, stride_x, stride_r, stride_y, eps,
+                        BLOCK: tl.constexpr, QUANT: tl.constexpr):
+    """sum = x + r (rounded to x's dtype, as torch's add), then RMSNorm of that sum: the
+    residual add and the next norm in one pass over the row."""
+    row = tl.program_id(0)
+    o = tl.arange(0, BLOCK)
+    m = o < n_cols
+    x = tl.load(x_ptr + row * stride_x + o, mask=m, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + row * stride_r + o, mask=m, other=0.0).to(tl.float32)
+    s = (x + r).to(sum_ptr.dtype.element_ty)
+    tl.store(sum_ptr + row * n_cols + o, s, mask=m)
+    s = s.to(tl.float32)
+    y = s * (1.0 / tl.sqrt(tl.sum(s * s, 0) / n_cols + eps))
+    if QUANT:
+        y = tl.minimum(tl.maximum(y / tl.load(s_ptr), -448.0), 448.0)
+    tl.store(y_ptr + row * stride_y + o, y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def _quant_static_kernel(x_ptr, s_ptr, q_ptr, n, BLOCK: tl.constexpr, GELU: tl.constexpr):
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = o < n
@@ -195,3 +214,30 @@ def rmsnorm(x: torch.Tensor, eps: float = 1e-6, use_triton: bool | None = None,
     _rmsnorm_kernel[(x2.shape[0],)](x2, y, s, x2.shape[1], x2.stride(0), y.stride(0), eps,
                                     BLOCK=triton.next_power_of_2(x2.shape[1]), QUANT=out_scale is not None)
     return y.reshape(x.shape)
+
+
+def add_rmsnorm_ref(x: torch.Tensor, r: torch.Tensor, eps: float = 1e-6,
+                    out_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x + r, rmsnorm_ref(x + r))``: the residual add, then the norm of its rounded sum."""
+    s = x + r
+    return s, rmsnorm_ref(s, eps, out_scale)
+
+
+def add_rmsnorm(x: torch.Tensor, r: torch.Tensor, eps: float = 1e-6, use_triton: bool | None = None,
+                out_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and the next RMSNorm in one kernel: returns ``(x + r, norm(x + r))``,
+    the norm in FP8 with ``out_scale`` as :func:`rmsnorm`. A decode step adds a GEMM's output
+    into the residual stream twice per layer and normalizes right after each time; fused, each
+    pair is one launch instead of two, and the sum is read back from registers, not memory."""
+    if x.shape != r.shape:
+        raise ValueError(f"add_rmsnorm adds tensors of one shape; got {tuple(x.shape)} and {tuple(r.shape)}")
+    if not use_triton_for(x, use_triton) or x.shape[-1] > 16384:
+        return add_rmsnorm_ref(x, r, eps, out_scale)
+    x2, r2 = (t.reshape(-1, t.shape[-1]) for t in (x, r))
+    x2, r2 = (t if t.stride(-1) == 1 else t.contiguous() for t in (x2, r2))
+    total = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty(x2.shape, dtype=x.dtype if out_scale is None else FP8, device=x.device)
+    s = y if out_scale is None else out_scale.reshape(1).float()
+    _add_rmsnorm_kernel[(x2.shape[0],)](x2, r2, total, y, s, x2.shape[1], x2.stride(0), r2.stride(0), y.stride(0),
+                                        eps, BLOCK=triton.next_power_of_2(x2.shape[1]), QUANT=out_scale is not None)
+    return total.reshape(x.shape), y.reshape(x.shape)
