@@ -9,6 +9,7 @@ and dequant counts for every path; logit error in bound.
 """
 import pytest
 
+from hwlab import specs
 from hwlab.evidence import recorded
 from hwlab.labs.fp8.attention import FP8_CACHE_MATH_REL
 from hwlab.labs import fp8 as L
@@ -117,11 +118,15 @@ def test_fp8_kv_without_a_fused_kernel_saves_memory_not_time(run):
 
 
 def test_bytes_and_bandwidth_are_consistent(run):
-    copy = recorded("lab04_fp8").ceilings["copy_gbps"]
+    ev = recorded("lab04_fp8")
+    copy = ev.ceilings["copy_gbps"]
+    peak = specs.lookup(ev.machine["device"]).hbm_gbps
     for p, v in run["paths"].items():
         for b in v["buckets"]:
             assert b["decode_gbps"] == pytest.approx(b["decode_bytes"] / b["tpot_ms"] / 1e6)
-            assert b["decode_gbps"] < copy  # no step beats the measured copy ceiling
+            # a decode step mostly reads: it may pass the copy ceiling (read + write) by a few %,
+            # as SDPA's reads do, but never the datasheet's peak, and never by much
+            assert b["decode_gbps"] < min(peak, 1.10 * copy)
             assert b["tpot_p10_ms"] <= b["tpot_ms"] <= b["tpot_p90_ms"]
 
 
@@ -140,7 +145,9 @@ def test_byte_floor_per_bucket_from_the_fixed_bucket_run(run):
     copy = recorded("lab04_fp8").ceilings["copy_gbps"]
     rows = {(r["path"], r["ctx"]): r for r in L.bucket_table(run, copy)}
     for (p, ctx), r in rows.items():
-        assert r["floor_ms"] < r["tpot_ms"]  # no step beats its floor
+        # the floor is the bytes at the copy ceiling (read + write); a decode step mostly reads,
+        # and reads alone stream a few % faster (SDPA's do), so a step may pass it, never by much
+        assert r["floor_ms"] < 1.10 * r["tpot_ms"]
         assert r["pct_of_copy"] == pytest.approx(100 * r["floor_ms"] / r["tpot_ms"])
     # where bytes dominate bf16 runs near its floor; the fixed path is faster yet further from its own
     for ctx in (4096, 32768):
