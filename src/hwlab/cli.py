@@ -66,23 +66,13 @@ def _add_probe(sub) -> None:
 
 # ---------------------------------------------------------------- topo
 def cmd_topo(a) -> int:
-    if a.file:
-        text = read_user_text(a.file, "topology file", TOPO_HINT)
-        src = str(Path(a.file))
-    else:
-        text = topology.capture_topo_text()
-        src = "nvidia-smi topo -m"
-        if text is None:
-            t = topology.from_nvml()
-            if t is None:
-                raise UserInputError("no nvidia-smi and no NVML here: pass a saved "
-                                     "`nvidia-smi topo -m` output with --file")
-            if a.json:
-                print_json(t.to_dict())
-            else:
-                print(t.render())
-            return EXIT_OK
-    t = topology.parse_topo_matrix(text, source=src)
+    if a.file:  # the user's file: read with the file-specific one-line refusals, then parsed
+        t = topology.parse_topo_matrix(read_user_text(a.file, "topology file", TOPO_HINT), source=str(Path(a.file)))
+    else:  # this node: nvidia-smi, else NVML (topology.capture, the kit's one capture)
+        t = topology.capture().topo
+        if t is None:
+            raise UserInputError("no nvidia-smi and no NVML here: pass a saved "
+                                 "`nvidia-smi topo -m` output with --file")
     if a.json:
         print_json(t.to_dict())
     else:

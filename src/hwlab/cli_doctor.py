@@ -65,17 +65,11 @@ def doctor_report(remeasure: bool = False, quick: bool = False, progress=None) -
     gpu = torch.cuda.is_available()
     report: dict[str, Any] = {"machine": machine_info(), "snapshot": snap}
     step("reading topology")
-    text = topology.capture_topo_text()
-    topo = None
-    if text:
-        try:
-            topo = topology.parse_topo_matrix(text, source="nvidia-smi topo -m")
-        except topology.TopologyParseError as e:
-            report["topology_error"] = str(e)
-    if topo is None:
-        topo = topology.from_nvml()
-    report["topology"] = topo.to_dict() if topo else None
-    report["topology_text"] = text
+    cap = topology.capture()  # nvidia-smi topo -m, else NVML; an unparsable text is kept with its error
+    if cap.error:
+        report["topology_error"] = cap.error
+    report["topology"] = cap.topo.to_dict() if cap.topo else None
+    report["topology_text"] = cap.text
     spec = specs.try_lookup(report["machine"]["device"]) if gpu else None
     report["spec"] = spec.to_dict() if spec else None
     if gpu and spec is None:
