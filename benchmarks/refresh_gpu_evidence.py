@@ -1,6 +1,6 @@
 """Refresh every recorded GPU figure hwlab shows, in one run on a GPU machine.
 
-    python benchmarks/refresh_gpu_evidence.py --out OUTDIR [--only doctor,probe_vs_torch,lab01]
+    python benchmarks/refresh_gpu_evidence.py --out OUTDIR [--only doctor,probe_vs_torch,lab01] [--keep-going]
 
 Writes one evidence record per part into OUTDIR (never over an existing file); copy them to
 ``src/hwlab/recorded/<device>/`` to commit them. Prints a short summary table last.
@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -373,6 +374,10 @@ def main(argv=None) -> int:
     p.add_argument("--cpu-check", action="store_true",
                    help="run the chosen parts on this CPU at small sizes, to check the script end to "
                         "end (records say CPU; never copy them to recorded/h200)")
+    p.add_argument("--keep-going", action="store_true",
+                   help="a part that fails is reported (one line, then its traceback's last lines) and the "
+                        "others still run; exit 1 at the end if any failed (a device call is too short to "
+                        "lose the parts after a failing one)")
     a = p.parse_args(argv)
     if not torch.cuda.is_available() and not a.cpu_check:
         print("no CUDA GPU here: this script refreshes GPU evidence and has nothing to measure",
@@ -385,12 +390,25 @@ def main(argv=None) -> int:
         return 2
     a.out.mkdir(parents=True, exist_ok=True)
     summary: list[str] = []
+    failed = []
     for part in parts:
         t0 = time.time()
         print(f"== {part}", flush=True)
-        PARTS[part](a.out, summary)
+        try:
+            PARTS[part](a.out, summary)
+        except Exception as e:  # noqa: BLE001  (--keep-going: any failure of a part, reported, the rest run)
+            if not a.keep_going:
+                raise
+            failed.append(part)
+            tail = traceback.format_exc().strip().splitlines()[-6:]
+            print(f"== {part} FAILED after {time.time() - t0:.0f} s: {type(e).__name__}: {e}\n   "
+                  + "\n   ".join(tail), flush=True)
+            continue
         print(f"== {part} done in {time.time() - t0:.0f} s", flush=True)
     print("\n".join(summary))
+    if failed:
+        print(f"failed parts: {', '.join(failed)} (their records were not written)", file=sys.stderr)
+        return 1
     return 0
 
 
