@@ -34,21 +34,15 @@ from pathlib import Path
 
 import torch
 
-from hwlab import cli, probes
+from hwlab import doctor, probes
 from hwlab.ceilings import Ceilings
 from hwlab.evidence import Evidence, machine_info
-from hwlab.measure import Measurement
 
 
 def part_doctor(out: Path, summary: list[str]) -> Ceilings:
-    rep = cli.doctor_report(remeasure=True, progress=lambda s: print("doctor:", s, flush=True))
+    rep = doctor.doctor_report(remeasure=True, progress=lambda s: print("doctor:", s, flush=True))
     c = Ceilings.from_dict(rep["ceilings"])
-    ev = Evidence(kind="doctor", machine=rep["machine"],
-                  results=[Measurement.from_dict(p) for p in rep["probes"]],
-                  ceilings=c.to_dict(), versions=rep["snapshot"]["versions"],
-                  snapshot=rep["snapshot"],
-                  extra={k: rep.get(k) for k in ("topology", "topology_text", "spec", "verdict")})
-    ev.save(out / "doctor.json")
+    doctor.doctor_evidence(rep).save(out / "doctor.json")  # the record `hwlab doctor --save` writes
     summary.append(f"ceilings: copy {c.copy_gbps:,.0f} GB/s; " + ", ".join(
         f"{k} {v:,.1f} TFLOP/s" for k, v in c.gemm_tflops.items()) +
         f"; host link {c.host_link_gbps or 0:,.1f} GB/s")

@@ -24,7 +24,6 @@ from pathlib import Path
 
 from . import (__version__, cli_baseline, cli_class, cli_doctor, cli_drill, cli_examine, cli_incident,
                cli_ranks, evidence, lablaunch, probes, topology)
-from .cli_doctor import doctor_report  # noqa: F401  (benchmarks/refresh_gpu_evidence.py uses it)
 from .console import Steps, print_json, stderr_is_terminal, whole_number
 from .errors import EXIT_FINDING, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, UserInputError
 from .measure import CorrectnessError, InputError, InsufficientMemoryError

@@ -11,102 +11,14 @@ measures them again.
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from . import ceilings as ceil_mod
 from .console import Steps, print_json
 from .errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE
+from .doctor import doctor_evidence, doctor_report, n_ceiling_steps
 from .store import check_destination, rescue_json
-
-
-def _age(measured_at: str) -> tuple[float | None, str]:
-    try:
-        t = datetime.fromisoformat(measured_at)
-    except (TypeError, ValueError):
-        return None, "age unknown"
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=timezone.utc)
-    s = max((datetime.now(timezone.utc) - t).total_seconds(), 0.0)
-    for unit, n in (("day", 86400), ("h", 3600), ("min", 60)):
-        if s >= n:
-            v = s / n
-            return s, f"{v:.0f} {unit}{'s' if unit == 'day' and round(v) != 1 else ''} old"
-    return s, f"{s:.0f} s old"
-
-
-def _n_ceiling_steps() -> int:
-    import torch
-
-    from .probes import fp8_supported
-
-    if not torch.cuda.is_available():
-        return 2  # copy, gemm fp32
-    return 1 + 3 + fp8_supported(torch.device("cuda")) + 1  # copy, gemms, host link
-
-
-def doctor_report(remeasure: bool = False, quick: bool = False, progress=None) -> dict[str, Any]:
-    """System state, topology, ceilings, quick probes and a verdict, as one dict.
-
-    ``report['ceilings_status']`` says whether the ceilings were measured now or read from the
-    cache, with their age; ``report['healthy']`` is False when a health check flagged this GPU."""
-    import torch
-
-    from . import probes, specs, system, topology
-    from .evidence import machine_info
-
-    def step(msg):
-        if progress:
-            progress(msg)
-
-    step("reading NVML")
-    snap = system.snapshot()
-    gpu = torch.cuda.is_available()
-    report: dict[str, Any] = {"machine": machine_info(), "snapshot": snap}
-    step("reading topology")
-    cap = topology.capture()  # nvidia-smi topo -m, else NVML; an unparsable text is kept with its error
-    if cap.error:
-        report["topology_error"] = cap.error
-    report["topology"] = cap.topo.to_dict() if cap.topo else None
-    report["topology_text"] = cap.text
-    spec = specs.try_lookup(report["machine"]["device"]) if gpu else None
-    report["spec"] = spec.to_dict() if spec else None
-    if gpu and spec is None:
-        report["spec_note"] = str(specs.UnknownGPUError(report["machine"]["device"]))
-    cached = None if remeasure else ceil_mod.load_cached()
-    if cached is not None:
-        c = cached
-        age_s, age = _age(c.measured_at)
-        report["ceilings_status"] = {
-            "cached": True, "age_s": age_s, "cache_file": str(ceil_mod.cache_path()),
-            "label": f"cached, measured {c.measured_at[:16].replace('T', ' ')} UTC ({age}); "
-                     "`hwlab doctor --remeasure` measures again"}
-    else:
-        c = ceil_mod.measure(quick=quick, progress=lambda s: step(f"ceiling: {s}"))
-        status = {"cached": False, "age_s": 0.0, "cache_file": str(ceil_mod.cache_path()),
-                  "label": f"measured now ({'quick' if quick else 'full'} sizes)"}
-        try:
-            ceil_mod.save(c, overwrite=True)  # a cache: re-measuring is the explicit request
-        except OSError as e:  # the figures are still shown and saved with --save
-            status["cache_file"] = None
-            status["label"] += f"; not cached ({e.strerror or e})"
-        report["ceilings_status"] = status
-    report["ceilings"] = c.to_dict()
-    step("probe: launch overhead")
-    report["probes"] = [probes.launch_overhead(n_launches=500 if quick else 2000).to_dict()]
-    flags = system.health_flags(snap) if gpu else []
-    warn = ceil_mod.datasheet_check(c)
-    if warn:
-        flags.append(warn)
-    report["healthy"] = not flags
-    verdict = list(flags)
-    if not gpu:
-        verdict.append("no CUDA GPU here: figures are this CPU's; recorded H200 results: "
-                       "`hwlab evidence show doctor`")
-    report["verdict"] = verdict or ["healthy: no throttling, ECC or link warnings; ceilings "
-                                    "within the datasheet band"]
-    return report
 
 
 def _print_doctor(rep: dict[str, Any], console) -> None:
@@ -159,30 +71,17 @@ def _print_doctor(rep: dict[str, Any], console) -> None:
         console.print(f"  - {line}")
 
 
-def _evidence_of(rep: dict[str, Any]):
-    from .ceilings import Ceilings
-    from .evidence import Evidence
-    from .measure import Measurement
-
-    return Evidence(kind="doctor", machine=rep["machine"],
-                    results=[Measurement.from_dict(p) for p in rep["probes"]],
-                    ceilings=Ceilings.from_dict(rep["ceilings"]).to_dict(),
-                    versions=rep["snapshot"]["versions"], snapshot=rep["snapshot"],
-                    extra={k: rep.get(k) for k in ("topology", "topology_text", "spec", "verdict",
-                                                   "ceilings_status")})
-
-
 def cmd_doctor(a) -> int:
     from rich.console import Console
 
     if a.save:
         check_destination(a.save, overwrite=a.force)  # before anything is measured
     cached = not a.remeasure and ceil_mod.cache_path().exists()
-    with Steps("hwlab doctor", 3 + (0 if cached else _n_ceiling_steps())) as st:
+    with Steps("hwlab doctor", 3 + (0 if cached else n_ceiling_steps())) as st:
         rep = doctor_report(remeasure=a.remeasure, quick=a.quick, progress=st.step)
     save_error = None
     if a.save:
-        ev = _evidence_of(rep)
+        ev = doctor_evidence(rep)
         try:
             ev.save(a.save, overwrite=a.force)
             rep["saved_to"] = str(a.save)
