@@ -11,11 +11,14 @@ import json
 import subprocess
 import sys
 
+from pathlib import Path
 import pytest
 
 from hwlab import drills as D
 from hwlab import flowchart
 from hwlab.errors import UserInputError
+
+ROOT = Path(__file__).resolve().parents[1]
 from hwlab.labs import drillruns
 
 
@@ -249,7 +252,8 @@ def test_recorded_drill_runs_are_measured_and_land_on_their_leaves():
         assert r["right"]["correct_leaf"] and r["right"]["evidence_supports"]
         if f.leaf != "OK":
             assert r["right"]["fix_removes_slowdown"] is True
-            assert flowchart.diagnose(r["right"]["fix_evidence"]).leaf_id != f.leaf
+            fixed_leaf = flowchart.diagnose(r["right"]["fix_evidence"]).leaf_id
+            assert fixed_leaf is not None and fixed_leaf != f.leaf, (name, fixed_leaf)
         assert not r["wrong"]["correct_leaf"] and " is not it: " in r["wrong"]["explanation"]
 
 
@@ -264,3 +268,18 @@ def test_recorded_drills_on_a_cpu_machine(name):
     assert g.passed, g.explanation
     w = D.grade(d, _other_leaf(f.leaf))
     assert not w.passed and " is not it: " in w.explanation
+
+
+def test_an_undecided_fix_re_measure_is_not_a_working_fix(monkeypatch):
+    """A real H200 re-measure (the strided drill's coalesced fix, first drills run of 2026-12-03's
+    third session) read 1.74x over its floor at 58% of copy: the walk stops at H for lack of a
+    tensor metric. That is not the slowdown gone, so the grade must not say the fix works."""
+    first = json.loads((ROOT / "benchmarks" / "results" / "refresh_h200_issue16"
+                        / "drills_call2_first_run.json").read_text())
+    row = next(r for r in first["extra"]["drills"] if r["fault"] == "strided_layout")
+    noisy = row["right"]["fix_evidence"]
+    assert flowchart.diagnose(noisy).leaf_id is None
+    monkeypatch.setattr(D.Fault, "fixed", lambda self, live=False, device=None: (noisy, "recorded"))
+    g = D.grade(D.new(seed=4, fault="strided_layout"), "G")
+    assert g.correct_leaf and g.fix_removes_slowdown is False and not g.passed
+    assert "not shown to work" in g.explanation and "B -> F -> H" in g.explanation

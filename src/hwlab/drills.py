@@ -265,9 +265,16 @@ def grade(drill: Drill, leaf: str, evidence: dict[str, Any] | None = None, learn
     works = None
     if correct:
         fixed_ev, fixed_src = f.fixed(live=drill.live)
-        fixed_leaf = flowchart.diagnose(fixed_ev).leaf_id
-        works = None if f.leaf == "OK" else fixed_leaf != f.leaf
-        if works is False:
+        fixed_walk = flowchart.diagnose(fixed_ev)
+        fixed_leaf = fixed_walk.leaf_id
+        # the fix works only when its re-measure walks to a leaf, and not the fault's: a walk that
+        # stops undecided has not shown the slowdown gone (it may still be slow at B)
+        works = None if f.leaf == "OK" else fixed_leaf is not None and fixed_leaf != f.leaf
+        if works is False and fixed_leaf is None:
+            why.append(f"the fix for {f.leaf} is not shown to work: its re-measure walks "
+                       f"{' -> '.join(fixed_walk.path)} and stops there (evidence lacks a metric "
+                       f"for {fixed_walk.undecided.id}); grade again to re-measure")
+        elif works is False:
             why.append(f"the fix for {f.leaf} did not remove the slowdown on re-measure "
                        f"(the fixed run still walks to {fixed_leaf})")
     if not why:
