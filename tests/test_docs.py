@@ -105,3 +105,34 @@ def test_glossary_chinese_is_verbatim_from_the_seed():
     seed = "".join(Path(p).read_text() for p in SEED)
     missing = [r[1] for r in _glossary_rows() if r[1] not in seed]
     assert not missing, f"not in the seed verbatim: {missing}"
+
+
+def _copies_module():
+    spec = importlib.util.spec_from_file_location("executed_copies", ROOT / "benchmarks" / "executed_copies.py")
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+def test_h200_copies_older_than_their_source_are_named_in_the_readme():
+    ec = _copies_module()
+    text = (DOCS / "executed-h200" / "README.md").read_text()
+    block = text[text.index(ec.BEGIN):text.index(ec.END) + len(ec.END)]
+    assert block == ec.render(ec.status()), "re-render with: python benchmarks/executed_copies.py --render"
+
+
+def test_an_edited_notebook_makes_its_copy_older(tmp_path):
+    ec = _copies_module()
+    (tmp_path / "notebooks").mkdir()
+    src = ROOT / "notebooks" / "00_start_here.ipynb"
+    nb = json.loads(src.read_text())
+    (tmp_path / "notebooks" / src.name).write_text(json.dumps(nb))
+    copies = tmp_path / "copies"
+    copies.mkdir()
+    (copies / f"notebooks__{src.name}").write_text(json.dumps(nb))
+    assert ec.status(tmp_path, copies)[0]["in_step"]
+    nb["cells"][-1]["source"] = "print('edited after the run')"
+    (tmp_path / "notebooks" / src.name).write_text(json.dumps(nb))
+    row = ec.status(tmp_path, copies)[0]
+    assert not row["in_step"] and row["cells_not_in_copy"] == 1
+    assert "older than its source" in ec.render([row])
