@@ -100,6 +100,30 @@ def test_time_fn_stops_at_the_time_budget():
     assert 3 <= len(t.samples_ms) < 20
 
 
+def test_a_slow_first_call_does_not_use_up_the_warm_up():
+    """A first call that compiles for longer than the whole warm-up (0.3 s here, the warm-up 0.2 s)
+    must not shorten it: warm-up then runs its full time on the steady calls, and the timed phase
+    covers its minimum length (the compile must not inflate the per-call estimate). Under load every
+    call gets slower, which lengthens both phases, so the bounds below hold on a busy machine."""
+    import time as _time
+    calls = []
+
+    def fn(x):
+        calls.append(_time.perf_counter())
+        if len(calls) == 1:
+            _time.sleep(0.3)  # the "compile"
+        else:
+            _time.sleep(0.001)
+        return x
+
+    t = M.time_fn(fn, [(torch.ones(2),)], torch.device("cpu"), n_warmup=5, n_rep=5,
+                  warmup_s=0.2, min_run_s=0.2)
+    n_timed = len(t.samples_ms)
+    warm = calls[1:len(calls) - n_timed]
+    assert warm and warm[-1] - calls[1] >= 0.15, f"warm-up after the compile lasted {warm[-1] - calls[1]:.3f} s"
+    assert sum(t.samples_ms) >= 0.5 * 200, f"timed phase {sum(t.samples_ms):.0f} ms of a 200 ms minimum"
+
+
 def test_size_that_does_not_fit_is_refused_before_allocating():
     with pytest.raises(M.InsufficientMemoryError, match="choose a smaller size"):
         M.require_memory(1 << 50, torch.device("cpu"), "a 1 PiB probe")

@@ -18,7 +18,9 @@ Why each rule exists (read this before you trust a number):
 * **Warm up, then measure the sustained state.** The first calls pay for module load, JIT
   compilation, autotuning and handle creation; ``n_warmup`` calls run untimed, and on a GPU
   warm-up continues for ``GPU_WARMUP_S`` and timing for at least ``GPU_MIN_RUN_S``: a cold
-  card's first 50 ms run at boost clocks that a power-limited workload never sees.
+  card's first 50 ms run at boost clocks that a power-limited workload never sees. The warm-up
+  clock starts after the first call, so a compile cannot use up the warm-up and leave an idle
+  card to be timed cold.
 * **Time on the device.** GPU work is asynchronous: a host clock around a launch
   measures the launch, not the kernel. On CUDA each repetition is bracketed by
   ``torch.cuda.Event`` pairs and read after one final synchronise; on CPU the matching
@@ -285,8 +287,13 @@ def time_fn(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]],
     warmup_s = (GPU_WARMUP_S if gpu else 0.0) if warmup_s is None else warmup_s
     min_run_s = (GPU_MIN_RUN_S if gpu else 0.0) if min_run_s is None else min_run_s
     n_sets = len(arg_sets)
+    # the first call pays for compilation and autotuning: keep it off the warm-up clock, or a
+    # compile longer than the warm-up leaves the card idle and the kernel is timed cold after
+    # only n_warmup calls (and the per-call estimate, inflated by the compile, cuts the timed phase)
+    fn(*arg_sets[0])
+    synchronize(device)
     t0 = time.perf_counter()
-    i = 0
+    i = 1
     while i < n_warmup or time.perf_counter() - t0 < warmup_s:
         fn(*arg_sets[i % n_sets])
         i += 1
@@ -295,7 +302,7 @@ def time_fn(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]],
         if time.perf_counter() - t0 > max_total_s:
             break
     synchronize(device)
-    per_call_s = max((time.perf_counter() - t0) / max(i, 1), 1e-7)
+    per_call_s = max((time.perf_counter() - t0) / max(i - 1, 1), 1e-7)
     n = max(n_rep, min(20000, math.ceil(min_run_s / per_call_s)))
     samples: list[float] = []
     t_start = time.perf_counter()
