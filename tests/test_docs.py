@@ -16,11 +16,16 @@ PACK = ["LEARNING_PATH.md", "INSTRUCTOR.md", "RUNBOOK.md", "GLOSSARY.md"]
 SEED = sorted(glob.glob("/work/shared/seed/*.txt"))
 
 
-def _times_module():
-    spec = importlib.util.spec_from_file_location("notebook_times", ROOT / "benchmarks" / "notebook_times.py")
+def _bench_module(name: str):
+    """A script under benchmarks/ (not a package) loaded as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
     return m
+
+
+def _times_module():
+    return _bench_module("notebook_times")
 
 
 def test_time_table_is_rendered_from_the_recorded_file():
@@ -108,10 +113,7 @@ def test_glossary_chinese_is_verbatim_from_the_seed():
 
 
 def _copies_module():
-    spec = importlib.util.spec_from_file_location("executed_copies", ROOT / "benchmarks" / "executed_copies.py")
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    return m
+    return _bench_module("executed_copies")
 
 
 def test_h200_copies_older_than_their_source_are_named_in_the_readme():
