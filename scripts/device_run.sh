@@ -9,7 +9,8 @@
 # device call returns at most 8 files and runs at most 600 s, so split the parts over two calls,
 # e.g. PARTS=doctor,probe_vs_torch,lab01,lab02,lab03,baseline then PARTS=scenarios,lab04,drills,
 # each with PACK=$OUT/NAME.tgz and SKIP_NOTEBOOKS=1, and run the notebooks in a third call).
-# A failing part does not stop the others (--keep-going); the exit status says one failed.
+# A failing part does not stop the others (--keep-going); the exit status says one failed. Logs are
+# appended, so two calls into one OUTDIR on a warm machine keep both calls' lines.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR=${1:?usage: scripts/device_run.sh OUTDIR}
@@ -21,7 +22,7 @@ rc=0
 if [ -z "${SKIP_REFRESH:-}" ]; then
   nvidia-smi topo -m > "$OUTDIR/topo.txt" 2>&1
   $PY benchmarks/refresh_gpu_evidence.py --out "$OUTDIR" --keep-going ${PARTS:+--only $PARTS} 2>&1 \
-    | grep -v "Warning\|warnings.warn\|_warn_once" | tee "$OUTDIR/refresh.log"
+    | grep -v "Warning\|warnings.warn\|_warn_once" | tee -a "$OUTDIR/refresh.log"
   rc=${PIPESTATUS[0]}
 fi
 pack() { [ -n "${PACK:-}" ] && tar czf "$PACK" -C "$OUTDIR" . && echo "packed $OUTDIR into $PACK"; }
@@ -30,7 +31,7 @@ if [ -n "${SKIP_NOTEBOOKS:-}" ]; then pack; exit $rc; fi
 mkdir -p "$OUTDIR/recorded/h200" && cp -r src/hwlab/recorded/. "$OUTDIR/recorded/"
 cp "$OUTDIR"/*.json "$OUTDIR/recorded/h200/" 2>/dev/null
 export HWLAB_RECORDED_DIR=$OUTDIR/recorded
-$PY benchmarks/execute_notebooks.py --out "$OUTDIR/nb" ${NOTEBOOKS:+--only $NOTEBOOKS} 2>&1 | tee "$OUTDIR/notebooks.log"
+$PY benchmarks/execute_notebooks.py --out "$OUTDIR/nb" ${NOTEBOOKS:+--only $NOTEBOOKS} 2>&1 | tee -a "$OUTDIR/notebooks.log"
 nbrc=${PIPESTATUS[0]}
 pack
 exit $(( rc || nbrc ))
