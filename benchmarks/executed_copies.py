@@ -56,8 +56,9 @@ def render(rows: list[dict]) -> str:
                      "since it ran")
         lines.append(f"| `{r['notebook']}` | {state} |")
     n_old = sum(1 for r in rows if r["copy"] and not r["in_step"])
-    lines += ["", f"{n_old} of {sum(1 for r in rows if r['copy'])} copies are older than their source; "
-              "the next H200 run of those brings them in step.", END]
+    n_copies = sum(1 for r in rows if r["copy"])
+    lines += ["", f"{n_old} of {n_copies} copies are older than their source; the next H200 run of those brings "
+              "them in step." if n_old else f"All {n_copies} copies are in step with their source.", END]
     return "\n".join(lines)
 
 
