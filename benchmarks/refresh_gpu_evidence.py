@@ -310,7 +310,10 @@ def part_lab04(out: Path, summary: list[str]) -> None:
             summary.append(f"   time by kernel, ctx {br['ctx']} x{br['batch']}: total {br['total_us']:.0f} us, "
                            + ", ".join(f"{k} {br['share_pct'][k]:.0f}% ({br['count'][k]})" for k in br["us"]))
     for a in r.get("attention_vs_sdpa", []):
-        summary.append(f"lab04 attention ctx {a['ctx']} x{a['batch']}: kit {a['kit_gbps']:.0f} GB/s, SDPA {a['sdpa_gbps']:.0f} GB/s, err {a['rel_err_vs_float32']:.1e}")
+        summary.append(f"lab04 attention ctx {a['ctx']} x{a['batch']} ({a['timing']}): kit on FP8 {a['kit_fp8_gbps']:.0f} GB/s "
+                       f"({a['kit_fp8_over_sdpa_gbps']:.0%} of SDPA), SDPA on bf16 {a['sdpa_gbps']:.0f}, kit on bf16 "
+                       f"{a['kit_bf16_gbps']:.0f}; launch share eager {a['launch_share_pct']:.0f}%; errors "
+                       + ", ".join(f"{k} {v:.1e}" for k, v in a["rel_err_vs_float32"].items()))
 
 
 def part_drills(out: Path, summary: list[str]) -> None:

@@ -194,3 +194,84 @@ def test_static_register_report_of_the_tuned_tiles(tmp_path):
     assert rows[("_decode_attn_partial", "tuned tile, per-row lengths (serving stream)")]["st"] == 0
     w8 = [r for r in json.loads(out.read_text())["rows"] if r["label"] == "old autotuned tile"]
     assert len(w8) == 2 and w8[0]["shared"] == w8[1]["shared"]  # deeper pipeline, same buffers
+
+
+def test_combine_writes_fp8_with_the_next_gemms_scale():
+    """The out projection's requant fused into the combine (interpreter): FP8 out, within one
+    e4m3 step of the float32 attention quantized with the same scale; q's dtype without it."""
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 3, 1, 32, generator=g).to(torch.float16)
+    k = torch.randn(2, 3, 300, 32, generator=g).to(torch.float16)
+    v = (torch.randn(2, 3, 300, 32, generator=g) * 3).to(torch.float16)
+    one, s = torch.tensor(1.0), torch.tensor(0.01)
+    ref = K.decode_attention_ref(q, k, v, one, 290).float()
+    plain = K.decode_attention(q, k, v, one, 290, use_triton=True, tile=K.AttnTile(64, 16, 1, 1))
+    fused = K.decode_attention(q, k, v, one, 290, use_triton=True, tile=K.AttnTile(64, 16, 1, 1), out_scale=s)
+    assert plain.dtype == torch.float16 and fused.dtype == K.FP8 and fused.shape == plain.shape
+    assert _rel(fused.float() * s, ref) < 1 / 8
+    assert _rel(fused.float(), K.quant_static_ref(ref, s).float()) < 1 / 8  # the scale divides, not multiplies
+    assert K.decode_attention(q, k, v, one, 290, out_scale=s).dtype == K.FP8  # the torch path quantizes too
+
+
+def test_add_rmsnorm_reads_a_transposed_gemm_output():
+    """A swap-AB GEMM returns (rows, N) as a transposed view; the fused add + norm reads it
+    through its column stride (interpreter) and matches the reference on the contiguous copy."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(16, 96, generator=g).to(torch.float16)
+    r_t = torch.randn(96, 16, generator=g).to(torch.float16).t()  # (16, 96), strides (1, 16)
+    assert r_t.stride() == (1, 16)
+    tot, y = K.add_rmsnorm(x, r_t, use_triton=True)
+    tot_ref, y_ref = K.add_rmsnorm_ref(x, r_t.contiguous())
+    assert _rel(tot, tot_ref) < 1e-3 and _rel(y, y_ref) < 1e-2
+
+
+def test_swap_ab_runs_where_the_decoder_sets_it():
+    """The fixed path's ``down`` runs swap-AB at 16 rows (a transposed result, equal to the plain
+    order's), the plain order at 4 rows and in other paths; a prefill's rows never swap."""
+    from hwlab.labs import fp8 as L
+    from hwlab.labs.fp8.model import SWAP_AB_LAYERS, SWAP_AB_MAX_ROWS
+
+    fixed, mixed = L.Decoder(L.TINY, "fixed", device="cpu"), L.Decoder(L.TINY, "mixed", device="cpu")
+    for layer in fixed.layers:
+        assert {n for n, m in layer.items() if m.swap_ab} == set(SWAP_AB_LAYERS)
+    assert not any(m.swap_ab for layer in mixed.layers for m in layer.values())
+    down = fixed.layers[0]["down"]
+    g = torch.Generator().manual_seed(9)
+    for rows, swapped in ((16, True), (4, False), (SWAP_AB_MAX_ROWS + 16, False)):
+        x = torch.randn(rows, L.TINY.d_ff, generator=g)
+        y = down(x)
+        down.swap_ab = False
+        y_plain = down(x)
+        down.swap_ab = True
+        assert (y.stride(-1) != 1) == swapped, rows
+        assert _rel(y, y_plain) < 1e-2, rows
+
+
+def test_decoder_fuses_the_out_projections_requant_into_attention(monkeypatch):
+    """Where the kit's kernel runs on a GPU, the fixed path hands attention the out projection's
+    static scale and the out GEMM takes the FP8 result as it is (spied here on a CPU, where the
+    kernel's torch path quantizes with the same scale)."""
+    from hwlab.labs import fp8 as L
+    from hwlab.labs.fp8 import model
+
+    seen = []
+    real = model.K.decode_attention
+
+    def spy(*a, out_scale=None, **kw):
+        seen.append(out_scale)
+        return real(*a, out_scale=out_scale, **kw)
+
+    monkeypatch.setattr(model.K, "decode_attention", spy)
+    monkeypatch.setattr(model.K, "use_triton_for", lambda t, u: True)
+    m = L.Decoder(L.TINY, {**L.PATHS["fixed"], "kv_fp8_from_ctx": 16}, device="cpu")
+    toks = torch.randint(0, L.TINY.vocab, (2, 17))
+    cache = m.new_cache(2, 17)
+    m(toks[:, :16], cache)
+    with torch.profiler.profile() as prof:
+        m(toks[:, 16:], cache)
+    assert [float(s) for s in seen] == [float(layer["out"].x_scale) for layer in m.layers]
+    names = [e.name for e in prof.events()]
+    # one requant range per layer for the out projection, inside attention; none in the GEMM
+    # the connector's input once, then per layer: two norms that quantize, the GELU requant and
+    # attention (the out projection's requant); a second requant in the out GEMM would add one
+    assert names.count(model.QUANT_MARK) == 1 + 4 * L.TINY.n_layers

@@ -187,10 +187,11 @@ def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_pt
 
 
 @triton.jit
-def _decode_attn_combine(m_ptr, l_ptr, acc_ptr, out_ptr, n_splits,
-                         D: tl.constexpr, SPLITS: tl.constexpr):
+def _decode_attn_combine(m_ptr, l_ptr, acc_ptr, out_ptr, s_ptr, n_splits,
+                         D: tl.constexpr, SPLITS: tl.constexpr, QUANT: tl.constexpr):
     """The chunks' partial (max, sum, output) of one (batch, head) rescaled to the common max
-    and summed: the softmax over the whole context."""
+    and summed: the softmax over the whole context. ``QUANT``: written as FP8 with the next
+    GEMM's static scale (``s_ptr``), the requant that would otherwise be a kernel of its own."""
     bh = tl.program_id(0)
     sp = tl.arange(0, SPLITS)
     sm = sp < n_splits
@@ -201,6 +202,8 @@ def _decode_attn_combine(m_ptr, l_ptr, acc_ptr, out_ptr, n_splits,
     m_all = tl.max(m, 0)
     w = tl.where(sm, tl.exp(m - m_all), 0.0)
     out = tl.sum(w[:, None] * acc, 0) / tl.sum(w * l, 0)
+    if QUANT:
+        out = tl.minimum(tl.maximum(out / tl.load(s_ptr), -448.0), 448.0)
     tl.store(out_ptr + bh * D + d, out.to(out_ptr.dtype.element_ty))
 
 
@@ -242,7 +245,7 @@ def check_decode_args(q, k_cache, v_cache, n_ctx) -> bool:
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      kv_scale: torch.Tensor, n_ctx: int | torch.Tensor, use_triton: bool | None = None,
-                     tile: AttnTile = DEFAULT_TILE) -> torch.Tensor:
+                     tile: AttnTile = DEFAULT_TILE, out_scale: torch.Tensor | None = None) -> torch.Tensor:
     """One decode query per (batch, head) against a (B, H, max_ctx, D) cache of any dtype.
 
     ``q``: (B, H, 1, D), may be a strided view; ``kv_scale``: a 0-d float32 tensor (1.0 for a
@@ -250,10 +253,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     dtype. ``n_ctx``: an int, or an int32 tensor (B,) of per-row lengths on the cache's device
     (continuous batching: read on the device so a CUDA graph can replay it; each must be in
     1..T, the caller's to keep; the grid then covers all T positions and empty chunks exit at
-    once). ``tile``: the launch shape (:class:`AttnTile`)."""
+    once). ``tile``: the launch shape (:class:`AttnTile`). ``out_scale``: return FP8, (out /
+    scale) clamped to +-448, for a GEMM that takes static-scaled FP8 input (the requant done by
+    the combine kernel, no launch of its own)."""
     per_row = check_decode_args(q, k_cache, v_cache, n_ctx)
     if not use_triton_for(q, use_triton):
-        return decode_attention_ref(q, k_cache, v_cache, kv_scale, n_ctx)
+        out = decode_attention_ref(q, k_cache, v_cache, kv_scale, n_ctx)
+        return out if out_scale is None else quant_static_ref(out, out_scale)
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("decode_attention reads contiguous (B, H, T, D) caches")
     B, H, _, D = q.shape
@@ -272,7 +278,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                                             H, q.stride(0), q.stride(1), D=D, CHUNK=chunk,
                                             BLOCK_T=tile.block_t, PER_ROW=per_row, F16=k_cache.dtype == FP8,
                                             num_warps=tile.num_warps, num_stages=tile.num_stages)
-    return combine_splits(m, l, acc, q)
+    return combine_splits(m, l, acc, q, out_scale)
 
 
 def chunk_for(tile: AttnTile, n_rows_heads: int, n_positions: int) -> int:
@@ -285,11 +291,15 @@ def chunk_for(tile: AttnTile, n_rows_heads: int, n_positions: int) -> int:
     return chunk
 
 
-def combine_splits(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def combine_splits(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, q: torch.Tensor,
+                   out_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The (B * H, n_splits) partial maxima ``m``, sums ``l`` and outputs ``acc`` (.., D) of a
-    split decode attention, combined into (B, H, 1, D) in q's dtype (one program per row)."""
+    split decode attention, combined into (B, H, 1, D) in q's dtype (one program per row), or
+    in FP8 with ``out_scale`` (:func:`decode_attention`)."""
     B, H, _, D = q.shape
     n_splits = m.shape[1]
-    out = torch.empty((B, H, 1, D), dtype=q.dtype, device=q.device)
-    _decode_attn_combine[(B * H,)](m, l, acc, out, n_splits, D=D, SPLITS=max(2, triton.next_power_of_2(n_splits)))
+    out = torch.empty((B, H, 1, D), dtype=q.dtype if out_scale is None else FP8, device=q.device)
+    s = out if out_scale is None else out_scale.reshape(1).float()
+    _decode_attn_combine[(B * H,)](m, l, acc, out, s, n_splits, D=D, SPLITS=max(2, triton.next_power_of_2(n_splits)),
+                                   QUANT=out_scale is not None)
     return out

@@ -47,6 +47,13 @@ class QLinear(torch.nn.Module):
     in FP8 (a norm that quantized with this layer's scale) is used as is. A weight-only FP8
     kernel for decode was measured against cuBLAS's FP8 GEMM and is research, not a mode here
     (:mod:`.research`, benchmarks/LAB04_NOTES.md round 1).
+
+    ``swap_ab`` (``fp8_static`` only): at decode sizes (a multiple of 16 rows, up to
+    :data:`SWAP_AB_MAX_ROWS`) the weight goes in as the GEMM's first operand and the activation
+    rows as its second, and the (N, rows) result is returned as a transposed view. cuBLAS then
+    tiles the weight's N side instead of the few rows; the decoder sets it where that measured
+    faster (the wide-K ``down`` projection: benchmarks/LAB04_NOTES.md round 5). The multiple of
+    16 is cuBLAS's FP8 shape rule for that operand; a prefill's many rows keep the plain order.
     """
 
     MODES = ("bf16", "fp8_dequant", "fp8_mm", "fp8_static")
@@ -66,6 +73,7 @@ class QLinear(torch.nn.Module):
         if mode == "fp8_static":  # the activation's scale, set by Decoder.calibrate
             self.register_buffer("x_scale", torch.full((), float("nan"), device=weight.device))
         self.calibrating = self.calibrated = False
+        self.swap_ab = False
 
     @property
     def weight_bytes(self) -> int:
@@ -101,8 +109,21 @@ class QLinear(torch.nn.Module):
                                              x2.detach().abs().amax().float() / FP8_MAX)
             with torch.profiler.record_function(QUANT_MARK):  # requant of the activation
                 xq, xs = K.quant_tensor(x2)
-        y = torch._scaled_mm(xq, self.w.t(), scale_a=xs, scale_b=self.w_scale, out_dtype=torch.bfloat16)
+        rows = xq.shape[0]
+        if self.swap_ab and self.mode == "fp8_static" and rows % 16 == 0 and rows <= SWAP_AB_MAX_ROWS:
+            xq = xq if xq.is_contiguous() else xq.contiguous()  # its transpose is the K-major operand cuBLAS wants
+            y = torch._scaled_mm(self.w, xq.t(), scale_a=self.w_scale, scale_b=xs, out_dtype=torch.bfloat16).t()
+        else:
+            y = torch._scaled_mm(xq, self.w.t(), scale_a=xs, scale_b=self.w_scale, out_dtype=torch.bfloat16)
         return y.reshape(*shape[:-1], self.out_features)
+
+
+#: most activation rows a swap-AB GEMM takes (:class:`QLinear`): a decode step's batch; a
+#: prefill's thousands of rows fill cuBLAS's tiles in the plain order
+SWAP_AB_MAX_ROWS = 64
+#: the layers whose FP8 GEMM runs swap-AB in the fixed path: ``down`` (K = d_ff, 3.5x its N),
+#: where it read the weight faster at 4 and 16 rows; the others measured equal (LAB04_NOTES round 5)
+SWAP_AB_LAYERS = ("down",)
 
 
 @dataclass(frozen=True)
@@ -210,21 +231,28 @@ class KVCache:
             return dequantize_fp8(k, s), dequantize_fp8(v, s)
         return k, v
 
-    def attend(self, layer: int, q: torch.Tensor, n_ctx: int, tile: AttnTile = DEFAULT_TILE) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, n_ctx: int, tile: AttnTile = DEFAULT_TILE,
+               out_scale: torch.Tensor | None = None) -> torch.Tensor:
         """One decode query (B, H, 1, Dh) against the first ``n_ctx`` cached positions.
 
         A bf16 cache goes to torch's SDPA (faster than the kit's kernel on bf16, measured by
         :func:`.run.attention_vs_sdpa` in the same run, so the baseline is not handicapped); an FP8 cache to the kit's kernel, which reads FP8
         directly, or, with ``fused_read=False``, is dequantized to bf16 first. With per-row
         lengths (``row_len``), every cache goes to the kit's kernel over each row's length.
-        ``tile``: the kit's kernel's launch shape (the decoder passes its ``attn_tile``)."""
-        if self._attend_len is not None:
-            return K.decode_attention(q, self.k[layer], self.v[layer], self.scale[layer], self._attend_len,
-                                      tile=tile)
-        if not self.fp8 or not self.fused_read:
+        ``tile``: the kit's kernel's launch shape (the decoder passes its ``attn_tile``).
+        ``out_scale``: the next GEMM's static FP8 input scale; where the kit's kernel runs on a
+        GPU its combine writes FP8 with it (the requant fused, marked as one), elsewhere the
+        result stays in q's dtype and the GEMM quantizes it."""
+        kit = self._attend_len is not None or (self.fp8 and self.fused_read)
+        if not kit:
             kk, vv = self.read(layer, n_ctx)
             return F.scaled_dot_product_attention(q, kk, vv)
-        return K.decode_attention(q, self.k[layer], self.v[layer], self.scale[layer], n_ctx, tile=tile)
+        n = self._attend_len if self._attend_len is not None else n_ctx
+        if out_scale is None or not K.use_triton_for(q, None):
+            return K.decode_attention(q, self.k[layer], self.v[layer], self.scale[layer], n, tile=tile)
+        with torch.profiler.record_function(QUANT_MARK):  # the out projection's requant, in the combine
+            return K.decode_attention(q, self.k[layer], self.v[layer], self.scale[layer], n, tile=tile,
+                                      out_scale=out_scale)
 
 
 class Decoder(torch.nn.Module):
@@ -263,6 +291,8 @@ class Decoder(torch.nn.Module):
             layer = torch.nn.ModuleDict({
                 "qkv": QLinear(w(3 * d, d), p["main"]), "out": QLinear(w(d, d), p["main"]),
                 "up": QLinear(w(cfg.d_ff, d), p["main"]), "down": QLinear(w(d, cfg.d_ff), p["main"])})
+            for name in SWAP_AB_LAYERS:
+                layer[name].swap_ab = layer[name].mode == "fp8_static"
             self.layers.append(layer)
         self.head = QLinear(w(cfg.vocab, d), p["head"])
         self.device = dev
@@ -337,7 +367,8 @@ class Decoder(torch.nn.Module):
             if T > 1:
                 a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:
-                a = cache.attend(li, q, pos + 1, self.attn_tile)
+                a = cache.attend(li, q, pos + 1, self.attn_tile,
+                                 L["out"].x_scale if L["out"].takes_fp8_input else None)
             r = L["out"](a.transpose(1, 2).reshape(B, T, cfg.d_model))
             x, h = self._add_norm_for(x, r, L["up"])
             u = L["up"](h)

@@ -118,15 +118,17 @@ def _rmsnorm_kernel(x_ptr, y_ptr, s_ptr, n_cols, stride_x, stride_y, eps, BLOCK:
 
 
 @triton.jit
-def _add_rmsnorm_kernel(x_ptr, r_ptr, sum_ptr, y_ptr, s_ptr, n_cols, stride_x, stride_r, stride_y, eps,
+def _add_rmsnorm_kernel(x_ptr, r_ptr, sum_ptr, y_ptr, s_ptr, n_cols, stride_x, stride_r, stride_rc, stride_y, eps,
                         BLOCK: tl.constexpr, QUANT: tl.constexpr):
     """sum = x + r (rounded to x's dtype, as torch's add), then RMSNorm of that sum: the
-    residual add and the next norm in one pass over the row."""
+    residual add and the next norm in one pass over the row. ``r`` may be a transposed view
+    (``stride_rc`` > 1: a swap-AB GEMM's (N, rows) output read as (rows, N)): a decode step's
+    few rows of it are a few KiB, read from L2 whatever the stride."""
     row = tl.program_id(0)
     o = tl.arange(0, BLOCK)
     m = o < n_cols
     x = tl.load(x_ptr + row * stride_x + o, mask=m, other=0.0).to(tl.float32)
-    r = tl.load(r_ptr + row * stride_r + o, mask=m, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + row * stride_r + o * stride_rc, mask=m, other=0.0).to(tl.float32)
     s = (x + r).to(sum_ptr.dtype.element_ty)
     tl.store(sum_ptr + row * n_cols + o, s, mask=m)
     s = s.to(tl.float32)
@@ -228,16 +230,17 @@ def add_rmsnorm(x: torch.Tensor, r: torch.Tensor, eps: float = 1e-6, use_triton:
     """The residual add and the next RMSNorm in one kernel: returns ``(x + r, norm(x + r))``,
     the norm in FP8 with ``out_scale`` as :func:`rmsnorm`. A decode step adds a GEMM's output
     into the residual stream twice per layer and normalizes right after each time; fused, each
-    pair is one launch instead of two, and the sum is read back from registers, not memory."""
+    pair is one launch instead of two, and the sum is read back from registers, not memory.
+    ``r`` may be a transposed view (a swap-AB GEMM's output, :class:`.model.QLinear`)."""
     if x.shape != r.shape:
         raise ValueError(f"add_rmsnorm adds tensors of one shape; got {tuple(x.shape)} and {tuple(r.shape)}")
     if not use_triton_for(x, use_triton) or x.shape[-1] > 16384:
         return add_rmsnorm_ref(x, r, eps, out_scale)
-    x2, r2 = (t.reshape(-1, t.shape[-1]) for t in (x, r))
-    x2, r2 = (t if t.stride(-1) == 1 else t.contiguous() for t in (x2, r2))
+    x2, r2 = (t.reshape(-1, t.shape[-1]) for t in (x, r))  # r's reshape may keep a column stride
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     total = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     y = torch.empty(x2.shape, dtype=x.dtype if out_scale is None else FP8, device=x.device)
     s = y if out_scale is None else out_scale.reshape(1).float()
-    _add_rmsnorm_kernel[(x2.shape[0],)](x2, r2, total, y, s, x2.shape[1], x2.stride(0), r2.stride(0), y.stride(0),
-                                        eps, BLOCK=triton.next_power_of_2(x2.shape[1]), QUANT=out_scale is not None)
+    _add_rmsnorm_kernel[(x2.shape[0],)](x2, r2, total, y, s, x2.shape[1], x2.stride(0), r2.stride(0), r2.stride(1),
+                                        y.stride(0), eps, BLOCK=triton.next_power_of_2(x2.shape[1]), QUANT=out_scale is not None)
     return total.reshape(x.shape), y.reshape(x.shape)
