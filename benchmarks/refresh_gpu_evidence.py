@@ -314,6 +314,11 @@ def part_lab04(out: Path, summary: list[str]) -> None:
                        f"({a['kit_fp8_over_sdpa_gbps']:.0%} of SDPA), SDPA on bf16 {a['sdpa_gbps']:.0f}, kit on bf16 "
                        f"{a['kit_bf16_gbps']:.0f}; launch share eager {a['launch_share_pct']:.0f}%; errors "
                        + ", ".join(f"{k} {v:.1e}" for k, v in a["rel_err_vs_float32"].items()))
+    for g in r.get("gemms_vs_bf16", []):
+        summary.append(f"lab04 GEMM {g['layer']} x{g['rows']}: FP8 {g['fp8_gbps']:.0f} GB/s ({g['fp8_over_bf16_gbps']:.0%} of bf16's "
+                       f"{g['bf16_gbps']:.0f})" + (f", swap-AB; plain order {g['fp8_plain_order_gbps']:.0f}" if g["swap_ab"] else ""))
+    summary.append("lab04 byte-floor targets:\n" + lab.format_targets(
+        lab.byte_floor_targets(r, copy, ev.extra["flowchart_leaves"]), "this run"))
 
 
 def part_drills(out: Path, summary: list[str]) -> None:

@@ -146,3 +146,60 @@ def test_static_path_hits_fp8_with_one_requant_per_gemm_and_stays_accurate():
     assert r["fp8_hits"] == n_gemm - 1 and r["fallback_gemms"] == 0 and r["dequant_ranges"] == 0
     # each FP8 GEMM's input is quantized once: in the norm (qkv, up) or by one static pass
     assert r["quant_ranges"] == n_gemm - 1
+
+
+def test_byte_floor_targets_decide_each_row_from_its_figure():
+    """Each target row is met exactly when its figure clears what it is compared with, and a
+    row appears only where the run measured its figure (a CPU run: the logit error alone)."""
+    from hwlab.labs.fp8.targets import PCT_OF_COPY_TARGET, byte_floor_targets
+
+    def bucket(ctx, batch, gbps):
+        return {"ctx": ctx, "batch": batch, "decode_gbps": gbps}
+
+    copy = 4000.0
+    run = {"paths": {"fixed": {"buckets": [bucket(512, 16, 2800.0), bucket(4096, 16, 3400.0), bucket(32768, 4, 3600.0)]},
+                     "bf16": {"buckets": [bucket(512, 16, 3000.0), bucket(4096, 16, 3700.0), bucket(32768, 4, 3900.0)]}},
+           "attention_vs_sdpa": [{"ctx": 512, "batch": 16, "kit_fp8_gbps": 2800.0, "sdpa_gbps": 3000.0, "launch_share_pct": 80.0},
+                                 {"ctx": 4096, "batch": 16, "kit_fp8_gbps": 4100.0, "sdpa_gbps": 4400.0, "launch_share_pct": 4.0},
+                                 {"ctx": 32768, "batch": 4, "kit_gbps": 1.0, "sdpa_gbps": 2.0}],  # an old record's row
+           "gemms_vs_bf16": [{"layer": "down", "rows": 16, "swap_ab": True, "fp8_gbps": 3400.0, "bf16_gbps": 3500.0},
+                             {"layer": "up", "rows": 16, "swap_ab": False, "fp8_gbps": 3600.0, "bf16_gbps": 3500.0}],
+           "logit_error": {"fixed": 0.1}, "logit_error_bound": {"fixed": 0.15}}
+    rows = {r["target"].split(":")[0]: r for r in byte_floor_targets(run, copy, {"fixed ctx 4096 x16": "OK",
+                                                                             "fixed ctx 32768 x4": "M"})}
+    assert rows["fixed decode at ctx 4096 x16"]["measured"] == 85.0 and not rows["fixed decode at ctx 4096 x16"]["met"]
+    assert rows["fixed decode at ctx 32768 x4"]["measured"] == 90.0 and rows["fixed decode at ctx 32768 x4"]["met"]
+    assert rows["fixed decode at ctx 32768 x4"]["against"] == PCT_OF_COPY_TARGET
+    short = rows["fixed decode at ctx 512 x16"]
+    assert (short["measured"], short["against"], short["met"]) == (70.0, 75.0, False)
+    a512, a4k = rows["FP8 attention at ctx 512 x16"], rows["FP8 attention at ctx 4096 x16"]
+    assert a512["met"] and a512["against"] == pytest.approx(2700.0)  # within 10% at 512: launches dominate
+    assert not a4k["met"] and a4k["against"] == 4400.0
+    assert not any("32768 x4: GB/s" in k for k in rows)  # no FP8 figure in that row: left out, not guessed
+    assert not rows["FP8 GEMM down at 16 rows"]["met"] and rows["FP8 GEMM up at 16 rows"]["met"]
+    assert rows["fixed path's walk at ctx 4096 x16 lands on OK"]["met"]
+    assert not rows["fixed path's walk at ctx 32768 x4 lands on OK"]["met"]
+    assert rows["fixed path's logit error within its bound"]["met"]
+    cpu = byte_floor_targets({"paths": {"fixed": {"buckets": [bucket(32, 2, 1.0)]}, "bf16": {"buckets": [bucket(32, 2, 1.0)]}},
+                              "logit_error": {"fixed": 0.2}, "logit_error_bound": {"fixed": 0.15}}, copy)
+    assert [r["met"] for r in cpu] == [False] and "logit" in cpu[0]["target"]
+
+
+def test_gemm_and_attention_comparisons_check_and_label_on_a_cpu():
+    """The lab's GEMM comparison on a CPU: every layer and batch size, each way checked against
+    the float32 product of its operands, swap-AB's plain order timed beside it, eager labelled."""
+    from hwlab.labs.fp8.model import SWAP_AB_LAYERS
+    from hwlab.labs.fp8.run import attention_vs_sdpa, gemms_vs_bf16
+
+    b16, fx = L.Decoder(L.TINY, "bf16", device="cpu"), L.Decoder(L.TINY, "fixed", device="cpu")
+    rows = gemms_vs_bf16(b16, fx, [16, 4], "cpu")
+    assert [(r["layer"], r["rows"]) for r in rows] == [(n, m) for n in L.MAIN for m in (16, 4)]
+    for r in rows:
+        assert r["weight_bytes"]["bf16"] == 2 * r["weight_bytes"]["fp8"] and not r["graphed"]
+        assert max(r["rel_err_vs_float32"].values()) < 1e-2
+        assert r["swap_ab"] == (r["layer"] in SWAP_AB_LAYERS) == ("fp8_plain_order_us" in r)
+        assert r["fp8_over_bf16_gbps"] == pytest.approx(r["fp8_gbps"] / r["bf16_gbps"])
+    a = attention_vs_sdpa(L.TINY, 2, 40, "cpu")
+    assert a["kv_bytes"] == 2 * a["kv_bytes_fp8"] and "eager" in a["timing"]
+    assert a["rel_err_vs_float32"]["sdpa"] < 1e-2
+    assert a["kit_fp8_gbps"] == pytest.approx(a["kv_bytes_fp8"] / a["kit_fp8_us"] / 1e3)

@@ -11,7 +11,7 @@ from ...measure import require_memory, time_fn
 from ...measure_graph import graph_time
 from . import kernels as K
 from .kernels import DEFAULT_TILE, AttnTile
-from .model import H200_SIZE, LOGIT_ERROR_BOUND, TINY, Decoder, ModelConfig, logit_error, make_models
+from .model import H200_SIZE, LOGIT_ERROR_BOUND, MAIN, TINY, Decoder, ModelConfig, logit_error, make_models
 from .profile import decode_breakdown, decode_profile
 from .report import SERVING_PATHS, run_stream
 from .stream import StreamSpec, default_streams
@@ -115,6 +115,54 @@ def attention_vs_sdpa(cfg: ModelConfig, batch: int, ctx: int, device=None,
     return out
 
 
+def gemms_vs_bf16(bf16: Decoder, fp8: Decoder, rows_list, device=None) -> list[dict[str, Any]]:
+    """Each main decode GEMM (qkv, out, up, down) over every layer's weight, timed as a decode
+    step runs it (one CUDA graph per way, the layers' weights together far larger than L2): the
+    bf16 path's layer against ``fp8``'s FP8 layer on its static-scaled FP8 input (the fixed
+    path), at each batch size in ``rows_list``. Bytes/s count the weight bytes each reads as
+    stored (FP8 half of bf16's). Where the FP8 layer runs swap-AB, the plain operand order is
+    timed too: the choice, measured in the same run. Each output is first checked against the
+    float32 product of the very operands it read."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    g = torch.Generator(device=dev).manual_seed(6)
+    out = []
+    for name in MAIN:
+        l16 = [layer[name] for layer in bf16.layers]
+        l8 = [layer[name] for layer in fp8.layers]
+        n = len(l8)
+        for rows in rows_list:
+            x = torch.randn(rows, l16[0].in_features, generator=g, device=dev).to(torch.bfloat16)
+            xq = [K.quant_static_ref(x, m.x_scale) for m in l8]
+            refs = {"bf16": x.float() @ l16[0].w.float().t(),
+                    "fp8": (xq[0].float() * l8[0].x_scale) @ (l8[0].w.float() * l8[0].w_scale).t()}
+            ways = {"bf16": lambda: [l16[i](x) for i in range(n)], "fp8": lambda: [l8[i](xq[i]) for i in range(n)]}
+            row: dict[str, Any] = {"layer": name, "rows": rows, "n_layers": n, "swap_ab": l8[0].swap_ab,
+                                   "weight_bytes": {"bf16": l16[0].weight_bytes, "fp8": l8[0].weight_bytes},
+                                   "rel_err_vs_float32": {}}
+            swapped = l8[0].swap_ab
+            plans = [("bf16", "bf16", None), ("fp8", "fp8", None)] + ([("fp8_plain_order", "fp8", False)] if swapped else [])
+            with torch.no_grad():
+                for key, way, swap in plans:
+                    if swap is not None:
+                        for m in l8:
+                            m.swap_ab = swap
+                    try:
+                        def check(res, key=key, way=way):
+                            row["rel_err_vs_float32"][key] = float(torch.linalg.vector_norm(res[0].float() - refs[way])
+                                                                   / torch.linalg.vector_norm(refs[way]))
+                        t, cap = graph_time(ways[way], dev, check=check, n_rep=20)
+                    finally:
+                        for m in l8:
+                            m.swap_ab = swapped
+                    row[f"{key}_us"] = t.median_ms * 1e3 / n
+                    row[f"{key}_gbps"] = row["weight_bytes"][way] / row[f"{key}_us"] / 1e3
+                    row["graphed"] = cap.graphed
+                    del cap
+            row["fp8_over_bf16_gbps"] = row["fp8_gbps"] / row["bf16_gbps"]
+            out.append(row)
+    return out
+
+
 def default_buckets(device) -> list[tuple[int, int]]:
     """(context, batch): short context (weights dominate), 4k, and a long 32k bucket."""
     if torch.device(device).type == "cuda":
@@ -165,6 +213,8 @@ def run(cfg: ModelConfig | None = None, buckets=None, device=None, n_rep: int = 
     if dev.type == "cuda":
         say("attention vs SDPA")
         out["attention_vs_sdpa"] = [attention_vs_sdpa(cfg, b, c, dev, attn_tile) for c, b in buckets]
+        say("FP8 GEMMs vs bf16")
+        out["gemms_vs_bf16"] = gemms_vs_bf16(models["bf16"], models["fixed"], sorted({b for _, b in buckets}), dev)
     if streams:
         out["stream"] = run_stream(cfg, streams, device=dev, progress=say,
                                    models={p: models[p] for p in SERVING_PATHS if p in models})
