@@ -364,7 +364,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--budget-s", type=float, default=300)
     ap.add_argument("--part", choices=("a", "b"), default="a",
-                    help="a: TMA attention and the GEMM fit (results/lab04_round5_h200.json); "
+                    help="a: TMA attention and the GEMM fit (results/round5/lab04_round5_h200.json); "
                          "b: register prefetch and grid order, interleaved rounds")
     a = ap.parse_args()
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,

@@ -197,7 +197,9 @@ def test_gemm_and_attention_comparisons_check_and_label_on_a_cpu():
     for r in rows:
         assert r["weight_bytes"]["bf16"] == 2 * r["weight_bytes"]["fp8"] and not r["graphed"]
         assert max(r["rel_err_vs_float32"].values()) < 1e-2
-        assert r["swap_ab"] == (r["layer"] in SWAP_AB_LAYERS) == ("fp8_plain_order_us" in r)
+        # swap-AB runs where the fixed path sets it and the rows are a multiple of 16; only there
+        # is the plain order timed beside it
+        assert r["swap_ab"] == (r["layer"] in SWAP_AB_LAYERS and r["rows"] == 16) == ("fp8_plain_order_us" in r)
         assert r["fp8_over_bf16_gbps"] == pytest.approx(r["fp8_gbps"] / r["bf16_gbps"])
     a = attention_vs_sdpa(L.TINY, 2, 40, "cpu")
     assert a["kv_bytes"] == 2 * a["kv_bytes_fp8"] and "eager" in a["timing"]

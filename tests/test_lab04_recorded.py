@@ -153,3 +153,74 @@ def test_byte_floor_per_bucket_from_the_fixed_bucket_run(run):
     for ctx in (4096, 32768):
         assert rows[("bf16", ctx)]["pct_of_copy"] >= 90
         assert rows[("fixed", ctx)]["tpot_ms"] < rows[("bf16", ctx)]["tpot_ms"]
+
+
+def test_attention_comparison_rederived_from_the_record(run):
+    """The FP8 attention against SDPA (issue #19): every GB/s from its bytes and time, the bytes
+    from the config, the launch share from the graph and eager times, each way checked first."""
+    cfg = L.ModelConfig(**run["config"])
+    rows = run["attention_vs_sdpa"]
+    assert [(a["ctx"], a["batch"]) for a in rows] == [tuple(b) for b in run["buckets"]]
+    for a in rows:
+        assert a["kit_fp8_graphed"] and a["sdpa_graphed"] and "CUDA graph" in a["timing"]
+        assert a["kv_bytes"] == 2 * a["batch"] * cfg.n_heads * a["ctx"] * cfg.d_head * 2 == 2 * a["kv_bytes_fp8"]
+        for way, nbytes in (("kit_fp8", a["kv_bytes_fp8"]), ("sdpa", a["kv_bytes"]), ("kit_bf16", a["kv_bytes"])):
+            assert a[f"{way}_gbps"] == pytest.approx(nbytes / a[f"{way}_us"] / 1e3)
+            lo, hi = a[f"{way}_us_p10_p90"]
+            assert lo <= a[f"{way}_us"] <= hi
+        assert a["launch_share_pct"] == pytest.approx(100 * (1 - a["kit_fp8_us"] / a["kit_fp8_eager_us"]))
+        assert a["kit_fp8_over_sdpa_gbps"] == pytest.approx(a["kit_fp8_gbps"] / a["sdpa_gbps"])
+        err = a["rel_err_vs_float32"]
+        assert err["kit_fp8"] < FP8_CACHE_MATH_REL and err["kit_bf16"] < 1e-3 and err["sdpa"] < 1e-2
+    # the short bucket is launch-bound when run eagerly; the long ones are not
+    share = {a["ctx"]: a["launch_share_pct"] for a in rows}
+    assert share[512] > 50 and share[4096] < 10 and share[32768] < 10
+
+
+def test_gemm_comparison_rederived_and_the_swap_ab_choice_measured(run):
+    """Each decode GEMM's FP8 weight read against bf16's (issue #19): bytes from the config, GB/s
+    from bytes and time, outputs checked, and swap-AB where the fixed path runs it measured
+    faster than the plain order in the same run (the reason it runs)."""
+    from hwlab.labs.fp8.model import SWAP_AB_LAYERS
+
+    cfg = L.ModelConfig(**run["config"])
+    d, ff = cfg.d_model, cfg.d_ff
+    shapes = {"qkv": (3 * d, d), "out": (d, d), "up": (ff, d), "down": (d, ff)}
+    rows = run["gemms_vs_bf16"]
+    assert {(g["layer"], g["rows"]) for g in rows} == {(n, b) for n in L.MAIN for b in {b for _, b in run["buckets"]}}
+    for g in rows:
+        n, k = shapes[g["layer"]]
+        assert g["weight_bytes"] == {"bf16": 2 * n * k, "fp8": n * k} and g["n_layers"] == cfg.n_layers
+        for way, key in (("bf16", "bf16"), ("fp8", "fp8")) + ((("fp8_plain_order", "fp8"),) if g["swap_ab"] else ()):
+            assert g[f"{way}_gbps"] == pytest.approx(g["weight_bytes"][key] / g[f"{way}_us"] / 1e3)
+        assert max(g["rel_err_vs_float32"].values()) < 1e-2
+        assert g["swap_ab"] == (g["layer"] in SWAP_AB_LAYERS and g["rows"] % 16 == 0)
+        if g["swap_ab"]:
+            assert g["fp8_us"] < g["fp8_plain_order_us"], g
+
+
+def test_byte_floor_targets_rederived_from_the_record(run):
+    """The targets table (lab.byte_floor_targets) against figures recomputed here from the raw
+    fields: decode bytes over TPOT over the copy ceiling, and the comparisons' GB/s."""
+    ev = recorded("lab04_fp8")
+    copy = ev.ceilings["copy_gbps"]
+    rows = {r["target"]: r for r in L.byte_floor_targets(run, copy, ev.extra["flowchart_leaves"])}
+
+    def pct(path, ctx, batch):
+        b = next(b for b in run["paths"][path]["buckets"] if (b["ctx"], b["batch"]) == (ctx, batch))
+        return 100 * b["decode_bytes"] / b["tpot_ms"] / 1e6 / copy
+
+    for ctx, batch in ((4096, 16), (32768, 4)):
+        r = rows[f"fixed decode at ctx {ctx} x{batch}: % of copy"]
+        assert r["measured"] == pytest.approx(pct("fixed", ctx, batch)) and r["met"] == (r["measured"] >= 87.0)
+    r = rows["fixed decode at ctx 512 x16: % of copy, against bf16's"]
+    assert (r["measured"], r["against"]) == (pytest.approx(pct("fixed", 512, 16)), pytest.approx(pct("bf16", 512, 16)))
+    att = [r for t, r in rows.items() if t.startswith("FP8 attention")]
+    gem = [r for t, r in rows.items() if t.startswith("FP8 GEMM")]
+    assert len(att) == 3 and len(gem) == len(run["gemms_vs_bf16"])
+    for r in att + gem:
+        assert r["met"] == (r["measured"] >= r["against"])
+    # what the lab claims for the fix: its walk on OK where KV bytes dominate, its logits in bound
+    assert rows["fixed path's walk at ctx 4096 x16 lands on OK"]["met"]
+    assert rows["fixed path's walk at ctx 32768 x4 lands on OK"]["met"]
+    assert rows["fixed path's logit error within its bound"]["met"]

@@ -79,6 +79,10 @@ class QLinear(torch.nn.Module):
     def weight_bytes(self) -> int:
         return self.w.numel() * self.w.element_size()
 
+    def runs_swap_ab(self, rows: int) -> bool:
+        """Whether a call with ``rows`` activation rows runs swap-AB (see the class docstring)."""
+        return self.swap_ab and self.mode == "fp8_static" and rows % 16 == 0 and rows <= SWAP_AB_MAX_ROWS
+
     @property
     def takes_fp8_input(self) -> bool:
         """A calibrated ``fp8_static`` layer: its producer (norm, GELU) may quantize for it."""
@@ -109,8 +113,7 @@ class QLinear(torch.nn.Module):
                                              x2.detach().abs().amax().float() / FP8_MAX)
             with torch.profiler.record_function(QUANT_MARK):  # requant of the activation
                 xq, xs = K.quant_tensor(x2)
-        rows = xq.shape[0]
-        if self.swap_ab and self.mode == "fp8_static" and rows % 16 == 0 and rows <= SWAP_AB_MAX_ROWS:
+        if self.runs_swap_ab(xq.shape[0]):
             xq = xq if xq.is_contiguous() else xq.contiguous()  # its transpose is the K-major operand cuBLAS wants
             y = torch._scaled_mm(self.w, xq.t(), scale_a=self.w_scale, scale_b=xs, out_dtype=torch.bfloat16).t()
         else:

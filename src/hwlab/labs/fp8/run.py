@@ -120,8 +120,8 @@ def gemms_vs_bf16(bf16: Decoder, fp8: Decoder, rows_list, device=None) -> list[d
     step runs it (one CUDA graph per way, the layers' weights together far larger than L2): the
     bf16 path's layer against ``fp8``'s FP8 layer on its static-scaled FP8 input (the fixed
     path), at each batch size in ``rows_list``. Bytes/s count the weight bytes each reads as
-    stored (FP8 half of bf16's). Where the FP8 layer runs swap-AB, the plain operand order is
-    timed too: the choice, measured in the same run. Each output is first checked against the
+    stored (FP8 half of bf16's). Where the FP8 layer runs swap-AB at these rows (``swap_ab``), the
+    plain operand order is timed too: the choice, measured in the same run. Each output is first checked against the
     float32 product of the very operands it read."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     g = torch.Generator(device=dev).manual_seed(6)
@@ -136,11 +136,12 @@ def gemms_vs_bf16(bf16: Decoder, fp8: Decoder, rows_list, device=None) -> list[d
             refs = {"bf16": x.float() @ l16[0].w.float().t(),
                     "fp8": (xq[0].float() * l8[0].x_scale) @ (l8[0].w.float() * l8[0].w_scale).t()}
             ways = {"bf16": lambda: [l16[i](x) for i in range(n)], "fp8": lambda: [l8[i](xq[i]) for i in range(n)]}
-            row: dict[str, Any] = {"layer": name, "rows": rows, "n_layers": n, "swap_ab": l8[0].swap_ab,
+            swapped = l8[0].swap_ab
+            row: dict[str, Any] = {"layer": name, "rows": rows, "n_layers": n, "swap_ab": l8[0].runs_swap_ab(rows),
                                    "weight_bytes": {"bf16": l16[0].weight_bytes, "fp8": l8[0].weight_bytes},
                                    "rel_err_vs_float32": {}}
-            swapped = l8[0].swap_ab
-            plans = [("bf16", "bf16", None), ("fp8", "fp8", None)] + ([("fp8_plain_order", "fp8", False)] if swapped else [])
+            plans = [("bf16", "bf16", None), ("fp8", "fp8", None)] + ([("fp8_plain_order", "fp8", False)]
+                                                                      if row["swap_ab"] else [])
             with torch.no_grad():
                 for key, way, swap in plans:
                     if swap is not None:
