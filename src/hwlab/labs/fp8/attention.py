@@ -145,7 +145,8 @@ def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_pt
       and the softmax uses exp2. The partial max is stored back in natural-log units.
     * a grid of (split, batch x head), the split fastest: the programs the GPU starts together
       stream neighbouring chunks of one (batch, head)'s cache rather than the same chunk of many
-      (round 5: faster at 512 and 32k, equal at 4k).
+      (round 5: faster alone at 512 and 32k, equal at 4k; whether it costs the 4k decode step, whose
+      last chunk holds one position, is the open A/B in benchmarks/LAB04_NOTES.md).
     ``PER_ROW``: each batch row's length is read from ``nctx_ptr``; the grid covers the whole
     cache and a chunk past its row's length runs no iteration (partial max -inf, sum 0)."""
     sp = tl.program_id(0)  # the split is the grid's fastest axis: programs launched together

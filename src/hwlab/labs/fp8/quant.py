@@ -122,8 +122,9 @@ def _add_rmsnorm_kernel(x_ptr, r_ptr, sum_ptr, y_ptr, s_ptr, n_cols, stride_x, s
                         BLOCK: tl.constexpr, QUANT: tl.constexpr):
     """sum = x + r (rounded to x's dtype, as torch's add), then RMSNorm of that sum: the
     residual add and the next norm in one pass over the row. ``r`` may be a transposed view
-    (``stride_rc`` > 1: a swap-AB GEMM's (N, rows) output read as (rows, N)): a decode step's
-    few rows of it are a few KiB, read from L2 whatever the stride."""
+    (``stride_rc`` > 1: a swap-AB GEMM's (N, rows) output read as (rows, N)). That read is
+    strided: each 32-byte sector it touches holds one element of the row, so it costs more than
+    its few KiB suggest (benchmarks/LAB04_NOTES.md round 5 measured it eating swap-AB's saving)."""
     row = tl.program_id(0)
     o = tl.arange(0, BLOCK)
     m = o < n_cols
