@@ -139,3 +139,41 @@ def test_refresh_refuses_a_tuned_research_variant_for_the_lab(tmp_path, monkeypa
     with pytest.raises(SystemExit, match="not a finished"):
         mod.part_lab04(tmp_path, [])
     assert not (tmp_path / "lab04_fp8.json").exists()
+
+
+def _bench(name):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))  # the round-5 scripts import lab04_round3 / lab04_round5 beside them
+    try:
+        spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(bench))
+    return mod
+
+
+def test_round5_attention_variants_match_the_reference_and_the_lab():
+    """Round 5's research kernels (interpreter): the TMA and prefetch/grid-order variants against
+    the float32 reference, and the grid-order A/B's 'before' launch bit for bit the lab's kernel
+    (same math, other grid order), fused requant included: the A/B then times order alone."""
+    r5, ab = _bench("lab04_round5"), _bench("lab04_grid_order_ab")
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 3, 1, 64, generator=g).to(torch.float16)
+    k = (torch.randn(2, 3, 300, 64, generator=g) * 20).to(K.FP8)
+    v = (torch.randn(2, 3, 300, 64, generator=g) * 20).to(K.FP8)
+    v.view(torch.uint8)[:, :, 290:] = 0x7F  # NaN bytes past the length: never read into the result
+    s, o = torch.tensor(0.05), torch.tensor(0.01)
+    ref = K.decode_attention_ref(q, k, v, s, 290)
+    for c in r5.v2_candidates(64):
+        assert _rel(r5.attention_v2(q, k, v, s, 290, **c), ref) < K.FP8_CACHE_MATH_REL, c
+    assert _rel(r5.attention_tma(q, k, v, s, 290, chunk=64, block_t=16, num_warps=1, stages=2), ref) < K.FP8_CACHE_MATH_REL
+    tile = K.AttnTile(64, 16, 1, 1)
+    for out_scale in (None, o):
+        before = ab.bh_major(q, k, v, s, 290, tile=tile, out_scale=out_scale)
+        lab = K.decode_attention(q, k, v, s, 290, use_triton=True, tile=tile, out_scale=out_scale)
+        assert before.dtype == lab.dtype and torch.equal(before.float(), lab.float())
