@@ -96,9 +96,8 @@ def attention_vs_sdpa(cfg: ModelConfig, batch: int, ctx: int, device=None,
     with torch.no_grad():
         for name, call in ways.items():
             def check(res, name=name):
-                errs[name] = float(torch.linalg.vector_norm(res.float() - refs[name]) / torch.linalg.vector_norm(refs[name]))
-            t, cap = graph_time(lambda call=call: [call(i) for i in range(n)], dev,
-                                check=lambda res, check=check: check(res[0]), n_rep=20)
+                errs[name] = K.rel_err(res[0], refs[name])
+            t, cap = graph_time(lambda call=call: [call(i) for i in range(n)], dev, check=check, n_rep=20)
             us = t.median_ms * 1e3 / n
             out[f"{name}_us"] = us
             out[f"{name}_us_p10_p90"] = [t.quantile_ms(0.1) * 1e3 / n, t.quantile_ms(0.9) * 1e3 / n]
@@ -121,8 +120,8 @@ def gemms_vs_bf16(bf16: Decoder, fp8: Decoder, rows_list, device=None) -> list[d
     bf16 path's layer against ``fp8``'s FP8 layer on its static-scaled FP8 input (the fixed
     path), at each batch size in ``rows_list``. Bytes/s count the weight bytes each reads as
     stored (FP8 half of bf16's). Where the FP8 layer runs swap-AB at these rows (``swap_ab``), the
-    plain operand order is timed too: the choice, measured in the same run. Each output is first checked against the
-    float32 product of the very operands it read."""
+    plain operand order is timed too: the choice, measured in the same run. Each output is first
+    checked against the float32 product of the very operands it read."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     g = torch.Generator(device=dev).manual_seed(6)
     out = []
@@ -149,8 +148,7 @@ def gemms_vs_bf16(bf16: Decoder, fp8: Decoder, rows_list, device=None) -> list[d
                             m.swap_ab = swap
                     try:
                         def check(res, key=key, way=way):
-                            row["rel_err_vs_float32"][key] = float(torch.linalg.vector_norm(res[0].float() - refs[way])
-                                                                   / torch.linalg.vector_norm(refs[way]))
+                            row["rel_err_vs_float32"][key] = K.rel_err(res[0], refs[way])
                         t, cap = graph_time(ways[way], dev, check=check, n_rep=20)
                     finally:
                         for m in l8:
