@@ -29,7 +29,8 @@ ATTN_SIG = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "kv_scal
 #: the research kernel's signature: round 2's lab kernel's plus the two variant switches
 VARIANT_SIG = {**ATTN_SIG, "USE_DOT": "constexpr", "PREFETCH": "constexpr"}
 #: the lab kernel since round 3: the scale folded into q (qk_scale), fp16 math for an FP8 cache
-LAB_SIG = {**{("qk_scale" if k == "sm_scale" else k): v for k, v in ATTN_SIG.items()}, "F16": "constexpr"}
+LAB_SIG = {**{("qk_scale" if k == "sm_scale" else k): v for k, v in ATTN_SIG.items()}, "F16": "constexpr",
+           "PDL": "constexpr"}
 W8_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*bf16", "ws_ptr": "*fp32",
           "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32",
           "stride_ym": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "SWAP": "constexpr",
@@ -52,7 +53,7 @@ def main(out_path: str) -> None:
             c = {**c, "USE_DOT": dot, "PREFETCH": False}
             kernel, sig = R._decode_attn_partial_variants, VARIANT_SIG
         else:
-            c = {**c, "F16": True}
+            c = {**c, "F16": True, "PDL": False}
             kernel, sig = A._decode_attn_partial, LAB_SIG
         g = ptxas_sm90(kernel, sig, c, {}, {"num_warps": warps, "num_stages": t.num_stages}, label)
         rows.append({"kernel": "_decode_attn_partial (FP8 cache)", "label": label, "warps": warps, **c, **g})

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .quant import FP8, quant_static_ref, use_triton_for
+from .quant import FP8, pdl_args, pdl_enter, quant_static_ref, use_triton_for
 import triton
 import triton.language as tl
 
@@ -65,7 +65,9 @@ DEFAULT_TILE = AttnTile()
 # ---------------------------------------------------------------- KV write
 @triton.jit
 def _kv_store_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, s_ptr, pos, pos_ptr, H, stride_kb, stride_kh, stride_vb,
-                     stride_vh, max_ctx, D: tl.constexpr, QUANT: tl.constexpr, PER_ROW: tl.constexpr):
+                     stride_vh, max_ctx, D: tl.constexpr, QUANT: tl.constexpr, PER_ROW: tl.constexpr,
+                     PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     bh = tl.program_id(0)
     b = bh // H
     h = bh % H
@@ -122,7 +124,7 @@ def kv_store(k, v, k_cache, v_cache, scale, pos: int | torch.Tensor, use_triton:
     _kv_store_kernel[(B * H,)](k, v, k_cache, v_cache, scale.reshape(1).float(), 0 if per_row else pos,
                                pos if per_row else k_cache, H,
                                k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.shape[2],
-                               D=D, QUANT=k_cache.dtype == FP8, PER_ROW=per_row)
+                               D=D, QUANT=k_cache.dtype == FP8, PER_ROW=per_row, **pdl_args(k))
 
 
 # ---------------------------------------------------------------- decode attention
@@ -130,7 +132,7 @@ def kv_store(k, v, k_cache, v_cache, scale, pos: int | torch.Tensor, use_triton:
 def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_ptr,
                          n_ctx, nctx_ptr, max_ctx, n_splits, qk_scale, H, stride_qb, stride_qh,
                          D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, PER_ROW: tl.constexpr,
-                         F16: tl.constexpr):
+                         F16: tl.constexpr, PDL: tl.constexpr = False):
     """One (batch, head) query against one CHUNK of the cache: partial max, sum and output
     (online softmax over BLOCK_T positions per step, elementwise products and sums).
 
@@ -148,13 +150,15 @@ def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_pt
       (round 5: faster alone at 512 and 32k, equal at 4k; whether it costs the 4k decode step, whose
       last chunk holds one position, is the open A/B in benchmarks/LAB04_NOTES.md).
     ``PER_ROW``: each batch row's length is read from ``nctx_ptr``; the grid covers the whole
-    cache and a chunk past its row's length runs no iteration (partial max -inf, sum 0)."""
+    cache and a chunk past its row's length runs no iteration (partial max -inf, sum 0). The
+    last split runs to the row's end (:func:`split_count` may give it a short remainder)."""
+    pdl_enter(PDL)
     sp = tl.program_id(0)  # the split is the grid's fastest axis: programs launched together
     bh = tl.program_id(1)  # read neighbouring chunks of one (batch, head)
     start = sp * CHUNK
     if PER_ROW:
         n_ctx = tl.load(nctx_ptr + bh // H)
-    hi = tl.minimum(start + CHUNK, n_ctx)
+    hi = tl.where(sp == n_splits - 1, n_ctx, tl.minimum(start + CHUNK, n_ctx))
     d = tl.arange(0, D)
     kv_scale = tl.load(kv_scale_ptr)
     q = tl.load(q_ptr + (bh // H) * stride_qb + (bh % H) * stride_qh + d).to(tl.float32) * (qk_scale * kv_scale)
@@ -192,10 +196,11 @@ def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_pt
 
 @triton.jit
 def _decode_attn_combine(m_ptr, l_ptr, acc_ptr, out_ptr, s_ptr, n_splits,
-                         D: tl.constexpr, SPLITS: tl.constexpr, QUANT: tl.constexpr):
+                         D: tl.constexpr, SPLITS: tl.constexpr, QUANT: tl.constexpr, PDL: tl.constexpr = False):
     """The chunks' partial (max, sum, output) of one (batch, head) rescaled to the common max
     and summed: the softmax over the whole context. ``QUANT``: written as FP8 with the next
     GEMM's static scale (``s_ptr``), the requant that would otherwise be a kernel of its own."""
+    pdl_enter(PDL)
     bh = tl.program_id(0)
     sp = tl.arange(0, SPLITS)
     sm = sp < n_splits
@@ -269,8 +274,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     B, H, _, D = q.shape
     if k_cache.dtype == FP8 and tile.block_t > 128:
         raise ValueError(f"{tile}: an FP8 cache sums block_t products of up to 448 in fp16; keep block_t <= 128")
-    chunk = chunk_for(tile, B * H, k_cache.shape[2] if per_row else n_ctx)
-    n_splits = triton.cdiv(k_cache.shape[2] if per_row else n_ctx, chunk)
+    n_positions = k_cache.shape[2] if per_row else n_ctx
+    chunk = chunk_for(tile, B * H, n_positions)
+    n_splits = split_count(n_positions, chunk)
     m = torch.empty((B * H, n_splits), dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
     acc = torch.empty((B * H, n_splits, D), dtype=torch.float32, device=q.device)
@@ -281,7 +287,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                                             k_cache.shape[2], n_splits, LOG2E / math.sqrt(D),
                                             H, q.stride(0), q.stride(1), D=D, CHUNK=chunk,
                                             BLOCK_T=tile.block_t, PER_ROW=per_row, F16=k_cache.dtype == FP8,
-                                            num_warps=tile.num_warps, num_stages=tile.num_stages)
+                                            num_warps=tile.num_warps, num_stages=tile.num_stages, **pdl_args(q))
     return combine_splits(m, l, acc, q, out_scale)
 
 
@@ -295,6 +301,22 @@ def chunk_for(tile: AttnTile, n_rows_heads: int, n_positions: int) -> int:
     return chunk
 
 
+#: fold a last split of at most this fraction of a chunk into the split before it (see
+#: :func:`split_count`); 0 gives every remainder a split of its own
+MERGE_TAIL_FRACTION = 0.0
+
+
+def split_count(n_positions: int, chunk: int) -> int:
+    """How many splits cover ``n_positions`` in chunks of ``chunk``: one per chunk, except that a
+    remainder of at most :data:`MERGE_TAIL_FRACTION` of a chunk joins the last full one (a decode
+    step at context 4k reads 4097 positions: without this, 1 in 17 programs reads one position,
+    and the combine reads 17 splits). The partial kernel's last split runs to the row's end."""
+    n = triton.cdiv(n_positions, chunk)
+    if n > 1 and n_positions - (n - 1) * chunk <= MERGE_TAIL_FRACTION * chunk:
+        n -= 1
+    return n
+
+
 def combine_splits(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, q: torch.Tensor,
                    out_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The (B * H, n_splits) partial maxima ``m``, sums ``l`` and outputs ``acc`` (.., D) of a
@@ -305,5 +327,5 @@ def combine_splits(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, q: torch
     out = torch.empty((B, H, 1, D), dtype=q.dtype if out_scale is None else FP8, device=q.device)
     s = out if out_scale is None else out_scale.reshape(1).float()
     _decode_attn_combine[(B * H,)](m, l, acc, out, s, n_splits, D=D, SPLITS=max(2, triton.next_power_of_2(n_splits)),
-                                   QUANT=out_scale is not None)
+                                   QUANT=out_scale is not None, **pdl_args(q))
     return out

@@ -34,6 +34,37 @@ FP8_MAX = 448.0
 BLOCK = 1024
 
 
+#: programmatic dependent launch (PDL, Hopper and later) for the decode step's own kernels: one
+#: launched with it may be scheduled while the kernel before it drains, and waits
+#: (``griddepcontrol.wait``) for that kernel's writes before it reads anything, so the gap
+#: between two kernels shrinks while the order of their memory effects stays the stream's. Off
+#: unless :func:`set_pdl` turns it on (the A/B of ``benchmarks/lab04_round6.py`` decides).
+_PDL = {"on": False}
+
+
+def set_pdl(on: bool) -> bool:
+    """Launch the decode-step kernels with PDL (where the GPU has it); returns the old setting."""
+    old, _PDL["on"] = _PDL["on"], bool(on)
+    return old
+
+
+def pdl_args(t: torch.Tensor) -> dict:
+    """Keyword arguments for a kernel launch next to ``t``: ``PDL`` (the kernel's constexpr: wait
+    for the previous kernel, then let the next one launch) and Triton's ``launch_pdl``; PDL off on
+    a CPU, before sm_90, and unless :func:`set_pdl` turned it on."""
+    on = _PDL["on"] and t.device.type == "cuda" and torch.cuda.get_device_capability(t.device) >= (9, 0)
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """A PDL kernel's first step: wait for the previous kernel's writes, then let the next kernel
+    start launching (it will wait for ours in turn, so memory order is the stream's)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
 def use_triton_for(t: torch.Tensor, use_triton: bool | None) -> bool:
     """Triton on a GPU; on a CPU only when asked (the interpreter: fp16/fp32, never bf16)."""
     if use_triton is None:
@@ -106,7 +137,9 @@ def _dequant_rows_kernel(q_ptr, s_ptr, out_ptr, n_cols, s_stride, BLOCK: tl.cons
 
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, y_ptr, s_ptr, n_cols, stride_x, stride_y, eps, BLOCK: tl.constexpr, QUANT: tl.constexpr):
+def _rmsnorm_kernel(x_ptr, y_ptr, s_ptr, n_cols, stride_x, stride_y, eps, BLOCK: tl.constexpr, QUANT: tl.constexpr,
+                    PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     row = tl.program_id(0)
     o = tl.arange(0, BLOCK)
     m = o < n_cols
@@ -119,12 +152,13 @@ def _rmsnorm_kernel(x_ptr, y_ptr, s_ptr, n_cols, stride_x, stride_y, eps, BLOCK:
 
 @triton.jit
 def _add_rmsnorm_kernel(x_ptr, r_ptr, sum_ptr, y_ptr, s_ptr, n_cols, stride_x, stride_r, stride_rc, stride_y, eps,
-                        BLOCK: tl.constexpr, QUANT: tl.constexpr):
+                        BLOCK: tl.constexpr, QUANT: tl.constexpr, PDL: tl.constexpr = False):
     """sum = x + r (rounded to x's dtype, as torch's add), then RMSNorm of that sum: the
     residual add and the next norm in one pass over the row. ``r`` may be a transposed view
     (``stride_rc`` > 1: a swap-AB GEMM's (N, rows) output read as (rows, N)). That read is
     strided: each 32-byte sector it touches holds one element of the row, so it costs more than
     its few KiB suggest (benchmarks/LAB04_NOTES.md round 5 measured it eating swap-AB's saving)."""
+    pdl_enter(PDL)
     row = tl.program_id(0)
     o = tl.arange(0, BLOCK)
     m = o < n_cols
@@ -140,7 +174,8 @@ def _add_rmsnorm_kernel(x_ptr, r_ptr, sum_ptr, y_ptr, s_ptr, n_cols, stride_x, s
 
 
 @triton.jit
-def _quant_static_kernel(x_ptr, s_ptr, q_ptr, n, BLOCK: tl.constexpr, GELU: tl.constexpr):
+def _quant_static_kernel(x_ptr, s_ptr, q_ptr, n, BLOCK: tl.constexpr, GELU: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = o < n
     x = tl.load(x_ptr + o, mask=m, other=0.0).to(tl.float32)
@@ -183,7 +218,8 @@ def quant_static(x: torch.Tensor, scale: torch.Tensor, use_triton: bool | None =
     xc = x.contiguous()
     q = torch.empty(xc.shape, dtype=FP8, device=x.device)
     n = xc.numel()
-    _quant_static_kernel[(triton.cdiv(n, 2048),)](xc, scale.reshape(1).float(), q, n, BLOCK=2048, GELU=gelu)
+    _quant_static_kernel[(triton.cdiv(n, 2048),)](xc, scale.reshape(1).float(), q, n, BLOCK=2048, GELU=gelu,
+                                                  **pdl_args(x))
     return q
 
 
@@ -215,7 +251,8 @@ def rmsnorm(x: torch.Tensor, eps: float = 1e-6, use_triton: bool | None = None,
     y = torch.empty(x2.shape, dtype=x.dtype if out_scale is None else FP8, device=x.device)
     s = y if out_scale is None else out_scale.reshape(1).float()
     _rmsnorm_kernel[(x2.shape[0],)](x2, y, s, x2.shape[1], x2.stride(0), y.stride(0), eps,
-                                    BLOCK=triton.next_power_of_2(x2.shape[1]), QUANT=out_scale is not None)
+                                    BLOCK=triton.next_power_of_2(x2.shape[1]), QUANT=out_scale is not None,
+                                    **pdl_args(x))
     return y.reshape(x.shape)
 
 
@@ -243,5 +280,6 @@ def add_rmsnorm(x: torch.Tensor, r: torch.Tensor, eps: float = 1e-6, use_triton:
     y = torch.empty(x2.shape, dtype=x.dtype if out_scale is None else FP8, device=x.device)
     s = y if out_scale is None else out_scale.reshape(1).float()
     _add_rmsnorm_kernel[(x2.shape[0],)](x2, r2, total, y, s, x2.shape[1], x2.stride(0), r2.stride(0), r2.stride(1),
-                                        y.stride(0), eps, BLOCK=triton.next_power_of_2(x2.shape[1]), QUANT=out_scale is not None)
+                                        y.stride(0), eps, BLOCK=triton.next_power_of_2(x2.shape[1]), QUANT=out_scale is not None,
+                                        **pdl_args(x))
     return total.reshape(x.shape), y.reshape(x.shape)

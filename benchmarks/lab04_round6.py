@@ -1,0 +1,219 @@
+"""Lab 4, round 6 (issue #19): the decode attention at the step's own cache shapes, and the
+fixed path's decode step, each A/B'd in one process over the launch choices the lab now has
+switches for.
+
+    python benchmarks/lab04_round6.py OUT.json [--rounds 7] [--parts attn,step]
+
+The choices (each a module setting of the lab, so the step runs the lab's own kernels):
+
+* ``order``: the grid with the split fastest (the lab's, since round 5) or (batch x head)
+  fastest (round 5's copy of the kernel before it, ``lab04_round5._attn_v2``).
+* ``merge``: ``attention.MERGE_TAIL_FRACTION`` 0 (a split of its own for the remainder: at the
+  step's 4097 positions, one program in 17 reads one position) or 0.25 (the remainder joins the
+  last full split).
+* ``pdl``: ``quant.set_pdl``: the step's Triton kernels launched with programmatic dependent
+  launch (each waits for the previous kernel, then lets the next one launch).
+* ``min_programs``: ``attention.MIN_PROGRAMS`` (the chunk halves while the grid is smaller).
+* ``swap_ab_max_rows``: ``model.SWAP_AB_MAX_ROWS`` (0: the down projection in the plain operand
+  order, so ``add_rmsnorm`` reads a row-major result; round 5 saw swap-AB's saving eaten there).
+
+Part ``attn``: the FP8-cache attention alone, one CUDA graph over all 8 layers' caches (as the
+lab's ``attention_vs_sdpa``), at the cache shape a decode step reads (T = context + 1, all of it
+attended), with SDPA on the bf16 cache in the same rounds; each output checked against the float32
+reference first. Part ``step``: the fixed decoder (H200 size), one prefill per bucket, one CUDA
+graph of the decode step per choice, outputs compared with the lab's, replays alternated over
+``--rounds`` rounds of 20, device events around each replay. Every figure is a median of rounds.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lab04_grid_order_ab import bh_major  # noqa: E402
+
+from hwlab.labs import fp8 as lab  # noqa: E402
+from hwlab.labs.fp8 import attention as A  # noqa: E402
+from hwlab.labs.fp8 import model  # noqa: E402
+from hwlab.labs.fp8 import quant as Q  # noqa: E402
+from hwlab.measure_graph import capture_graph  # noqa: E402
+
+#: name -> settings; "lab" is the lab as committed
+CHOICES = {
+    "lab": {},
+    "bh_major": {"order": "bh"},
+    "merge": {"merge": 0.25},
+    "pdl": {"pdl": True},
+    "merge+pdl": {"merge": 0.25, "pdl": True},
+    "min_programs 4096": {"min_programs": 4096},
+    "min_programs 4096+merge+pdl": {"min_programs": 4096, "merge": 0.25, "pdl": True},
+    "no swap-AB": {"swap_ab_max_rows": 0},
+    "no swap-AB+merge+pdl": {"swap_ab_max_rows": 0, "merge": 0.25, "pdl": True},
+}
+
+
+@contextlib.contextmanager
+def choice(settings: dict):
+    old = (model.K.decode_attention, A.MERGE_TAIL_FRACTION, A.MIN_PROGRAMS, Q._PDL["on"], model.SWAP_AB_MAX_ROWS)
+    try:
+        if settings.get("order") == "bh":
+            model.K.decode_attention = bh_major
+        A.MERGE_TAIL_FRACTION = settings.get("merge", 0.0)
+        A.MIN_PROGRAMS = settings.get("min_programs", A.MIN_PROGRAMS)
+        Q.set_pdl(settings.get("pdl", False))
+        model.SWAP_AB_MAX_ROWS = settings.get("swap_ab_max_rows", model.SWAP_AB_MAX_ROWS)
+        yield
+    finally:
+        (model.K.decode_attention, A.MERGE_TAIL_FRACTION, A.MIN_PROGRAMS, Q._PDL["on"],
+         model.SWAP_AB_MAX_ROWS) = old
+
+
+def alternate(graphs: dict, rounds: int, reps: int = 20) -> dict:
+    """Median ms per replay of each graph, per round, the graphs alternating within each round."""
+    for _ in range(3):  # sustained state
+        for g in graphs.values():
+            for _ in range(reps):
+                g.replay()
+    torch.cuda.synchronize()
+    ms = {k: [] for k in graphs}
+    for _ in range(rounds):
+        for k, g in graphs.items():
+            t = []
+            for _ in range(reps):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                g.replay()
+                e1.record()
+                e1.synchronize()
+                t.append(e0.elapsed_time(e1))
+            ms[k].append(statistics.median(t))
+    return ms
+
+
+def attn_part(rounds: int) -> list:
+    dev = torch.device("cuda")
+    cfg = lab.H200_SIZE
+    n = cfg.n_layers
+    rows = []
+    for ctx, batch, names in ((512, 16, ("lab", "merge", "pdl", "min_programs 4096", "min_programs 4096+merge+pdl")),
+                              (4096, 16, ("lab", "bh_major", "merge", "pdl", "merge+pdl")),
+                              (32768, 4, ("lab", "bh_major", "merge", "pdl", "merge+pdl"))):
+        T = ctx + 1  # what a decode step reads: the prompt and this step's position
+        shape = (batch, cfg.n_heads, T, cfg.d_head)
+        g = torch.Generator(device=dev).manual_seed(5)
+        kb = [torch.randn(shape, generator=g, device=dev, dtype=torch.bfloat16) for _ in range(n)]
+        vb = [torch.randn(shape, generator=g, device=dev, dtype=torch.bfloat16) for _ in range(n)]
+        q = torch.randn(batch, cfg.n_heads, 1, cfg.d_head, generator=g, device=dev, dtype=torch.bfloat16)
+        s8 = torch.tensor(4.0 / Q.FP8_MAX, device=dev)
+        kf = [Q.quant_static_ref(t, s8) for t in kb]
+        vf = [Q.quant_static_ref(t, s8) for t in vb]
+        ref8 = A.decode_attention_ref(q, kf[0], vf[0], s8, T).float()
+        ref16 = A.decode_attention_ref(q, kb[0], vb[0], torch.ones((), device=dev), T).float()
+        graphs, errs = {}, {}
+        with torch.no_grad():
+            for name in names:
+                try:
+                    with choice(CHOICES[name]):
+                        fn = model.K.decode_attention
+                        cap = capture_graph(lambda fn=fn: [fn(q, kf[i], vf[i], s8, T) for i in range(n)], dev)
+                        cap.replay()
+                        torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001 - a choice that cannot run is a result too
+                    errs[name] = f"{type(e).__name__}: {e}"[:300]
+                    print(f"attn {ctx} x{batch}: {name} failed: {errs[name]}", flush=True)
+                    continue
+                errs[name] = float((cap.out[0].float() - ref8).norm() / ref8.norm())
+                graphs[name] = cap
+            cap = capture_graph(lambda: [F.scaled_dot_product_attention(q, kb[i], vb[i]) for i in range(n)], dev)
+            cap.replay()
+            torch.cuda.synchronize()
+            errs["sdpa"] = float((cap.out[0].float() - ref16).norm() / ref16.norm())
+            graphs["sdpa"] = cap
+            ms = alternate(graphs, rounds)
+        bytes8 = 2 * kf[0].numel()
+        row = {"ctx": ctx, "batch": batch, "T": T, "n_layers": n, "rel_err_vs_float32": errs, "ms_rounds": ms}
+        row["us_per_layer"] = {k: statistics.median(v) * 1e3 / n for k, v in ms.items()}
+        row["gbps"] = {k: (2 * bytes8 if k == "sdpa" else bytes8) / us / 1e3 for k, us in row["us_per_layer"].items()}
+        rows.append(row)
+        print(f"attn {ctx} x{batch} (T {T}): " + ", ".join(f"{k} {row['us_per_layer'][k]:.1f} us "
+              f"{row['gbps'][k]:.0f} GB/s" for k in row["gbps"]), flush=True)
+        del graphs, kb, vb, kf, vf
+        torch.cuda.empty_cache()
+    return rows
+
+
+def step_part(rounds: int) -> list:
+    dev = torch.device("cuda")
+    m = lab.Decoder(lab.H200_SIZE, "fixed")
+    rows = []
+    for ctx, batch, names in ((512, 16, ("lab", "pdl", "no swap-AB", "no swap-AB+merge+pdl", "merge+pdl")),
+                              (4096, 16, ("lab", "bh_major", "merge", "pdl", "merge+pdl", "no swap-AB",
+                                          "no swap-AB+merge+pdl")),
+                              (32768, 4, ("lab", "merge", "pdl", "merge+pdl"))):
+        g = torch.Generator().manual_seed(2)
+        toks = torch.randint(0, m.cfg.vocab, (batch, ctx + 1), generator=g).to(dev)
+        cache = m.new_cache(batch, ctx + 1)
+        with torch.no_grad():
+            m(toks[:, :ctx], cache)
+
+            def decode():
+                cache.len = ctx
+                return m(toks[:, ctx:ctx + 1], cache)
+
+            graphs = {}
+            for name in names:
+                try:
+                    with choice(CHOICES[name]):
+                        graphs[name] = capture_graph(decode, dev)
+                except Exception as e:  # noqa: BLE001
+                    print(f"step {ctx} x{batch}: {name} failed: {type(e).__name__}: {e}"[:400], flush=True)
+            outs = {}
+            for k, c in graphs.items():
+                c.replay()
+                torch.cuda.synchronize()
+                outs[k] = c.out.float().clone()
+            diff = {k: float((o - outs["lab"]).norm() / outs["lab"].norm()) for k, o in outs.items()}
+            ms = alternate(graphs, rounds)
+        row = {"ctx": ctx, "batch": batch, "failed": [k for k in names if k not in graphs],
+               "logits_rel_diff_vs_lab": diff, "tpot_ms_rounds": ms,
+               "tpot_ms": {k: statistics.median(v) for k, v in ms.items()},
+               "tpot_ms_min_max": {k: [min(v), max(v)] for k, v in ms.items()}}
+        rows.append(row)
+        print(f"step {ctx} x{batch}: " + ", ".join(f"{k} {v:.4f} ms ({min(ms[k]):.4f}-{max(ms[k]):.4f})"
+                                                  for k, v in row["tpot_ms"].items()), flush=True)
+        del graphs, cache
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--parts", default="attn,step")
+    a = ap.parse_args()
+    t0 = time.time()
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "triton": __import__("triton").__version__, "choices": CHOICES, "rounds": a.rounds}
+    parts = a.parts.split(",")
+    if "attn" in parts:
+        res["attn"] = attn_part(a.rounds)
+    if "step" in parts:
+        res["step"] = step_part(a.rounds)
+    res["elapsed_s"] = time.time() - t0
+    tmp = a.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(res, f, indent=1)
+    os.replace(tmp, a.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
