@@ -78,6 +78,46 @@ def test_decode_attention_split_boundaries_and_poisoned_tail():
         assert torch.allclose(out.float(), ref.float(), atol=2e-3, rtol=2e-3), n
 
 
+def test_split_count_folds_only_a_short_remainder_into_the_last_split(monkeypatch):
+    from hwlab.labs.fp8 import attention as A
+
+    frac = A.MERGE_TAIL_FRACTION
+    assert 0 < frac < 1
+    chunk = 256
+    short = int(frac * chunk)  # the longest remainder that joins the split before it
+    assert A.split_count(16 * chunk, chunk) == 16
+    assert A.split_count(16 * chunk + 1, chunk) == 16  # the decode step at 4k: 4097 positions
+    assert A.split_count(16 * chunk + short, chunk) == 16
+    assert A.split_count(16 * chunk + short + 1, chunk) == 17
+    assert A.split_count(1, chunk) == A.split_count(chunk + 1, chunk) == 1
+    monkeypatch.setattr(A, "MERGE_TAIL_FRACTION", 0.0)
+    assert A.split_count(16 * chunk + 1, chunk) == 17
+
+
+@pytest.mark.parametrize("frac", [0.0, 0.25])
+def test_merged_last_split_reads_to_the_end_and_no_further(monkeypatch, frac):
+    """The last program covers chunk + remainder positions when the remainder is merged: same
+    result as a split of its own, and positions past n_ctx (NaN here) are never read."""
+    from hwlab.labs.fp8 import attention as A
+
+    monkeypatch.setattr(A, "MERGE_TAIL_FRACTION", frac)
+    monkeypatch.setattr(A, "MIN_PROGRAMS", 1)  # keep the tile's chunk: 64
+    g = torch.Generator().manual_seed(4)
+    B, H, T, D = 1, 2, 300, 32
+    q = torch.randn(B, H, 1, D, generator=g).half()
+    k = torch.randn(B, H, T, D, generator=g).half()
+    v = torch.randn(B, H, T, D, generator=g).half()
+    n = 4 * 64 + 5
+    k[:, :, n:] = float("nan")
+    v[:, :, n:] = float("nan")
+    one = torch.ones(())
+    assert A.split_count(n, 64) == (4 if frac else 5)
+    out = K.decode_attention(q, k, v, one, n, use_triton=True, tile=K.AttnTile(64, 16))
+    ref = K.decode_attention_ref(q, k, v, one, n)
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out.float(), ref.float(), atol=2e-3, rtol=2e-3)
+
+
 def test_bad_inputs_say_what_to_do():
     one = torch.ones(())
     with pytest.raises(ValueError, match="n_ctx"):
@@ -275,3 +315,19 @@ def test_decoder_fuses_the_out_projections_requant_into_attention(monkeypatch):
     # the connector's input once, then per layer: two norms that quantize, the GELU requant and
     # attention (the out projection's requant); a second requant in the out GEMM would add one
     assert names.count(model.QUANT_MARK) == 1 + 4 * L.TINY.n_layers
+
+
+def test_pdl_is_off_unless_asked_and_never_on_a_cpu():
+    from hwlab.labs.fp8 import quant as Q
+
+    x = torch.zeros(2)
+    assert Q.pdl_args(x) == {"PDL": False}
+    old = Q.set_pdl(True)
+    try:
+        assert old is False
+        assert Q.pdl_args(x) == {"PDL": False}  # a CPU tensor: the interpreter has no griddepcontrol
+        out = K.rmsnorm(torch.randn(3, 64, dtype=torch.float16), use_triton=True)  # still launches
+        assert torch.isfinite(out).all()
+    finally:
+        Q.set_pdl(old)
+    assert Q.pdl_args(x) == {"PDL": False}

@@ -147,8 +147,10 @@ def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_pt
       and the softmax uses exp2. The partial max is stored back in natural-log units.
     * a grid of (split, batch x head), the split fastest: the programs the GPU starts together
       stream neighbouring chunks of one (batch, head)'s cache rather than the same chunk of many
-      (round 5: faster alone at 512 and 32k, equal at 4k; whether it costs the 4k decode step, whose
-      last chunk holds one position, is the open A/B in benchmarks/LAB04_NOTES.md).
+      (round 5: faster alone at 512 and 32k, equal at 4k).
+    * no split for a remainder of a few positions (:func:`split_count`): a decode step at 4k
+      reads 4097 positions, and a 17th split of one position per (batch, head) cost the step
+      more than its share (round 6 in benchmarks/LAB04_NOTES.md).
     ``PER_ROW``: each batch row's length is read from ``nctx_ptr``; the grid covers the whole
     cache and a chunk past its row's length runs no iteration (partial max -inf, sum 0). The
     last split runs to the row's end (:func:`split_count` may give it a short remainder)."""
@@ -302,8 +304,10 @@ def chunk_for(tile: AttnTile, n_rows_heads: int, n_positions: int) -> int:
 
 
 #: fold a last split of at most this fraction of a chunk into the split before it (see
-#: :func:`split_count`); 0 gives every remainder a split of its own
-MERGE_TAIL_FRACTION = 0.0
+#: :func:`split_count`; 0 gives every remainder a split of its own): the last program then reads
+#: up to 1.25 chunks, a small imbalance next to a program that starts, reads a position and
+#: stores a partial result the combine must read back
+MERGE_TAIL_FRACTION = 0.25
 
 
 def split_count(n_positions: int, chunk: int) -> int:
