@@ -46,9 +46,12 @@ from hwlab.labs.fp8 import model  # noqa: E402
 from hwlab.labs.fp8 import quant as Q  # noqa: E402
 from hwlab.measure_graph import capture_graph  # noqa: E402
 
-#: name -> settings; "lab" is the lab as it was when this ran (a split of its own for every remainder)
-CHOICES = {
-    "lab": {"merge": 0.0},
+#: the lab as it was when round 6 ran (760eace): a split of its own for every remainder, and
+#: this step's K and V written by a kv_store kernel before the attention
+ROUND6_LAB = {"merge": 0.0, "kv": "separate"}
+#: round 6 (``--set 6``): name -> settings; "lab" is :data:`ROUND6_LAB`
+CHOICES = {name: {**ROUND6_LAB, **c} for name, c in {
+    "lab": {},
     "bh_major": {"order": "bh"},
     "merge": {"merge": 0.25},
     "pdl": {"pdl": True},
@@ -57,23 +60,43 @@ CHOICES = {
     "min_programs 4096+merge+pdl": {"min_programs": 4096, "merge": 0.25, "pdl": True},
     "no swap-AB": {"swap_ab_max_rows": 0},
     "no swap-AB+merge+pdl": {"swap_ab_max_rows": 0, "merge": 0.25, "pdl": True},
+}.items()}
+#: round 6b (``--set 6b``, the decode step only): the lab as committed after round 6 (merged last
+#: split, this step's K and V written by the attention kernel) against the same with a kv_store
+#: kernel, and against round 6's lab
+CHOICES_B = {
+    "lab": {},
+    "kv_store separate": {"kv": "separate"},
+    "round-6 lab": ROUND6_LAB,
+    "kit on bf16 cache": {"kit_bf16": True},
 }
+#: the lab's own settings, read before any choice changes them
+LAB_MERGE, LAB_STEP, LAB_KIT_BF16 = A.MERGE_TAIL_FRACTION, model.KVCache.step, model.KIT_ATTENDS_BF16
+
+
+def _step_separate(self, layer, q, k, v, pos, tile=A.DEFAULT_TILE, out_scale=None):
+    """``KVCache.step`` before round 6b: the kv_store kernel, then the attention."""
+    self.write(layer, k, v, pos)
+    return self.attend(layer, q, pos + 1, tile, out_scale)
 
 
 @contextlib.contextmanager
 def choice(settings: dict):
-    old = (model.K.decode_attention, A.MERGE_TAIL_FRACTION, A.MIN_PROGRAMS, Q._PDL["on"], model.SWAP_AB_MAX_ROWS)
+    old = (model.K.decode_attention, A.MERGE_TAIL_FRACTION, A.MIN_PROGRAMS, Q._PDL["on"], model.SWAP_AB_MAX_ROWS,
+           model.KVCache.step, model.KIT_ATTENDS_BF16)
     try:
+        model.KIT_ATTENDS_BF16 = settings.get("kit_bf16", LAB_KIT_BF16)
         if settings.get("order") == "bh":
             model.K.decode_attention = bh_major
-        A.MERGE_TAIL_FRACTION = settings.get("merge", 0.0)
+        model.KVCache.step = _step_separate if settings.get("kv") == "separate" else LAB_STEP
+        A.MERGE_TAIL_FRACTION = settings.get("merge", LAB_MERGE)
         A.MIN_PROGRAMS = settings.get("min_programs", A.MIN_PROGRAMS)
         Q.set_pdl(settings.get("pdl", False))
         model.SWAP_AB_MAX_ROWS = settings.get("swap_ab_max_rows", model.SWAP_AB_MAX_ROWS)
         yield
     finally:
         (model.K.decode_attention, A.MERGE_TAIL_FRACTION, A.MIN_PROGRAMS, Q._PDL["on"],
-         model.SWAP_AB_MAX_ROWS) = old
+         model.SWAP_AB_MAX_ROWS, model.KVCache.step, model.KIT_ATTENDS_BF16) = old
 
 
 def alternate(graphs: dict, rounds: int, reps: int = 20) -> dict:
@@ -150,14 +173,27 @@ def attn_part(rounds: int) -> list:
     return rows
 
 
-def step_part(rounds: int) -> list:
+#: round 6's decode-step buckets and choices
+STEP_6 = ((512, 16, ("lab", "pdl", "no swap-AB", "no swap-AB+merge+pdl", "merge+pdl")),
+          (4096, 16, ("lab", "bh_major", "merge", "pdl", "merge+pdl", "no swap-AB", "no swap-AB+merge+pdl")),
+          (32768, 4, ("lab", "merge", "pdl", "merge+pdl")))
+#: round 6b: (ctx, batch, choices, path); at 512 the fixed path keeps a bf16 cache, so the bf16
+#: path (the baseline) is A/B'd too: a change the baseline can use must be measured on it as well
+STEP_6B = ((512, 16, ("lab", "kit on bf16 cache"), "fixed"), (512, 16, ("lab", "kit on bf16 cache"), "bf16"),
+           (4096, 16, ("lab", "kv_store separate", "round-6 lab"), "fixed"),
+           (32768, 4, ("lab", "kv_store separate", "round-6 lab"), "fixed"),
+           (4096, 16, ("lab", "kit on bf16 cache"), "bf16"))
+
+
+def step_part(rounds: int, buckets=STEP_6, choices=CHOICES) -> list:
     dev = torch.device("cuda")
-    m = lab.Decoder(lab.H200_SIZE, "fixed")
+    models = {}
     rows = []
-    for ctx, batch, names in ((512, 16, ("lab", "pdl", "no swap-AB", "no swap-AB+merge+pdl", "merge+pdl")),
-                              (4096, 16, ("lab", "bh_major", "merge", "pdl", "merge+pdl", "no swap-AB",
-                                          "no swap-AB+merge+pdl")),
-                              (32768, 4, ("lab", "merge", "pdl", "merge+pdl"))):
+    for ctx, batch, names, *path in buckets:
+        path = path[0] if path else "fixed"
+        if path not in models:
+            models[path] = lab.Decoder(lab.H200_SIZE, path)
+        m = models[path]
         g = torch.Generator().manual_seed(2)
         toks = torch.randint(0, m.cfg.vocab, (batch, ctx + 1), generator=g).to(dev)
         cache = m.new_cache(batch, ctx + 1)
@@ -171,7 +207,7 @@ def step_part(rounds: int) -> list:
             graphs = {}
             for name in names:
                 try:
-                    with choice(CHOICES[name]):
+                    with choice(choices[name]):
                         graphs[name] = capture_graph(decode, dev)
                 except Exception as e:  # noqa: BLE001
                     print(f"step {ctx} x{batch}: {name} failed: {type(e).__name__}: {e}"[:400], flush=True)
@@ -182,12 +218,12 @@ def step_part(rounds: int) -> list:
                 outs[k] = c.out.float().clone()
             diff = {k: float((o - outs["lab"]).norm() / outs["lab"].norm()) for k, o in outs.items()}
             ms = alternate(graphs, rounds)
-        row = {"ctx": ctx, "batch": batch, "failed": [k for k in names if k not in graphs],
+        row = {"ctx": ctx, "batch": batch, "path": path, "failed": [k for k in names if k not in graphs],
                "logits_rel_diff_vs_lab": diff, "tpot_ms_rounds": ms,
                "tpot_ms": {k: statistics.median(v) for k, v in ms.items()},
                "tpot_ms_min_max": {k: [min(v), max(v)] for k, v in ms.items()}}
         rows.append(row)
-        print(f"step {ctx} x{batch}: " + ", ".join(f"{k} {v:.4f} ms ({min(ms[k]):.4f}-{max(ms[k]):.4f})"
+        print(f"step {path} {ctx} x{batch}: " + ", ".join(f"{k} {v:.4f} ms ({min(ms[k]):.4f}-{max(ms[k]):.4f})"
                                                   for k, v in row["tpot_ms"].items()), flush=True)
         del graphs, cache
         torch.cuda.empty_cache()
@@ -199,10 +235,15 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--parts", default="attn,step")
+    ap.add_argument("--set", default="6", choices=("6", "6b"), help="6b: the decode step only, CHOICES_B")
     a = ap.parse_args()
     t0 = time.time()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "triton": __import__("triton").__version__, "choices": CHOICES, "rounds": a.rounds}
+           "triton": __import__("triton").__version__, "rounds": a.rounds, "set": a.set,
+           "choices": CHOICES_B if a.set == "6b" else CHOICES}
+    if a.set == "6b":
+        res["step"] = step_part(a.rounds, STEP_6B, CHOICES_B)
+        a.parts = ""
     parts = a.parts.split(",")
     if "attn" in parts:
         res["attn"] = attn_part(a.rounds)

@@ -28,9 +28,12 @@ ATTN_SIG = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "kv_scal
             "D": "constexpr", "CHUNK": "constexpr", "BLOCK_T": "constexpr", "PER_ROW": "constexpr"}
 #: the research kernel's signature: round 2's lab kernel's plus the two variant switches
 VARIANT_SIG = {**ATTN_SIG, "USE_DOT": "constexpr", "PREFETCH": "constexpr"}
+#: the lab kernel's switches for what the register report leaves off: PDL and the fused KV write (round 6)
+LAB_OFF = {"PDL": False, "kn_ptr": None, "vn_ptr": None, "stride_kb": 0, "stride_kh": 0, "stride_vb": 0,
+           "stride_vh": 0, "NEW_KV": False}
 #: the lab kernel since round 3: the scale folded into q (qk_scale), fp16 math for an FP8 cache
 LAB_SIG = {**{("qk_scale" if k == "sm_scale" else k): v for k, v in ATTN_SIG.items()}, "F16": "constexpr",
-           "PDL": "constexpr"}
+           "PDL": "constexpr", **{k: "constexpr" for k in LAB_OFF}}
 W8_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*bf16", "ws_ptr": "*fp32",
           "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32",
           "stride_ym": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "SWAP": "constexpr",
@@ -53,7 +56,7 @@ def main(out_path: str) -> None:
             c = {**c, "USE_DOT": dot, "PREFETCH": False}
             kernel, sig = R._decode_attn_partial_variants, VARIANT_SIG
         else:
-            c = {**c, "F16": True, "PDL": False}
+            c = {**c, "F16": True, **LAB_OFF}
             kernel, sig = A._decode_attn_partial, LAB_SIG
         g = ptxas_sm90(kernel, sig, c, {}, {"num_warps": warps, "num_stages": t.num_stages}, label)
         rows.append({"kernel": "_decode_attn_partial (FP8 cache)", "label": label, "warps": warps, **c, **g})

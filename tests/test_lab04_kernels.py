@@ -331,3 +331,33 @@ def test_pdl_is_off_unless_asked_and_never_on_a_cpu():
     finally:
         Q.set_pdl(old)
     assert Q.pdl_args(x) == {"PDL": False}
+
+
+@pytest.mark.parametrize("dt", [torch.float16, K.FP8])
+def test_attention_that_writes_the_new_position_matches_kv_store_then_attention(dt):
+    """``new_kv``: the last split's program stores this step's K and V, then reads them with the
+    rest. The cache afterwards and the output equal kv_store followed by the attention, and the
+    fused call with a stale value at the new position (NaN) proves the kernel wrote it before
+    reading it."""
+    g = torch.Generator().manual_seed(8)
+    B, H, T, D = 2, 2, 160, 32
+    scale = torch.tensor(0.02 if dt == K.FP8 else 1.0)
+    kc = (torch.randn(B, H, T, D, generator=g) * (2.0 if dt == K.FP8 else 1.0)).to(dt)
+    vc = (torch.randn(B, H, T, D, generator=g) * (2.0 if dt == K.FP8 else 1.0)).to(dt)
+    qkv = torch.randn(B, H, 1, 3 * D, generator=g).half()
+    q, k, v = qkv.split(D, dim=-1)  # strided views, as the QKV projection's output gives them
+    n = 131  # position 130 is this step's; the last split (chunk 64) holds 128..130
+    kc[:, :, n - 1] = float("nan")  # a stale value: read before the write, it would poison the result
+    ref_k, ref_v = kc.clone(), vc.clone()
+    K.kv_store(k, v, ref_k, ref_v, scale, n - 1, use_triton=True)
+    ref = K.decode_attention(q, ref_k, ref_v, scale, n, use_triton=True, tile=K.AttnTile(64, 16))
+    fused_k, fused_v = kc.clone(), vc.clone()
+    out = K.decode_attention(q, fused_k, fused_v, scale, n, use_triton=True, tile=K.AttnTile(64, 16),
+                             new_kv=(k, v))
+    assert torch.equal(fused_k.view(torch.uint8), ref_k.view(torch.uint8))
+    assert torch.equal(fused_v.view(torch.uint8), ref_v.view(torch.uint8))
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, ref)
+    with pytest.raises(ValueError, match="new_kv"):
+        K.decode_attention(q, fused_k, fused_v, scale, torch.full((B,), n, dtype=torch.int32), use_triton=True,
+                           new_kv=(k, v))

@@ -132,7 +132,8 @@ def kv_store(k, v, k_cache, v_cache, scale, pos: int | torch.Tensor, use_triton:
 def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_ptr,
                          n_ctx, nctx_ptr, max_ctx, n_splits, qk_scale, H, stride_qb, stride_qh,
                          D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, PER_ROW: tl.constexpr,
-                         F16: tl.constexpr, PDL: tl.constexpr = False):
+                         F16: tl.constexpr, PDL: tl.constexpr = False, kn_ptr=None, vn_ptr=None,
+                         stride_kb=0, stride_kh=0, stride_vb=0, stride_vh=0, NEW_KV: tl.constexpr = False):
     """One (batch, head) query against one CHUNK of the cache: partial max, sum and output
     (online softmax over BLOCK_T positions per step, elementwise products and sums).
 
@@ -153,7 +154,12 @@ def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_pt
       more than its share (round 6 in benchmarks/LAB04_NOTES.md).
     ``PER_ROW``: each batch row's length is read from ``nctx_ptr``; the grid covers the whole
     cache and a chunk past its row's length runs no iteration (partial max -inf, sum 0). The
-    last split runs to the row's end (:func:`split_count` may give it a short remainder)."""
+    last split runs to the row's end (:func:`split_count` may give it a short remainder).
+    ``NEW_KV``: this step's K and V (``kn_ptr``, ``vn_ptr``: the QKV projection's output) are
+    not in the cache yet; the last split's program stores them at position ``n_ctx - 1``
+    (quantized with the cache's scale as :func:`kv_store` does) and reads them back with the rest
+    (the barrier makes its own stores visible to all its threads; no other program reads that
+    position). One launch per layer fewer than a kv_store kernel before the attention."""
     pdl_enter(PDL)
     sp = tl.program_id(0)  # the split is the grid's fastest axis: programs launched together
     bh = tl.program_id(1)  # read neighbouring chunks of one (batch, head)
@@ -166,6 +172,17 @@ def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_pt
     q = tl.load(q_ptr + (bh // H) * stride_qb + (bh % H) * stride_qh + d).to(tl.float32) * (qk_scale * kv_scale)
     q16 = q.to(tl.float16)
     base = bh.to(tl.int64) * max_ctx * D
+    if NEW_KV:
+        if sp == n_splits - 1:
+            kn = tl.load(kn_ptr + (bh // H) * stride_kb + (bh % H) * stride_kh + d).to(tl.float32)
+            vn = tl.load(vn_ptr + (bh // H) * stride_vb + (bh % H) * stride_vh + d).to(tl.float32)
+            if F16:  # an FP8 cache: (x / scale) clamped to +-448, as kv_store writes it
+                inv = 1.0 / kv_scale
+                kn = tl.minimum(tl.maximum(kn * inv, -448.0), 448.0)
+                vn = tl.minimum(tl.maximum(vn * inv, -448.0), 448.0)
+            tl.store(k_ptr + base + (n_ctx - 1) * D + d, kn.to(k_ptr.dtype.element_ty))
+            tl.store(v_ptr + base + (n_ctx - 1) * D + d, vn.to(v_ptr.dtype.element_ty))
+        tl.debug_barrier()
     m_i = -float("inf")
     l_i = 0.0
     acc = tl.zeros((D,), dtype=tl.float32)
@@ -256,7 +273,8 @@ def check_decode_args(q, k_cache, v_cache, n_ctx) -> bool:
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      kv_scale: torch.Tensor, n_ctx: int | torch.Tensor, use_triton: bool | None = None,
-                     tile: AttnTile = DEFAULT_TILE, out_scale: torch.Tensor | None = None) -> torch.Tensor:
+                     tile: AttnTile = DEFAULT_TILE, out_scale: torch.Tensor | None = None,
+                     new_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """One decode query per (batch, head) against a (B, H, max_ctx, D) cache of any dtype.
 
     ``q``: (B, H, 1, D), may be a strided view; ``kv_scale``: a 0-d float32 tensor (1.0 for a
@@ -266,8 +284,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     1..T, the caller's to keep; the grid then covers all T positions and empty chunks exit at
     once). ``tile``: the launch shape (:class:`AttnTile`). ``out_scale``: return FP8, (out /
     scale) clamped to +-448, for a GEMM that takes static-scaled FP8 input (the requant done by
-    the combine kernel, no launch of its own)."""
+    the combine kernel, no launch of its own). ``new_kv``: this step's (k, v), each (B, H, 1, D)
+    (may be strided views), written at position ``n_ctx - 1`` first, as :func:`kv_store` would,
+    by the attention kernel itself (an int ``n_ctx`` only)."""
     per_row = check_decode_args(q, k_cache, v_cache, n_ctx)
+    if new_kv is not None:
+        k_new, v_new = new_kv
+        if per_row or k_new.shape != q.shape or v_new.shape != q.shape:
+            raise ValueError("new_kv is this step's (k, v), each shaped as q (B, H, 1, D), with one length for "
+                             f"all rows; got {tuple(k_new.shape)}, {tuple(v_new.shape)}, per-row lengths {per_row}")
+        if not use_triton_for(q, use_triton):
+            kv_store_ref(k_new, v_new, k_cache, v_cache, kv_scale, n_ctx - 1)
     if not use_triton_for(q, use_triton):
         out = decode_attention_ref(q, k_cache, v_cache, kv_scale, n_ctx)
         return out if out_scale is None else quant_static_ref(out, out_scale)
@@ -284,12 +311,18 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     acc = torch.empty((B * H, n_splits, D), dtype=torch.float32, device=q.device)
     if q.stride(3) != 1:
         q = q.contiguous()
+    fused = {}
+    if new_kv is not None:
+        k_new, v_new = (t if t.stride(3) == 1 else t.contiguous() for t in new_kv)
+        fused = dict(kn_ptr=k_new, vn_ptr=v_new, stride_kb=k_new.stride(0), stride_kh=k_new.stride(1),
+                     stride_vb=v_new.stride(0), stride_vh=v_new.stride(1), NEW_KV=True)
     _decode_attn_partial[(n_splits, B * H)](q, k_cache, v_cache, kv_scale.reshape(1).float(), m, l, acc,
                                             0 if per_row else n_ctx, n_ctx if per_row else m,
                                             k_cache.shape[2], n_splits, LOG2E / math.sqrt(D),
                                             H, q.stride(0), q.stride(1), D=D, CHUNK=chunk,
                                             BLOCK_T=tile.block_t, PER_ROW=per_row, F16=k_cache.dtype == FP8,
-                                            num_warps=tile.num_warps, num_stages=tile.num_stages, **pdl_args(q))
+                                            num_warps=tile.num_warps, num_stages=tile.num_stages, **fused,
+                                            **pdl_args(q))
     return combine_splits(m, l, acc, q, out_scale)
 
 

@@ -155,6 +155,12 @@ PATHS: dict[str, dict[str, Any]] = {
 }
 
 
+#: a bf16 cache at one length for all rows goes to the kit's kernel too (which then also writes the
+#: step's K and V, and the out projection's FP8 input), not to SDPA; off unless round 6b's A/B
+#: (benchmarks/lab04_round6.py) says the step is faster with it
+KIT_ATTENDS_BF16 = False
+
+
 class KVCache:
     """Per-layer K/V of shape (B, H, T, Dh), in bf16 or FP8 with one static scale per layer
     (fixed from the prefill's K and V, as serving stacks do for a static FP8 KV cache).
@@ -246,7 +252,7 @@ class KVCache:
         ``out_scale``: the next GEMM's static FP8 input scale; where the kit's kernel runs on a
         GPU its combine writes FP8 with it (the requant fused, marked as one), elsewhere the
         result stays in q's dtype and the GEMM quantizes it."""
-        kit = self._attend_len is not None or (self.fp8 and self.fused_read)
+        kit = self._attend_len is not None or (self.fused_read and (self.fp8 or KIT_ATTENDS_BF16))
         if not kit:
             kk, vv = self.read(layer, n_ctx)
             return F.scaled_dot_product_attention(q, kk, vv)
@@ -256,6 +262,25 @@ class KVCache:
         with torch.profiler.record_function(QUANT_MARK):  # the out projection's requant, in the combine
             return K.decode_attention(q, self.k[layer], self.v[layer], self.scale[layer], n, tile=tile,
                                       out_scale=out_scale)
+
+
+    def step(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int,
+             tile: AttnTile = DEFAULT_TILE, out_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """One decode step: this step's ``k``, ``v`` (B, H, 1, Dh) written at ``pos``, then ``q``
+        attended over ``pos + 1`` positions, as :meth:`write` then :meth:`attend`. Where the kit's
+        kernel reads an FP8 cache at one length for all rows on a GPU, the write happens inside it
+        (one kernel fewer per layer, :func:`.attention.decode_attention`'s ``new_kv``)."""
+        fuse = (self.row_len is None and self.fused_read and (self.fp8 or KIT_ATTENDS_BF16) and pos > 0
+                and k.shape[2] == 1 and K.use_triton_for(q, None))
+        if not fuse:
+            self.write(layer, k, v, pos)
+            return self.attend(layer, q, pos + 1, tile, out_scale)
+        if pos + 1 > self.k[layer].shape[2]:
+            raise ValueError(f"the cache holds {self.k[layer].shape[2]} positions; writing 1 at {pos} "
+                             "overflows it: make the cache with max_ctx >= prompt + decode steps")
+        with torch.profiler.record_function(QUANT_MARK) if out_scale is not None else contextlib.nullcontext():
+            return K.decode_attention(q, self.k[layer], self.v[layer], self.scale[layer], pos + 1, tile=tile,
+                                      out_scale=out_scale, new_kv=(k, v))
 
 
 class Decoder(torch.nn.Module):
@@ -366,12 +391,12 @@ class Decoder(torch.nn.Module):
             x, h = self._add_norm_for(x, r, L["qkv"])
             q, k, v = L["qkv"](h).split(cfg.d_model, dim=-1)
             q, k, v = (t.reshape(B, T, cfg.n_heads, cfg.d_head).transpose(1, 2) for t in (q, k, v))
-            cache.write(li, k, v, pos)
             if T > 1:
+                cache.write(li, k, v, pos)
                 a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:
-                a = cache.attend(li, q, pos + 1, self.attn_tile,
-                                 L["out"].x_scale if L["out"].takes_fp8_input else None)
+                a = cache.step(li, q, k, v, pos, self.attn_tile,
+                               L["out"].x_scale if L["out"].takes_fp8_input else None)
             r = L["out"](a.transpose(1, 2).reshape(B, T, cfg.d_model))
             x, h = self._add_norm_for(x, r, L["up"])
             u = L["up"](h)
