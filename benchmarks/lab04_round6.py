@@ -61,17 +61,18 @@ CHOICES = {name: {**ROUND6_LAB, **c} for name, c in {
     "no swap-AB": {"swap_ab_max_rows": 0},
     "no swap-AB+merge+pdl": {"swap_ab_max_rows": 0, "merge": 0.25, "pdl": True},
 }.items()}
-#: round 6b (``--set 6b``, the decode step only): the lab as committed after round 6 (merged last
-#: split, this step's K and V written by the attention kernel) against the same with a kv_store
-#: kernel, and against round 6's lab
+#: round 6b (``--set 6b``, the decode step only, run at 36c39d9): the lab as committed after round 6
+#: (merged last split, this step's K and V written by the attention kernel, every bf16 cache read
+#: by SDPA) against the same with a kv_store kernel, against round 6's lab, and with the kit's
+#: kernel reading a bf16 cache too (adopted after it below 4096 positions: ``KIT_BF16_BELOW_CTX``)
 CHOICES_B = {
-    "lab": {},
-    "kv_store separate": {"kv": "separate"},
-    "round-6 lab": ROUND6_LAB,
-    "kit on bf16 cache": {"kit_bf16": True},
+    "lab": {"kit_bf16_below": 0},
+    "kv_store separate": {"kv": "separate", "kit_bf16_below": 0},
+    "round-6 lab": {**ROUND6_LAB, "kit_bf16_below": 0},
+    "kit on bf16 cache": {"kit_bf16_below": 1 << 30},
 }
 #: the lab's own settings, read before any choice changes them
-LAB_MERGE, LAB_STEP, LAB_KIT_BF16 = A.MERGE_TAIL_FRACTION, model.KVCache.step, model.KIT_ATTENDS_BF16
+LAB_MERGE, LAB_STEP, LAB_KIT_BF16 = A.MERGE_TAIL_FRACTION, model.KVCache.step, model.KIT_BF16_BELOW_CTX
 
 
 def _step_separate(self, layer, q, k, v, pos, tile=A.DEFAULT_TILE, out_scale=None):
@@ -83,9 +84,9 @@ def _step_separate(self, layer, q, k, v, pos, tile=A.DEFAULT_TILE, out_scale=Non
 @contextlib.contextmanager
 def choice(settings: dict):
     old = (model.K.decode_attention, A.MERGE_TAIL_FRACTION, A.MIN_PROGRAMS, Q._PDL["on"], model.SWAP_AB_MAX_ROWS,
-           model.KVCache.step, model.KIT_ATTENDS_BF16)
+           model.KVCache.step, model.KIT_BF16_BELOW_CTX)
     try:
-        model.KIT_ATTENDS_BF16 = settings.get("kit_bf16", LAB_KIT_BF16)
+        model.KIT_BF16_BELOW_CTX = settings.get("kit_bf16_below", LAB_KIT_BF16)
         if settings.get("order") == "bh":
             model.K.decode_attention = bh_major
         model.KVCache.step = _step_separate if settings.get("kv") == "separate" else LAB_STEP
@@ -96,7 +97,7 @@ def choice(settings: dict):
         yield
     finally:
         (model.K.decode_attention, A.MERGE_TAIL_FRACTION, A.MIN_PROGRAMS, Q._PDL["on"],
-         model.SWAP_AB_MAX_ROWS, model.KVCache.step, model.KIT_ATTENDS_BF16) = old
+         model.SWAP_AB_MAX_ROWS, model.KVCache.step, model.KIT_BF16_BELOW_CTX) = old
 
 
 def alternate(graphs: dict, rounds: int, reps: int = 20) -> dict:

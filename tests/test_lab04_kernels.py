@@ -361,3 +361,23 @@ def test_attention_that_writes_the_new_position_matches_kv_store_then_attention(
     with pytest.raises(ValueError, match="new_kv"):
         K.decode_attention(q, fused_k, fused_v, scale, torch.full((B,), n, dtype=torch.int32), use_triton=True,
                            new_kv=(k, v))
+
+
+def test_a_short_bf16_cache_goes_to_the_kit_kernel_and_a_long_one_to_sdpa(monkeypatch):
+    from hwlab.labs import fp8 as L
+    from hwlab.labs.fp8 import model
+
+    calls = []
+    real = model.K.decode_attention
+    monkeypatch.setattr(model.K, "decode_attention", lambda *a, **kw: calls.append(a[4]) or real(*a, **kw))
+    monkeypatch.setattr(model, "KIT_BF16_BELOW_CTX", 12)
+    m = L.Decoder(L.TINY, "bf16", device="cpu")
+    toks = torch.randint(0, L.TINY.vocab, (2, 20))
+    cache = m.new_cache(2, 20)
+    assert not cache.fp8
+    m(toks[:, :10], cache)
+    m(toks[:, 10:11], cache)  # reads 11 positions: the kit's kernel, every layer
+    assert calls == [11] * L.TINY.n_layers
+    calls.clear()
+    m(toks[:, 11:12], cache)  # 12: SDPA
+    assert calls == []

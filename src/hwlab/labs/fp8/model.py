@@ -155,10 +155,11 @@ PATHS: dict[str, dict[str, Any]] = {
 }
 
 
-#: a bf16 cache at one length for all rows goes to the kit's kernel too (which then also writes the
-#: step's K and V, and the out projection's FP8 input), not to SDPA; off unless round 6b's A/B
-#: (benchmarks/lab04_round6.py) says the step is faster with it
-KIT_ATTENDS_BF16 = False
+#: a bf16 cache read over fewer positions than this (one length for all rows) goes to the kit's
+#: kernel, which also writes the step's K and V and the out projection's FP8 input, so two
+#: launches per layer fewer; from this length on, to SDPA, which streams a long bf16 cache faster
+#: (benchmarks/LAB04_NOTES.md round 6b: the kit's way faster at 512 in both paths, slower at 4k)
+KIT_BF16_BELOW_CTX = 4096
 
 
 class KVCache:
@@ -244,15 +245,17 @@ class KVCache:
                out_scale: torch.Tensor | None = None) -> torch.Tensor:
         """One decode query (B, H, 1, Dh) against the first ``n_ctx`` cached positions.
 
-        A bf16 cache goes to torch's SDPA (faster than the kit's kernel on bf16, measured by
-        :func:`.run.attention_vs_sdpa` in the same run, so the baseline is not handicapped); an FP8 cache to the kit's kernel, which reads FP8
-        directly, or, with ``fused_read=False``, is dequantized to bf16 first. With per-row
+        A bf16 cache of :data:`KIT_BF16_BELOW_CTX` positions or more goes to torch's SDPA (faster
+        than the kit's kernel on a long bf16 cache, so the baseline is not handicapped), a shorter
+        one to the kit's kernel (fewer launches in the step: round 6b); an FP8 cache to the kit's
+        kernel, which reads FP8 directly, or, with ``fused_read=False``, is dequantized to bf16
+        first. With per-row
         lengths (``row_len``), every cache goes to the kit's kernel over each row's length.
         ``tile``: the kit's kernel's launch shape (the decoder passes its ``attn_tile``).
         ``out_scale``: the next GEMM's static FP8 input scale; where the kit's kernel runs on a
         GPU its combine writes FP8 with it (the requant fused, marked as one), elsewhere the
         result stays in q's dtype and the GEMM quantizes it."""
-        kit = self._attend_len is not None or (self.fused_read and (self.fp8 or KIT_ATTENDS_BF16))
+        kit = self._attend_len is not None or (self.fused_read and (self.fp8 or n_ctx < KIT_BF16_BELOW_CTX))
         if not kit:
             kk, vv = self.read(layer, n_ctx)
             return F.scaled_dot_product_attention(q, kk, vv)
@@ -268,9 +271,9 @@ class KVCache:
              tile: AttnTile = DEFAULT_TILE, out_scale: torch.Tensor | None = None) -> torch.Tensor:
         """One decode step: this step's ``k``, ``v`` (B, H, 1, Dh) written at ``pos``, then ``q``
         attended over ``pos + 1`` positions, as :meth:`write` then :meth:`attend`. Where the kit's
-        kernel reads an FP8 cache at one length for all rows on a GPU, the write happens inside it
+        kernel reads the cache at one length for all rows on a GPU, the write happens inside it
         (one kernel fewer per layer, :func:`.attention.decode_attention`'s ``new_kv``)."""
-        fuse = (self.row_len is None and self.fused_read and (self.fp8 or KIT_ATTENDS_BF16) and pos > 0
+        fuse = (self.row_len is None and self.fused_read and (self.fp8 or pos + 1 < KIT_BF16_BELOW_CTX) and pos > 0
                 and k.shape[2] == 1 and K.use_triton_for(q, None))
         if not fuse:
             self.write(layer, k, v, pos)
