@@ -226,9 +226,17 @@ print(lab.format_targets(lab.byte_floor_targets(res, copy, leaves), src))
 #    the KV cache is FP8); the wide-K `down` projection run swap-AB (weight as cuBLAS's first operand):
 #    2.93 → 3.35 TB/s at 16 rows, measured again in every run (the table above); the attention grid with the
 #    split fastest: 2.72 → 2.87 TB/s at 512 and 4.16 → 4.27 at 32k, equal at 4k.
-# 5. Tried and not adopted, with the reason measured: TMA bulk loads for the attention (3.86 against the
+# 5. Round 6, each an A/B inside one process at the step's own shapes: a step at context 4k reads 4097
+#    positions, and the 17th split of one position cost the attention 9% (3.89 TB/s; folded into the last
+#    split, 4.28): the 4k step 1.964 → 1.862 ms. The attention kernel writes this step's K and V itself (a
+#    launch per layer fewer): 4k 1.896 → 1.882 ms. At 512 a bf16 cache goes to the kit's kernel, not SDPA,
+#    so it writes K, V and the out projection's FP8 input too: 1.201 → 1.158 ms (BF16's path gains the same
+#    way, 1.553 → 1.524; from 4k on SDPA stays, faster on a long BF16 cache).
+# 6. Tried and not adopted, with the reason measured: TMA bulk loads for the attention (3.86 against the
 #    lab kernel's 4.06 TB/s at 4k), the next tile's loads issued before this one's math (−17%), the combine
-#    fused into the partial kernel, the kit's own FP8 GEMM (+2-7% on two shapes, slower on the others).
+#    fused into the partial kernel, the kit's own FP8 GEMM (+2-7% on two shapes, slower on the others),
+#    programmatic dependent launch between the step's kernels (+1% at 512, −0.7% at 32k), shorter chunks at
+#    512 (−5%).
 #
 # What stays out of reach, and why it is measured, not guessed: a GEMM costs a fixed few microseconds
 # (ramp-up, tail, epilogue) plus its bytes at a streaming rate. Fitted from two widths of each decode shape
