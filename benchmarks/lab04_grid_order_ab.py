@@ -10,6 +10,11 @@ inside one process: the fixed decoder (H200 size), one prefill per bucket, two C
 same decode step (the lab's split-fastest kernel, and the round-5 copy of the kernel with the
 (batch x head)-fastest grid it had before), checked against each other, then replayed in
 alternation, ``--rounds`` rounds of 20 replays each, device events around each replay.
+
+Not run as such: ``lab04_round6.py`` (round 6) imports :func:`bh_major` from here and times it in the
+same decode-step A/B as its other choices. Its answer (benchmarks/LAB04_NOTES.md, round 6): the split-
+fastest order cost the 4k step together with a last split of one position (1.964 against bh-major's
+1.868 ms); with that split folded into the one before it, 1.862.
 """
 from __future__ import annotations
 
