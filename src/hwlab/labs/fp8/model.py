@@ -249,8 +249,8 @@ class KVCache:
         than the kit's kernel on a long bf16 cache, so the baseline is not handicapped), a shorter
         one to the kit's kernel (fewer launches in the step: round 6b); an FP8 cache to the kit's
         kernel, which reads FP8 directly, or, with ``fused_read=False``, is dequantized to bf16
-        first. With per-row
-        lengths (``row_len``), every cache goes to the kit's kernel over each row's length.
+        first. With per-row lengths (``row_len``), every cache goes to the kit's kernel over each
+        row's length.
         ``tile``: the kit's kernel's launch shape (the decoder passes its ``attn_tile``).
         ``out_scale``: the next GEMM's static FP8 input scale; where the kit's kernel runs on a
         GPU its combine writes FP8 with it (the requant fused, marked as one), elsewhere the
@@ -266,15 +266,15 @@ class KVCache:
             return K.decode_attention(q, self.k[layer], self.v[layer], self.scale[layer], n, tile=tile,
                                       out_scale=out_scale)
 
-
     def step(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int,
              tile: AttnTile = DEFAULT_TILE, out_scale: torch.Tensor | None = None) -> torch.Tensor:
         """One decode step: this step's ``k``, ``v`` (B, H, 1, Dh) written at ``pos``, then ``q``
         attended over ``pos + 1`` positions, as :meth:`write` then :meth:`attend`. Where the kit's
         kernel reads the cache at one length for all rows on a GPU, the write happens inside it
         (one kernel fewer per layer, :func:`.attention.decode_attention`'s ``new_kv``)."""
-        fuse = (self.row_len is None and self.fused_read and (self.fp8 or pos + 1 < KIT_BF16_BELOW_CTX) and pos > 0
-                and k.shape[2] == 1 and K.use_triton_for(q, None))
+        kit = self.fp8 or pos + 1 < KIT_BF16_BELOW_CTX  # the cache :meth:`attend` gives the kit's kernel
+        fuse = (self.row_len is None and self.fused_read and kit and pos > 0 and k.shape[2] == 1
+                and K.use_triton_for(q, None))
         if not fuse:
             self.write(layer, k, v, pos)
             return self.attend(layer, q, pos + 1, tile, out_scale)

@@ -67,8 +67,8 @@ def attention_vs_sdpa(cfg: ModelConfig, batch: int, ctx: int, device=None,
     exceed L2. Three ways, same shapes, same run: the kit's kernel on an FP8 cache (what the
     fixed path runs), torch's SDPA on the bf16 cache (what a user would pick, and what the
     bf16 path runs at fixed buckets from ``model.KIT_BF16_BELOW_CTX`` on), and the kit's kernel
-    on the bf16 cache (what the serving stream runs for bf16, and both paths below that length). Each is checked against the float32 reference on
-    its own cache's values first. GB/s count the K+V bytes each one reads as stored (an FP8
+    on the bf16 cache (what the serving stream runs for bf16, and both paths below that
+    length). Each is checked against the float32 reference on its own cache's values first. GB/s count the K+V bytes each one reads as stored (an FP8
     cache is half a bf16 one). ``launch_share_pct``: of the same calls run eagerly (kernel by
     kernel from Python), the share the graph removes, 1 - graph / eager: what launches and host
     time cost at this size. Per-layer times are the step's median over the layers."""
