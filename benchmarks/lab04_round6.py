@@ -2,7 +2,10 @@
 fixed path's decode step, each A/B'd in one process over the launch choices the lab now has
 switches for.
 
-    python benchmarks/lab04_round6.py OUT.json [--rounds 7] [--parts attn,step]
+    python benchmarks/lab04_round6.py OUT.json [--rounds 7] [--parts attn,step] [--set 6|6b|7]
+
+``--set 6b`` and ``--set 7`` (decode step only) are the follow-ups: see :data:`CHOICES_B` and
+:data:`CHOICES_7` (round 7 prepared, not run yet).
 
 The choices (each a module setting of the lab, so the step runs the lab's own kernels):
 
@@ -71,8 +74,28 @@ CHOICES_B = {
     "round-6 lab": {**ROUND6_LAB, "kit_bf16_below": 0},
     "kit on bf16 cache": {"kit_bf16_below": 1 << 30},
 }
+#: round 7 (``--set 7``, prepared in the fifth session, not run yet): round 6's step 9 put the 4k
+#: step's time over its byte floor in the GEMMs' fixed cost and the small kernels; these are the
+#: small kernels' cheap choices: more warps per norm program (one program per row), and the head
+#: writing float32 logits itself (``torch.mm(..., out_dtype=float32)``) instead of a cast kernel
+CHOICES_7 = {
+    "lab": {},
+    "norms 8 warps": {"row_warps": 8},
+    "norms 16 warps": {"row_warps": 16},
+    "head fp32 out": {"head_fp32": True},
+}
 #: the lab's own settings, read before any choice changes them
 LAB_MERGE, LAB_STEP, LAB_KIT_BF16 = A.MERGE_TAIL_FRACTION, model.KVCache.step, model.KIT_BF16_BELOW_CTX
+LAB_ROW_WARPS, LAB_QLINEAR_FORWARD = Q.ROW_WARPS, model.QLinear.forward
+
+
+def _head_fp32_forward(self, x):
+    """``QLinear.forward`` where a bf16 layer as wide as the vocabulary (the head) on a GPU writes
+    float32 itself, so the decoder's ``.float()`` launches nothing; every other layer as the lab's."""
+    if self.mode == "bf16" and x.is_cuda and self.out_features >= 32768:
+        x2 = x.reshape(-1, x.shape[-1])
+        return torch.mm(x2, self.w.t(), out_dtype=torch.float32).reshape(*x.shape[:-1], self.out_features)
+    return LAB_QLINEAR_FORWARD(self, x)
 
 
 def _step_separate(self, layer, q, k, v, pos, tile=A.DEFAULT_TILE, out_scale=None):
@@ -84,8 +107,10 @@ def _step_separate(self, layer, q, k, v, pos, tile=A.DEFAULT_TILE, out_scale=Non
 @contextlib.contextmanager
 def choice(settings: dict):
     old = (model.K.decode_attention, A.MERGE_TAIL_FRACTION, A.MIN_PROGRAMS, Q._PDL["on"], model.SWAP_AB_MAX_ROWS,
-           model.KVCache.step, model.KIT_BF16_BELOW_CTX)
+           model.KVCache.step, model.KIT_BF16_BELOW_CTX, Q.ROW_WARPS, model.QLinear.forward)
     try:
+        Q.ROW_WARPS = settings.get("row_warps", LAB_ROW_WARPS)
+        model.QLinear.forward = _head_fp32_forward if settings.get("head_fp32") else LAB_QLINEAR_FORWARD
         model.KIT_BF16_BELOW_CTX = settings.get("kit_bf16_below", LAB_KIT_BF16)
         if settings.get("order") == "bh":
             model.K.decode_attention = bh_major
@@ -97,7 +122,8 @@ def choice(settings: dict):
         yield
     finally:
         (model.K.decode_attention, A.MERGE_TAIL_FRACTION, A.MIN_PROGRAMS, Q._PDL["on"],
-         model.SWAP_AB_MAX_ROWS, model.KVCache.step, model.KIT_BF16_BELOW_CTX) = old
+         model.SWAP_AB_MAX_ROWS, model.KVCache.step, model.KIT_BF16_BELOW_CTX, Q.ROW_WARPS,
+         model.QLinear.forward) = old
 
 
 def alternate(graphs: dict, rounds: int, reps: int = 20) -> dict:
@@ -184,6 +210,9 @@ STEP_6B = ((512, 16, ("lab", "kit on bf16 cache"), "fixed"), (512, 16, ("lab", "
            (4096, 16, ("lab", "kv_store separate", "round-6 lab"), "fixed"),
            (32768, 4, ("lab", "kv_store separate", "round-6 lab"), "fixed"),
            (4096, 16, ("lab", "kit on bf16 cache"), "bf16"))
+#: round 7: both paths, since the baseline would take either change too
+STEP_7 = tuple((ctx, batch, tuple(CHOICES_7), path) for path in ("fixed", "bf16")
+               for ctx, batch in ((512, 16), (4096, 16)))
 
 
 def step_part(rounds: int, buckets=STEP_6, choices=CHOICES) -> list:
@@ -236,14 +265,15 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--parts", default="attn,step")
-    ap.add_argument("--set", default="6", choices=("6", "6b"), help="6b: the decode step only, CHOICES_B")
+    ap.add_argument("--set", default="6", choices=("6", "6b", "7"),
+                    help="6b, 7: the decode step only, with CHOICES_B / CHOICES_7")
     a = ap.parse_args()
     t0 = time.time()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": __import__("triton").__version__, "rounds": a.rounds, "set": a.set,
-           "choices": CHOICES_B if a.set == "6b" else CHOICES}
-    if a.set == "6b":
-        res["step"] = step_part(a.rounds, STEP_6B, CHOICES_B)
+           "choices": {"6": CHOICES, "6b": CHOICES_B, "7": CHOICES_7}[a.set]}
+    if a.set in ("6b", "7"):
+        res["step"] = step_part(a.rounds, *{"6b": (STEP_6B, CHOICES_B), "7": (STEP_7, CHOICES_7)}[a.set])
         a.parts = ""
     parts = a.parts.split(",")
     if "attn" in parts:

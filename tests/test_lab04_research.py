@@ -181,3 +181,33 @@ def test_round5_attention_variants_match_the_reference_and_the_lab(monkeypatch):
         before = ab.bh_major(q, k, v, s, 290, tile=tile, out_scale=out_scale)
         lab = K.decode_attention(q, k, v, s, 290, use_triton=True, tile=tile, out_scale=out_scale)
         assert before.dtype == lab.dtype and torch.equal(before.float(), lab.float())
+
+
+def test_round6_choices_set_the_lab_and_put_it_back():
+    """Each A/B choice of lab04_round6.py changes only what it names, and the lab is as it was
+    after it (a choice left set would make every later measurement in the process a different
+    lab). The head's float32 output (round 7's choice) runs as the lab's head on a CPU."""
+    from hwlab.labs import fp8 as L
+    from hwlab.labs.fp8 import attention as A
+    from hwlab.labs.fp8 import model
+    from hwlab.labs.fp8 import quant as Q
+
+    r6 = _bench("lab04_round6")
+    state = lambda: (model.K.decode_attention, A.MERGE_TAIL_FRACTION, A.MIN_PROGRAMS, Q._PDL["on"],  # noqa: E731
+                     model.SWAP_AB_MAX_ROWS, model.KVCache.step, model.KIT_BF16_BELOW_CTX, Q.ROW_WARPS,
+                     model.QLinear.forward)
+    before = state()
+    for table in (r6.CHOICES, r6.CHOICES_B, r6.CHOICES_7):
+        for name, c in table.items():
+            with r6.choice(c):
+                assert (A.MERGE_TAIL_FRACTION == c.get("merge", before[1])
+                        and Q._PDL["on"] == c.get("pdl", False)
+                        and Q.ROW_WARPS == c.get("row_warps", before[7])
+                        and (model.KVCache.step is r6._step_separate) == (c.get("kv") == "separate")
+                        and (model.K.decode_attention is r6.bh_major) == (c.get("order") == "bh")), name
+            assert state() == before, name
+    m = L.Decoder(L.TINY, "bf16", device="cpu")
+    x = torch.randn(2, L.TINY.d_model).to(torch.bfloat16)
+    with r6.choice(r6.CHOICES_7["head fp32 out"]):
+        assert torch.equal(m.head(x), model.QLinear.forward(m.head, x))  # a CPU tensor: the lab's forward
+    assert r6.CHOICES["lab"] == r6.ROUND6_LAB  # round 6's "lab" is the lab as it was then

@@ -32,6 +32,9 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 #: elements per program of the row kernels (a row wider than this loops)
 BLOCK = 1024
+#: warps per program of the decode step's norm kernels (one program per row): Triton's default,
+#: measured against 8 and 16 by ``benchmarks/lab04_round6.py --set 7``
+ROW_WARPS = 4
 
 
 #: programmatic dependent launch (PDL, Hopper and later) for the decode step's own kernels: one
@@ -252,7 +255,7 @@ def rmsnorm(x: torch.Tensor, eps: float = 1e-6, use_triton: bool | None = None,
     s = y if out_scale is None else out_scale.reshape(1).float()
     _rmsnorm_kernel[(x2.shape[0],)](x2, y, s, x2.shape[1], x2.stride(0), y.stride(0), eps,
                                     BLOCK=triton.next_power_of_2(x2.shape[1]), QUANT=out_scale is not None,
-                                    **pdl_args(x))
+                                    num_warps=ROW_WARPS, **pdl_args(x))
     return y.reshape(x.shape)
 
 
@@ -281,5 +284,5 @@ def add_rmsnorm(x: torch.Tensor, r: torch.Tensor, eps: float = 1e-6, use_triton:
     s = y if out_scale is None else out_scale.reshape(1).float()
     _add_rmsnorm_kernel[(x2.shape[0],)](x2, r2, total, y, s, x2.shape[1], x2.stride(0), r2.stride(0), r2.stride(1),
                                         y.stride(0), eps, BLOCK=triton.next_power_of_2(x2.shape[1]), QUANT=out_scale is not None,
-                                        **pdl_args(x))
+                                        num_warps=ROW_WARPS, **pdl_args(x))
     return total.reshape(x.shape), y.reshape(x.shape)
