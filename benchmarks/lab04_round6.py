@@ -49,9 +49,9 @@ from hwlab.labs.fp8 import model  # noqa: E402
 from hwlab.labs.fp8 import quant as Q  # noqa: E402
 from hwlab.measure_graph import capture_graph  # noqa: E402
 
-#: the lab as it was when round 6 ran (760eace): a split of its own for every remainder, and
-#: this step's K and V written by a kv_store kernel before the attention
-ROUND6_LAB = {"merge": 0.0, "kv": "separate"}
+#: the lab as it was when round 6 ran (760eace): a split of its own for every remainder, this
+#: step's K and V written by a kv_store kernel before the attention, every bf16 cache to SDPA
+ROUND6_LAB = {"merge": 0.0, "kv": "separate", "kit_bf16_below": 0}
 #: round 6 (``--set 6``): name -> settings; "lab" is :data:`ROUND6_LAB`
 CHOICES = {name: {**ROUND6_LAB, **c} for name, c in {
     "lab": {},
@@ -71,7 +71,7 @@ CHOICES = {name: {**ROUND6_LAB, **c} for name, c in {
 CHOICES_B = {
     "lab": {"kit_bf16_below": 0},
     "kv_store separate": {"kv": "separate", "kit_bf16_below": 0},
-    "round-6 lab": {**ROUND6_LAB, "kit_bf16_below": 0},
+    "round-6 lab": ROUND6_LAB,
     "kit on bf16 cache": {"kit_bf16_below": 1 << 30},
 }
 #: round 7 (``--set 7``, prepared in the fifth session, not run yet): round 6's step 9 put the 4k
