@@ -41,7 +41,8 @@ ROW_WARPS = 4
 #: launched with it may be scheduled while the kernel before it drains, and waits
 #: (``griddepcontrol.wait``) for that kernel's writes before it reads anything, so the gap
 #: between two kernels shrinks while the order of their memory effects stays the stream's. Off
-#: unless :func:`set_pdl` turns it on (the A/B of ``benchmarks/lab04_round6.py`` decides).
+#: unless :func:`set_pdl` turns it on: round 6's A/B (benchmarks/LAB04_NOTES.md) measured the
+#: step 1% slower at 512 and 0.7% faster at 32k with it (the graph's gaps are small already).
 _PDL = {"on": False}
 
 
@@ -160,7 +161,8 @@ def _add_rmsnorm_kernel(x_ptr, r_ptr, sum_ptr, y_ptr, s_ptr, n_cols, stride_x, s
     residual add and the next norm in one pass over the row. ``r`` may be a transposed view
     (``stride_rc`` > 1: a swap-AB GEMM's (N, rows) output read as (rows, N)). That read is
     strided: each 32-byte sector it touches holds one element of the row, so it costs more than
-    its few KiB suggest (benchmarks/LAB04_NOTES.md round 5 measured it eating swap-AB's saving)."""
+    its few KiB suggest (benchmarks/LAB04_NOTES.md: round 5 saw it eat most of swap-AB's saving;
+    round 6's A/B still measured the step 0.3% faster with swap-AB)."""
     pdl_enter(PDL)
     row = tl.program_id(0)
     o = tl.arange(0, BLOCK)
