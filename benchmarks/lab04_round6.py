@@ -215,7 +215,9 @@ STEP_7 = tuple((ctx, batch, tuple(CHOICES_7), path) for path in ("fixed", "bf16"
                for ctx, batch in ((512, 16), (4096, 16)))
 
 
-def step_part(rounds: int, buckets=STEP_6, choices=CHOICES) -> list:
+def step_part(rounds: int, buckets=STEP_6, choices=CHOICES, choose=None) -> list:
+    """``choose``: the context manager that applies a choice's settings (default :func:`choice`)."""
+    choose = choose or choice
     dev = torch.device("cuda")
     models = {}
     rows = []
@@ -237,7 +239,7 @@ def step_part(rounds: int, buckets=STEP_6, choices=CHOICES) -> list:
             graphs = {}
             for name in names:
                 try:
-                    with choice(choices[name]):
+                    with choose(choices[name]):
                         graphs[name] = capture_graph(decode, dev)
                 except Exception as e:  # noqa: BLE001
                     print(f"step {ctx} x{batch}: {name} failed: {type(e).__name__}: {e}"[:400], flush=True)

@@ -211,3 +211,25 @@ def test_round6_choices_set_the_lab_and_put_it_back():
     with r6.choice(r6.CHOICES_7["head fp32 out"]):
         assert torch.equal(m.head(x), model.QLinear.forward(m.head, x))  # a CPU tensor: the lab's forward
     assert r6.CHOICES["lab"] == r6.ROUND6_LAB  # round 6's "lab" is the lab as it was then
+
+
+def test_round7_choices_set_the_kit_gemm_and_put_it_back():
+    """lab04_round7.py's step choices switch the kit's decode GEMM on with the tiles its GEMM part
+    picked (prefetch depths a power of two within one K slice), on top of round 6's choices, and
+    leave the lab as it was."""
+    from hwlab.labs.fp8 import decode_gemm as G
+    from hwlab.labs.fp8 import quant as Q
+
+    r7 = _bench("lab04_round7")
+    best = {nk: r7.TILES["swap 64x256 s4 k4"] for nk in r7.SHAPES.values()}
+    before = (G.USE_KIT_GEMM, dict(G.CONFIGS), Q._PDL["on"], Q.ROW_WARPS)
+    for name, c in r7.step_choices(best).items():
+        with r7.choice7(c):
+            assert G.USE_KIT_GEMM == name.startswith("kit"), name
+            assert Q._PDL["on"] == ("pdl" in name), name
+            for (n, k), cfg in G.CONFIGS.items():
+                pk = cfg["PREFETCH_K"]
+                assert pk == 0 or (pk & (pk - 1) == 0 and 128 <= pk <= k // cfg["SPLIT_K"]), (name, n, k, pk)
+            if "prefetch 4096" in name:  # down's K slice (14336 / 4) holds 2048 of the 4096 asked
+                assert G.CONFIGS[(4096, 14336)]["PREFETCH_K"] == 2048 and G.CONFIGS[(4096, 4096)]["PREFETCH_K"] == 1024
+        assert (G.USE_KIT_GEMM, dict(G.CONFIGS), Q._PDL["on"], Q.ROW_WARPS) == before, name

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from . import decode_gemm
 from . import kernels as K
 from .kernels import DEFAULT_TILE, AttnTile
 
@@ -83,6 +84,13 @@ class QLinear(torch.nn.Module):
         """Whether a call with ``rows`` activation rows runs swap-AB (see the class docstring)."""
         return self.swap_ab and self.mode == "fp8_static" and rows % 16 == 0 and rows <= SWAP_AB_MAX_ROWS
 
+    def runs_kit_gemm(self, xq: torch.Tensor) -> bool:
+        """Whether a call on the quantized rows ``xq`` runs the kit's decode GEMM
+        (:mod:`.decode_gemm`, where its ``USE_KIT_GEMM`` is on): an ``fp8_static`` layer, on a GPU,
+        at most ``decode_gemm.MAX_ROWS`` rows; otherwise cuBLAS's FP8 GEMM."""
+        return (decode_gemm.USE_KIT_GEMM and self.mode == "fp8_static" and xq.is_cuda
+                and xq.shape[0] <= decode_gemm.MAX_ROWS)
+
     @property
     def takes_fp8_input(self) -> bool:
         """A calibrated ``fp8_static`` layer: its producer (norm, GELU) may quantize for it."""
@@ -113,7 +121,9 @@ class QLinear(torch.nn.Module):
                                              x2.detach().abs().amax().float() / FP8_MAX)
             with torch.profiler.record_function(QUANT_MARK):  # requant of the activation
                 xq, xs = K.quant_tensor(x2)
-        if self.runs_swap_ab(xq.shape[0]):
+        if self.runs_kit_gemm(xq):
+            y = decode_gemm.decode_mm(xq, self.w, xs, self.w_scale)
+        elif self.runs_swap_ab(xq.shape[0]):
             xq = xq if xq.is_contiguous() else xq.contiguous()  # its transpose is the K-major operand cuBLAS wants
             y = torch._scaled_mm(self.w, xq.t(), scale_a=self.w_scale, scale_b=xs, out_dtype=torch.bfloat16).t()
         else:

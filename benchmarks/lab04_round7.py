@@ -1,0 +1,222 @@
+"""Lab 4, round 7 (issue #19): the kit's own decode GEMM against cuBLAS's FP8 and bf16 GEMMs,
+then the fixed path's decode step with it, and round 6's prepared small-kernel choices.
+
+    python benchmarks/lab04_round7.py OUT.json [--rounds 7] [--parts gemm,step]
+
+Round 6's step 9 put the 4k step's time over its byte floor in two places: cuBLAS's FP8 GEMMs
+(about 4 us each of fixed cost, 33 a step) and the small kernels. This round measures:
+
+* part ``gemm``: each decode weight shape (qkv, out, up, down of the H200-size model) at 16 and 4
+  rows, 8 layers' weights per CUDA graph (far larger than L2, as a decode step streams them):
+  bf16 (cuBLAS), cuBLAS FP8 in both operand orders (``torch._scaled_mm``, as :class:`QLinear`
+  calls it), and the kit's :func:`decode_gemm.decode_mm` over :data:`TILES`; then the best tile
+  per shape launched with PDL, with and without its weight prefetched into L2 before the wait
+  (consecutive GEMMs of the graph then overlap: the upper bound of what PDL can hide). Every
+  output is checked against the float32 product of the operands it read before it is timed;
+  replays alternate over rounds (round 6's :func:`alternate`), medians of rounds.
+* part ``step``: the fixed decoder's decode step (512 x16, 4k x16, 32k x4) with the lab's cuBLAS
+  GEMMs against the kit's GEMM (the tiles part ``gemm`` picked in this process), alone, with PDL,
+  and with PDL and the weight prefetch; round 6's ``--set 7`` choices (norms at 8/16 warps, the
+  head writing float32 itself) on both paths.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lab04_round6 as r6  # noqa: E402
+
+from hwlab.labs import fp8 as lab  # noqa: E402
+from hwlab.labs.fp8 import decode_gemm as G  # noqa: E402
+from hwlab.labs.fp8 import quant as Q  # noqa: E402
+from hwlab.measure_graph import capture_graph  # noqa: E402
+
+#: the kit GEMM's tiles swept per shape (name -> decode_gemm config)
+TILES = {
+    "swap 64x256 s4": {"SWAP": True, "BN": 64, "BK": 256, "STAGES": 4},
+    "swap 64x128 s6": {"SWAP": True, "BN": 64, "BK": 128, "STAGES": 6},
+    "swap 128x128 s4": {"SWAP": True, "BN": 128, "BK": 128, "STAGES": 4},
+    "swap 64x256 s4 k2": {"SWAP": True, "BN": 64, "BK": 256, "STAGES": 4, "SPLIT_K": 2},
+    "swap 64x256 s4 k4": {"SWAP": True, "BN": 64, "BK": 256, "STAGES": 4, "SPLIT_K": 4},
+    "plain 32x256 s4": {"SWAP": False, "BN": 32, "BK": 256, "STAGES": 4},
+    "plain 32x256 s6": {"SWAP": False, "BN": 32, "BK": 256, "STAGES": 6},
+    "plain 16x256 s6": {"SWAP": False, "BN": 16, "BK": 256, "STAGES": 6},
+    "plain 64x256 s4": {"SWAP": False, "BN": 64, "BK": 256, "STAGES": 4},
+    "plain 32x256 s4 k2": {"SWAP": False, "BN": 32, "BK": 256, "STAGES": 4, "SPLIT_K": 2},
+}
+#: weight prefetch depths (columns of each weight row asked of L2 before the PDL wait)
+PREFETCH = (1024, 4096)
+SHAPES = {"qkv": (3 * 4096, 4096), "out": (4096, 4096), "up": (14336, 4096), "down": (4096, 14336)}
+
+
+def _cfg(tile: dict, **kw) -> dict:
+    return {**G.DEFAULT_CONFIG, **tile, **kw}
+
+
+def _prefetch(pk: int, k: int, tile: dict) -> int:
+    """``pk`` columns, at most one K slice's, rounded down to a power of two (a ``tl.arange``)."""
+    n = min(pk, k // tile.get("SPLIT_K", 1))
+    return 1 << (n.bit_length() - 1) if n >= 128 else 0
+
+
+def gemm_part(rounds: int, n_layers: int = 8) -> tuple[list, dict]:
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(7)
+    rows_out, best = [], {}
+    for name, (N, Kd) in SHAPES.items():
+        w32 = [torch.randn(N, Kd, generator=g, device=dev) / Kd ** 0.5 for _ in range(n_layers)]
+        w16 = [w.to(torch.bfloat16) for w in w32]
+        w8 = [Q.quant_tensor_ref(w) for w in w32]  # (FP8 weight, scale)
+        del w32
+        per_shape = {}
+        for rows in (16, 4):
+            x = torch.randn(rows, Kd, generator=g, device=dev)
+            xs = (x.abs().amax() / Q.FP8_MAX).float()
+            xq = Q.quant_static_ref(x, xs)
+            xb = x.to(torch.bfloat16)
+            ref16 = xb.float() @ w16[0].float().t()
+            ref8 = (xq.float() * xs) @ (w8[0][0].float() * w8[0][1]).t()
+            ways = {"bf16": (lambda: [F.linear(xb, w16[i]) for i in range(n_layers)], ref16, {}),
+                    "cublas fp8": (lambda: [torch._scaled_mm(xq, w8[i][0].t(), scale_a=xs, scale_b=w8[i][1],
+                                                             out_dtype=torch.bfloat16) for i in range(n_layers)], ref8, {})}
+            if rows % 16 == 0:
+                ways["cublas fp8 swap-AB"] = (lambda: [torch._scaled_mm(w8[i][0], xq.t(), scale_a=w8[i][1], scale_b=xs,
+                                                                         out_dtype=torch.bfloat16).t()
+                                                       for i in range(n_layers)], ref8, {})
+            for tname, tile in TILES.items():
+                ways[f"kit {tname}"] = (lambda c=_cfg(tile): [G.decode_mm(xq, w8[i][0], xs, w8[i][1], config=c)
+                                                             for i in range(n_layers)], ref8, {})
+            res = _time_ways(ways, rounds, dev, n_layers)
+            kit = {k: v for k, v in res["us"].items() if k.startswith("kit ")}
+            top = min(kit, key=kit.get)
+            # the best tile again, launched with PDL, without and with its weight prefetched before the wait
+            tile = TILES[top[4:]]
+            more = {"kit best + pdl": (lambda c=_cfg(tile): [G.decode_mm(xq, w8[i][0], xs, w8[i][1], config=c)
+                                                              for i in range(n_layers)], ref8, {"pdl": True})}
+            for pk in PREFETCH:
+                more[f"kit best + pdl + prefetch {pk}"] = (
+                    lambda c=_cfg(tile, PREFETCH_K=_prefetch(pk, Kd, tile)):
+                    [G.decode_mm(xq, w8[i][0], xs, w8[i][1], config=c) for i in range(n_layers)], ref8, {"pdl": True})
+            more["cublas fp8"] = ways["cublas fp8"]  # the reference again, in the same rounds
+            res2 = _time_ways(more, rounds, dev, n_layers)
+            row = {"layer": name, "N": N, "K": Kd, "rows": rows, "n_layers": n_layers, "best_tile": top,
+                   "us_per_layer": res["us"], "rel_err_vs_float32": res["err"], "failed": res["failed"],
+                   "pdl_us_per_layer": res2["us"], "pdl_rel_err": res2["err"], "pdl_failed": res2["failed"],
+                   "weight_bytes": {"bf16": 2 * N * Kd, "fp8": N * Kd}}
+            row["gbps"] = {k: row["weight_bytes"]["bf16" if k == "bf16" else "fp8"] / us / 1e3 for k, us in res["us"].items()}
+            row["pdl_gbps"] = {k: N * Kd / us / 1e3 for k, us in res2["us"].items()}
+            rows_out.append(row)
+            per_shape[rows] = res["us"]
+            print(f"gemm {name} ({N}x{Kd}) x{rows}: " + ", ".join(
+                f"{k} {res['us'][k]:.1f} us {row['gbps'][k]:.0f} GB/s" for k in ("bf16", "cublas fp8", top)) +
+                " | " + ", ".join(f"{k} {v:.1f}" for k, v in res2["us"].items()), flush=True)
+        # one tile per shape for the step: the least time over both row counts
+        kit = [k for k in per_shape[16] if k.startswith("kit ") and k in per_shape[4]]
+        pick = min(kit, key=lambda k: per_shape[16][k] + per_shape[4][k])
+        best[(N, Kd)] = TILES[pick[4:]]
+        del w16, w8
+        torch.cuda.empty_cache()
+    return rows_out, best
+
+
+def _time_ways(ways: dict, rounds: int, dev, n: int) -> dict:
+    """Each way (a function calling ``n`` GEMMs, its reference, options) captured in a CUDA graph,
+    checked, then timed by round 6's alternating replays: microseconds per GEMM."""
+    graphs, err, failed = {}, {}, {}
+    with torch.no_grad():
+        for k, (fn, ref, opts) in ways.items():
+            old = Q.set_pdl(opts.get("pdl", False))
+            try:
+                cap = capture_graph(fn, dev)
+                cap.replay()
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001 - a tile that cannot compile or run is a result too
+                failed[k] = f"{type(e).__name__}: {e}"[:300]
+                print(f"  {k} failed: {failed[k]}", flush=True)
+                continue
+            finally:
+                Q.set_pdl(old)
+            e = float((cap.out[0].float() - ref).norm() / ref.norm())
+            err[k] = e
+            if not e < 2e-2:  # wrong results are not timed
+                failed[k] = f"rel err {e:.3g} vs float32"
+                print(f"  {k}: {failed[k]}", flush=True)
+                continue
+            graphs[k] = cap
+        ms = r6.alternate(graphs, rounds)
+    return {"us": {k: statistics.median(v) * 1e3 / n for k, v in ms.items()}, "err": err, "failed": failed}
+
+
+@contextlib.contextmanager
+def choice7(settings: dict):
+    """Round 6's :func:`choice`, plus the kit GEMM (``kit_gemm``) with its tiles (``configs``)
+    and ``prefetch_k`` on each tile."""
+    old = (G.USE_KIT_GEMM, dict(G.CONFIGS))
+    try:
+        G.USE_KIT_GEMM = bool(settings.get("kit_gemm"))
+        if settings.get("kit_gemm"):
+            G.CONFIGS.clear()
+            pk = settings.get("prefetch_k", 0)
+            G.CONFIGS.update({nk: _cfg(t, PREFETCH_K=_prefetch(pk, nk[1], t)) for nk, t in
+                              settings["configs"].items()})
+        with r6.choice(settings):
+            yield
+    finally:
+        G.USE_KIT_GEMM = old[0]
+        G.CONFIGS.clear()
+        G.CONFIGS.update(old[1])
+
+
+def step_choices(best: dict) -> dict:
+    kit = {"kit_gemm": True, "configs": best}
+    return {**r6.CHOICES_7,
+            "kit gemm": kit,
+            "kit gemm + pdl": {**kit, "pdl": True},
+            "kit gemm + pdl + prefetch 1024": {**kit, "pdl": True, "prefetch_k": 1024},
+            "kit gemm + pdl + prefetch 4096": {**kit, "pdl": True, "prefetch_k": 4096},
+            "kit gemm + pdl + prefetch 1024 + norms 8 warps + head fp32": {
+                **kit, "pdl": True, "prefetch_k": 1024, "row_warps": 8, "head_fp32": True}}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--parts", default="gemm,step")
+    a = ap.parse_args()
+    t0 = time.time()
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "triton": __import__("triton").__version__, "rounds": a.rounds, "tiles": TILES}
+    parts = a.parts.split(",")
+    best = {nk: TILES["swap 64x256 s4"] for nk in SHAPES.values()}
+    if "gemm" in parts:
+        res["gemm"], best = gemm_part(a.rounds)
+    res["step_tiles"] = {f"{n}x{k}": t for (n, k), t in best.items()}
+    if "step" in parts:
+        ch = step_choices(best)
+        res["step_choices"] = {k: {kk: vv for kk, vv in v.items() if kk != "configs"} for k, v in ch.items()}
+        kit_names = tuple(k for k in ch if k.startswith("kit"))
+        buckets = ((512, 16, ("lab", *kit_names, *r6.CHOICES_7), "fixed"),
+                   (4096, 16, ("lab", *kit_names, *r6.CHOICES_7), "fixed"),
+                   (32768, 4, ("lab", *kit_names), "fixed"),
+                   (512, 16, tuple(r6.CHOICES_7), "bf16"),
+                   (4096, 16, tuple(r6.CHOICES_7), "bf16"))
+        res["step"] = r6.step_part(a.rounds, buckets, ch, choose=choice7)
+    res["elapsed_s"] = time.time() - t0
+    tmp = a.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(res, f, indent=1)
+    os.replace(tmp, a.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

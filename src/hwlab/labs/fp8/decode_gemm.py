@@ -1,0 +1,176 @@
+"""Lab 4's decode GEMM: a few static-scaled FP8 activation rows times an FP8 weight, in one
+Triton kernel (``y = (x @ w.T) * x_scale * w_scale``, bf16 out).
+
+Why the kit has its own next to cuBLAS's ``torch._scaled_mm``: at a decode step's 4-16 rows a
+GEMM streams its weight once, so its time is a fixed part (launch, the first bytes' latency, the
+last wave) plus bytes / rate; cuBLAS's FP8 GEMM pays several microseconds of the fixed part on
+every call, about a third of a 16 MB weight's time (benchmarks/LAB04_NOTES.md, rounds 5-6).
+Whether this kernel pays less is measured, not assumed: ``benchmarks/lab04_round7.py`` times it
+against cuBLAS in the same run, and :class:`.model.QLinear` uses it only where
+:data:`USE_KIT_GEMM` says so.
+
+The kernel, one program per ``BN`` weight rows (output columns):
+
+* the weight tile ``[BN, BK]`` and the activation tile ``[BM, BK]`` are loaded ``STAGES`` deep
+  through shared memory (``tl.range(..., num_stages=STAGES)``: the loads of later steps are in
+  flight while this step multiplies), the product on tensor cores in FP8 with a float32 sum;
+* ``SWAP``: the weight tile is the MMA's first operand (``BN`` >= 64 rows, the smallest M of
+  Hopper's warpgroup MMA) and the few activation rows the second, so no tensor-core row is
+  spent on padding; otherwise the rows are first, padded to 16;
+* ``SPLIT_K`` > 1: the K axis is shared by that many programs, which add their float32 sums into
+  a workspace; the last to arrive (a counter) writes ``y`` and zeroes both for the next call. It
+  gives a narrow output (few ``BN`` tiles) enough programs to fill the GPU;
+* ``PREFETCH_K`` > 0: before anything else the program asks L2 for the first ``PREFETCH_K``
+  columns of its weight rows (``prefetch.global.L2``). With PDL (:func:`.quant.pdl_args`) that
+  happens before the wait for the previous kernel: the weight is not that kernel's output, so
+  its reads may start while that kernel drains, which is where a fixed part can hide.
+"""
+from __future__ import annotations
+
+import torch
+
+from ... import tritonenv  # interpreter on CPU; must precede triton
+import triton
+import triton.language as tl
+
+from .quant import FP8, pdl_args, use_triton_for
+
+#: whether :class:`.model.QLinear` runs this kernel for decode-shaped ``fp8_static`` calls (at most
+#: :data:`MAX_ROWS` rows on a GPU) instead of cuBLAS's FP8 GEMM; off until round 7's A/B says
+USE_KIT_GEMM = False
+#: most activation rows a call takes here; a prefill's rows go to cuBLAS
+MAX_ROWS = 16
+#: the tile when the caller names none; :data:`CONFIGS` holds the measured choice per shape
+DEFAULT_CONFIG = {"SWAP": True, "BN": 64, "BK": 256, "STAGES": 4, "SPLIT_K": 1, "PREFETCH_K": 0, "num_warps": 4}
+#: (N, K) -> tile, picked per weight shape by ``benchmarks/lab04_round7.py``'s sweep (CUDA graphs
+#: over 8 layers' weights, larger than L2, as a decode step streams them)
+CONFIGS: dict[tuple[int, int], dict] = {}
+#: the interpreter runs any tile; a small one keeps CPU tests quick
+CPU_CONFIG = {"SWAP": False, "BN": 16, "BK": 32, "STAGES": 1, "SPLIT_K": 1, "PREFETCH_K": 0, "num_warps": 4}
+
+
+@triton.jit
+def _prefetch_l2(ptrs):
+    """Ask L2 for the 128-byte lines at ``ptrs`` (one address per line); nothing is returned."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _decode_mm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
+                      stride_xm, stride_wn, stride_ym,
+                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
+                      SWAP: tl.constexpr, SPLIT_K: tl.constexpr, PREFETCH_K: tl.constexpr, EVEN_K: tl.constexpr,
+                      PDL: tl.constexpr):
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rk = tl.arange(0, BK)
+    k_len = tl.cdiv(tl.cdiv(K, SPLIT_K), BK) * BK  # this program's K slice, whole BK steps
+    k_lo = pid_k * k_len
+    k_hi = tl.minimum(k_lo + k_len, K)
+    if PREFETCH_K > 0:  # the weight is no earlier kernel's output: ask for it before waiting
+        lines = tl.minimum(k_lo + tl.arange(0, PREFETCH_K // 128) * 128, k_hi - 1)  # inside the slice
+        _prefetch_l2(w_ptr + tl.minimum(rn, N - 1)[:, None] * stride_wn + lines[None, :])
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # the activation is the previous kernel's output
+        tl.extra.cuda.gdc_launch_dependents()
+    if SWAP:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
+        kk = k0 + rk
+        if EVEN_K:  # no mask along K: the loads stay 16-byte vectors, which the pipeline needs
+            w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=rn[:, None] < N, other=0.0)
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=rm[:, None] < M, other=0.0)
+        else:
+            w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < k_hi),
+                        other=0.0)
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < k_hi),
+                        other=0.0)
+        if SWAP:
+            acc = tl.dot(w, tl.trans(x), acc)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+    if SWAP:
+        part = tl.trans(acc)
+    else:
+        part = acc
+    out = (rm[:, None] < M) & (rn[None, :] < N)
+    scale = tl.load(xs_ptr) * tl.load(ws_ptr)
+    y_off = rm[:, None] * stride_ym + rn[None, :]
+    if SPLIT_K == 1:
+        tl.store(y_ptr + y_off, (part * scale).to(y_ptr.dtype.element_ty), mask=out)
+    else:  # add into the workspace; the K slice that arrives last writes y and zeroes what it used
+        tile = pid_m * tl.num_programs(0) + pid_n
+        p_off = rm[:, None] * N + rn[None, :]
+        tl.atomic_add(part_ptr + p_off, part, mask=out)
+        tl.debug_barrier()  # every thread's adds are issued before the counter's release
+        if tl.atomic_add(cnt_ptr + tile, 1) == SPLIT_K - 1:  # acq_rel: the other slices' adds are visible
+            total = tl.load(part_ptr + p_off, mask=out, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + y_off, (total * scale).to(y_ptr.dtype.element_ty), mask=out)
+            tl.store(part_ptr + p_off, tl.zeros((BM, BN), dtype=tl.float32), mask=out)
+            tl.store(cnt_ptr + tile, 0)
+
+
+def decode_mm_ref(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                  out_dtype=torch.bfloat16) -> torch.Tensor:
+    """The same product in float32: ``(x @ w.T) * x_scale * w_scale``, cast to ``out_dtype``."""
+    return ((x.float() @ w.float().t()) * (x_scale.float() * w_scale.float())).to(out_dtype)
+
+
+def config_for(n: int, k: int) -> dict:
+    """The tile for an (N, K) weight: the measured one (:data:`CONFIGS`) or :data:`DEFAULT_CONFIG`;
+    in the interpreter, :data:`CPU_CONFIG`."""
+    if tritonenv.INTERPRETED:
+        return CPU_CONFIG
+    return CONFIGS.get((n, k), DEFAULT_CONFIG)
+
+
+def decode_mm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+              config: dict | None = None, out_dtype=torch.bfloat16, use_triton: bool | None = None) -> torch.Tensor:
+    """``(x @ w.T) * x_scale * w_scale`` for activation rows ``x`` (M, K) and a weight ``w`` (N, K),
+    both FP8 on a GPU (the interpreter takes fp16/fp32, the same code), one float32 scale each.
+    ``config``: the tile (keys of :data:`DEFAULT_CONFIG`; default :func:`config_for`)."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"decode_mm wants x (M, K) and w (N, K); got {tuple(x.shape)} and {tuple(w.shape)}")
+    if not use_triton_for(x, use_triton):
+        return decode_mm_ref(x, w, x_scale, w_scale, out_dtype)
+    M, Kd = x.shape
+    N = w.shape[0]
+    c = {**DEFAULT_CONFIG, **(config or config_for(N, Kd))}
+    x = x if x.stride(1) == 1 else x.contiguous()
+    w = w if w.stride(1) == 1 else w.contiguous()
+    y = torch.empty((M, N), dtype=out_dtype, device=x.device)
+    BM = 16
+    grid = (triton.cdiv(N, c["BN"]), triton.cdiv(M, BM), c["SPLIT_K"])
+    part, cnt = _workspace(x.device, grid[1] * BM * N, grid[0] * grid[1]) if c["SPLIT_K"] > 1 else (y, y)
+    _decode_mm_kernel[grid](x, w, x_scale.reshape(1).float(), w_scale.reshape(1).float(), y, part, cnt, M, N, Kd,
+                            x.stride(0), w.stride(0), y.stride(0), BM=BM, BN=c["BN"], BK=c["BK"],
+                            STAGES=c["STAGES"], SWAP=c["SWAP"], SPLIT_K=c["SPLIT_K"], PREFETCH_K=c["PREFETCH_K"],
+                            EVEN_K=Kd % (c["BK"] * c["SPLIT_K"]) == 0,
+                            num_warps=c["num_warps"], **pdl_args(x))
+    return y
+
+
+_WORKSPACES: dict = {}
+
+
+def _workspace(device, n_floats: int, n_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A zeroed float32 workspace and int32 tile counters for split-K, kept per device and grown
+    as needed: the kernel leaves both zeroed, so calls (and CUDA-graph replays, which must not
+    allocate) reuse them. Calls on one stream run one at a time."""
+    key = str(device)
+    part, cnt = _WORKSPACES.get(key, (None, None))
+    if part is None or part.numel() < n_floats or cnt.numel() < n_tiles:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("split-K workspace first needed inside a CUDA-graph capture: run the "
+                               "call once eagerly before capturing it")
+        part = torch.zeros(max(n_floats, 0 if part is None else part.numel()), dtype=torch.float32, device=device)
+        cnt = torch.zeros(max(n_tiles, 0 if cnt is None else cnt.numel()), dtype=torch.int32, device=device)
+        _WORKSPACES[key] = (part, cnt)
+    return part, cnt
+
+
+__all__ = ["CONFIGS", "DEFAULT_CONFIG", "FP8", "MAX_ROWS", "USE_KIT_GEMM", "config_for", "decode_mm", "decode_mm_ref"]

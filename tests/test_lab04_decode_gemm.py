@@ -1,0 +1,46 @@
+"""Lab 4's decode GEMM (:mod:`hwlab.labs.fp8.decode_gemm`) in the Triton interpreter, against
+its float32 reference: both operand orders, split-K (its workspace left zeroed for the next
+call), ragged N and K, and rows over one 16-row tile. FP8 weights are stored as fp16 here (the
+interpreter's dot takes fp16; every e4m3 value is exact in fp16), the kernel's code unchanged."""
+import pytest
+import torch
+
+import hwlab  # noqa: F401  (interpreter before triton)
+from hwlab.labs.fp8 import decode_gemm as G
+from hwlab.labs.fp8 import kernels as K
+
+
+def _rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize("swap,split_k", [(False, 1), (True, 1), (False, 3), (True, 2)])
+def test_decode_mm_matches_reference_and_leaves_split_k_workspace_clean(swap, split_k):
+    g = torch.Generator().manual_seed(11 + split_k)
+    cfg = {**G.CPU_CONFIG, "SWAP": swap, "SPLIT_K": split_k, "BN": 32 if swap else 16}
+    for N, Kd, M in ((80, 200, 5), (48, 300, 17)):  # ragged N and K; M over one 16-row tile
+        wq, ws = K.quant_tensor_ref(torch.randn(N, Kd, generator=g))
+        w = wq.half()
+        for _ in range(2):  # a second call must find the split-K workspace zeroed again
+            xq, xs = K.quant_tensor_ref(torch.randn(M, Kd, generator=g))
+            x = xq.half()
+            y = G.decode_mm(x, w, xs, ws, config=cfg, out_dtype=torch.float32, use_triton=True)
+            ref = G.decode_mm_ref(x, w, xs, ws, torch.float32)
+            assert y.shape == (M, N) and _rel(y, ref) < 1e-3
+    if split_k > 1:
+        part, cnt = G._WORKSPACES["cpu"]
+        assert part.abs().max() == 0 and cnt.abs().max() == 0
+
+
+def test_decode_mm_reference_is_the_dequantized_product():
+    g = torch.Generator().manual_seed(3)
+    wq, ws = K.quant_tensor_ref(torch.randn(24, 64, generator=g))
+    xq, xs = K.quant_tensor_ref(torch.randn(4, 64, generator=g))
+    y = G.decode_mm(xq, wq, xs, ws)  # CPU, not asked for Triton: the reference
+    ref = (xq.float() * xs) @ (wq.float() * ws).t()
+    assert y.dtype == torch.bfloat16 and _rel(y, ref) < 1e-2
+
+
+def test_decode_mm_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="x \\(M, K\\) and w \\(N, K\\)"):
+        G.decode_mm(torch.zeros(2, 8), torch.zeros(4, 9), torch.ones(()), torch.ones(()))
