@@ -1,7 +1,7 @@
 """Lab 4, round 7 (issue #19): the kit's own decode GEMM against cuBLAS's FP8 and bf16 GEMMs,
 then the fixed path's decode step with it, and round 6's prepared small-kernel choices.
 
-    python benchmarks/lab04_round7.py OUT.json [--rounds 7] [--parts gemm,step]
+    python benchmarks/lab04_round7.py OUT.json [--rounds 7] [--parts gemm,step,logits] [--set 7|7b]
 
 Round 6's step 9 put the 4k step's time over its byte floor in two places: cuBLAS's FP8 GEMMs
 (about 4 us each of fixed cost, 33 a step) and the small kernels. This round measures:
@@ -18,6 +18,14 @@ Round 6's step 9 put the 4k step's time over its byte floor in two places: cuBLA
   GEMMs against the kit's GEMM (the tiles part ``gemm`` picked in this process), alone, with PDL,
   and with PDL and the weight prefetch; round 6's ``--set 7`` choices (norms at 8/16 warps, the
   head writing float32 itself) on both paths.
+
+``--set 7b`` (the second call, after 7 ran at 030bdd4): the kernel now adds its FP8 products into
+the float32 sum every 128 columns (7's kit GEMM read 2.1e-3 from float32 where cuBLAS read 1.7e-3),
+the tiles :data:`TILES_B`, a shape stays on cuBLAS where it measured faster, and the step's
+choices :func:`step_choices_b`: PDL switched off for the attention's kernels or for all but the
+GEMM (7 measured PDL 3% faster at 512 and 3-4% slower at 4k and 32k), with the norms at 8 warps
+and the head's float32 output. Part ``logits``: the fixed path's logit error against bf16
+(:func:`hwlab.labs.fp8.model.logit_error`, H200 size) under each kit choice.
 """
 from __future__ import annotations
 
@@ -36,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lab04_round6 as r6  # noqa: E402
 
 from hwlab.labs import fp8 as lab  # noqa: E402
+from hwlab.labs.fp8 import attention as A  # noqa: E402
 from hwlab.labs.fp8 import decode_gemm as G  # noqa: E402
 from hwlab.labs.fp8 import quant as Q  # noqa: E402
 from hwlab.measure_graph import capture_graph  # noqa: E402
@@ -53,6 +62,19 @@ TILES = {
     "plain 64x256 s4": {"SWAP": False, "BN": 64, "BK": 256, "STAGES": 4},
     "plain 32x256 s4 k2": {"SWAP": False, "BN": 32, "BK": 256, "STAGES": 4, "SPLIT_K": 2},
 }
+#: round 7b's tiles: 7's best per shape, and their neighbours in depth and K split
+TILES_B = {
+    "swap 64x256 s4": TILES["swap 64x256 s4"],
+    "swap 64x128 s6": TILES["swap 64x128 s6"],
+    "swap 64x128 s8": {"SWAP": True, "BN": 64, "BK": 128, "STAGES": 8},
+    "swap 64x128 s4": {"SWAP": True, "BN": 64, "BK": 128, "STAGES": 4},
+    "swap 64x256 s3": {"SWAP": True, "BN": 64, "BK": 256, "STAGES": 3},
+    "swap 64x256 s4 k2": TILES["swap 64x256 s4 k2"],
+    "swap 64x256 s4 k4": TILES["swap 64x256 s4 k4"],
+    "swap 64x128 s6 k4": {"SWAP": True, "BN": 64, "BK": 128, "STAGES": 6, "SPLIT_K": 4},
+    "swap 64x256 s4 k8": {"SWAP": True, "BN": 64, "BK": 256, "STAGES": 4, "SPLIT_K": 8},
+    "swap 64x128 s6 k2": {"SWAP": True, "BN": 64, "BK": 128, "STAGES": 6, "SPLIT_K": 2},
+}
 #: weight prefetch depths (columns of each weight row asked of L2 before the PDL wait)
 PREFETCH = (1024, 4096)
 SHAPES = {"qkv": (3 * 4096, 4096), "out": (4096, 4096), "up": (14336, 4096), "down": (4096, 14336)}
@@ -68,10 +90,13 @@ def _prefetch(pk: int, k: int, tile: dict) -> int:
     return 1 << (n.bit_length() - 1) if n >= 128 else 0
 
 
-def gemm_part(rounds: int, n_layers: int = 8) -> tuple[list, dict]:
+def gemm_part(rounds: int, n_layers: int = 8, tiles: dict = TILES, prefetch=PREFETCH) -> tuple[list, dict, list]:
+    """Every way at each shape and row count; returns the rows, per (N, K) the kit tile with the
+    least time over 16 and 4 rows, and the shapes where cuBLAS's FP8 GEMM (either order) was
+    faster than that tile at both row counts."""
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(7)
-    rows_out, best = [], {}
+    rows_out, best, cublas_faster = [], {}, []
     for name, (N, Kd) in SHAPES.items():
         w32 = [torch.randn(N, Kd, generator=g, device=dev) / Kd ** 0.5 for _ in range(n_layers)]
         w16 = [w.to(torch.bfloat16) for w in w32]
@@ -92,17 +117,17 @@ def gemm_part(rounds: int, n_layers: int = 8) -> tuple[list, dict]:
                 ways["cublas fp8 swap-AB"] = (lambda: [torch._scaled_mm(w8[i][0], xq.t(), scale_a=w8[i][1], scale_b=xs,
                                                                          out_dtype=torch.bfloat16).t()
                                                        for i in range(n_layers)], ref8, {})
-            for tname, tile in TILES.items():
+            for tname, tile in tiles.items():
                 ways[f"kit {tname}"] = (lambda c=_cfg(tile): [G.decode_mm(xq, w8[i][0], xs, w8[i][1], config=c)
                                                              for i in range(n_layers)], ref8, {})
             res = _time_ways(ways, rounds, dev, n_layers)
             kit = {k: v for k, v in res["us"].items() if k.startswith("kit ")}
             top = min(kit, key=kit.get)
             # the best tile again, launched with PDL, without and with its weight prefetched before the wait
-            tile = TILES[top[4:]]
+            tile = tiles[top[4:]]
             more = {"kit best + pdl": (lambda c=_cfg(tile): [G.decode_mm(xq, w8[i][0], xs, w8[i][1], config=c)
                                                               for i in range(n_layers)], ref8, {"pdl": True})}
-            for pk in PREFETCH:
+            for pk in prefetch:
                 more[f"kit best + pdl + prefetch {pk}"] = (
                     lambda c=_cfg(tile, PREFETCH_K=_prefetch(pk, Kd, tile)):
                     [G.decode_mm(xq, w8[i][0], xs, w8[i][1], config=c) for i in range(n_layers)], ref8, {"pdl": True})
@@ -122,10 +147,13 @@ def gemm_part(rounds: int, n_layers: int = 8) -> tuple[list, dict]:
         # one tile per shape for the step: the least time over both row counts
         kit = [k for k in per_shape[16] if k.startswith("kit ") and k in per_shape[4]]
         pick = min(kit, key=lambda k: per_shape[16][k] + per_shape[4][k])
-        best[(N, Kd)] = TILES[pick[4:]]
+        cublas = {r: min(v for k, v in per_shape[r].items() if k.startswith("cublas")) for r in (16, 4)}
+        best[(N, Kd)] = tiles[pick[4:]]
+        if all(per_shape[r][pick] > cublas[r] for r in (16, 4)):
+            cublas_faster.append((N, Kd))
         del w16, w8
         torch.cuda.empty_cache()
-    return rows_out, best
+    return rows_out, best, cublas_faster
 
 
 def _time_ways(ways: dict, rounds: int, dev, n: int) -> dict:
@@ -160,20 +188,26 @@ def _time_ways(ways: dict, rounds: int, dev, n: int) -> dict:
 def choice7(settings: dict):
     """Round 6's :func:`choice`, plus the kit GEMM (``kit_gemm``) with its tiles (``configs``)
     and ``prefetch_k`` on each tile."""
-    old = (G.USE_KIT_GEMM, dict(G.CONFIGS))
+    old = (G.USE_KIT_GEMM, dict(G.CONFIGS), A.pdl_args, Q.pdl_args)
     try:
         G.USE_KIT_GEMM = bool(settings.get("kit_gemm"))
         if settings.get("kit_gemm"):
             G.CONFIGS.clear()
             pk = settings.get("prefetch_k", 0)
             G.CONFIGS.update({nk: _cfg(t, PREFETCH_K=_prefetch(pk, nk[1], t)) for nk, t in
-                              settings["configs"].items()})
+                              settings["configs"].items() if nk not in settings.get("cublas", ())})
+        for name in settings.get("pdl_off", ()):  # these modules' kernels launch without PDL
+            {"attention": A, "quant": Q}[name].pdl_args = _no_pdl
         with r6.choice(settings):
             yield
     finally:
-        G.USE_KIT_GEMM = old[0]
+        G.USE_KIT_GEMM, A.pdl_args, Q.pdl_args = old[0], old[2], old[3]
         G.CONFIGS.clear()
         G.CONFIGS.update(old[1])
+
+
+def _no_pdl(t):
+    return {"PDL": False}
 
 
 def step_choices(best: dict) -> dict:
@@ -187,21 +221,74 @@ def step_choices(best: dict) -> dict:
                 **kit, "pdl": True, "prefetch_k": 1024, "row_warps": 8, "head_fp32": True}}
 
 
+def step_choices_b(best: dict, cublas_faster=()) -> dict:
+    """Round 7b's step choices (the fixed path; the bf16 path takes the ``pdl``/``norms`` ones).
+    ``cublas_faster``: the shapes part ``gemm`` measured faster on cuBLAS."""
+    kit = {"kit_gemm": True, "configs": best}
+    small = {"row_warps": 8, "head_fp32": True}
+    out_cublas = {"cublas": ((4096, 4096),)}
+    return {"lab": {},
+            "kit": kit,
+            "kit, cuBLAS where faster": {**kit, "cublas": tuple(cublas_faster)},
+            "kit, out on cuBLAS": {**kit, **out_cublas},
+            "kit + norms 8 + head fp32": {**kit, **small},
+            "kit, out on cuBLAS + norms 8 + head fp32": {**kit, **out_cublas, **small},
+            "kit + pdl": {**kit, "pdl": True},
+            "kit + pdl, not attention": {**kit, "pdl": True, "pdl_off": ("attention",)},
+            "kit + pdl, GEMMs only": {**kit, "pdl": True, "pdl_off": ("attention", "quant")},
+            "kit + pdl + norms 8 + head fp32": {**kit, "pdl": True, **small},
+            "kit + pdl, not attention + norms 8 + head fp32": {**kit, "pdl": True, "pdl_off": ("attention",), **small},
+            "pdl": {"pdl": True},
+            "pdl, not attention": {"pdl": True, "pdl_off": ("attention",)},
+            "norms 8 + head fp32": small,
+            "pdl + norms 8 + head fp32": {"pdl": True, **small}}
+
+
+def logits_part(choices: dict) -> dict:
+    """The fixed path's logit error against bf16 (H200 size) under each choice that changes its
+    arithmetic (the kit GEMM; PDL and warps do not), and the lab's."""
+    models = lab.make_models(lab.H200_SIZE, paths=("bf16", "fixed"))
+    out = {}
+    with torch.no_grad():
+        for name, c in choices.items():
+            if name == "lab" or (c.get("kit_gemm") and not c.get("pdl") and "row_warps" not in c):
+                with choice7(c):
+                    out[name] = lab.logit_error(models)["fixed"]
+                print(f"logit error, fixed against bf16, {name}: {out[name]:.4f}", flush=True)
+    del models
+    torch.cuda.empty_cache()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--parts", default="gemm,step")
+    ap.add_argument("--set", default="7", choices=("7", "7b"))
     a = ap.parse_args()
     t0 = time.time()
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "triton": __import__("triton").__version__, "rounds": a.rounds, "tiles": TILES}
+    tiles = TILES_B if a.set == "7b" else TILES
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "set": a.set,
+           "triton": __import__("triton").__version__, "rounds": a.rounds, "tiles": tiles}
     parts = a.parts.split(",")
-    best = {nk: TILES["swap 64x256 s4"] for nk in SHAPES.values()}
+    best, cublas_faster = {nk: tiles["swap 64x256 s4"] for nk in SHAPES.values()}, []
     if "gemm" in parts:
-        res["gemm"], best = gemm_part(a.rounds)
+        res["gemm"], best, cublas_faster = gemm_part(a.rounds, tiles=tiles, prefetch=(1024,) if a.set == "7b" else PREFETCH)
     res["step_tiles"] = {f"{n}x{k}": t for (n, k), t in best.items()}
-    if "step" in parts:
+    res["cublas_faster"] = [f"{n}x{k}" for n, k in cublas_faster]
+    if a.set == "7b":
+        ch = step_choices_b(best, cublas_faster)
+        res["step_choices"] = {k: {kk: vv for kk, vv in v.items() if kk != "configs"} for k, v in ch.items()}
+        if "logits" in parts:
+            res["logit_error_fixed"] = logits_part(ch)
+        if "step" in parts:
+            fixed = tuple(k for k in ch if k == "lab" or k.startswith("kit"))
+            base = ("lab", "pdl", "pdl, not attention", "norms 8 + head fp32", "pdl + norms 8 + head fp32")
+            buckets = ((512, 16, fixed, "fixed"), (4096, 16, fixed, "fixed"), (32768, 4, fixed, "fixed"),
+                       (512, 16, base, "bf16"), (4096, 16, base, "bf16"))
+            res["step"] = r6.step_part(a.rounds, buckets, ch, choose=choice7)
+    elif "step" in parts:
         ch = step_choices(best)
         res["step_choices"] = {k: {kk: vv for kk, vv in v.items() if kk != "configs"} for k, v in ch.items()}
         kit_names = tuple(k for k in ch if k.startswith("kit"))

@@ -220,16 +220,23 @@ def test_round7_choices_set_the_kit_gemm_and_put_it_back():
     from hwlab.labs.fp8 import decode_gemm as G
     from hwlab.labs.fp8 import quant as Q
 
+    from hwlab.labs.fp8 import attention as A
+
     r7 = _bench("lab04_round7")
     best = {nk: r7.TILES["swap 64x256 s4 k4"] for nk in r7.SHAPES.values()}
-    before = (G.USE_KIT_GEMM, dict(G.CONFIGS), Q._PDL["on"], Q.ROW_WARPS)
-    for name, c in r7.step_choices(best).items():
+    before = (G.USE_KIT_GEMM, dict(G.CONFIGS), Q._PDL["on"], Q.ROW_WARPS, A.pdl_args, Q.pdl_args)
+    choices = {**r7.step_choices(best), **r7.step_choices_b(best, [(4096, 14336)])}
+    for name, c in choices.items():
         with r7.choice7(c):
             assert G.USE_KIT_GEMM == name.startswith("kit"), name
             assert Q._PDL["on"] == ("pdl" in name), name
+            assert (A.pdl_args is Q.pdl_args is before[4]) == ("not attention" not in name and "GEMMs only" not in name)
+            assert (Q.pdl_args is before[5]) == ("GEMMs only" not in name), name
+            assert G.takes(4096, 4096) == (name.startswith("kit") and "out on cuBLAS" not in name), name
+            assert G.takes(4096, 14336) == (name.startswith("kit") and "where faster" not in name), name
             for (n, k), cfg in G.CONFIGS.items():
                 pk = cfg["PREFETCH_K"]
                 assert pk == 0 or (pk & (pk - 1) == 0 and 128 <= pk <= k // cfg["SPLIT_K"]), (name, n, k, pk)
             if "prefetch 4096" in name:  # down's K slice (14336 / 4) holds 2048 of the 4096 asked
                 assert G.CONFIGS[(4096, 14336)]["PREFETCH_K"] == 2048 and G.CONFIGS[(4096, 4096)]["PREFETCH_K"] == 1024
-        assert (G.USE_KIT_GEMM, dict(G.CONFIGS), Q._PDL["on"], Q.ROW_WARPS) == before, name
+        assert (G.USE_KIT_GEMM, dict(G.CONFIGS), Q._PDL["on"], Q.ROW_WARPS, A.pdl_args, Q.pdl_args) == before, name

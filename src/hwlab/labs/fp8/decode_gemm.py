@@ -36,15 +36,22 @@ import triton.language as tl
 from .quant import FP8, pdl_args, use_triton_for
 
 #: whether :class:`.model.QLinear` runs this kernel for decode-shaped ``fp8_static`` calls (at most
-#: :data:`MAX_ROWS` rows on a GPU) instead of cuBLAS's FP8 GEMM; off until round 7's A/B says
+#: :data:`MAX_ROWS` rows on a GPU) on the weight shapes :data:`CONFIGS` names (:func:`takes`),
+#: instead of cuBLAS's FP8 GEMM; off until round 7's A/B says
 USE_KIT_GEMM = False
 #: most activation rows a call takes here; a prefill's rows go to cuBLAS
 MAX_ROWS = 16
 #: the tile when the caller names none; :data:`CONFIGS` holds the measured choice per shape
 DEFAULT_CONFIG = {"SWAP": True, "BN": 64, "BK": 256, "STAGES": 4, "SPLIT_K": 1, "PREFETCH_K": 0, "num_warps": 4}
-#: (N, K) -> tile, picked per weight shape by ``benchmarks/lab04_round7.py``'s sweep (CUDA graphs
-#: over 8 layers' weights, larger than L2, as a decode step streams them)
+#: (N, K) -> tile, for each weight shape where ``benchmarks/lab04_round7.py`` measured this kernel
+#: faster than cuBLAS in the decode step (tiles swept in CUDA graphs over 8 layers' weights, larger
+#: than L2, as a step streams them); a shape not here stays on cuBLAS
 CONFIGS: dict[tuple[int, int], dict] = {}
+#: FP8 tensor-core products are added into the float32 sum at least every this many K columns:
+#: Hopper's FP8 MMA keeps its own running sum at reduced precision (Triton's default on sm_90
+#: lets it run the whole K), which round 7's first A/B measured as 2.1e-3 relative error against
+#: cuBLAS's 1.7e-3 (bf16 rounding alone); a promotion every 128 columns is DeepGEMM's choice
+ACC_K = 128
 #: the interpreter runs any tile; a small one keeps CPU tests quick
 CPU_CONFIG = {"SWAP": False, "BN": 16, "BK": 32, "STAGES": 1, "SPLIT_K": 1, "PREFETCH_K": 0, "num_warps": 4}
 
@@ -61,7 +68,7 @@ def _decode_mm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, y_ptr, part_ptr, cnt_ptr, M,
                       stride_xm, stride_wn, stride_ym,
                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
                       SWAP: tl.constexpr, SPLIT_K: tl.constexpr, PREFETCH_K: tl.constexpr, EVEN_K: tl.constexpr,
-                      PDL: tl.constexpr):
+                      ACC_K: tl.constexpr, PDL: tl.constexpr):
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BN + tl.arange(0, BN)
     rm = pid_m * BM + tl.arange(0, BM)
@@ -89,10 +96,10 @@ def _decode_mm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, y_ptr, part_ptr, cnt_ptr, M,
                         other=0.0)
             x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < k_hi),
                         other=0.0)
-        if SWAP:
-            acc = tl.dot(w, tl.trans(x), acc)
+        if SWAP:  # the FP8 products summed in float32 every ACC_K columns, as cuBLAS's (not fast) mode
+            acc = tl.dot(w, tl.trans(x), acc, max_num_imprecise_acc=ACC_K)
         else:
-            acc = tl.dot(x, tl.trans(w), acc)
+            acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=ACC_K)
     if SWAP:
         part = tl.trans(acc)
     else:
@@ -118,6 +125,12 @@ def decode_mm_ref(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_sca
                   out_dtype=torch.bfloat16) -> torch.Tensor:
     """The same product in float32: ``(x @ w.T) * x_scale * w_scale``, cast to ``out_dtype``."""
     return ((x.float() @ w.float().t()) * (x_scale.float() * w_scale.float())).to(out_dtype)
+
+
+def takes(n: int, k: int) -> bool:
+    """Whether a decode call on an (N, K) FP8 weight runs here: :data:`USE_KIT_GEMM` on and the
+    shape measured (in :data:`CONFIGS`)."""
+    return USE_KIT_GEMM and (n, k) in CONFIGS
 
 
 def config_for(n: int, k: int) -> dict:
@@ -149,7 +162,7 @@ def decode_mm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: 
     _decode_mm_kernel[grid](x, w, x_scale.reshape(1).float(), w_scale.reshape(1).float(), y, part, cnt, M, N, Kd,
                             x.stride(0), w.stride(0), y.stride(0), BM=BM, BN=c["BN"], BK=c["BK"],
                             STAGES=c["STAGES"], SWAP=c["SWAP"], SPLIT_K=c["SPLIT_K"], PREFETCH_K=c["PREFETCH_K"],
-                            EVEN_K=Kd % (c["BK"] * c["SPLIT_K"]) == 0,
+                            EVEN_K=Kd % (c["BK"] * c["SPLIT_K"]) == 0, ACC_K=min(c["BK"], ACC_K),
                             num_warps=c["num_warps"], **pdl_args(x))
     return y
 
@@ -173,4 +186,5 @@ def _workspace(device, n_floats: int, n_tiles: int) -> tuple[torch.Tensor, torch
     return part, cnt
 
 
-__all__ = ["CONFIGS", "DEFAULT_CONFIG", "FP8", "MAX_ROWS", "USE_KIT_GEMM", "config_for", "decode_mm", "decode_mm_ref"]
+__all__ = ["CONFIGS", "DEFAULT_CONFIG", "FP8", "MAX_ROWS", "USE_KIT_GEMM", "config_for", "decode_mm", "decode_mm_ref",
+           "takes"]

@@ -86,10 +86,11 @@ class QLinear(torch.nn.Module):
 
     def runs_kit_gemm(self, xq: torch.Tensor) -> bool:
         """Whether a call on the quantized rows ``xq`` runs the kit's decode GEMM
-        (:mod:`.decode_gemm`, where its ``USE_KIT_GEMM`` is on): an ``fp8_static`` layer, on a GPU,
-        at most ``decode_gemm.MAX_ROWS`` rows; otherwise cuBLAS's FP8 GEMM."""
-        return (decode_gemm.USE_KIT_GEMM and self.mode == "fp8_static" and xq.is_cuda
-                and xq.shape[0] <= decode_gemm.MAX_ROWS)
+        (:mod:`.decode_gemm`, for the weight shapes it :func:`~.decode_gemm.takes`): an
+        ``fp8_static`` layer, on a GPU, at most ``decode_gemm.MAX_ROWS`` rows; otherwise cuBLAS's
+        FP8 GEMM."""
+        return (self.mode == "fp8_static" and xq.is_cuda and xq.shape[0] <= decode_gemm.MAX_ROWS
+                and decode_gemm.takes(self.out_features, self.in_features))
 
     @property
     def takes_fp8_input(self) -> bool:
