@@ -6,7 +6,10 @@ The static evidence behind the tuning rounds in LAB04_NOTES.md (a CPU result: pt
 machine's Triton, not the H200's, so counts can differ by a few registers): the old FP8
 attention tile (128 positions x 128 dims, 4 warps) against the tuned one (32, 1 warp) and the
 tensor-core variant (:mod:`hwlab.labs.fp8.research`); W8A16 tiles at two pipeline depths (the shared memory does not grow with
-``num_stages``: the loads are not pipelined).
+``num_stages``: the loads are not pipelined); the kit's decode GEMM (:mod:`hwlab.labs.fp8.decode_gemm`,
+round 7) with and without a mask along K: with it the loads are single bytes, Triton keeps one
+stage in shared memory and holds the tiles in registers; without it (K a multiple of the tile)
+the pipeline holds every stage.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ os.environ["TRITON_INTERPRET"] = "0"  # compile real kernels (no GPU needed for 
 import triton  # noqa: E402
 
 from hwlab.labs.fp8 import attention as A  # noqa: E402
+from hwlab.labs.fp8 import decode_gemm as G  # noqa: E402
 from hwlab.labs.fp8 import research as R  # noqa: E402
 from hwlab.labs.registers import ptxas_sm90  # noqa: E402
 
@@ -38,6 +42,12 @@ W8_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*bf
           "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32",
           "stride_ym": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "SWAP": "constexpr",
           "SPLIT_K": "constexpr", "PREFETCH": "constexpr"}
+
+MM_SIG = {"x_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "ws_ptr": "*fp32", "y_ptr": "*bf16",
+          "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
+          "stride_wn": "i32", "stride_ym": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr",
+          "STAGES": "constexpr", "SWAP": "constexpr", "SPLIT_K": "constexpr", "PREFETCH_K": "constexpr",
+          "EVEN_K": "constexpr", "ACC_K": "constexpr", "PDL": "constexpr"}
 
 
 def main(out_path: str) -> None:
@@ -66,6 +76,14 @@ def main(out_path: str) -> None:
         c = {"BM": 16, "BN": bn, "BK": bk, "SWAP": False, "SPLIT_K": sk, "PREFETCH": False}
         g = ptxas_sm90(R._fp8w_gemm_kernel, W8_SIG, c, {}, {"num_warps": warps, "num_stages": stages}, label)
         rows.append({"kernel": "_fp8w_gemm_kernel", "label": label, "warps": warps, "stages": stages, **c, **g})
+    # what Triton's launcher specialises at run time: 16-aligned pointers, strides divisible by 16
+    attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(MM_SIG) if k.endswith("_ptr") or k.startswith("stride")}
+    for even_k, stages in ((False, 4), (True, 4), (True, 6)):
+        c = {**{k: v for k, v in G.DEFAULT_CONFIG.items() if k not in ("num_warps", "STAGES")}, "BM": 16,
+             "STAGES": stages, "EVEN_K": even_k, "ACC_K": G.ACC_K, "PDL": False}
+        label = f"{'no K mask' if even_k else 'K masked'}, {stages} stages"
+        g = ptxas_sm90(G._decode_mm_kernel, MM_SIG, c, attrs, {"num_warps": G.DEFAULT_CONFIG["num_warps"]}, label)
+        rows.append({"kernel": "_decode_mm_kernel", "label": label, "warps": G.DEFAULT_CONFIG["num_warps"], **c, **g})
     for r in rows:
         print(f"{r['kernel']:>34} {r['label']:>20}: {r['regs']} registers, {r['st']} B spill stores, "
               f"{r['shared']} B shared")

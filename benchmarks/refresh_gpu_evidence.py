@@ -316,7 +316,8 @@ def part_lab04(out: Path, summary: list[str]) -> None:
                        + ", ".join(f"{k} {v:.1e}" for k, v in a["rel_err_vs_float32"].items()))
     for g in r.get("gemms_vs_bf16", []):
         summary.append(f"lab04 GEMM {g['layer']} x{g['rows']}: FP8 {g['fp8_gbps']:.0f} GB/s ({g['fp8_over_bf16_gbps']:.0%} of bf16's "
-                       f"{g['bf16_gbps']:.0f})" + (f", swap-AB; plain order {g['fp8_plain_order_gbps']:.0f}" if g["swap_ab"] else ""))
+                       f"{g['bf16_gbps']:.0f})" + (f", swap-AB; plain order {g['fp8_plain_order_gbps']:.0f}" if g["swap_ab"] else "")
+                       + (f", the kit's GEMM; cuBLAS FP8 {g['fp8_cublas_gbps']:.0f}" if g.get("kit_gemm") else ""))
     summary.append("lab04 byte-floor targets:\n" + lab.format_targets(
         lab.byte_floor_targets(r, copy, ev.extra["flowchart_leaves"]), "this run"))
 

@@ -234,6 +234,16 @@ def test_static_register_report_of_the_tuned_tiles(tmp_path):
     assert rows[("_decode_attn_partial", "tuned tile, per-row lengths (serving stream)")]["st"] == 0
     w8 = [r for r in json.loads(out.read_text())["rows"] if r["label"] == "old autotuned tile"]
     assert len(w8) == 2 and w8[0]["shared"] == w8[1]["shared"]  # deeper pipeline, same buffers
+    # the kit's decode GEMM (round 7): with a mask along K its loads are single bytes, one stage sits
+    # in shared memory and the tile is held in registers; without it every stage of the weight and
+    # activation tiles sits in shared memory
+    from hwlab.labs.fp8.decode_gemm import DEFAULT_CONFIG as C
+    stage = C["BN"] * C["BK"] + 16 * C["BK"]  # FP8: one byte per element
+    mm = {r["label"]: r for r in json.loads(out.read_text())["rows"] if r["kernel"] == "_decode_mm_kernel"}
+    assert mm["K masked, 4 stages"]["shared"] < 2 * stage
+    for n in (4, 6):
+        assert mm[f"no K mask, {n} stages"]["shared"] >= n * stage and mm[f"no K mask, {n} stages"]["st"] == 0
+        assert mm[f"no K mask, {n} stages"]["regs"] < mm["K masked, 4 stages"]["regs"]
 
 
 def test_combine_writes_fp8_with_the_next_gemms_scale():

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from ...measure import require_memory, time_fn
 from ...measure_graph import graph_time
+from . import decode_gemm
 from . import kernels as K
 from .kernels import DEFAULT_TILE, AttnTile
 from .model import H200_SIZE, LOGIT_ERROR_BOUND, MAIN, TINY, Decoder, ModelConfig, logit_error, make_models
@@ -120,8 +121,10 @@ def gemms_vs_bf16(bf16: Decoder, fp8: Decoder, rows_list, device=None) -> list[d
     bf16 path's layer against ``fp8``'s FP8 layer on its static-scaled FP8 input (the fixed
     path), at each batch size in ``rows_list``. Bytes/s count the weight bytes each reads as
     stored (FP8 half of bf16's). Where the FP8 layer runs swap-AB at these rows (``swap_ab``), the
-    plain operand order is timed too: the choice, measured in the same run. Each output is first
-    checked against the float32 product of the very operands it read."""
+    plain operand order is timed too; where it runs the kit's decode GEMM (``kit_gemm``,
+    :mod:`.decode_gemm`), cuBLAS's FP8 GEMM is timed too (``fp8_cublas``, in the operand order the
+    layer would give it): each choice, measured in the same run. Each output is first checked
+    against the float32 product of the very operands it read."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     g = torch.Generator(device=dev).manual_seed(6)
     out = []
@@ -135,22 +138,29 @@ def gemms_vs_bf16(bf16: Decoder, fp8: Decoder, rows_list, device=None) -> list[d
             refs = {"bf16": x.float() @ l16[0].w.float().t(),
                     "fp8": (xq[0].float() * l8[0].x_scale) @ (l8[0].w.float() * l8[0].w_scale).t()}
             ways = {"bf16": lambda: [l16[i](x) for i in range(n)], "fp8": lambda: [l8[i](xq[i]) for i in range(n)]}
-            swapped = l8[0].swap_ab
-            row: dict[str, Any] = {"layer": name, "rows": rows, "n_layers": n, "swap_ab": l8[0].runs_swap_ab(rows),
+            swapped, kit_on = l8[0].swap_ab, decode_gemm.USE_KIT_GEMM
+            kit = l8[0].runs_kit_gemm(xq[0])
+            row: dict[str, Any] = {"layer": name, "rows": rows, "n_layers": n, "kit_gemm": kit,
+                                   "swap_ab": l8[0].runs_swap_ab(rows) and not kit,
                                    "weight_bytes": {"bf16": l16[0].weight_bytes, "fp8": l8[0].weight_bytes},
                                    "rel_err_vs_float32": {}}
-            plans = [("bf16", "bf16", None), ("fp8", "fp8", None)] + ([("fp8_plain_order", "fp8", False)]
-                                                                      if row["swap_ab"] else [])
+            # (key, way, swap-AB setting or None, the kit's GEMM on or None)
+            plans = ([("bf16", "bf16", None, None), ("fp8", "fp8", None, None)]
+                     + ([("fp8_plain_order", "fp8", False, None)] if row["swap_ab"] else [])
+                     + ([("fp8_cublas", "fp8", None, False)] if kit else []))
             with torch.no_grad():
-                for key, way, swap in plans:
+                for key, way, swap, use_kit in plans:
                     if swap is not None:
                         for m in l8:
                             m.swap_ab = swap
+                    if use_kit is not None:
+                        decode_gemm.USE_KIT_GEMM = use_kit
                     try:
                         def check(res, key=key, way=way):
                             row["rel_err_vs_float32"][key] = K.rel_err(res[0], refs[way])
                         t, cap = graph_time(ways[way], dev, check=check, n_rep=20)
                     finally:
+                        decode_gemm.USE_KIT_GEMM = kit_on
                         for m in l8:
                             m.swap_ab = swapped
                     row[f"{key}_us"] = t.median_ms * 1e3 / n
