@@ -5,7 +5,8 @@ switches for.
     python benchmarks/lab04_round6.py OUT.json [--rounds 7] [--parts attn,step] [--set 6|6b|7]
 
 ``--set 6b`` and ``--set 7`` (decode step only) are the follow-ups: see :data:`CHOICES_B` and
-:data:`CHOICES_7` (round 7 prepared, not run yet).
+:data:`CHOICES_7` (round 7's small-kernel choices, run by ``lab04_round7.py``). Each table spells out the
+lab it ran on (:data:`PRE7`: the lab before round 7's changes), so a re-run measures what it did.
 
 The choices (each a module setting of the lab, so the step runs the lab's own kernels):
 
@@ -45,13 +46,18 @@ from lab04_grid_order_ab import bh_major  # noqa: E402
 
 from hwlab.labs import fp8 as lab  # noqa: E402
 from hwlab.labs.fp8 import attention as A  # noqa: E402
+from hwlab.labs.fp8 import decode_gemm as G  # noqa: E402
 from hwlab.labs.fp8 import model  # noqa: E402
 from hwlab.labs.fp8 import quant as Q  # noqa: E402
 from hwlab.measure_graph import capture_graph  # noqa: E402
 
+#: the lab's settings before round 7 adopted its changes (the kit's decode GEMM, PDL for all but
+#: the attention, norms at 8 warps, the head writing float32): every choice of rounds 6 and 7 ran
+#: on this base, so each table below spells it out and re-runs what it measured
+PRE7 = {"kit_gemm": False, "pdl": False, "row_warps": 4, "head_fp32": False}
 #: the lab as it was when round 6 ran (760eace): a split of its own for every remainder, this
 #: step's K and V written by a kv_store kernel before the attention, every bf16 cache to SDPA
-ROUND6_LAB = {"merge": 0.0, "kv": "separate", "kit_bf16_below": 0}
+ROUND6_LAB = {"merge": 0.0, "kv": "separate", "kit_bf16_below": 0, **PRE7}
 #: round 6 (``--set 6``): name -> settings; "lab" is :data:`ROUND6_LAB`
 CHOICES = {name: {**ROUND6_LAB, **c} for name, c in {
     "lab": {},
@@ -68,34 +74,27 @@ CHOICES = {name: {**ROUND6_LAB, **c} for name, c in {
 #: (merged last split, this step's K and V written by the attention kernel, every bf16 cache read
 #: by SDPA) against the same with a kv_store kernel, against round 6's lab, and with the kit's
 #: kernel reading a bf16 cache too (adopted after it below 4096 positions: ``KIT_BF16_BELOW_CTX``)
-CHOICES_B = {
+CHOICES_B = {name: {**PRE7, **c} for name, c in {
     "lab": {"kit_bf16_below": 0},
     "kv_store separate": {"kv": "separate", "kit_bf16_below": 0},
     "round-6 lab": ROUND6_LAB,
     "kit on bf16 cache": {"kit_bf16_below": 1 << 30},
-}
-#: round 7 (``--set 7``, prepared in the fifth session, not run yet): round 6's step 9 put the 4k
-#: step's time over its byte floor in the GEMMs' fixed cost and the small kernels; these are the
-#: small kernels' cheap choices: more warps per norm program (one program per row), and the head
-#: writing float32 logits itself (``torch.mm(..., out_dtype=float32)``) instead of a cast kernel
-CHOICES_7 = {
+}.items()}
+#: round 7's small-kernel choices (``--set 7``, prepared in the fifth session, run by
+#: ``lab04_round7.py`` at 030bdd4): round 6's step 9 put the 4k step's time over its byte floor in
+#: the GEMMs' fixed cost and the small kernels; these are the small kernels' cheap choices: more
+#: warps per norm program (one program per row), and the head writing float32 logits itself
+#: (``torch.mm(..., out_dtype=float32)``) instead of a cast kernel
+CHOICES_7 = {name: {**PRE7, **c} for name, c in {
     "lab": {},
     "norms 8 warps": {"row_warps": 8},
     "norms 16 warps": {"row_warps": 16},
     "head fp32 out": {"head_fp32": True},
-}
+}.items()}
 #: the lab's own settings, read before any choice changes them
 LAB_MERGE, LAB_STEP, LAB_KIT_BF16 = A.MERGE_TAIL_FRACTION, model.KVCache.step, model.KIT_BF16_BELOW_CTX
-LAB_ROW_WARPS, LAB_QLINEAR_FORWARD = Q.ROW_WARPS, model.QLinear.forward
-
-
-def _head_fp32_forward(self, x):
-    """``QLinear.forward`` where a bf16 layer as wide as the vocabulary (the head) on a GPU writes
-    float32 itself, so the decoder's ``.float()`` launches nothing; every other layer as the lab's."""
-    if self.mode == "bf16" and x.is_cuda and self.out_features >= 32768:
-        x2 = x.reshape(-1, x.shape[-1])
-        return torch.mm(x2, self.w.t(), out_dtype=torch.float32).reshape(*x.shape[:-1], self.out_features)
-    return LAB_QLINEAR_FORWARD(self, x)
+LAB_ROW_WARPS, LAB_HEAD_FP32, LAB_PDL, LAB_PDL_ATTENTION = Q.ROW_WARPS, model.HEAD_FP32, Q._PDL["on"], A.PDL_ATTENTION
+LAB_KIT_GEMM, LAB_GEMM_CONFIGS = G.USE_KIT_GEMM, dict(G.CONFIGS)
 
 
 def _step_separate(self, layer, q, k, v, pos, tile=A.DEFAULT_TILE, out_scale=None):
@@ -104,26 +103,57 @@ def _step_separate(self, layer, q, k, v, pos, tile=A.DEFAULT_TILE, out_scale=Non
     return self.attend(layer, q, pos + 1, tile, out_scale)
 
 
+def _no_pdl(t):
+    return {"PDL": False}
+
+
+def _prefetch(pk: int, k: int, tile: dict) -> int:
+    """``pk`` columns, at most one K slice's, rounded down to a power of two (a ``tl.arange``)."""
+    n = min(pk, k // tile.get("SPLIT_K", 1))
+    return 1 << (n.bit_length() - 1) if n >= 128 else 0
+
+
 @contextlib.contextmanager
 def choice(settings: dict):
+    """Set the lab's knobs as ``settings`` says (a knob it leaves out keeps the lab's value), and
+    put every one back after. Knobs: ``order`` ("bh": round 5's grid), ``merge``, ``min_programs``,
+    ``kv`` ("separate": a kv_store kernel), ``kit_bf16_below``, ``swap_ab_max_rows``, ``row_warps``,
+    ``head_fp32``, ``pdl`` (with the attention too unless ``pdl_off`` names "attention"; rounds 6
+    and 7 ran it that way), ``pdl_off`` (modules whose kernels launch without PDL: "attention",
+    "quant"), ``kit_gemm`` with ``configs`` (the tiles; default the lab's), ``prefetch_k`` and
+    ``cublas`` (shapes left on cuBLAS)."""
     old = (model.K.decode_attention, A.MERGE_TAIL_FRACTION, A.MIN_PROGRAMS, Q._PDL["on"], model.SWAP_AB_MAX_ROWS,
-           model.KVCache.step, model.KIT_BF16_BELOW_CTX, Q.ROW_WARPS, model.QLinear.forward)
+           model.KVCache.step, model.KIT_BF16_BELOW_CTX, Q.ROW_WARPS, model.HEAD_FP32, A.PDL_ATTENTION,
+           Q.pdl_args, G.USE_KIT_GEMM, dict(G.CONFIGS))
     try:
         Q.ROW_WARPS = settings.get("row_warps", LAB_ROW_WARPS)
-        model.QLinear.forward = _head_fp32_forward if settings.get("head_fp32") else LAB_QLINEAR_FORWARD
+        model.HEAD_FP32 = settings.get("head_fp32", LAB_HEAD_FP32)
         model.KIT_BF16_BELOW_CTX = settings.get("kit_bf16_below", LAB_KIT_BF16)
         if settings.get("order") == "bh":
             model.K.decode_attention = bh_major
         model.KVCache.step = _step_separate if settings.get("kv") == "separate" else LAB_STEP
         A.MERGE_TAIL_FRACTION = settings.get("merge", LAB_MERGE)
         A.MIN_PROGRAMS = settings.get("min_programs", A.MIN_PROGRAMS)
-        Q.set_pdl(settings.get("pdl", False))
+        pdl_off = settings.get("pdl_off", ())
+        Q.set_pdl(settings.get("pdl", LAB_PDL))
+        A.PDL_ATTENTION = "attention" not in pdl_off if "pdl" in settings else LAB_PDL_ATTENTION
+        if "quant" in pdl_off:
+            Q.pdl_args = _no_pdl
+        G.USE_KIT_GEMM = settings.get("kit_gemm", LAB_KIT_GEMM)
+        if G.USE_KIT_GEMM and {"configs", "prefetch_k", "cublas"} & set(settings):  # else the lab's tiles
+            pk = settings.get("prefetch_k", 0)
+            G.CONFIGS.clear()
+            G.CONFIGS.update({nk: {**G.DEFAULT_CONFIG, **t, "PREFETCH_K": _prefetch(pk, nk[1], t)}
+                              for nk, t in settings.get("configs", LAB_GEMM_CONFIGS).items()
+                              if nk not in settings.get("cublas", ())})
         model.SWAP_AB_MAX_ROWS = settings.get("swap_ab_max_rows", model.SWAP_AB_MAX_ROWS)
         yield
     finally:
         (model.K.decode_attention, A.MERGE_TAIL_FRACTION, A.MIN_PROGRAMS, Q._PDL["on"],
          model.SWAP_AB_MAX_ROWS, model.KVCache.step, model.KIT_BF16_BELOW_CTX, Q.ROW_WARPS,
-         model.QLinear.forward) = old
+         model.HEAD_FP32, A.PDL_ATTENTION, Q.pdl_args, G.USE_KIT_GEMM) = old[:-1]
+        G.CONFIGS.clear()
+        G.CONFIGS.update(old[-1])
 
 
 def alternate(graphs: dict, rounds: int, reps: int = 20) -> dict:

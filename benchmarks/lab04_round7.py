@@ -30,7 +30,6 @@ and the head's float32 output. Part ``logits``: the fixed path's logit error aga
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -82,12 +81,6 @@ SHAPES = {"qkv": (3 * 4096, 4096), "out": (4096, 4096), "up": (14336, 4096), "do
 
 def _cfg(tile: dict, **kw) -> dict:
     return {**G.DEFAULT_CONFIG, **tile, **kw}
-
-
-def _prefetch(pk: int, k: int, tile: dict) -> int:
-    """``pk`` columns, at most one K slice's, rounded down to a power of two (a ``tl.arange``)."""
-    n = min(pk, k // tile.get("SPLIT_K", 1))
-    return 1 << (n.bit_length() - 1) if n >= 128 else 0
 
 
 def gemm_part(rounds: int, n_layers: int = 8, tiles: dict = TILES, prefetch=PREFETCH) -> tuple[list, dict, list]:
@@ -184,34 +177,14 @@ def _time_ways(ways: dict, rounds: int, dev, n: int) -> dict:
     return {"us": {k: statistics.median(v) * 1e3 / n for k, v in ms.items()}, "err": err, "failed": failed}
 
 
-@contextlib.contextmanager
-def choice7(settings: dict):
-    """Round 6's :func:`choice`, plus the kit GEMM (``kit_gemm``) with its tiles (``configs``)
-    and ``prefetch_k`` on each tile."""
-    old = (G.USE_KIT_GEMM, dict(G.CONFIGS), A.pdl_args, Q.pdl_args)
-    try:
-        G.USE_KIT_GEMM = bool(settings.get("kit_gemm"))
-        if settings.get("kit_gemm"):
-            G.CONFIGS.clear()
-            pk = settings.get("prefetch_k", 0)
-            G.CONFIGS.update({nk: _cfg(t, PREFETCH_K=_prefetch(pk, nk[1], t)) for nk, t in
-                              settings["configs"].items() if nk not in settings.get("cublas", ())})
-        for name in settings.get("pdl_off", ()):  # these modules' kernels launch without PDL
-            {"attention": A, "quant": Q}[name].pdl_args = _no_pdl
-        with r6.choice(settings):
-            yield
-    finally:
-        G.USE_KIT_GEMM, A.pdl_args, Q.pdl_args = old[0], old[2], old[3]
-        G.CONFIGS.clear()
-        G.CONFIGS.update(old[1])
-
-
-def _no_pdl(t):
-    return {"PDL": False}
+#: round 6's :func:`choice` knows every knob of the lab, these rounds' included
+choice7 = r6.choice
+_prefetch = r6._prefetch
 
 
 def step_choices(best: dict) -> dict:
-    kit = {"kit_gemm": True, "configs": best}
+    """Round 7's step choices (run at 030bdd4), on the lab as it was then (:data:`r6.PRE7`)."""
+    kit = {**r6.PRE7, "kit_gemm": True, "configs": best}
     return {**r6.CHOICES_7,
             "kit gemm": kit,
             "kit gemm + pdl": {**kit, "pdl": True},
@@ -224,10 +197,11 @@ def step_choices(best: dict) -> dict:
 def step_choices_b(best: dict, cublas_faster=()) -> dict:
     """Round 7b's step choices (the fixed path; the bf16 path takes the ``pdl``/``norms`` ones).
     ``cublas_faster``: the shapes part ``gemm`` measured faster on cuBLAS."""
-    kit = {"kit_gemm": True, "configs": best}
+    kit = {**r6.PRE7, "kit_gemm": True, "configs": best}
     small = {"row_warps": 8, "head_fp32": True}
     out_cublas = {"cublas": ((4096, 4096),)}
-    return {"lab": {},
+    pre7 = r6.PRE7
+    return {"lab": pre7,
             "kit": kit,
             "kit, cuBLAS where faster": {**kit, "cublas": tuple(cublas_faster)},
             "kit, out on cuBLAS": {**kit, **out_cublas},
@@ -238,10 +212,10 @@ def step_choices_b(best: dict, cublas_faster=()) -> dict:
             "kit + pdl, GEMMs only": {**kit, "pdl": True, "pdl_off": ("attention", "quant")},
             "kit + pdl + norms 8 + head fp32": {**kit, "pdl": True, **small},
             "kit + pdl, not attention + norms 8 + head fp32": {**kit, "pdl": True, "pdl_off": ("attention",), **small},
-            "pdl": {"pdl": True},
-            "pdl, not attention": {"pdl": True, "pdl_off": ("attention",)},
-            "norms 8 + head fp32": small,
-            "pdl + norms 8 + head fp32": {"pdl": True, **small}}
+            "pdl": {**pre7, "pdl": True},
+            "pdl, not attention": {**pre7, "pdl": True, "pdl_off": ("attention",)},
+            "norms 8 + head fp32": {**pre7, **small},
+            "pdl + norms 8 + head fp32": {**pre7, "pdl": True, **small}}
 
 
 def logits_part(choices: dict) -> dict:
@@ -251,7 +225,7 @@ def logits_part(choices: dict) -> dict:
     out = {}
     with torch.no_grad():
         for name, c in choices.items():
-            if name == "lab" or (c.get("kit_gemm") and not c.get("pdl") and "row_warps" not in c):
+            if name == "lab" or (c.get("kit_gemm") and not c.get("pdl") and c.get("row_warps") == 4):
                 with choice7(c):
                     out[name] = lab.logit_error(models)["fixed"]
                 print(f"logit error, fixed against bf16, {name}: {out[name]:.4f}", flush=True)

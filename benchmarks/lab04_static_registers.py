@@ -47,7 +47,7 @@ MM_SIG = {"x_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "ws_ptr":
           "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
           "stride_wn": "i32", "stride_ym": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr",
           "STAGES": "constexpr", "SWAP": "constexpr", "SPLIT_K": "constexpr", "PREFETCH_K": "constexpr",
-          "EVEN_K": "constexpr", "ACC_K": "constexpr", "PDL": "constexpr"}
+          "EVEN_K": "constexpr", "ACC_K": "constexpr", "FENCE": "constexpr", "PDL": "constexpr"}
 
 
 def main(out_path: str) -> None:
@@ -80,10 +80,10 @@ def main(out_path: str) -> None:
     attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(MM_SIG) if k.endswith("_ptr") or k.startswith("stride")}
     for even_k, stages in ((False, 4), (True, 4), (True, 6)):
         c = {**{k: v for k, v in G.DEFAULT_CONFIG.items() if k not in ("num_warps", "STAGES")}, "BM": 16,
-             "STAGES": stages, "EVEN_K": even_k, "ACC_K": G.ACC_K, "PDL": False}
+             "STAGES": stages, "EVEN_K": even_k, "ACC_K": G.ACC_K, "FENCE": True, "PDL": False}
         label = f"{'no K mask' if even_k else 'K masked'}, {stages} stages"
-        g = ptxas_sm90(G._decode_mm_kernel, MM_SIG, c, attrs, {"num_warps": G.DEFAULT_CONFIG["num_warps"]}, label)
-        rows.append({"kernel": "_decode_mm_kernel", "label": label, "warps": G.DEFAULT_CONFIG["num_warps"], **c, **g})
+        g = ptxas_sm90(G._fp8_decode_gemm_kernel, MM_SIG, c, attrs, {"num_warps": G.DEFAULT_CONFIG["num_warps"]}, label)
+        rows.append({"kernel": "_fp8_decode_gemm_kernel", "label": label, "warps": G.DEFAULT_CONFIG["num_warps"], **c, **g})
     for r in rows:
         print(f"{r['kernel']:>34} {r['label']:>20}: {r['regs']} registers, {r['st']} B spill stores, "
               f"{r['shared']} B shared")

@@ -239,7 +239,7 @@ def test_static_register_report_of_the_tuned_tiles(tmp_path):
     # activation tiles sits in shared memory
     from hwlab.labs.fp8.decode_gemm import DEFAULT_CONFIG as C
     stage = C["BN"] * C["BK"] + 16 * C["BK"]  # FP8: one byte per element
-    mm = {r["label"]: r for r in json.loads(out.read_text())["rows"] if r["kernel"] == "_decode_mm_kernel"}
+    mm = {r["label"]: r for r in json.loads(out.read_text())["rows"] if r["kernel"] == "_fp8_decode_gemm_kernel"}
     assert mm["K masked, 4 stages"]["shared"] < 2 * stage
     for n in (4, 6):
         assert mm[f"no K mask, {n} stages"]["shared"] >= n * stage and mm[f"no K mask, {n} stages"]["st"] == 0
@@ -327,20 +327,24 @@ def test_decoder_fuses_the_out_projections_requant_into_attention(monkeypatch):
     assert names.count(model.QUANT_MARK) == 1 + 4 * L.TINY.n_layers
 
 
-def test_pdl_is_off_unless_asked_and_never_on_a_cpu():
+def test_pdl_is_on_for_the_lab_but_never_on_a_cpu_nor_for_the_attention():
+    """PDL (round 7b): on for the decode step's kernels where the GPU has it, never for a CPU
+    tensor (the interpreter has no griddepcontrol), and off for the attention's kernels unless
+    its own switch is on; the kernels still launch with it set."""
+    from hwlab.labs.fp8 import attention as A
     from hwlab.labs.fp8 import quant as Q
 
     x = torch.zeros(2)
-    assert Q.pdl_args(x) == {"PDL": False}
-    old = Q.set_pdl(True)
+    assert Q._PDL["on"] is True and A.PDL_ATTENTION is False
+    assert Q.pdl_args(x) == {"PDL": False} and A._pdl_args(x) == {"PDL": False}
+    out = K.rmsnorm(torch.randn(3, 64, dtype=torch.float16), use_triton=True)  # still launches
+    assert torch.isfinite(out).all()
+    old = Q.set_pdl(False)
     try:
-        assert old is False
-        assert Q.pdl_args(x) == {"PDL": False}  # a CPU tensor: the interpreter has no griddepcontrol
-        out = K.rmsnorm(torch.randn(3, 64, dtype=torch.float16), use_triton=True)  # still launches
-        assert torch.isfinite(out).all()
+        assert old is True and Q._PDL["on"] is False
     finally:
         Q.set_pdl(old)
-    assert Q.pdl_args(x) == {"PDL": False}
+    assert Q._PDL["on"] is True
 
 
 @pytest.mark.parametrize("dt", [torch.float16, K.FP8])

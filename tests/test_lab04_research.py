@@ -183,60 +183,52 @@ def test_round5_attention_variants_match_the_reference_and_the_lab(monkeypatch):
         assert before.dtype == lab.dtype and torch.equal(before.float(), lab.float())
 
 
-def test_round6_choices_set_the_lab_and_put_it_back():
-    """Each A/B choice of lab04_round6.py changes only what it names, and the lab is as it was
-    after it (a choice left set would make every later measurement in the process a different
-    lab). The head's float32 output (round 7's choice) runs as the lab's head on a CPU."""
+def test_round6_and_7_choices_set_the_lab_and_put_it_back():
+    """Each A/B choice of lab04_round6.py and lab04_round7.py changes only what it names, on the
+    lab it ran on (PRE7: the lab before round 7's changes), and the lab is as it was after it (a
+    choice left set would make every later measurement in the process a different lab). Round
+    7's choices switch the kit's decode GEMM with the tiles its GEMM part picked (prefetch depths
+    a power of two within one K slice), and PDL per module."""
     from hwlab.labs import fp8 as L
     from hwlab.labs.fp8 import attention as A
+    from hwlab.labs.fp8 import decode_gemm as G
     from hwlab.labs.fp8 import model
     from hwlab.labs.fp8 import quant as Q
 
-    r6 = _bench("lab04_round6")
+    r6, r7 = _bench("lab04_round6"), _bench("lab04_round7")
     state = lambda: (model.K.decode_attention, A.MERGE_TAIL_FRACTION, A.MIN_PROGRAMS, Q._PDL["on"],  # noqa: E731
                      model.SWAP_AB_MAX_ROWS, model.KVCache.step, model.KIT_BF16_BELOW_CTX, Q.ROW_WARPS,
-                     model.QLinear.forward)
+                     model.HEAD_FP32, A.PDL_ATTENTION, Q.pdl_args, G.USE_KIT_GEMM, dict(G.CONFIGS))
     before = state()
-    for table in (r6.CHOICES, r6.CHOICES_B, r6.CHOICES_7):
-        for name, c in table.items():
-            with r6.choice(c):
-                assert (A.MERGE_TAIL_FRACTION == c.get("merge", before[1])
-                        and Q._PDL["on"] == c.get("pdl", False)
-                        and Q.ROW_WARPS == c.get("row_warps", before[7])
-                        and (model.KVCache.step is r6._step_separate) == (c.get("kv") == "separate")
-                        and (model.K.decode_attention is r6.bh_major) == (c.get("order") == "bh")), name
-            assert state() == before, name
+    best = {nk: r7.TILES["swap 64x256 s4 k4"] for nk in r7.SHAPES.values()}
+    tables = {**{f"6 {k}": v for k, v in r6.CHOICES.items()}, **{f"6b {k}": v for k, v in r6.CHOICES_B.items()},
+              **{f"7 {k}": v for k, v in r7.step_choices(best).items()},
+              **{f"7b {k}": v for k, v in r7.step_choices_b(best, [(4096, 14336)]).items()}}
+    for name, c in tables.items():
+        assert all(c[k] == v for k, v in r6.PRE7.items() if k not in ("kit_gemm", "pdl", "row_warps", "head_fp32")) \
+            and set(r6.PRE7) <= set(c), name  # every choice states the lab it ran on
+        with r6.choice(c):
+            assert (A.MERGE_TAIL_FRACTION == c.get("merge", before[1])
+                    and Q._PDL["on"] == c["pdl"] and Q.ROW_WARPS == c["row_warps"] and model.HEAD_FP32 == c["head_fp32"]
+                    and (model.KVCache.step is r6._step_separate) == (c.get("kv") == "separate")
+                    and (model.K.decode_attention is r6.bh_major) == (c.get("order") == "bh")), name
+            assert G.USE_KIT_GEMM == c["kit_gemm"] == (name.startswith("7") and " kit" in name), name
+            assert A.PDL_ATTENTION == ("attention" not in c.get("pdl_off", ())), name
+            assert (Q.pdl_args is before[10]) == ("quant" not in c.get("pdl_off", ())), name
+            if c["kit_gemm"]:
+                assert G.takes(4096, 4096) == ("out on cuBLAS" not in name), name
+                assert G.takes(4096, 14336) == ("where faster" not in name), name
+                for (n, k), cfg in G.CONFIGS.items():
+                    pk = cfg["PREFETCH_K"]
+                    assert pk == 0 or (pk & (pk - 1) == 0 and 128 <= pk <= k // cfg["SPLIT_K"]), (name, n, k, pk)
+                if "prefetch 4096" in name:  # down's K slice (14336 / 4) holds 2048 of the 4096 asked
+                    assert G.CONFIGS[(4096, 14336)]["PREFETCH_K"] == 2048
+        assert state() == before, name
+    with r6.choice({}):  # no knob named: the lab as it is
+        assert state() == before
+    assert r6.CHOICES["lab"] == r6.ROUND6_LAB  # round 6's "lab" is the lab as it was then
     m = L.Decoder(L.TINY, "bf16", device="cpu")
     x = torch.randn(2, L.TINY.d_model).to(torch.bfloat16)
-    with r6.choice(r6.CHOICES_7["head fp32 out"]):
-        assert torch.equal(m.head(x), model.QLinear.forward(m.head, x))  # a CPU tensor: the lab's forward
-    assert r6.CHOICES["lab"] == r6.ROUND6_LAB  # round 6's "lab" is the lab as it was then
-
-
-def test_round7_choices_set_the_kit_gemm_and_put_it_back():
-    """lab04_round7.py's step choices switch the kit's decode GEMM on with the tiles its GEMM part
-    picked (prefetch depths a power of two within one K slice), on top of round 6's choices, and
-    leave the lab as it was."""
-    from hwlab.labs.fp8 import decode_gemm as G
-    from hwlab.labs.fp8 import quant as Q
-
-    from hwlab.labs.fp8 import attention as A
-
-    r7 = _bench("lab04_round7")
-    best = {nk: r7.TILES["swap 64x256 s4 k4"] for nk in r7.SHAPES.values()}
-    before = (G.USE_KIT_GEMM, dict(G.CONFIGS), Q._PDL["on"], Q.ROW_WARPS, A.pdl_args, Q.pdl_args)
-    choices = {**r7.step_choices(best), **r7.step_choices_b(best, [(4096, 14336)])}
-    for name, c in choices.items():
-        with r7.choice7(c):
-            assert G.USE_KIT_GEMM == name.startswith("kit"), name
-            assert Q._PDL["on"] == ("pdl" in name), name
-            assert (A.pdl_args is Q.pdl_args is before[4]) == ("not attention" not in name and "GEMMs only" not in name)
-            assert (Q.pdl_args is before[5]) == ("GEMMs only" not in name), name
-            assert G.takes(4096, 4096) == (name.startswith("kit") and "out on cuBLAS" not in name), name
-            assert G.takes(4096, 14336) == (name.startswith("kit") and "where faster" not in name), name
-            for (n, k), cfg in G.CONFIGS.items():
-                pk = cfg["PREFETCH_K"]
-                assert pk == 0 or (pk & (pk - 1) == 0 and 128 <= pk <= k // cfg["SPLIT_K"]), (name, n, k, pk)
-            if "prefetch 4096" in name:  # down's K slice (14336 / 4) holds 2048 of the 4096 asked
-                assert G.CONFIGS[(4096, 14336)]["PREFETCH_K"] == 2048 and G.CONFIGS[(4096, 4096)]["PREFETCH_K"] == 1024
-        assert (G.USE_KIT_GEMM, dict(G.CONFIGS), Q._PDL["on"], Q.ROW_WARPS, A.pdl_args, Q.pdl_args) == before, name
+    assert _rel(m.head.mm_float32(x), m.head(x).float()) < 1e-2  # the head's float32 product, as on a GPU
+    with pytest.raises(ValueError, match="bf16 layer"):
+        L.Decoder(L.TINY, "fixed", device="cpu").layers[0]["qkv"].mm_float32(x)

@@ -53,7 +53,7 @@ SIMT_GEMM_MARKERS = ("sgemm", "f32f32_f32f32_f32", "gemv")
 STEP_TIME_CLASSES = (
     ("attention", ("_decode_attn", "flash", "fmha", "attention")),
     ("quant/dequant", ("_quant_", "_row_amax", "_dequant_rows")),
-    ("gemm fp8", ("fp8w_gemm", "qqtst", "_scaled_mm", "e4m3", "f8f8")),
+    ("gemm fp8", ("fp8w_gemm", "fp8_decode_gemm", "qqtst", "_scaled_mm", "e4m3", "f8f8")),
     ("gemm", ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas", "aten::mm", "aten::addmm", "aten::bmm")),
 )
 #: the kit's own ``record_function`` ranges start with this (mirrored on the GPU timeline)

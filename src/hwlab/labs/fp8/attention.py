@@ -48,6 +48,19 @@ class AttnTile:
                              "up to 32, num_stages >= 1")
 
 
+#: whether the attention's kernels launch with programmatic dependent launch where
+#: :func:`.quant.set_pdl` has it on: off. The attention's thousands of programs, launched early,
+#: wait on SMs that the kernel before them still needs; round 7b's A/B of the decode step measured
+#: PDL with the attention slower at 4k and 32k than PDL without it, and faster only at 512
+#: (benchmarks/LAB04_NOTES.md round 7)
+PDL_ATTENTION = False
+
+
+def _pdl_args(t: torch.Tensor) -> dict:
+    """:func:`.quant.pdl_args` where :data:`PDL_ATTENTION` is on; PDL off otherwise."""
+    return pdl_args(t) if PDL_ATTENTION else {"PDL": False}
+
+
 #: fewest programs a launch should have: about two one-warp programs per resident slot of an
 #: H100/H200-class GPU (132 SMs x 16 warps), so that no SM idles while another's loads wait
 MIN_PROGRAMS = 2048
@@ -124,7 +137,7 @@ def kv_store(k, v, k_cache, v_cache, scale, pos: int | torch.Tensor, use_triton:
     _kv_store_kernel[(B * H,)](k, v, k_cache, v_cache, scale.reshape(1).float(), 0 if per_row else pos,
                                pos if per_row else k_cache, H,
                                k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.shape[2],
-                               D=D, QUANT=k_cache.dtype == FP8, PER_ROW=per_row, **pdl_args(k))
+                               D=D, QUANT=k_cache.dtype == FP8, PER_ROW=per_row, **_pdl_args(k))
 
 
 # ---------------------------------------------------------------- decode attention
@@ -322,7 +335,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                                             H, q.stride(0), q.stride(1), D=D, CHUNK=chunk,
                                             BLOCK_T=tile.block_t, PER_ROW=per_row, F16=k_cache.dtype == FP8,
                                             num_warps=tile.num_warps, num_stages=tile.num_stages, **fused,
-                                            **pdl_args(q))
+                                            **_pdl_args(q))
     return combine_splits(m, l, acc, q, out_scale)
 
 
@@ -364,5 +377,5 @@ def combine_splits(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, q: torch
     out = torch.empty((B, H, 1, D), dtype=q.dtype if out_scale is None else FP8, device=q.device)
     s = out if out_scale is None else out_scale.reshape(1).float()
     _decode_attn_combine[(B * H,)](m, l, acc, out, s, n_splits, D=D, SPLITS=max(2, triton.next_power_of_2(n_splits)),
-                                   QUANT=out_scale is not None, **pdl_args(q))
+                                   QUANT=out_scale is not None, **_pdl_args(q))
     return out

@@ -37,8 +37,9 @@ from .quant import FP8, pdl_args, use_triton_for
 
 #: whether :class:`.model.QLinear` runs this kernel for decode-shaped ``fp8_static`` calls (at most
 #: :data:`MAX_ROWS` rows on a GPU) on the weight shapes :data:`CONFIGS` names (:func:`takes`),
-#: instead of cuBLAS's FP8 GEMM; off until round 7's A/B says
-USE_KIT_GEMM = False
+#: instead of cuBLAS's FP8 GEMM: on, since round 7b's A/B of the decode step measured it faster
+#: with every shape here (benchmarks/LAB04_NOTES.md round 7)
+USE_KIT_GEMM = True
 #: most activation rows a call takes here; a prefill's rows go to cuBLAS
 MAX_ROWS = 16
 #: the tile when the caller names none; :data:`CONFIGS` holds the measured choice per shape
@@ -46,11 +47,16 @@ DEFAULT_CONFIG = {"SWAP": True, "BN": 64, "BK": 256, "STAGES": 4, "SPLIT_K": 1, 
 #: (N, K) -> tile, for each weight shape where ``benchmarks/lab04_round7.py`` measured this kernel
 #: faster than cuBLAS in the decode step (tiles swept in CUDA graphs over 8 layers' weights, larger
 #: than L2, as a step streams them); a shape not here stays on cuBLAS
-CONFIGS: dict[tuple[int, int], dict] = {}
+CONFIGS: dict[tuple[int, int], dict] = {
+    (3 * 4096, 4096): {"SWAP": True, "BN": 64, "BK": 128, "STAGES": 6, "SPLIT_K": 1},  # qkv
+    (4096, 4096): {"SWAP": True, "BN": 64, "BK": 128, "STAGES": 6, "SPLIT_K": 4},  # out, the connector
+    (14336, 4096): {"SWAP": True, "BN": 64, "BK": 128, "STAGES": 6, "SPLIT_K": 1},  # up
+    (4096, 14336): {"SWAP": True, "BN": 64, "BK": 128, "STAGES": 6, "SPLIT_K": 4},  # down
+}
 #: FP8 tensor-core products are added into the float32 sum at least every this many K columns:
-#: Hopper's FP8 MMA keeps its own running sum at reduced precision (Triton's default on sm_90
-#: lets it run the whole K), which round 7's first A/B measured as 2.1e-3 relative error against
-#: cuBLAS's 1.7e-3 (bf16 rounding alone); a promotion every 128 columns is DeepGEMM's choice
+#: Hopper's FP8 MMA keeps its own running sum at reduced precision, and Triton's default on sm_90
+#: lets it run the whole K (round 7 measured the cost against cuBLAS, which promotes: LAB04_NOTES);
+#: every 128 columns is DeepGEMM's choice, and costs nothing a memory-bound GEMM can see
 ACC_K = 128
 #: the interpreter runs any tile; a small one keeps CPU tests quick
 CPU_CONFIG = {"SWAP": False, "BN": 16, "BK": 32, "STAGES": 1, "SPLIT_K": 1, "PREFETCH_K": 0, "num_warps": 4}
@@ -64,11 +70,19 @@ def _prefetch_l2(ptrs):
 
 
 @triton.jit
-def _decode_mm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
+def _fence_gpu(t):
+    """``fence.acq_rel.gpu`` in every thread holding an element of ``t``: its earlier writes and
+    atomics are performed for the whole GPU before its later ones."""
+    tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r,r", [t], dtype=tl.int32, is_pure=False,
+                              pack=1)
+
+
+@triton.jit
+def _fp8_decode_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
                       stride_xm, stride_wn, stride_ym,
                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
                       SWAP: tl.constexpr, SPLIT_K: tl.constexpr, PREFETCH_K: tl.constexpr, EVEN_K: tl.constexpr,
-                      ACC_K: tl.constexpr, PDL: tl.constexpr):
+                      ACC_K: tl.constexpr, FENCE: tl.constexpr, PDL: tl.constexpr):
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BN + tl.arange(0, BN)
     rm = pid_m * BM + tl.arange(0, BM)
@@ -113,7 +127,9 @@ def _decode_mm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, y_ptr, part_ptr, cnt_ptr, M,
         tile = pid_m * tl.num_programs(0) + pid_n
         p_off = rm[:, None] * N + rn[None, :]
         tl.atomic_add(part_ptr + p_off, part, mask=out)
-        tl.debug_barrier()  # every thread's adds are issued before the counter's release
+        if FENCE:  # each thread's adds performed GPU-wide before the counter moves (the fence of
+            _fence_gpu(rm)  # CUDA's threadfence reduction; round 7b saw a tile summed early without it)
+        tl.debug_barrier()  # every thread past its fence before the counter's release
         if tl.atomic_add(cnt_ptr + tile, 1) == SPLIT_K - 1:  # acq_rel: the other slices' adds are visible
             total = tl.load(part_ptr + p_off, mask=out, other=0.0, cache_modifier=".cg")
             tl.store(y_ptr + y_off, (total * scale).to(y_ptr.dtype.element_ty), mask=out)
@@ -159,10 +175,11 @@ def decode_mm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: 
     BM = 16
     grid = (triton.cdiv(N, c["BN"]), triton.cdiv(M, BM), c["SPLIT_K"])
     part, cnt = _workspace(x.device, grid[1] * BM * N, grid[0] * grid[1]) if c["SPLIT_K"] > 1 else (y, y)
-    _decode_mm_kernel[grid](x, w, x_scale.reshape(1).float(), w_scale.reshape(1).float(), y, part, cnt, M, N, Kd,
+    _fp8_decode_gemm_kernel[grid](x, w, x_scale.reshape(1).float(), w_scale.reshape(1).float(), y, part, cnt, M, N, Kd,
                             x.stride(0), w.stride(0), y.stride(0), BM=BM, BN=c["BN"], BK=c["BK"],
                             STAGES=c["STAGES"], SWAP=c["SWAP"], SPLIT_K=c["SPLIT_K"], PREFETCH_K=c["PREFETCH_K"],
                             EVEN_K=Kd % (c["BK"] * c["SPLIT_K"]) == 0, ACC_K=min(c["BK"], ACC_K),
+                            FENCE=c.get("FENCE", not tritonenv.INTERPRETED),  # the interpreter: one program at a time
                             num_warps=c["num_warps"], **pdl_args(x))
     return y
 

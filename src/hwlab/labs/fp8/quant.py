@@ -32,18 +32,21 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 #: elements per program of the row kernels (a row wider than this loops)
 BLOCK = 1024
-#: warps per program of the decode step's norm kernels (one program per row): Triton's default,
-#: measured against 8 and 16 by ``benchmarks/lab04_round6.py --set 7``
-ROW_WARPS = 4
+#: warps per program of the decode step's norm kernels (one program per row, a 4096-wide row
+#: read at once): twice Triton's default, so each thread waits on half the loads; round 7's A/B
+#: measured 8 against 4 and 16 (benchmarks/LAB04_NOTES.md round 7)
+ROW_WARPS = 8
 
 
 #: programmatic dependent launch (PDL, Hopper and later) for the decode step's own kernels: one
 #: launched with it may be scheduled while the kernel before it drains, and waits
 #: (``griddepcontrol.wait``) for that kernel's writes before it reads anything, so the gap
-#: between two kernels shrinks while the order of their memory effects stays the stream's. Off
-#: unless :func:`set_pdl` turns it on: round 6's A/B (benchmarks/LAB04_NOTES.md) measured the
-#: step 1% slower at 512 and 0.7% faster at 32k with it (the graph's gaps are small already).
-_PDL = {"on": False}
+#: between two kernels shrinks while the order of their memory effects stays the stream's. On
+#: (:func:`set_pdl` switches it): round 6 measured it slower with cuBLAS's GEMMs between the
+#: kit's kernels; round 7b, with the kit's own GEMM (which asks for the next launch as it starts),
+#: measured the step faster in every bucket, the attention's kernels left out
+#: (:data:`.attention.PDL_ATTENTION`; benchmarks/LAB04_NOTES.md rounds 6-7).
+_PDL = {"on": True}
 
 
 def set_pdl(on: bool) -> bool:
