@@ -317,7 +317,9 @@ def part_lab04(out: Path, summary: list[str]) -> None:
     for g in r.get("gemms_vs_bf16", []):
         summary.append(f"lab04 GEMM {g['layer']} x{g['rows']}: FP8 {g['fp8_gbps']:.0f} GB/s ({g['fp8_over_bf16_gbps']:.0%} of bf16's "
                        f"{g['bf16_gbps']:.0f})" + (f", swap-AB; plain order {g['fp8_plain_order_gbps']:.0f}" if g["swap_ab"] else "")
-                       + (f", the kit's GEMM; cuBLAS FP8 {g['fp8_cublas_gbps']:.0f}" if g.get("kit_gemm") else ""))
+                       + (f", the kit's GEMM; cuBLAS FP8 {g['fp8_cublas_gbps']:.0f}" if g.get("kit_gemm") else "")
+                       + (f"; the kit's, 8 back to back with PDL {g['fp8_pdl_back_to_back_gbps']:.0f}"
+                          if "fp8_pdl_back_to_back_gbps" in g else ""))
     summary.append("lab04 byte-floor targets:\n" + lab.format_targets(
         lab.byte_floor_targets(r, copy, ev.extra["flowchart_leaves"]), "this run"))
 

@@ -193,7 +193,8 @@ def test_gemm_comparison_rederived_and_the_swap_ab_choice_measured(run):
         assert g["weight_bytes"] == {"bf16": 2 * n * k, "fp8": n * k} and g["n_layers"] == cfg.n_layers
         kit = g.get("kit_gemm", False)  # the kit's decode GEMM ran (round 7 on): cuBLAS timed beside it
         for way, key in ((("bf16", "bf16"), ("fp8", "fp8")) + ((("fp8_plain_order", "fp8"),) if g["swap_ab"] else ())
-                         + ((("fp8_cublas", "fp8"),) if kit else ())):
+                         + ((("fp8_cublas", "fp8"),) if kit else ())
+                         + ((("fp8_pdl_back_to_back", "fp8"),) if "fp8_pdl_back_to_back_us" in g else ())):
             assert g[f"{way}_gbps"] == pytest.approx(g["weight_bytes"][key] / g[f"{way}_us"] / 1e3)
         assert max(g["rel_err_vs_float32"].values()) < 1e-2
         assert g["swap_ab"] == (g["layer"] in SWAP_AB_LAYERS and g["rows"] % 16 == 0 and not kit)

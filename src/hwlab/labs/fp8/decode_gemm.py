@@ -127,8 +127,8 @@ def _fp8_decode_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, y_ptr, part_ptr, cnt_p
         tile = pid_m * tl.num_programs(0) + pid_n
         p_off = rm[:, None] * N + rn[None, :]
         tl.atomic_add(part_ptr + p_off, part, mask=out)
-        if FENCE:  # each thread's adds performed GPU-wide before the counter moves (the fence of
-            _fence_gpu(rm)  # CUDA's threadfence reduction; round 7b saw a tile summed early without it)
+        if FENCE:  # each thread's adds performed GPU-wide before the counter moves: the fence of
+            _fence_gpu(rm)  # CUDA's threadfence-reduction pattern (benchmarks/lab04_splitk_fence.py)
         tl.debug_barrier()  # every thread past its fence before the counter's release
         if tl.atomic_add(cnt_ptr + tile, 1) == SPLIT_K - 1:  # acq_rel: the other slices' adds are visible
             total = tl.load(part_ptr + p_off, mask=out, other=0.0, cache_modifier=".cg")
@@ -178,7 +178,7 @@ def decode_mm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: 
     _fp8_decode_gemm_kernel[grid](x, w, x_scale.reshape(1).float(), w_scale.reshape(1).float(), y, part, cnt, M, N, Kd,
                             x.stride(0), w.stride(0), y.stride(0), BM=BM, BN=c["BN"], BK=c["BK"],
                             STAGES=c["STAGES"], SWAP=c["SWAP"], SPLIT_K=c["SPLIT_K"], PREFETCH_K=c["PREFETCH_K"],
-                            EVEN_K=Kd % (c["BK"] * c["SPLIT_K"]) == 0, ACC_K=min(c["BK"], ACC_K),
+                            EVEN_K=Kd % (c["BK"] * c["SPLIT_K"]) == 0, ACC_K=min(c["BK"], c.get("ACC_K", ACC_K)),
                             FENCE=c.get("FENCE", not tritonenv.INTERPRETED),  # the interpreter: one program at a time
                             num_warps=c["num_warps"], **pdl_args(x))
     return y

@@ -11,6 +11,7 @@ from ...measure import require_memory, time_fn
 from ...measure_graph import graph_time
 from . import decode_gemm
 from . import kernels as K
+from .quant import set_pdl
 from .kernels import DEFAULT_TILE, AttnTile
 from .model import H200_SIZE, LOGIT_ERROR_BOUND, MAIN, TINY, Decoder, ModelConfig, logit_error, make_models
 from .profile import decode_breakdown, decode_profile
@@ -124,10 +125,18 @@ def gemms_vs_bf16(bf16: Decoder, fp8: Decoder, rows_list, device=None) -> list[d
     plain operand order is timed too; where it runs the kit's decode GEMM (``kit_gemm``,
     :mod:`.decode_gemm`), cuBLAS's FP8 GEMM is timed too (``fp8_cublas``, in the operand order the
     layer would give it): each choice, measured in the same run. Each output is first checked
-    against the float32 product of the very operands it read."""
+    against the float32 product of the very operands it read.
+
+    Every way is timed with PDL off (:func:`.quant.set_pdl`), one GEMM after another finished, as
+    cuBLAS's run: in a decode step a GEMM sits between a norm or the attention and the next
+    kernel, never behind another GEMM, and 8 of the kit's GEMMs launched back to back with PDL
+    overlap each other's programs in a way no step has (round 7 measured them slower so). Where
+    the lab has PDL on, that back-to-back time is recorded beside it (``fp8_pdl_back_to_back``)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     g = torch.Generator(device=dev).manual_seed(6)
     out = []
+    pdl_on = set_pdl(False)
+    set_pdl(pdl_on)
     for name in MAIN:
         l16 = [layer[name] for layer in bf16.layers]
         l8 = [layer[name] for layer in fp8.layers]
@@ -144,12 +153,14 @@ def gemms_vs_bf16(bf16: Decoder, fp8: Decoder, rows_list, device=None) -> list[d
                                    "swap_ab": l8[0].runs_swap_ab(rows) and not kit,
                                    "weight_bytes": {"bf16": l16[0].weight_bytes, "fp8": l8[0].weight_bytes},
                                    "rel_err_vs_float32": {}}
-            # (key, way, swap-AB setting or None, the kit's GEMM on or None)
-            plans = ([("bf16", "bf16", None, None), ("fp8", "fp8", None, None)]
-                     + ([("fp8_plain_order", "fp8", False, None)] if row["swap_ab"] else [])
-                     + ([("fp8_cublas", "fp8", None, False)] if kit else []))
+            # (key, way, swap-AB setting or None, the kit's GEMM on or None, PDL)
+            plans = ([("bf16", "bf16", None, None, False), ("fp8", "fp8", None, None, False)]
+                     + ([("fp8_plain_order", "fp8", False, None, False)] if row["swap_ab"] else [])
+                     + ([("fp8_cublas", "fp8", None, False, False)] if kit else [])
+                     + ([("fp8_pdl_back_to_back", "fp8", None, None, True)] if kit and pdl_on else []))
             with torch.no_grad():
-                for key, way, swap, use_kit in plans:
+                for key, way, swap, use_kit, pdl in plans:
+                    set_pdl(pdl)
                     if swap is not None:
                         for m in l8:
                             m.swap_ab = swap
@@ -160,6 +171,7 @@ def gemms_vs_bf16(bf16: Decoder, fp8: Decoder, rows_list, device=None) -> list[d
                             row["rel_err_vs_float32"][key] = K.rel_err(res[0], refs[way])
                         t, cap = graph_time(ways[way], dev, check=check, n_rep=20)
                     finally:
+                        set_pdl(pdl_on)
                         decode_gemm.USE_KIT_GEMM = kit_on
                         for m in l8:
                             m.swap_ab = swapped
