@@ -4,7 +4,7 @@ Triton kernel (``y = (x @ w.T) * x_scale * w_scale``, bf16 out).
 Why the kit has its own next to cuBLAS's ``torch._scaled_mm``: at a decode step's 4-16 rows a
 GEMM streams its weight once, so its time is a fixed part (launch, the first bytes' latency, the
 last wave) plus bytes / rate; cuBLAS's FP8 GEMM pays several microseconds of the fixed part on
-every call, about a third of a 16 MB weight's time (benchmarks/LAB04_NOTES.md, rounds 5-6).
+every call, a large share of a small weight's time (benchmarks/LAB04_NOTES.md, rounds 5-6).
 Whether this kernel pays less is measured, not assumed: ``benchmarks/lab04_round7.py`` times it
 against cuBLAS in the same run, and :class:`.model.QLinear` uses it only where
 :data:`USE_KIT_GEMM` says so.
@@ -19,7 +19,9 @@ The kernel, one program per ``BN`` weight rows (output columns):
   spent on padding; otherwise the rows are first, padded to 16;
 * ``SPLIT_K`` > 1: the K axis is shared by that many programs, which add their float32 sums into
   a workspace; the last to arrive (a counter) writes ``y`` and zeroes both for the next call. It
-  gives a narrow output (few ``BN`` tiles) enough programs to fill the GPU;
+  gives a narrow output (few ``BN`` tiles) enough programs to fill the GPU. Only BK 128 is
+  tested with it: at BK 256, split in 2, 4 rows, a tile was now and then summed wrong, for a cause
+  not found (benchmarks/lab04_splitk_fence.py, LAB04_NOTES.md round 7);
 * ``PREFETCH_K`` > 0: before anything else the program asks L2 for the first ``PREFETCH_K``
   columns of its weight rows (``prefetch.global.L2``). With PDL (:func:`.quant.pdl_args`) that
   happens before the wait for the previous kernel: the weight is not that kernel's output, so
