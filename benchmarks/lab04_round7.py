@@ -30,7 +30,6 @@ and the head's float32 output. Part ``logits``: the fixed path's logit error aga
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -43,10 +42,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lab04_round6 as r6  # noqa: E402
 
 from hwlab.labs import fp8 as lab  # noqa: E402
-from hwlab.labs.fp8 import attention as A  # noqa: E402
 from hwlab.labs.fp8 import decode_gemm as G  # noqa: E402
 from hwlab.labs.fp8 import quant as Q  # noqa: E402
 from hwlab.measure_graph import capture_graph  # noqa: E402
+from hwlab.store import write_json_atomic  # noqa: E402
 
 #: the kit GEMM's tiles swept per shape (name -> decode_gemm config)
 TILES = {
@@ -273,10 +272,7 @@ def main():
                    (4096, 16, tuple(r6.CHOICES_7), "bf16"))
         res["step"] = r6.step_part(a.rounds, buckets, ch, choose=choice7)
     res["elapsed_s"] = time.time() - t0
-    tmp = a.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(res, f, indent=1)
-    os.replace(tmp, a.out)
+    write_json_atomic(a.out, res, overwrite=True)  # a re-run replaces its own output
 
 
 if __name__ == "__main__":

@@ -18,8 +18,6 @@ rounding is ~2e-3).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 
@@ -27,6 +25,7 @@ import torch
 
 from hwlab.labs.fp8 import decode_gemm as G
 from hwlab.labs.fp8 import quant as Q
+from hwlab.store import write_json_atomic
 
 #: (name, (N, K), tile, fences): the lab's tiles (split-K and not), 7b's failing tile, and its
 #: neighbours one change away: no split, promotion every 256 columns, BK 128
@@ -77,10 +76,7 @@ def main():
         Q.set_pdl(old)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": __import__("triton").__version__, "rows": rows_out, "elapsed_s": time.time() - t0}
-    tmp = a.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(res, f, indent=1)
-    os.replace(tmp, a.out)
+    write_json_atomic(a.out, res, overwrite=True)  # a re-run replaces its own output
 
 
 if __name__ == "__main__":

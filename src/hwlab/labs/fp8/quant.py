@@ -55,6 +55,11 @@ def set_pdl(on: bool) -> bool:
     return old
 
 
+def pdl_enabled() -> bool:
+    """Whether :func:`set_pdl` has PDL on (where a GPU has it, :func:`pdl_args` then uses it)."""
+    return _PDL["on"]
+
+
 def pdl_args(t: torch.Tensor) -> dict:
     """Keyword arguments for a kernel launch next to ``t``: ``PDL`` (the kernel's constexpr: wait
     for the previous kernel, then let the next one launch) and Triton's ``launch_pdl``; PDL off on

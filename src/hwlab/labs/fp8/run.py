@@ -11,7 +11,7 @@ from ...measure import require_memory, time_fn
 from ...measure_graph import graph_time
 from . import decode_gemm
 from . import kernels as K
-from .quant import set_pdl
+from .quant import pdl_enabled, set_pdl
 from .kernels import DEFAULT_TILE, AttnTile
 from .model import H200_SIZE, LOGIT_ERROR_BOUND, MAIN, TINY, Decoder, ModelConfig, logit_error, make_models
 from .profile import decode_breakdown, decode_profile
@@ -135,8 +135,7 @@ def gemms_vs_bf16(bf16: Decoder, fp8: Decoder, rows_list, device=None) -> list[d
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     g = torch.Generator(device=dev).manual_seed(6)
     out = []
-    pdl_on = set_pdl(False)
-    set_pdl(pdl_on)
+    pdl_on = pdl_enabled()
     for name in MAIN:
         l16 = [layer[name] for layer in bf16.layers]
         l8 = [layer[name] for layer in fp8.layers]
