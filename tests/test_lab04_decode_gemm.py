@@ -8,6 +8,7 @@ import torch
 import hwlab  # noqa: F401  (interpreter before triton)
 from hwlab.labs.fp8 import decode_gemm as G
 from hwlab.labs.fp8 import kernels as K
+from hwlab.labs.fp8 import workspace as W
 
 
 def _rel(a, b):
@@ -28,7 +29,7 @@ def test_decode_mm_matches_reference_and_leaves_split_k_workspace_clean(swap, sp
             ref = G.decode_mm_ref(x, w, xs, ws, torch.float32)
             assert y.shape == (M, N) and _rel(y, ref) < 1e-3
     if split_k > 1:
-        part, cnt = G._WORKSPACES["cpu"]
+        part, cnt = W.buffer("cpu", "splitk_part"), W.buffer("cpu", "splitk_cnt")
         assert part.abs().max() == 0 and cnt.abs().max() == 0
 
 

@@ -35,7 +35,8 @@ from ... import tritonenv  # interpreter on CPU; must precede triton
 import triton
 import triton.language as tl
 
-from .quant import FP8, pdl_args, use_triton_for
+from . import workspace as W
+from .quant import FP8, fence_gpu, pdl_args, use_triton_for
 
 #: whether :class:`.model.QLinear` runs this kernel for decode-shaped ``fp8_static`` calls (at most
 #: :data:`MAX_ROWS` rows on a GPU) on the weight shapes :data:`CONFIGS` names (:func:`takes`),
@@ -69,14 +70,6 @@ def _prefetch_l2(ptrs):
     """Ask L2 for the 128-byte lines at ``ptrs`` (one address per line); nothing is returned."""
     tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
                               is_pure=False, pack=1)
-
-
-@triton.jit
-def _fence_gpu(t):
-    """``fence.acq_rel.gpu`` in every thread holding an element of ``t``: its earlier writes and
-    atomics are performed for the whole GPU before its later ones."""
-    tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r,r", [t], dtype=tl.int32, is_pure=False,
-                              pack=1)
 
 
 @triton.jit
@@ -130,7 +123,7 @@ def _fp8_decode_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, y_ptr, part_ptr, cnt_p
         p_off = rm[:, None] * N + rn[None, :]
         tl.atomic_add(part_ptr + p_off, part, mask=out)
         if FENCE:  # each thread's adds performed GPU-wide before the counter moves: the fence of
-            _fence_gpu(rm)  # CUDA's threadfence-reduction pattern (benchmarks/lab04_splitk_fence.py)
+            fence_gpu(rm)  # CUDA's threadfence-reduction pattern (benchmarks/lab04_splitk_fence.py)
         tl.debug_barrier()  # every thread past its fence before the counter's release
         if tl.atomic_add(cnt_ptr + tile, 1) == SPLIT_K - 1:  # acq_rel: the other slices' adds are visible
             total = tl.load(part_ptr + p_off, mask=out, other=0.0, cache_modifier=".cg")
@@ -186,23 +179,11 @@ def decode_mm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: 
     return y
 
 
-_WORKSPACES: dict = {}
-
-
 def _workspace(device, n_floats: int, n_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A zeroed float32 workspace and int32 tile counters for split-K, kept per device and grown
-    as needed: the kernel leaves both zeroed, so calls (and CUDA-graph replays, which must not
-    allocate) reuse them. Calls on one stream run one at a time."""
-    key = str(device)
-    part, cnt = _WORKSPACES.get(key, (None, None))
-    if part is None or part.numel() < n_floats or cnt.numel() < n_tiles:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("split-K workspace first needed inside a CUDA-graph capture: run the "
-                               "call once eagerly before capturing it")
-        part = torch.zeros(max(n_floats, 0 if part is None else part.numel()), dtype=torch.float32, device=device)
-        cnt = torch.zeros(max(n_tiles, 0 if cnt is None else cnt.numel()), dtype=torch.int32, device=device)
-        _WORKSPACES[key] = (part, cnt)
-    return part, cnt
+    """The split-K float32 sums and int32 tile counters (:func:`.workspace.zeroed`): the kernel
+    leaves both zeroed, so calls and CUDA-graph replays reuse them."""
+    return (W.zeroed(device, "splitk_part", n_floats, torch.float32),
+            W.zeroed(device, "splitk_cnt", n_tiles, torch.int32))
 
 
 __all__ = ["CONFIGS", "DEFAULT_CONFIG", "FP8", "MAX_ROWS", "USE_KIT_GEMM", "config_for", "decode_mm", "decode_mm_ref",

@@ -77,6 +77,16 @@ def pdl_enter(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
+@triton.jit
+def fence_gpu(t):
+    """``fence.acq_rel.gpu`` in every thread holding an element of ``t``: its earlier writes and
+    atomics are performed for the whole GPU before its later ones (the fence of CUDA's
+    threadfence-reduction pattern, before a counter tells the last program that all are in). A
+    compiled kernel only: the interpreter runs one program at a time and has no inline PTX."""
+    tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r,r", [t], dtype=tl.int32, is_pure=False,
+                              pack=1)
+
+
 def use_triton_for(t: torch.Tensor, use_triton: bool | None) -> bool:
     """Triton on a GPU; on a CPU only when asked (the interpreter: fp16/fp32, never bf16)."""
     if use_triton is None:

@@ -1,0 +1,171 @@
+"""Lab 4, round 8 (issue #19): the FP8 decode attention's grid sized to the GPU, and its combine
+folded into the partial kernel, alone against SDPA and in the decode step.
+
+    python benchmarks/lab04_round8.py OUT.json [--rounds 7] [--parts attn,step]
+
+What round 7 left (LAB04_NOTES.md): the kit's FP8 attention at 80 / 92 / 92% of SDPA's GB/s at
+512 / 4k / 32k. Fitted from the lab's 4k and 32k comparison (the same kernels on twice the bytes),
+the kit's attention pays ~3.4 us per layer fixed and streams at ~4.3 TB/s, SDPA ~7.5 us and ~4.7
+TB/s. Two changes aimed at the streaming rate and the fixed part, each an :class:`AttnTile` field:
+
+* ``programs_per_sm``: the splits sized so the grid is about that many programs per SM. The
+  runtime-specialised kernel (16-byte aligned pointers, as Triton's launcher compiles it) holds
+  71 registers at one warp, so about 28 programs stay resident per SM; the lab's chunks give 2.2
+  (4k) or 1.1 (chunk 512) waves, whose last partial wave streams with few loads in flight.
+* ``fused_combine``: the last program of a (batch, head) combines the splits (a counter, one split
+  at a time so the registers stay the partial's: 72 against 71 in the static compile), one launch
+  per layer fewer. Round 4 fused a combine that loaded every split at once and lost residency.
+
+Part ``attn``: the kit's kernel on an FP8 cache per tile, SDPA on the bf16 cache, one CUDA graph
+over all 8 layers' caches at the lab comparison's shapes (T = context), each output checked against
+the float32 reference first; replays alternated over rounds (round 6's :func:`alternate`), medians
+of rounds. Part ``step``: the decode step of the fixed path (512, 4k, 32k) and of the bf16 path at
+512 (the kit's kernel reads a short bf16 cache in both paths, so the baseline takes the change too)
+per choice (:data:`STEP_CHOICES`: a tile, and PDL for the attention's kernels too).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lab04_round6 as r6  # noqa: E402
+
+from hwlab.labs import fp8 as lab  # noqa: E402
+from hwlab.labs.fp8 import attention as A  # noqa: E402
+from hwlab.labs.fp8 import model  # noqa: E402
+from hwlab.labs.fp8 import quant as Q  # noqa: E402
+from hwlab.measure_graph import capture_graph  # noqa: E402
+from hwlab.store import write_json_atomic  # noqa: E402
+
+LAB = A.DEFAULT_TILE
+#: part ``attn``'s tiles (name -> AttnTile), the lab's first
+TILES = {
+    "lab": LAB,
+    "fused": A.AttnTile(fused_combine=True),
+    "ppsm 14": A.AttnTile(programs_per_sm=14),
+    "ppsm 28": A.AttnTile(programs_per_sm=28),
+    "ppsm 56": A.AttnTile(programs_per_sm=56),
+    "fused + ppsm 14": A.AttnTile(programs_per_sm=14, fused_combine=True),
+    "fused + ppsm 28": A.AttnTile(programs_per_sm=28, fused_combine=True),
+    "ppsm 28, 32 per step": A.AttnTile(block_t=32, programs_per_sm=28),
+}
+#: part ``step``'s choices: round 6's :func:`lab04_round6.choice` settings (the lab's own where left
+#: out) plus ``tile`` (the decoder's attention tile); ``pdl`` on with nothing off: the attention's
+#: kernels launch with PDL too (round 7b measured that 1% faster at 512, slower at 4k and 32k)
+STEP_CHOICES = {
+    "lab": {},
+    "fused": {"tile": TILES["fused"]},
+    "ppsm 28": {"tile": TILES["ppsm 28"]},
+    "fused + ppsm 28": {"tile": TILES["fused + ppsm 28"]},
+    "fused + ppsm 14": {"tile": TILES["fused + ppsm 14"]},
+    "pdl attention": {"pdl": True},
+    "pdl attention + fused": {"pdl": True, "tile": TILES["fused"]},
+}
+ATTN_SHAPES = ((512, 16), (4096, 16), (32768, 4))
+
+
+@contextlib.contextmanager
+def choice8(settings: dict):
+    """:func:`lab04_round6.choice` for the lab's knobs, and the attention tile ``settings["tile"]``
+    given to every call of the decoder's attention (``model.K.decode_attention``, which
+    :func:`lab04_round6.choice` puts back)."""
+    with r6.choice({k: v for k, v in settings.items() if k != "tile"}):
+        if "tile" in settings:
+            inner, tile = model.K.decode_attention, settings["tile"]
+
+            def with_tile(*a, tile_=tile, **kw):
+                kw["tile"] = tile_
+                return inner(*a, **kw)
+            model.K.decode_attention = with_tile
+        yield
+
+
+def attn_part(rounds: int) -> list:
+    dev = torch.device("cuda")
+    cfg = lab.H200_SIZE
+    n = cfg.n_layers
+    rows = []
+    for ctx, batch in ATTN_SHAPES:
+        shape = (batch, cfg.n_heads, ctx, cfg.d_head)
+        g = torch.Generator(device=dev).manual_seed(5)
+        kb = [torch.randn(shape, generator=g, device=dev, dtype=torch.bfloat16) for _ in range(n)]
+        vb = [torch.randn(shape, generator=g, device=dev, dtype=torch.bfloat16) for _ in range(n)]
+        q = torch.randn(batch, cfg.n_heads, 1, cfg.d_head, generator=g, device=dev, dtype=torch.bfloat16)
+        s8 = torch.tensor(4.0 / Q.FP8_MAX, device=dev)
+        kf = [Q.quant_static_ref(t, s8) for t in kb]
+        vf = [Q.quant_static_ref(t, s8) for t in vb]
+        ref8 = A.decode_attention_ref(q, kf[0], vf[0], s8, ctx).float()
+        ref16 = A.decode_attention_ref(q, kb[0], vb[0], torch.ones((), device=dev), ctx).float()
+        graphs, errs, splits = {}, {}, {}
+        sms = A.sm_count(dev)
+        with torch.no_grad():
+            for name, tile in TILES.items():
+                cap = capture_graph(lambda tile=tile: [A.decode_attention(q, kf[i], vf[i], s8, ctx, tile=tile)
+                                                       for i in range(n)], dev)
+                cap.replay()
+                torch.cuda.synchronize()
+                errs[name] = float((cap.out[0].float() - ref8).norm() / ref8.norm())
+                if not errs[name] < A.FP8_CACHE_MATH_REL:
+                    print(f"attn {ctx} x{batch}: {name} wrong ({errs[name]:.2e}), not timed", flush=True)
+                    continue
+                splits[name] = A.split_count(ctx, A.chunk_for(tile, batch * cfg.n_heads, ctx, sms))
+                graphs[name] = cap
+            cap = capture_graph(lambda: [F.scaled_dot_product_attention(q, kb[i], vb[i]) for i in range(n)], dev)
+            cap.replay()
+            torch.cuda.synchronize()
+            errs["sdpa"] = float((cap.out[0].float() - ref16).norm() / ref16.norm())
+            graphs["sdpa"] = cap
+            ms = r6.alternate(graphs, rounds)
+        bytes8 = 2 * kf[0].numel()
+        row = {"ctx": ctx, "batch": batch, "T": ctx, "n_layers": n, "sm_count": sms, "splits": splits,
+               "programs": {k: s * batch * cfg.n_heads for k, s in splits.items()},
+               "rel_err_vs_float32": errs, "ms_rounds": ms}
+        row["us_per_layer"] = {k: statistics.median(v) * 1e3 / n for k, v in ms.items()}
+        row["gbps"] = {k: (2 * bytes8 if k == "sdpa" else bytes8) / us / 1e3 for k, us in row["us_per_layer"].items()}
+        row["over_sdpa"] = {k: g / row["gbps"]["sdpa"] for k, g in row["gbps"].items()}
+        rows.append(row)
+        print(f"attn {ctx} x{batch}: " + ", ".join(f"{k} {row['us_per_layer'][k]:.1f} us {row['gbps'][k]:.0f} GB/s "
+                                                 f"({row['over_sdpa'][k]:.0%})" + (f" [{splits[k]} splits]" if k in splits else "")
+                                                 for k in row["gbps"]), flush=True)
+        del graphs, kb, vb, kf, vf
+        torch.cuda.empty_cache()
+    return rows
+
+
+STEP_BUCKETS = ((512, 16, tuple(STEP_CHOICES), "fixed"),
+                (4096, 16, ("lab", "fused", "ppsm 28", "fused + ppsm 28", "fused + ppsm 14"), "fixed"),
+                (32768, 4, ("lab", "fused", "ppsm 28", "fused + ppsm 28", "fused + ppsm 14"), "fixed"),
+                (512, 16, tuple(STEP_CHOICES), "bf16"))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--parts", default="attn,step")
+    a = ap.parse_args()
+    t0 = time.time()
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "triton": __import__("triton").__version__, "rounds": a.rounds,
+           "tiles": {k: vars(t) for k, t in TILES.items()},
+           "step_choices": {k: {kk: (vars(vv) if kk == "tile" else vv) for kk, vv in v.items()}
+                            for k, v in STEP_CHOICES.items()}}
+    parts = a.parts.split(",")
+    if "attn" in parts:
+        res["attn"] = attn_part(a.rounds)
+    if "step" in parts:
+        res["step"] = r6.step_part(a.rounds, STEP_BUCKETS, STEP_CHOICES, choose=choice8)
+    res["elapsed_s"] = time.time() - t0
+    write_json_atomic(a.out, res, overwrite=True)  # a re-run replaces its own output
+
+
+if __name__ == "__main__":
+    sys.exit(main())
