@@ -1,7 +1,7 @@
 """Lab 4, round 8 (issue #19): the FP8 decode attention's grid sized to the GPU, and its combine
 folded into the partial kernel, alone against SDPA and in the decode step.
 
-    python benchmarks/lab04_round8.py OUT.json [--rounds 7] [--parts attn,step]
+    python benchmarks/lab04_round8.py OUT.json [--rounds 7] [--parts attn,step] [--set 8|8b]
 
 What round 7 left (LAB04_NOTES.md): the kit's FP8 attention at 80 / 92 / 92% of SDPA's GB/s at
 512 / 4k / 32k. Fitted from the lab's 4k and 32k comparison (the same kernels on twice the bytes),
@@ -22,6 +22,13 @@ the float32 reference first; replays alternated over rounds (round 6's :func:`al
 of rounds. Part ``step``: the decode step of the fixed path (512, 4k, 32k) and of the bf16 path at
 512 (the kit's kernel reads a short bf16 cache in both paths, so the baseline takes the change too)
 per choice (:data:`STEP_CHOICES`: a tile, and PDL for the attention's kernels too).
+
+``--set 8b`` (the second call, after 8 found neither change faster): the kit's decode GEMM with
+split-K reduced serially (``decode_gemm`` ``SERIAL_K``: each K slice stores its partials to a slab
+of its own and the last to arrive sums them, in place of one float32 atomic add per element and
+slice; round 7's sweep saw every split cost 2-6 us on qkv and up). Part ``gemm``: round 7's
+:func:`lab04_round7.gemm_part` over :data:`TILES_8B`; part ``step``: the fixed path's step with the
+lab's tiles, the lab's tiles reduced serially, and the sweep's best tile per shape.
 """
 from __future__ import annotations
 
@@ -37,6 +44,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lab04_round6 as r6  # noqa: E402
+import lab04_round7 as r7  # noqa: E402
 
 from hwlab.labs import fp8 as lab  # noqa: E402
 from hwlab.labs.fp8 import attention as A  # noqa: E402
@@ -70,6 +78,27 @@ STEP_CHOICES = {
     "pdl attention + fused": {"pdl": True, "tile": TILES["fused"]},
 }
 ATTN_SHAPES = ((512, 16), (4096, 16), (32768, 4))
+_SW = {"SWAP": True, "BN": 64}
+#: ``--set 8b``'s GEMM tiles: the lab's (BK 128, 6 stages; split in 4 by atomics for out and down)
+#: and the serial reduction at 2-16 slices
+TILES_8B = {
+    "swap 64x128 s6": {**_SW, "BK": 128, "STAGES": 6},
+    "swap 64x128 s6 k4": {**_SW, "BK": 128, "STAGES": 6, "SPLIT_K": 4},
+    "swap 64x128 s6 k2 serial": {**_SW, "BK": 128, "STAGES": 6, "SPLIT_K": 2, "SERIAL_K": True},
+    "swap 64x128 s6 k4 serial": {**_SW, "BK": 128, "STAGES": 6, "SPLIT_K": 4, "SERIAL_K": True},
+    "swap 64x128 s6 k8 serial": {**_SW, "BK": 128, "STAGES": 6, "SPLIT_K": 8, "SERIAL_K": True},
+    "swap 64x128 s4 k4 serial": {**_SW, "BK": 128, "STAGES": 4, "SPLIT_K": 4, "SERIAL_K": True},
+    "swap 64x128 s4 k16 serial": {**_SW, "BK": 128, "STAGES": 4, "SPLIT_K": 16, "SERIAL_K": True},
+    "swap 64x256 s4 k2 serial": {**_SW, "BK": 256, "STAGES": 4, "SPLIT_K": 2, "SERIAL_K": True},
+}
+
+
+def step_choices_8b(best: dict) -> dict:
+    """The fixed step's GEMM choices: the lab's tiles, the same reduced serially where split, and
+    ``best`` (the sweep's tile per shape)."""
+    from hwlab.labs.fp8 import decode_gemm as G
+    serial = {nk: ({**t, "SERIAL_K": True} if t.get("SPLIT_K", 1) > 1 else t) for nk, t in G.CONFIGS.items()}
+    return {"lab": {}, "lab tiles, serial split-K": {"configs": serial}, "sweep's best": {"configs": best}}
 
 
 @contextlib.contextmanager
@@ -151,6 +180,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--parts", default="attn,step")
+    ap.add_argument("--set", default="8", choices=("8", "8b"))
     a = ap.parse_args()
     t0 = time.time()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -159,6 +189,16 @@ def main():
            "step_choices": {k: {kk: (vars(vv) if kk == "tile" else vv) for kk, vv in v.items()}
                             for k, v in STEP_CHOICES.items()}}
     parts = a.parts.split(",")
+    if a.set == "8b":
+        res["set"], res["tiles"] = "8b", TILES_8B
+        res["gemm"], best, _ = r7.gemm_part(a.rounds, tiles=TILES_8B, prefetch=())
+        res["step_tiles"] = {f"{n}x{k}": t for (n, k), t in best.items()}
+        ch = step_choices_8b(best)
+        res["step_choices"] = {k: {kk: {f"{n}x{kk2}": t for (n, kk2), t in vv.items()} for kk, vv in v.items()}
+                               for k, v in ch.items()}
+        res["step"] = r6.step_part(a.rounds, tuple((c, b, tuple(ch), "fixed") for c, b in ATTN_SHAPES), ch,
+                                   choose=r6.choice)
+        parts = []
     if "attn" in parts:
         res["attn"] = attn_part(a.rounds)
     if "step" in parts:

@@ -1,7 +1,7 @@
 """Lab 4, round 7b's one wrong result, re-tested: does the split-K reduction of the kit's decode
 GEMM (:mod:`hwlab.labs.fp8.decode_gemm`) ever sum a tile before every K slice's adds have landed?
 
-    python benchmarks/lab04_splitk_fence.py OUT.json [--calls 300]
+    python benchmarks/lab04_splitk_fence.py OUT.json [--calls 300] [--set 7|serial]
 
 Round 7b's tile sweep checked one output per tile and found one split-K tile (qkv, 4 rows, K split
 in 2) 4e-2 off its float32 reference while every other split-K tile read 1.7e-3. The kernel's last
@@ -38,12 +38,19 @@ CASES = (("qkv (lab tile)", (12288, 4096), G.CONFIGS[(12288, 4096)], (True,)),
          ("qkv, 7b's tile, no split", (12288, 4096), {**FAIL, "SPLIT_K": 1}, (True,)),
          ("qkv, 7b's tile, promote every 256", (12288, 4096), {**FAIL, "ACC_K": 256}, (True,)),
          ("qkv, 7b's tile, BK 128", (12288, 4096), {**FAIL, "BK": 128}, (True,)))
+#: ``--set serial`` (round 8): the same tile and the lab's split-K tiles with the serial reduction
+#: (``SERIAL_K``: each K slice stores its own partials, the last sums them; no float32 atomics)
+CASES_SERIAL = (("qkv, 7b's failing tile, serial", (12288, 4096), {**FAIL, "SERIAL_K": True}, (True,)),
+                ("out (lab tile), serial", (4096, 4096), {**G.CONFIGS[(4096, 4096)], "SERIAL_K": True}, (True,)),
+                ("down (lab tile), serial", (4096, 14336), {**G.CONFIGS[(4096, 14336)], "SERIAL_K": True}, (True,)),
+                ("qkv, 7b's failing tile, atomic", (12288, 4096), FAIL, (True,)))
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--set", default="7", choices=("7", "serial"), help="serial: CASES_SERIAL (round 8)")
     a = ap.parse_args()
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(9)
@@ -51,7 +58,7 @@ def main():
     rows_out = []
     old = Q.set_pdl(False)  # one kernel at a time: the race is inside a kernel
     try:
-        for name, (N, Kd), tile, fences in CASES:
+        for name, (N, Kd), tile, fences in (CASES_SERIAL if a.set == "serial" else CASES):
             wq, ws = Q.quant_tensor_ref(torch.randn(N, Kd, generator=g, device=dev) / Kd ** 0.5)
             wf = wq.float() * ws
             for rows in (16, 4):

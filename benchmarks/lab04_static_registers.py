@@ -47,7 +47,8 @@ MM_SIG = {"x_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "ws_ptr":
           "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
           "stride_wn": "i32", "stride_ym": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr",
           "STAGES": "constexpr", "SWAP": "constexpr", "SPLIT_K": "constexpr", "PREFETCH_K": "constexpr",
-          "EVEN_K": "constexpr", "ACC_K": "constexpr", "FENCE": "constexpr", "PDL": "constexpr"}
+          "EVEN_K": "constexpr", "ACC_K": "constexpr", "FENCE": "constexpr", "PDL": "constexpr",
+          "SERIAL_K": "constexpr"}
 
 
 def main(out_path: str) -> None:

@@ -28,8 +28,10 @@ def test_attention_tile_is_a_frozen_checked_value():
     t = K.AttnTile(chunk=64, block_t=16, num_warps=2, num_stages=1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         t.chunk = 128
-    assert dataclasses.asdict(K.DEFAULT_TILE) == {"chunk": 256, "block_t": 16, "num_warps": 1, "num_stages": 2}
-    for bad in ({"block_t": 24}, {"chunk": 48, "block_t": 32}, {"num_warps": 3}, {"num_stages": 0}):
+    assert dataclasses.asdict(K.DEFAULT_TILE) == {"chunk": 256, "block_t": 16, "num_warps": 1, "num_stages": 2,
+                                                  "programs_per_sm": 0, "fused_combine": False}
+    for bad in ({"block_t": 24}, {"chunk": 48, "block_t": 32}, {"num_warps": 3}, {"num_stages": 0},
+                {"programs_per_sm": -1}, {"fused_combine": 1}):
         with pytest.raises(ValueError, match="power of two"):
             K.AttnTile(**{**dataclasses.asdict(K.DEFAULT_TILE), **bad})
 

@@ -19,7 +19,9 @@ The kernel, one program per ``BN`` weight rows (output columns):
   spent on padding; otherwise the rows are first, padded to 16;
 * ``SPLIT_K`` > 1: the K axis is shared by that many programs, which add their float32 sums into
   a workspace; the last to arrive (a counter) writes ``y`` and zeroes both for the next call. It
-  gives a narrow output (few ``BN`` tiles) enough programs to fill the GPU. Only BK 128 is
+  gives a narrow output (few ``BN`` tiles) enough programs to fill the GPU. ``SERIAL_K``: each
+  slice stores its partial to a slab of its own, and the last to arrive sums the slabs in slice
+  order (plain stores in place of one float32 atomic per element; the sum the same on every call). Only BK 128 is
   tested with it: at BK 256, split in 2, 4 rows, a tile was now and then summed wrong, for a cause
   not found (benchmarks/lab04_splitk_fence.py, LAB04_NOTES.md round 7);
 * ``PREFETCH_K`` > 0: before anything else the program asks L2 for the first ``PREFETCH_K``
@@ -46,7 +48,8 @@ USE_KIT_GEMM = True
 #: most activation rows a call takes here; a prefill's rows go to cuBLAS
 MAX_ROWS = 16
 #: the tile when the caller names none; :data:`CONFIGS` holds the measured choice per shape
-DEFAULT_CONFIG = {"SWAP": True, "BN": 64, "BK": 256, "STAGES": 4, "SPLIT_K": 1, "PREFETCH_K": 0, "num_warps": 4}
+DEFAULT_CONFIG = {"SWAP": True, "BN": 64, "BK": 256, "STAGES": 4, "SPLIT_K": 1, "PREFETCH_K": 0, "SERIAL_K": False,
+                  "num_warps": 4}
 #: (N, K) -> tile, for each weight shape where ``benchmarks/lab04_round7.py`` measured this kernel
 #: faster than cuBLAS in the decode step (tiles swept in CUDA graphs over 8 layers' weights, larger
 #: than L2, as a step streams them); a shape not here stays on cuBLAS
@@ -62,7 +65,8 @@ CONFIGS: dict[tuple[int, int], dict] = {
 #: every 128 columns is DeepGEMM's choice, and costs nothing a memory-bound GEMM can see
 ACC_K = 128
 #: the interpreter runs any tile; a small one keeps CPU tests quick
-CPU_CONFIG = {"SWAP": False, "BN": 16, "BK": 32, "STAGES": 1, "SPLIT_K": 1, "PREFETCH_K": 0, "num_warps": 4}
+CPU_CONFIG = {"SWAP": False, "BN": 16, "BK": 32, "STAGES": 1, "SPLIT_K": 1, "PREFETCH_K": 0, "SERIAL_K": False,
+              "num_warps": 4}
 
 
 @triton.jit
@@ -77,7 +81,7 @@ def _fp8_decode_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, y_ptr, part_ptr, cnt_p
                       stride_xm, stride_wn, stride_ym,
                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
                       SWAP: tl.constexpr, SPLIT_K: tl.constexpr, PREFETCH_K: tl.constexpr, EVEN_K: tl.constexpr,
-                      ACC_K: tl.constexpr, FENCE: tl.constexpr, PDL: tl.constexpr):
+                      ACC_K: tl.constexpr, FENCE: tl.constexpr, PDL: tl.constexpr, SERIAL_K: tl.constexpr = False):
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BN + tl.arange(0, BN)
     rm = pid_m * BM + tl.arange(0, BM)
@@ -118,6 +122,20 @@ def _fp8_decode_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, y_ptr, part_ptr, cnt_p
     y_off = rm[:, None] * stride_ym + rn[None, :]
     if SPLIT_K == 1:
         tl.store(y_ptr + y_off, (part * scale).to(y_ptr.dtype.element_ty), mask=out)
+    elif SERIAL_K:  # each K slice stores its own partial; the slice that arrives last sums them in order
+        tile = pid_m * tl.num_programs(0) + pid_n
+        p_off = rm[:, None] * N + rn[None, :]
+        slab = tl.num_programs(1) * BM * N  # one K slice's partials
+        tl.store(part_ptr + pid_k * slab + p_off, part, mask=out)
+        if FENCE:
+            fence_gpu(rm)
+        tl.debug_barrier()
+        if tl.atomic_add(cnt_ptr + tile, 1) == SPLIT_K - 1:  # acq_rel: the other slices' stores are visible
+            total = tl.zeros((BM, BN), dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                total += tl.load(part_ptr + s * slab + p_off, mask=out, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + y_off, (total * scale).to(y_ptr.dtype.element_ty), mask=out)
+            tl.store(cnt_ptr + tile, 0)
     else:  # add into the workspace; the K slice that arrives last writes y and zeroes what it used
         tile = pid_m * tl.num_programs(0) + pid_n
         p_off = rm[:, None] * N + rn[None, :]
@@ -169,20 +187,24 @@ def decode_mm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: 
     y = torch.empty((M, N), dtype=out_dtype, device=x.device)
     BM = 16
     grid = (triton.cdiv(N, c["BN"]), triton.cdiv(M, BM), c["SPLIT_K"])
-    part, cnt = _workspace(x.device, grid[1] * BM * N, grid[0] * grid[1]) if c["SPLIT_K"] > 1 else (y, y)
+    serial = bool(c.get("SERIAL_K")) and c["SPLIT_K"] > 1
+    part, cnt = (_workspace(x.device, grid[1] * BM * N * (c["SPLIT_K"] if serial else 1), grid[0] * grid[1], serial)
+                 if c["SPLIT_K"] > 1 else (y, y))
     _fp8_decode_gemm_kernel[grid](x, w, x_scale.reshape(1).float(), w_scale.reshape(1).float(), y, part, cnt, M, N, Kd,
                             x.stride(0), w.stride(0), y.stride(0), BM=BM, BN=c["BN"], BK=c["BK"],
                             STAGES=c["STAGES"], SWAP=c["SWAP"], SPLIT_K=c["SPLIT_K"], PREFETCH_K=c["PREFETCH_K"],
                             EVEN_K=Kd % (c["BK"] * c["SPLIT_K"]) == 0, ACC_K=min(c["BK"], c.get("ACC_K", ACC_K)),
                             FENCE=c.get("FENCE", not tritonenv.INTERPRETED),  # the interpreter: one program at a time
-                            num_warps=c["num_warps"], **pdl_args(x))
+                            SERIAL_K=serial, num_warps=c["num_warps"], **pdl_args(x))
     return y
 
 
-def _workspace(device, n_floats: int, n_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _workspace(device, n_floats: int, n_tiles: int, serial: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The split-K float32 sums and int32 tile counters (:func:`.workspace.zeroed`): the kernel
-    leaves both zeroed, so calls and CUDA-graph replays reuse them."""
-    return (W.zeroed(device, "splitk_part", n_floats, torch.float32),
+    leaves both zeroed, so calls and CUDA-graph replays reuse them. ``serial``: one slab of
+    partials per K slice instead (each overwritten by every call; its own buffer, since the
+    atomic sums need theirs zero)."""
+    return (W.zeroed(device, "splitk_slabs" if serial else "splitk_part", n_floats, torch.float32),
             W.zeroed(device, "splitk_cnt", n_tiles, torch.int32))
 
 
