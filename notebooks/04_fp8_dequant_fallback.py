@@ -232,17 +232,30 @@ print(lab.format_targets(lab.byte_floor_targets(res, copy, leaves), src))
 #    launch per layer fewer): 4k 1.896 → 1.882 ms. At 512 a bf16 cache goes to the kit's kernel, not SDPA,
 #    so it writes K, V and the out projection's FP8 input too: 1.201 → 1.158 ms (BF16's path gains the same
 #    way, 1.553 → 1.524; from 4k on SDPA stays, faster on a long BF16 cache).
-# 6. Tried and not adopted, with the reason measured: TMA bulk loads for the attention (3.86 against the
-#    lab kernel's 4.06 TB/s at 4k), the next tile's loads issued before this one's math (−17%), the combine
-#    fused into the partial kernel, the kit's own FP8 GEMM (+2-7% on two shapes, slower on the others),
-#    programmatic dependent launch between the step's kernels (+1% at 512, −0.7% at 32k), shorter chunks at
-#    512 (−5%).
+# 6. Round 7: a decode GEMM of the kit's own (`labs/fp8/decode_gemm.py`: 64 weight rows per program as the MMA's
+#    first operand, the FP8 tiles pipelined six deep through shared memory, the K axis split for the narrow `out`
+#    and `down`): `qkv` at 95% of BF16's bytes/s where cuBLAS's FP8 GEMM read 86%. With it, PDL between the step's
+#    Triton kernels (not the attention's), the norms at 8 warps and the head writing float32 logits itself: the
+#    step 1.136 → 1.081 ms at 512, 1.848 → 1.790 at 4k, 2.786 → 2.714 at 32k, and 4k over 87% of copy.
+# 7. Round 8: the split K summed by plain stores (a slab per K slice, the last slice adds them in order) instead
+#    of a float32 atomic per element: `out` and `down` 0.1-0.8 µs faster, the step 1.105 → 1.093 ms at 512 and
+#    1.832 → 1.822 at 4k; and a tile that atomics now and then summed wrong (14 of 300 calls) was right in 300 of 300.
+# 8. Tried and not adopted, with the reason measured: TMA bulk loads for the attention (3.86 against the lab
+#    kernel's 4.06 TB/s at 4k); the next tile's loads issued before this one's math (−17%); the combine folded
+#    into the partial kernel (round 4, and round 8 with a lean combine: equal at 512, −2% at 4k, −7% at 32k);
+#    the attention's splits sized to one wave of resident programs (−5% at 4k, and −19% with half as many: more
+#    programs stream faster, not fewer); PDL for the attention too (−1% on the fixed step at 512, but +2.6% on
+#    BF16's, and slower at 4k and 32k); the weight prefetched into L2 before a GEMM's PDL wait (no gain); shorter
+#    chunks at 512 (−5%).
 #
 # What stays out of reach, and why it is measured, not guessed: a GEMM costs a fixed few microseconds
 # (ramp-up, tail, epilogue) plus its bytes at a streaming rate. Fitted from two widths of each decode shape
 # (round 5), cuBLAS's FP8 GEMM pays ~2.5-5 µs fixed and streams at ~3.8-4.2 TB/s, the BF16 one ~3.7-6 µs
 # and ~4.35 TB/s: with half the bytes, the FP8 weight read cannot reach BF16's bytes/s unless its fixed cost
-# shrinks too. The FP8 attention's access pattern tops out near its load-only ceiling, a few % under SDPA's.
+# shrinks too. The kit's own GEMM streams faster (~4.4 TB/s between `qkv` and `up`, round 8) but still pays a
+# few µs on every call. The attention the same way (the lab's 4k and 32k comparison, same kernels on twice the
+# bytes): the kit's FP8 kernel ~3.4 µs fixed per layer and ~4.3 TB/s, SDPA on BF16 ~7.5 µs and ~4.7 TB/s; the
+# kit's access pattern tops out near its load-only ceiling, and fewer, longer programs stream slower (round 8).
 
 # %% [markdown]
 # ## What the H200 showed, and what it did not

@@ -19,11 +19,13 @@ The kernel, one program per ``BN`` weight rows (output columns):
   spent on padding; otherwise the rows are first, padded to 16;
 * ``SPLIT_K`` > 1: the K axis is shared by that many programs, which add their float32 sums into
   a workspace; the last to arrive (a counter) writes ``y`` and zeroes both for the next call. It
-  gives a narrow output (few ``BN`` tiles) enough programs to fill the GPU. ``SERIAL_K``: each
-  slice stores its partial to a slab of its own, and the last to arrive sums the slabs in slice
-  order (plain stores in place of one float32 atomic per element; the sum the same on every call). Only BK 128 is
-  tested with it: at BK 256, split in 2, 4 rows, a tile was now and then summed wrong, for a cause
-  not found (benchmarks/lab04_splitk_fence.py, LAB04_NOTES.md round 7);
+  gives a narrow output (few ``BN`` tiles) enough programs to fill the GPU. ``SERIAL_K`` (the
+  lab's tiles): each slice stores its partial to a slab of its own, and the last to arrive sums the
+  slabs in slice order: plain stores in place of one float32 atomic per element (round 8: out and
+  down 0.1-0.8 us faster), the same sum on every call, and never wrong where the atomic sums
+  were now and then (BK 256, split in 2, 4 rows: 14 of 300 calls off with atomics, 0 of 300
+  serial in the same run; benchmarks/lab04_splitk_fence.py, LAB04_NOTES.md rounds 7-8). The
+  atomic reduction stays for that comparison;
 * ``PREFETCH_K`` > 0: before anything else the program asks L2 for the first ``PREFETCH_K``
   columns of its weight rows (``prefetch.global.L2``). With PDL (:func:`.quant.pdl_args`) that
   happens before the wait for the previous kernel: the weight is not that kernel's output, so
@@ -55,9 +57,9 @@ DEFAULT_CONFIG = {"SWAP": True, "BN": 64, "BK": 256, "STAGES": 4, "SPLIT_K": 1, 
 #: than L2, as a step streams them); a shape not here stays on cuBLAS
 CONFIGS: dict[tuple[int, int], dict] = {
     (3 * 4096, 4096): {"SWAP": True, "BN": 64, "BK": 128, "STAGES": 6, "SPLIT_K": 1},  # qkv
-    (4096, 4096): {"SWAP": True, "BN": 64, "BK": 128, "STAGES": 6, "SPLIT_K": 4},  # out, the connector
+    (4096, 4096): {"SWAP": True, "BN": 64, "BK": 128, "STAGES": 6, "SPLIT_K": 4, "SERIAL_K": True},  # out, connector
     (14336, 4096): {"SWAP": True, "BN": 64, "BK": 128, "STAGES": 6, "SPLIT_K": 1},  # up
-    (4096, 14336): {"SWAP": True, "BN": 64, "BK": 128, "STAGES": 6, "SPLIT_K": 4},  # down
+    (4096, 14336): {"SWAP": True, "BN": 64, "BK": 128, "STAGES": 6, "SPLIT_K": 4, "SERIAL_K": True},  # down
 }
 #: FP8 tensor-core products are added into the float32 sum at least every this many K columns:
 #: Hopper's FP8 MMA keeps its own running sum at reduced precision, and Triton's default on sm_90

@@ -10,18 +10,25 @@ from __future__ import annotations
 import torch
 
 _BUFFERS: dict[tuple[str, str], torch.Tensor] = {}
+#: buffers replaced by a larger one, never freed: a CUDA graph captured before the growth still
+#: reads and writes the old address, and freed memory would be handed to other tensors
+_RETIRED: list[torch.Tensor] = []
 
 
 def zeroed(device, name: str, n: int, dtype: torch.dtype) -> torch.Tensor:
     """A zeroed ``dtype`` buffer of at least ``n`` elements named ``name`` on ``device``; the same
     tensor on every call unless it must grow (RuntimeError if that happens inside a CUDA-graph
-    capture: run the call once eagerly before capturing it)."""
+    capture: run the call once eagerly before capturing it). A grown buffer's old tensor is kept
+    (:data:`_RETIRED`): graphs captured before still use it (round 8b's sweep, whose graphs of
+    ever larger split-K slabs crashed on a freed one before this)."""
     key = (str(device), name)
     buf = _BUFFERS.get(key)
     if buf is None or buf.numel() < n:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"the {name} buffer was first needed inside a CUDA-graph capture: run the call once "
                                "eagerly before capturing it")
+        if buf is not None:
+            _RETIRED.append(buf)
         buf = torch.zeros(max(n, 0 if buf is None else buf.numel()), dtype=dtype, device=device)
         _BUFFERS[key] = buf
     return buf
