@@ -15,6 +15,7 @@ Kernel names avoid the profiler's GEMM words; :mod:`.profile` files ``_decode_at
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -413,10 +414,17 @@ CPU_SM_COUNT = 4
 
 
 def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device`` (:data:`CPU_SM_COUNT` for a CPU)."""
+    """Streaming multiprocessors of ``device`` (:data:`CPU_SM_COUNT` for a CPU), read once per
+    device: every attention call asks, and the device properties cost host time an eager decode
+    step (launch-bound at short context) would pay on each layer."""
     if device.type != "cuda":
         return CPU_SM_COUNT
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _sm_count_cuda(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_cuda(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def chunk_for(tile: AttnTile, n_rows_heads: int, n_positions: int, n_sm: int = CPU_SM_COUNT) -> int:
