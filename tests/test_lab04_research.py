@@ -232,3 +232,33 @@ def test_round6_and_7_choices_set_the_lab_and_put_it_back():
     assert _rel(m.head.mm_float32(x), m.head(x).float()) < 1e-2  # the head's float32 product, as on a GPU
     with pytest.raises(ValueError, match="bf16 layer"):
         L.Decoder(L.TINY, "fixed", device="cpu").layers[0]["qkv"].mm_float32(x)
+
+
+def test_round8_choices_set_the_attention_tile_and_the_serial_tiles_and_put_them_back():
+    """lab04_round8.py's step choices: ``tile`` reaches every decoder attention call (and nothing
+    else changes), the 8b choice reduces only the split tiles serially, and the lab is as it was
+    after each."""
+    from hwlab.labs.fp8 import attention as A
+    from hwlab.labs.fp8 import decode_gemm as G
+    from hwlab.labs.fp8 import model
+
+    r8 = _bench("lab04_round8")
+    before = (model.K.decode_attention, dict(G.CONFIGS), A.PDL_ATTENTION)
+    seen = []
+    real = A.decode_attention
+    try:
+        model.K.decode_attention = lambda *a, **kw: seen.append(kw.get("tile"))
+        inner = model.K.decode_attention
+        with r8.choice8(r8.STEP_CHOICES["fused + ppsm 28"]):
+            model.K.decode_attention(None, tile=A.DEFAULT_TILE)
+        with r8.choice8(r8.STEP_CHOICES["lab"]):
+            assert model.K.decode_attention is inner
+        assert model.K.decode_attention is inner
+    finally:
+        model.K.decode_attention = real
+    assert seen == [r8.TILES["fused + ppsm 28"]]
+    ch = r8.step_choices_8b({})
+    serial = ch["lab tiles, serial split-K"]["configs"]
+    for nk, cfg in G.CONFIGS.items():
+        assert serial[nk].get("SERIAL_K", False) == (cfg.get("SPLIT_K", 1) > 1)
+    assert (model.K.decode_attention, dict(G.CONFIGS), A.PDL_ATTENTION) == before
