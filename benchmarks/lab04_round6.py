@@ -178,6 +178,24 @@ def alternate(graphs: dict, rounds: int, reps: int = 20) -> dict:
     return ms
 
 
+def attn_inputs(cfg, batch: int, T: int, dev):
+    """Every layer's bf16 K and V caches of ``T`` positions (seeded), a query, the FP8 copies with
+    a scale nothing saturates under, and the float32 references of both on layer 0:
+    ``(kb, vb, q, s8, kf, vf, ref8, ref16)`` (rounds 6 and 8 time the attention on these)."""
+    shape = (batch, cfg.n_heads, T, cfg.d_head)
+    n = cfg.n_layers
+    g = torch.Generator(device=dev).manual_seed(5)
+    kb = [torch.randn(shape, generator=g, device=dev, dtype=torch.bfloat16) for _ in range(n)]
+    vb = [torch.randn(shape, generator=g, device=dev, dtype=torch.bfloat16) for _ in range(n)]
+    q = torch.randn(batch, cfg.n_heads, 1, cfg.d_head, generator=g, device=dev, dtype=torch.bfloat16)
+    s8 = torch.tensor(4.0 / Q.FP8_MAX, device=dev)
+    kf = [Q.quant_static_ref(t, s8) for t in kb]
+    vf = [Q.quant_static_ref(t, s8) for t in vb]
+    ref8 = A.decode_attention_ref(q, kf[0], vf[0], s8, T).float()
+    ref16 = A.decode_attention_ref(q, kb[0], vb[0], torch.ones((), device=dev), T).float()
+    return kb, vb, q, s8, kf, vf, ref8, ref16
+
+
 def attn_part(rounds: int) -> list:
     dev = torch.device("cuda")
     cfg = lab.H200_SIZE
@@ -187,16 +205,7 @@ def attn_part(rounds: int) -> list:
                               (4096, 16, ("lab", "bh_major", "merge", "pdl", "merge+pdl")),
                               (32768, 4, ("lab", "bh_major", "merge", "pdl", "merge+pdl"))):
         T = ctx + 1  # what a decode step reads: the prompt and this step's position
-        shape = (batch, cfg.n_heads, T, cfg.d_head)
-        g = torch.Generator(device=dev).manual_seed(5)
-        kb = [torch.randn(shape, generator=g, device=dev, dtype=torch.bfloat16) for _ in range(n)]
-        vb = [torch.randn(shape, generator=g, device=dev, dtype=torch.bfloat16) for _ in range(n)]
-        q = torch.randn(batch, cfg.n_heads, 1, cfg.d_head, generator=g, device=dev, dtype=torch.bfloat16)
-        s8 = torch.tensor(4.0 / Q.FP8_MAX, device=dev)
-        kf = [Q.quant_static_ref(t, s8) for t in kb]
-        vf = [Q.quant_static_ref(t, s8) for t in vb]
-        ref8 = A.decode_attention_ref(q, kf[0], vf[0], s8, T).float()
-        ref16 = A.decode_attention_ref(q, kb[0], vb[0], torch.ones((), device=dev), T).float()
+        kb, vb, q, s8, kf, vf, ref8, ref16 = attn_inputs(cfg, batch, T, dev)
         graphs, errs = {}, {}
         with torch.no_grad():
             for name in names:

@@ -49,7 +49,6 @@ import lab04_round7 as r7  # noqa: E402
 from hwlab.labs import fp8 as lab  # noqa: E402
 from hwlab.labs.fp8 import attention as A  # noqa: E402
 from hwlab.labs.fp8 import model  # noqa: E402
-from hwlab.labs.fp8 import quant as Q  # noqa: E402
 from hwlab.measure_graph import capture_graph  # noqa: E402
 from hwlab.store import write_json_atomic  # noqa: E402
 
@@ -123,16 +122,7 @@ def attn_part(rounds: int) -> list:
     n = cfg.n_layers
     rows = []
     for ctx, batch in ATTN_SHAPES:
-        shape = (batch, cfg.n_heads, ctx, cfg.d_head)
-        g = torch.Generator(device=dev).manual_seed(5)
-        kb = [torch.randn(shape, generator=g, device=dev, dtype=torch.bfloat16) for _ in range(n)]
-        vb = [torch.randn(shape, generator=g, device=dev, dtype=torch.bfloat16) for _ in range(n)]
-        q = torch.randn(batch, cfg.n_heads, 1, cfg.d_head, generator=g, device=dev, dtype=torch.bfloat16)
-        s8 = torch.tensor(4.0 / Q.FP8_MAX, device=dev)
-        kf = [Q.quant_static_ref(t, s8) for t in kb]
-        vf = [Q.quant_static_ref(t, s8) for t in vb]
-        ref8 = A.decode_attention_ref(q, kf[0], vf[0], s8, ctx).float()
-        ref16 = A.decode_attention_ref(q, kb[0], vb[0], torch.ones((), device=dev), ctx).float()
+        kb, vb, q, s8, kf, vf, ref8, ref16 = r6.attn_inputs(cfg, batch, ctx, dev)  # T = context, as the lab
         graphs, errs, splits = {}, {}, {}
         sms = A.sm_count(dev)
         with torch.no_grad():

@@ -46,7 +46,8 @@ def test_fp8_weight_gemm_variants_and_split_k_workspace_left_clean(swap, split_k
             ref = x.float() @ (wq.float() * s).t()
             assert _rel(R.fp8w_linear(x, wq, s, use_triton=True, config=cfg), ref) < 5e-3
     if split_k > 1:
-        ws, cnt = R._WORKSPACES[("cpu", "splitk")]
+        from hwlab.labs.fp8 import workspace as W
+        ws, cnt = W.buffer("cpu", "research_splitk_ws"), W.buffer("cpu", "research_splitk_cnt")
         assert ws.abs().max() == 0 and cnt.abs().max() == 0
 
 

@@ -19,6 +19,7 @@ import math
 import torch
 
 from ... import tritonenv
+from . import workspace as W
 from .attention import DEFAULT_TILE, AttnTile, check_decode_args, combine_splits, decode_attention_ref
 from .kernels import rel_err
 from .model import Decoder, ModelConfig, QLinear
@@ -165,23 +166,12 @@ def fp8w_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, use_triton: b
     return y
 
 
-_WORKSPACES: dict = {}
-
-
 def _splitk_workspace(device, rows: int, n: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A zeroed float32 (rows, n) workspace and int32 tile counters for split-K, kept per
-    device and grown as needed: the kernel leaves both zeroed, so calls (and CUDA-graph
-    replays, which must not allocate) reuse them. Calls on one stream run one at a time."""
-    key = (str(device), "splitk")
-    ws, cnt = _WORKSPACES.get(key, (None, None))
-    if ws is None or ws.numel() < rows * n or cnt.numel() < tiles:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("split-K workspace first needed inside a CUDA-graph capture: run the "
-                               "step once eagerly before capturing it")
-        ws = torch.zeros(max(rows * n, 0 if ws is None else ws.numel()), dtype=torch.float32, device=device)
-        cnt = torch.zeros(max(tiles, 0 if cnt is None else cnt.numel()), dtype=torch.int32, device=device)
-        _WORKSPACES[key] = (ws, cnt)
-    return ws, cnt
+    """A zeroed float32 (rows, n) workspace and int32 tile counters for this kernel's split-K
+    (:func:`.workspace.zeroed`, names of its own): the kernel leaves both zeroed, so calls (and
+    CUDA-graph replays, which must not allocate) reuse them."""
+    return (W.zeroed(device, "research_splitk_ws", rows * n, torch.float32),
+            W.zeroed(device, "research_splitk_cnt", tiles, torch.int32))
 
 
 class W8Linear(QLinear):
