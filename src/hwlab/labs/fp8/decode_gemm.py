@@ -124,33 +124,27 @@ def _fp8_decode_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, y_ptr, part_ptr, cnt_p
     y_off = rm[:, None] * stride_ym + rn[None, :]
     if SPLIT_K == 1:
         tl.store(y_ptr + y_off, (part * scale).to(y_ptr.dtype.element_ty), mask=out)
-    elif SERIAL_K:  # each K slice stores its own partial; the slice that arrives last sums them in order
+    else:  # the K slices meet in the workspace; the slice that counts in last writes y
         tile = pid_m * tl.num_programs(0) + pid_n
         p_off = rm[:, None] * N + rn[None, :]
-        slab = tl.num_programs(1) * BM * N  # one K slice's partials
-        tl.store(part_ptr + pid_k * slab + p_off, part, mask=out)
-        if FENCE:
-            fence_gpu(rm)
-        tl.debug_barrier()
-        if tl.atomic_add(cnt_ptr + tile, 1) == SPLIT_K - 1:  # acq_rel: the other slices' stores are visible
-            total = tl.zeros((BM, BN), dtype=tl.float32)
-            for s in tl.static_range(SPLIT_K):
-                total += tl.load(part_ptr + s * slab + p_off, mask=out, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptr + y_off, (total * scale).to(y_ptr.dtype.element_ty), mask=out)
-            tl.store(cnt_ptr + tile, 0)
-    else:  # add into the workspace; the K slice that arrives last writes y and zeroes what it used
-        tile = pid_m * tl.num_programs(0) + pid_n
-        p_off = rm[:, None] * N + rn[None, :]
-        tl.atomic_add(part_ptr + p_off, part, mask=out)
-        if FENCE:  # each thread's adds performed GPU-wide before the counter moves: the fence of
+        slab = tl.num_programs(1) * BM * N  # one K slice's partials (SERIAL_K)
+        if SERIAL_K:  # a slab of its own per K slice: plain stores, summed in slice order below
+            tl.store(part_ptr + pid_k * slab + p_off, part, mask=out)
+        else:  # one float32 atomic per element into the zeroed workspace
+            tl.atomic_add(part_ptr + p_off, part, mask=out)
+        if FENCE:  # each thread's writes performed GPU-wide before the counter moves: the fence of
             fence_gpu(rm)  # CUDA's threadfence-reduction pattern (benchmarks/lab04_splitk_fence.py)
         tl.debug_barrier()  # every thread past its fence before the counter's release
-        if tl.atomic_add(cnt_ptr + tile, 1) == SPLIT_K - 1:  # acq_rel: the other slices' adds are visible
-            total = tl.load(part_ptr + p_off, mask=out, other=0.0, cache_modifier=".cg")
+        if tl.atomic_add(cnt_ptr + tile, 1) == SPLIT_K - 1:  # acq_rel: the other slices' writes are visible
+            if SERIAL_K:
+                total = tl.zeros((BM, BN), dtype=tl.float32)
+                for s in tl.static_range(SPLIT_K):
+                    total += tl.load(part_ptr + s * slab + p_off, mask=out, other=0.0, cache_modifier=".cg")
+            else:
+                total = tl.load(part_ptr + p_off, mask=out, other=0.0, cache_modifier=".cg")
+                tl.store(part_ptr + p_off, tl.zeros((BM, BN), dtype=tl.float32), mask=out)  # zero for the next call
             tl.store(y_ptr + y_off, (total * scale).to(y_ptr.dtype.element_ty), mask=out)
-            tl.store(part_ptr + p_off, tl.zeros((BM, BN), dtype=tl.float32), mask=out)
             tl.store(cnt_ptr + tile, 0)
-
 
 def decode_mm_ref(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
                   out_dtype=torch.bfloat16) -> torch.Tensor:
