@@ -58,3 +58,31 @@ def test_decode_mm_reference_is_the_dequantized_product():
 def test_decode_mm_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="x \\(M, K\\) and w \\(N, K\\)"):
         G.decode_mm(torch.zeros(2, 8), torch.zeros(4, 9), torch.ones(()), torch.ones(()))
+
+
+@pytest.mark.parametrize("split_k,serial", [(1, False), (3, True)])
+def test_decode_mm_gelu_epilogue_is_gelu_then_the_static_requant(split_k, serial):
+    """Round 9: the up projection's GEMM writes GELU of its product in FP8 with the down
+    projection's static scale. Against the float32 product's GELU, quantized by the reference
+    requant: a kernel that skipped the GELU, quantized before it, or left the scale out fails."""
+    g = torch.Generator().manual_seed(21 + split_k)
+    cfg = {**G.CPU_CONFIG, "SPLIT_K": split_k, "SERIAL_K": serial}
+    N, Kd, M = 80, 200, 5
+    wq, ws = K.quant_tensor_ref(torch.randn(N, Kd, generator=g))
+    xq, xs = K.quant_tensor_ref(torch.randn(M, Kd, generator=g) * 3)
+    x, w = xq.half(), wq.half()
+    prod = G.decode_mm_ref(x, w, xs, ws, torch.float32)
+    s = torch.nn.functional.gelu(prod).abs().max() / 448 * 1.5  # nothing saturates
+    y = G.decode_mm(x, w, xs, ws, config=cfg, use_triton=True, gelu_out_scale=s)
+    ref = G.decode_mm_ref(x, w, xs, ws, gelu_out_scale=s)
+    assert y.dtype == K.FP8 and ref.dtype == K.FP8 and y.shape == (M, N)
+    want = torch.nn.functional.gelu(prod)
+    assert _rel(ref.float() * s, want) < 0.10  # the reference itself: one e4m3 step
+    assert _rel(y.float() * s, want) < 0.10  # one e4m3 step (the interpreter truncates)
+    assert _rel(y.float(), ref.float()) < 0.10
+    assert _rel(y.float() * s, prod) > 0.3  # GELU matters at this size: a kernel without it fails
+    s_small = s / 8  # a smaller scale saturates more of the output at +-448: the kernel clamps as quant_static
+    y8 = G.decode_mm(x, w, xs, ws, config=cfg, use_triton=True, gelu_out_scale=s_small)
+    assert float(y8.float().abs().max()) == 448.0
+    if split_k > 1:
+        assert W.buffer("cpu", "splitk_cnt").abs().max() == 0

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from hwlab.labs import fp8 as L
+from hwlab.labs.fp8 import kernels as K
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +147,19 @@ def test_static_path_hits_fp8_with_one_requant_per_gemm_and_stays_accurate():
     assert r["fp8_hits"] == n_gemm - 1 and r["fallback_gemms"] == 0 and r["dequant_ranges"] == 0
     # each FP8 GEMM's input is quantized once: in the norm (qkv, up) or by one static pass
     assert r["quant_ranges"] == n_gemm - 1
+
+
+def test_qlinear_gelu_to_returns_gelu_in_fp8_with_the_given_scale():
+    """``gelu_to`` (round 9): GELU of the product in FP8 with the next layer's static scale,
+    whether the kit's GEMM's epilogue does it (a GPU) or one pass after (here, a CPU); the model's
+    MLP then equals the unfused ``quant_static(gelu(up(h)))`` it replaced."""
+    m = L.Decoder(L.TINY, STATIC, device="cpu")
+    up, down = m.layers[0]["up"], m.layers[0]["down"]
+    h = torch.randn(3, L.TINY.d_model, generator=torch.Generator().manual_seed(2))
+    y = up(h, gelu_to=down.x_scale)
+    ref = K.quant_static(up(h), down.x_scale, gelu=True)
+    assert y.dtype == K.FP8 and torch.equal(y.float(), ref.float())
+    assert not torch.equal(y.float(), K.quant_static(up(h), down.x_scale).float())  # the GELU is in it
 
 
 def test_byte_floor_targets_decide_each_row_from_its_figure():

@@ -263,3 +263,43 @@ def test_round8_choices_set_the_attention_tile_and_the_serial_tiles_and_put_them
     for nk, cfg in G.CONFIGS.items():
         assert serial[nk].get("SERIAL_K", False) == (cfg.get("SPLIT_K", 1) > 1)
     assert (model.K.decode_attention, dict(G.CONFIGS), A.PDL_ATTENTION) == before
+
+
+def test_round9_choice_switches_the_gelu_fold_and_puts_it_back():
+    from hwlab.labs.fp8 import model
+
+    r9 = _bench("lab04_round9")
+    assert model.GELU_IN_GEMM is True
+    with r9.choice9(r9.STEP_CHOICES["gelu after the GEMM"]):
+        assert model.GELU_IN_GEMM is False
+    with r9.choice9(r9.STEP_CHOICES["lab"]):
+        assert model.GELU_IN_GEMM is True
+    assert model.GELU_IN_GEMM is True
+    assert all(ib == 0 or ib % t.block_t == 0 for ib, t in r9.LAYOUTS.values())  # each a valid A/B side
+
+
+@pytest.mark.parametrize("dt,ib", [(torch.float16, 16), (K.FP8, 16), (K.FP8, 32)])
+def test_interleaved_kv_attention_matches_the_reference_and_the_two_cache_loop(dt, ib):
+    """Round 9's layout A/B: the same loop on K and V interleaved per ``ib`` positions and on two
+    caches gives the reference's output at lengths inside one block, across blocks and over a
+    ragged last split; a kernel reading V from K's rows (or the wrong block) fails."""
+    g = torch.Generator().manual_seed(9 + ib)
+    B, H, T, D = 2, 3, 8 * ib, 64
+    sc = 0.01 if dt == K.FP8 else 1.0
+    k = (torch.randn(B, H, T, D, generator=g) / sc).to(dt)
+    v = (torch.randn(B, H, T, D, generator=g) / sc).to(dt)
+    q = torch.randn(B, H, 1, D, generator=g).half()
+    scale = torch.tensor(sc)
+    kv = R.interleave_kv(k, v, ib)
+    assert kv.shape == (B, H, T // ib, 2, ib, D)
+    assert torch.equal(kv[:, :, 1, 1, 3].float(), v[:, :, ib + 3].float())  # block 1's V row 3
+    tile = K.AttnTile(chunk=2 * ib, block_t=16)
+    for n in (5, ib + 7, T - 3, T):
+        ref = K.decode_attention_ref(q, k, v, scale, n)
+        out = R.decode_attention_interleaved(q, kv, scale, n, tile=tile, use_triton=True)
+        two = R.decode_attention_interleaved(q, k, scale, n, tile=tile, v_cache=v, use_triton=True)
+        assert _rel(out, ref) < K.FP8_CACHE_MATH_REL and _rel(two, ref) < K.FP8_CACHE_MATH_REL, n
+    wrong = R.decode_attention_interleaved(q, R.interleave_kv(k, k, ib), scale, T, tile=tile, use_triton=True)
+    assert _rel(wrong, K.decode_attention_ref(q, k, v, scale, T)) > 0.1
+    with pytest.raises(ValueError, match="multiple of the block"):
+        R.interleave_kv(k[:, :, :T - 1], v[:, :, :T - 1], ib)

@@ -26,6 +26,10 @@ The kernel, one program per ``BN`` weight rows (output columns):
   were now and then (BK 256, split in 2, 4 rows: 14 of 300 calls off with atomics, 0 of 300
   serial in the same run; benchmarks/lab04_splitk_fence.py, LAB04_NOTES.md rounds 7-8). The
   atomic reduction stays for that comparison;
+* ``GELU_Q`` (``decode_mm``'s ``gelu_out_scale``): the epilogue applies exact GELU to the float32
+  product and writes it in FP8 with the next layer's static scale, clamped to +-448, where
+  :func:`.quant.quant_static` (``gelu=True``) would read the bf16 product back in a kernel of its
+  own: the MLP's activation and the down projection's requant ride on the up projection's GEMM;
 * ``PREFETCH_K`` > 0: before anything else the program asks L2 for the first ``PREFETCH_K``
   columns of its weight rows (``prefetch.global.L2``). With PDL (:func:`.quant.pdl_args`) that
   happens before the wait for the previous kernel: the weight is not that kernel's output, so
@@ -40,7 +44,7 @@ import triton
 import triton.language as tl
 
 from . import workspace as W
-from .quant import FP8, fence_gpu, pdl_args, use_triton_for
+from .quant import FP8, fence_gpu, pdl_args, quant_static_ref, use_triton_for
 
 #: whether :class:`.model.QLinear` runs this kernel for decode-shaped ``fp8_static`` calls (at most
 #: :data:`MAX_ROWS` rows on a GPU) on the weight shapes :data:`CONFIGS` names (:func:`takes`),
@@ -79,11 +83,23 @@ def _prefetch_l2(ptrs):
 
 
 @triton.jit
+def _epilogue(v, scale, os_ptr, GELU_Q: tl.constexpr):
+    """The float32 sum ``v`` scaled; ``GELU_Q``: then exact GELU (as ``F.gelu``) and the static
+    FP8 requant with the scale at ``os_ptr`` (as :func:`.quant.quant_static`)."""
+    v = v * scale
+    if GELU_Q:
+        v = 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
+        v = tl.minimum(tl.maximum(v / tl.load(os_ptr), -448.0), 448.0)
+    return v
+
+
+@triton.jit
 def _fp8_decode_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
                       stride_xm, stride_wn, stride_ym,
                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
                       SWAP: tl.constexpr, SPLIT_K: tl.constexpr, PREFETCH_K: tl.constexpr, EVEN_K: tl.constexpr,
-                      ACC_K: tl.constexpr, FENCE: tl.constexpr, PDL: tl.constexpr, SERIAL_K: tl.constexpr = False):
+                      ACC_K: tl.constexpr, FENCE: tl.constexpr, PDL: tl.constexpr, SERIAL_K: tl.constexpr = False,
+                      os_ptr=None, GELU_Q: tl.constexpr = False):
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BN + tl.arange(0, BN)
     rm = pid_m * BM + tl.arange(0, BM)
@@ -123,7 +139,7 @@ def _fp8_decode_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, y_ptr, part_ptr, cnt_p
     scale = tl.load(xs_ptr) * tl.load(ws_ptr)
     y_off = rm[:, None] * stride_ym + rn[None, :]
     if SPLIT_K == 1:
-        tl.store(y_ptr + y_off, (part * scale).to(y_ptr.dtype.element_ty), mask=out)
+        tl.store(y_ptr + y_off, _epilogue(part, scale, os_ptr, GELU_Q).to(y_ptr.dtype.element_ty), mask=out)
     else:  # the K slices meet in the workspace; the slice that counts in last writes y
         tile = pid_m * tl.num_programs(0) + pid_n
         p_off = rm[:, None] * N + rn[None, :]
@@ -143,13 +159,17 @@ def _fp8_decode_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, y_ptr, part_ptr, cnt_p
             else:
                 total = tl.load(part_ptr + p_off, mask=out, other=0.0, cache_modifier=".cg")
                 tl.store(part_ptr + p_off, tl.zeros((BM, BN), dtype=tl.float32), mask=out)  # zero for the next call
-            tl.store(y_ptr + y_off, (total * scale).to(y_ptr.dtype.element_ty), mask=out)
+            tl.store(y_ptr + y_off, _epilogue(total, scale, os_ptr, GELU_Q).to(y_ptr.dtype.element_ty), mask=out)
             tl.store(cnt_ptr + tile, 0)
 
 def decode_mm_ref(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
-                  out_dtype=torch.bfloat16) -> torch.Tensor:
-    """The same product in float32: ``(x @ w.T) * x_scale * w_scale``, cast to ``out_dtype``."""
-    return ((x.float() @ w.float().t()) * (x_scale.float() * w_scale.float())).to(out_dtype)
+                  out_dtype=torch.bfloat16, gelu_out_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The same product in float32: ``(x @ w.T) * x_scale * w_scale``, cast to ``out_dtype``;
+    with ``gelu_out_scale``, GELU of it quantized to FP8 with that static scale instead."""
+    y = (x.float() @ w.float().t()) * (x_scale.float() * w_scale.float())
+    if gelu_out_scale is not None:
+        return quant_static_ref(torch.nn.functional.gelu(y), gelu_out_scale)
+    return y.to(out_dtype)
 
 
 def takes(n: int, k: int) -> bool:
@@ -167,14 +187,19 @@ def config_for(n: int, k: int) -> dict:
 
 
 def decode_mm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
-              config: dict | None = None, out_dtype=torch.bfloat16, use_triton: bool | None = None) -> torch.Tensor:
+              config: dict | None = None, out_dtype=torch.bfloat16, use_triton: bool | None = None,
+              gelu_out_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``(x @ w.T) * x_scale * w_scale`` for activation rows ``x`` (M, K) and a weight ``w`` (N, K),
     both FP8 on a GPU (the interpreter takes fp16/fp32, the same code), one float32 scale each.
-    ``config``: the tile (keys of :data:`DEFAULT_CONFIG`; default :func:`config_for`)."""
+    ``config``: the tile (keys of :data:`DEFAULT_CONFIG`; default :func:`config_for`).
+    ``gelu_out_scale``: return GELU of the product in FP8 with this static scale (the next layer's
+    input, ``GELU_Q`` in the module docstring); ``out_dtype`` is then FP8."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"decode_mm wants x (M, K) and w (N, K); got {tuple(x.shape)} and {tuple(w.shape)}")
     if not use_triton_for(x, use_triton):
-        return decode_mm_ref(x, w, x_scale, w_scale, out_dtype)
+        return decode_mm_ref(x, w, x_scale, w_scale, out_dtype, gelu_out_scale)
+    gelu_q = gelu_out_scale is not None
+    out_dtype = FP8 if gelu_q else out_dtype
     M, Kd = x.shape
     N = w.shape[0]
     c = {**DEFAULT_CONFIG, **(config or config_for(N, Kd))}
@@ -191,7 +216,8 @@ def decode_mm(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: 
                             STAGES=c["STAGES"], SWAP=c["SWAP"], SPLIT_K=c["SPLIT_K"], PREFETCH_K=c["PREFETCH_K"],
                             EVEN_K=Kd % (c["BK"] * c["SPLIT_K"]) == 0, ACC_K=min(c["BK"], c.get("ACC_K", ACC_K)),
                             FENCE=c.get("FENCE", not tritonenv.INTERPRETED),  # the interpreter: one program at a time
-                            SERIAL_K=serial, num_warps=c["num_warps"], **pdl_args(x))
+                            SERIAL_K=serial, os_ptr=gelu_out_scale.reshape(1).float() if gelu_q else None,
+                            GELU_Q=gelu_q, num_warps=c["num_warps"], **pdl_args(x))
     return y
 
 

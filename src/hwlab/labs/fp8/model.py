@@ -109,7 +109,19 @@ class QLinear(torch.nn.Module):
             y = x2.float() @ self.w.float().t()
         return y.reshape(*x.shape[:-1], self.out_features)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, gelu_to: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ w.T`` in this layer's mode. ``gelu_to`` (a static FP8 scale: the next layer's
+        input scale): return GELU of the product quantized to FP8 with it, inside the kit's GEMM
+        where it runs and :data:`GELU_IN_GEMM` is on, else by :func:`.quant.quant_static` after."""
+        if gelu_to is not None:
+            y = self._forward(x, gelu_to if GELU_IN_GEMM else None)
+            if y.dtype == FP8:  # the GEMM's epilogue did both
+                return y
+            with torch.profiler.record_function(QUANT_MARK):  # GELU and the requant in one pass
+                return K.quant_static(y, gelu_to, gelu=True)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor, gelu_to: torch.Tensor | None = None) -> torch.Tensor:
         if self.mode == "bf16":
             return F.linear(x, self.w)
         if self.mode == "fp8_dequant":  # the fallback: a bf16 copy of the weight, every step
@@ -135,7 +147,7 @@ class QLinear(torch.nn.Module):
             with torch.profiler.record_function(QUANT_MARK):  # requant of the activation
                 xq, xs = K.quant_tensor(x2)
         if self.runs_kit_gemm(xq):
-            y = decode_gemm.decode_mm(xq, self.w, xs, self.w_scale)
+            y = decode_gemm.decode_mm(xq, self.w, xs, self.w_scale, gelu_out_scale=gelu_to)
         elif self.runs_swap_ab(xq.shape[0]):
             xq = xq if xq.is_contiguous() else xq.contiguous()  # its transpose is the K-major operand cuBLAS wants
             y = torch._scaled_mm(self.w, xq.t(), scale_a=self.w_scale, scale_b=xs, out_dtype=torch.bfloat16).t()
@@ -144,6 +156,10 @@ class QLinear(torch.nn.Module):
         return y.reshape(*shape[:-1], self.out_features)
 
 
+#: whether an ``fp8_static`` up projection that runs the kit's decode GEMM applies GELU and the down
+#: projection's FP8 requant in its epilogue (:class:`QLinear`'s ``gelu_to``), one kernel fewer per
+#: layer than :func:`.quant.quant_static` after it (benchmarks/LAB04_NOTES.md round 9)
+GELU_IN_GEMM = True
 #: most activation rows a swap-AB GEMM takes (:class:`QLinear`): a decode step's batch; a
 #: prefill's thousands of rows fill cuBLAS's tiles in the plain order
 SWAP_AB_MAX_ROWS = 64
@@ -428,12 +444,10 @@ class Decoder(torch.nn.Module):
                                L["out"].x_scale if L["out"].takes_fp8_input else None)
             r = L["out"](a.transpose(1, 2).reshape(B, T, cfg.d_model))
             x, h = self._add_norm_for(x, r, L["up"])
-            u = L["up"](h)
-            if L["down"].takes_fp8_input:
-                with torch.profiler.record_function(QUANT_MARK):  # GELU and the requant in one pass
-                    u = K.quant_static(u, L["down"].x_scale, gelu=True)
+            if L["down"].takes_fp8_input:  # GELU and down's requant: in up's GEMM, or one pass after
+                u = L["up"](h, gelu_to=L["down"].x_scale)
             else:
-                u = F.gelu(u)
+                u = F.gelu(L["up"](h))
             r = L["down"](u)
         cache.len = pos + T
         if per_row:

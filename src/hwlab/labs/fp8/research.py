@@ -11,6 +11,9 @@ interpreter) so a finding there can be re-measured with the code that produced i
 * :func:`decode_attention_variant`: the decode attention with its tensor-core (``use_dot``)
   and register-prefetch (``prefetch``) variants, which did not beat the elementwise kernel.
 * :func:`quant_rows`: per-row dynamic scales (the row-wise ``_scaled_mm`` comparison).
+* :func:`decode_attention_interleaved`: the lab's decode attention on a cache whose K and V are
+  interleaved per block of positions (:func:`interleave_kv`), one stream per program instead of
+  two (LAB04_NOTES.md round 9).
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ import torch
 
 from ... import tritonenv
 from . import workspace as W
-from .attention import DEFAULT_TILE, AttnTile, check_decode_args, combine_splits, decode_attention_ref
+from .attention import (DEFAULT_TILE, LOG2E, AttnTile, check_decode_args, chunk_for, combine_splits,
+                        decode_attention_ref, sm_count, split_count)
 from .kernels import rel_err
 from .model import Decoder, ModelConfig, QLinear
 from .quant import BLOCK, FP8, FP8_MAX, _row_amax_kernel, quant_static_ref, quant_tensor_ref, use_triton_for
@@ -296,6 +300,110 @@ def decode_attention_variant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         n_ctx if per_row else m, k_cache.shape[2], n_splits, 1.0 / math.sqrt(D), H, q.stride(0), q.stride(1),
         D=D, CHUNK=tile.chunk, BLOCK_T=tile.block_t, USE_DOT=use_dot, PREFETCH=prefetch, PER_ROW=per_row,
         num_warps=tile.num_warps, num_stages=tile.num_stages)
+    return combine_splits(m, l, acc, q)
+
+
+# ---------------------------------------------------------------- K and V interleaved per block
+def interleave_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block: int) -> torch.Tensor:
+    """Two (B, H, T, D) caches as one (B, H, T // block, 2, block, D): for each ``block``
+    positions, their K rows and then their V rows, so that a program streams one region."""
+    B, H, T, D = k_cache.shape
+    if v_cache.shape != k_cache.shape or block < 1 or T % block:
+        raise ValueError(f"interleave_kv wants two (B, H, T, D) caches of one shape and T a multiple of the block; "
+                         f"got {tuple(k_cache.shape)}, {tuple(v_cache.shape)}, block {block}")
+    return torch.stack((k_cache.reshape(B, H, T // block, block, D), v_cache.reshape(B, H, T // block, block, D)),
+                       dim=3).contiguous()
+
+
+@triton.jit
+def _decode_attn_partial_kvi(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_ptr, n_ctx, max_ctx, n_splits,
+                             qk_scale, H, stride_qb, stride_qh, D: tl.constexpr, CHUNK: tl.constexpr,
+                             BLOCK_T: tl.constexpr, F16: tl.constexpr, IB: tl.constexpr):
+    """:func:`.attention._decode_attn_partial`'s loop (fp16 math on FP8, exp2, evict-first, the
+    split fastest, the last split to the row's end) with one change, the layout. ``IB`` = 0:
+    separate (B, H, T, D) caches, as the lab; ``IB`` > 0: ``k_ptr`` is :func:`interleave_kv`'s
+    (.., T // IB, 2, IB, D) and each step's K and V rows are neighbours (``BLOCK_T`` divides ``IB``
+    and every step starts on a multiple of ``BLOCK_T``, so a step stays inside one block)."""
+    sp = tl.program_id(0)
+    bh = tl.program_id(1)
+    start = sp * CHUNK
+    hi = tl.where(sp == n_splits - 1, n_ctx, tl.minimum(start + CHUNK, n_ctx))
+    d = tl.arange(0, D)
+    kv_scale = tl.load(kv_scale_ptr)
+    q = tl.load(q_ptr + (bh // H) * stride_qb + (bh % H) * stride_qh + d).to(tl.float32) * (qk_scale * kv_scale)
+    q16 = q.to(tl.float16)
+    m_i = -float("inf")
+    l_i = 0.0
+    acc = tl.zeros((D,), dtype=tl.float32)
+    for t0 in range(start, hi, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        tm = t < hi
+        if IB > 0:  # block t0 // IB: IB rows of K, then IB rows of V
+            row0 = bh.to(tl.int64) * max_ctx * 2 + (t0 // IB) * (2 * IB) + t0 % IB
+            off_k = (row0 + tl.arange(0, BLOCK_T))[:, None] * D + d[None, :]
+            off_v = off_k + IB * D
+            k_raw = tl.load(k_ptr + off_k, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
+            v_raw = tl.load(k_ptr + off_v, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
+        else:
+            off = bh.to(tl.int64) * max_ctx * D + t[:, None] * D + d[None, :]
+            k_raw = tl.load(k_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
+            v_raw = tl.load(v_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
+        if F16:
+            s = tl.sum(k_raw.to(tl.float16) * q16[None, :], 1).to(tl.float32)
+        else:
+            s = tl.sum(k_raw.to(tl.float32) * q[None, :], 1)
+        s = tl.where(tm, s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new)
+        if F16:
+            pv = tl.sum(p.to(tl.float16)[:, None] * v_raw.to(tl.float16), 0).to(tl.float32)
+        else:
+            pv = tl.sum(p[:, None] * v_raw.to(tl.float32), 0)
+        acc = acc * alpha + pv
+        l_i = l_i * alpha + tl.sum(p, 0)
+        m_i = m_new
+    o = bh * n_splits + sp
+    tl.store(m_ptr + o, m_i * 0.6931471805599453)
+    tl.store(l_ptr + o, l_i)
+    tl.store(acc_ptr + o * D + d, acc * kv_scale)
+
+
+def decode_attention_interleaved(q: torch.Tensor, kv: torch.Tensor, kv_scale: torch.Tensor, n_ctx: int,
+                                 tile: AttnTile = DEFAULT_TILE, v_cache: torch.Tensor | None = None,
+                                 use_triton: bool | None = None) -> torch.Tensor:
+    """:func:`.attention.decode_attention` (one length ``n_ctx`` for all rows, the lab's tile
+    rules and combine) on ``kv`` from :func:`interleave_kv`, (B, H, T // IB, 2, IB, D); or, with
+    ``v_cache``, on two separate (B, H, T, D) caches ``kv`` and ``v_cache`` through the same loop
+    (the A/B's other side)."""
+    if v_cache is None:
+        B, H, nb, two, IB, D = kv.shape
+        if two != 2:
+            raise ValueError(f"kv is interleave_kv's (B, H, T // IB, 2, IB, D); got {tuple(kv.shape)}")
+        T = nb * IB
+    else:
+        B, H, T, D = kv.shape
+        IB = 0
+    if q.shape != (B, H, 1, D) or not 0 < n_ctx <= T:
+        raise ValueError(f"q (B, H, 1, D) = {(B, H, 1, D)} and n_ctx in 1..{T}; got {tuple(q.shape)}, {n_ctx}")
+    if IB and (IB % tile.block_t or tile.chunk % tile.block_t):
+        raise ValueError(f"{tile}: block_t must divide the interleave block {IB}")
+    if not use_triton_for(q, use_triton):
+        if v_cache is not None:
+            return decode_attention_ref(q, kv, v_cache, kv_scale, n_ctx)
+        return decode_attention_ref(q, kv[:, :, :, 0].reshape(B, H, T, D), kv[:, :, :, 1].reshape(B, H, T, D),
+                                    kv_scale, n_ctx)
+    chunk = chunk_for(tile, B * H, n_ctx, sm_count(q.device))
+    n_splits = split_count(n_ctx, chunk)
+    m = torch.empty((B * H, n_splits), dtype=torch.float32, device=q.device)
+    l = torch.empty_like(m)
+    acc = torch.empty((B * H, n_splits, D), dtype=torch.float32, device=q.device)
+    q = q if q.stride(3) == 1 else q.contiguous()
+    _decode_attn_partial_kvi[(n_splits, B * H)](q, kv, kv if v_cache is None else v_cache, kv_scale.reshape(1).float(),
+                                                m, l, acc, n_ctx, T, n_splits, LOG2E / math.sqrt(D), H, q.stride(0),
+                                                q.stride(1), D=D, CHUNK=chunk, BLOCK_T=tile.block_t,
+                                                F16=kv.dtype == FP8, IB=IB, num_warps=tile.num_warps,
+                                                num_stages=tile.num_stages)
     return combine_splits(m, l, acc, q)
 
 

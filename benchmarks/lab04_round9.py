@@ -1,0 +1,132 @@
+"""Lab 4, round 9 (issue #19): K and V interleaved in the cache (the attention's access pattern),
+and the MLP's GELU with the down projection's requant in the up projection's GEMM.
+
+    python benchmarks/lab04_round9.py OUT.json [--rounds 7] [--parts attn,step]
+
+What round 8 left (LAB04_NOTES.md): the kit's FP8 attention streams ~8% under SDPA's GB/s, and its
+load-only variant (round 4) tops out at the same rate, so the loads' pattern, not the math, is what
+to change. Each program reads two streams (its chunk of K, then of V, in two caches a gigabyte
+apart); SDPA's few large programs read far fewer streams at once.
+
+Part ``attn``: :func:`hwlab.labs.fp8.research.decode_attention_interleaved`, the lab's loop on one
+cache whose K and V rows alternate per block of ``IB`` positions (:func:`~hwlab.labs.fp8.research.
+interleave_kv`), against the same loop on two caches (the A/B's other side), the lab's kernel and
+SDPA on the bf16 cache, one CUDA graph over all 8 layers' caches at the lab comparison's shapes
+(T = context), each checked against the float32 reference first, replays alternated over rounds
+(round 6's :func:`alternate`), medians of rounds.
+
+Part ``step``: the fixed path's decode step (512, 4k, 32k) with the lab's MLP (GELU and the down
+projection's FP8 requant in the up GEMM's epilogue, ``model.GELU_IN_GEMM``) against one pass after
+the GEMM (round 8's lab), in CUDA graphs, alternated. The bf16 path has no FP8 requant to fold.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lab04_round6 as r6  # noqa: E402
+
+from hwlab.labs import fp8 as lab  # noqa: E402
+from hwlab.labs.fp8 import attention as A  # noqa: E402
+from hwlab.labs.fp8 import model  # noqa: E402
+from hwlab.labs.fp8 import research as R  # noqa: E402
+from hwlab.measure_graph import capture_graph  # noqa: E402
+from hwlab.store import write_json_atomic  # noqa: E402
+
+#: part ``attn``'s layouts: name -> (interleave block IB, 0 for two caches; the tile)
+LAYOUTS = {
+    "loop, two caches": (0, A.DEFAULT_TILE),
+    "kvi 16": (16, A.DEFAULT_TILE),
+    "kvi 32": (32, A.DEFAULT_TILE),
+    "kvi 64": (64, A.DEFAULT_TILE),
+    "kvi 256": (256, A.DEFAULT_TILE),
+    "kvi 32, 32 per step": (32, A.AttnTile(block_t=32)),
+}
+ATTN_SHAPES = ((512, 16), (4096, 16), (32768, 4))
+#: part ``step``'s choices: the lab's (GELU in the up GEMM) and round 8's (one pass after)
+STEP_CHOICES = {"lab": {}, "gelu after the GEMM": {"gelu_in_gemm": False}}
+STEP_BUCKETS = tuple((ctx, batch, tuple(STEP_CHOICES), "fixed") for ctx, batch in ATTN_SHAPES)
+
+
+@contextlib.contextmanager
+def choice9(settings: dict):
+    """:func:`lab04_round6.choice` for the lab's knobs, and ``gelu_in_gemm``
+    (``model.GELU_IN_GEMM``), put back after."""
+    old = model.GELU_IN_GEMM
+    try:
+        with r6.choice({k: v for k, v in settings.items() if k != "gelu_in_gemm"}):
+            model.GELU_IN_GEMM = settings.get("gelu_in_gemm", old)
+            yield
+    finally:
+        model.GELU_IN_GEMM = old
+
+
+def attn_part(rounds: int) -> list:
+    dev = torch.device("cuda")
+    cfg = lab.H200_SIZE
+    n = cfg.n_layers
+    rows = []
+    for ctx, batch in ATTN_SHAPES:
+        kb, vb, q, s8, kf, vf, ref8, ref16 = r6.attn_inputs(cfg, batch, ctx, dev)  # T = context, as the lab
+        fns = {"lab": lambda i: A.decode_attention(q, kf[i], vf[i], s8, ctx)}
+        for name, (ib, tile) in LAYOUTS.items():
+            if ib == 0:
+                fns[name] = lambda i, tile=tile: R.decode_attention_interleaved(q, kf[i], s8, ctx, tile=tile, v_cache=vf[i])
+            else:
+                kvi = [R.interleave_kv(kf[i], vf[i], ib) for i in range(n)]
+                fns[name] = lambda i, kvi=kvi, tile=tile: R.decode_attention_interleaved(q, kvi[i], s8, ctx, tile=tile)
+        graphs, errs = {}, {}
+        with torch.no_grad():
+            for name, fn in fns.items():
+                cap = capture_graph(lambda fn=fn: [fn(i) for i in range(n)], dev)
+                cap.replay()
+                torch.cuda.synchronize()
+                errs[name] = float((cap.out[0].float() - ref8).norm() / ref8.norm())
+                if not errs[name] < A.FP8_CACHE_MATH_REL:
+                    print(f"attn {ctx} x{batch}: {name} wrong ({errs[name]:.2e}), not timed", flush=True)
+                    continue
+                graphs[name] = cap
+            graphs["sdpa"], errs["sdpa"] = r6.sdpa_graph(q, kb, vb, ref16, dev)
+            ms = r6.alternate(graphs, rounds)
+        bytes8 = 2 * kf[0].numel()
+        row = {"ctx": ctx, "batch": batch, "T": ctx, "n_layers": n, "rel_err_vs_float32": errs, "ms_rounds": ms}
+        row["us_per_layer"] = {k: statistics.median(v) * 1e3 / n for k, v in ms.items()}
+        row["gbps"] = {k: (2 * bytes8 if k == "sdpa" else bytes8) / us / 1e3 for k, us in row["us_per_layer"].items()}
+        row["over_sdpa"] = {k: g / row["gbps"]["sdpa"] for k, g in row["gbps"].items()}
+        rows.append(row)
+        print(f"attn {ctx} x{batch}: " + ", ".join(f"{k} {row['us_per_layer'][k]:.1f} us {row['gbps'][k]:.0f} GB/s "
+                                                 f"({row['over_sdpa'][k]:.0%})" for k in row["gbps"]), flush=True)
+        del graphs, kb, vb, kf, vf, fns
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--parts", default="attn,step")
+    a = ap.parse_args()
+    t0 = time.time()
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "triton": __import__("triton").__version__, "rounds": a.rounds,
+           "layouts": {k: {"ib": ib, "tile": vars(t)} for k, (ib, t) in LAYOUTS.items()},
+           "step_choices": STEP_CHOICES}
+    parts = a.parts.split(",")
+    if "attn" in parts:
+        res["attn"] = attn_part(a.rounds)
+    if "step" in parts:
+        res["step"] = r6.step_part(a.rounds, STEP_BUCKETS, STEP_CHOICES, choose=choice9)
+    res["elapsed_s"] = time.time() - t0
+    write_json_atomic(a.out, res, overwrite=True)  # a re-run replaces its own output
+
+
+if __name__ == "__main__":
+    sys.exit(main())
