@@ -1,7 +1,7 @@
 """Lab 4, round 9 (issue #19): K and V interleaved in the cache (the attention's access pattern),
 and the MLP's GELU with the down projection's requant in the up projection's GEMM.
 
-    python benchmarks/lab04_round9.py OUT.json [--rounds 7] [--parts attn,step]
+    python benchmarks/lab04_round9.py OUT.json [--rounds 7] [--parts attn,step,short,dot]
 
 What round 8 left (LAB04_NOTES.md): the kit's FP8 attention streams ~8% under SDPA's GB/s, and its
 load-only variant (round 4) tops out at the same rate, so the loads' pattern, not the math, is what
@@ -18,6 +18,14 @@ SDPA on the bf16 cache, one CUDA graph over all 8 layers' caches at the lab comp
 Part ``step``: the fixed path's decode step (512, 4k, 32k) with the lab's MLP (GELU and the down
 projection's FP8 requant in the up GEMM's epilogue, ``model.GELU_IN_GEMM``) against one pass after
 the GEMM (round 8's lab), in CUDA graphs, alternated. The bf16 path has no FP8 requant to fold.
+
+Part ``short`` (the second call, after the first measured 32 positions per step faster at 512):
+the kit's kernel per :data:`TILES_SHORT` tile on the FP8 and the bf16 cache at 512-2048 x16
+against SDPA, and the fixed and bf16 decode steps at 512 with the candidate tiles (a bf16 cache
+there in both paths, read by the kit's kernel).
+
+Part ``dot`` (the third call): :data:`DOT_TILES`, the tensor-core variant with long chunks and
+several warps per program, at 4k and 32k.
 """
 from __future__ import annotations
 
@@ -32,6 +40,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lab04_round6 as r6  # noqa: E402
+import lab04_round8 as r8  # noqa: E402
 
 from hwlab.labs import fp8 as lab  # noqa: E402
 from hwlab.labs.fp8 import attention as A  # noqa: E402
@@ -50,8 +59,25 @@ LAYOUTS = {
     "kvi 32, 32 per step": (32, A.AttnTile(block_t=32)),
 }
 ATTN_SHAPES = ((512, 16), (4096, 16), (32768, 4))
-#: part ``step``'s choices: the lab's (GELU in the up GEMM) and round 8's (one pass after)
-STEP_CHOICES = {"lab": {}, "gelu after the GEMM": {"gelu_in_gemm": False}}
+#: part ``short``'s tiles for a short cache (call 1 measured 32 positions per step at 512 faster
+#: alone, slower at 4k and 32k): name -> AttnTile
+TILES_SHORT = {
+    "lab": A.DEFAULT_TILE,
+    "32 per step": A.AttnTile(block_t=32),
+    "32 per step, chunk 64": A.AttnTile(chunk=64, block_t=32),
+    "32 per step, 2 warps": A.AttnTile(block_t=32, num_warps=2),
+    "64 per step, 2 warps": A.AttnTile(block_t=64, num_warps=2),
+    "64 per step, 4 warps": A.AttnTile(block_t=64, num_warps=4),
+    "32 per step, fused": A.AttnTile(block_t=32, fused_combine=True),
+    "32 per step, 3 stages": A.AttnTile(block_t=32, num_stages=3),
+}
+SHORT_SHAPES = ((512, 16), (1024, 16), (2048, 16))
+#: part ``short``'s step choices: the decoder's attention tile at 512 (a bf16 cache there in both paths)
+SHORT_STEP = {"lab": {}, "32 per step": {"tile": TILES_SHORT["32 per step"]},
+              "32 per step, 2 warps": {"tile": TILES_SHORT["32 per step, 2 warps"]}}
+#: part ``step``'s choices as call 1 ran them: "lab" was then GELU in the up GEMM (``model.GELU_IN_GEMM``
+#: on); measured equal, it is off since, so both sides are named by their setting
+STEP_CHOICES = {"lab": {"gelu_in_gemm": True}, "gelu after the GEMM": {"gelu_in_gemm": False}}
 STEP_BUCKETS = tuple((ctx, batch, tuple(STEP_CHOICES), "fixed") for ctx, batch in ATTN_SHAPES)
 
 
@@ -108,6 +134,97 @@ def attn_part(rounds: int) -> list:
     return rows
 
 
+def short_part(rounds: int) -> list:
+    """The kit's kernel per :data:`TILES_SHORT` tile on the FP8 and on the bf16 cache, and SDPA on
+    the bf16 one, at short contexts (T = context), as :func:`attn_part` times them."""
+    dev = torch.device("cuda")
+    cfg = lab.H200_SIZE
+    n = cfg.n_layers
+    rows = []
+    one = torch.ones((), device=dev)
+    for ctx, batch in SHORT_SHAPES:
+        kb, vb, q, s8, kf, vf, ref8, ref16 = r6.attn_inputs(cfg, batch, ctx, dev)
+        graphs, errs = {}, {}
+        with torch.no_grad():
+            for name, tile in TILES_SHORT.items():
+                for cache, (kk, vv, sc, ref) in (("fp8", (kf, vf, s8, ref8)), ("bf16", (kb, vb, one, ref16))):
+                    key = f"{name} [{cache}]"
+                    try:
+                        cap = capture_graph(lambda tile=tile, kk=kk, vv=vv, sc=sc: [
+                            A.decode_attention(q, kk[i], vv[i], sc, ctx, tile=tile) for i in range(n)], dev)
+                        cap.replay()
+                        torch.cuda.synchronize()
+                    except Exception as e:  # noqa: BLE001 - a tile that cannot run is a result too
+                        errs[key] = f"{type(e).__name__}: {e}"[:300]
+                        print(f"short {ctx}: {key} failed: {errs[key]}", flush=True)
+                        continue
+                    errs[key] = float((cap.out[0].float() - ref).norm() / ref.norm())
+                    if errs[key] < A.FP8_CACHE_MATH_REL:
+                        graphs[key] = cap
+            graphs["sdpa"], errs["sdpa"] = r6.sdpa_graph(q, kb, vb, ref16, dev)
+            ms = r6.alternate(graphs, rounds)
+        bytes8 = 2 * kf[0].numel()
+        row = {"ctx": ctx, "batch": batch, "T": ctx, "n_layers": n, "rel_err_vs_float32": errs, "ms_rounds": ms}
+        row["us_per_layer"] = {k: statistics.median(v) * 1e3 / n for k, v in ms.items()}
+        row["gbps"] = {k: (bytes8 if k.endswith("[fp8]") else 2 * bytes8) / us / 1e3
+                       for k, us in row["us_per_layer"].items()}
+        row["over_sdpa"] = {k: g / row["gbps"]["sdpa"] for k, g in row["gbps"].items()}
+        rows.append(row)
+        print(f"short {ctx} x{batch}: " + ", ".join(f"{k} {row['us_per_layer'][k]:.1f} us {row['gbps'][k]:.0f} GB/s "
+                                                  f"({row['over_sdpa'][k]:.0%})" for k in row["gbps"]), flush=True)
+        del graphs, kb, vb, kf, vf
+        torch.cuda.empty_cache()
+    return rows
+
+
+#: part ``dot``: round 2's tensor-core variant (:func:`~hwlab.labs.fp8.research.decode_attention_variant`,
+#: ``use_dot``) as flash-decoding libraries run it: a few programs of several warps, each streaming
+#: a long chunk through a pipelined loop (Triton's pipeliner stages the loads that feed a dot
+#: through shared memory), against the lab's many one-warp programs on short chunks
+DOT_TILES = {f"dot chunk {c}, {bt} per step, {w} warps, {st} stages": A.AttnTile(c, bt, w, st)
+             for c in (512, 1024, 2048) for bt in (64, 128) for w in (4, 8) for st in (2, 3, 4)}
+
+
+def dot_part(rounds: int) -> list:
+    dev = torch.device("cuda")
+    cfg = lab.H200_SIZE
+    n = cfg.n_layers
+    rows = []
+    for ctx, batch in ((4096, 16), (32768, 4)):
+        kb, vb, q, s8, kf, vf, ref8, ref16 = r6.attn_inputs(cfg, batch, ctx, dev)
+        fns = {"lab": lambda i: A.decode_attention(q, kf[i], vf[i], s8, ctx)}
+        for name, tile in DOT_TILES.items():
+            fns[name] = lambda i, tile=tile: R.decode_attention_variant(q, kf[i], vf[i], s8, ctx, tile=tile, use_dot=True)
+        graphs, errs = {}, {}
+        with torch.no_grad():
+            for name, fn in fns.items():
+                try:
+                    cap = capture_graph(lambda fn=fn: [fn(i) for i in range(n)], dev)
+                    cap.replay()
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001 - a tile that cannot run is a result too
+                    errs[name] = f"{type(e).__name__}: {e}"[:300]
+                    print(f"dot {ctx}: {name} failed: {errs[name]}", flush=True)
+                    continue
+                errs[name] = float((cap.out[0].float() - ref8).norm() / ref8.norm())
+                if errs[name] < A.FP8_CACHE_MATH_REL:
+                    graphs[name] = cap
+            graphs["sdpa"], errs["sdpa"] = r6.sdpa_graph(q, kb, vb, ref16, dev)
+            ms = r6.alternate(graphs, max(3, rounds // 2))
+        bytes8 = 2 * kf[0].numel()
+        row = {"ctx": ctx, "batch": batch, "T": ctx, "n_layers": n, "rel_err_vs_float32": errs, "ms_rounds": ms}
+        row["us_per_layer"] = {k: statistics.median(v) * 1e3 / n for k, v in ms.items()}
+        row["gbps"] = {k: (2 * bytes8 if k == "sdpa" else bytes8) / us / 1e3 for k, us in row["us_per_layer"].items()}
+        row["over_sdpa"] = {k: g / row["gbps"]["sdpa"] for k, g in row["gbps"].items()}
+        rows.append(row)
+        best = sorted(row["over_sdpa"].items(), key=lambda kv: -kv[1])[:6]
+        print(f"dot {ctx} x{batch}: best " + ", ".join(f"{k} {v:.0%}" for k, v in best)
+              + f"; lab {row['over_sdpa']['lab']:.0%}", flush=True)
+        del graphs, kb, vb, kf, vf, fns
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -124,6 +241,14 @@ def main():
         res["attn"] = attn_part(a.rounds)
     if "step" in parts:
         res["step"] = r6.step_part(a.rounds, STEP_BUCKETS, STEP_CHOICES, choose=choice9)
+    if "dot" in parts:
+        res["dot_tiles"] = {k: vars(t) for k, t in DOT_TILES.items()}
+        res["dot"] = dot_part(a.rounds)
+    if "short" in parts:
+        res["tiles_short"] = {k: vars(t) for k, t in TILES_SHORT.items()}
+        res["short"] = short_part(a.rounds)
+        res["short_step"] = r6.step_part(a.rounds, ((512, 16, tuple(SHORT_STEP), "fixed"),
+                                                    (512, 16, tuple(SHORT_STEP), "bf16")), SHORT_STEP, choose=r8.choice8)
     res["elapsed_s"] = time.time() - t0
     write_json_atomic(a.out, res, overwrite=True)  # a re-run replaces its own output
 

@@ -246,7 +246,12 @@ print(lab.format_targets(lab.byte_floor_targets(res, copy, leaves), src))
 #    the attention's splits sized to one wave of resident programs (−5% at 4k, and −19% with half as many: more
 #    programs stream faster, not fewer); PDL for the attention too (−1% on the fixed step at 512, but +2.6% on
 #    BF16's, and slower at 4k and 32k); the weight prefetched into L2 before a GEMM's PDL wait (no gain); shorter
-#    chunks at 512 (−5%).
+#    chunks at 512 (−5%). Round 9: K and V interleaved per block of positions in one cache, so each program reads
+#    one stream instead of two (−1 to −2% at every length); flash-decoding's shape, a few programs of 4-8 warps
+#    streaming long chunks on the tensor cores (at best 78% of SDPA where the lab kernel read 96%); GELU and the
+#    down projection's requant in the up GEMM's epilogue (one kernel per layer fewer, the step equal within 0.1%:
+#    with PDL a small kernel between two GEMMs costs almost nothing); 32 positions per step at 512 (the FP8
+#    attention alone 81 → 84% of SDPA, the fixed step +0.7% on its BF16 cache).
 #
 # What stays out of reach, and why it is measured, not guessed: a GEMM costs a fixed few microseconds
 # (ramp-up, tail, epilogue) plus its bytes at a streaming rate. Fitted from two widths of each decode shape
@@ -255,7 +260,8 @@ print(lab.format_targets(lab.byte_floor_targets(res, copy, leaves), src))
 # shrinks too. The kit's own GEMM streams faster (~4.4 TB/s between `qkv` and `up`, round 8) but still pays a
 # few µs on every call. The attention the same way (the lab's 4k and 32k comparison, same kernels on twice the
 # bytes): the kit's FP8 kernel ~3.4 µs fixed per layer and ~4.3 TB/s, SDPA on BF16 ~7.5 µs and ~4.7 TB/s; the
-# kit's access pattern tops out near its load-only ceiling, and fewer, longer programs stream slower (round 8).
+# kit's access pattern tops out near its load-only ceiling, and fewer, longer programs stream slower (round 8),
+# with one stream per program instead of two too (round 9).
 
 # %% [markdown]
 # ## What the H200 showed, and what it did not

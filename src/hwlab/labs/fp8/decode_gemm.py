@@ -29,7 +29,8 @@ The kernel, one program per ``BN`` weight rows (output columns):
 * ``GELU_Q`` (``decode_mm``'s ``gelu_out_scale``): the epilogue applies exact GELU to the float32
   product and writes it in FP8 with the next layer's static scale, clamped to +-448, where
   :func:`.quant.quant_static` (``gelu=True``) would read the bf16 product back in a kernel of its
-  own: the MLP's activation and the down projection's requant ride on the up projection's GEMM;
+  own. Measured equal to that kernel in the decode step (round 9), so the lab leaves it off
+  (:data:`.model.GELU_IN_GEMM`);
 * ``PREFETCH_K`` > 0: before anything else the program asks L2 for the first ``PREFETCH_K``
   columns of its weight rows (``prefetch.global.L2``). With PDL (:func:`.quant.pdl_args`) that
   happens before the wait for the previous kernel: the weight is not that kernel's output, so
