@@ -11,7 +11,7 @@ from hwlab.labs.fp8.attention import FP8_CACHE_MATH_REL
 ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "benchmarks" / "results" / "round8"
 NOTES = (ROOT / "benchmarks" / "LAB04_NOTES.md").read_text()
-ROUND8 = NOTES[NOTES.index("## Round 8"):NOTES.index("## Superseded notes")]
+ROUND8 = NOTES[NOTES.index("## Round 8"):NOTES.index("## Round 9")]
 
 
 def _load(name):
