@@ -52,7 +52,7 @@ MM_SIG = {"x_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "ws_ptr":
           "stride_wn": "i32", "stride_ym": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr",
           "STAGES": "constexpr", "SWAP": "constexpr", "SPLIT_K": "constexpr", "PREFETCH_K": "constexpr",
           "EVEN_K": "constexpr", "ACC_K": "constexpr", "FENCE": "constexpr", "PDL": "constexpr",
-          "SERIAL_K": "constexpr"}
+          "SERIAL_K": "constexpr", "os_ptr": "constexpr", "GELU_Q": "constexpr"}
 
 
 def main(out_path: str) -> None:
@@ -96,10 +96,12 @@ def main(out_path: str) -> None:
         g = ptxas_sm90(R._fp8w_gemm_kernel, W8_SIG, c, {}, {"num_warps": warps, "num_stages": stages}, label)
         rows.append({"kernel": "_fp8w_gemm_kernel", "label": label, "warps": warps, "stages": stages, **c, **g})
     # what Triton's launcher specialises at run time: 16-aligned pointers, strides divisible by 16
-    attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(MM_SIG) if k.endswith("_ptr") or k.startswith("stride")}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (k, t) in enumerate(MM_SIG.items())
+             if (k.endswith("_ptr") or k.startswith("stride")) and t != "constexpr"}
     for even_k, stages in ((False, 4), (True, 4), (True, 6)):
         c = {**{k: v for k, v in G.DEFAULT_CONFIG.items() if k not in ("num_warps", "STAGES")}, "BM": 16,
-             "STAGES": stages, "EVEN_K": even_k, "ACC_K": G.ACC_K, "FENCE": True, "PDL": False}
+             "STAGES": stages, "EVEN_K": even_k, "ACC_K": G.ACC_K, "FENCE": True, "PDL": False,
+             "os_ptr": None, "GELU_Q": False}
         label = f"{'no K mask' if even_k else 'K masked'}, {stages} stages"
         g = ptxas_sm90(G._fp8_decode_gemm_kernel, MM_SIG, c, attrs, {"num_warps": G.DEFAULT_CONFIG["num_warps"]}, label)
         rows.append({"kernel": "_fp8_decode_gemm_kernel", "label": label, "warps": G.DEFAULT_CONFIG["num_warps"], **c, **g})
