@@ -6,7 +6,8 @@ folded into the partial kernel, alone against SDPA and in the decode step.
 What round 7 left (LAB04_NOTES.md): the kit's FP8 attention at 80 / 92 / 92% of SDPA's GB/s at
 512 / 4k / 32k. Fitted from the lab's 4k and 32k comparison (the same kernels on twice the bytes),
 the kit's attention pays ~3.4 us per layer fixed and streams at ~4.3 TB/s, SDPA ~7.5 us and ~4.7
-TB/s. Two changes aimed at the streaming rate and the fixed part, each an :class:`AttnTile` field:
+TB/s. Two changes aimed at the streaming rate and the fixed part, each then an :class:`AttnTile` field
+(since round 9 keyword arguments of :func:`hwlab.labs.fp8.research.decode_attention_round8`):
 
 * ``programs_per_sm``: the splits sized so the grid is about that many programs per SM. The
   runtime-specialised kernel (16-byte aligned pointers, as Triton's launcher compiles it) holds
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import statistics
 import sys
@@ -48,32 +50,35 @@ import lab04_round7 as r7  # noqa: E402
 from hwlab.labs import fp8 as lab  # noqa: E402
 from hwlab.labs.fp8 import attention as A  # noqa: E402
 from hwlab.labs.fp8 import model  # noqa: E402
+from hwlab.labs.fp8 import research as R  # noqa: E402
 from hwlab.measure_graph import capture_graph  # noqa: E402
 from hwlab.store import write_json_atomic  # noqa: E402
 
 LAB = A.DEFAULT_TILE
-#: part ``attn``'s tiles (name -> AttnTile), the lab's first
+#: part ``attn``'s choices (name -> keyword arguments of :func:`hwlab.labs.fp8.research.decode_attention_round8`,
+#: where round 8's two switches live since round 9 took them out of the lab's AttnTile), the lab's first
 TILES = {
-    "lab": LAB,
-    "fused": A.AttnTile(fused_combine=True),
-    "ppsm 14": A.AttnTile(programs_per_sm=14),
-    "ppsm 28": A.AttnTile(programs_per_sm=28),
-    "ppsm 56": A.AttnTile(programs_per_sm=56),
-    "fused + ppsm 14": A.AttnTile(programs_per_sm=14, fused_combine=True),
-    "fused + ppsm 28": A.AttnTile(programs_per_sm=28, fused_combine=True),
-    "ppsm 28, 32 per step": A.AttnTile(block_t=32, programs_per_sm=28),
+    "lab": {},
+    "fused": {"fused_combine": True},
+    "ppsm 14": {"programs_per_sm": 14},
+    "ppsm 28": {"programs_per_sm": 28},
+    "ppsm 56": {"programs_per_sm": 56},
+    "fused + ppsm 14": {"programs_per_sm": 14, "fused_combine": True},
+    "fused + ppsm 28": {"programs_per_sm": 28, "fused_combine": True},
+    "ppsm 28, 32 per step": {"tile": A.AttnTile(block_t=32), "programs_per_sm": 28},
 }
 #: part ``step``'s choices: round 6's :func:`lab04_round6.choice` settings (the lab's own where left
-#: out) plus ``tile`` (the decoder's attention tile); ``pdl`` on with nothing off: the attention's
-#: kernels launch with PDL too (round 7b measured that 1% faster at 512, slower at 4k and 32k)
+#: out) plus ``attn`` (round 8's switches given to every call of the decoder's attention); ``pdl`` on
+#: with nothing off: the attention's kernels launch with PDL too (round 7b measured that 1% faster
+#: at 512, slower at 4k and 32k)
 STEP_CHOICES = {
     "lab": {},
-    "fused": {"tile": TILES["fused"]},
-    "ppsm 28": {"tile": TILES["ppsm 28"]},
-    "fused + ppsm 28": {"tile": TILES["fused + ppsm 28"]},
-    "fused + ppsm 14": {"tile": TILES["fused + ppsm 14"]},
+    "fused": {"attn": TILES["fused"]},
+    "ppsm 28": {"attn": TILES["ppsm 28"]},
+    "fused + ppsm 28": {"attn": TILES["fused + ppsm 28"]},
+    "fused + ppsm 14": {"attn": TILES["fused + ppsm 14"]},
     "pdl attention": {"pdl": True},
-    "pdl attention + fused": {"pdl": True, "tile": TILES["fused"]},
+    "pdl attention + fused": {"pdl": True, "attn": TILES["fused"]},
 }
 ATTN_SHAPES = ((512, 16), (4096, 16), (32768, 4))
 _SW = {"SWAP": True, "BN": 64}
@@ -99,19 +104,22 @@ def step_choices_8b(best: dict) -> dict:
     return {"lab": {}, "lab tiles, serial split-K": {"configs": serial}, "sweep's best": {"configs": best}}
 
 
+def _json(kw: dict) -> dict:
+    return {k: (vars(v) if isinstance(v, A.AttnTile) else v) for k, v in kw.items()}
+
+
 @contextlib.contextmanager
 def choice8(settings: dict):
-    """:func:`lab04_round6.choice` for the lab's knobs, and the attention tile ``settings["tile"]``
-    given to every call of the decoder's attention (``model.K.decode_attention``, which
-    :func:`lab04_round6.choice` puts back)."""
-    with r6.choice({k: v for k, v in settings.items() if k != "tile"}):
-        if "tile" in settings:
-            inner, tile = model.K.decode_attention, settings["tile"]
+    """:func:`lab04_round6.choice` for the lab's knobs, and round 8's attention switches
+    ``settings["attn"]`` given to every call of the decoder's attention (``model.K.decode_attention``,
+    which :func:`lab04_round6.choice` puts back), through :func:`~hwlab.labs.fp8.research.decode_attention_round8`."""
+    with r6.choice({k: v for k, v in settings.items() if k != "attn"}):
+        if "attn" in settings:
+            switches = settings["attn"]
 
-            def with_tile(*a, tile_=tile, **kw):
-                kw["tile"] = tile_
-                return inner(*a, **kw)
-            model.K.decode_attention = with_tile
+            def round8_attention(*a, **kw):
+                return R.decode_attention_round8(*a, **{**kw, **switches})
+            model.K.decode_attention = round8_attention
         yield
 
 
@@ -123,18 +131,19 @@ def attn_part(rounds: int) -> list:
     for ctx, batch in ATTN_SHAPES:
         kb, vb, q, s8, kf, vf, ref8, ref16 = r6.attn_inputs(cfg, batch, ctx, dev)  # T = context, as the lab
         graphs, errs, splits = {}, {}, {}
-        sms = A.sm_count(dev)
+        sms = R.sm_count(dev)
         with torch.no_grad():
-            for name, tile in TILES.items():
-                cap = capture_graph(lambda tile=tile: [A.decode_attention(q, kf[i], vf[i], s8, ctx, tile=tile)
-                                                       for i in range(n)], dev)
+            for name, kw in TILES.items():
+                fn = functools.partial(R.decode_attention_round8, **kw) if kw else A.decode_attention
+                cap = capture_graph(lambda fn=fn: [fn(q, kf[i], vf[i], s8, ctx) for i in range(n)], dev)
                 cap.replay()
                 torch.cuda.synchronize()
                 errs[name] = float((cap.out[0].float() - ref8).norm() / ref8.norm())
                 if not errs[name] < A.FP8_CACHE_MATH_REL:
                     print(f"attn {ctx} x{batch}: {name} wrong ({errs[name]:.2e}), not timed", flush=True)
                     continue
-                splits[name] = A.split_count(ctx, A.chunk_for(tile, batch * cfg.n_heads, ctx, sms))
+                splits[name] = A.split_count(ctx, R.chunk_for_gpu(kw.get("tile", LAB), batch * cfg.n_heads, ctx,
+                                                                  kw.get("programs_per_sm", 0), sms))
                 graphs[name] = cap
             graphs["sdpa"], errs["sdpa"] = r6.sdpa_graph(q, kb, vb, ref16, dev)
             ms = r6.alternate(graphs, rounds)
@@ -170,8 +179,8 @@ def main():
     t0 = time.time()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": __import__("triton").__version__, "rounds": a.rounds,
-           "tiles": {k: vars(t) for k, t in TILES.items()},
-           "step_choices": {k: {kk: (vars(vv) if kk == "tile" else vv) for kk, vv in v.items()}
+           "tiles": {k: _json(t) for k, t in TILES.items()},
+           "step_choices": {k: {kk: (_json(vv) if kk == "attn" else vv) for kk, vv in v.items()}
                             for k, v in STEP_CHOICES.items()}}
     parts = a.parts.split(",")
     if a.set == "8b":

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import statistics
 import sys
@@ -60,21 +61,22 @@ LAYOUTS = {
 }
 ATTN_SHAPES = ((512, 16), (4096, 16), (32768, 4))
 #: part ``short``'s tiles for a short cache (call 1 measured 32 positions per step at 512 faster
-#: alone, slower at 4k and 32k): name -> AttnTile
+#: alone, slower at 4k and 32k): name -> keyword arguments of :func:`~hwlab.labs.fp8.research.
+#: decode_attention_round8` (the lab's :func:`~hwlab.labs.fp8.attention.decode_attention` for none)
 TILES_SHORT = {
-    "lab": A.DEFAULT_TILE,
-    "32 per step": A.AttnTile(block_t=32),
-    "32 per step, chunk 64": A.AttnTile(chunk=64, block_t=32),
-    "32 per step, 2 warps": A.AttnTile(block_t=32, num_warps=2),
-    "64 per step, 2 warps": A.AttnTile(block_t=64, num_warps=2),
-    "64 per step, 4 warps": A.AttnTile(block_t=64, num_warps=4),
-    "32 per step, fused": A.AttnTile(block_t=32, fused_combine=True),
-    "32 per step, 3 stages": A.AttnTile(block_t=32, num_stages=3),
+    "lab": {},
+    "32 per step": {"tile": A.AttnTile(block_t=32)},
+    "32 per step, chunk 64": {"tile": A.AttnTile(chunk=64, block_t=32)},
+    "32 per step, 2 warps": {"tile": A.AttnTile(block_t=32, num_warps=2)},
+    "64 per step, 2 warps": {"tile": A.AttnTile(block_t=64, num_warps=2)},
+    "64 per step, 4 warps": {"tile": A.AttnTile(block_t=64, num_warps=4)},
+    "32 per step, fused": {"tile": A.AttnTile(block_t=32), "fused_combine": True},
+    "32 per step, 3 stages": {"tile": A.AttnTile(block_t=32, num_stages=3)},
 }
 SHORT_SHAPES = ((512, 16), (1024, 16), (2048, 16))
 #: part ``short``'s step choices: the decoder's attention tile at 512 (a bf16 cache there in both paths)
-SHORT_STEP = {"lab": {}, "32 per step": {"tile": TILES_SHORT["32 per step"]},
-              "32 per step, 2 warps": {"tile": TILES_SHORT["32 per step, 2 warps"]}}
+SHORT_STEP = {"lab": {}, "32 per step": {"attn": TILES_SHORT["32 per step"]},
+              "32 per step, 2 warps": {"attn": TILES_SHORT["32 per step, 2 warps"]}}
 #: part ``step``'s choices as call 1 ran them: "lab" was then GELU in the up GEMM (``model.GELU_IN_GEMM``
 #: on); measured equal, it is off since, so both sides are named by their setting
 STEP_CHOICES = {"lab": {"gelu_in_gemm": True}, "gelu after the GEMM": {"gelu_in_gemm": False}}
@@ -146,12 +148,13 @@ def short_part(rounds: int) -> list:
         kb, vb, q, s8, kf, vf, ref8, ref16 = r6.attn_inputs(cfg, batch, ctx, dev)
         graphs, errs = {}, {}
         with torch.no_grad():
-            for name, tile in TILES_SHORT.items():
+            for name, kw in TILES_SHORT.items():
+                fn = functools.partial(R.decode_attention_round8, **kw) if kw else A.decode_attention
                 for cache, (kk, vv, sc, ref) in (("fp8", (kf, vf, s8, ref8)), ("bf16", (kb, vb, one, ref16))):
                     key = f"{name} [{cache}]"
                     try:
-                        cap = capture_graph(lambda tile=tile, kk=kk, vv=vv, sc=sc: [
-                            A.decode_attention(q, kk[i], vv[i], sc, ctx, tile=tile) for i in range(n)], dev)
+                        cap = capture_graph(lambda fn=fn, kk=kk, vv=vv, sc=sc: [
+                            fn(q, kk[i], vv[i], sc, ctx) for i in range(n)], dev)
                         cap.replay()
                         torch.cuda.synchronize()
                     except Exception as e:  # noqa: BLE001 - a tile that cannot run is a result too
@@ -245,7 +248,7 @@ def main():
         res["dot_tiles"] = {k: vars(t) for k, t in DOT_TILES.items()}
         res["dot"] = dot_part(a.rounds)
     if "short" in parts:
-        res["tiles_short"] = {k: vars(t) for k, t in TILES_SHORT.items()}
+        res["tiles_short"] = {k: r8._json(kw) for k, kw in TILES_SHORT.items()}
         res["short"] = short_part(a.rounds)
         res["short_step"] = r6.step_part(a.rounds, ((512, 16, tuple(SHORT_STEP), "fixed"),
                                                     (512, 16, tuple(SHORT_STEP), "bf16")), SHORT_STEP, choose=r8.choice8)

@@ -34,14 +34,17 @@ ATTN_SIG = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "kv_scal
 VARIANT_SIG = {**ATTN_SIG, "USE_DOT": "constexpr", "PREFETCH": "constexpr"}
 #: the lab kernel's switches for what the register report leaves off: PDL and the fused KV write (round 6)
 LAB_OFF = {"PDL": False, "kn_ptr": None, "vn_ptr": None, "stride_kb": 0, "stride_kh": 0, "stride_vb": 0,
-           "stride_vh": 0, "NEW_KV": False, "cnt_ptr": None, "out_ptr": None, "os_ptr": None, "COMBINE": False,
-           "SPLITS": 2, "QUANT": False, "FENCE": False}
-#: round 8's fused combine: the per-row counters, the output (FP8, the next GEMM's input) and its scale
+           "stride_vh": 0, "NEW_KV": False}
+#: round 8's fused combine (research's ``_decode_attn_partial_r8``): off, and on with the per-row
+#: counters, the output (FP8, the next GEMM's input) and its scale
+FUSED_OFF = {"cnt_ptr": None, "out_ptr": None, "os_ptr": None, "COMBINE": False, "SPLITS": 2, "QUANT": False,
+             "FENCE": False}
 FUSED_ON = {"COMBINE": True, "SPLITS": 16, "QUANT": True, "FENCE": True}
 FUSED_SIG = {"cnt_ptr": "*i32", "out_ptr": "*fp8e4nv", "os_ptr": "*fp32"}
 #: the lab kernel since round 3: the scale folded into q (qk_scale), fp16 math for an FP8 cache
 LAB_SIG = {**{("qk_scale" if k == "sm_scale" else k): v for k, v in ATTN_SIG.items()}, "F16": "constexpr",
            "PDL": "constexpr", **{k: "constexpr" for k in LAB_OFF}}
+R8_SIG = {**LAB_SIG, **{k: "constexpr" for k in FUSED_OFF}}
 W8_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*bf16", "ws_ptr": "*fp32",
           "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32",
           "stride_ym": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "SWAP": "constexpr",
@@ -78,15 +81,15 @@ def main(out_path: str) -> None:
     # the same kernel as Triton's launcher compiles it at run time (16-byte aligned pointers and
     # strides, the cache's D a multiple of 16): 16-byte loads, and far fewer registers than the
     # rows above, which compile it without those facts (round 8); and with round 8's fused combine
-    for label, extra in (("tuned tile, as launched (aligned pointers)", {}),
-                         ("tuned tile, fused combine, as launched", FUSED_ON)):
-        sig = {**LAB_SIG, **(FUSED_SIG if extra else {})}
+    for label, kernel, base, extra in (
+            ("tuned tile, as launched (aligned pointers)", A._decode_attn_partial, LAB_SIG, {}),
+            ("tuned tile, fused combine, as launched", R._decode_attn_partial_r8, R8_SIG, {**FUSED_OFF, **FUSED_ON})):
+        sig = {**base, **(FUSED_SIG if extra else {})}
         c = {k: v for k, v in {"D": 128, "CHUNK": t.chunk, "BLOCK_T": t.block_t, "PER_ROW": False, "F16": True,
                                **LAB_OFF, **extra}.items() if sig[k] == "constexpr"}
         attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
                  if sig[k].startswith("*") or (k.startswith("stride") and sig[k] == "i32")}
-        g = ptxas_sm90(A._decode_attn_partial, sig, c, attrs, {"num_warps": t.num_warps, "num_stages": t.num_stages},
-                       label)
+        g = ptxas_sm90(kernel, sig, c, attrs, {"num_warps": t.num_warps, "num_stages": t.num_stages}, label)
         rows.append({"kernel": "_decode_attn_partial (FP8 cache)", "label": label, "warps": t.num_warps,
                      **{k: v for k, v in c.items() if not k.endswith("_ptr")}, **g})
     for label, bn, bk, warps, sk, stages in (("old autotuned tile", 16, 512, 4, 1, 3),

@@ -28,10 +28,8 @@ def test_attention_tile_is_a_frozen_checked_value():
     t = K.AttnTile(chunk=64, block_t=16, num_warps=2, num_stages=1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         t.chunk = 128
-    assert dataclasses.asdict(K.DEFAULT_TILE) == {"chunk": 256, "block_t": 16, "num_warps": 1, "num_stages": 2,
-                                                  "programs_per_sm": 0, "fused_combine": False}
-    for bad in ({"block_t": 24}, {"chunk": 48, "block_t": 32}, {"num_warps": 3}, {"num_stages": 0},
-                {"programs_per_sm": -1}, {"fused_combine": 1}):
+    assert dataclasses.asdict(K.DEFAULT_TILE) == {"chunk": 256, "block_t": 16, "num_warps": 1, "num_stages": 2}
+    for bad in ({"block_t": 24}, {"chunk": 48, "block_t": 32}, {"num_warps": 3}, {"num_stages": 0}):
         with pytest.raises(ValueError, match="power of two"):
             K.AttnTile(**{**dataclasses.asdict(K.DEFAULT_TILE), **bad})
 
@@ -405,60 +403,3 @@ def test_a_short_bf16_cache_goes_to_the_kit_kernel_and_a_long_one_to_sdpa(monkey
     assert calls == []
 
 
-@pytest.mark.parametrize("dt", [torch.float16, K.FP8])
-def test_fused_combine_equals_the_combine_kernel_and_leaves_its_counters_zero(dt):
-    """Round 8's ``AttnTile.fused_combine`` (interpreter): the last program of each (batch, head)
-    combines the splits itself. Its output equals the two-kernel attention's (same partials, sums
-    in the same float32 arithmetic to within rounding) for one length, per-row lengths, this step's
-    K and V written in, and the FP8 output of the out projection's requant; the per-row counters
-    are zero after every call (a second call and a graph replay need them so), and a call whose
-    counters were left non-zero would combine at the wrong program and differ."""
-    from hwlab.labs.fp8 import attention as A
-    from hwlab.labs.fp8 import workspace as W
-
-    g = torch.Generator().manual_seed(21)
-    B, H, T, D = 2, 3, 200, 32
-    sc = torch.tensor(0.02 if dt == K.FP8 else 1.0)
-    kc = (torch.randn(B, H, T, D, generator=g) * (2.0 if dt == K.FP8 else 1.0)).to(dt)
-    vc = (torch.randn(B, H, T, D, generator=g) * (2.0 if dt == K.FP8 else 1.0)).to(dt)
-    q = torch.randn(B, H, 1, D, generator=g).half()
-    plain, fused = K.AttnTile(32, 16), K.AttnTile(32, 16, fused_combine=True)
-    rows = torch.tensor([190, 7], dtype=torch.int32)
-    o = torch.tensor(0.01)
-    for n, out_scale in ((181, None), (rows, None), (181, o), (33, None)):
-        for _ in range(2):
-            ref = K.decode_attention(q, kc, vc, sc, n, use_triton=True, tile=plain, out_scale=out_scale)
-            got = K.decode_attention(q, kc, vc, sc, n, use_triton=True, tile=fused, out_scale=out_scale)
-            assert got.dtype == ref.dtype and got.shape == ref.shape
-            assert _rel(got.float(), ref.float()) < (0.07 if out_scale is not None else 1e-3), (n, out_scale)
-            assert W.buffer("cpu", "attn_rows").abs().max() == 0
-    # this step's K and V written by the fused kernel, then read with the rest
-    k, v = torch.randn(B, H, 1, D, generator=g).half(), torch.randn(B, H, 1, D, generator=g).half()
-    kp, vp, kf, vf = kc.clone(), vc.clone(), kc.clone(), vc.clone()
-    ref = K.decode_attention(q, kp, vp, sc, 150, use_triton=True, tile=plain, new_kv=(k, v))
-    got = K.decode_attention(q, kf, vf, sc, 150, use_triton=True, tile=fused, new_kv=(k, v))
-    assert torch.equal(kf.view(torch.uint8), kp.view(torch.uint8)) and _rel(got.float(), ref.float()) < 1e-3
-    # counters left at 1 (a call that died mid-way): the first program to count then sees
-    # n_splits - 1 too early and combines partials not yet written; the kernel cannot heal that
-    W.buffer("cpu", "attn_rows")[: B * H] = 1
-    bad = K.decode_attention(q, kc, vc, sc, 181, use_triton=True, tile=fused)
-    good = K.decode_attention(q, kc, vc, sc, 181, use_triton=True, tile=plain)
-    W.buffer("cpu", "attn_rows").zero_()
-    assert not _rel(bad.float(), good.float()) < 1e-3
-    assert A.split_count(181, A.chunk_for(fused, B * H, 181)) > 1  # the cases above did split
-
-
-def test_programs_per_sm_sizes_the_splits_from_the_gpu():
-    """Round 8's ``AttnTile.programs_per_sm``: about that many programs per SM over the whole grid,
-    each split a whole number of ``block_t`` steps; 0 keeps the chunk rule (MIN_PROGRAMS)."""
-    from hwlab.labs.fp8 import attention as A
-
-    t = K.AttnTile(programs_per_sm=28)
-    for bh, n, sms in ((512, 4096, 132), (128, 32768, 132), (512, 512, 132), (6, 200, 4)):
-        chunk = A.chunk_for(t, bh, n, sms)
-        splits = A.split_count(n, chunk)
-        assert chunk % t.block_t == 0 and chunk >= t.block_t
-        target = max(1, 28 * sms // bh)  # but no split shorter than one block_t step
-        assert min(target, -(-n // t.block_t)) - 1 <= splits <= target, (bh, n, sms, chunk, splits)
-    assert A.chunk_for(K.AttnTile(programs_per_sm=1), 512, 4096, 132) >= 4096  # fewer slots than rows: 1 split
-    assert A.chunk_for(K.DEFAULT_TILE, 512, 4096, 132) == K.DEFAULT_TILE.chunk  # the lab's rule unchanged

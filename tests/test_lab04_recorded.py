@@ -73,6 +73,10 @@ def test_recorded_tiles_are_the_kits_defaults(run):
     if "attn" in rec:  # recorded before the tile became an AttnTile: {"w8": research tile, "attn": {...}}
         rec = dict(rec["attn"])
         assert not rec.pop("use_dot") and not rec.pop("prefetch")  # the lab's elementwise kernel ran
+    # recorded in rounds 8-9, while AttnTile carried round 8's two switches (off; research since)
+    rec = dict(rec)
+    if "programs_per_sm" in rec:
+        assert rec.pop("programs_per_sm") == 0 and rec.pop("fused_combine") is False
     assert rec == dataclasses.asdict(K.DEFAULT_TILE)  # the code in the repo produced this run
 
 

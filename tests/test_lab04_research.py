@@ -235,8 +235,9 @@ def test_round6_and_7_choices_set_the_lab_and_put_it_back():
         L.Decoder(L.TINY, "fixed", device="cpu").layers[0]["qkv"].mm_float32(x)
 
 
-def test_round8_choices_set_the_attention_tile_and_the_serial_tiles_and_put_them_back():
-    """lab04_round8.py's step choices: ``tile`` reaches every decoder attention call (and nothing
+def test_round8_choices_set_the_attention_switches_and_the_serial_tiles_and_put_them_back():
+    """lab04_round8.py's step choices: ``attn`` (round 8's switches, since round 9 in research)
+    reaches every decoder attention call through ``research.decode_attention_round8`` (and nothing
     else changes), the 8b choice reduces only the split tiles serially, and the lab is as it was
     after each."""
     from hwlab.labs.fp8 import attention as A
@@ -246,18 +247,17 @@ def test_round8_choices_set_the_attention_tile_and_the_serial_tiles_and_put_them
     r8 = _bench("lab04_round8")
     before = (model.K.decode_attention, dict(G.CONFIGS), A.PDL_ATTENTION)
     seen = []
-    real = A.decode_attention
+    real = R.decode_attention_round8
     try:
-        model.K.decode_attention = lambda *a, **kw: seen.append(kw.get("tile"))
-        inner = model.K.decode_attention
+        R.decode_attention_round8 = lambda *a, **kw: seen.append(kw)
         with r8.choice8(r8.STEP_CHOICES["fused + ppsm 28"]):
             model.K.decode_attention(None, tile=A.DEFAULT_TILE)
         with r8.choice8(r8.STEP_CHOICES["lab"]):
-            assert model.K.decode_attention is inner
-        assert model.K.decode_attention is inner
+            assert model.K.decode_attention is before[0]
     finally:
-        model.K.decode_attention = real
-    assert seen == [r8.TILES["fused + ppsm 28"]]
+        R.decode_attention_round8 = real
+    assert seen == [{"tile": A.DEFAULT_TILE, **r8.TILES["fused + ppsm 28"]}]
+    assert seen[0]["programs_per_sm"] == 28 and seen[0]["fused_combine"] is True
     ch = r8.step_choices_8b({})
     serial = ch["lab tiles, serial split-K"]["configs"]
     for nk, cfg in G.CONFIGS.items():
@@ -304,3 +304,66 @@ def test_interleaved_kv_attention_matches_the_reference_and_the_two_cache_loop(d
     assert _rel(wrong, K.decode_attention_ref(q, k, v, scale, T)) > 0.1
     with pytest.raises(ValueError, match="multiple of the block"):
         R.interleave_kv(k[:, :, :T - 1], v[:, :, :T - 1], ib)
+
+
+@pytest.mark.parametrize("dt", [torch.float16, K.FP8])
+def test_fused_combine_equals_the_combine_kernel_and_leaves_its_counters_zero(dt):
+    """Round 8's fused combine (``research.decode_attention_round8``, interpreter): the last program of each (batch, head)
+    combines the splits itself. Its output equals the two-kernel attention's (same partials, sums
+    in the same float32 arithmetic to within rounding) for one length, per-row lengths, this step's
+    K and V written in, and the FP8 output of the out projection's requant; the per-row counters
+    are zero after every call (a second call and a graph replay need them so), and a call whose
+    counters were left non-zero would combine at the wrong program and differ."""
+    from hwlab.labs.fp8 import attention as A
+    from hwlab.labs.fp8 import workspace as W
+
+    g = torch.Generator().manual_seed(21)
+    B, H, T, D = 2, 3, 200, 32
+    sc = torch.tensor(0.02 if dt == K.FP8 else 1.0)
+    kc = (torch.randn(B, H, T, D, generator=g) * (2.0 if dt == K.FP8 else 1.0)).to(dt)
+    vc = (torch.randn(B, H, T, D, generator=g) * (2.0 if dt == K.FP8 else 1.0)).to(dt)
+    q = torch.randn(B, H, 1, D, generator=g).half()
+    tile = K.AttnTile(32, 16)
+    rows = torch.tensor([190, 7], dtype=torch.int32)
+    o = torch.tensor(0.01)
+    for n, out_scale in ((181, None), (rows, None), (181, o), (33, None)):
+        for _ in range(2):
+            ref = K.decode_attention(q, kc, vc, sc, n, use_triton=True, tile=tile, out_scale=out_scale)
+            got = R.decode_attention_round8(q, kc, vc, sc, n, use_triton=True, tile=tile, out_scale=out_scale,
+                                            fused_combine=True)
+            assert got.dtype == ref.dtype and got.shape == ref.shape
+            assert _rel(got.float(), ref.float()) < (0.07 if out_scale is not None else 1e-3), (n, out_scale)
+            assert W.buffer("cpu", "attn_rows").abs().max() == 0
+    # this step's K and V written by the fused kernel, then read with the rest
+    k, v = torch.randn(B, H, 1, D, generator=g).half(), torch.randn(B, H, 1, D, generator=g).half()
+    kp, vp, kf, vf = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    ref = K.decode_attention(q, kp, vp, sc, 150, use_triton=True, tile=tile, new_kv=(k, v))
+    got = R.decode_attention_round8(q, kf, vf, sc, 150, use_triton=True, tile=tile, new_kv=(k, v), fused_combine=True)
+    assert torch.equal(kf.view(torch.uint8), kp.view(torch.uint8)) and _rel(got.float(), ref.float()) < 1e-3
+    # counters left at 1 (a call that died mid-way): the first program to count then sees
+    # n_splits - 1 too early and combines partials not yet written; the kernel cannot heal that
+    W.buffer("cpu", "attn_rows")[: B * H] = 1
+    bad = R.decode_attention_round8(q, kc, vc, sc, 181, use_triton=True, tile=tile, fused_combine=True)
+    good = K.decode_attention(q, kc, vc, sc, 181, use_triton=True, tile=tile)
+    W.buffer("cpu", "attn_rows").zero_()
+    assert not _rel(bad.float(), good.float()) < 1e-3
+    assert A.split_count(181, A.chunk_for(tile, B * H, 181)) > 1  # the cases above did split
+    with pytest.raises(ValueError, match="programs_per_sm >= 0"):
+        R.decode_attention_round8(q, kc, vc, sc, 181, use_triton=True, fused_combine=1)
+
+
+def test_programs_per_sm_sizes_the_splits_from_the_gpu():
+    """Round 8's ``programs_per_sm`` (``research.chunk_for_gpu``): about that many programs per SM
+    over the whole grid, each split a whole number of ``block_t`` steps; 0 keeps the lab's chunk
+    rule (MIN_PROGRAMS)."""
+    from hwlab.labs.fp8 import attention as A
+
+    t = K.DEFAULT_TILE
+    for bh, n, sms in ((512, 4096, 132), (128, 32768, 132), (512, 512, 132), (6, 200, 4)):
+        chunk = R.chunk_for_gpu(t, bh, n, 28, sms)
+        splits = A.split_count(n, chunk)
+        assert chunk % t.block_t == 0 and chunk >= t.block_t
+        target = max(1, 28 * sms // bh)  # but no split shorter than one block_t step
+        assert min(target, -(-n // t.block_t)) - 1 <= splits <= target, (bh, n, sms, chunk, splits)
+    assert R.chunk_for_gpu(t, 512, 4096, 1, 132) >= 4096  # fewer slots than rows: 1 split
+    assert R.chunk_for_gpu(t, 512, 4096, 0, 132) == A.chunk_for(t, 512, 4096) == t.chunk  # the lab's rule

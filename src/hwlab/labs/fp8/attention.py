@@ -15,7 +15,6 @@ Kernel names avoid the profiler's GEMM words; :mod:`.profile` files ``_decode_at
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -25,8 +24,7 @@ from ... import tritonenv  # interpreter on CPU; must precede triton
 import triton
 import triton.language as tl
 
-from . import workspace as W
-from .quant import FP8, fence_gpu, pdl_args, pdl_enter, quant_static_ref, use_triton_for
+from .quant import FP8, pdl_args, pdl_enter, quant_static_ref, use_triton_for
 
 
 @dataclass(frozen=True)
@@ -39,28 +37,20 @@ class AttnTile:
     ``block_t`` x ``num_warps`` holds more loads in flight but more registers per thread: at
     255 the compiler spills and fewer warps stay resident (``benchmarks/lab04_static_registers.py``).
 
-    ``programs_per_sm`` > 0 sizes the splits from the GPU instead of ``chunk``: about that many
-    programs per SM in all (:func:`chunk_for`), so that the grid is one even wave when it is about
-    as many as stay resident, and no partial last wave streams at a fraction of the rate.
-    ``fused_combine``: the last program of a (batch, head) to finish combines the splits itself
-    (a counter, as split-K does), instead of a second kernel."""
+    Round 8's splits sized from the SM count and combine folded into the partial kernel, measured
+    slower, live in :mod:`.research` (``decode_attention_round8``)."""
     chunk: int = 256
     block_t: int = 16
     num_warps: int = 1
     num_stages: int = 2
-    programs_per_sm: int = 0
-    fused_combine: bool = False
 
     def __post_init__(self):
         pow2 = lambda n: isinstance(n, int) and n > 0 and n & (n - 1) == 0  # noqa: E731
         if not (pow2(self.block_t) and isinstance(self.chunk, int) and self.chunk > 0
                 and self.chunk % self.block_t == 0 and pow2(self.num_warps) and self.num_warps <= 32
-                and isinstance(self.num_stages, int) and self.num_stages >= 1
-                and isinstance(self.programs_per_sm, int) and self.programs_per_sm >= 0
-                and isinstance(self.fused_combine, bool)):
+                and isinstance(self.num_stages, int) and self.num_stages >= 1):
             raise ValueError(f"{self}: block_t a power of two dividing chunk, num_warps a power of two "
-                             "up to 32, num_stages >= 1, programs_per_sm >= 0 (0: sized by chunk), "
-                             "fused_combine a bool")
+                             "up to 32, num_stages >= 1")
 
 
 #: whether the attention's kernels launch with programmatic dependent launch where
@@ -84,9 +74,6 @@ MIN_PROGRAMS = 2048
 #: few 1e-3; a kernel past this bound has a bug, not rounding
 FP8_CACHE_MATH_REL = 5e-3
 LOG2E = 1.4426950408889634
-#: splits the fused combine (:func:`_combine_row`) reads per step: 8 x 128 float32 over one warp
-#: is 32 registers a thread, under what the partial's loop holds
-COMBINE_BLOCK = tl.constexpr(8)
 
 #: the tile the lab runs: one warp per program, 16 positions per step, elementwise (the best of
 #: the H200 sweeps in benchmarks/LAB04_NOTES.md, round 3; chunks shrink by :func:`chunk_for`)
@@ -164,9 +151,7 @@ def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_pt
                          n_ctx, nctx_ptr, max_ctx, n_splits, qk_scale, H, stride_qb, stride_qh,
                          D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, PER_ROW: tl.constexpr,
                          F16: tl.constexpr, PDL: tl.constexpr = False, kn_ptr=None, vn_ptr=None,
-                         stride_kb=0, stride_kh=0, stride_vb=0, stride_vh=0, NEW_KV: tl.constexpr = False,
-                         cnt_ptr=None, out_ptr=None, os_ptr=None, COMBINE: tl.constexpr = False,
-                         SPLITS: tl.constexpr = 2, QUANT: tl.constexpr = False, FENCE: tl.constexpr = False):
+                         stride_kb=0, stride_kh=0, stride_vb=0, stride_vh=0, NEW_KV: tl.constexpr = False):
     """One (batch, head) query against one CHUNK of the cache: partial max, sum and output
     (online softmax over BLOCK_T positions per step, elementwise products and sums).
 
@@ -192,12 +177,7 @@ def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_pt
     not in the cache yet; the last split's program stores them at position ``n_ctx - 1``
     (quantized with the cache's scale as :func:`kv_store` does) and reads them back with the rest
     (the barrier makes its own stores visible to all its threads; no other program reads that
-    position). One launch per layer fewer than a kv_store kernel before the attention.
-    ``COMBINE``: after storing its partial, each program counts itself in (``cnt_ptr``, one
-    counter per (batch, head), zero before the call); the one that counts last combines the
-    row's splits into ``out_ptr`` (:func:`_combine_row`) and zeroes the counter again. Its loads
-    of the other programs' partials skip L1 (``.cg``); ``FENCE``: every thread's stores are made
-    visible GPU-wide before the count (a compiled kernel; the interpreter runs programs one by one)."""
+    position). One launch per layer fewer than a kv_store kernel before the attention."""
     pdl_enter(PDL)
     sp = tl.program_id(0)  # the split is the grid's fastest axis: programs launched together
     bh = tl.program_id(1)  # read neighbouring chunks of one (batch, head)
@@ -208,19 +188,43 @@ def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_pt
     d = tl.arange(0, D)
     kv_scale = tl.load(kv_scale_ptr)
     q = tl.load(q_ptr + (bh // H) * stride_qb + (bh % H) * stride_qh + d).to(tl.float32) * (qk_scale * kv_scale)
-    q16 = q.to(tl.float16)
     base = bh.to(tl.int64) * max_ctx * D
     if NEW_KV:
         if sp == n_splits - 1:
-            kn = tl.load(kn_ptr + (bh // H) * stride_kb + (bh % H) * stride_kh + d).to(tl.float32)
-            vn = tl.load(vn_ptr + (bh // H) * stride_vb + (bh % H) * stride_vh + d).to(tl.float32)
-            if F16:  # an FP8 cache: (x / scale) clamped to +-448, as kv_store writes it
-                inv = 1.0 / kv_scale
-                kn = tl.minimum(tl.maximum(kn * inv, -448.0), 448.0)
-                vn = tl.minimum(tl.maximum(vn * inv, -448.0), 448.0)
-            tl.store(k_ptr + base + (n_ctx - 1) * D + d, kn.to(k_ptr.dtype.element_ty))
-            tl.store(v_ptr + base + (n_ctx - 1) * D + d, vn.to(v_ptr.dtype.element_ty))
+            _write_new_kv(kn_ptr, vn_ptr, k_ptr, v_ptr, base + (n_ctx - 1) * D, bh, H, stride_kb, stride_kh,
+                          stride_vb, stride_vh, kv_scale, D, F16)
         tl.debug_barrier()
+    m_i, l_i, acc = _attend_chunk(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, F16)
+    o = bh * n_splits + sp
+    tl.store(m_ptr + o, m_i * 0.6931471805599453)  # log2 units -> natural log, as the combine expects
+    tl.store(l_ptr + o, l_i)
+    tl.store(acc_ptr + o * D + d, acc * kv_scale)
+
+
+@triton.jit
+def _write_new_kv(kn_ptr, vn_ptr, k_ptr, v_ptr, dst, bh, H, stride_kb, stride_kh, stride_vb, stride_vh, kv_scale,
+                  D: tl.constexpr, F16: tl.constexpr):
+    """This step's K and V of one (batch, head) (the QKV projection's output) stored at offset
+    ``dst`` of the caches; an FP8 cache (``F16``) gets (x / scale) clamped to +-448, as
+    :func:`kv_store` writes it."""
+    d = tl.arange(0, D)
+    kn = tl.load(kn_ptr + (bh // H) * stride_kb + (bh % H) * stride_kh + d).to(tl.float32)
+    vn = tl.load(vn_ptr + (bh // H) * stride_vb + (bh % H) * stride_vh + d).to(tl.float32)
+    if F16:
+        inv = 1.0 / kv_scale
+        kn = tl.minimum(tl.maximum(kn * inv, -448.0), 448.0)
+        vn = tl.minimum(tl.maximum(vn * inv, -448.0), 448.0)
+    tl.store(k_ptr + dst + d, kn.to(k_ptr.dtype.element_ty))
+    tl.store(v_ptr + dst + d, vn.to(v_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _attend_chunk(q, k_ptr, v_ptr, base, start, hi, D: tl.constexpr, BLOCK_T: tl.constexpr, F16: tl.constexpr):
+    """The online softmax of the (pre-scaled, log2-unit) query ``q`` over positions ``start`` to
+    ``hi`` of one (batch, head)'s cache rows at ``base``, ``BLOCK_T`` positions a step: the partial
+    max (log2 units), sum and unnormalized output, as :func:`_decode_attn_partial` stores them."""
+    d = tl.arange(0, D)
+    q16 = q.to(tl.float16)
     m_i = -float("inf")
     l_i = 0.0
     acc = tl.zeros((D,), dtype=tl.float32)
@@ -245,45 +249,7 @@ def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_pt
         acc = acc * alpha + pv
         l_i = l_i * alpha + tl.sum(p, 0)
         m_i = m_new
-    o = bh * n_splits + sp
-    tl.store(m_ptr + o, m_i * 0.6931471805599453)  # log2 units -> natural log, as the combine expects
-    tl.store(l_ptr + o, l_i)
-    tl.store(acc_ptr + o * D + d, acc * kv_scale)
-    if COMBINE:
-        if FENCE:
-            fence_gpu(d)
-        tl.debug_barrier()  # every thread past its fence before the count (acq_rel) releases them
-        if tl.atomic_add(cnt_ptr + bh, 1) == n_splits - 1:  # the last of the row: all partials are in
-            _combine_row(m_ptr, l_ptr, acc_ptr, out_ptr, os_ptr, bh, n_splits, D, SPLITS, QUANT)
-            tl.store(cnt_ptr + bh, 0)
-
-
-@triton.jit
-def _combine_row(m_ptr, l_ptr, acc_ptr, out_ptr, s_ptr, bh, n_splits, D: tl.constexpr, SPLITS: tl.constexpr,
-                 QUANT: tl.constexpr):
-    """:func:`_decode_attn_combine`'s sum for one (batch, head), read :data:`COMBINE_BLOCK` splits
-    at a time: it runs at the end of a partial program, and a few splits' D values at a time keep
-    its registers near the partial's own (round 4 fused a combine that loaded every split at once:
-    the registers it added cut how many partial programs stay resident), while each step's loads
-    are still issued together. Loads skip L1 (``.cg``): other SMs wrote the partials in this launch."""
-    d = tl.arange(0, D)
-    sp = tl.arange(0, SPLITS)
-    row = bh * n_splits
-    m = tl.load(m_ptr + row + sp, mask=sp < n_splits, other=-float("inf"), cache_modifier=".cg")
-    l = tl.load(l_ptr + row + sp, mask=sp < n_splits, other=0.0, cache_modifier=".cg")
-    m_all = tl.max(m, 0)
-    den = tl.sum(tl.where(sp < n_splits, tl.exp(m - m_all) * l, 0.0), 0)
-    num = tl.zeros((D,), dtype=tl.float32)
-    for s0 in range(0, n_splits, COMBINE_BLOCK):
-        s = s0 + tl.arange(0, COMBINE_BLOCK)
-        sm = s < n_splits
-        w = tl.where(sm, tl.exp(tl.load(m_ptr + row + s, mask=sm, other=0.0, cache_modifier=".cg") - m_all), 0.0)
-        a = tl.load(acc_ptr + (row + s)[:, None] * D + d[None, :], mask=sm[:, None], other=0.0, cache_modifier=".cg")
-        num += tl.sum(w[:, None] * a, 0)
-    out = num / den
-    if QUANT:
-        out = tl.minimum(tl.maximum(out / tl.load(s_ptr), -448.0), 448.0)
-    tl.store(out_ptr + bh * D + d, out.to(out_ptr.dtype.element_ty))
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -377,65 +343,32 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if k_cache.dtype == FP8 and tile.block_t > 128:
         raise ValueError(f"{tile}: an FP8 cache sums block_t products of up to 448 in fp16; keep block_t <= 128")
     n_positions = k_cache.shape[2] if per_row else n_ctx
-    chunk = chunk_for(tile, B * H, n_positions, sm_count(q.device))
+    chunk = chunk_for(tile, B * H, n_positions)
     n_splits = split_count(n_positions, chunk)
     m = torch.empty((B * H, n_splits), dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
     acc = torch.empty((B * H, n_splits, D), dtype=torch.float32, device=q.device)
     if q.stride(3) != 1:
         q = q.contiguous()
-    fused = {}
+    write_kv = {}
     if new_kv is not None:
         k_new, v_new = (t if t.stride(3) == 1 else t.contiguous() for t in new_kv)
-        fused = dict(kn_ptr=k_new, vn_ptr=v_new, stride_kb=k_new.stride(0), stride_kh=k_new.stride(1),
+        write_kv = dict(kn_ptr=k_new, vn_ptr=v_new, stride_kb=k_new.stride(0), stride_kh=k_new.stride(1),
                      stride_vb=v_new.stride(0), stride_vh=v_new.stride(1), NEW_KV=True)
-    out = None
-    if tile.fused_combine:
-        out = torch.empty((B, H, 1, D), dtype=q.dtype if out_scale is None else FP8, device=q.device)
-        fused.update(cnt_ptr=W.zeroed(q.device, "attn_rows", max(B * H, MIN_COUNTERS), torch.int32), out_ptr=out,
-                     os_ptr=out if out_scale is None else out_scale.reshape(1).float(), COMBINE=True,
-                     SPLITS=max(2, triton.next_power_of_2(n_splits)),
-                     QUANT=out_scale is not None, FENCE=not tritonenv.INTERPRETED)
     _decode_attn_partial[(n_splits, B * H)](q, k_cache, v_cache, kv_scale.reshape(1).float(), m, l, acc,
                                             0 if per_row else n_ctx, n_ctx if per_row else m,
                                             k_cache.shape[2], n_splits, LOG2E / math.sqrt(D),
                                             H, q.stride(0), q.stride(1), D=D, CHUNK=chunk,
                                             BLOCK_T=tile.block_t, PER_ROW=per_row, F16=k_cache.dtype == FP8,
-                                            num_warps=tile.num_warps, num_stages=tile.num_stages, **fused,
+                                            num_warps=tile.num_warps, num_stages=tile.num_stages, **write_kv,
                                             **_pdl_args(q))
-    return out if tile.fused_combine else combine_splits(m, l, acc, q, out_scale)
+    return combine_splits(m, l, acc, q, out_scale)
 
 
-#: fewest per-row counters the fused combine allocates, so that a decoder's first call covers the
-#: batch sizes after it (a buffer cannot grow inside a CUDA-graph capture)
-MIN_COUNTERS = 4096
-#: the SM count :func:`sm_count` gives for a CPU tensor (the interpreter): a small GPU's
-CPU_SM_COUNT = 4
-
-
-def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device`` (:data:`CPU_SM_COUNT` for a CPU), read once per
-    device: every attention call asks, and the device properties cost host time an eager decode
-    step (launch-bound at short context) would pay on each layer."""
-    if device.type != "cuda":
-        return CPU_SM_COUNT
-    return _sm_count_cuda(torch.cuda.current_device() if device.index is None else device.index)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count_cuda(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def chunk_for(tile: AttnTile, n_rows_heads: int, n_positions: int, n_sm: int = CPU_SM_COUNT) -> int:
-    """The chunk a launch uses. With ``tile.programs_per_sm`` (> 0): the positions shared evenly
-    by about ``programs_per_sm * n_sm / n_rows_heads`` splits (at least one), rounded up to whole
-    ``block_t`` steps. Otherwise ``tile.chunk``, halved (down to ``2 * block_t``) while the grid
+def chunk_for(tile: AttnTile, n_rows_heads: int, n_positions: int) -> int:
+    """The chunk a launch uses: ``tile.chunk``, halved (down to ``2 * block_t``) while the grid
     would hold fewer than :data:`MIN_PROGRAMS` programs. A short context with few splits leaves
     SMs idle while each program's loads wait; more, shorter chunks keep the loads in flight."""
-    if tile.programs_per_sm:
-        splits = max(1, tile.programs_per_sm * n_sm // n_rows_heads)
-        return max(tile.block_t, triton.cdiv(triton.cdiv(n_positions, splits), tile.block_t) * tile.block_t)
     chunk = tile.chunk
     while n_rows_heads * triton.cdiv(n_positions, chunk) < MIN_PROGRAMS and chunk >= 4 * tile.block_t:
         chunk //= 2

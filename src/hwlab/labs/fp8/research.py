@@ -11,23 +11,28 @@ interpreter) so a finding there can be re-measured with the code that produced i
 * :func:`decode_attention_variant`: the decode attention with its tensor-core (``use_dot``)
   and register-prefetch (``prefetch``) variants, which did not beat the elementwise kernel.
 * :func:`quant_rows`: per-row dynamic scales (the row-wise ``_scaled_mm`` comparison).
+* :func:`decode_attention_round8`: the lab's decode attention with round 8's two switches, the
+  splits sized from the SM count (``programs_per_sm``) and the combine folded into the partial
+  kernel (``fused_combine``), both measured slower in the decode step (LAB04_NOTES.md round 8).
 * :func:`decode_attention_interleaved`: the lab's decode attention on a cache whose K and V are
   interleaved per block of positions (:func:`interleave_kv`), one stream per program instead of
   two (LAB04_NOTES.md round 9).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from ... import tritonenv
 from . import workspace as W
-from .attention import (DEFAULT_TILE, LOG2E, AttnTile, check_decode_args, chunk_for, combine_splits,
-                        decode_attention_ref, sm_count, split_count)
+from .attention import (DEFAULT_TILE, LOG2E, AttnTile, _attend_chunk, _pdl_args, _write_new_kv, check_decode_args,
+                        chunk_for, combine_splits, decode_attention_ref, kv_store_ref, split_count)
 from .kernels import rel_err
 from .model import Decoder, ModelConfig, QLinear
-from .quant import BLOCK, FP8, FP8_MAX, _row_amax_kernel, quant_static_ref, quant_tensor_ref, use_triton_for
+from .quant import (BLOCK, FP8, FP8_MAX, _row_amax_kernel, fence_gpu, pdl_enter, quant_static_ref, quant_tensor_ref,
+                    use_triton_for)
 import triton
 import triton.language as tl
 
@@ -303,6 +308,165 @@ def decode_attention_variant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     return combine_splits(m, l, acc, q)
 
 
+# ---------------------------------------------------------------- round 8: grid from the SM count, fused combine
+#: splits the fused combine (:func:`_combine_row`) reads per step: 8 x 128 float32 over one warp
+#: is 32 registers a thread, under what the partial's loop holds
+COMBINE_BLOCK = tl.constexpr(8)
+#: fewest per-row counters the fused combine allocates, so that a decoder's first call covers the
+#: batch sizes after it (a buffer cannot grow inside a CUDA-graph capture)
+MIN_COUNTERS = 4096
+#: the SM count :func:`sm_count` gives for a CPU tensor (the interpreter): a small GPU's
+CPU_SM_COUNT = 4
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (:data:`CPU_SM_COUNT` for a CPU), read once per
+    device: reading the device properties on every call slowed the eager attention by 16 us per
+    layer (round 8's superseded call 4)."""
+    if device.type != "cuda":
+        return CPU_SM_COUNT
+    return _sm_count_cuda(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_cuda(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def chunk_for_gpu(tile: AttnTile, n_rows_heads: int, n_positions: int, programs_per_sm: int,
+                  n_sm: int = CPU_SM_COUNT) -> int:
+    """With ``programs_per_sm`` > 0: the positions shared evenly by about ``programs_per_sm * n_sm /
+    n_rows_heads`` splits (at least one), rounded up to whole ``block_t`` steps, so that the grid
+    is about that many programs per SM; 0: the lab's :func:`.attention.chunk_for`."""
+    if programs_per_sm:
+        splits = max(1, programs_per_sm * n_sm // n_rows_heads)
+        return max(tile.block_t, triton.cdiv(triton.cdiv(n_positions, splits), tile.block_t) * tile.block_t)
+    return chunk_for(tile, n_rows_heads, n_positions)
+
+
+@triton.jit
+def _combine_row(m_ptr, l_ptr, acc_ptr, out_ptr, s_ptr, bh, n_splits, D: tl.constexpr, SPLITS: tl.constexpr,
+                 QUANT: tl.constexpr):
+    """:func:`.attention._decode_attn_combine`'s sum for one (batch, head), read :data:`COMBINE_BLOCK` splits
+    at a time: it runs at the end of a partial program, and a few splits' D values at a time keep
+    its registers near the partial's own (round 4 fused a combine that loaded every split at once:
+    the registers it added cut how many partial programs stay resident), while each step's loads
+    are still issued together. Loads skip L1 (``.cg``): other SMs wrote the partials in this launch."""
+    d = tl.arange(0, D)
+    sp = tl.arange(0, SPLITS)
+    row = bh * n_splits
+    m = tl.load(m_ptr + row + sp, mask=sp < n_splits, other=-float("inf"), cache_modifier=".cg")
+    l = tl.load(l_ptr + row + sp, mask=sp < n_splits, other=0.0, cache_modifier=".cg")
+    m_all = tl.max(m, 0)
+    den = tl.sum(tl.where(sp < n_splits, tl.exp(m - m_all) * l, 0.0), 0)
+    num = tl.zeros((D,), dtype=tl.float32)
+    for s0 in range(0, n_splits, COMBINE_BLOCK):
+        s = s0 + tl.arange(0, COMBINE_BLOCK)
+        sm = s < n_splits
+        w = tl.where(sm, tl.exp(tl.load(m_ptr + row + s, mask=sm, other=0.0, cache_modifier=".cg") - m_all), 0.0)
+        a = tl.load(acc_ptr + (row + s)[:, None] * D + d[None, :], mask=sm[:, None], other=0.0, cache_modifier=".cg")
+        num += tl.sum(w[:, None] * a, 0)
+    out = num / den
+    if QUANT:
+        out = tl.minimum(tl.maximum(out / tl.load(s_ptr), -448.0), 448.0)
+    tl.store(out_ptr + bh * D + d, out.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _decode_attn_partial_r8(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_ptr,
+                            n_ctx, nctx_ptr, max_ctx, n_splits, qk_scale, H, stride_qb, stride_qh,
+                            D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, PER_ROW: tl.constexpr,
+                            F16: tl.constexpr, PDL: tl.constexpr = False, kn_ptr=None, vn_ptr=None,
+                            stride_kb=0, stride_kh=0, stride_vb=0, stride_vh=0, NEW_KV: tl.constexpr = False,
+                            cnt_ptr=None, out_ptr=None, os_ptr=None, COMBINE: tl.constexpr = False,
+                            SPLITS: tl.constexpr = 2, QUANT: tl.constexpr = False, FENCE: tl.constexpr = False):
+    """:func:`.attention._decode_attn_partial` (the same steps, through its helpers) and, with
+    ``COMBINE``, the combine: after storing its partial, each program counts itself in
+    (``cnt_ptr``, one counter per (batch, head), zero before the call); the one that counts last
+    combines the row's splits into ``out_ptr`` (:func:`_combine_row`) and zeroes the counter
+    again. Its loads of the other programs' partials skip L1 (``.cg``); ``FENCE``: every thread's
+    stores are made visible GPU-wide before the count (a compiled kernel; the interpreter runs
+    programs one by one)."""
+    pdl_enter(PDL)
+    sp = tl.program_id(0)
+    bh = tl.program_id(1)
+    start = sp * CHUNK
+    if PER_ROW:
+        n_ctx = tl.load(nctx_ptr + bh // H)
+    hi = tl.where(sp == n_splits - 1, n_ctx, tl.minimum(start + CHUNK, n_ctx))
+    d = tl.arange(0, D)
+    kv_scale = tl.load(kv_scale_ptr)
+    q = tl.load(q_ptr + (bh // H) * stride_qb + (bh % H) * stride_qh + d).to(tl.float32) * (qk_scale * kv_scale)
+    base = bh.to(tl.int64) * max_ctx * D
+    if NEW_KV:
+        if sp == n_splits - 1:
+            _write_new_kv(kn_ptr, vn_ptr, k_ptr, v_ptr, base + (n_ctx - 1) * D, bh, H, stride_kb, stride_kh,
+                          stride_vb, stride_vh, kv_scale, D, F16)
+        tl.debug_barrier()
+    m_i, l_i, acc = _attend_chunk(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, F16)
+    o = bh * n_splits + sp
+    tl.store(m_ptr + o, m_i * 0.6931471805599453)
+    tl.store(l_ptr + o, l_i)
+    tl.store(acc_ptr + o * D + d, acc * kv_scale)
+    if COMBINE:
+        if FENCE:
+            fence_gpu(d)
+        tl.debug_barrier()  # every thread past its fence before the count (acq_rel) releases them
+        if tl.atomic_add(cnt_ptr + bh, 1) == n_splits - 1:  # the last of the row: all partials are in
+            _combine_row(m_ptr, l_ptr, acc_ptr, out_ptr, os_ptr, bh, n_splits, D, SPLITS, QUANT)
+            tl.store(cnt_ptr + bh, 0)
+
+
+def decode_attention_round8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_scale: torch.Tensor,
+                            n_ctx: int | torch.Tensor, use_triton: bool | None = None, tile: AttnTile = DEFAULT_TILE,
+                            out_scale: torch.Tensor | None = None,
+                            new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+                            programs_per_sm: int = 0, fused_combine: bool = False) -> torch.Tensor:
+    """:func:`.attention.decode_attention` (same arguments, checks and result) with round 8's
+    switches: ``programs_per_sm`` > 0 sizes the splits from the SM count (:func:`chunk_for_gpu`),
+    ``fused_combine`` lets the last program of each (batch, head) combine the splits."""
+    if not (isinstance(programs_per_sm, int) and programs_per_sm >= 0 and isinstance(fused_combine, bool)):
+        raise ValueError(f"programs_per_sm >= 0 (0: the lab's chunk rule) and fused_combine a bool; got "
+                         f"{programs_per_sm!r}, {fused_combine!r}")
+    per_row = check_decode_args(q, k_cache, v_cache, n_ctx)
+    if new_kv is not None and (per_row or new_kv[0].shape != q.shape or new_kv[1].shape != q.shape):
+        raise ValueError("new_kv is this step's (k, v), each shaped as q (B, H, 1, D), with one length for all rows")
+    if not use_triton_for(q, use_triton):
+        if new_kv is not None:
+            kv_store_ref(new_kv[0], new_kv[1], k_cache, v_cache, kv_scale, n_ctx - 1)
+        out = decode_attention_ref(q, k_cache, v_cache, kv_scale, n_ctx)
+        return out if out_scale is None else quant_static_ref(out, out_scale)
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("decode_attention reads contiguous (B, H, T, D) caches")
+    B, H, _, D = q.shape
+    n_positions = k_cache.shape[2] if per_row else n_ctx
+    chunk = chunk_for_gpu(tile, B * H, n_positions, programs_per_sm, sm_count(q.device))
+    n_splits = split_count(n_positions, chunk)
+    m = torch.empty((B * H, n_splits), dtype=torch.float32, device=q.device)
+    l = torch.empty_like(m)
+    acc = torch.empty((B * H, n_splits, D), dtype=torch.float32, device=q.device)
+    q = q if q.stride(3) == 1 else q.contiguous()
+    extra = {}
+    if new_kv is not None:
+        k_new, v_new = (t if t.stride(3) == 1 else t.contiguous() for t in new_kv)
+        extra = dict(kn_ptr=k_new, vn_ptr=v_new, stride_kb=k_new.stride(0), stride_kh=k_new.stride(1),
+                     stride_vb=v_new.stride(0), stride_vh=v_new.stride(1), NEW_KV=True)
+    out = None
+    if fused_combine:
+        out = torch.empty((B, H, 1, D), dtype=q.dtype if out_scale is None else FP8, device=q.device)
+        extra.update(cnt_ptr=W.zeroed(q.device, "attn_rows", max(B * H, MIN_COUNTERS), torch.int32), out_ptr=out,
+                     os_ptr=out if out_scale is None else out_scale.reshape(1).float(), COMBINE=True,
+                     SPLITS=max(2, triton.next_power_of_2(n_splits)), QUANT=out_scale is not None,
+                     FENCE=not tritonenv.INTERPRETED)
+    _decode_attn_partial_r8[(n_splits, B * H)](q, k_cache, v_cache, kv_scale.reshape(1).float(), m, l, acc,
+                                               0 if per_row else n_ctx, n_ctx if per_row else m, k_cache.shape[2],
+                                               n_splits, LOG2E / math.sqrt(D), H, q.stride(0), q.stride(1), D=D,
+                                               CHUNK=chunk, BLOCK_T=tile.block_t, PER_ROW=per_row,
+                                               F16=k_cache.dtype == FP8, num_warps=tile.num_warps,
+                                               num_stages=tile.num_stages, **extra, **_pdl_args(q))
+    return out if fused_combine else combine_splits(m, l, acc, q, out_scale)
+
+
 # ---------------------------------------------------------------- K and V interleaved per block
 def interleave_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block: int) -> torch.Tensor:
     """Two (B, H, T, D) caches as one (B, H, T // block, 2, block, D): for each ``block``
@@ -393,7 +557,7 @@ def decode_attention_interleaved(q: torch.Tensor, kv: torch.Tensor, kv_scale: to
             return decode_attention_ref(q, kv, v_cache, kv_scale, n_ctx)
         return decode_attention_ref(q, kv[:, :, :, 0].reshape(B, H, T, D), kv[:, :, :, 1].reshape(B, H, T, D),
                                     kv_scale, n_ctx)
-    chunk = chunk_for(tile, B * H, n_ctx, sm_count(q.device))
+    chunk = chunk_for(tile, B * H, n_ctx)
     n_splits = split_count(n_ctx, chunk)
     m = torch.empty((B * H, n_splits), dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
