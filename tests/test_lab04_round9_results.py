@@ -72,3 +72,18 @@ def test_short_context_tiles_missed_the_90_percent_and_cost_the_step():
         t = steps[(path, 512)]
         assert min(t, key=t.get) == "lab", path
         assert f"{t['lab']:.4f} -> {t['32 per step']:.4f}" in ROUND9
+
+
+def test_moving_round_8s_switches_out_left_the_labs_kernel_and_step_at_their_speed():
+    """Call 5 ran after the move (the lab kernel through its new helpers): within 3% of call 1,
+    and round 8's findings reproduced through research; the notes quote the files."""
+    before = {r["ctx"]: r["us_per_layer"]["lab"] for r in _load("lab04_round9_h200.json")["attn"]}
+    after = {r["ctx"]: r["us_per_layer"]["lab"] for r in _load("lab04_round9d_h200.json")["attn"]}
+    steps = {s["ctx"]: s["tpot_ms"] for s in _load("lab04_round9d_h200.json")["step"]}
+    for ctx in before:
+        assert after[ctx] == pytest.approx(before[ctx], rel=0.03), ctx
+        assert abs(steps[ctx]["lab"] / steps[ctx]["gelu after the GEMM"] - 1) < 0.001, ctx
+    assert "the lab's attention " + " / ".join(f"{after[c]:.1f}" for c in (512, 4096, 32768)) in ROUND9
+    r8 = {r["ctx"]: r["us_per_layer"] for r in _load("lab04_round8_recheck_h200.json")["attn"]}
+    assert r8[32768]["fused"] > 1.05 * r8[32768]["lab"] and r8[4096]["ppsm 28"] > 1.03 * r8[4096]["lab"]
+    assert f"({r8[32768]['fused']:.1f} against {r8[32768]['lab']:.1f} us)" in ROUND9
