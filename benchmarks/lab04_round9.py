@@ -1,7 +1,7 @@
 """Lab 4, round 9 (issue #19): K and V interleaved in the cache (the attention's access pattern),
 and the MLP's GELU with the down projection's requant in the up projection's GEMM.
 
-    python benchmarks/lab04_round9.py OUT.json [--rounds 7] [--parts attn,step,short,dot]
+    python benchmarks/lab04_round9.py OUT.json [--rounds 7] [--parts attn,step,short,dot,loads]
 
 What round 8 left (LAB04_NOTES.md): the kit's FP8 attention streams ~8% under SDPA's GB/s, and its
 load-only variant (round 4) tops out at the same rate, so the loads' pattern, not the math, is what
@@ -23,6 +23,9 @@ Part ``short`` (the second call, after the first measured 32 positions per step 
 the kit's kernel per :data:`TILES_SHORT` tile on the FP8 and the bf16 cache at 512-2048 x16
 against SDPA, and the fixed and bf16 decode steps at 512 with the candidate tiles (a bf16 cache
 there in both paths, read by the kit's kernel).
+
+Part ``loads`` (the sixth call, :data:`LOADS`): the K/V loads' cache policy on the lab's loop, and
+the lab's kernel with shorter chunks and other pipeline depths, at the three shapes.
 
 Part ``dot`` (the third call): :data:`DOT_TILES`, the tensor-core variant with long chunks and
 several warps per program, at 4k and 32k.
@@ -228,6 +231,66 @@ def dot_part(rounds: int) -> list:
     return rows
 
 
+#: part ``loads`` (the sixth call): the lab's loop on two caches (:func:`~hwlab.labs.fp8.research.
+#: decode_attention_interleaved` with ``v_cache``) with other load policies, and the lab's kernel with
+#: shorter chunks (round 8: more, shorter programs streamed faster) and other pipeline depths:
+#: name -> (keyword arguments of the research loop, or None for the lab's kernel; the tile)
+LOADS = {
+    "lab": (None, A.DEFAULT_TILE),
+    "lab, chunk 128": (None, A.AttnTile(chunk=128)),
+    "lab, chunk 64": (None, A.AttnTile(chunk=64)),
+    "lab, 1 stage": (None, A.AttnTile(num_stages=1)),
+    "lab, 3 stages": (None, A.AttnTile(num_stages=3)),
+    "loop, no eviction hint": ({"eviction_policy": ""}, A.DEFAULT_TILE),
+    "loop, .cg": ({"cache_modifier": ".cg"}, A.DEFAULT_TILE),
+    "loop, .cs": ({"cache_modifier": ".cs"}, A.DEFAULT_TILE),
+    "loop, .cg, no eviction hint": ({"cache_modifier": ".cg", "eviction_policy": ""}, A.DEFAULT_TILE),
+}
+
+
+def loads_part(rounds: int) -> list:
+    dev = torch.device("cuda")
+    cfg = lab.H200_SIZE
+    n = cfg.n_layers
+    rows = []
+    for ctx, batch in ATTN_SHAPES:
+        kb, vb, q, s8, kf, vf, ref8, ref16 = r6.attn_inputs(cfg, batch, ctx, dev)
+        graphs, errs = {}, {}
+        with torch.no_grad():
+            for name, (kw, tile) in LOADS.items():
+                if kw is None:
+                    fn = functools.partial(A.decode_attention, tile=tile)
+                else:
+                    fn = functools.partial(R.decode_attention_interleaved, tile=tile, **kw)
+                try:
+                    if kw is None:
+                        cap = capture_graph(lambda fn=fn: [fn(q, kf[i], vf[i], s8, ctx) for i in range(n)], dev)
+                    else:
+                        cap = capture_graph(lambda fn=fn: [fn(q, kf[i], s8, ctx, v_cache=vf[i]) for i in range(n)], dev)
+                    cap.replay()
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001 - a choice that cannot run is a result too
+                    errs[name] = f"{type(e).__name__}: {e}"[:300]
+                    print(f"loads {ctx}: {name} failed: {errs[name]}", flush=True)
+                    continue
+                errs[name] = float((cap.out[0].float() - ref8).norm() / ref8.norm())
+                if errs[name] < A.FP8_CACHE_MATH_REL:
+                    graphs[name] = cap
+            graphs["sdpa"], errs["sdpa"] = r6.sdpa_graph(q, kb, vb, ref16, dev)
+            ms = r6.alternate(graphs, rounds)
+        bytes8 = 2 * kf[0].numel()
+        row = {"ctx": ctx, "batch": batch, "T": ctx, "n_layers": n, "rel_err_vs_float32": errs, "ms_rounds": ms}
+        row["us_per_layer"] = {k: statistics.median(v) * 1e3 / n for k, v in ms.items()}
+        row["gbps"] = {k: (2 * bytes8 if k == "sdpa" else bytes8) / us / 1e3 for k, us in row["us_per_layer"].items()}
+        row["over_sdpa"] = {k: g / row["gbps"]["sdpa"] for k, g in row["gbps"].items()}
+        rows.append(row)
+        print(f"loads {ctx} x{batch}: " + ", ".join(f"{k} {row['us_per_layer'][k]:.1f} us ({row['over_sdpa'][k]:.0%})"
+                                                  for k in row["gbps"]), flush=True)
+        del graphs, kb, vb, kf, vf
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -244,6 +307,9 @@ def main():
         res["attn"] = attn_part(a.rounds)
     if "step" in parts:
         res["step"] = r6.step_part(a.rounds, STEP_BUCKETS, STEP_CHOICES, choose=choice9)
+    if "loads" in parts:
+        res["loads"] = loads_part(a.rounds)
+        res["loads_choices"] = {k: {"research": kw, "tile": vars(t)} for k, (kw, t) in LOADS.items()}
     if "dot" in parts:
         res["dot_tiles"] = {k: vars(t) for k, t in DOT_TILES.items()}
         res["dot"] = dot_part(a.rounds)

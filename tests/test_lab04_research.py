@@ -304,6 +304,12 @@ def test_interleaved_kv_attention_matches_the_reference_and_the_two_cache_loop(d
     assert _rel(wrong, K.decode_attention_ref(q, k, v, scale, T)) > 0.1
     with pytest.raises(ValueError, match="multiple of the block"):
         R.interleave_kv(k[:, :, :T - 1], v[:, :, :T - 1], ib)
+    # the loads' cache policy (round 9's part ``loads``) changes where lines live, never the result
+    pol = R.decode_attention_interleaved(q, k, scale, T - 3, tile=tile, v_cache=v, use_triton=True,
+                                         eviction_policy="", cache_modifier=".cg")
+    assert _rel(pol, K.decode_attention_ref(q, k, v, scale, T - 3)) < K.FP8_CACHE_MATH_REL
+    with pytest.raises(ValueError, match="cache_modifier"):
+        R.decode_attention_interleaved(q, k, scale, T, v_cache=v, use_triton=True, cache_modifier=".xx")
 
 
 @pytest.mark.parametrize("dt", [torch.float16, K.FP8])

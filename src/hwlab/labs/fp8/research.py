@@ -482,12 +482,15 @@ def interleave_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block: int) -> t
 @triton.jit
 def _decode_attn_partial_kvi(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_ptr, n_ctx, max_ctx, n_splits,
                              qk_scale, H, stride_qb, stride_qh, D: tl.constexpr, CHUNK: tl.constexpr,
-                             BLOCK_T: tl.constexpr, F16: tl.constexpr, IB: tl.constexpr):
+                             BLOCK_T: tl.constexpr, F16: tl.constexpr, IB: tl.constexpr,
+                             EVICT: tl.constexpr = "evict_first", CACHE: tl.constexpr = ""):
     """:func:`.attention._decode_attn_partial`'s loop (fp16 math on FP8, exp2, evict-first, the
     split fastest, the last split to the row's end) with one change, the layout. ``IB`` = 0:
     separate (B, H, T, D) caches, as the lab; ``IB`` > 0: ``k_ptr`` is :func:`interleave_kv`'s
     (.., T // IB, 2, IB, D) and each step's K and V rows are neighbours (``BLOCK_T`` divides ``IB``
-    and every step starts on a multiple of ``BLOCK_T``, so a step stays inside one block)."""
+    and every step starts on a multiple of ``BLOCK_T``, so a step stays inside one block).
+    ``EVICT``, ``CACHE``: the loads' L2 eviction policy (the lab's: evict-first) and cache
+    modifier (the lab's: none; ``.cg`` skips L1, ``.cs`` marks the lines streaming)."""
     sp = tl.program_id(0)
     bh = tl.program_id(1)
     start = sp * CHUNK
@@ -506,12 +509,12 @@ def _decode_attn_partial_kvi(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, ac
             row0 = bh.to(tl.int64) * max_ctx * 2 + (t0 // IB) * (2 * IB) + t0 % IB
             off_k = (row0 + tl.arange(0, BLOCK_T))[:, None] * D + d[None, :]
             off_v = off_k + IB * D
-            k_raw = tl.load(k_ptr + off_k, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
-            v_raw = tl.load(k_ptr + off_v, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
+            k_raw = tl.load(k_ptr + off_k, mask=tm[:, None], other=0.0, eviction_policy=EVICT, cache_modifier=CACHE)
+            v_raw = tl.load(k_ptr + off_v, mask=tm[:, None], other=0.0, eviction_policy=EVICT, cache_modifier=CACHE)
         else:
             off = bh.to(tl.int64) * max_ctx * D + t[:, None] * D + d[None, :]
-            k_raw = tl.load(k_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
-            v_raw = tl.load(v_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
+            k_raw = tl.load(k_ptr + off, mask=tm[:, None], other=0.0, eviction_policy=EVICT, cache_modifier=CACHE)
+            v_raw = tl.load(v_ptr + off, mask=tm[:, None], other=0.0, eviction_policy=EVICT, cache_modifier=CACHE)
         if F16:
             s = tl.sum(k_raw.to(tl.float16) * q16[None, :], 1).to(tl.float32)
         else:
@@ -535,11 +538,16 @@ def _decode_attn_partial_kvi(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, ac
 
 def decode_attention_interleaved(q: torch.Tensor, kv: torch.Tensor, kv_scale: torch.Tensor, n_ctx: int,
                                  tile: AttnTile = DEFAULT_TILE, v_cache: torch.Tensor | None = None,
-                                 use_triton: bool | None = None) -> torch.Tensor:
+                                 use_triton: bool | None = None, eviction_policy: str = "evict_first",
+                                 cache_modifier: str = "") -> torch.Tensor:
     """:func:`.attention.decode_attention` (one length ``n_ctx`` for all rows, the lab's tile
     rules and combine) on ``kv`` from :func:`interleave_kv`, (B, H, T // IB, 2, IB, D); or, with
     ``v_cache``, on two separate (B, H, T, D) caches ``kv`` and ``v_cache`` through the same loop
-    (the A/B's other side)."""
+    (the A/B's other side). ``eviction_policy`` and ``cache_modifier``: the K/V loads' (Triton's
+    ``tl.load`` arguments; the lab's are evict-first and none)."""
+    if eviction_policy not in ("", "evict_first", "evict_last") or cache_modifier not in ("", ".ca", ".cg", ".cs", ".cv"):
+        raise ValueError(f"eviction_policy in '', evict_first, evict_last and cache_modifier in '', .ca, .cg, .cs, .cv; "
+                         f"got {eviction_policy!r}, {cache_modifier!r}")
     if v_cache is None:
         B, H, nb, two, IB, D = kv.shape
         if two != 2:
@@ -566,7 +574,8 @@ def decode_attention_interleaved(q: torch.Tensor, kv: torch.Tensor, kv_scale: to
     _decode_attn_partial_kvi[(n_splits, B * H)](q, kv, kv if v_cache is None else v_cache, kv_scale.reshape(1).float(),
                                                 m, l, acc, n_ctx, T, n_splits, LOG2E / math.sqrt(D), H, q.stride(0),
                                                 q.stride(1), D=D, CHUNK=chunk, BLOCK_T=tile.block_t,
-                                                F16=kv.dtype == FP8, IB=IB, num_warps=tile.num_warps,
+                                                F16=kv.dtype == FP8, IB=IB, EVICT=eviction_policy,
+                                                CACHE=cache_modifier, num_warps=tile.num_warps,
                                                 num_stages=tile.num_stages)
     return combine_splits(m, l, acc, q)
 
