@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from hwlab.labs.fp8 import attention as A
 from hwlab.labs.fp8 import model
 from hwlab.labs.fp8.attention import FP8_CACHE_MATH_REL
 
@@ -87,3 +88,18 @@ def test_moving_round_8s_switches_out_left_the_labs_kernel_and_step_at_their_spe
     r8 = {r["ctx"]: r["us_per_layer"] for r in _load("lab04_round8_recheck_h200.json")["attn"]}
     assert r8[32768]["fused"] > 1.05 * r8[32768]["lab"] and r8[4096]["ppsm 28"] > 1.03 * r8[4096]["lab"]
     assert f"({r8[32768]['fused']:.1f} against {r8[32768]['lab']:.1f} us)" in ROUND9
+
+
+def test_load_policies_and_chunks_measured_and_none_adopted():
+    rows = {r["ctx"]: r for r in _load("lab04_round9e_h200.json")["loads"]}
+    for ctx, r in rows.items():
+        us, err = r["us_per_layer"], r["rel_err_vs_float32"]
+        assert isinstance(err["loop, .cg"], str) and "PTXAS" in err["loop, .cg"]  # did not assemble
+        assert isinstance(err["loop, .cs"], str)  # did not compile
+        assert all(err[k] < FP8_CACHE_MATH_REL for k in us if k != "sdpa")  # the rest checked before timed
+        assert us["loop, no eviction hint"] > 1.02 * us["lab"], ctx  # evict-first earns its place
+    us4, us32 = rows[4096]["us_per_layer"], rows[32768]["us_per_layer"]
+    assert us4["lab, chunk 128"] < us4["lab"] and us32["lab, chunk 128"] > 1.03 * us32["lab"]
+    assert A.DEFAULT_TILE.chunk == 256  # not adopted
+    assert f"127.4 against 129.8 us" in ROUND9 and f"{us4['lab, chunk 128']:.1f}" == "127.4"
+    assert f"257.4 against 247.5" in ROUND9 and f"{us32['lab, chunk 128']:.1f}" == "257.4"

@@ -544,10 +544,15 @@ def decode_attention_interleaved(q: torch.Tensor, kv: torch.Tensor, kv_scale: to
     rules and combine) on ``kv`` from :func:`interleave_kv`, (B, H, T // IB, 2, IB, D); or, with
     ``v_cache``, on two separate (B, H, T, D) caches ``kv`` and ``v_cache`` through the same loop
     (the A/B's other side). ``eviction_policy`` and ``cache_modifier``: the K/V loads' (Triton's
-    ``tl.load`` arguments; the lab's are evict-first and none)."""
-    if eviction_policy not in ("", "evict_first", "evict_last") or cache_modifier not in ("", ".ca", ".cg", ".cs", ".cv"):
-        raise ValueError(f"eviction_policy in '', evict_first, evict_last and cache_modifier in '', .ca, .cg, .cs, .cv; "
+    ``tl.load`` arguments; the lab's are evict-first and none). What compiles for sm_90 (round 9,
+    call 6): ``.cs`` is no load modifier in Triton, and ptxas refuses an eviction policy beside
+    ``.cg`` or ``.cv``, which skip L1."""
+    if eviction_policy not in ("", "evict_first", "evict_last") or cache_modifier not in ("", ".ca", ".cg", ".cv"):
+        raise ValueError(f"eviction_policy in '', evict_first, evict_last and cache_modifier in '', .ca, .cg, .cv; "
                          f"got {eviction_policy!r}, {cache_modifier!r}")
+    if cache_modifier in (".cg", ".cv") and eviction_policy:
+        raise ValueError(f"cache_modifier {cache_modifier} skips L1 and takes no eviction_policy "
+                         f"(ptxas refuses {eviction_policy!r} beside it); pass eviction_policy=''")
     if v_cache is None:
         B, H, nb, two, IB, D = kv.shape
         if two != 2:
