@@ -99,88 +99,83 @@ def choice9(settings: dict):
         model.GELU_IN_GEMM = old
 
 
-def attn_part(rounds: int) -> list:
+def attn_ab(tag: str, shapes, rounds: int, make_fns) -> list:
+    """Per (ctx, batch) in ``shapes``: every layer's caches at T = context (round 6's
+    :func:`attn_inputs`), each of ``make_fns(q, kf, vf, s8, kb, vb)``'s ``name -> (fn(layer), cache)``
+    (``cache`` "fp8" or "bf16": what it reads, so its reference and bytes) captured over all layers
+    in one CUDA graph, replayed once and checked against the float32 reference (a choice that fails
+    to build or is off is reported, not timed), SDPA on the bf16 cache beside, replays alternated
+    over ``rounds``, medians of rounds. A row per shape: us per layer, GB/s, share of SDPA's GB/s."""
     dev = torch.device("cuda")
     cfg = lab.H200_SIZE
     n = cfg.n_layers
     rows = []
-    for ctx, batch in ATTN_SHAPES:
-        kb, vb, q, s8, kf, vf, ref8, ref16 = r6.attn_inputs(cfg, batch, ctx, dev)  # T = context, as the lab
-        fns = {"lab": lambda i: A.decode_attention(q, kf[i], vf[i], s8, ctx)}
-        for name, (ib, tile) in LAYOUTS.items():
-            if ib == 0:
-                fns[name] = lambda i, tile=tile: R.decode_attention_interleaved(q, kf[i], s8, ctx, tile=tile, v_cache=vf[i])
-            else:
-                kvi = [R.interleave_kv(kf[i], vf[i], ib) for i in range(n)]
-                fns[name] = lambda i, kvi=kvi, tile=tile: R.decode_attention_interleaved(q, kvi[i], s8, ctx, tile=tile)
-        graphs, errs = {}, {}
+    for ctx, batch in shapes:
+        kb, vb, q, s8, kf, vf, ref8, ref16 = r6.attn_inputs(cfg, batch, ctx, dev)
+        fns = make_fns(q, kf, vf, s8, kb, vb)
+        graphs, errs, cache_of = {}, {}, {}
         with torch.no_grad():
-            for name, fn in fns.items():
-                cap = capture_graph(lambda fn=fn: [fn(i) for i in range(n)], dev)
-                cap.replay()
-                torch.cuda.synchronize()
-                errs[name] = float((cap.out[0].float() - ref8).norm() / ref8.norm())
-                if not errs[name] < A.FP8_CACHE_MATH_REL:
-                    print(f"attn {ctx} x{batch}: {name} wrong ({errs[name]:.2e}), not timed", flush=True)
+            for name, (fn, cache) in fns.items():
+                cache_of[name] = cache
+                try:
+                    cap = capture_graph(lambda fn=fn: [fn(i) for i in range(n)], dev)
+                    cap.replay()
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001 - a choice that cannot run is a result too
+                    errs[name] = f"{type(e).__name__}: {e}"[:300]
+                    print(f"{tag} {ctx}: {name} failed: {errs[name]}", flush=True)
                     continue
-                graphs[name] = cap
+                ref = ref8 if cache == "fp8" else ref16
+                errs[name] = float((cap.out[0].float() - ref).norm() / ref.norm())
+                if errs[name] < A.FP8_CACHE_MATH_REL:
+                    graphs[name] = cap
+                else:
+                    print(f"{tag} {ctx} x{batch}: {name} wrong ({errs[name]:.2e}), not timed", flush=True)
             graphs["sdpa"], errs["sdpa"] = r6.sdpa_graph(q, kb, vb, ref16, dev)
+            cache_of["sdpa"] = "bf16"
             ms = r6.alternate(graphs, rounds)
         bytes8 = 2 * kf[0].numel()
         row = {"ctx": ctx, "batch": batch, "T": ctx, "n_layers": n, "rel_err_vs_float32": errs, "ms_rounds": ms}
         row["us_per_layer"] = {k: statistics.median(v) * 1e3 / n for k, v in ms.items()}
-        row["gbps"] = {k: (2 * bytes8 if k == "sdpa" else bytes8) / us / 1e3 for k, us in row["us_per_layer"].items()}
+        row["gbps"] = {k: (bytes8 if cache_of[k] == "fp8" else 2 * bytes8) / us / 1e3
+                       for k, us in row["us_per_layer"].items()}
         row["over_sdpa"] = {k: g / row["gbps"]["sdpa"] for k, g in row["gbps"].items()}
         rows.append(row)
-        print(f"attn {ctx} x{batch}: " + ", ".join(f"{k} {row['us_per_layer'][k]:.1f} us {row['gbps'][k]:.0f} GB/s "
+        print(f"{tag} {ctx} x{batch}: " + ", ".join(f"{k} {row['us_per_layer'][k]:.1f} us {row['gbps'][k]:.0f} GB/s "
                                                  f"({row['over_sdpa'][k]:.0%})" for k in row["gbps"]), flush=True)
         del graphs, kb, vb, kf, vf, fns
         torch.cuda.empty_cache()
     return rows
 
 
+def attn_part(rounds: int) -> list:
+    def fns(q, kf, vf, s8, kb, vb):
+        ctx = kf[0].shape[2]
+        out = {"lab": (lambda i: A.decode_attention(q, kf[i], vf[i], s8, ctx), "fp8")}
+        for name, (ib, tile) in LAYOUTS.items():
+            if ib == 0:
+                out[name] = (lambda i, tile=tile: R.decode_attention_interleaved(q, kf[i], s8, ctx, tile=tile,
+                                                                                v_cache=vf[i]), "fp8")
+            else:
+                kvi = [R.interleave_kv(kf[i], vf[i], ib) for i in range(len(kf))]
+                out[name] = (lambda i, kvi=kvi, tile=tile: R.decode_attention_interleaved(q, kvi[i], s8, ctx, tile=tile),
+                             "fp8")
+        return out
+    return attn_ab("attn", ATTN_SHAPES, rounds, fns)
+
+
 def short_part(rounds: int) -> list:
     """The kit's kernel per :data:`TILES_SHORT` tile on the FP8 and on the bf16 cache, and SDPA on
-    the bf16 one, at short contexts (T = context), as :func:`attn_part` times them."""
-    dev = torch.device("cuda")
-    cfg = lab.H200_SIZE
-    n = cfg.n_layers
-    rows = []
-    one = torch.ones((), device=dev)
-    for ctx, batch in SHORT_SHAPES:
-        kb, vb, q, s8, kf, vf, ref8, ref16 = r6.attn_inputs(cfg, batch, ctx, dev)
-        graphs, errs = {}, {}
-        with torch.no_grad():
-            for name, kw in TILES_SHORT.items():
-                fn = functools.partial(R.decode_attention_round8, **kw) if kw else A.decode_attention
-                for cache, (kk, vv, sc, ref) in (("fp8", (kf, vf, s8, ref8)), ("bf16", (kb, vb, one, ref16))):
-                    key = f"{name} [{cache}]"
-                    try:
-                        cap = capture_graph(lambda fn=fn, kk=kk, vv=vv, sc=sc: [
-                            fn(q, kk[i], vv[i], sc, ctx) for i in range(n)], dev)
-                        cap.replay()
-                        torch.cuda.synchronize()
-                    except Exception as e:  # noqa: BLE001 - a tile that cannot run is a result too
-                        errs[key] = f"{type(e).__name__}: {e}"[:300]
-                        print(f"short {ctx}: {key} failed: {errs[key]}", flush=True)
-                        continue
-                    errs[key] = float((cap.out[0].float() - ref).norm() / ref.norm())
-                    if errs[key] < A.FP8_CACHE_MATH_REL:
-                        graphs[key] = cap
-            graphs["sdpa"], errs["sdpa"] = r6.sdpa_graph(q, kb, vb, ref16, dev)
-            ms = r6.alternate(graphs, rounds)
-        bytes8 = 2 * kf[0].numel()
-        row = {"ctx": ctx, "batch": batch, "T": ctx, "n_layers": n, "rel_err_vs_float32": errs, "ms_rounds": ms}
-        row["us_per_layer"] = {k: statistics.median(v) * 1e3 / n for k, v in ms.items()}
-        row["gbps"] = {k: (bytes8 if k.endswith("[fp8]") else 2 * bytes8) / us / 1e3
-                       for k, us in row["us_per_layer"].items()}
-        row["over_sdpa"] = {k: g / row["gbps"]["sdpa"] for k, g in row["gbps"].items()}
-        rows.append(row)
-        print(f"short {ctx} x{batch}: " + ", ".join(f"{k} {row['us_per_layer'][k]:.1f} us {row['gbps'][k]:.0f} GB/s "
-                                                  f"({row['over_sdpa'][k]:.0%})" for k in row["gbps"]), flush=True)
-        del graphs, kb, vb, kf, vf
-        torch.cuda.empty_cache()
-    return rows
+    the bf16 one, at short contexts (T = context)."""
+    def fns(q, kf, vf, s8, kb, vb):
+        ctx, one = kf[0].shape[2], torch.ones((), device=q.device)
+        out = {}
+        for name, kw in TILES_SHORT.items():
+            fn = functools.partial(R.decode_attention_round8, **kw) if kw else A.decode_attention
+            out[f"{name} [fp8]"] = (lambda i, fn=fn: fn(q, kf[i], vf[i], s8, ctx), "fp8")
+            out[f"{name} [bf16]"] = (lambda i, fn=fn: fn(q, kb[i], vb[i], one, ctx), "bf16")
+        return out
+    return attn_ab("short", SHORT_SHAPES, rounds, fns)
 
 
 #: part ``dot``: round 2's tensor-core variant (:func:`~hwlab.labs.fp8.research.decode_attention_variant`,
@@ -192,43 +187,14 @@ DOT_TILES = {f"dot chunk {c}, {bt} per step, {w} warps, {st} stages": A.AttnTile
 
 
 def dot_part(rounds: int) -> list:
-    dev = torch.device("cuda")
-    cfg = lab.H200_SIZE
-    n = cfg.n_layers
-    rows = []
-    for ctx, batch in ((4096, 16), (32768, 4)):
-        kb, vb, q, s8, kf, vf, ref8, ref16 = r6.attn_inputs(cfg, batch, ctx, dev)
-        fns = {"lab": lambda i: A.decode_attention(q, kf[i], vf[i], s8, ctx)}
+    def fns(q, kf, vf, s8, kb, vb):
+        ctx = kf[0].shape[2]
+        out = {"lab": (lambda i: A.decode_attention(q, kf[i], vf[i], s8, ctx), "fp8")}
         for name, tile in DOT_TILES.items():
-            fns[name] = lambda i, tile=tile: R.decode_attention_variant(q, kf[i], vf[i], s8, ctx, tile=tile, use_dot=True)
-        graphs, errs = {}, {}
-        with torch.no_grad():
-            for name, fn in fns.items():
-                try:
-                    cap = capture_graph(lambda fn=fn: [fn(i) for i in range(n)], dev)
-                    cap.replay()
-                    torch.cuda.synchronize()
-                except Exception as e:  # noqa: BLE001 - a tile that cannot run is a result too
-                    errs[name] = f"{type(e).__name__}: {e}"[:300]
-                    print(f"dot {ctx}: {name} failed: {errs[name]}", flush=True)
-                    continue
-                errs[name] = float((cap.out[0].float() - ref8).norm() / ref8.norm())
-                if errs[name] < A.FP8_CACHE_MATH_REL:
-                    graphs[name] = cap
-            graphs["sdpa"], errs["sdpa"] = r6.sdpa_graph(q, kb, vb, ref16, dev)
-            ms = r6.alternate(graphs, max(3, rounds // 2))
-        bytes8 = 2 * kf[0].numel()
-        row = {"ctx": ctx, "batch": batch, "T": ctx, "n_layers": n, "rel_err_vs_float32": errs, "ms_rounds": ms}
-        row["us_per_layer"] = {k: statistics.median(v) * 1e3 / n for k, v in ms.items()}
-        row["gbps"] = {k: (2 * bytes8 if k == "sdpa" else bytes8) / us / 1e3 for k, us in row["us_per_layer"].items()}
-        row["over_sdpa"] = {k: g / row["gbps"]["sdpa"] for k, g in row["gbps"].items()}
-        rows.append(row)
-        best = sorted(row["over_sdpa"].items(), key=lambda kv: -kv[1])[:6]
-        print(f"dot {ctx} x{batch}: best " + ", ".join(f"{k} {v:.0%}" for k, v in best)
-              + f"; lab {row['over_sdpa']['lab']:.0%}", flush=True)
-        del graphs, kb, vb, kf, vf, fns
-        torch.cuda.empty_cache()
-    return rows
+            out[name] = (lambda i, tile=tile: R.decode_attention_variant(q, kf[i], vf[i], s8, ctx, tile=tile,
+                                                                        use_dot=True), "fp8")
+        return out
+    return attn_ab("dot", ((4096, 16), (32768, 4)), max(3, rounds // 2), fns)
 
 
 #: part ``loads`` (the sixth call): the lab's loop on two caches (:func:`~hwlab.labs.fp8.research.
@@ -249,46 +215,17 @@ LOADS = {
 
 
 def loads_part(rounds: int) -> list:
-    dev = torch.device("cuda")
-    cfg = lab.H200_SIZE
-    n = cfg.n_layers
-    rows = []
-    for ctx, batch in ATTN_SHAPES:
-        kb, vb, q, s8, kf, vf, ref8, ref16 = r6.attn_inputs(cfg, batch, ctx, dev)
-        graphs, errs = {}, {}
-        with torch.no_grad():
-            for name, (kw, tile) in LOADS.items():
-                if kw is None:
-                    fn = functools.partial(A.decode_attention, tile=tile)
-                else:
-                    fn = functools.partial(R.decode_attention_interleaved, tile=tile, **kw)
-                try:
-                    if kw is None:
-                        cap = capture_graph(lambda fn=fn: [fn(q, kf[i], vf[i], s8, ctx) for i in range(n)], dev)
-                    else:
-                        cap = capture_graph(lambda fn=fn: [fn(q, kf[i], s8, ctx, v_cache=vf[i]) for i in range(n)], dev)
-                    cap.replay()
-                    torch.cuda.synchronize()
-                except Exception as e:  # noqa: BLE001 - a choice that cannot run is a result too
-                    errs[name] = f"{type(e).__name__}: {e}"[:300]
-                    print(f"loads {ctx}: {name} failed: {errs[name]}", flush=True)
-                    continue
-                errs[name] = float((cap.out[0].float() - ref8).norm() / ref8.norm())
-                if errs[name] < A.FP8_CACHE_MATH_REL:
-                    graphs[name] = cap
-            graphs["sdpa"], errs["sdpa"] = r6.sdpa_graph(q, kb, vb, ref16, dev)
-            ms = r6.alternate(graphs, rounds)
-        bytes8 = 2 * kf[0].numel()
-        row = {"ctx": ctx, "batch": batch, "T": ctx, "n_layers": n, "rel_err_vs_float32": errs, "ms_rounds": ms}
-        row["us_per_layer"] = {k: statistics.median(v) * 1e3 / n for k, v in ms.items()}
-        row["gbps"] = {k: (2 * bytes8 if k == "sdpa" else bytes8) / us / 1e3 for k, us in row["us_per_layer"].items()}
-        row["over_sdpa"] = {k: g / row["gbps"]["sdpa"] for k, g in row["gbps"].items()}
-        rows.append(row)
-        print(f"loads {ctx} x{batch}: " + ", ".join(f"{k} {row['us_per_layer'][k]:.1f} us ({row['over_sdpa'][k]:.0%})"
-                                                  for k in row["gbps"]), flush=True)
-        del graphs, kb, vb, kf, vf
-        torch.cuda.empty_cache()
-    return rows
+    def fns(q, kf, vf, s8, kb, vb):
+        ctx = kf[0].shape[2]
+        out = {}
+        for name, (kw, tile) in LOADS.items():
+            if kw is None:
+                out[name] = (lambda i, tile=tile: A.decode_attention(q, kf[i], vf[i], s8, ctx, tile=tile), "fp8")
+            else:
+                out[name] = (lambda i, tile=tile, kw=kw: R.decode_attention_interleaved(q, kf[i], s8, ctx, tile=tile,
+                                                                                       v_cache=vf[i], **kw), "fp8")
+        return out
+    return attn_ab("loads", ATTN_SHAPES, rounds, fns)
 
 
 def main():

@@ -234,22 +234,28 @@ def _attend_chunk(q, k_ptr, v_ptr, base, start, hi, D: tl.constexpr, BLOCK_T: tl
         off = base + t[:, None] * D + d[None, :]
         k_raw = tl.load(k_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
         v_raw = tl.load(v_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
-        if F16:
-            s = tl.sum(k_raw.to(tl.float16) * q16[None, :], 1).to(tl.float32)
-        else:
-            s = tl.sum(k_raw.to(tl.float32) * q[None, :], 1)
-        s = tl.where(tm, s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new)
-        if F16:  # at most BLOCK_T * 448 per sum: fp16 holds it for BLOCK_T <= 128
-            pv = tl.sum(p.to(tl.float16)[:, None] * v_raw.to(tl.float16), 0).to(tl.float32)
-        else:
-            pv = tl.sum(p[:, None] * v_raw.to(tl.float32), 0)
-        acc = acc * alpha + pv
-        l_i = l_i * alpha + tl.sum(p, 0)
-        m_i = m_new
+        m_i, l_i, acc = _softmax_step(k_raw, v_raw, tm, q, q16, m_i, l_i, acc, F16)
     return m_i, l_i, acc
+
+
+@triton.jit
+def _softmax_step(k_raw, v_raw, tm, q, q16, m_i, l_i, acc, F16: tl.constexpr):
+    """One step of the online softmax: the scores of ``BLOCK_T`` positions (``k_raw``, masked by
+    ``tm``) against ``q`` (``q16`` its fp16 copy for an FP8 cache), the running max ``m_i`` (log2
+    units), sum ``l_i`` and output ``acc`` rescaled to the new max and the step's ``v_raw`` added."""
+    if F16:
+        s = tl.sum(k_raw.to(tl.float16) * q16[None, :], 1).to(tl.float32)
+    else:
+        s = tl.sum(k_raw.to(tl.float32) * q[None, :], 1)
+    s = tl.where(tm, s, -float("inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 0))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new)
+    if F16:  # at most BLOCK_T * 448 per sum: fp16 holds it for BLOCK_T <= 128
+        pv = tl.sum(p.to(tl.float16)[:, None] * v_raw.to(tl.float16), 0).to(tl.float32)
+    else:
+        pv = tl.sum(p[:, None] * v_raw.to(tl.float32), 0)
+    return m_new, l_i * alpha + tl.sum(p, 0), acc * alpha + pv
 
 
 @triton.jit

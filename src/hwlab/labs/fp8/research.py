@@ -27,11 +27,11 @@ import torch
 
 from ... import tritonenv
 from . import workspace as W
-from .attention import (DEFAULT_TILE, LOG2E, AttnTile, _attend_chunk, _pdl_args, _write_new_kv, check_decode_args,
+from .attention import (DEFAULT_TILE, LOG2E, AttnTile, _decode_attn_partial, _pdl_args, _softmax_step, check_decode_args,
                         chunk_for, combine_splits, decode_attention_ref, kv_store_ref, split_count)
 from .kernels import rel_err
 from .model import Decoder, ModelConfig, QLinear
-from .quant import (BLOCK, FP8, FP8_MAX, _row_amax_kernel, fence_gpu, pdl_enter, quant_static_ref, quant_tensor_ref,
+from .quant import (BLOCK, FP8, FP8_MAX, _row_amax_kernel, fence_gpu, quant_static_ref, quant_tensor_ref,
                     use_triton_for)
 import triton
 import triton.language as tl
@@ -380,35 +380,19 @@ def _decode_attn_partial_r8(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc
                             stride_kb=0, stride_kh=0, stride_vb=0, stride_vh=0, NEW_KV: tl.constexpr = False,
                             cnt_ptr=None, out_ptr=None, os_ptr=None, COMBINE: tl.constexpr = False,
                             SPLITS: tl.constexpr = 2, QUANT: tl.constexpr = False, FENCE: tl.constexpr = False):
-    """:func:`.attention._decode_attn_partial` (the same steps, through its helpers) and, with
-    ``COMBINE``, the combine: after storing its partial, each program counts itself in
+    """:func:`.attention._decode_attn_partial` (called as it is: the lab's program, unchanged) and,
+    with ``COMBINE``, the combine: after storing its partial, each program counts itself in
     (``cnt_ptr``, one counter per (batch, head), zero before the call); the one that counts last
     combines the row's splits into ``out_ptr`` (:func:`_combine_row`) and zeroes the counter
     again. Its loads of the other programs' partials skip L1 (``.cg``); ``FENCE``: every thread's
     stores are made visible GPU-wide before the count (a compiled kernel; the interpreter runs
     programs one by one)."""
-    pdl_enter(PDL)
-    sp = tl.program_id(0)
-    bh = tl.program_id(1)
-    start = sp * CHUNK
-    if PER_ROW:
-        n_ctx = tl.load(nctx_ptr + bh // H)
-    hi = tl.where(sp == n_splits - 1, n_ctx, tl.minimum(start + CHUNK, n_ctx))
-    d = tl.arange(0, D)
-    kv_scale = tl.load(kv_scale_ptr)
-    q = tl.load(q_ptr + (bh // H) * stride_qb + (bh % H) * stride_qh + d).to(tl.float32) * (qk_scale * kv_scale)
-    base = bh.to(tl.int64) * max_ctx * D
-    if NEW_KV:
-        if sp == n_splits - 1:
-            _write_new_kv(kn_ptr, vn_ptr, k_ptr, v_ptr, base + (n_ctx - 1) * D, bh, H, stride_kb, stride_kh,
-                          stride_vb, stride_vh, kv_scale, D, F16)
-        tl.debug_barrier()
-    m_i, l_i, acc = _attend_chunk(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, F16)
-    o = bh * n_splits + sp
-    tl.store(m_ptr + o, m_i * 0.6931471805599453)
-    tl.store(l_ptr + o, l_i)
-    tl.store(acc_ptr + o * D + d, acc * kv_scale)
+    _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_ptr, n_ctx, nctx_ptr, max_ctx, n_splits,
+                         qk_scale, H, stride_qb, stride_qh, D, CHUNK, BLOCK_T, PER_ROW, F16, PDL, kn_ptr, vn_ptr,
+                         stride_kb, stride_kh, stride_vb, stride_vh, NEW_KV)
     if COMBINE:
+        bh = tl.program_id(1)
+        d = tl.arange(0, D)
         if FENCE:
             fence_gpu(d)
         tl.debug_barrier()  # every thread past its fence before the count (acq_rel) releases them
@@ -484,8 +468,9 @@ def _decode_attn_partial_kvi(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, ac
                              qk_scale, H, stride_qb, stride_qh, D: tl.constexpr, CHUNK: tl.constexpr,
                              BLOCK_T: tl.constexpr, F16: tl.constexpr, IB: tl.constexpr,
                              EVICT: tl.constexpr = "evict_first", CACHE: tl.constexpr = ""):
-    """:func:`.attention._decode_attn_partial`'s loop (fp16 math on FP8, exp2, evict-first, the
-    split fastest, the last split to the row's end) with one change, the layout. ``IB`` = 0:
+    """:func:`.attention._decode_attn_partial`'s loop (its :func:`~.attention._softmax_step`: fp16
+    math on FP8, exp2; evict-first loads, the split fastest, the last split to the row's end) with
+    one change, the layout (and, for call 6, the loads' cache policy). ``IB`` = 0:
     separate (B, H, T, D) caches, as the lab; ``IB`` > 0: ``k_ptr`` is :func:`interleave_kv`'s
     (.., T // IB, 2, IB, D) and each step's K and V rows are neighbours (``BLOCK_T`` divides ``IB``
     and every step starts on a multiple of ``BLOCK_T``, so a step stays inside one block).
@@ -515,21 +500,7 @@ def _decode_attn_partial_kvi(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, ac
             off = bh.to(tl.int64) * max_ctx * D + t[:, None] * D + d[None, :]
             k_raw = tl.load(k_ptr + off, mask=tm[:, None], other=0.0, eviction_policy=EVICT, cache_modifier=CACHE)
             v_raw = tl.load(v_ptr + off, mask=tm[:, None], other=0.0, eviction_policy=EVICT, cache_modifier=CACHE)
-        if F16:
-            s = tl.sum(k_raw.to(tl.float16) * q16[None, :], 1).to(tl.float32)
-        else:
-            s = tl.sum(k_raw.to(tl.float32) * q[None, :], 1)
-        s = tl.where(tm, s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new)
-        if F16:
-            pv = tl.sum(p.to(tl.float16)[:, None] * v_raw.to(tl.float16), 0).to(tl.float32)
-        else:
-            pv = tl.sum(p[:, None] * v_raw.to(tl.float32), 0)
-        acc = acc * alpha + pv
-        l_i = l_i * alpha + tl.sum(p, 0)
-        m_i = m_new
+        m_i, l_i, acc = _softmax_step(k_raw, v_raw, tm, q, q16, m_i, l_i, acc, F16)
     o = bh * n_splits + sp
     tl.store(m_ptr + o, m_i * 0.6931471805599453)
     tl.store(l_ptr + o, l_i)
