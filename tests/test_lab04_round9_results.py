@@ -87,6 +87,13 @@ def test_moving_round_8s_switches_out_left_the_labs_kernel_and_step_at_their_spe
     assert "the lab's attention " + " / ".join(f"{after[c]:.1f}" for c in (512, 4096, 32768)) in ROUND9
     r8 = {r["ctx"]: r["us_per_layer"] for r in _load("lab04_round8_recheck_h200.json")["attn"]}
     assert r8[32768]["fused"] > 1.05 * r8[32768]["lab"] and r8[4096]["ppsm 28"] > 1.03 * r8[4096]["lab"]
+    # call 7, after the softmax step became one helper: the same share of SDPA, round 8 again reproduced
+    share1 = {r["ctx"]: r["over_sdpa"]["lab"] for r in _load("lab04_round9_h200.json")["attn"]}
+    share7 = {r["ctx"]: r["over_sdpa"]["lab"] for r in _load("lab04_round9f_h200.json")["attn"]}
+    assert all(abs(share7[c] - share1[c]) < 0.02 for c in share1)
+    assert "78 / 95 / 96% of SDPA" in ROUND9 and [round(share7[c] * 100) for c in (512, 4096, 32768)] == [78, 95, 96]
+    r8b = {r["ctx"]: r["us_per_layer"] for r in _load("lab04_round8_recheck2_h200.json")["attn"]}
+    assert r8b[32768]["fused"] > 1.05 * r8b[32768]["lab"] and r8b[4096]["ppsm 28"] > 1.03 * r8b[4096]["lab"]
     assert f"({r8[32768]['fused']:.1f} against {r8[32768]['lab']:.1f} us)" in ROUND9
 
 
