@@ -251,7 +251,8 @@ print(lab.format_targets(lab.byte_floor_targets(res, copy, leaves), src))
 #    streaming long chunks on the tensor cores (at best 78% of SDPA where the lab kernel read 96%); GELU and the
 #    down projection's requant in the up GEMM's epilogue (one kernel per layer fewer, the step equal within 0.1%:
 #    with PDL a small kernel between two GEMMs costs almost nothing); 32 positions per step at 512 (the FP8
-#    attention alone 81 → 84% of SDPA, the fixed step +0.7% on its BF16 cache).
+#    attention alone 81 → 84% of SDPA, the fixed step +0.7% on its BF16 cache); the loads without their
+#    evict-first hint (3-6% slower: the hint stays) and chunks of 128 positions (−2% at 4k, +4% at 32k).
 #
 # What stays out of reach, and why it is measured, not guessed: a GEMM costs a fixed few microseconds
 # (ramp-up, tail, epilogue) plus its bytes at a streaming rate. Fitted from two widths of each decode shape
