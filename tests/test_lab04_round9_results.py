@@ -110,3 +110,19 @@ def test_load_policies_and_chunks_measured_and_none_adopted():
     assert A.DEFAULT_TILE.chunk == 256  # not adopted
     assert f"127.4 against 129.8 us" in ROUND9 and f"{us4['lab, chunk 128']:.1f}" == "127.4"
     assert f"257.4 against 247.5" in ROUND9 and f"{us32['lab, chunk 128']:.1f}" == "257.4"
+
+
+def test_the_timing_method_moves_the_kits_kernel_and_not_sdpa():
+    """Call 9: the same graphs timed as the lab's comparison (a sustained block) and as the A/B
+    scripts (alternating, a sync per replay). SDPA reads the same either way; the kit's kernel is
+    slower sustained, with the SM clock lower after its sustained blocks."""
+    for r in _load("lab04_timing_method_h200.json")["rows"]:
+        sus, alt = r["sustained block"], r["alternate, sync per replay"]
+        assert sus["us_per_layer"]["sdpa"] == pytest.approx(alt["us_per_layer"]["sdpa"], rel=0.005)
+        assert sus["us_per_layer"]["kit"] > 1.01 * alt["us_per_layer"]["kit"]
+        assert sus["kit_over_sdpa_gbps"] < alt["kit_over_sdpa_gbps"] < 1.0  # under SDPA either way
+        kit_sus = [b["sm_mhz_after"] for b in r["blocks"] if b["method"] == "sustained block" and b["way"] == "kit"]
+        alt_all = [b["sm_mhz_after"] for b in r["blocks"] if b["method"] != "sustained block"]
+        assert max(kit_sus) < min(alt_all)
+        assert (f"{sus['kit_over_sdpa_gbps']:.1%}".rstrip("%") + " against " + f"{alt['kit_over_sdpa_gbps']:.1%}"
+                in ROUND9)
