@@ -278,3 +278,27 @@ def test_recorded_lab02_flowchart():
     assert diagnose(fe["256x256x64 w8 s3"]).leaf_id == "J"
     assert diagnose(fe["128x256x64 w8 s3"]).leaf_id == "OK"
     assert diagnose(fe["launch-bound step"]).leaf_id == "J"
+
+
+def test_loop_instruction_mix_counts_the_longest_loop_body():
+    """SASS as nvdisasm prints it: opcodes without modifiers or predicates, counted from a label to
+    the backward branch to it; the longer of two loops wins; no backward branch, no loop."""
+    from hwlab.labs.registers.compile_guard import loop_instruction_mix
+
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0020*/              @!P0 BRA `(.L_x_9) ;
+        /*0030*/                   BRA `(.L_x_0) ;
+.L_x_1:
+        /*0040*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0050*/                   HFMA2 R6, R4, R5, R6 ;
+        /*0060*/                   HFMA2.MMA R7, R4, R5, R7 ;
+        /*0070*/                   SHFL.BFLY PT, R8, R6, 0x1, 0x1f ;
+        /*0080*/               @P1 BRA `(.L_x_1) ;
+.L_x_9:
+        /*0090*/                   EXIT ;
+"""
+    assert loop_instruction_mix(sass) == {"HFMA2": 2, "LDG": 1, "SHFL": 1, "BRA": 1}
+    assert loop_instruction_mix(sass.replace("`(.L_x_1)", "`(.L_x_9)").replace("`(.L_x_0)", "`(.L_x_9)")) == {}

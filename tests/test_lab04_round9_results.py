@@ -126,3 +126,28 @@ def test_the_timing_method_moves_the_kits_kernel_and_not_sdpa():
         assert max(kit_sus) < min(alt_all)
         assert (f"{sus['kit_over_sdpa_gbps']:.1%}".rstrip("%") + " against " + f"{alt['kit_over_sdpa_gbps']:.1%}"
                 in ROUND9)
+
+
+def test_sass_mix_of_the_labs_attention_loop_is_the_committed_one(tmp_path):
+    """The instruction count behind item 11 (CPU: a static sm_90a compile and nvdisasm), run again:
+    the committed counts are this code's, each iteration's loads are the tile's K and V bytes in
+    16-byte vectors, and the estimate follows from the counts."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "mix.json"
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT / "src"))
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "lab04_sass_mix.py"), str(out)], check=True, env=env,
+                   capture_output=True, timeout=600)
+    fresh = {r["label"]: r for r in json.loads(out.read_text())["rows"]}
+    committed = _load("lab04_sass_mix_cpu.json")
+    for r in committed["rows"]:
+        assert fresh[r["label"]]["mix"] == r["mix"], r["label"]
+        assert r["mix"]["LDG"] * 16 * 32 * r["warps"] == r["bytes_per_iteration"]  # 16-byte loads, one per thread
+        per_byte = r["instructions_per_iteration"] / r["bytes_per_iteration"] * r["warps"]
+        mhz = committed["sm_mhz_call9"]["kit"]
+        share = committed["sdpa_gbps_32k_call9"] * 1e9 * per_byte / (132 * 4 * mhz * 1e6)
+        assert r["issue_share_at"][f"kit clock {mhz} MHz"] == pytest.approx(share)
+    lab = next(r for r in committed["rows"] if r["label"] == "lab tile, FP8 cache")
+    assert f"{lab['instructions_per_iteration']} instructions" in ROUND9 and lab["mix"]["SHFL"] > 0

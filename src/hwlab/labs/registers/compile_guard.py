@@ -121,6 +121,43 @@ def ptxas_sm90(fn, sig: dict, consts: dict, attrs: dict, opts: dict, label: str 
     return {**g, "shared": int(k.metadata.shared), "compile_s": compile_s}
 
 
+def sass_sm90(fn, sig: dict, consts: dict, attrs: dict, opts: dict) -> str:
+    """The SASS (machine code) of a Triton kernel compiled for sm_90a without a GPU, as
+    ``nvdisasm`` (bundled with Triton) prints it. Needs ``TRITON_INTERPRET`` off."""
+    k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options=opts)
+    with tempfile.TemporaryDirectory() as d:
+        cubin = Path(d) / "k.cubin"
+        cubin.write_bytes(k.asm["cubin"])
+        r = subprocess.run([_bundled_tool("nvdisasm"), "-c", str(cubin)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"nvdisasm failed: {r.stderr[-500:]}")
+    return r.stdout
+
+
+_SASS_LABEL = re.compile(r"^(\.L_x_\d+):")
+_SASS_OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*)")
+
+
+def loop_instruction_mix(sass: str) -> dict[str, int]:
+    """Opcodes (without their modifiers) counted over the body of the longest loop in ``sass``:
+    the instructions between a label and the backward branch to it. What one iteration of a
+    kernel's main loop issues per warp; {} when the code has no backward branch."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := _SASS_LABEL.match(line.strip()))}
+    best: list[str] = []
+    for j, line in enumerate(lines):
+        m = re.search(r"BRA\s+`?\(?(\.L_x_\d+)\)?", line)
+        if m and m.group(1) in labels and labels[m.group(1)] < j:
+            body = [op.group(1) for op in map(_SASS_OP.search, lines[labels[m.group(1)]:j + 1]) if op]
+            if len(body) > len(best):
+                best = body
+    mix: dict[str, int] = {}
+    for op in best:
+        mix[op] = mix.get(op, 0) + 1
+    return dict(sorted(mix.items(), key=lambda kv: -kv[1]))
+
+
 def static_report(kernel_name: str, cfg: TileConfig | None = None, dtype: str = "bf16",
                   block: int | None = None, warps: int | None = None) -> CompileReport:
     """Compile for sm_90a without a GPU and read ``ptxas -v`` (in this process; see
