@@ -25,13 +25,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lab04_static_registers as S  # noqa: E402
 
 from hwlab.labs.fp8 import attention as A  # noqa: E402
+from hwlab.labs.fp8 import research as R  # noqa: E402
 from hwlab.labs.registers.compile_guard import loop_instruction_mix, sass_sm90  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-#: (label, block_t, warps, FP8 cache)
-TILES = (("lab tile, FP8 cache", A.DEFAULT_TILE.block_t, A.DEFAULT_TILE.num_warps, True),
-         ("32 per step, FP8 cache", 32, 1, True),
-         ("lab tile, bf16 cache", A.DEFAULT_TILE.block_t, A.DEFAULT_TILE.num_warps, False))
+#: (label, block_t, warps, FP8 cache, kernel): "lab" the lab's kernel; "fp32 math" and "tensor cores"
+#: research's round-2 kernel (:func:`~hwlab.labs.fp8.research.decode_attention_variant`), elementwise in
+#: float32 (what round 3's fp16 math replaced) and with the products on the tensor cores (round 9's
+#: flash-decoding shape at 64 positions and 4 warps)
+TILES = (("lab tile, FP8 cache", A.DEFAULT_TILE.block_t, A.DEFAULT_TILE.num_warps, True, "lab"),
+         ("32 per step, FP8 cache", 32, 1, True, "lab"),
+         ("lab tile, bf16 cache", A.DEFAULT_TILE.block_t, A.DEFAULT_TILE.num_warps, False, "lab"),
+         ("round 2's fp32 math, FP8 cache", A.DEFAULT_TILE.block_t, 1, True, "fp32 math"),
+         ("tensor cores, 64 per step, 4 warps, FP8 cache", 64, 4, True, "tensor cores"))
 D = 128
 #: H200: SMs, schedulers per SM; SDPA's GB/s on bf16 at 32k and the SM clocks (MHz) read after the
 #: kit's and after SDPA's sustained blocks, call 9 (benchmarks/results/round9/lab04_timing_method_h200.json)
@@ -44,21 +50,27 @@ def main(out_path: str) -> None:
     sdpa_gbps = 2 * 2 * r32["batch"] * 32 * r32["ctx"] * D / (r32["sustained block"]["us_per_layer"]["sdpa"] * 1e3)
     clocks = {w: min(b["sm_mhz_after"] for b in r32["blocks"] if b["method"] == "sustained block" and b["way"] == w)
               for w in ("kit", "sdpa")}
-    sig = S.LAB_SIG
-    attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
-             if sig[k].startswith("*") or (k.startswith("stride") and sig[k] == "i32")}
     rows = []
-    for label, bt, warps, fp8 in TILES:
-        c = {k: v for k, v in {"D": D, "CHUNK": A.DEFAULT_TILE.chunk, "BLOCK_T": bt, "PER_ROW": False, "F16": fp8,
-                               **S.LAB_OFF}.items() if sig[k] == "constexpr"}
-        s = dict(sig, k_ptr="*fp8e4nv" if fp8 else "*bf16", v_ptr="*fp8e4nv" if fp8 else "*bf16")
-        mix = loop_instruction_mix(sass_sm90(A._decode_attn_partial, s, c, attrs,
+    for label, bt, warps, fp8, kernel in TILES:
+        if kernel == "lab":
+            fn, sig = A._decode_attn_partial, S.LAB_SIG
+            c = {"D": D, "CHUNK": A.DEFAULT_TILE.chunk, "BLOCK_T": bt, "PER_ROW": False, "F16": fp8, **S.LAB_OFF}
+        else:
+            fn, sig = R._decode_attn_partial_variants, S.VARIANT_SIG
+            c = {"D": D, "CHUNK": A.DEFAULT_TILE.chunk, "BLOCK_T": bt, "PER_ROW": False,
+                 "USE_DOT": kernel == "tensor cores", "PREFETCH": False}
+        sig = dict(sig, k_ptr="*fp8e4nv" if fp8 else "*bf16", v_ptr="*fp8e4nv" if fp8 else "*bf16")
+        c = {k: v for k, v in c.items() if sig[k] == "constexpr"}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
+                 if sig[k].startswith("*") or (k.startswith("stride") and sig[k] == "i32")}
+        mix = loop_instruction_mix(sass_sm90(fn, sig, c, attrs,
                                              {"num_warps": warps, "num_stages": A.DEFAULT_TILE.num_stages}))
         n = sum(mix.values())
         nbytes = bt * D * 2 * (1 if fp8 else 2)  # K and V of block_t positions, one warp-iteration per warp
         per_byte = n / nbytes * warps  # warp instructions per byte read (each warp reads nbytes / warps)
         need = sdpa_gbps * 1e9 * per_byte  # warp instructions per second to stream at SDPA's rate
-        row = {"label": label, "block_t": bt, "warps": warps, "fp8": fp8, "instructions_per_iteration": n,
+        row = {"label": label, "kernel": kernel, "block_t": bt, "warps": warps, "fp8": fp8,
+               "instructions_per_iteration": n,
                "bytes_per_iteration": nbytes, "warp_instructions_per_kb": 1024 * per_byte, "mix": mix,
                "issue_share_at": {f"{w} clock {mhz} MHz": need / (SMS * SCHEDULERS * mhz * 1e6)
                                   for w, mhz in clocks.items()}}
