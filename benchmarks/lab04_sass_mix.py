@@ -78,7 +78,9 @@ def main(out_path: str) -> None:
         print(f"{label}: {n} instructions per iteration ({nbytes} B), {row['warp_instructions_per_kb']:.0f} per KB; "
               + ", ".join(f"{k}: {v:.0%}" for k, v in row["issue_share_at"].items())
               + "; top " + ", ".join(f"{k} {v}" for k, v in list(mix.items())[:6]), flush=True)
-    out = {"source": "static compile for sm_90a on a CPU (Triton's nvdisasm); counts, not a GPU run",
+    import triton
+    out = {"source": f"static compile for sm_90a on a CPU (triton {triton.__version__}, its nvdisasm); counts, not a "
+                     "GPU run (the lent H200 ran triton 3.6.0 in round 9, whose code may differ)",
            "sdpa_gbps_32k_call9": sdpa_gbps, "sm_mhz_call9": clocks, "sms": SMS, "schedulers_per_sm": SCHEDULERS,
            "rows": rows}
     Path(out_path).write_text(json.dumps(out, indent=1))
