@@ -81,7 +81,7 @@ def main(out_path: str) -> None:
     import triton
     out = {"source": f"static compile for sm_90a on a CPU (triton {triton.__version__}, its nvdisasm); counts, not a "
                      "GPU run (the lent H200 ran triton 3.6.0 in round 9, whose code may differ)",
-           "sdpa_gbps_32k_call9": sdpa_gbps, "sm_mhz_call9": clocks, "sms": SMS, "schedulers_per_sm": SCHEDULERS,
+           "triton": triton.__version__, "sdpa_gbps_32k_call9": sdpa_gbps, "sm_mhz_call9": clocks, "sms": SMS, "schedulers_per_sm": SCHEDULERS,
            "rows": rows}
     Path(out_path).write_text(json.dumps(out, indent=1))
 

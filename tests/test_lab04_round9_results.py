@@ -140,10 +140,14 @@ def test_sass_mix_of_the_labs_attention_loop_is_the_committed_one(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT / "src"))
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "lab04_sass_mix.py"), str(out)], check=True, env=env,
                    capture_output=True, timeout=600)
-    fresh = {r["label"]: r for r in json.loads(out.read_text())["rows"]}
+    fresh_all = json.loads(out.read_text())
+    fresh = {r["label"]: r for r in fresh_all["rows"]}
     committed = _load("lab04_sass_mix_cpu.json")
+    same_compiler = fresh_all["triton"] == committed["triton"]  # another Triton may emit other code
     for r in committed["rows"]:
-        assert fresh[r["label"]]["mix"] == r["mix"], r["label"]
+        if same_compiler:
+            assert fresh[r["label"]]["mix"] == r["mix"], r["label"]
+        assert fresh[r["label"]]["mix"].get("BRA") == 1  # the fresh count found the loop too
         if "LDG" in r["mix"]:  # register loads: 16-byte vectors, the tile's K and V bytes per iteration
             assert r["mix"]["LDG"] * 16 * 32 * r["warps"] == r["bytes_per_iteration"], r["label"]
         else:  # the tensor-core variant stages its loads through shared memory (cp.async)
