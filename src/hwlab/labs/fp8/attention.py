@@ -87,20 +87,10 @@ def _kv_store_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, s_ptr, pos, pos_ptr, H, strid
                      PDL: tl.constexpr = False):
     pdl_enter(PDL)
     bh = tl.program_id(0)
-    b = bh // H
-    h = bh % H
-    d = tl.arange(0, D)
     if PER_ROW:  # each batch row writes at its own position (continuous batching)
-        pos = tl.load(pos_ptr + b)
-    k = tl.load(k_ptr + b * stride_kb + h * stride_kh + d).to(tl.float32)
-    v = tl.load(v_ptr + b * stride_vb + h * stride_vh + d).to(tl.float32)
-    if QUANT:
-        inv = 1.0 / tl.load(s_ptr)
-        k = tl.minimum(tl.maximum(k * inv, -448.0), 448.0)
-        v = tl.minimum(tl.maximum(v * inv, -448.0), 448.0)
-    dst = (bh.to(tl.int64) * max_ctx + pos) * D + d
-    tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty))
-    tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty))
+        pos = tl.load(pos_ptr + bh // H)
+    _write_new_kv(k_ptr, v_ptr, kc_ptr, vc_ptr, (bh.to(tl.int64) * max_ctx + pos) * D, bh, H, stride_kb, stride_kh,
+                  stride_vb, stride_vh, tl.load(s_ptr), D, QUANT)
 
 
 def kv_store_ref(k, v, k_cache, v_cache, scale, pos: int | torch.Tensor) -> None:
@@ -351,16 +341,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     n_positions = k_cache.shape[2] if per_row else n_ctx
     chunk = chunk_for(tile, B * H, n_positions)
     n_splits = split_count(n_positions, chunk)
-    m = torch.empty((B * H, n_splits), dtype=torch.float32, device=q.device)
-    l = torch.empty_like(m)
-    acc = torch.empty((B * H, n_splits, D), dtype=torch.float32, device=q.device)
+    m, l, acc = split_buffers(q, n_splits)
     if q.stride(3) != 1:
         q = q.contiguous()
-    write_kv = {}
-    if new_kv is not None:
-        k_new, v_new = (t if t.stride(3) == 1 else t.contiguous() for t in new_kv)
-        write_kv = dict(kn_ptr=k_new, vn_ptr=v_new, stride_kb=k_new.stride(0), stride_kh=k_new.stride(1),
-                     stride_vb=v_new.stride(0), stride_vh=v_new.stride(1), NEW_KV=True)
+    write_kv = new_kv_args(new_kv)
     _decode_attn_partial[(n_splits, B * H)](q, k_cache, v_cache, kv_scale.reshape(1).float(), m, l, acc,
                                             0 if per_row else n_ctx, n_ctx if per_row else m,
                                             k_cache.shape[2], n_splits, LOG2E / math.sqrt(D),
@@ -369,6 +353,24 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                                             num_warps=tile.num_warps, num_stages=tile.num_stages, **write_kv,
                                             **_pdl_args(q))
     return combine_splits(m, l, acc, q, out_scale)
+
+
+def split_buffers(q: torch.Tensor, n_splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The partial max, sum (B * H, n_splits) and output (B * H, n_splits, D), float32, that a
+    split decode attention's programs write and :func:`combine_splits` reads."""
+    B, H, _, D = q.shape
+    m = torch.empty((B * H, n_splits), dtype=torch.float32, device=q.device)
+    return m, torch.empty_like(m), torch.empty((B * H, n_splits, D), dtype=torch.float32, device=q.device)
+
+
+def new_kv_args(new_kv: tuple[torch.Tensor, torch.Tensor] | None) -> dict:
+    """The partial kernel's arguments that write this step's (k, v) into the cache (``NEW_KV``);
+    none without them."""
+    if new_kv is None:
+        return {}
+    k_new, v_new = (t if t.stride(3) == 1 else t.contiguous() for t in new_kv)
+    return dict(kn_ptr=k_new, vn_ptr=v_new, stride_kb=k_new.stride(0), stride_kh=k_new.stride(1),
+                stride_vb=v_new.stride(0), stride_vh=v_new.stride(1), NEW_KV=True)
 
 
 def chunk_for(tile: AttnTile, n_rows_heads: int, n_positions: int) -> int:

@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from . import workspace as W
-from .quant import FP8, fence_gpu, pdl_args, quant_static_ref, use_triton_for
+from .quant import FP8, fence_gpu, gelu, pdl_args, quant_static_ref, use_triton_for
 
 #: whether :class:`.model.QLinear` runs this kernel for decode-shaped ``fp8_static`` calls (at most
 #: :data:`MAX_ROWS` rows on a GPU) on the weight shapes :data:`CONFIGS` names (:func:`takes`),
@@ -89,7 +89,7 @@ def _epilogue(v, scale, os_ptr, GELU_Q: tl.constexpr):
     FP8 requant with the scale at ``os_ptr`` (as :func:`.quant.quant_static`)."""
     v = v * scale
     if GELU_Q:
-        v = 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
+        v = gelu(v)
         v = tl.minimum(tl.maximum(v / tl.load(os_ptr), -448.0), 448.0)
     return v
 
@@ -162,6 +162,7 @@ def _fp8_decode_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, y_ptr, part_ptr, cnt_p
                 tl.store(part_ptr + p_off, tl.zeros((BM, BN), dtype=tl.float32), mask=out)  # zero for the next call
             tl.store(y_ptr + y_off, _epilogue(total, scale, os_ptr, GELU_Q).to(y_ptr.dtype.element_ty), mask=out)
             tl.store(cnt_ptr + tile, 0)
+
 
 def decode_mm_ref(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
                   out_dtype=torch.bfloat16, gelu_out_scale: torch.Tensor | None = None) -> torch.Tensor:

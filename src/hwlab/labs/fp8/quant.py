@@ -197,13 +197,19 @@ def _add_rmsnorm_kernel(x_ptr, r_ptr, sum_ptr, y_ptr, s_ptr, n_cols, stride_x, s
 
 
 @triton.jit
+def gelu(x):
+    """Exact (erf) GELU, as ``F.gelu``."""
+    return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+
+
+@triton.jit
 def _quant_static_kernel(x_ptr, s_ptr, q_ptr, n, BLOCK: tl.constexpr, GELU: tl.constexpr, PDL: tl.constexpr = False):
     pdl_enter(PDL)
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = o < n
     x = tl.load(x_ptr + o, mask=m, other=0.0).to(tl.float32)
     if GELU:  # exact (erf) GELU first, as F.gelu: the MLP's activation and the requant in one pass
-        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+        x = gelu(x)
     q = tl.minimum(tl.maximum(x / tl.load(s_ptr), -448.0), 448.0)
     tl.store(q_ptr + o, q.to(q_ptr.dtype.element_ty), mask=m)
 

@@ -28,7 +28,8 @@ import torch
 from ... import tritonenv
 from . import workspace as W
 from .attention import (DEFAULT_TILE, LOG2E, AttnTile, _decode_attn_partial, _pdl_args, _softmax_step, check_decode_args,
-                        chunk_for, combine_splits, decode_attention_ref, kv_store_ref, split_count)
+                        chunk_for, combine_splits, decode_attention_ref, kv_store_ref, new_kv_args, split_buffers,
+                        split_count)
 from .kernels import rel_err
 from .model import Decoder, ModelConfig, QLinear
 from .quant import (BLOCK, FP8, FP8_MAX, _row_amax_kernel, fence_gpu, quant_static_ref, quant_tensor_ref,
@@ -295,9 +296,7 @@ def decode_attention_variant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         raise ValueError("decode_attention reads contiguous (B, H, T, D) caches")
     B, H, _, D = q.shape
     n_splits = triton.cdiv(k_cache.shape[2] if per_row else n_ctx, tile.chunk)
-    m = torch.empty((B * H, n_splits), dtype=torch.float32, device=q.device)
-    l = torch.empty_like(m)
-    acc = torch.empty((B * H, n_splits, D), dtype=torch.float32, device=q.device)
+    m, l, acc = split_buffers(q, n_splits)
     if q.stride(3) != 1:
         q = q.contiguous()
     _decode_attn_partial_variants[(B * H, n_splits)](
@@ -426,15 +425,9 @@ def decode_attention_round8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     n_positions = k_cache.shape[2] if per_row else n_ctx
     chunk = chunk_for_gpu(tile, B * H, n_positions, programs_per_sm, sm_count(q.device))
     n_splits = split_count(n_positions, chunk)
-    m = torch.empty((B * H, n_splits), dtype=torch.float32, device=q.device)
-    l = torch.empty_like(m)
-    acc = torch.empty((B * H, n_splits, D), dtype=torch.float32, device=q.device)
+    m, l, acc = split_buffers(q, n_splits)
     q = q if q.stride(3) == 1 else q.contiguous()
-    extra = {}
-    if new_kv is not None:
-        k_new, v_new = (t if t.stride(3) == 1 else t.contiguous() for t in new_kv)
-        extra = dict(kn_ptr=k_new, vn_ptr=v_new, stride_kb=k_new.stride(0), stride_kh=k_new.stride(1),
-                     stride_vb=v_new.stride(0), stride_vh=v_new.stride(1), NEW_KV=True)
+    extra = new_kv_args(new_kv)
     out = None
     if fused_combine:
         out = torch.empty((B, H, 1, D), dtype=q.dtype if out_scale is None else FP8, device=q.device)
@@ -543,9 +536,7 @@ def decode_attention_interleaved(q: torch.Tensor, kv: torch.Tensor, kv_scale: to
                                     kv_scale, n_ctx)
     chunk = chunk_for(tile, B * H, n_ctx)
     n_splits = split_count(n_ctx, chunk)
-    m = torch.empty((B * H, n_splits), dtype=torch.float32, device=q.device)
-    l = torch.empty_like(m)
-    acc = torch.empty((B * H, n_splits, D), dtype=torch.float32, device=q.device)
+    m, l, acc = split_buffers(q, n_splits)
     q = q if q.stride(3) == 1 else q.contiguous()
     _decode_attn_partial_kvi[(n_splits, B * H)](q, kv, kv if v_cache is None else v_cache, kv_scale.reshape(1).float(),
                                                 m, l, acc, n_ctx, T, n_splits, LOG2E / math.sqrt(D), H, q.stride(0),
