@@ -32,12 +32,15 @@ ROOT = Path(__file__).resolve().parents[1]
 #: (label, block_t, warps, FP8 cache, kernel): "lab" the lab's kernel; "fp32 math" and "tensor cores"
 #: research's round-2 kernel (:func:`~hwlab.labs.fp8.research.decode_attention_variant`), elementwise in
 #: float32 (what round 3's fp16 math replaced) and with the products on the tensor cores (round 9's
-#: flash-decoding shape at 64 positions and 4 warps)
+#: flash-decoding shape at 64 positions and 4 warps); "lean" round 10's loop
+#: (:func:`~hwlab.labs.fp8.research.decode_attention_lean`)
 TILES = (("lab tile, FP8 cache", A.DEFAULT_TILE.block_t, A.DEFAULT_TILE.num_warps, True, "lab"),
          ("32 per step, FP8 cache", 32, 1, True, "lab"),
          ("lab tile, bf16 cache", A.DEFAULT_TILE.block_t, A.DEFAULT_TILE.num_warps, False, "lab"),
          ("round 2's fp32 math, FP8 cache", A.DEFAULT_TILE.block_t, 1, True, "fp32 math"),
-         ("tensor cores, 64 per step, 4 warps, FP8 cache", 64, 4, True, "tensor cores"))
+         ("tensor cores, 64 per step, 4 warps, FP8 cache", 64, 4, True, "tensor cores"),
+         ("round 10's lean loop, lab tile, FP8 cache", A.DEFAULT_TILE.block_t, A.DEFAULT_TILE.num_warps, True, "lean"),
+         ("round 10's lean loop, 32 per step, FP8 cache", 32, 1, True, "lean"))
 D = 128
 #: H200: SMs, schedulers per SM; SDPA's GB/s on bf16 at 32k and the SM clocks (MHz) read after the
 #: kit's and after SDPA's sustained blocks, call 9 (benchmarks/results/round9/lab04_timing_method_h200.json)
@@ -52,8 +55,8 @@ def main(out_path: str) -> None:
               for w in ("kit", "sdpa")}
     rows = []
     for label, bt, warps, fp8, kernel in TILES:
-        if kernel == "lab":
-            fn, sig = A._decode_attn_partial, S.LAB_SIG
+        if kernel in ("lab", "lean"):  # one signature: the lean kernel is the lab's with another loop
+            fn, sig = (A._decode_attn_partial if kernel == "lab" else R._decode_attn_partial_lean), S.LAB_SIG
             c = {"D": D, "CHUNK": A.DEFAULT_TILE.chunk, "BLOCK_T": bt, "PER_ROW": False, "F16": fp8, **S.LAB_OFF}
         else:
             fn, sig = R._decode_attn_partial_variants, S.VARIANT_SIG

@@ -17,6 +17,9 @@ interpreter) so a finding there can be re-measured with the code that produced i
 * :func:`decode_attention_interleaved`: the lab's decode attention on a cache whose K and V are
   interleaved per block of positions (:func:`interleave_kv`), one stream per program instead of
   two (LAB04_NOTES.md round 9).
+* :func:`decode_attention_lean`: the lab's decode attention whose loop on an FP8 cache issues
+  fewer instructions per byte (output and sum kept per position row, unmasked full steps;
+  LAB04_NOTES.md round 10).
 """
 from __future__ import annotations
 
@@ -27,12 +30,13 @@ import torch
 
 from ... import tritonenv
 from . import workspace as W
-from .attention import (DEFAULT_TILE, LOG2E, AttnTile, _decode_attn_partial, _pdl_args, _softmax_step, check_decode_args,
-                        chunk_for, combine_splits, decode_attention_ref, kv_store_ref, new_kv_args, split_buffers,
-                        split_count)
+from . import attention as _attention
+from .attention import (DEFAULT_TILE, LOG2E, AttnTile, _attend_chunk, _decode_attn_partial,
+                        _pdl_args, _softmax_step, _write_new_kv, check_decode_args, chunk_for, combine_splits,
+                        decode_attention_ref, kv_store_ref, new_kv_args, split_buffers, split_count)
 from .kernels import rel_err
 from .model import Decoder, ModelConfig, QLinear
-from .quant import (BLOCK, FP8, FP8_MAX, _row_amax_kernel, fence_gpu, quant_static_ref, quant_tensor_ref,
+from .quant import (BLOCK, FP8, FP8_MAX, _row_amax_kernel, fence_gpu, pdl_enter, quant_static_ref, quant_tensor_ref,
                     use_triton_for)
 import triton
 import triton.language as tl
@@ -586,3 +590,130 @@ def self_check(device=None, act_dtype: torch.dtype | None = None, seed: int = 0)
                                                             prefetch=pf), decode_attention_ref(qq, kk, vv, scale, n))
                            for n in (1, 255, 257, T))
     return out
+
+
+# ---------------------------------------------------------------- fewer instructions per byte (round 10)
+#: largest fp16 value: an FP8 cache's per-position output sums stay below it (:func:`decode_attention_lean`)
+FP16_MAX = 65504.0
+
+
+@triton.jit
+def _lean_step(k_raw, v_raw, tm, q16, m_i, l2, acc2, MASK: tl.constexpr, BLOCK_T: tl.constexpr, D: tl.constexpr):
+    """One step of round 10's online softmax on an FP8 cache (:func:`_attend_chunk_lean`): the
+    scores summed in fp16 within a thread and in float32 across threads; the running output
+    ``acc2`` (BLOCK_T, D) in fp16 and the running sum ``l2`` (BLOCK_T,) kept per position row, so
+    that no step sums across the warp; both rescaled only when the running max ``m_i`` grows."""
+    prod = k_raw.to(tl.float16) * q16[None, :]
+    s = tl.sum(tl.sum(tl.reshape(prod, (BLOCK_T, D // 16, 16)), 2).to(tl.float32), 1)
+    if MASK:
+        s = tl.where(tm, s, -float("inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 0))
+    p = tl.exp2(s - m_new)
+    if m_new > m_i:  # rare after the first steps: most steps skip the rescale
+        alpha = tl.exp2(m_i - m_new)
+        acc2 = acc2 * alpha.to(tl.float16)
+        l2 = l2 * alpha
+    acc2 += p.to(tl.float16)[:, None] * v_raw.to(tl.float16)
+    return m_new, l2 + p, acc2
+
+
+@triton.jit
+def _attend_chunk_lean(q, k_ptr, v_ptr, base, start, hi, D: tl.constexpr, BLOCK_T: tl.constexpr):
+    """:func:`.attention._attend_chunk` on an FP8 cache with fewer instructions per byte (LAB04_NOTES.md
+    round 10): the output and sum accumulate per position row (summed over the rows once, after
+    the loop, instead of across the warp's threads every step), the full steps load unmasked and
+    one masked step reads the remainder. Same results: partial max (log2 units), sum, output."""
+    d = tl.arange(0, D)
+    tr = tl.arange(0, BLOCK_T)
+    q16 = q.to(tl.float16)
+    m_i = -float("inf")
+    l2 = tl.zeros((BLOCK_T,), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_T, D), dtype=tl.float16)
+    full = start + tl.maximum(hi - start, 0) // BLOCK_T * BLOCK_T
+    for t0 in range(start, full, BLOCK_T):
+        off = base + (t0 + tr)[:, None] * D + d[None, :]
+        k_raw = tl.load(k_ptr + off, eviction_policy="evict_first")
+        v_raw = tl.load(v_ptr + off, eviction_policy="evict_first")
+        m_i, l2, acc2 = _lean_step(k_raw, v_raw, tr < BLOCK_T, q16, m_i, l2, acc2, False, BLOCK_T, D)
+    if full < hi:
+        t = full + tr
+        tm = t < hi
+        off = base + t[:, None] * D + d[None, :]
+        k_raw = tl.load(k_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
+        v_raw = tl.load(v_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
+        m_i, l2, acc2 = _lean_step(k_raw, v_raw, tm, q16, m_i, l2, acc2, True, BLOCK_T, D)
+    return m_i, tl.sum(l2, 0), tl.sum(acc2.to(tl.float32), 0)
+
+
+@triton.jit
+def _decode_attn_partial_lean(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_ptr,
+                              n_ctx, nctx_ptr, max_ctx, n_splits, qk_scale, H, stride_qb, stride_qh,
+                              D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, PER_ROW: tl.constexpr,
+                              F16: tl.constexpr, PDL: tl.constexpr = False, kn_ptr=None, vn_ptr=None,
+                              stride_kb=0, stride_kh=0, stride_vb=0, stride_vh=0, NEW_KV: tl.constexpr = False):
+    """:func:`.attention._decode_attn_partial` (its arguments, grid and stores) whose loop on an
+    FP8 cache is :func:`_attend_chunk_lean`; a 16-bit cache keeps the lab's loop."""
+    pdl_enter(PDL)
+    sp = tl.program_id(0)
+    bh = tl.program_id(1)
+    start = sp * CHUNK
+    if PER_ROW:
+        n_ctx = tl.load(nctx_ptr + bh // H)
+    hi = tl.where(sp == n_splits - 1, n_ctx, tl.minimum(start + CHUNK, n_ctx))
+    d = tl.arange(0, D)
+    kv_scale = tl.load(kv_scale_ptr)
+    q = tl.load(q_ptr + (bh // H) * stride_qb + (bh % H) * stride_qh + d).to(tl.float32) * (qk_scale * kv_scale)
+    base = bh.to(tl.int64) * max_ctx * D
+    if NEW_KV:
+        if sp == n_splits - 1:
+            _write_new_kv(kn_ptr, vn_ptr, k_ptr, v_ptr, base + (n_ctx - 1) * D, bh, H, stride_kb, stride_kh,
+                          stride_vb, stride_vh, kv_scale, D, F16)
+        tl.debug_barrier()
+    if F16:
+        m_i, l_i, acc = _attend_chunk_lean(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T)
+    else:
+        m_i, l_i, acc = _attend_chunk(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, F16)
+    o = bh * n_splits + sp
+    tl.store(m_ptr + o, m_i * 0.6931471805599453)
+    tl.store(l_ptr + o, l_i)
+    tl.store(acc_ptr + o * D + d, acc * kv_scale)
+
+
+def lean_steps_fit(tile: AttnTile, chunk: int) -> bool:
+    """Whether :func:`_attend_chunk_lean`'s fp16 output rows cannot overflow: each row adds one
+    position per step, each term at most 448 (p <= 1 times an e4m3 value), over at most
+    ``(1 + attention.MERGE_TAIL_FRACTION) * chunk / block_t`` steps (the last split runs to the row's end)."""
+    return (1 + _attention.MERGE_TAIL_FRACTION) * chunk / tile.block_t * FP8_MAX <= FP16_MAX
+
+
+def decode_attention_lean(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_scale: torch.Tensor,
+                          n_ctx: int | torch.Tensor, use_triton: bool | None = None, tile: AttnTile = DEFAULT_TILE,
+                          out_scale: torch.Tensor | None = None,
+                          new_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """:func:`.attention.decode_attention` (same arguments, checks, splits and combine) whose
+    partial kernel is :func:`_decode_attn_partial_lean`: round 10's loop on an FP8 cache."""
+    per_row = check_decode_args(q, k_cache, v_cache, n_ctx)
+    if new_kv is not None and (per_row or new_kv[0].shape != q.shape or new_kv[1].shape != q.shape):
+        raise ValueError("new_kv is this step's (k, v), each shaped as q (B, H, 1, D), with one length for all rows")
+    if not use_triton_for(q, use_triton):
+        if new_kv is not None:
+            kv_store_ref(new_kv[0], new_kv[1], k_cache, v_cache, kv_scale, n_ctx - 1)
+        out = decode_attention_ref(q, k_cache, v_cache, kv_scale, n_ctx)
+        return out if out_scale is None else quant_static_ref(out, out_scale)
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("decode_attention reads contiguous (B, H, T, D) caches")
+    B, H, _, D = q.shape
+    n_positions = k_cache.shape[2] if per_row else n_ctx
+    chunk = chunk_for(tile, B * H, n_positions)
+    if k_cache.dtype == FP8 and not lean_steps_fit(tile, chunk):
+        raise ValueError(f"{tile}: chunk {chunk} over block_t {tile.block_t} steps could overflow the fp16 output rows")
+    n_splits = split_count(n_positions, chunk)
+    m, l, acc = split_buffers(q, n_splits)
+    q = q if q.stride(3) == 1 else q.contiguous()
+    _decode_attn_partial_lean[(n_splits, B * H)](q, k_cache, v_cache, kv_scale.reshape(1).float(), m, l, acc,
+                                                 0 if per_row else n_ctx, n_ctx if per_row else m, k_cache.shape[2],
+                                                 n_splits, LOG2E / math.sqrt(D), H, q.stride(0), q.stride(1), D=D,
+                                                 CHUNK=chunk, BLOCK_T=tile.block_t, PER_ROW=per_row,
+                                                 F16=k_cache.dtype == FP8, num_warps=tile.num_warps,
+                                                 num_stages=tile.num_stages, **new_kv_args(new_kv), **_pdl_args(q))
+    return combine_splits(m, l, acc, q, out_scale)

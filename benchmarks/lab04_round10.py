@@ -1,0 +1,180 @@
+"""Lab 4, round 10 (issue #19): the FP8 decode attention with fewer instructions per byte.
+
+    python benchmarks/lab04_round10.py OUT.json [--rounds 7] [--parts attn,step]
+
+Round 9 (LAB04_NOTES.md items 10-11) measured the kit's FP8 attention slower under sustained load
+with the SM clock pulled down, where SDPA is not, and counted its loop on a CPU at 122 warp
+instructions per KB read; most of the excess was the output summed across the warp's threads every
+step, one fp16 value per shuffle. :func:`hwlab.labs.fp8.research.decode_attention_lean` keeps the
+output and the sum per position row and sums them once after the loop, sums the scores across
+threads in float32, and loads the full steps unmasked: 76 per KB in the same count
+(``results/round10/lab04_sass_mix_cpu.json``).
+
+Part ``attn``: the lab's kernel, the lean loop (the lab's tile and 32 positions per step) and SDPA
+on the bf16 cache, one CUDA graph over 8 layers' caches at T = context, each checked against the
+float32 reference first; timed both ways round 9 compared (``lab04_timing_method.py``): each
+graph's replays in one sustained block (the lab's method; twice, in opposite orders, with the SM
+clock read after each block) and alternated with a sync per replay (the round scripts' A/B).
+
+Part ``step``: the fixed path's decode step at 512, 4k and 32k with the lab's attention and with
+the lean one (``model.K.decode_attention`` swapped), CUDA graphs, timed both ways as well.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lab04_round6 as r6  # noqa: E402
+from lab04_timing_method import sm_clock_mhz  # noqa: E402
+
+from hwlab.labs import fp8 as lab  # noqa: E402
+from hwlab.labs.fp8 import attention as A  # noqa: E402
+from hwlab.labs.fp8 import model  # noqa: E402
+from hwlab.labs.fp8 import research as R  # noqa: E402
+from hwlab.measure import time_fn  # noqa: E402
+from hwlab.measure_graph import capture_graph  # noqa: E402
+from hwlab.store import write_json_atomic  # noqa: E402
+
+ATTN_SHAPES = ((512, 16), (4096, 16), (32768, 4))
+#: part ``attn``'s kernels: name -> the decode attention function (the lab's signature)
+KERNELS = {
+    "lab": A.decode_attention,
+    "lean": R.decode_attention_lean,
+    "lean, 32 per step": functools.partial(R.decode_attention_lean, tile=A.AttnTile(block_t=32)),
+}
+#: part ``step``'s choices: name -> the decoder's attention function
+STEP_CHOICES = {"lab": A.decode_attention, "lean": R.decode_attention_lean}
+BLOCK_REPS = 20
+
+
+@contextlib.contextmanager
+def attention_as(fn):
+    """The decoder's attention calls go to ``fn`` (``model.K.decode_attention``), put back after."""
+    old = model.K.decode_attention
+    try:
+        model.K.decode_attention = fn
+        yield
+    finally:
+        model.K.decode_attention = old
+
+
+def both_methods(graphs: dict, rounds: int, per: int) -> dict:
+    """Each graph timed as one sustained block (:func:`hwlab.measure.time_fn`, twice, in opposite
+    orders, the SM clock read after each block) and alternated with a sync per replay
+    (:func:`lab04_round6.alternate`); ``per``: replays' units per graph (layers, or 1 for a step).
+    Medians in us per unit."""
+    names = list(graphs)
+    blocks = []
+    for order in (names, names[::-1]):
+        for name in order:
+            t = time_fn(graphs[name].replay, [()], torch.device("cuda"), n_rep=BLOCK_REPS)
+            blocks.append({"way": name, "us": t.median_ms * 1e3 / per,
+                           "p10_p90_us": [t.p10_ms * 1e3 / per, t.p90_ms * 1e3 / per], "sm_mhz_after": sm_clock_mhz()})
+    ms = r6.alternate(graphs, rounds)
+    return {"sustained_us": {k: statistics.median(b["us"] for b in blocks if b["way"] == k) for k in names},
+            "blocks": blocks,
+            "alternate_us": {k: statistics.median(v) * 1e3 / per for k, v in ms.items()},
+            "alternate_ms_rounds": ms}
+
+
+def attn_part(rounds: int) -> list:
+    dev = torch.device("cuda")
+    cfg = lab.H200_SIZE
+    n = cfg.n_layers
+    rows = []
+    for ctx, batch in ATTN_SHAPES:
+        kb, vb, q, s8, kf, vf, ref8, ref16 = r6.attn_inputs(cfg, batch, ctx, dev)
+        graphs, errs = {}, {}
+        with torch.no_grad():
+            for name, fn in KERNELS.items():
+                cap = capture_graph(lambda fn=fn: [fn(q, kf[i], vf[i], s8, ctx) for i in range(n)], dev)
+                cap.replay()
+                torch.cuda.synchronize()
+                errs[name] = float((cap.out[0].float() - ref8).norm() / ref8.norm())
+                if errs[name] < A.FP8_CACHE_MATH_REL:
+                    graphs[name] = cap
+                else:
+                    print(f"attn {ctx} x{batch}: {name} wrong ({errs[name]:.2e}), not timed", flush=True)
+            graphs["sdpa"], errs["sdpa"] = r6.sdpa_graph(q, kb, vb, ref16, dev)
+            t = both_methods(graphs, rounds, n)
+        bytes8 = 2 * kf[0].numel()
+        row = {"ctx": ctx, "batch": batch, "T": ctx, "n_layers": n, "rel_err_vs_float32": errs, **t}
+        for method in ("sustained", "alternate"):
+            us = t[f"{method}_us"]
+            gbps = {k: (2 * bytes8 if k == "sdpa" else bytes8) / v / 1e3 for k, v in us.items()}
+            row[f"{method}_gbps"] = gbps
+            row[f"{method}_over_sdpa"] = {k: g / gbps["sdpa"] for k, g in gbps.items()}
+            print(f"attn {ctx} x{batch} {method}: " + ", ".join(
+                f"{k} {us[k]:.1f} us {gbps[k]:.0f} GB/s ({row[f'{method}_over_sdpa'][k]:.1%})" for k in us), flush=True)
+        print("  clocks after blocks:", [(b["way"], b["sm_mhz_after"]) for b in t["blocks"]], flush=True)
+        rows.append(row)
+        del graphs, kb, vb, kf, vf
+        torch.cuda.empty_cache()
+    return rows
+
+
+def step_part(rounds: int) -> list:
+    dev = torch.device("cuda")
+    m = lab.Decoder(lab.H200_SIZE, "fixed")
+    rows = []
+    for ctx, batch in ATTN_SHAPES:
+        g = torch.Generator().manual_seed(2)
+        toks = torch.randint(0, m.cfg.vocab, (batch, ctx + 1), generator=g).to(dev)
+        cache = m.new_cache(batch, ctx + 1)
+        with torch.no_grad():
+            m(toks[:, :ctx], cache)
+
+            def decode():
+                cache.len = ctx
+                return m(toks[:, ctx:ctx + 1], cache)
+
+            graphs = {}
+            for name, fn in STEP_CHOICES.items():
+                with attention_as(fn):
+                    graphs[name] = capture_graph(decode, dev)
+            outs = {}
+            for k, c in graphs.items():
+                c.replay()
+                torch.cuda.synchronize()
+                outs[k] = c.out.float().clone()
+            diff = {k: float((o - outs["lab"]).norm() / outs["lab"].norm()) for k, o in outs.items()}
+            t = both_methods(graphs, rounds, 1)
+        row = {"ctx": ctx, "batch": batch, "path": "fixed", "logits_rel_diff_vs_lab": diff, **t}
+        rows.append(row)
+        for method in ("sustained", "alternate"):
+            print(f"step fixed {ctx} x{batch} {method}: " + ", ".join(f"{k} {v / 1e3:.4f} ms"
+                                                                     for k, v in t[f"{method}_us"].items()), flush=True)
+        del graphs, cache
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--parts", default="attn,step")
+    a = ap.parse_args()
+    t0 = time.time()
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "triton": __import__("triton").__version__, "rounds": a.rounds, "block_reps": BLOCK_REPS,
+           "kernels": list(KERNELS), "step_choices": list(STEP_CHOICES)}
+    parts = a.parts.split(",")
+    if "attn" in parts:
+        res["attn"] = attn_part(a.rounds)
+    if "step" in parts:
+        res["step"] = step_part(a.rounds)
+    res["elapsed_s"] = time.time() - t0
+    write_json_atomic(a.out, res, overwrite=True)  # a re-run replaces its own output
+
+
+if __name__ == "__main__":
+    sys.exit(main())
