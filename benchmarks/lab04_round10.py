@@ -45,13 +45,21 @@ from hwlab.store import write_json_atomic  # noqa: E402
 
 ATTN_SHAPES = ((512, 16), (4096, 16), (32768, 4))
 #: part ``attn``'s kernels: name -> the decode attention function (the lab's signature)
+#: (call 1 ran the first three; call 2 all: after call 1 found the lean loop no faster, the lab's loop
+#: with more programs resident per SM, its registers capped at 64 so that 32 one-warp programs fit)
 KERNELS = {
     "lab": A.decode_attention,
     "lean": R.decode_attention_lean,
     "lean, 32 per step": functools.partial(R.decode_attention_lean, tile=A.AttnTile(block_t=32)),
+    "lab, 64 registers": functools.partial(R.decode_attention_round8, maxnreg=64),
+    "lab, 32 per step, 2 warps, 64 registers": functools.partial(R.decode_attention_round8, maxnreg=64,
+                                                                 tile=A.AttnTile(block_t=32, num_warps=2)),
+    "lean, 2 warps": functools.partial(R.decode_attention_lean, tile=A.AttnTile(block_t=32, num_warps=2)),
 }
 #: part ``step``'s choices: name -> the decoder's attention function
-STEP_CHOICES = {"lab": A.decode_attention, "lean": R.decode_attention_lean}
+STEP_CHOICES = {"lab": A.decode_attention, "lean": R.decode_attention_lean,
+                "lab, 64 registers": KERNELS["lab, 64 registers"],
+                "lean, 32 per step": KERNELS["lean, 32 per step"]}
 BLOCK_REPS = 20
 
 
@@ -85,7 +93,7 @@ def both_methods(graphs: dict, rounds: int, per: int) -> dict:
             "alternate_ms_rounds": ms}
 
 
-def attn_part(rounds: int) -> list:
+def attn_part(rounds: int, names) -> list:
     dev = torch.device("cuda")
     cfg = lab.H200_SIZE
     n = cfg.n_layers
@@ -94,7 +102,8 @@ def attn_part(rounds: int) -> list:
         kb, vb, q, s8, kf, vf, ref8, ref16 = r6.attn_inputs(cfg, batch, ctx, dev)
         graphs, errs = {}, {}
         with torch.no_grad():
-            for name, fn in KERNELS.items():
+            for name in names:
+                fn = KERNELS[name]
                 cap = capture_graph(lambda fn=fn: [fn(q, kf[i], vf[i], s8, ctx) for i in range(n)], dev)
                 cap.replay()
                 torch.cuda.synchronize()
@@ -121,7 +130,7 @@ def attn_part(rounds: int) -> list:
     return rows
 
 
-def step_part(rounds: int) -> list:
+def step_part(rounds: int, names) -> list:
     dev = torch.device("cuda")
     m = lab.Decoder(lab.H200_SIZE, "fixed")
     rows = []
@@ -137,8 +146,8 @@ def step_part(rounds: int) -> list:
                 return m(toks[:, ctx:ctx + 1], cache)
 
             graphs = {}
-            for name, fn in STEP_CHOICES.items():
-                with attention_as(fn):
+            for name in names:
+                with attention_as(STEP_CHOICES[name]):
                     graphs[name] = capture_graph(decode, dev)
             outs = {}
             for k, c in graphs.items():
@@ -162,16 +171,18 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--parts", default="attn,step")
+    ap.add_argument("--kernels", default=";".join(KERNELS), help="part attn's kernels, by name, separated by ;")
+    ap.add_argument("--step-choices", default=";".join(STEP_CHOICES), help="part step's choices, by name, separated by ;")
     a = ap.parse_args()
     t0 = time.time()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": __import__("triton").__version__, "rounds": a.rounds, "block_reps": BLOCK_REPS,
-           "kernels": list(KERNELS), "step_choices": list(STEP_CHOICES)}
+           "kernels": a.kernels.split(";"), "step_choices": a.step_choices.split(";")}
     parts = a.parts.split(",")
     if "attn" in parts:
-        res["attn"] = attn_part(a.rounds)
+        res["attn"] = attn_part(a.rounds, a.kernels.split(";"))
     if "step" in parts:
-        res["step"] = step_part(a.rounds)
+        res["step"] = step_part(a.rounds, a.step_choices.split(";"))
     res["elapsed_s"] = time.time() - t0
     write_json_atomic(a.out, res, overwrite=True)  # a re-run replaces its own output
 

@@ -408,10 +408,12 @@ def decode_attention_round8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             n_ctx: int | torch.Tensor, use_triton: bool | None = None, tile: AttnTile = DEFAULT_TILE,
                             out_scale: torch.Tensor | None = None,
                             new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
-                            programs_per_sm: int = 0, fused_combine: bool = False) -> torch.Tensor:
+                            programs_per_sm: int = 0, fused_combine: bool = False,
+                            maxnreg: int | None = None) -> torch.Tensor:
     """:func:`.attention.decode_attention` (same arguments, checks and result) with round 8's
     switches: ``programs_per_sm`` > 0 sizes the splits from the SM count (:func:`chunk_for_gpu`),
-    ``fused_combine`` lets the last program of each (batch, head) combine the splits."""
+    ``fused_combine`` lets the last program of each (batch, head) combine the splits; and round
+    10's ``maxnreg``, the registers per thread the compiler may use (:func:`launch_limits`)."""
     if not (isinstance(programs_per_sm, int) and programs_per_sm >= 0 and isinstance(fused_combine, bool)):
         raise ValueError(f"programs_per_sm >= 0 (0: the lab's chunk rule) and fused_combine a bool; got "
                          f"{programs_per_sm!r}, {fused_combine!r}")
@@ -444,8 +446,17 @@ def decode_attention_round8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                                                n_splits, LOG2E / math.sqrt(D), H, q.stride(0), q.stride(1), D=D,
                                                CHUNK=chunk, BLOCK_T=tile.block_t, PER_ROW=per_row,
                                                F16=k_cache.dtype == FP8, num_warps=tile.num_warps,
-                                               num_stages=tile.num_stages, **extra, **_pdl_args(q))
+                                               num_stages=tile.num_stages, **extra, **_pdl_args(q),
+                                               **launch_limits(maxnreg))
     return out if fused_combine else combine_splits(m, l, acc, q, out_scale)
+
+
+def launch_limits(maxnreg: int | None) -> dict:
+    """Triton's ``maxnreg`` launch option (a register cap per thread, as ``__launch_bounds__``
+    or ``-maxrregcount`` in CUDA C++) where a compiled kernel runs; the interpreter takes none."""
+    if maxnreg is not None and not (isinstance(maxnreg, int) and 16 <= maxnreg <= 255):
+        raise ValueError(f"maxnreg is None or a register count in 16..255; got {maxnreg!r}")
+    return {"maxnreg": maxnreg} if maxnreg and not tritonenv.INTERPRETED else {}
 
 
 # ---------------------------------------------------------------- K and V interleaved per block
@@ -618,11 +629,15 @@ def _lean_step(k_raw, v_raw, tm, q16, m_i, l2, acc2, MASK: tl.constexpr, BLOCK_T
 
 
 @triton.jit
-def _attend_chunk_lean(q, k_ptr, v_ptr, base, start, hi, D: tl.constexpr, BLOCK_T: tl.constexpr):
+def _attend_chunk_lean(q, k_ptr, v_ptr, base, start, hi, D: tl.constexpr, BLOCK_T: tl.constexpr,
+                       PREFETCH: tl.constexpr = 0):
     """:func:`.attention._attend_chunk` on an FP8 cache with fewer instructions per byte (LAB04_NOTES.md
     round 10): the output and sum accumulate per position row (summed over the rows once, after
     the loop, instead of across the warp's threads every step), the full steps load unmasked and
-    one masked step reads the remainder. Same results: partial max (log2 units), sum, output."""
+    one masked step reads the remainder. Same results: partial max (log2 units), sum, output.
+    ``PREFETCH``: 1 loads the next step's V, 2 its K and V, while this step computes (registers
+    carried by the loop: more bytes in flight per warp; the compiler otherwise issues a step's V
+    loads only after its K is used)."""
     d = tl.arange(0, D)
     tr = tl.arange(0, BLOCK_T)
     q16 = q.to(tl.float16)
@@ -630,10 +645,25 @@ def _attend_chunk_lean(q, k_ptr, v_ptr, base, start, hi, D: tl.constexpr, BLOCK_
     l2 = tl.zeros((BLOCK_T,), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_T, D), dtype=tl.float16)
     full = start + tl.maximum(hi - start, 0) // BLOCK_T * BLOCK_T
+    rows = tr[:, None] * D + d[None, :]
+    first = (start < full) & (tr < BLOCK_T)
+    if PREFETCH == 2:
+        k_next = tl.load(k_ptr + base + start * D + rows, mask=first[:, None], other=0.0, eviction_policy="evict_first")
+    if PREFETCH >= 1:
+        v_next = tl.load(v_ptr + base + start * D + rows, mask=first[:, None], other=0.0, eviction_policy="evict_first")
     for t0 in range(start, full, BLOCK_T):
-        off = base + (t0 + tr)[:, None] * D + d[None, :]
-        k_raw = tl.load(k_ptr + off, eviction_policy="evict_first")
-        v_raw = tl.load(v_ptr + off, eviction_policy="evict_first")
+        off = base + t0 * D + rows
+        more = (t0 + BLOCK_T < full) & (tr < BLOCK_T)
+        if PREFETCH == 2:
+            k_raw = k_next
+            k_next = tl.load(k_ptr + off + BLOCK_T * D, mask=more[:, None], other=0.0, eviction_policy="evict_first")
+        else:
+            k_raw = tl.load(k_ptr + off, eviction_policy="evict_first")
+        if PREFETCH >= 1:
+            v_raw = v_next
+            v_next = tl.load(v_ptr + off + BLOCK_T * D, mask=more[:, None], other=0.0, eviction_policy="evict_first")
+        else:
+            v_raw = tl.load(v_ptr + off, eviction_policy="evict_first")
         m_i, l2, acc2 = _lean_step(k_raw, v_raw, tr < BLOCK_T, q16, m_i, l2, acc2, False, BLOCK_T, D)
     if full < hi:
         t = full + tr
@@ -650,9 +680,10 @@ def _decode_attn_partial_lean(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, a
                               n_ctx, nctx_ptr, max_ctx, n_splits, qk_scale, H, stride_qb, stride_qh,
                               D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, PER_ROW: tl.constexpr,
                               F16: tl.constexpr, PDL: tl.constexpr = False, kn_ptr=None, vn_ptr=None,
-                              stride_kb=0, stride_kh=0, stride_vb=0, stride_vh=0, NEW_KV: tl.constexpr = False):
+                              stride_kb=0, stride_kh=0, stride_vb=0, stride_vh=0, NEW_KV: tl.constexpr = False,
+                              PREFETCH: tl.constexpr = 0):
     """:func:`.attention._decode_attn_partial` (its arguments, grid and stores) whose loop on an
-    FP8 cache is :func:`_attend_chunk_lean`; a 16-bit cache keeps the lab's loop."""
+    FP8 cache is :func:`_attend_chunk_lean` (``PREFETCH`` its); a 16-bit cache keeps the lab's loop."""
     pdl_enter(PDL)
     sp = tl.program_id(0)
     bh = tl.program_id(1)
@@ -670,7 +701,7 @@ def _decode_attn_partial_lean(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, a
                           stride_vb, stride_vh, kv_scale, D, F16)
         tl.debug_barrier()
     if F16:
-        m_i, l_i, acc = _attend_chunk_lean(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T)
+        m_i, l_i, acc = _attend_chunk_lean(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, PREFETCH)
     else:
         m_i, l_i, acc = _attend_chunk(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, F16)
     o = bh * n_splits + sp
@@ -689,9 +720,14 @@ def lean_steps_fit(tile: AttnTile, chunk: int) -> bool:
 def decode_attention_lean(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_scale: torch.Tensor,
                           n_ctx: int | torch.Tensor, use_triton: bool | None = None, tile: AttnTile = DEFAULT_TILE,
                           out_scale: torch.Tensor | None = None,
-                          new_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                          new_kv: tuple[torch.Tensor, torch.Tensor] | None = None, prefetch: int = 0,
+                          maxnreg: int | None = None) -> torch.Tensor:
     """:func:`.attention.decode_attention` (same arguments, checks, splits and combine) whose
-    partial kernel is :func:`_decode_attn_partial_lean`: round 10's loop on an FP8 cache."""
+    partial kernel is :func:`_decode_attn_partial_lean`: round 10's loop on an FP8 cache.
+    ``prefetch``: 0, or 1 (the next step's V) or 2 (its K and V) loaded while a step computes;
+    ``maxnreg``: :func:`launch_limits`."""
+    if prefetch not in (0, 1, 2):
+        raise ValueError(f"prefetch is 0 (none), 1 (the next step's V) or 2 (its K and V); got {prefetch!r}")
     per_row = check_decode_args(q, k_cache, v_cache, n_ctx)
     if new_kv is not None and (per_row or new_kv[0].shape != q.shape or new_kv[1].shape != q.shape):
         raise ValueError("new_kv is this step's (k, v), each shaped as q (B, H, 1, D), with one length for all rows")
@@ -715,5 +751,6 @@ def decode_attention_lean(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                                                  n_splits, LOG2E / math.sqrt(D), H, q.stride(0), q.stride(1), D=D,
                                                  CHUNK=chunk, BLOCK_T=tile.block_t, PER_ROW=per_row,
                                                  F16=k_cache.dtype == FP8, num_warps=tile.num_warps,
-                                                 num_stages=tile.num_stages, **new_kv_args(new_kv), **_pdl_args(q))
+                                                 num_stages=tile.num_stages, PREFETCH=prefetch, **new_kv_args(new_kv),
+                                                 **_pdl_args(q), **launch_limits(maxnreg))
     return combine_splits(m, l, acc, q, out_scale)
