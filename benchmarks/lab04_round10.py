@@ -55,11 +55,17 @@ KERNELS = {
     "lab, 32 per step, 2 warps, 64 registers": functools.partial(R.decode_attention_round8, maxnreg=64,
                                                                  tile=A.AttnTile(block_t=32, num_warps=2)),
     "lean, 2 warps": functools.partial(R.decode_attention_lean, tile=A.AttnTile(block_t=32, num_warps=2)),
+    # call 4, after the counters (lab04_attn_counters.py): the loads in flight through shared memory
+    **{f"lean, {st} loop stages": functools.partial(R.decode_attention_lean, loop_stages=st,
+                                                   tile=A.AttnTile(num_stages=st)) for st in (2, 3, 4)},
+    "lean, 32 per step, 2 loop stages": functools.partial(R.decode_attention_lean, loop_stages=2,
+                                                          tile=A.AttnTile(block_t=32)),
 }
 #: part ``step``'s choices: name -> the decoder's attention function
 STEP_CHOICES = {"lab": A.decode_attention, "lean": R.decode_attention_lean,
                 "lab, 64 registers": KERNELS["lab, 64 registers"],
-                "lean, 32 per step": KERNELS["lean, 32 per step"]}
+                "lean, 32 per step": KERNELS["lean, 32 per step"],
+                **{f"lean, {st} loop stages": KERNELS[f"lean, {st} loop stages"] for st in (2, 3, 4)}}
 BLOCK_REPS = 20
 
 

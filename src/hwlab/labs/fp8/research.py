@@ -630,14 +630,16 @@ def _lean_step(k_raw, v_raw, tm, q16, m_i, l2, acc2, MASK: tl.constexpr, BLOCK_T
 
 @triton.jit
 def _attend_chunk_lean(q, k_ptr, v_ptr, base, start, hi, D: tl.constexpr, BLOCK_T: tl.constexpr,
-                       PREFETCH: tl.constexpr = 0):
+                       PREFETCH: tl.constexpr = 0, LOOP_STAGES: tl.constexpr = 0):
     """:func:`.attention._attend_chunk` on an FP8 cache with fewer instructions per byte (LAB04_NOTES.md
     round 10): the output and sum accumulate per position row (summed over the rows once, after
     the loop, instead of across the warp's threads every step), the full steps load unmasked and
     one masked step reads the remainder. Same results: partial max (log2 units), sum, output.
     ``PREFETCH``: 1 loads the next step's V, 2 its K and V, while this step computes (registers
     carried by the loop: more bytes in flight per warp; the compiler otherwise issues a step's V
-    loads only after its K is used)."""
+    loads only after its K is used). ``LOOP_STAGES`` > 0: the loop is Triton's software pipeline of
+    that depth (``tl.range(num_stages=...)``): the full steps' loads go through shared memory as
+    asynchronous copies (``cp.async``), issued that many steps ahead, in flight without registers."""
     d = tl.arange(0, D)
     tr = tl.arange(0, BLOCK_T)
     q16 = q.to(tl.float16)
@@ -651,7 +653,7 @@ def _attend_chunk_lean(q, k_ptr, v_ptr, base, start, hi, D: tl.constexpr, BLOCK_
         k_next = tl.load(k_ptr + base + start * D + rows, mask=first[:, None], other=0.0, eviction_policy="evict_first")
     if PREFETCH >= 1:
         v_next = tl.load(v_ptr + base + start * D + rows, mask=first[:, None], other=0.0, eviction_policy="evict_first")
-    for t0 in range(start, full, BLOCK_T):
+    for t0 in tl.range(start, full, BLOCK_T, num_stages=LOOP_STAGES if LOOP_STAGES > 0 else None):
         off = base + t0 * D + rows
         more = (t0 + BLOCK_T < full) & (tr < BLOCK_T)
         if PREFETCH == 2:
@@ -681,9 +683,10 @@ def _decode_attn_partial_lean(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, a
                               D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, PER_ROW: tl.constexpr,
                               F16: tl.constexpr, PDL: tl.constexpr = False, kn_ptr=None, vn_ptr=None,
                               stride_kb=0, stride_kh=0, stride_vb=0, stride_vh=0, NEW_KV: tl.constexpr = False,
-                              PREFETCH: tl.constexpr = 0):
+                              PREFETCH: tl.constexpr = 0, LOOP_STAGES: tl.constexpr = 0):
     """:func:`.attention._decode_attn_partial` (its arguments, grid and stores) whose loop on an
-    FP8 cache is :func:`_attend_chunk_lean` (``PREFETCH`` its); a 16-bit cache keeps the lab's loop."""
+    FP8 cache is :func:`_attend_chunk_lean` (``PREFETCH``, ``LOOP_STAGES`` its); a 16-bit cache
+    keeps the lab's loop."""
     pdl_enter(PDL)
     sp = tl.program_id(0)
     bh = tl.program_id(1)
@@ -701,7 +704,7 @@ def _decode_attn_partial_lean(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, a
                           stride_vb, stride_vh, kv_scale, D, F16)
         tl.debug_barrier()
     if F16:
-        m_i, l_i, acc = _attend_chunk_lean(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, PREFETCH)
+        m_i, l_i, acc = _attend_chunk_lean(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, PREFETCH, LOOP_STAGES)
     else:
         m_i, l_i, acc = _attend_chunk(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, F16)
     o = bh * n_splits + sp
@@ -721,13 +724,16 @@ def decode_attention_lean(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                           n_ctx: int | torch.Tensor, use_triton: bool | None = None, tile: AttnTile = DEFAULT_TILE,
                           out_scale: torch.Tensor | None = None,
                           new_kv: tuple[torch.Tensor, torch.Tensor] | None = None, prefetch: int = 0,
-                          maxnreg: int | None = None) -> torch.Tensor:
+                          maxnreg: int | None = None, loop_stages: int = 0) -> torch.Tensor:
     """:func:`.attention.decode_attention` (same arguments, checks, splits and combine) whose
     partial kernel is :func:`_decode_attn_partial_lean`: round 10's loop on an FP8 cache.
     ``prefetch``: 0, or 1 (the next step's V) or 2 (its K and V) loaded while a step computes;
-    ``maxnreg``: :func:`launch_limits`."""
+    ``maxnreg``: :func:`launch_limits`; ``loop_stages``: 0, or the depth of Triton's software
+    pipeline over the loop (:func:`_attend_chunk_lean`; with ``prefetch`` 0 only)."""
     if prefetch not in (0, 1, 2):
         raise ValueError(f"prefetch is 0 (none), 1 (the next step's V) or 2 (its K and V); got {prefetch!r}")
+    if not (isinstance(loop_stages, int) and 0 <= loop_stages <= 8) or (loop_stages and prefetch):
+        raise ValueError(f"loop_stages is 0..8, and 0 with a prefetch; got {loop_stages!r} (prefetch {prefetch})")
     per_row = check_decode_args(q, k_cache, v_cache, n_ctx)
     if new_kv is not None and (per_row or new_kv[0].shape != q.shape or new_kv[1].shape != q.shape):
         raise ValueError("new_kv is this step's (k, v), each shaped as q (B, H, 1, D), with one length for all rows")
@@ -751,6 +757,7 @@ def decode_attention_lean(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                                                  n_splits, LOG2E / math.sqrt(D), H, q.stride(0), q.stride(1), D=D,
                                                  CHUNK=chunk, BLOCK_T=tile.block_t, PER_ROW=per_row,
                                                  F16=k_cache.dtype == FP8, num_warps=tile.num_warps,
-                                                 num_stages=tile.num_stages, PREFETCH=prefetch, **new_kv_args(new_kv),
+                                                 num_stages=tile.num_stages, PREFETCH=prefetch, LOOP_STAGES=loop_stages,
+                                                 **new_kv_args(new_kv),
                                                  **_pdl_args(q), **launch_limits(maxnreg))
     return combine_splits(m, l, acc, q, out_scale)
