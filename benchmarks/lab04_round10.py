@@ -61,6 +61,46 @@ KERNELS = {
     "lean, 32 per step, 2 loop stages": functools.partial(R.decode_attention_lean, loop_stages=2,
                                                           tile=A.AttnTile(block_t=32)),
 }
+
+
+def _few_programs(fn):
+    """``fn`` with the chunk rule's floor of :data:`~hwlab.labs.fp8.attention.MIN_PROGRAMS` off while
+    it runs (a graph captures the chunk), so that a tile's chunk is the chunk it names."""
+    def run(*a, **kw):
+        old = A.MIN_PROGRAMS
+        try:
+            A.MIN_PROGRAMS = 0
+            return fn(*a, **kw)
+        finally:
+            A.MIN_PROGRAMS = old
+    return run
+
+
+#: call 5, after the load-only probes' question (part ``pattern``): the running max per position row,
+#: so that several warps stream one program's long steps with no exchange inside the loop
+ROWS_TILES = {
+    "rows, lab tile": (A.AttnTile(), 0),
+    "rows, lab tile, 3 loop stages": (A.AttnTile(num_stages=3), 3),
+    "rows, 2 warps, 32 per step, chunk 512, 3 loop stages": (A.AttnTile(512, 32, 2, 3), 3),
+    "rows, 4 warps, 64 per step, chunk 1024, 3 loop stages": (A.AttnTile(1024, 64, 4, 3), 3),
+    "rows, 4 warps, 64 per step, chunk 2048, 3 loop stages": (A.AttnTile(2048, 64, 4, 3), 3),
+    "rows, 8 warps, 128 per step, chunk 2048, 3 loop stages": (A.AttnTile(2048, 128, 8, 3), 3),
+}
+KERNELS.update({name: _few_programs(functools.partial(R.decode_attention_lean, rows=True, tile=t, loop_stages=st))
+                for name, (t, st) in ROWS_TILES.items()})
+#: part ``pattern``'s load-only probes (:func:`~hwlab.labs.fp8.research.stream_kv`): name -> (warps,
+#: positions per step, chunk (0: the whole row), loop stages)
+PROBES = {
+    "1 warp, 16 per step, chunk 256": (1, 16, 256, 0),
+    "1 warp, 16 per step, chunk 256, 3 stages": (1, 16, 256, 3),
+    "2 warps, 32 per step, chunk 512, 3 stages": (2, 32, 512, 3),
+    "4 warps, 64 per step, chunk 1024": (4, 64, 1024, 0),
+    "4 warps, 64 per step, chunk 1024, 3 stages": (4, 64, 1024, 3),
+    "4 warps, 64 per step, chunk 1024, 4 stages": (4, 64, 1024, 4),
+    "4 warps, 64 per step, whole row, 3 stages": (4, 64, 0, 3),
+    "4 warps, 128 per step, chunk 2048, 3 stages": (4, 128, 2048, 3),
+    "8 warps, 128 per step, chunk 2048, 3 stages": (8, 128, 2048, 3),
+}
 #: part ``step``'s choices: name -> the decoder's attention function
 STEP_CHOICES = {"lab": A.decode_attention, "lean": R.decode_attention_lean,
                 "lab, 64 registers": KERNELS["lab, 64 registers"],
@@ -136,6 +176,47 @@ def attn_part(rounds: int, names) -> list:
     return rows
 
 
+def pattern_part(rounds: int) -> list:
+    """Load-only reads of the FP8 caches in each :data:`PROBES` pattern at 4k x16 and 32k x4 (every
+    layer's caches in one graph, each probe's result checked against torch's XOR of layer 0 first),
+    SDPA on the bf16 caches beside: which access pattern reads at SDPA's rate."""
+    dev = torch.device("cuda")
+    cfg = lab.H200_SIZE
+    n = cfg.n_layers
+    rows = []
+    for ctx, batch in ATTN_SHAPES[1:]:
+        kb, vb, q, s8, kf, vf, ref8, ref16 = r6.attn_inputs(cfg, batch, ctx, dev)
+        graphs, ok = {}, {}
+        with torch.no_grad():
+            for name, (w, bt, chunk, st) in PROBES.items():
+                chunk = chunk or ctx
+                want = R.stream_kv(kf[0], vf[0], chunk, bt, use_triton=False)
+                cap = capture_graph(lambda w=w, bt=bt, chunk=chunk, st=st: [
+                    R.stream_kv(kf[i], vf[i], chunk, bt, num_warps=w, loop_stages=st) for i in range(n)], dev)
+                cap.replay()
+                torch.cuda.synchronize()
+                ok[name] = bool(torch.equal(cap.out[0], want))
+                if ok[name]:
+                    graphs[name] = cap
+                else:
+                    print(f"pattern {ctx} x{batch}: {name} read wrong bytes, not timed", flush=True)
+            graphs["sdpa"], _ = r6.sdpa_graph(q, kb, vb, ref16, dev)
+            t = both_methods(graphs, rounds, n)
+        bytes8 = 2 * kf[0].numel()
+        row = {"ctx": ctx, "batch": batch, "checked": ok, **t}
+        for method in ("sustained", "alternate"):
+            us = t[f"{method}_us"]
+            gbps = {k: (2 * bytes8 if k == "sdpa" else bytes8) / v / 1e3 for k, v in us.items()}
+            row[f"{method}_gbps"] = gbps
+            row[f"{method}_over_sdpa"] = {k: g / gbps["sdpa"] for k, g in gbps.items()}
+            print(f"pattern {ctx} x{batch} {method}: " + ", ".join(
+                f"{k} {gbps[k]:.0f} GB/s ({row[f'{method}_over_sdpa'][k]:.1%})" for k in us), flush=True)
+        rows.append(row)
+        del graphs, kb, vb, kf, vf
+        torch.cuda.empty_cache()
+    return rows
+
+
 def step_part(rounds: int, names) -> list:
     dev = torch.device("cuda")
     m = lab.Decoder(lab.H200_SIZE, "fixed")
@@ -176,7 +257,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--parts", default="attn,step")
+    ap.add_argument("--parts", default="attn,step", help="attn, step, pattern")
     ap.add_argument("--kernels", default=";".join(KERNELS), help="part attn's kernels, by name, separated by ;")
     ap.add_argument("--step-choices", default=";".join(STEP_CHOICES), help="part step's choices, by name, separated by ;")
     a = ap.parse_args()
@@ -187,6 +268,9 @@ def main():
     parts = a.parts.split(",")
     if "attn" in parts:
         res["attn"] = attn_part(a.rounds, a.kernels.split(";"))
+    if "pattern" in parts:
+        res["probes"] = {k: dict(zip(("warps", "block_t", "chunk", "loop_stages"), v)) for k, v in PROBES.items()}
+        res["pattern"] = pattern_part(a.rounds)
     if "step" in parts:
         res["step"] = step_part(a.rounds, a.step_choices.split(";"))
     res["elapsed_s"] = time.time() - t0

@@ -678,12 +678,107 @@ def _attend_chunk_lean(q, k_ptr, v_ptr, base, start, hi, D: tl.constexpr, BLOCK_
 
 
 @triton.jit
+def _rows_step(k_raw, v_raw, tm, q16, m2, l2, acc2, MASK: tl.constexpr, BLOCK_T: tl.constexpr, D: tl.constexpr):
+    """One step of :func:`_attend_chunk_rows`: each of the ``BLOCK_T`` position rows keeps its own
+    running max ``m2``, sum ``l2`` and output ``acc2`` (fp16), so no value crosses a warp (or the
+    warps of a program) inside the loop; only the dot product's sum over D crosses threads."""
+    prod = k_raw.to(tl.float16) * q16[None, :]
+    s = tl.sum(tl.sum(tl.reshape(prod, (BLOCK_T, D // 16, 16)), 2).to(tl.float32), 1)
+    if MASK:
+        s = tl.where(tm, s, -float("inf"))
+    m_new = tl.maximum(m2, s)
+    alpha = tl.where(m_new == m2, 1.0, tl.exp2(m2 - m_new))  # 1 where the row's max holds (also -inf rows)
+    p = tl.where(s == -float("inf"), 0.0, tl.exp2(s - m_new))
+    acc2 = acc2 * alpha.to(tl.float16)[:, None] + p.to(tl.float16)[:, None] * v_raw.to(tl.float16)
+    return m_new, l2 * alpha + p, acc2
+
+
+@triton.jit
+def _attend_chunk_rows(q, k_ptr, v_ptr, base, start, hi, D: tl.constexpr, BLOCK_T: tl.constexpr,
+                       LOOP_STAGES: tl.constexpr = 0):
+    """:func:`_attend_chunk_lean` with a running max per position row (:func:`_rows_step`), merged
+    once after the loop: a program of several warps, each streaming its own rows of a long step,
+    never waits on the others inside the loop (round 10, after the counters). ``LOOP_STAGES``: as
+    :func:`_attend_chunk_lean`'s."""
+    d = tl.arange(0, D)
+    tr = tl.arange(0, BLOCK_T)
+    q16 = q.to(tl.float16)
+    m2 = tl.full((BLOCK_T,), -float("inf"), tl.float32)
+    l2 = tl.zeros((BLOCK_T,), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_T, D), dtype=tl.float16)
+    full = start + tl.maximum(hi - start, 0) // BLOCK_T * BLOCK_T
+    rows = tr[:, None] * D + d[None, :]
+    for t0 in tl.range(start, full, BLOCK_T, num_stages=LOOP_STAGES if LOOP_STAGES > 0 else None):
+        off = base + t0 * D + rows
+        k_raw = tl.load(k_ptr + off, eviction_policy="evict_first")
+        v_raw = tl.load(v_ptr + off, eviction_policy="evict_first")
+        m2, l2, acc2 = _rows_step(k_raw, v_raw, tr < BLOCK_T, q16, m2, l2, acc2, False, BLOCK_T, D)
+    if full < hi:
+        t = full + tr
+        tm = t < hi
+        off = base + t[:, None] * D + d[None, :]
+        k_raw = tl.load(k_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
+        v_raw = tl.load(v_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
+        m2, l2, acc2 = _rows_step(k_raw, v_raw, tm, q16, m2, l2, acc2, True, BLOCK_T, D)
+    m_i = tl.max(m2, 0)
+    w = tl.where(m2 == -float("inf"), 0.0, tl.exp2(m2 - m_i))
+    return m_i, tl.sum(l2 * w, 0), tl.sum(acc2.to(tl.float32) * w[:, None], 0)
+
+
+@triton.jit
+def _stream_kv_kernel(k_ptr, v_ptr, out_ptr, max_ctx, n_splits, D: tl.constexpr, CHUNK: tl.constexpr,
+                      BLOCK_T: tl.constexpr, LOOP_STAGES: tl.constexpr = 0):
+    """Load-only: the decode attention's grid and steps over a (B, H, T, D) byte cache pair, read
+    as int32 words (``D`` words a row: the caller's D / 4), each program XOR-ing its chunk into one
+    number (so the loads stay), for the read rate of an access pattern without the attention's
+    arithmetic. ``CHUNK`` divides T, ``BLOCK_T`` divides ``CHUNK``; ``LOOP_STAGES`` as
+    :func:`_attend_chunk_lean`'s."""
+    sp = tl.program_id(0)
+    bh = tl.program_id(1)
+    d = tl.arange(0, D)
+    rows = tl.arange(0, BLOCK_T)[:, None] * D + d[None, :]
+    base = bh.to(tl.int64) * max_ctx * D
+    x = tl.zeros((BLOCK_T, D), dtype=tl.int32)
+    for t0 in tl.range(sp * CHUNK, sp * CHUNK + CHUNK, BLOCK_T, num_stages=LOOP_STAGES if LOOP_STAGES > 0 else None):
+        k = tl.load(k_ptr + base + t0 * D + rows, eviction_policy="evict_first")
+        v = tl.load(v_ptr + base + t0 * D + rows, eviction_policy="evict_first")
+        x = x ^ k ^ v
+    tl.store(out_ptr + bh * n_splits + sp, tl.xor_sum(tl.reshape(x, (BLOCK_T * D,)), 0))
+
+
+def stream_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: int, block_t: int, num_warps: int = 1,
+              loop_stages: int = 0, use_triton: bool | None = None) -> torch.Tensor:
+    """:func:`_stream_kv_kernel` over whole (B, H, T, D) caches of one-byte elements (an FP8 cache;
+    D a multiple of 4): per (batch x head, split) the XOR of its chunk's K and V bytes, (B * H,
+    T // chunk) int32; on the CPU (or ``use_triton`` False) the same from torch."""
+    B, H, T, D = k_cache.shape
+    if (v_cache.shape != k_cache.shape or k_cache.element_size() != 1 or D % 4 or T % chunk or chunk % block_t
+            or not (k_cache.is_contiguous() and v_cache.is_contiguous())):
+        raise ValueError(f"stream_kv reads two contiguous (B, H, T, D) one-byte caches, chunk dividing T and block_t "
+                         f"dividing chunk; got {tuple(k_cache.shape)}, {tuple(v_cache.shape)}, {k_cache.dtype}, "
+                         f"chunk {chunk}, block_t {block_t}")
+    k32, v32 = k_cache.view(torch.int32), v_cache.view(torch.int32)  # D / 4 words a row
+    n_splits = T // chunk
+    if not use_triton_for(k_cache, use_triton):
+        x = (k32 ^ v32).reshape(B * H, n_splits, chunk // block_t, block_t * D // 4)
+        out = torch.zeros(B * H, n_splits, block_t * D // 4, dtype=torch.int32, device=k_cache.device)
+        for i in range(chunk // block_t):
+            out ^= x[:, :, i]
+        return functools.reduce(torch.bitwise_xor, out.unbind(-1))
+    out = torch.empty((B * H, n_splits), dtype=torch.int32, device=k_cache.device)
+    _stream_kv_kernel[(n_splits, B * H)](k32, v32, out, T, n_splits, D=D // 4, CHUNK=chunk, BLOCK_T=block_t,
+                                         LOOP_STAGES=loop_stages, num_warps=num_warps,
+                                         num_stages=max(loop_stages, 1))
+    return out
+
+
+@triton.jit
 def _decode_attn_partial_lean(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_ptr,
                               n_ctx, nctx_ptr, max_ctx, n_splits, qk_scale, H, stride_qb, stride_qh,
                               D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, PER_ROW: tl.constexpr,
                               F16: tl.constexpr, PDL: tl.constexpr = False, kn_ptr=None, vn_ptr=None,
                               stride_kb=0, stride_kh=0, stride_vb=0, stride_vh=0, NEW_KV: tl.constexpr = False,
-                              PREFETCH: tl.constexpr = 0, LOOP_STAGES: tl.constexpr = 0):
+                              PREFETCH: tl.constexpr = 0, LOOP_STAGES: tl.constexpr = 0, ROWS: tl.constexpr = False):
     """:func:`.attention._decode_attn_partial` (its arguments, grid and stores) whose loop on an
     FP8 cache is :func:`_attend_chunk_lean` (``PREFETCH``, ``LOOP_STAGES`` its); a 16-bit cache
     keeps the lab's loop."""
@@ -703,7 +798,9 @@ def _decode_attn_partial_lean(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, a
             _write_new_kv(kn_ptr, vn_ptr, k_ptr, v_ptr, base + (n_ctx - 1) * D, bh, H, stride_kb, stride_kh,
                           stride_vb, stride_vh, kv_scale, D, F16)
         tl.debug_barrier()
-    if F16:
+    if F16 and ROWS:
+        m_i, l_i, acc = _attend_chunk_rows(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, LOOP_STAGES)
+    elif F16:
         m_i, l_i, acc = _attend_chunk_lean(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, PREFETCH, LOOP_STAGES)
     else:
         m_i, l_i, acc = _attend_chunk(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, F16)
@@ -724,15 +821,16 @@ def decode_attention_lean(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                           n_ctx: int | torch.Tensor, use_triton: bool | None = None, tile: AttnTile = DEFAULT_TILE,
                           out_scale: torch.Tensor | None = None,
                           new_kv: tuple[torch.Tensor, torch.Tensor] | None = None, prefetch: int = 0,
-                          maxnreg: int | None = None, loop_stages: int = 0) -> torch.Tensor:
+                          maxnreg: int | None = None, loop_stages: int = 0, rows: bool = False) -> torch.Tensor:
     """:func:`.attention.decode_attention` (same arguments, checks, splits and combine) whose
     partial kernel is :func:`_decode_attn_partial_lean`: round 10's loop on an FP8 cache.
     ``prefetch``: 0, or 1 (the next step's V) or 2 (its K and V) loaded while a step computes;
     ``maxnreg``: :func:`launch_limits`; ``loop_stages``: 0, or the depth of Triton's software
-    pipeline over the loop (:func:`_attend_chunk_lean`; with ``prefetch`` 0 only)."""
+    pipeline over the loop (:func:`_attend_chunk_lean`; with ``prefetch`` 0 only); ``rows``: a
+    running max per position row (:func:`_attend_chunk_rows`; with ``prefetch`` 0 only)."""
     if prefetch not in (0, 1, 2):
         raise ValueError(f"prefetch is 0 (none), 1 (the next step's V) or 2 (its K and V); got {prefetch!r}")
-    if not (isinstance(loop_stages, int) and 0 <= loop_stages <= 8) or (loop_stages and prefetch):
+    if not (isinstance(loop_stages, int) and 0 <= loop_stages <= 8) or ((loop_stages or rows) and prefetch):
         raise ValueError(f"loop_stages is 0..8, and 0 with a prefetch; got {loop_stages!r} (prefetch {prefetch})")
     per_row = check_decode_args(q, k_cache, v_cache, n_ctx)
     if new_kv is not None and (per_row or new_kv[0].shape != q.shape or new_kv[1].shape != q.shape):
@@ -757,7 +855,7 @@ def decode_attention_lean(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                                                  n_splits, LOG2E / math.sqrt(D), H, q.stride(0), q.stride(1), D=D,
                                                  CHUNK=chunk, BLOCK_T=tile.block_t, PER_ROW=per_row,
                                                  F16=k_cache.dtype == FP8, num_warps=tile.num_warps,
-                                                 num_stages=tile.num_stages, PREFETCH=prefetch, LOOP_STAGES=loop_stages,
+                                                 num_stages=tile.num_stages, PREFETCH=prefetch, LOOP_STAGES=loop_stages, ROWS=rows,
                                                  **new_kv_args(new_kv),
                                                  **_pdl_args(q), **launch_limits(maxnreg))
     return combine_splits(m, l, acc, q, out_scale)
