@@ -88,6 +88,9 @@ ROWS_TILES = {
 }
 KERNELS.update({name: _few_programs(functools.partial(R.decode_attention_lean, rows=True, tile=t, loop_stages=st))
                 for name, (t, st) in ROWS_TILES.items()})
+#: call 8, after the counters put the partial kernel alone nearer SDPA than the lab's comparison
+#: (which times the combine too): the combine launched with PDL
+KERNELS["lab, combine with PDL"] = functools.partial(R.decode_attention_round8, pdl_combine=True)
 #: part ``pattern``'s load-only probes (:func:`~hwlab.labs.fp8.research.stream_kv`): name -> (warps,
 #: positions per step, chunk (0: the whole row), loop stages)
 PROBES = {
@@ -105,7 +108,9 @@ PROBES = {
 STEP_CHOICES = {"lab": A.decode_attention, "lean": R.decode_attention_lean,
                 "lab, 64 registers": KERNELS["lab, 64 registers"],
                 "lean, 32 per step": KERNELS["lean, 32 per step"],
-                **{f"lean, {st} loop stages": KERNELS[f"lean, {st} loop stages"] for st in (2, 3, 4)}}
+                **{f"lean, {st} loop stages": KERNELS[f"lean, {st} loop stages"] for st in (2, 3, 4)},
+                "lab, combine with PDL": KERNELS["lab, combine with PDL"],
+                "rows, lab tile, 3 loop stages": KERNELS["rows, lab tile, 3 loop stages"]}
 BLOCK_REPS = 20
 
 

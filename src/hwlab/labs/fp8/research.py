@@ -31,12 +31,12 @@ import torch
 from ... import tritonenv
 from . import workspace as W
 from . import attention as _attention
-from .attention import (DEFAULT_TILE, LOG2E, AttnTile, _attend_chunk, _decode_attn_partial,
+from .attention import (DEFAULT_TILE, LOG2E, AttnTile, _attend_chunk, _decode_attn_combine, _decode_attn_partial,
                         _pdl_args, _softmax_step, _write_new_kv, check_decode_args, chunk_for, combine_splits,
                         decode_attention_ref, kv_store_ref, new_kv_args, split_buffers, split_count)
 from .kernels import rel_err
 from .model import Decoder, ModelConfig, QLinear
-from .quant import (BLOCK, FP8, FP8_MAX, _row_amax_kernel, fence_gpu, pdl_enter, quant_static_ref, quant_tensor_ref,
+from .quant import (BLOCK, FP8, FP8_MAX, _row_amax_kernel, fence_gpu, pdl_args, pdl_enter, quant_static_ref, quant_tensor_ref,
                     use_triton_for)
 import triton
 import triton.language as tl
@@ -409,11 +409,13 @@ def decode_attention_round8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             out_scale: torch.Tensor | None = None,
                             new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
                             programs_per_sm: int = 0, fused_combine: bool = False,
-                            maxnreg: int | None = None) -> torch.Tensor:
+                            maxnreg: int | None = None, pdl_combine: bool = False) -> torch.Tensor:
     """:func:`.attention.decode_attention` (same arguments, checks and result) with round 8's
     switches: ``programs_per_sm`` > 0 sizes the splits from the SM count (:func:`chunk_for_gpu`),
     ``fused_combine`` lets the last program of each (batch, head) combine the splits; and round
-    10's ``maxnreg``, the registers per thread the compiler may use (:func:`launch_limits`)."""
+    10's ``maxnreg``, the registers per thread the compiler may use (:func:`launch_limits`), and
+    ``pdl_combine``: the combine kernel (not the partial one) launched with PDL where
+    :func:`.quant.set_pdl` has it on, so that its launch overlaps the partial kernel's last programs."""
     if not (isinstance(programs_per_sm, int) and programs_per_sm >= 0 and isinstance(fused_combine, bool)):
         raise ValueError(f"programs_per_sm >= 0 (0: the lab's chunk rule) and fused_combine a bool; got "
                          f"{programs_per_sm!r}, {fused_combine!r}")
@@ -448,7 +450,15 @@ def decode_attention_round8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                                                F16=k_cache.dtype == FP8, num_warps=tile.num_warps,
                                                num_stages=tile.num_stages, **extra, **_pdl_args(q),
                                                **launch_limits(maxnreg))
-    return out if fused_combine else combine_splits(m, l, acc, q, out_scale)
+    if fused_combine:
+        return out
+    if pdl_combine:
+        out = torch.empty((B, H, 1, D), dtype=q.dtype if out_scale is None else FP8, device=q.device)
+        _decode_attn_combine[(B * H,)](m, l, acc, out, out if out_scale is None else out_scale.reshape(1).float(),
+                                       n_splits, D=D, SPLITS=max(2, triton.next_power_of_2(n_splits)),
+                                       QUANT=out_scale is not None, **pdl_args(q))
+        return out
+    return combine_splits(m, l, acc, q, out_scale)
 
 
 def launch_limits(maxnreg: int | None) -> dict:
