@@ -253,6 +253,13 @@ print(lab.format_targets(lab.byte_floor_targets(res, copy, leaves), src))
 #    with PDL a small kernel between two GEMMs costs almost nothing); 32 positions per step at 512 (the FP8
 #    attention alone 81 → 84% of SDPA, the fixed step +0.7% on its BF16 cache); the loads without their
 #    evict-first hint (3-6% slower: the hint stays) and chunks of 128 positions (−2% at 4k, +4% at 32k).
+#    Round 10, after round 9 guessed the attention short of instruction issue: a loop with 38% fewer
+#    instructions per byte (the output and its sum kept per position row and summed once after the loop), the
+#    same loop pipelined 2-4 steps deep through shared memory, 32 programs resident per SM instead of 28, a
+#    running max per position row so that 2-8 warps stream one program's long steps, and the combine launched
+#    with PDL: none made the decode step faster (the leaner loop +3.4% at 4k, +1.0% at 32k; the pipelined one
+#    +0.7% at 4k). Nsight Compute says why: the lab's kernel already runs 32 programs per SM (63 registers on
+#    the H200's compiler) with half its issue slots idle, so neither issue nor residency limits it.
 #
 # What stays out of reach, and why it is measured, not guessed: a GEMM costs a fixed few microseconds
 # (ramp-up, tail, epilogue) plus its bytes at a streaming rate. Fitted from two widths of each decode shape
@@ -260,9 +267,11 @@ print(lab.format_targets(lab.byte_floor_targets(res, copy, leaves), src))
 # and ~4.35 TB/s: with half the bytes, the FP8 weight read cannot reach BF16's bytes/s unless its fixed cost
 # shrinks too. The kit's own GEMM streams faster (~4.4 TB/s between `qkv` and `up`, round 8) but still pays a
 # few µs on every call. The attention the same way (the lab's 4k and 32k comparison, same kernels on twice the
-# bytes): the kit's FP8 kernel ~3.4 µs fixed per layer and ~4.3 TB/s, SDPA on BF16 ~7.5 µs and ~4.7 TB/s; the
-# kit's access pattern tops out near its load-only ceiling, and fewer, longer programs stream slower (round 8),
-# with one stream per program instead of two too (round 9).
+# bytes): the kit's FP8 kernel ~3.4 µs fixed per layer and ~4.3 TB/s, SDPA on BF16 ~7.5 µs and ~4.7 TB/s.
+# Its access pattern is not what holds it back: the same loads with no arithmetic read at 99% of SDPA's rate
+# (round 10's load-only probe), while the kernel itself, in Nsight Compute, keeps DRAM busy 86-87% of the time
+# against SDPA's 92%, its warps waiting on memory between one step's arithmetic and the next step's loads;
+# fewer, longer programs stream slower (round 8), and one stream per program instead of two too (round 9).
 
 # %% [markdown]
 # ## What the H200 showed, and what it did not
