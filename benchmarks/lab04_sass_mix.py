@@ -32,15 +32,16 @@ ROOT = Path(__file__).resolve().parents[1]
 #: (label, block_t, warps, FP8 cache, kernel): "lab" the lab's kernel; "fp32 math" and "tensor cores"
 #: research's round-2 kernel (:func:`~hwlab.labs.fp8.research.decode_attention_variant`), elementwise in
 #: float32 (what round 3's fp16 math replaced) and with the products on the tensor cores (round 9's
-#: flash-decoding shape at 64 positions and 4 warps); "lean" round 10's loop
-#: (:func:`~hwlab.labs.fp8.research.decode_attention_lean`)
+#: flash-decoding shape at 64 positions and 4 warps); "lean" and "rows" round 10's loops
+#: (:func:`~hwlab.labs.fp8.research.decode_attention_lean`, ``rows`` False and True)
 TILES = (("lab tile, FP8 cache", A.DEFAULT_TILE.block_t, A.DEFAULT_TILE.num_warps, True, "lab"),
          ("32 per step, FP8 cache", 32, 1, True, "lab"),
          ("lab tile, bf16 cache", A.DEFAULT_TILE.block_t, A.DEFAULT_TILE.num_warps, False, "lab"),
          ("round 2's fp32 math, FP8 cache", A.DEFAULT_TILE.block_t, 1, True, "fp32 math"),
          ("tensor cores, 64 per step, 4 warps, FP8 cache", 64, 4, True, "tensor cores"),
          ("round 10's lean loop, lab tile, FP8 cache", A.DEFAULT_TILE.block_t, A.DEFAULT_TILE.num_warps, True, "lean"),
-         ("round 10's lean loop, 32 per step, FP8 cache", 32, 1, True, "lean"))
+         ("round 10's lean loop, 32 per step, FP8 cache", 32, 1, True, "lean"),
+         ("round 10's per-row loop, lab tile, FP8 cache", A.DEFAULT_TILE.block_t, A.DEFAULT_TILE.num_warps, True, "rows"))
 D = 128
 #: H200: SMs, schedulers per SM; SDPA's GB/s on bf16 at 32k and the SM clocks (MHz) read after the
 #: kit's and after SDPA's sustained blocks, call 9 (benchmarks/results/round9/lab04_timing_method_h200.json)
@@ -55,9 +56,12 @@ def main(out_path: str) -> None:
               for w in ("kit", "sdpa")}
     rows = []
     for label, bt, warps, fp8, kernel in TILES:
-        if kernel in ("lab", "lean"):  # one signature: the lean kernel is the lab's with another loop
-            fn, sig = (A._decode_attn_partial if kernel == "lab" else R._decode_attn_partial_lean), S.LAB_SIG
+        if kernel in ("lab", "lean", "rows"):  # the lab's signature: round 10's kernel is the lab's, another loop
+            fn, sig = (A._decode_attn_partial if kernel == "lab" else R._decode_attn_partial_lean), dict(S.LAB_SIG)
             c = {"D": D, "CHUNK": A.DEFAULT_TILE.chunk, "BLOCK_T": bt, "PER_ROW": False, "F16": fp8, **S.LAB_OFF}
+            if kernel != "lab":
+                sig.update(PREFETCH="constexpr", LOOP_STAGES="constexpr", ROWS="constexpr")
+                c.update(PREFETCH=0, LOOP_STAGES=0, ROWS=kernel == "rows")
         else:
             fn, sig = R._decode_attn_partial_variants, S.VARIANT_SIG
             c = {"D": D, "CHUNK": A.DEFAULT_TILE.chunk, "BLOCK_T": bt, "PER_ROW": False,
@@ -82,8 +86,8 @@ def main(out_path: str) -> None:
               + ", ".join(f"{k}: {v:.0%}" for k, v in row["issue_share_at"].items())
               + "; top " + ", ".join(f"{k} {v}" for k, v in list(mix.items())[:6]), flush=True)
     import triton
-    out = {"source": f"static compile for sm_90a on a CPU (triton {triton.__version__}, its nvdisasm); counts, not a "
-                     "GPU run (the lent H200 ran triton 3.6.0 in round 9, whose code may differ)",
+    out = {"source": f"static compile for sm_90a, no kernel launched (triton {triton.__version__}, its nvdisasm); "
+                     "counts, not a GPU run (the lent H200 runs triton 3.6.0: under another Triton the code differs)",
            "triton": triton.__version__, "sdpa_gbps_32k_call9": sdpa_gbps, "sm_mhz_call9": clocks, "sms": SMS, "schedulers_per_sm": SCHEDULERS,
            "rows": rows}
     Path(out_path).write_text(json.dumps(out, indent=1))

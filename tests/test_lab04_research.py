@@ -375,3 +375,87 @@ def test_programs_per_sm_sizes_the_splits_from_the_gpu():
         assert min(target, -(-n // t.block_t)) - 1 <= splits <= target, (bh, n, sms, chunk, splits)
     assert R.chunk_for_gpu(t, 512, 4096, 1, 132) >= 4096  # fewer slots than rows: 1 split
     assert R.chunk_for_gpu(t, 512, 4096, 0, 132) == A.chunk_for(t, 512, 4096) == t.chunk  # the lab's rule
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(prefetch=1), dict(prefetch=2), dict(loop_stages=3), dict(rows=True),
+                                  dict(rows=True, loop_stages=2, tile=K.AttnTile(chunk=64, block_t=32, num_warps=2))])
+def test_round10_lean_loops_match_the_reference_and_the_labs_writes(opts):
+    """Round 10's loops (``research.decode_attention_lean``, interpreter): the output and sum kept per
+    position row, with or without a prefetch, a pipelined loop or a running max per row, give the
+    reference's output over whole steps, a ragged last step, one position and per-row lengths; the
+    new K and V they write are the lab's bytes; a 16-bit cache takes the lab's loop."""
+    g = torch.Generator().manual_seed(10)
+    B, H, T, D = 2, 2, 300, 64
+    k = (torch.randn(B, H, T, D, generator=g) * 30).to(K.FP8)
+    v = (torch.randn(B, H, T, D, generator=g) * 30).to(K.FP8)
+    q = torch.randn(B, H, 1, D, generator=g).half()
+    scale = torch.tensor(0.03)
+    for n in (1, 16, 17, 290):
+        out = R.decode_attention_lean(q, k, v, scale, n, use_triton=True, **opts)
+        assert _rel(out, K.decode_attention_ref(q, k, v, scale, n)) < K.FP8_CACHE_MATH_REL, n
+    lens = torch.tensor([3, 280], dtype=torch.int32)
+    assert _rel(R.decode_attention_lean(q, k, v, scale, lens, use_triton=True, **opts),
+                K.decode_attention_ref(q, k, v, scale, lens)) < K.FP8_CACHE_MATH_REL
+    kn, vn = torch.randn(B, H, 1, D, generator=g).half(), torch.randn(B, H, 1, D, generator=g).half()
+    k1, v1, k2, v2 = k.clone(), v.clone(), k.clone(), v.clone()
+    s_out = torch.tensor(0.02)
+    lab = K.decode_attention(q, k1, v1, scale, 200, use_triton=True, new_kv=(kn, vn), out_scale=s_out)
+    lean = R.decode_attention_lean(q, k2, v2, scale, 200, use_triton=True, new_kv=(kn, vn), out_scale=s_out, **opts)
+    assert torch.equal(k1.view(torch.uint8), k2.view(torch.uint8)) and torch.equal(v1.view(torch.uint8), v2.view(torch.uint8))
+    assert lean.dtype == K.FP8 and _rel(lean.float(), lab.float()) < 0.05  # FP8 outputs: a rounding apart at most
+    k16, v16 = (torch.randn(B, H, T, D, generator=g).half() for _ in range(2))
+    one = torch.tensor(1.0)
+    assert torch.equal(R.decode_attention_lean(q, k16, v16, one, 250, use_triton=True, **opts),
+                       K.decode_attention(q, k16, v16, one, 250, use_triton=True, tile=opts.get("tile", K.DEFAULT_TILE)))
+
+
+def test_round10_switches_refuse_what_they_cannot_run(monkeypatch):
+    """The lean loop's fp16 rows hold at most ``lean_steps_fit``'s steps; the switches take their
+    documented values; the register cap is a compiled kernel's option, not the interpreter's."""
+    assert R.lean_steps_fit(K.AttnTile(), 256) and not R.lean_steps_fit(K.AttnTile(chunk=4096, block_t=16), 4096)
+    q = torch.zeros(1, 1, 1, 64, dtype=torch.float16)
+    k = torch.zeros(1, 1, 8192, 64).to(K.FP8)
+    assert R.decode_attention_lean(q, k, k, torch.tensor(1.0), 8192, use_triton=False, tile=K.AttnTile(chunk=4096)).shape
+    monkeypatch.setattr(L.attention, "MIN_PROGRAMS", 0)  # else one (batch, head) halves the chunk to fit the GPU
+    with pytest.raises(ValueError, match="overflow"):
+        R.decode_attention_lean(q, k, k, torch.tensor(1.0), 8192, use_triton=True, tile=K.AttnTile(chunk=4096))
+    with pytest.raises(ValueError, match="prefetch"):
+        R.decode_attention_lean(q, k, k, torch.tensor(1.0), 10, use_triton=True, prefetch=3)
+    with pytest.raises(ValueError, match="loop_stages"):
+        R.decode_attention_lean(q, k, k, torch.tensor(1.0), 10, use_triton=True, prefetch=1, rows=True)
+    with pytest.raises(ValueError, match="maxnreg"):
+        R.launch_limits(8)
+    assert R.launch_limits(64) == {} and R.launch_limits(None) == {}  # the interpreter takes no register cap
+
+
+def test_stream_kv_reads_every_byte_of_its_chunks():
+    """Round 10's load-only probe (``research.stream_kv``, interpreter): per (batch x head, split) the
+    XOR of exactly its chunk's K and V bytes, as torch computes it; a flipped byte in one chunk
+    changes that chunk's result only."""
+    g = torch.Generator().manual_seed(11)
+    k = torch.randint(0, 255, (2, 3, 128, 64), generator=g, dtype=torch.uint8).view(K.FP8)
+    v = torch.randint(0, 255, (2, 3, 128, 64), generator=g, dtype=torch.uint8).view(K.FP8)
+    for chunk, bt, st in ((64, 16, 0), (128, 32, 3)):
+        got = R.stream_kv(k, v, chunk, bt, loop_stages=st, use_triton=True)
+        assert got.shape == (6, 128 // chunk) and torch.equal(got, R.stream_kv(k, v, chunk, bt, use_triton=False))
+    base = R.stream_kv(k, v, 64, 16, use_triton=True)
+    k2 = k.view(torch.uint8).clone()
+    k2[1, 2, 70, 5] ^= 0x10  # (batch 1, head 2) = row 5, position 70 = split 1
+    diff = R.stream_kv(k2.view(K.FP8), v, 64, 16, use_triton=True) != base
+    assert diff.nonzero().tolist() == [[5, 1]]
+    with pytest.raises(ValueError, match="chunk dividing T"):
+        R.stream_kv(k, v, 48, 16)
+
+
+def test_round10_combine_with_pdl_gives_the_labs_output():
+    """``research.decode_attention_round8(pdl_combine=True)`` launches the lab's combine kernel itself
+    (with PDL where it runs): the same output as the lab's attention, FP8 requant included."""
+    g = torch.Generator().manual_seed(12)
+    k = (torch.randn(2, 2, 200, 64, generator=g) * 30).to(K.FP8)
+    v = (torch.randn(2, 2, 200, 64, generator=g) * 30).to(K.FP8)
+    q = torch.randn(2, 2, 1, 64, generator=g).half()
+    scale = torch.tensor(0.03)
+    for out_scale in (None, torch.tensor(0.02)):
+        a = K.decode_attention(q, k, v, scale, 190, use_triton=True, out_scale=out_scale)
+        b = R.decode_attention_round8(q, k, v, scale, 190, use_triton=True, out_scale=out_scale, pdl_combine=True)
+        assert a.dtype == b.dtype and torch.equal(a.float(), b.float())

@@ -13,7 +13,7 @@ from hwlab.labs.fp8.attention import FP8_CACHE_MATH_REL
 ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "benchmarks" / "results" / "round9"
 NOTES = (ROOT / "benchmarks" / "LAB04_NOTES.md").read_text()
-ROUND9 = " ".join(NOTES[NOTES.index("## Round 9"):NOTES.index("## Superseded notes")].split())  # one line
+ROUND9 = " ".join(NOTES[NOTES.index("## Round 9"):NOTES.index("## Round 10")].split())  # one line
 
 
 def _load(name):

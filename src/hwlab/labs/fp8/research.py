@@ -697,8 +697,10 @@ def _rows_step(k_raw, v_raw, tm, q16, m2, l2, acc2, MASK: tl.constexpr, BLOCK_T:
     if MASK:
         s = tl.where(tm, s, -float("inf"))
     m_new = tl.maximum(m2, s)
-    alpha = tl.where(m_new == m2, 1.0, tl.exp2(m2 - m_new))  # 1 where the row's max holds (also -inf rows)
-    p = tl.where(s == -float("inf"), 0.0, tl.exp2(s - m_new))
+    # maxima floored at -1e30 so that a row with no position yet (-inf) never computes -inf - -inf:
+    # alpha is 1 where the row's max holds, 0 for a row's first position; masked positions add nothing
+    alpha = tl.exp2(tl.maximum(m2, -1e30) - tl.maximum(m_new, -1e30))
+    p = tl.where(s == -float("inf"), 0.0, tl.exp2(tl.maximum(s, -1e30) - tl.maximum(m_new, -1e30)))
     acc2 = acc2 * alpha.to(tl.float16)[:, None] + p.to(tl.float16)[:, None] * v_raw.to(tl.float16)
     return m_new, l2 * alpha + p, acc2
 
@@ -731,7 +733,7 @@ def _attend_chunk_rows(q, k_ptr, v_ptr, base, start, hi, D: tl.constexpr, BLOCK_
         v_raw = tl.load(v_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
         m2, l2, acc2 = _rows_step(k_raw, v_raw, tm, q16, m2, l2, acc2, True, BLOCK_T, D)
     m_i = tl.max(m2, 0)
-    w = tl.where(m2 == -float("inf"), 0.0, tl.exp2(m2 - m_i))
+    w = tl.where(m2 == -float("inf"), 0.0, tl.exp2(tl.maximum(m2, -1e30) - tl.maximum(m_i, -1e30)))
     return m_i, tl.sum(l2 * w, 0), tl.sum(acc2.to(tl.float32) * w[:, None], 0)
 
 
