@@ -194,3 +194,11 @@ def test_sass_mix_of_round_10s_loops_is_the_committed_one(tmp_path):
         for label in ("round 10's lean loop, lab tile, FP8 cache", "round 10's per-row loop, lab tile, FP8 cache"):
             assert rows[label]["warp_instructions_per_kb"] < 0.7 * lab, (name, label)
             assert rows[label]["mix"]["LDG"] * 16 * 32 == rows[label]["bytes_per_iteration"]  # 16-byte loads
+
+
+def test_the_share_of_instructions_saved_is_the_one_quoted():
+    for name, quoted in (("lab04_sass_mix_h200_triton.json", "35% fewer instructions"),
+                         ("lab04_sass_mix_cpu.json", "38% in this machine's Triton 3.8 count")):
+        rows = {r["label"]: r["warp_instructions_per_kb"] for r in _load(name)["rows"]}
+        saved = 1 - rows["round 10's lean loop, lab tile, FP8 cache"] / rows["lab tile, FP8 cache"]
+        assert quoted.startswith(f"{saved:.0%}") and quoted in ROUND10, name
