@@ -144,6 +144,18 @@ def both_methods(graphs: dict, rounds: int, per: int) -> dict:
             "alternate_ms_rounds": ms}
 
 
+def add_rates(row: dict, bytes8: int, tag: str) -> None:
+    """GB/s and share of SDPA's per way and timing method into ``row`` (its ``*_us`` medians per
+    layer): the kit's ways read ``bytes8`` (one layer's FP8 K and V), SDPA twice that (bf16); printed."""
+    for method in ("sustained", "alternate"):
+        us = row[f"{method}_us"]
+        gbps = {k: (2 * bytes8 if k == "sdpa" else bytes8) / v / 1e3 for k, v in us.items()}
+        row[f"{method}_gbps"] = gbps
+        row[f"{method}_over_sdpa"] = {k: g / gbps["sdpa"] for k, g in gbps.items()}
+        print(f"{tag} {row['ctx']} x{row['batch']} {method}: " + ", ".join(
+            f"{k} {us[k]:.1f} us {gbps[k]:.0f} GB/s ({row[f'{method}_over_sdpa'][k]:.1%})" for k in us), flush=True)
+
+
 def attn_part(rounds: int, names) -> list:
     dev = torch.device("cuda")
     cfg = lab.H200_SIZE
@@ -165,15 +177,8 @@ def attn_part(rounds: int, names) -> list:
                     print(f"attn {ctx} x{batch}: {name} wrong ({errs[name]:.2e}), not timed", flush=True)
             graphs["sdpa"], errs["sdpa"] = r6.sdpa_graph(q, kb, vb, ref16, dev)
             t = both_methods(graphs, rounds, n)
-        bytes8 = 2 * kf[0].numel()
         row = {"ctx": ctx, "batch": batch, "T": ctx, "n_layers": n, "rel_err_vs_float32": errs, **t}
-        for method in ("sustained", "alternate"):
-            us = t[f"{method}_us"]
-            gbps = {k: (2 * bytes8 if k == "sdpa" else bytes8) / v / 1e3 for k, v in us.items()}
-            row[f"{method}_gbps"] = gbps
-            row[f"{method}_over_sdpa"] = {k: g / gbps["sdpa"] for k, g in gbps.items()}
-            print(f"attn {ctx} x{batch} {method}: " + ", ".join(
-                f"{k} {us[k]:.1f} us {gbps[k]:.0f} GB/s ({row[f'{method}_over_sdpa'][k]:.1%})" for k in us), flush=True)
+        add_rates(row, 2 * kf[0].numel(), "attn")
         print("  clocks after blocks:", [(b["way"], b["sm_mhz_after"]) for b in t["blocks"]], flush=True)
         rows.append(row)
         del graphs, kb, vb, kf, vf
@@ -207,15 +212,8 @@ def pattern_part(rounds: int) -> list:
                     print(f"pattern {ctx} x{batch}: {name} read wrong bytes, not timed", flush=True)
             graphs["sdpa"], _ = r6.sdpa_graph(q, kb, vb, ref16, dev)
             t = both_methods(graphs, rounds, n)
-        bytes8 = 2 * kf[0].numel()
         row = {"ctx": ctx, "batch": batch, "checked": ok, **t}
-        for method in ("sustained", "alternate"):
-            us = t[f"{method}_us"]
-            gbps = {k: (2 * bytes8 if k == "sdpa" else bytes8) / v / 1e3 for k, v in us.items()}
-            row[f"{method}_gbps"] = gbps
-            row[f"{method}_over_sdpa"] = {k: g / gbps["sdpa"] for k, g in gbps.items()}
-            print(f"pattern {ctx} x{batch} {method}: " + ", ".join(
-                f"{k} {gbps[k]:.0f} GB/s ({row[f'{method}_over_sdpa'][k]:.1%})" for k in us), flush=True)
+        add_rates(row, 2 * kf[0].numel(), "pattern")
         rows.append(row)
         del graphs, kb, vb, kf, vf
         torch.cuda.empty_cache()
@@ -227,16 +225,8 @@ def step_part(rounds: int, names) -> list:
     m = lab.Decoder(lab.H200_SIZE, "fixed")
     rows = []
     for ctx, batch in ATTN_SHAPES:
-        g = torch.Generator().manual_seed(2)
-        toks = torch.randint(0, m.cfg.vocab, (batch, ctx + 1), generator=g).to(dev)
-        cache = m.new_cache(batch, ctx + 1)
+        decode, cache = r6.prefilled_decode(m, ctx, batch, dev)
         with torch.no_grad():
-            m(toks[:, :ctx], cache)
-
-            def decode():
-                cache.len = ctx
-                return m(toks[:, ctx:ctx + 1], cache)
-
             graphs = {}
             for name in names:
                 with attention_as(STEP_CHOICES[name]):

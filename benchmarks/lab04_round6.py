@@ -259,6 +259,22 @@ STEP_7 = tuple((ctx, batch, tuple(CHOICES_7), path) for path in ("fixed", "bf16"
                for ctx, batch in ((512, 16), (4096, 16)))
 
 
+def prefilled_decode(m, ctx: int, batch: int, dev):
+    """A seeded prompt of ``ctx`` tokens prefilled into a new cache of decoder ``m``, and the one-token
+    decode step at position ``ctx`` as a closure a CUDA graph can capture (it resets the cache's
+    length first, so every replay is the same step): ``(decode, cache)``."""
+    g = torch.Generator().manual_seed(2)
+    toks = torch.randint(0, m.cfg.vocab, (batch, ctx + 1), generator=g).to(dev)
+    cache = m.new_cache(batch, ctx + 1)
+    with torch.no_grad():
+        m(toks[:, :ctx], cache)
+
+    def decode():
+        cache.len = ctx
+        return m(toks[:, ctx:ctx + 1], cache)
+    return decode, cache
+
+
 def step_part(rounds: int, buckets=STEP_6, choices=CHOICES, choose=None) -> list:
     """``choose``: the context manager that applies a choice's settings (default :func:`choice`)."""
     choose = choose or choice
@@ -270,16 +286,8 @@ def step_part(rounds: int, buckets=STEP_6, choices=CHOICES, choose=None) -> list
         if path not in models:
             models[path] = lab.Decoder(lab.H200_SIZE, path)
         m = models[path]
-        g = torch.Generator().manual_seed(2)
-        toks = torch.randint(0, m.cfg.vocab, (batch, ctx + 1), generator=g).to(dev)
-        cache = m.new_cache(batch, ctx + 1)
+        decode, cache = prefilled_decode(m, ctx, batch, dev)
         with torch.no_grad():
-            m(toks[:, :ctx], cache)
-
-            def decode():
-                cache.len = ctx
-                return m(toks[:, ctx:ctx + 1], cache)
-
             graphs = {}
             for name in names:
                 try:

@@ -169,6 +169,22 @@ def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_pt
     (the barrier makes its own stores visible to all its threads; no other program reads that
     position). One launch per layer fewer than a kv_store kernel before the attention."""
     pdl_enter(PDL)
+    o, start, hi, q, base, kv_scale = _partial_begin(q_ptr, k_ptr, v_ptr, kv_scale_ptr, n_ctx, nctx_ptr, max_ctx,
+                                                     n_splits, qk_scale, H, stride_qb, stride_qh, kn_ptr, vn_ptr,
+                                                     stride_kb, stride_kh, stride_vb, stride_vh, D, CHUNK, PER_ROW,
+                                                     F16, NEW_KV)
+    m_i, l_i, acc = _attend_chunk(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, F16)
+    _partial_end(m_ptr, l_ptr, acc_ptr, o, m_i, l_i, acc, kv_scale, D)
+
+
+@triton.jit
+def _partial_begin(q_ptr, k_ptr, v_ptr, kv_scale_ptr, n_ctx, nctx_ptr, max_ctx, n_splits, qk_scale, H, stride_qb,
+                   stride_qh, kn_ptr, vn_ptr, stride_kb, stride_kh, stride_vb, stride_vh, D: tl.constexpr,
+                   CHUNK: tl.constexpr, PER_ROW: tl.constexpr, F16: tl.constexpr, NEW_KV: tl.constexpr):
+    """What a :func:`_decode_attn_partial` program reads before its loop: its output slot ``o``
+    (batch x head, split), its positions ``start`` to ``hi``, the query pre-scaled by the cache
+    scale and 1/sqrt(D) * log2(e), its cache rows' offset ``base`` and the cache scale; with
+    ``NEW_KV``, the last split's program first stores this step's K and V (:func:`_write_new_kv`)."""
     sp = tl.program_id(0)  # the split is the grid's fastest axis: programs launched together
     bh = tl.program_id(1)  # read neighbouring chunks of one (batch, head)
     start = sp * CHUNK
@@ -184,11 +200,16 @@ def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_pt
             _write_new_kv(kn_ptr, vn_ptr, k_ptr, v_ptr, base + (n_ctx - 1) * D, bh, H, stride_kb, stride_kh,
                           stride_vb, stride_vh, kv_scale, D, F16)
         tl.debug_barrier()
-    m_i, l_i, acc = _attend_chunk(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, F16)
-    o = bh * n_splits + sp
-    tl.store(m_ptr + o, m_i * 0.6931471805599453)  # log2 units -> natural log, as the combine expects
+    return bh * n_splits + sp, start, hi, q, base, kv_scale
+
+
+@triton.jit
+def _partial_end(m_ptr, l_ptr, acc_ptr, o, m_i, l_i, acc, kv_scale, D: tl.constexpr):
+    """A program's partial max (stored in natural-log units, as the combine expects), sum and
+    output (times the cache scale) at slot ``o``."""
+    tl.store(m_ptr + o, m_i * 0.6931471805599453)  # log2 units -> natural log
     tl.store(l_ptr + o, l_i)
-    tl.store(acc_ptr + o * D + d, acc * kv_scale)
+    tl.store(acc_ptr + o * D + tl.arange(0, D), acc * kv_scale)
 
 
 @triton.jit

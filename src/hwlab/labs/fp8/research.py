@@ -32,8 +32,8 @@ from ... import tritonenv
 from . import workspace as W
 from . import attention as _attention
 from .attention import (DEFAULT_TILE, LOG2E, AttnTile, _attend_chunk, _decode_attn_combine, _decode_attn_partial,
-                        _pdl_args, _softmax_step, _write_new_kv, check_decode_args, chunk_for, combine_splits,
-                        decode_attention_ref, kv_store_ref, new_kv_args, split_buffers, split_count)
+                        _partial_begin, _partial_end, _pdl_args, _softmax_step, check_decode_args, chunk_for,
+                        combine_splits, decode_attention_ref, kv_store_ref, new_kv_args, split_buffers, split_count)
 from .kernels import rel_err
 from .model import Decoder, ModelConfig, QLinear
 from .quant import (BLOCK, FP8, FP8_MAX, _row_amax_kernel, fence_gpu, pdl_args, pdl_enter, quant_static_ref, quant_tensor_ref,
@@ -419,37 +419,23 @@ def decode_attention_round8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if not (isinstance(programs_per_sm, int) and programs_per_sm >= 0 and isinstance(fused_combine, bool)):
         raise ValueError(f"programs_per_sm >= 0 (0: the lab's chunk rule) and fused_combine a bool; got "
                          f"{programs_per_sm!r}, {fused_combine!r}")
-    per_row = check_decode_args(q, k_cache, v_cache, n_ctx)
-    if new_kv is not None and (per_row or new_kv[0].shape != q.shape or new_kv[1].shape != q.shape):
-        raise ValueError("new_kv is this step's (k, v), each shaped as q (B, H, 1, D), with one length for all rows")
-    if not use_triton_for(q, use_triton):
-        if new_kv is not None:
-            kv_store_ref(new_kv[0], new_kv[1], k_cache, v_cache, kv_scale, n_ctx - 1)
-        out = decode_attention_ref(q, k_cache, v_cache, kv_scale, n_ctx)
-        return out if out_scale is None else quant_static_ref(out, out_scale)
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("decode_attention reads contiguous (B, H, T, D) caches")
+    per_row, ref = _checks_or_reference(q, k_cache, v_cache, kv_scale, n_ctx, use_triton, out_scale, new_kv)
+    if ref is not None:
+        return ref
     B, H, _, D = q.shape
     n_positions = k_cache.shape[2] if per_row else n_ctx
     chunk = chunk_for_gpu(tile, B * H, n_positions, programs_per_sm, sm_count(q.device))
-    n_splits = split_count(n_positions, chunk)
-    m, l, acc = split_buffers(q, n_splits)
-    q = q if q.stride(3) == 1 else q.contiguous()
     extra = new_kv_args(new_kv)
     out = None
     if fused_combine:
+        n_splits = split_count(n_positions, chunk)
         out = torch.empty((B, H, 1, D), dtype=q.dtype if out_scale is None else FP8, device=q.device)
         extra.update(cnt_ptr=W.zeroed(q.device, "attn_rows", max(B * H, MIN_COUNTERS), torch.int32), out_ptr=out,
                      os_ptr=out if out_scale is None else out_scale.reshape(1).float(), COMBINE=True,
                      SPLITS=max(2, triton.next_power_of_2(n_splits)), QUANT=out_scale is not None,
                      FENCE=not tritonenv.INTERPRETED)
-    _decode_attn_partial_r8[(n_splits, B * H)](q, k_cache, v_cache, kv_scale.reshape(1).float(), m, l, acc,
-                                               0 if per_row else n_ctx, n_ctx if per_row else m, k_cache.shape[2],
-                                               n_splits, LOG2E / math.sqrt(D), H, q.stride(0), q.stride(1), D=D,
-                                               CHUNK=chunk, BLOCK_T=tile.block_t, PER_ROW=per_row,
-                                               F16=k_cache.dtype == FP8, num_warps=tile.num_warps,
-                                               num_stages=tile.num_stages, **extra, **_pdl_args(q),
-                                               **launch_limits(maxnreg))
+    m, l, acc, n_splits = _launch_partial(_decode_attn_partial_r8, q, k_cache, v_cache, kv_scale, n_ctx, per_row, chunk,
+                                          tile, **extra, **launch_limits(maxnreg))
     if fused_combine:
         return out
     if pdl_combine:
@@ -459,6 +445,39 @@ def decode_attention_round8(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                                        QUANT=out_scale is not None, **pdl_args(q))
         return out
     return combine_splits(m, l, acc, q, out_scale)
+
+
+def _checks_or_reference(q, k_cache, v_cache, kv_scale, n_ctx, use_triton, out_scale, new_kv):
+    """:func:`.attention.decode_attention`'s checks for research's split attentions: ``(per_row,
+    None)`` where a kernel is to run, or ``(per_row, result)`` from the reference (on a CPU, or
+    ``use_triton`` False), this step's ``new_kv`` written first as :func:`.attention.kv_store` would."""
+    per_row = check_decode_args(q, k_cache, v_cache, n_ctx)
+    if new_kv is not None and (per_row or new_kv[0].shape != q.shape or new_kv[1].shape != q.shape):
+        raise ValueError("new_kv is this step's (k, v), each shaped as q (B, H, 1, D), with one length for all rows")
+    if not use_triton_for(q, use_triton):
+        if new_kv is not None:
+            kv_store_ref(new_kv[0], new_kv[1], k_cache, v_cache, kv_scale, n_ctx - 1)
+        out = decode_attention_ref(q, k_cache, v_cache, kv_scale, n_ctx)
+        return per_row, (out if out_scale is None else quant_static_ref(out, out_scale))
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("decode_attention reads contiguous (B, H, T, D) caches")
+    return per_row, None
+
+
+def _launch_partial(kernel, q, k_cache, v_cache, kv_scale, n_ctx, per_row, chunk, tile, **extra):
+    """One launch of a partial kernel with :func:`.attention._decode_attn_partial`'s arguments over
+    chunks of ``chunk`` positions (``extra``: its further arguments and launch options): the
+    partial max, sum and output buffers and the split count."""
+    B, H, _, D = q.shape
+    n_splits = split_count(k_cache.shape[2] if per_row else n_ctx, chunk)
+    m, l, acc = split_buffers(q, n_splits)
+    q = q if q.stride(3) == 1 else q.contiguous()
+    kernel[(n_splits, B * H)](q, k_cache, v_cache, kv_scale.reshape(1).float(), m, l, acc, 0 if per_row else n_ctx,
+                              n_ctx if per_row else m, k_cache.shape[2], n_splits, LOG2E / math.sqrt(D), H,
+                              q.stride(0), q.stride(1), D=D, CHUNK=chunk, BLOCK_T=tile.block_t, PER_ROW=per_row,
+                              F16=k_cache.dtype == FP8, num_warps=tile.num_warps, num_stages=tile.num_stages,
+                              **extra, **_pdl_args(q))
+    return m, l, acc, n_splits
 
 
 def launch_limits(maxnreg: int | None) -> dict:
@@ -639,6 +658,18 @@ def _lean_step(k_raw, v_raw, tm, q16, m_i, l2, acc2, MASK: tl.constexpr, BLOCK_T
 
 
 @triton.jit
+def _last_step_kv(k_ptr, v_ptr, base, full, hi, D: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The masked last step of round 10's loops: K and V of positions ``full`` to ``hi`` (fewer
+    than ``BLOCK_T``; zeros past ``hi``) and the mask of the positions that are real."""
+    t = full + tl.arange(0, BLOCK_T)
+    tm = t < hi
+    off = base + t[:, None] * D + tl.arange(0, D)[None, :]
+    k_raw = tl.load(k_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
+    v_raw = tl.load(v_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
+    return k_raw, v_raw, tm
+
+
+@triton.jit
 def _attend_chunk_lean(q, k_ptr, v_ptr, base, start, hi, D: tl.constexpr, BLOCK_T: tl.constexpr,
                        PREFETCH: tl.constexpr = 0, LOOP_STAGES: tl.constexpr = 0):
     """:func:`.attention._attend_chunk` on an FP8 cache with fewer instructions per byte (LAB04_NOTES.md
@@ -678,11 +709,7 @@ def _attend_chunk_lean(q, k_ptr, v_ptr, base, start, hi, D: tl.constexpr, BLOCK_
             v_raw = tl.load(v_ptr + off, eviction_policy="evict_first")
         m_i, l2, acc2 = _lean_step(k_raw, v_raw, tr < BLOCK_T, q16, m_i, l2, acc2, False, BLOCK_T, D)
     if full < hi:
-        t = full + tr
-        tm = t < hi
-        off = base + t[:, None] * D + d[None, :]
-        k_raw = tl.load(k_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
-        v_raw = tl.load(v_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
+        k_raw, v_raw, tm = _last_step_kv(k_ptr, v_ptr, base, full, hi, D, BLOCK_T)
         m_i, l2, acc2 = _lean_step(k_raw, v_raw, tm, q16, m_i, l2, acc2, True, BLOCK_T, D)
     return m_i, tl.sum(l2, 0), tl.sum(acc2.to(tl.float32), 0)
 
@@ -726,11 +753,7 @@ def _attend_chunk_rows(q, k_ptr, v_ptr, base, start, hi, D: tl.constexpr, BLOCK_
         v_raw = tl.load(v_ptr + off, eviction_policy="evict_first")
         m2, l2, acc2 = _rows_step(k_raw, v_raw, tr < BLOCK_T, q16, m2, l2, acc2, False, BLOCK_T, D)
     if full < hi:
-        t = full + tr
-        tm = t < hi
-        off = base + t[:, None] * D + d[None, :]
-        k_raw = tl.load(k_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
-        v_raw = tl.load(v_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
+        k_raw, v_raw, tm = _last_step_kv(k_ptr, v_ptr, base, full, hi, D, BLOCK_T)
         m2, l2, acc2 = _rows_step(k_raw, v_raw, tm, q16, m2, l2, acc2, True, BLOCK_T, D)
     m_i = tl.max(m2, 0)
     w = tl.where(m2 == -float("inf"), 0.0, tl.exp2(tl.maximum(m2, -1e30) - tl.maximum(m_i, -1e30)))
@@ -795,31 +818,17 @@ def _decode_attn_partial_lean(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, a
     FP8 cache is :func:`_attend_chunk_lean` (``PREFETCH``, ``LOOP_STAGES`` its); a 16-bit cache
     keeps the lab's loop."""
     pdl_enter(PDL)
-    sp = tl.program_id(0)
-    bh = tl.program_id(1)
-    start = sp * CHUNK
-    if PER_ROW:
-        n_ctx = tl.load(nctx_ptr + bh // H)
-    hi = tl.where(sp == n_splits - 1, n_ctx, tl.minimum(start + CHUNK, n_ctx))
-    d = tl.arange(0, D)
-    kv_scale = tl.load(kv_scale_ptr)
-    q = tl.load(q_ptr + (bh // H) * stride_qb + (bh % H) * stride_qh + d).to(tl.float32) * (qk_scale * kv_scale)
-    base = bh.to(tl.int64) * max_ctx * D
-    if NEW_KV:
-        if sp == n_splits - 1:
-            _write_new_kv(kn_ptr, vn_ptr, k_ptr, v_ptr, base + (n_ctx - 1) * D, bh, H, stride_kb, stride_kh,
-                          stride_vb, stride_vh, kv_scale, D, F16)
-        tl.debug_barrier()
+    o, start, hi, q, base, kv_scale = _partial_begin(q_ptr, k_ptr, v_ptr, kv_scale_ptr, n_ctx, nctx_ptr, max_ctx,
+                                                     n_splits, qk_scale, H, stride_qb, stride_qh, kn_ptr, vn_ptr,
+                                                     stride_kb, stride_kh, stride_vb, stride_vh, D, CHUNK, PER_ROW,
+                                                     F16, NEW_KV)
     if F16 and ROWS:
         m_i, l_i, acc = _attend_chunk_rows(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, LOOP_STAGES)
     elif F16:
         m_i, l_i, acc = _attend_chunk_lean(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, PREFETCH, LOOP_STAGES)
     else:
         m_i, l_i, acc = _attend_chunk(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, F16)
-    o = bh * n_splits + sp
-    tl.store(m_ptr + o, m_i * 0.6931471805599453)
-    tl.store(l_ptr + o, l_i)
-    tl.store(acc_ptr + o * D + d, acc * kv_scale)
+    _partial_end(m_ptr, l_ptr, acc_ptr, o, m_i, l_i, acc, kv_scale, D)
 
 
 def lean_steps_fit(tile: AttnTile, chunk: int) -> bool:
@@ -844,30 +853,14 @@ def decode_attention_lean(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         raise ValueError(f"prefetch is 0 (none), 1 (the next step's V) or 2 (its K and V); got {prefetch!r}")
     if not (isinstance(loop_stages, int) and 0 <= loop_stages <= 8) or ((loop_stages or rows) and prefetch):
         raise ValueError(f"loop_stages is 0..8, and 0 with a prefetch; got {loop_stages!r} (prefetch {prefetch})")
-    per_row = check_decode_args(q, k_cache, v_cache, n_ctx)
-    if new_kv is not None and (per_row or new_kv[0].shape != q.shape or new_kv[1].shape != q.shape):
-        raise ValueError("new_kv is this step's (k, v), each shaped as q (B, H, 1, D), with one length for all rows")
-    if not use_triton_for(q, use_triton):
-        if new_kv is not None:
-            kv_store_ref(new_kv[0], new_kv[1], k_cache, v_cache, kv_scale, n_ctx - 1)
-        out = decode_attention_ref(q, k_cache, v_cache, kv_scale, n_ctx)
-        return out if out_scale is None else quant_static_ref(out, out_scale)
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("decode_attention reads contiguous (B, H, T, D) caches")
+    per_row, ref = _checks_or_reference(q, k_cache, v_cache, kv_scale, n_ctx, use_triton, out_scale, new_kv)
+    if ref is not None:
+        return ref
     B, H, _, D = q.shape
-    n_positions = k_cache.shape[2] if per_row else n_ctx
-    chunk = chunk_for(tile, B * H, n_positions)
+    chunk = chunk_for(tile, B * H, k_cache.shape[2] if per_row else n_ctx)
     if k_cache.dtype == FP8 and not lean_steps_fit(tile, chunk):
         raise ValueError(f"{tile}: chunk {chunk} over block_t {tile.block_t} steps could overflow the fp16 output rows")
-    n_splits = split_count(n_positions, chunk)
-    m, l, acc = split_buffers(q, n_splits)
-    q = q if q.stride(3) == 1 else q.contiguous()
-    _decode_attn_partial_lean[(n_splits, B * H)](q, k_cache, v_cache, kv_scale.reshape(1).float(), m, l, acc,
-                                                 0 if per_row else n_ctx, n_ctx if per_row else m, k_cache.shape[2],
-                                                 n_splits, LOG2E / math.sqrt(D), H, q.stride(0), q.stride(1), D=D,
-                                                 CHUNK=chunk, BLOCK_T=tile.block_t, PER_ROW=per_row,
-                                                 F16=k_cache.dtype == FP8, num_warps=tile.num_warps,
-                                                 num_stages=tile.num_stages, PREFETCH=prefetch, LOOP_STAGES=loop_stages, ROWS=rows,
-                                                 **new_kv_args(new_kv),
-                                                 **_pdl_args(q), **launch_limits(maxnreg))
+    m, l, acc, _ = _launch_partial(_decode_attn_partial_lean, q, k_cache, v_cache, kv_scale, n_ctx, per_row, chunk,
+                                   tile, PREFETCH=prefetch, LOOP_STAGES=loop_stages, ROWS=rows, **new_kv_args(new_kv),
+                                   **launch_limits(maxnreg))
     return combine_splits(m, l, acc, q, out_scale)
