@@ -202,3 +202,49 @@ def test_the_share_of_instructions_saved_is_the_one_quoted():
         rows = {r["label"]: r["warp_instructions_per_kb"] for r in _load(name)["rows"]}
         saved = 1 - rows["round 10's lean loop, lab tile, FP8 cache"] / rows["lab tile, FP8 cache"]
         assert quoted.startswith(f"{saved:.0%}") and quoted in ROUND10, name
+
+
+def test_the_warps_wait_on_two_load_groups_that_share_their_registers():
+    """Item 10 from Nsight Compute's per-instruction sampling: the loop's eight 16-byte loads come in
+    two groups of four into the same registers, and most stall samples wait on one group or the other."""
+    text = (RES / "lab04_attn_source_h200.csv").read_text()
+    table = list(csv.reader(io.StringIO(text[text.index('"Address"'):])))
+    head = table[0]
+    rows = [dict(zip(head, r)) for r in table[1:] if len(r) >= len(head) - 1]
+    num = lambda x: _num(x) if x not in ("", "-") else 0.0  # noqa: E731
+    total = sum(num(r["Warp Stall Sampling (All Samples)"]) for r in rows)
+    loads = [i for i, r in enumerate(rows) if "LDG.E.EF.128" in r["Source"]]
+    assert len(loads) == 8
+    first, second = loads[:4], loads[4:]
+    assert first[-1] + 50 < second[0]  # the second group comes long after the first: after the step's K math
+    dest = lambda group: {rows[i]["Source"].split("LDG.E.EF.128")[1].split(",")[0].strip() for i in group}  # noqa: E731
+    assert dest(first) == dest(second) == {"R12", "R16", "R20", "R24"}
+    long_sb = sum(num(r["stall_long_sb"]) for r in rows) / total
+    on_first = sum(num(rows[i]["stall_long_sb"]) for i in range(first[-1] + 1, second[0])) / total
+    on_second = sum(num(rows[i]["stall_long_sb"]) for i in range(second[-1] + 1, len(rows))) / total
+    assert on_first > 0.3 and on_second > 0.3
+    assert (f"{long_sb:.0%} of all stall samples are long-scoreboard waits on a load, {on_first:.0%} between"
+            in ROUND10 and f"and {on_second:.0%} after the next four" in ROUND10)
+
+
+def test_the_load_order_is_the_compilers_with_or_without_a_register_cap(tmp_path):
+    """``lab04_load_order.py`` (CPU, static compiles) re-run: under the Triton that recorded a file
+    its rows are this code's; in every file and cap the second load group writes the first group's
+    registers, long after it; under the H200's Triton the kernel has the 63 registers and load
+    registers Nsight Compute read on the GPU."""
+    out = tmp_path / "order.json"
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT / "src"))
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "lab04_load_order.py"), str(out)], check=True, env=env,
+                   capture_output=True, timeout=600)
+    fresh = json.loads(out.read_text())
+    for name in ("lab04_load_order_cpu.json", "lab04_load_order_cpu_triton36.json"):
+        committed = _load(name)
+        if fresh["triton"] == committed["triton"]:
+            assert fresh["rows"] == committed["rows"], name
+        assert [r["maxnreg"] for r in committed["rows"]] == [None, 72, 80, 96, 128]
+        for r in committed["rows"]:
+            lines, regs = r["load_lines"], r["load_registers"]
+            assert len(lines) == 8 and set(regs[:4]) == set(regs[4:]), (name, r["maxnreg"])
+            assert lines[4] - lines[3] > 100 and r["first_conversion"] < lines[4], (name, r["maxnreg"])
+    h200 = _load("lab04_load_order_cpu_triton36.json")["rows"][0]
+    assert h200["registers"] == 63 and set(h200["load_registers"]) == {"R12", "R16", "R20", "R24"}
