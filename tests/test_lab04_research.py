@@ -315,6 +315,9 @@ def test_interleaved_kv_attention_matches_the_reference_and_the_two_cache_loop(d
 
 
 @pytest.mark.parametrize("dt", [torch.float16, K.FP8])
+# the deliberately broken call below combines partials never written (uninitialised memory), which
+# may overflow in the interpreter's casts; the test asserts that result is wrong, not what it holds
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 def test_fused_combine_equals_the_combine_kernel_and_leaves_its_counters_zero(dt):
     """Round 8's fused combine (``research.decode_attention_round8``, interpreter): the last program of each (batch, head)
     combines the splits itself. Its output equals the two-kernel attention's (same partials, sums
