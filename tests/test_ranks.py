@@ -136,3 +136,20 @@ def test_nccl_route_lines_are_attributed_to_their_rank(crosslink_run, tmp_path):
     assert routes[f"nccl.{cap['pid']}.log"] == {"rank": 1, "routes": {"P2P/CUMEM": 2, "SHM": 1}}
     assert routes["elsewhere.log"]["rank"] is None and routes["elsewhere.log"]["routes"]["SHM"] == 1
     assert _ranks_cli(d, "--nccl-log", tmp_path / "missing.log").returncode == 2
+
+
+def test_a_partners_coinciding_jitter_leaves_a_ranks_spikes_local():
+    """The global/local split on its own: a step is global only where most ranks spike. One other
+    rank's jitter at the slow rank's spike steps (a busy 2-core host) keeps them local; three of
+    four ranks at one step make it global."""
+    own = [3, 7, 11, 15, 19, 23]
+    stats = {0: {"spike_steps": [5], "spike_period": None},
+             1: {"spike_steps": [5, 11, 15, 19, 23], "spike_period": None},  # jitter at rank 2's steps
+             2: {"spike_steps": own, "spike_period": 4},
+             3: {"spike_steps": [5], "spike_period": None}}
+    sp = ranks._spike_summary(stats)
+    assert sp["global_steps"] == [5]
+    assert sp["local"]["2"] == {"steps": own, "period": 4}
+    two = ranks._spike_summary({0: {"spike_steps": [1, 2], "spike_period": None},
+                                1: {"spike_steps": [2, 6], "spike_period": None}})
+    assert two["global_steps"] == [2]  # with two ranks, both
