@@ -43,8 +43,7 @@ def main(out_path: str) -> None:
     c = {"D": 128, "CHUNK": A.DEFAULT_TILE.chunk, "BLOCK_T": A.DEFAULT_TILE.block_t, "PER_ROW": False, "F16": True,
          **S.LAB_OFF}
     c = {k: v for k, v in c.items() if sig[k] == "constexpr"}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
-             if sig[k].startswith("*") or (k.startswith("stride") and sig[k] == "i32")}
+    attrs = S.launched_attrs(sig)
     rows = []
     for cap in CAPS:
         opts = {"num_warps": A.DEFAULT_TILE.num_warps, "num_stages": A.DEFAULT_TILE.num_stages,

@@ -231,12 +231,7 @@ def step_part(rounds: int, names) -> list:
             for name in names:
                 with attention_as(STEP_CHOICES[name]):
                     graphs[name] = capture_graph(decode, dev)
-            outs = {}
-            for k, c in graphs.items():
-                c.replay()
-                torch.cuda.synchronize()
-                outs[k] = c.out.float().clone()
-            diff = {k: float((o - outs["lab"]).norm() / outs["lab"].norm()) for k, o in outs.items()}
+            diff = r6.logits_diff_vs_lab(graphs)
             t = both_methods(graphs, rounds, 1)
         row = {"ctx": ctx, "batch": batch, "path": "fixed", "logits_rel_diff_vs_lab": diff, **t}
         rows.append(row)

@@ -275,6 +275,16 @@ def prefilled_decode(m, ctx: int, batch: int, dev):
     return decode, cache
 
 
+def logits_diff_vs_lab(graphs: dict) -> dict:
+    """Each captured decode step replayed once: its logits' relative difference from the "lab" graph's."""
+    outs = {}
+    for k, c in graphs.items():
+        c.replay()
+        torch.cuda.synchronize()
+        outs[k] = c.out.float().clone()
+    return {k: float((o - outs["lab"]).norm() / outs["lab"].norm()) for k, o in outs.items()}
+
+
 def step_part(rounds: int, buckets=STEP_6, choices=CHOICES, choose=None) -> list:
     """``choose``: the context manager that applies a choice's settings (default :func:`choice`)."""
     choose = choose or choice
@@ -295,12 +305,7 @@ def step_part(rounds: int, buckets=STEP_6, choices=CHOICES, choose=None) -> list
                         graphs[name] = capture_graph(decode, dev)
                 except Exception as e:  # noqa: BLE001
                     print(f"step {ctx} x{batch}: {name} failed: {type(e).__name__}: {e}"[:400], flush=True)
-            outs = {}
-            for k, c in graphs.items():
-                c.replay()
-                torch.cuda.synchronize()
-                outs[k] = c.out.float().clone()
-            diff = {k: float((o - outs["lab"]).norm() / outs["lab"].norm()) for k, o in outs.items()}
+            diff = logits_diff_vs_lab(graphs)
             ms = alternate(graphs, rounds)
         row = {"ctx": ctx, "batch": batch, "path": path, "failed": [k for k in names if k not in graphs],
                "logits_rel_diff_vs_lab": diff, "tpot_ms_rounds": ms,

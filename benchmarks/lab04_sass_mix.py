@@ -68,8 +68,7 @@ def main(out_path: str) -> None:
                  "USE_DOT": kernel == "tensor cores", "PREFETCH": False}
         sig = dict(sig, k_ptr="*fp8e4nv" if fp8 else "*bf16", v_ptr="*fp8e4nv" if fp8 else "*bf16")
         c = {k: v for k, v in c.items() if sig[k] == "constexpr"}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
-                 if sig[k].startswith("*") or (k.startswith("stride") and sig[k] == "i32")}
+        attrs = S.launched_attrs(sig)
         mix = loop_instruction_mix(sass_sm90(fn, sig, c, attrs,
                                              {"num_warps": warps, "num_stages": A.DEFAULT_TILE.num_stages}))
         n = sum(mix.values())

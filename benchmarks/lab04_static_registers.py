@@ -45,6 +45,15 @@ FUSED_SIG = {"cnt_ptr": "*i32", "out_ptr": "*fp8e4nv", "os_ptr": "*fp32"}
 LAB_SIG = {**{("qk_scale" if k == "sm_scale" else k): v for k, v in ATTN_SIG.items()}, "F16": "constexpr",
            "PDL": "constexpr", **{k: "constexpr" for k in LAB_OFF}}
 R8_SIG = {**LAB_SIG, **{k: "constexpr" for k in FUSED_OFF}}
+
+
+def launched_attrs(sig: dict) -> dict:
+    """What Triton's launcher specialises a call on, as a static compile's ``attrs``: every pointer
+    and every int32 stride 16-byte aligned (the lab's tensors are; an unaligned compile reads them
+    a byte at a time)."""
+    return {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
+            if sig[k].startswith("*") or (k.startswith("stride") and sig[k] == "i32")}
+
 W8_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*bf16", "ws_ptr": "*fp32",
           "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32",
           "stride_ym": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "SWAP": "constexpr",
@@ -87,8 +96,7 @@ def main(out_path: str) -> None:
         sig = {**base, **(FUSED_SIG if extra else {})}
         c = {k: v for k, v in {"D": 128, "CHUNK": t.chunk, "BLOCK_T": t.block_t, "PER_ROW": False, "F16": True,
                                **LAB_OFF, **extra}.items() if sig[k] == "constexpr"}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
-                 if sig[k].startswith("*") or (k.startswith("stride") and sig[k] == "i32")}
+        attrs = launched_attrs(sig)
         g = ptxas_sm90(kernel, sig, c, attrs, {"num_warps": t.num_warps, "num_stages": t.num_stages}, label)
         rows.append({"kernel": "_decode_attn_partial (FP8 cache)", "label": label, "warps": t.num_warps,
                      **{k: v for k, v in c.items() if not k.endswith("_ptr")}, **g})

@@ -633,10 +633,6 @@ def self_check(device=None, act_dtype: torch.dtype | None = None, seed: int = 0)
 
 
 # ---------------------------------------------------------------- fewer instructions per byte (round 10)
-#: largest fp16 value: an FP8 cache's per-position output sums stay below it (:func:`decode_attention_lean`)
-FP16_MAX = 65504.0
-
-
 @triton.jit
 def _lean_step(k_raw, v_raw, tm, q16, m_i, l2, acc2, MASK: tl.constexpr, BLOCK_T: tl.constexpr, D: tl.constexpr):
     """One step of round 10's online softmax on an FP8 cache (:func:`_attend_chunk_lean`): the
@@ -835,7 +831,7 @@ def lean_steps_fit(tile: AttnTile, chunk: int) -> bool:
     """Whether :func:`_attend_chunk_lean`'s fp16 output rows cannot overflow: each row adds one
     position per step, each term at most 448 (p <= 1 times an e4m3 value), over at most
     ``(1 + attention.MERGE_TAIL_FRACTION) * chunk / block_t`` steps (the last split runs to the row's end)."""
-    return (1 + _attention.MERGE_TAIL_FRACTION) * chunk / tile.block_t * FP8_MAX <= FP16_MAX
+    return (1 + _attention.MERGE_TAIL_FRACTION) * chunk / tile.block_t * FP8_MAX <= torch.finfo(torch.float16).max
 
 
 def decode_attention_lean(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_scale: torch.Tensor,
