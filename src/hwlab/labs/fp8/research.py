@@ -19,7 +19,9 @@ interpreter) so a finding there can be re-measured with the code that produced i
   two (LAB04_NOTES.md round 9).
 * :func:`decode_attention_lean`: the lab's decode attention whose loop on an FP8 cache issues
   fewer instructions per byte (output and sum kept per position row, unmasked full steps;
-  LAB04_NOTES.md round 10).
+  LAB04_NOTES.md round 10); :func:`stream_kv` and :func:`stream_matrix` read a cache or a weight
+  without arithmetic (load-only probes: the read rate of an access pattern, and of a weight in one
+  launch, round 11).
 """
 from __future__ import annotations
 
@@ -800,6 +802,54 @@ def stream_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: int, block_t:
     _stream_kv_kernel[(n_splits, B * H)](k32, v32, out, T, n_splits, D=D // 4, CHUNK=chunk, BLOCK_T=block_t,
                                          LOOP_STAGES=loop_stages, num_warps=num_warps,
                                          num_stages=max(loop_stages, 1))
+    return out
+
+
+@triton.jit
+def _stream_matrix_kernel(w_ptr, out_ptr, stride_w, n_split, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          K_SLICE: tl.constexpr, LOOP_STAGES: tl.constexpr = 0):
+    """Load-only, for a decode GEMM's weight: a (N, K) matrix read as int32 words, one program per
+    ``BLOCK_N`` rows and slice of ``K_SLICE`` words, ``BLOCK_K`` words a step, each program XOR-ing
+    what it reads into one number (so the loads stay). The read time of a weight in one launch,
+    without a GEMM's arithmetic (round 11)."""
+    pn = tl.program_id(0)
+    pk = tl.program_id(1)
+    offs = (pn * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)[:, None] * stride_w + tl.arange(0, BLOCK_K)[None, :]
+    x = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.int32)
+    for k0 in tl.range(pk * K_SLICE, pk * K_SLICE + K_SLICE, BLOCK_K,
+                       num_stages=LOOP_STAGES if LOOP_STAGES > 0 else None):
+        x = x ^ tl.load(w_ptr + offs + k0, eviction_policy="evict_first")
+    tl.store(out_ptr + pn * n_split + pk, tl.xor_sum(tl.reshape(x, (BLOCK_N * BLOCK_K,)), 0))
+
+
+def stream_matrix(w: torch.Tensor, block_n: int, block_k_bytes: int, split: int = 1, num_warps: int = 4,
+                  loop_stages: int = 0, use_triton: bool | None = None) -> torch.Tensor:
+    """:func:`_stream_matrix_kernel` over a contiguous (N, K) weight of any element size: per
+    (block of ``block_n`` rows, K slice of ``split``) the XOR of its bytes as int32 words,
+    (N // block_n, split) int32; on the CPU (or ``use_triton`` False) the same from torch.
+    ``block_k_bytes``: bytes of each row a step (a multiple of 16, dividing the slice)."""
+    if w.dim() != 2 or not w.is_contiguous():
+        raise ValueError(f"stream_matrix reads a contiguous (N, K) matrix; got {tuple(w.shape)}")
+    N = w.shape[0]
+    row_bytes = w.shape[1] * w.element_size()
+    if (N % block_n or block_k_bytes % 16 or row_bytes % (split * block_k_bytes)
+            or not (isinstance(loop_stages, int) and 0 <= loop_stages <= 8)):
+        raise ValueError(f"stream_matrix: block_n {block_n} must divide the {N} rows, block_k_bytes {block_k_bytes} "
+                         f"be a multiple of 16 and split {split} x block_k_bytes divide a row's {row_bytes} bytes; "
+                         f"loop_stages 0..8 (got {loop_stages!r})")
+    w32 = w.view(torch.uint8).view(N, row_bytes).view(torch.int32)  # (N, row_bytes / 4) words
+    words = row_bytes // 4
+    if not use_triton_for(w32, use_triton):  # words: any element type reads alike
+        x = w32.reshape(N // block_n, block_n, split, words // split).transpose(1, 2).reshape(N // block_n, split, -1)
+        while x.shape[-1] > 1:  # XOR in halves: log2(words) ops, not one per word
+            if x.shape[-1] % 2:
+                x = torch.cat([x, torch.zeros_like(x[..., :1])], -1)
+            x = x[..., 0::2] ^ x[..., 1::2]
+        return x[..., 0]
+    out = torch.empty((N // block_n, split), dtype=torch.int32, device=w.device)
+    _stream_matrix_kernel[(N // block_n, split)](w32, out, words, split, BLOCK_N=block_n, BLOCK_K=block_k_bytes // 4,
+                                                 K_SLICE=words // split, LOOP_STAGES=loop_stages,
+                                                 num_warps=num_warps, num_stages=max(loop_stages, 1))
     return out
 
 
