@@ -54,6 +54,9 @@ PROBES = {
     "16 rows x 256 B, 1 warp, 3 stages": (16, 256, 1, 3),
 }
 SPLITS = (1, 2, 4, 8)
+#: call 2: the lab's FP8 GEMM tile per shape with these changes, beside it (name -> config overrides)
+KIT_TILES = {"K split 2 serial": {"SPLIT_K": 2, "SERIAL_K": True}, "K split 4 serial": {"SPLIT_K": 4, "SERIAL_K": True},
+             "K split 8 serial": {"SPLIT_K": 8, "SERIAL_K": True}}
 MIN_PROGRAMS, MAX_PROGRAMS = 132, 8192
 N_LAYERS = 8
 
@@ -95,6 +98,17 @@ def _capture_checked(fn, check, dev):
 
 
 def floor_part(rounds: int) -> list:
+    """Part ``floor``, every way with PDL off, as the lab's GEMM comparison times them
+    (:func:`hwlab.labs.fp8.run.gemms_vs_bf16`; call 1 left the lab's PDL on, so its kit GEMMs
+    overlapped each other back to back)."""
+    old = Q.set_pdl(False)
+    try:
+        return _floor_part(rounds)
+    finally:
+        Q.set_pdl(old)
+
+
+def _floor_part(rounds: int) -> list:
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(11)
     rows_out = []
@@ -114,10 +128,15 @@ def floor_part(rounds: int) -> list:
                 ref8 = (xq.float() * xs) @ (w8[0][0].float() * w8[0][1]).t()
                 gemms = {f"bf16 x{rows}": (lambda xb=xb: [F.linear(xb, w16[i]) for i in range(N_LAYERS)], ref16),
                          f"kit fp8 x{rows}": (lambda xq=xq, xs=xs: [G.decode_mm(xq, w8[i][0], xs, w8[i][1])
-                                                                  for i in range(N_LAYERS)], ref8),
-                         f"cublas fp8 x{rows}": (lambda xq=xq, xs=xs: [
-                             torch._scaled_mm(xq, w8[i][0].t(), scale_a=xs, scale_b=w8[i][1], out_dtype=torch.bfloat16)
-                             for i in range(N_LAYERS)], ref8)}
+                                                                  for i in range(N_LAYERS)], ref8)}
+                for tname, over in KIT_TILES.items():
+                    c = {**G.config_for(N, Kd), **over}
+                    if c != G.config_for(N, Kd):
+                        gemms[f"kit fp8 {tname} x{rows}"] = (lambda xq=xq, xs=xs, c=c: [
+                            G.decode_mm(xq, w8[i][0], xs, w8[i][1], config=c) for i in range(N_LAYERS)], ref8)
+                gemms[f"cublas fp8 x{rows}"] = (lambda xq=xq, xs=xs: [
+                    torch._scaled_mm(xq, w8[i][0].t(), scale_a=xs, scale_b=w8[i][1], out_dtype=torch.bfloat16)
+                    for i in range(N_LAYERS)], ref8)
                 for k, (fn, ref) in gemms.items():
                     def check(out, k=k, ref=ref):
                         errs[k] = float((out[0].float() - ref).norm() / ref.norm())
@@ -170,10 +189,13 @@ def floor_part(rounds: int) -> list:
             best = {d: min((k for k in us if meta[k]["kind"] == "read" and meta[k]["dtype"] == d), key=us.get)
                     for d in ("fp8", "bf16")}
             row[f"{method}_fastest_read"] = best
+            row[f"{method}_fastest_kit"] = {r: min((k for k in us if k.startswith("kit fp8") and k.endswith(f" x{r}")),
+                                                   key=us.get) for r in (16, 4)}
             row[f"{method}_needed_us"] = {r: N * Kd / (row[f"{method}_gbps"][f"bf16 x{r}"] * 1e3)
                                           for r in (16, 4) if f"bf16 x{r}" in us}
             print(f"floor {name} ({N}x{Kd}) {method}: " + ", ".join(
                 f"{k} {us[k]:.2f} us {row[f'{method}_gbps'][k]:.0f} GB/s" for k in us if meta[k]["kind"] == "gemm")
+                + f" | fastest kit {row[f'{method}_fastest_kit']}"
                 + f" | fastest read fp8 {us[best['fp8']]:.2f} us ({best['fp8']}), bf16 {us[best['bf16']]:.2f} us"
                 + " | FP8 needs " + ", ".join(f"x{r} {v:.2f} us" for r, v in row[f"{method}_needed_us"].items()),
                 flush=True)
@@ -188,6 +210,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--parts", default="floor,attn,step", help="floor, attn, step")
+    ap.add_argument("--pdl-in-floor", action="store_true", help="call 1's way: the lab's PDL setting left as it is")
     a = ap.parse_args()
     t0 = time.time()
     r10.KERNELS.update(KERNELS_11)
@@ -195,9 +218,10 @@ def main():
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": __import__("triton").__version__, "rounds": a.rounds, "block_reps": r10.BLOCK_REPS,
            "probes": {k: dict(zip(("block_n", "block_k_bytes", "warps", "loop_stages"), v)) for k, v in PROBES.items()},
-           "kernels": list(KERNELS_11), "step_choices": list(STEP_11)}
+           "kernels": list(KERNELS_11), "step_choices": list(STEP_11),
+           "floor_pdl": "the lab's setting (on)" if a.pdl_in_floor else "off", "kit_tiles": KIT_TILES}
     parts = a.parts.split(",")
-    for part, fn in (("floor", lambda: floor_part(a.rounds)), ("attn", lambda: r10.attn_part(a.rounds, list(KERNELS_11))),
+    for part, fn in (("floor", lambda: (_floor_part if a.pdl_in_floor else floor_part)(a.rounds)), ("attn", lambda: r10.attn_part(a.rounds, list(KERNELS_11))),
                      ("step", lambda: r10.step_part(a.rounds, list(STEP_11)))):
         if part in parts:
             res[part] = fn()
