@@ -1,0 +1,56 @@
+"""Lab 4, round 11 (issue #19): registers, shared memory and one-warp programs per SM of the FP8
+attention's loops, from a static sm_90a compile on a CPU (nothing launched).
+
+    python benchmarks/lab04_residency.py OUT.json
+
+Round 10 ran its lean and pipelined loops at 16 positions per step only; this reads what each
+variant costs in residency (:func:`hwlab.labs.occupancy.occupancy` on ptxas's registers and Triton's
+shared memory), under whatever Triton runs it (the H200's image has 3.6.0; install it beside with
+``pip install --no-deps --target DIR triton==3.6.0`` and put DIR first on PYTHONPATH).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"  # real kernels: this script compiles, it does not run them
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lab04_static_registers as S  # noqa: E402
+
+from hwlab.labs.fp8 import attention as A  # noqa: E402
+from hwlab.labs.fp8 import research as R  # noqa: E402
+from hwlab.labs.occupancy import occupancy  # noqa: E402
+from hwlab.labs.registers.compile_guard import ptxas_sm90  # noqa: E402
+
+#: (loop, positions per step, loop stages (0: no software pipeline)), one warp per program
+VARIANTS = (("lab", 16, 0), ("lab", 8, 0), ("lean", 16, 0), ("lean", 8, 0), ("lean", 16, 2), ("lean", 16, 3),
+            ("lean", 8, 2), ("lean", 8, 3), ("lean", 8, 4), ("rows", 16, 3), ("rows", 8, 3))
+
+
+def main(out_path: str) -> None:
+    import triton
+    rows = []
+    for kernel, bt, stages in VARIANTS:
+        fn = A._decode_attn_partial if kernel == "lab" else R._decode_attn_partial_lean
+        sig = dict(S.LAB_SIG)
+        c = {"D": 128, "CHUNK": A.DEFAULT_TILE.chunk, "BLOCK_T": bt, "PER_ROW": False, "F16": True, **S.LAB_OFF}
+        if kernel != "lab":
+            sig.update(PREFETCH="constexpr", LOOP_STAGES="constexpr", ROWS="constexpr")
+            c.update(PREFETCH=0, LOOP_STAGES=stages, ROWS=kernel == "rows")
+        sig = dict(sig, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv")
+        c = {k: v for k, v in c.items() if sig[k] == "constexpr"}
+        g = ptxas_sm90(fn, sig, c, S.launched_attrs(sig), {"num_warps": 1, "num_stages": max(stages, 2)})
+        o = occupancy(g["regs"], g["shared"], 1)
+        row = {"loop": kernel, "block_t": bt, "loop_stages": stages, "registers": g["regs"], "shared_bytes": g["shared"],
+               "programs_per_sm": o.blocks_per_sm, "binding": o.binding}
+        rows.append(row)
+        print(row, flush=True)
+    Path(out_path).write_text(json.dumps({"source": f"static compile for sm_90a on a CPU, nothing launched (triton "
+                                                    f"{triton.__version__})", "triton": triton.__version__,
+                                          "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
