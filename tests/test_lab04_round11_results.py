@@ -137,3 +137,23 @@ def test_residency_of_the_loops_under_the_h200s_triton():
     assert all(r["programs_per_sm"] == 32 and 54 <= r["registers"] <= 56 for r in at8)
     assert max(r["shared_bytes"] for r in at8) == 6 * 1024
     assert rows[("rows", 16, 3)]["programs_per_sm"] == 25 and rows[("rows", 16, 3)]["registers"] == 80
+
+
+def test_inside_the_step_the_lean_kernel_itself_is_slower_and_nothing_else_moves():
+    d = _load("lab04_step_graph_kernels_h200.json")
+    alone = {r["ctx"]: r["sustained_us"] for r in _load("lab04_round11_h200.json")["attn"]}
+    for r in d["rows"]:
+        lab, lean = r["kernels"]["lab"], r["kernels"]["lean, 8 per step"]
+        assert r["logits_rel_diff_vs_lab"]["lab"] == 0.0
+        a, b = lab["_decode_attn_partial"]["us_per_step"], lean["_decode_attn_partial_lean"]["us_per_step"]
+        assert lab["_decode_attn_partial"]["count_per_step"] == 8 == lean["_decode_attn_partial_lean"]["count_per_step"]
+        ctx = {4096: "4k", 32768: "32k"}[r["ctx"]]
+        assert f"{ctx} {a:.1f} -> {b:.1f} us (+{100 * (b / a - 1):.1f}%)" in ROUND11 or \
+               f"{ctx} {a:.1f} -> {b:.1f} (+{100 * (b / a - 1):.1f}%)" in ROUND11
+        assert b / a - 1 > 0.04
+        others = (set(lab) | set(lean)) - {"_decode_attn_partial", "_decode_attn_partial_lean"}
+        assert max(abs(lab.get(k, {}).get("us_per_step", 0) - lean.get(k, {}).get("us_per_step", 0)) for k in others) < 1.2
+        # in the step against alone, per layer: the two loops move in opposite directions
+        assert a / 8 < alone[r["ctx"]]["lab"] and b / 8 > alone[r["ctx"]]["lean, 8 per step"]
+    assert "the lab's partial kernel runs 123.8 / 242.4 us in the step" in ROUND11
+    assert "the lean loop 130.0 / 254.3 against 126.7 / 243.4" in ROUND11
