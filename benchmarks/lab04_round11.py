@@ -205,11 +205,42 @@ def _floor_part(rounds: int) -> list:
     return rows_out
 
 
+def attn_plus_one_part(rounds: int, names) -> list:
+    """Part ``attn+1`` (call 4): part ``attn`` at 4k and 32k, at T = context and with the caches one
+    position longer and every position read (T = n_ctx = context + 1), as the decode step reads them:
+    a one-position last step and an odd length the launcher does not specialise."""
+    dev = torch.device("cuda")
+    cfg = r10.lab.H200_SIZE
+    n = cfg.n_layers
+    rows = []
+    for (ctx, batch), T in ((shape, ctx + extra) for shape in r10.ATTN_SHAPES[1:] for ctx in shape[:1]
+                            for extra in (0, 1)):
+        kb, vb, q, s8, kf, vf, ref8, ref16 = r10.r6.attn_inputs(cfg, batch, T, dev)
+        graphs, errs = {}, {}
+        with torch.no_grad():
+            for name in names:
+                fn = KERNELS_11[name]
+                cap = capture_graph(lambda fn=fn: [fn(q, kf[i], vf[i], s8, T) for i in range(n)], dev)
+                cap.replay()
+                torch.cuda.synchronize()
+                errs[name] = float((cap.out[0].float() - ref8).norm() / ref8.norm())
+                if errs[name] < A.FP8_CACHE_MATH_REL:
+                    graphs[name] = cap
+            graphs["sdpa"], errs["sdpa"] = r10.r6.sdpa_graph(q, kb, vb, ref16, dev)
+            t = r10.both_methods(graphs, rounds, n)
+        row = {"ctx": ctx, "batch": batch, "T": T, "n_layers": n, "rel_err_vs_float32": errs, **t}
+        r10.add_rates(row, 2 * kf[0].numel(), "attn+1")
+        rows.append(row)
+        del graphs, kb, vb, kf, vf
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--parts", default="floor,attn,step", help="floor, attn, step")
+    ap.add_argument("--parts", default="floor,attn,step", help="floor, attn, step, attn+1")
     ap.add_argument("--pdl-in-floor", action="store_true", help="call 1's way: the lab's PDL setting left as it is")
     a = ap.parse_args()
     t0 = time.time()
@@ -222,7 +253,8 @@ def main():
            "floor_pdl": "the lab's setting (on)" if a.pdl_in_floor else "off", "kit_tiles": KIT_TILES}
     parts = a.parts.split(",")
     for part, fn in (("floor", lambda: (_floor_part if a.pdl_in_floor else floor_part)(a.rounds)), ("attn", lambda: r10.attn_part(a.rounds, list(KERNELS_11))),
-                     ("step", lambda: r10.step_part(a.rounds, list(STEP_11)))):
+                     ("step", lambda: r10.step_part(a.rounds, list(STEP_11))),
+                     ("attn+1", lambda: attn_plus_one_part(a.rounds, ["lab", "lean, 8 per step"]))):
         if part in parts:
             res[part] = fn()
             res["elapsed_s"] = time.time() - t0
