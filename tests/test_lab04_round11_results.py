@@ -157,3 +157,16 @@ def test_inside_the_step_the_lean_kernel_itself_is_slower_and_nothing_else_moves
         assert a / 8 < alone[r["ctx"]]["lab"] and b / 8 > alone[r["ctx"]]["lean, 8 per step"]
     assert "the lab's partial kernel runs 123.8 / 242.4 us in the step" in ROUND11
     assert "the lean loop 130.0 / 254.3 against 126.7 / 243.4" in ROUND11
+
+
+def test_the_steps_odd_length_does_not_slow_the_lean_loop_alone():
+    rows = {(r["ctx"], r["T"]): r for r in _load("lab04_round11d_h200.json")["attn+1"]}
+    assert set(rows) == {(4096, 4096), (4096, 4097), (32768, 32768), (32768, 32769)}
+    for (ctx, T), r in rows.items():
+        assert all(e < FP8_CACHE_MATH_REL for k, e in r["rel_err_vs_float32"].items() if k != "sdpa")
+        us = r["sustained_us"]
+        assert us["lean, 8 per step"] < us["lab"]  # ahead alone at either length
+    quote = {ctx: f"{rows[(ctx, ctx)]['sustained_us']['lab']:.1f} / {rows[(ctx, ctx)]['sustained_us']['lean, 8 per step']:.1f} "
+                  f"at {ctx} and {rows[(ctx, ctx + 1)]['sustained_us']['lab']:.1f} / "
+                  f"{rows[(ctx, ctx + 1)]['sustained_us']['lean, 8 per step']:.1f} at {ctx + 1}" for ctx in (4096, 32768)}
+    assert all(q in ROUND11 for q in quote.values()), quote
