@@ -209,31 +209,7 @@ def attn_plus_one_part(rounds: int, names) -> list:
     """Part ``attn+1`` (call 4): part ``attn`` at 4k and 32k, at T = context and with the caches one
     position longer and every position read (T = n_ctx = context + 1), as the decode step reads them:
     a one-position last step and an odd length the launcher does not specialise."""
-    dev = torch.device("cuda")
-    cfg = r10.lab.H200_SIZE
-    n = cfg.n_layers
-    rows = []
-    for (ctx, batch), T in ((shape, ctx + extra) for shape in r10.ATTN_SHAPES[1:] for ctx in shape[:1]
-                            for extra in (0, 1)):
-        kb, vb, q, s8, kf, vf, ref8, ref16 = r10.r6.attn_inputs(cfg, batch, T, dev)
-        graphs, errs = {}, {}
-        with torch.no_grad():
-            for name in names:
-                fn = KERNELS_11[name]
-                cap = capture_graph(lambda fn=fn: [fn(q, kf[i], vf[i], s8, T) for i in range(n)], dev)
-                cap.replay()
-                torch.cuda.synchronize()
-                errs[name] = float((cap.out[0].float() - ref8).norm() / ref8.norm())
-                if errs[name] < A.FP8_CACHE_MATH_REL:
-                    graphs[name] = cap
-            graphs["sdpa"], errs["sdpa"] = r10.r6.sdpa_graph(q, kb, vb, ref16, dev)
-            t = r10.both_methods(graphs, rounds, n)
-        row = {"ctx": ctx, "batch": batch, "T": T, "n_layers": n, "rel_err_vs_float32": errs, **t}
-        r10.add_rates(row, 2 * kf[0].numel(), "attn+1")
-        rows.append(row)
-        del graphs, kb, vb, kf, vf
-        torch.cuda.empty_cache()
-    return rows
+    return r10.attn_part(rounds, names, shapes=r10.ATTN_SHAPES[1:], extra_positions=(0, 1), tag="attn+1")
 
 
 def main():
