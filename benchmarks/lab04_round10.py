@@ -156,21 +156,26 @@ def add_rates(row: dict, bytes8: int, tag: str) -> None:
             f"{k} {us[k]:.1f} us {gbps[k]:.0f} GB/s ({row[f'{method}_over_sdpa'][k]:.1%})" for k in us), flush=True)
 
 
-def attn_part(rounds: int, names, shapes=ATTN_SHAPES, extra_positions=(0,), tag: str = "attn") -> list:
+def attn_part(rounds: int, names, shapes=ATTN_SHAPES, extra_positions=(0,), tag: str = "attn",
+              new_kv: bool = False) -> list:
     """:data:`KERNELS` ``names`` and SDPA at each (context, batch) of ``shapes``, on caches of T =
     context + each of ``extra_positions`` positions, every position read (round 11 adds 1: the
-    decode step's length)."""
+    decode step's length). ``new_kv``: the kit's kernels also write the last position first, as the
+    decode step's do (``new_kv``: its own K and V, read back from the FP8 cache, so the result and
+    the check stay the same)."""
     dev = torch.device("cuda")
     cfg = lab.H200_SIZE
     n = cfg.n_layers
     rows = []
     for (ctx, batch), T in (((c, b), c + e) for c, b in shapes for e in extra_positions):
         kb, vb, q, s8, kf, vf, ref8, ref16 = r6.attn_inputs(cfg, batch, T, dev)
+        kw = [{"new_kv": ((kf[i][:, :, T - 1:].float() * s8).to(torch.bfloat16),
+                          (vf[i][:, :, T - 1:].float() * s8).to(torch.bfloat16))} if new_kv else {} for i in range(n)]
         graphs, errs = {}, {}
         with torch.no_grad():
             for name in names:
                 fn = KERNELS[name]
-                cap = capture_graph(lambda fn=fn: [fn(q, kf[i], vf[i], s8, T) for i in range(n)], dev)
+                cap = capture_graph(lambda fn=fn: [fn(q, kf[i], vf[i], s8, T, **kw[i]) for i in range(n)], dev)
                 cap.replay()
                 torch.cuda.synchronize()
                 errs[name] = float((cap.out[0].float() - ref8).norm() / ref8.norm())
@@ -180,7 +185,7 @@ def attn_part(rounds: int, names, shapes=ATTN_SHAPES, extra_positions=(0,), tag:
                     print(f"attn {ctx} x{batch}: {name} wrong ({errs[name]:.2e}), not timed", flush=True)
             graphs["sdpa"], errs["sdpa"] = r6.sdpa_graph(q, kb, vb, ref16, dev)
             t = both_methods(graphs, rounds, n)
-        row = {"ctx": ctx, "batch": batch, "T": T, "n_layers": n, "rel_err_vs_float32": errs, **t}
+        row = {"ctx": ctx, "batch": batch, "T": T, "new_kv": new_kv, "n_layers": n, "rel_err_vs_float32": errs, **t}
         add_rates(row, 2 * kf[0].numel(), tag)
         print("  clocks after blocks:", [(b["way"], b["sm_mhz_after"]) for b in t["blocks"]], flush=True)
         rows.append(row)

@@ -212,11 +212,17 @@ def attn_plus_one_part(rounds: int, names) -> list:
     return r10.attn_part(rounds, names, shapes=r10.ATTN_SHAPES[1:], extra_positions=(0, 1), tag="attn+1")
 
 
+def attn_new_kv_part(rounds: int, names) -> list:
+    """Part ``attn+kv`` (call 5): part ``attn+1``'s T = context + 1, the kit's kernels writing the last
+    position first (``new_kv``) as the decode step's do."""
+    return r10.attn_part(rounds, names, shapes=r10.ATTN_SHAPES[1:], extra_positions=(1,), tag="attn+kv", new_kv=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--parts", default="floor,attn,step", help="floor, attn, step, attn+1")
+    ap.add_argument("--parts", default="floor,attn,step", help="floor, attn, step, attn+1, attn+kv")
     ap.add_argument("--pdl-in-floor", action="store_true", help="call 1's way: the lab's PDL setting left as it is")
     a = ap.parse_args()
     t0 = time.time()
@@ -230,7 +236,8 @@ def main():
     parts = a.parts.split(",")
     for part, fn in (("floor", lambda: (_floor_part if a.pdl_in_floor else floor_part)(a.rounds)), ("attn", lambda: r10.attn_part(a.rounds, list(KERNELS_11))),
                      ("step", lambda: r10.step_part(a.rounds, list(STEP_11))),
-                     ("attn+1", lambda: attn_plus_one_part(a.rounds, ["lab", "lean, 8 per step"]))):
+                     ("attn+1", lambda: attn_plus_one_part(a.rounds, ["lab", "lean, 8 per step"])),
+                     ("attn+kv", lambda: attn_new_kv_part(a.rounds, ["lab", "lean, 8 per step"]))):
         if part in parts:
             res[part] = fn()
             res["elapsed_s"] = time.time() - t0
