@@ -24,18 +24,24 @@ from hwlab.labs.fp8 import research as R  # noqa: E402
 from hwlab.labs.occupancy import occupancy  # noqa: E402
 from hwlab.labs.registers.compile_guard import ptxas_sm90  # noqa: E402
 
-#: (loop, positions per step, loop stages (0: no software pipeline)), one warp per program
-VARIANTS = (("lab", 16, 0), ("lab", 8, 0), ("lean", 16, 0), ("lean", 8, 0), ("lean", 16, 2), ("lean", 16, 3),
-            ("lean", 8, 2), ("lean", 8, 3), ("lean", 8, 4), ("rows", 16, 3), ("rows", 8, 3))
+#: (loop, positions per step, loop stages (0: no software pipeline), the new position written first
+#: (``NEW_KV``, as the decode step's kernel does)), one warp per program
+VARIANTS = (("lab", 16, 0, False), ("lab", 8, 0, False), ("lean", 16, 0, False), ("lean", 8, 0, False),
+            ("lean", 16, 2, False), ("lean", 16, 3, False), ("lean", 8, 2, False), ("lean", 8, 3, False),
+            ("lean", 8, 4, False), ("rows", 16, 3, False), ("rows", 8, 3, False),
+            ("lab", 16, 0, True), ("lean", 8, 0, True))
 
 
 def main(out_path: str) -> None:
     import triton
     rows = []
-    for kernel, bt, stages in VARIANTS:
+    for kernel, bt, stages, new_kv in VARIANTS:
         fn = A._decode_attn_partial if kernel == "lab" else R._decode_attn_partial_lean
         sig = dict(S.LAB_SIG)
         c = {"D": 128, "CHUNK": A.DEFAULT_TILE.chunk, "BLOCK_T": bt, "PER_ROW": False, "F16": True, **S.LAB_OFF}
+        if new_kv:
+            sig.update(kn_ptr="*bf16", vn_ptr="*bf16", stride_kb="i32", stride_kh="i32", stride_vb="i32", stride_vh="i32")
+            c.update(NEW_KV=True)
         if kernel != "lab":
             sig.update(PREFETCH="constexpr", LOOP_STAGES="constexpr", ROWS="constexpr")
             c.update(PREFETCH=0, LOOP_STAGES=stages, ROWS=kernel == "rows")
@@ -43,7 +49,7 @@ def main(out_path: str) -> None:
         c = {k: v for k, v in c.items() if sig[k] == "constexpr"}
         g = ptxas_sm90(fn, sig, c, S.launched_attrs(sig), {"num_warps": 1, "num_stages": max(stages, 2)})
         o = occupancy(g["regs"], g["shared"], 1)
-        row = {"loop": kernel, "block_t": bt, "loop_stages": stages, "registers": g["regs"], "shared_bytes": g["shared"],
+        row = {"loop": kernel, "block_t": bt, "loop_stages": stages, "new_kv": new_kv, "registers": g["regs"], "shared_bytes": g["shared"],
                "programs_per_sm": o.blocks_per_sm, "binding": o.binding}
         rows.append(row)
         print(row, flush=True)

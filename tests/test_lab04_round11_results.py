@@ -129,7 +129,12 @@ def test_the_lean_loop_at_8_per_step_alone_and_in_the_step():
 def test_residency_of_the_loops_under_the_h200s_triton():
     d = _load("lab04_residency_cpu_triton36.json")
     assert d["triton"] == "3.6.0" and "nothing launched" in d["source"]
-    rows = {(r["loop"], r["block_t"], r["loop_stages"]): r for r in d["rows"]}
+    rows = {(r["loop"], r["block_t"], r["loop_stages"]): r for r in d["rows"] if not r["new_kv"]}
+    kv = {(r["loop"], r["block_t"]): r for r in d["rows"] if r["new_kv"]}
+    # the new position's write (as in the step) leaves both kernels at 32 programs per SM
+    assert kv[("lab", 16)]["registers"] == 64 and kv[("lean", 8)]["registers"] == 56
+    assert kv[("lab", 16)]["programs_per_sm"] == 32 == kv[("lean", 8)]["programs_per_sm"]
+    assert "lab 63 -> 64 registers, lean 56, 32 programs per SM each" in ROUND11
     assert rows[("lab", 16, 0)]["registers"] == 63 and rows[("lab", 16, 0)]["programs_per_sm"] == 32
     at16 = [r for k, r in rows.items() if k[0] == "lean" and k[1] == 16]
     assert {r["programs_per_sm"] for r in at16} <= set(range(19, 22)) and min(r["registers"] for r in at16) >= 91
@@ -170,3 +175,18 @@ def test_the_steps_odd_length_does_not_slow_the_lean_loop_alone():
                   f"at {ctx} and {rows[(ctx, ctx + 1)]['sustained_us']['lab']:.1f} / "
                   f"{rows[(ctx, ctx + 1)]['sustained_us']['lean, 8 per step']:.1f} at {ctx + 1}" for ctx in (4096, 32768)}
     assert all(q in ROUND11 for q in quote.values()), quote
+
+
+def test_the_new_positions_write_does_not_slow_the_lean_loop_alone():
+    d = _load("lab04_round11e_h200.json")
+    plain = {r["T"]: r for r in d["attn+1"]}
+    kv = {r["T"]: r for r in d["attn+kv"]}
+    assert all(r["new_kv"] for r in kv.values()) and not any(r["new_kv"] for r in plain.values())
+    for T, r in kv.items():
+        assert all(e < FP8_CACHE_MATH_REL for k, e in r["rel_err_vs_float32"].items() if k != "sdpa")
+        us, us0 = r["sustained_us"], plain[T]["sustained_us"]
+        assert us["lean, 8 per step"] < us["lab"]  # still ahead alone, with the write
+        ctx = {4097: "4k", 32769: "32k"}[T]
+        assert (f"{us['lab']:.1f} / {us['lean, 8 per step']:.1f} us per layer at {ctx}" in ROUND11
+                or f"{us['lab']:.1f} / {us['lean, 8 per step']:.1f} at {ctx}" in ROUND11)
+        assert f"{us0['lab']:.1f} / {us0['lean, 8 per step']:.1f}" in ROUND11
