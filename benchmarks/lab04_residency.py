@@ -20,7 +20,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lab04_static_registers as S  # noqa: E402
 
 from hwlab.labs.fp8 import attention as A  # noqa: E402
-from hwlab.labs.fp8 import research as R  # noqa: E402
 from hwlab.labs.occupancy import occupancy  # noqa: E402
 from hwlab.labs.registers.compile_guard import ptxas_sm90  # noqa: E402
 
@@ -36,17 +35,7 @@ def main(out_path: str) -> None:
     import triton
     rows = []
     for kernel, bt, stages, new_kv in VARIANTS:
-        fn = A._decode_attn_partial if kernel == "lab" else R._decode_attn_partial_lean
-        sig = dict(S.LAB_SIG)
-        c = {"D": 128, "CHUNK": A.DEFAULT_TILE.chunk, "BLOCK_T": bt, "PER_ROW": False, "F16": True, **S.LAB_OFF}
-        if new_kv:
-            sig.update(kn_ptr="*bf16", vn_ptr="*bf16", stride_kb="i32", stride_kh="i32", stride_vb="i32", stride_vh="i32")
-            c.update(NEW_KV=True)
-        if kernel != "lab":
-            sig.update(PREFETCH="constexpr", LOOP_STAGES="constexpr", ROWS="constexpr")
-            c.update(PREFETCH=0, LOOP_STAGES=stages, ROWS=kernel == "rows")
-        sig = dict(sig, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv")
-        c = {k: v for k, v in c.items() if sig[k] == "constexpr"}
+        fn, sig, c = S.attn_compile_args(kernel, bt, stages, new_kv, chunk=A.DEFAULT_TILE.chunk)
         g = ptxas_sm90(fn, sig, c, S.launched_attrs(sig), {"num_warps": 1, "num_stages": max(stages, 2)})
         o = occupancy(g["regs"], g["shared"], 1)
         row = {"loop": kernel, "block_t": bt, "loop_stages": stages, "new_kv": new_kv, "registers": g["regs"], "shared_bytes": g["shared"],

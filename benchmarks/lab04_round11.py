@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lab04_round10 as r10  # noqa: E402
-from lab04_round7 import SHAPES  # noqa: E402
+from lab04_round7 import SHAPES, gemm_inputs  # noqa: E402
 
 from hwlab.labs.fp8 import attention as A  # noqa: E402
 from hwlab.labs.fp8 import decode_gemm as G  # noqa: E402
@@ -120,12 +120,7 @@ def _floor_part(rounds: int) -> list:
         graphs, errs, failed, meta = {}, {}, {}, {}
         with torch.no_grad():
             for rows in (16, 4):
-                x = torch.randn(rows, Kd, generator=g, device=dev)
-                xs = (x.abs().amax() / Q.FP8_MAX).float()
-                xq = Q.quant_static_ref(x, xs)
-                xb = x.to(torch.bfloat16)
-                ref16 = xb.float() @ w16[0].float().t()
-                ref8 = (xq.float() * xs) @ (w8[0][0].float() * w8[0][1]).t()
+                xb, xq, xs, ref16, ref8 = gemm_inputs(rows, Kd, w16[0], w8[0], g, dev)
                 gemms = {f"bf16 x{rows}": (lambda xb=xb: [F.linear(xb, w16[i]) for i in range(N_LAYERS)], ref16),
                          f"kit fp8 x{rows}": (lambda xq=xq, xs=xs: [G.decode_mm(xq, w8[i][0], xs, w8[i][1])
                                                                   for i in range(N_LAYERS)], ref8)}

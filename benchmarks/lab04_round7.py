@@ -82,6 +82,17 @@ def _cfg(tile: dict, **kw) -> dict:
     return {**G.DEFAULT_CONFIG, **tile, **kw}
 
 
+def gemm_inputs(rows: int, k: int, w16: torch.Tensor, w8: tuple, g: torch.Generator, dev):
+    """Seeded activation rows for a decode GEMM of width ``k``: bf16 ``xb``, its static-scaled FP8
+    copy ``xq`` and scale ``xs``, and the float32 products with the bf16 weight ``w16`` and the FP8
+    weight ``w8`` (weight, scale) that each way is checked against: ``(xb, xq, xs, ref16, ref8)``."""
+    x = torch.randn(rows, k, generator=g, device=dev)
+    xs = (x.abs().amax() / Q.FP8_MAX).float()
+    xq = Q.quant_static_ref(x, xs)
+    xb = x.to(torch.bfloat16)
+    return xb, xq, xs, xb.float() @ w16.float().t(), (xq.float() * xs) @ (w8[0].float() * w8[1]).t()
+
+
 def gemm_part(rounds: int, n_layers: int = 8, tiles: dict = TILES, prefetch=PREFETCH) -> tuple[list, dict, list]:
     """Every way at each shape and row count; returns the rows, per (N, K) the kit tile with the
     least time over 16 and 4 rows, and the shapes where cuBLAS's FP8 GEMM (either order) was
@@ -96,12 +107,7 @@ def gemm_part(rounds: int, n_layers: int = 8, tiles: dict = TILES, prefetch=PREF
         del w32
         per_shape = {}
         for rows in (16, 4):
-            x = torch.randn(rows, Kd, generator=g, device=dev)
-            xs = (x.abs().amax() / Q.FP8_MAX).float()
-            xq = Q.quant_static_ref(x, xs)
-            xb = x.to(torch.bfloat16)
-            ref16 = xb.float() @ w16[0].float().t()
-            ref8 = (xq.float() * xs) @ (w8[0][0].float() * w8[0][1]).t()
+            xb, xq, xs, ref16, ref8 = gemm_inputs(rows, Kd, w16[0], w8[0], g, dev)
             ways = {"bf16": (lambda: [F.linear(xb, w16[i]) for i in range(n_layers)], ref16, {}),
                     "cublas fp8": (lambda: [torch._scaled_mm(xq, w8[i][0].t(), scale_a=xs, scale_b=w8[i][1],
                                                              out_dtype=torch.bfloat16) for i in range(n_layers)], ref8, {})}

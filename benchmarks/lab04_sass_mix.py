@@ -57,11 +57,7 @@ def main(out_path: str) -> None:
     rows = []
     for label, bt, warps, fp8, kernel in TILES:
         if kernel in ("lab", "lean", "rows"):  # the lab's signature: round 10's kernel is the lab's, another loop
-            fn, sig = (A._decode_attn_partial if kernel == "lab" else R._decode_attn_partial_lean), dict(S.LAB_SIG)
-            c = {"D": D, "CHUNK": A.DEFAULT_TILE.chunk, "BLOCK_T": bt, "PER_ROW": False, "F16": fp8, **S.LAB_OFF}
-            if kernel != "lab":
-                sig.update(PREFETCH="constexpr", LOOP_STAGES="constexpr", ROWS="constexpr")
-                c.update(PREFETCH=0, LOOP_STAGES=0, ROWS=kernel == "rows")
+            fn, sig, c = S.attn_compile_args(kernel, bt, fp8=fp8, chunk=A.DEFAULT_TILE.chunk, d=D)
         else:
             fn, sig = R._decode_attn_partial_variants, S.VARIANT_SIG
             c = {"D": D, "CHUNK": A.DEFAULT_TILE.chunk, "BLOCK_T": bt, "PER_ROW": False,

@@ -54,6 +54,27 @@ def launched_attrs(sig: dict) -> dict:
     return {(i,): [["tt.divisibility", 16]] for i, k in enumerate(sig)
             if sig[k].startswith("*") or (k.startswith("stride") and sig[k] == "i32")}
 
+def attn_compile_args(loop: str, block_t: int, loop_stages: int = 0, new_kv: bool = False, fp8: bool = True,
+                      chunk: int = 256, d: int = 128):
+    """``(kernel, signature, constexprs)`` of the FP8 decode attention's partial kernel for a static
+    compile: ``loop`` "lab" (the lab's kernel) or research's round-10 "lean" / "rows" loops
+    (:func:`~hwlab.labs.fp8.research.decode_attention_lean`), on an FP8 (``fp8``) or bf16 cache;
+    ``new_kv``: the new position written first, as the decode step's kernel does."""
+    from hwlab.labs.fp8 import attention as A
+    from hwlab.labs.fp8 import research as R
+    fn = A._decode_attn_partial if loop == "lab" else R._decode_attn_partial_lean
+    sig = dict(LAB_SIG)
+    c = {"D": d, "CHUNK": chunk, "BLOCK_T": block_t, "PER_ROW": False, "F16": fp8, **LAB_OFF}
+    if new_kv:
+        sig.update(kn_ptr="*bf16", vn_ptr="*bf16", stride_kb="i32", stride_kh="i32", stride_vb="i32", stride_vh="i32")
+        c.update(NEW_KV=True)
+    if loop != "lab":
+        sig.update(PREFETCH="constexpr", LOOP_STAGES="constexpr", ROWS="constexpr")
+        c.update(PREFETCH=0, LOOP_STAGES=loop_stages, ROWS=loop == "rows")
+    sig = dict(sig, k_ptr="*fp8e4nv" if fp8 else "*bf16", v_ptr="*fp8e4nv" if fp8 else "*bf16")
+    return fn, sig, {k: v for k, v in c.items() if sig[k] == "constexpr"}
+
+
 W8_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*bf16", "ws_ptr": "*fp32",
           "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32",
           "stride_ym": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "SWAP": "constexpr",
