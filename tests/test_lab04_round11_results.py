@@ -12,7 +12,7 @@ from hwlab.labs.fp8.attention import FP8_CACHE_MATH_REL
 ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "benchmarks" / "results" / "round11"
 NOTES = (ROOT / "benchmarks" / "LAB04_NOTES.md").read_text()
-ROUND11 = " ".join(NOTES[NOTES.index("## Round 11"):NOTES.index("## Superseded notes")].split())  # one line
+ROUND11 = " ".join(NOTES[NOTES.index("## Round 11"):NOTES.index("## Round 12")].split())  # one line
 SHAPES = {"qkv": (12288, 4096), "out": (4096, 4096), "up": (14336, 4096), "down": (4096, 14336)}
 
 
