@@ -431,25 +431,6 @@ def test_round10_switches_refuse_what_they_cannot_run(monkeypatch):
     assert R.launch_limits(64) == {} and R.launch_limits(None) == {}  # the interpreter takes no register cap
 
 
-def test_stream_kv_reads_every_byte_of_its_chunks():
-    """Round 10's load-only probe (``research.stream_kv``, interpreter): per (batch x head, split) the
-    XOR of exactly its chunk's K and V bytes, as torch computes it; a flipped byte in one chunk
-    changes that chunk's result only."""
-    g = torch.Generator().manual_seed(11)
-    k = torch.randint(0, 255, (2, 3, 128, 64), generator=g, dtype=torch.uint8).view(K.FP8)
-    v = torch.randint(0, 255, (2, 3, 128, 64), generator=g, dtype=torch.uint8).view(K.FP8)
-    for chunk, bt, st in ((64, 16, 0), (128, 32, 3)):
-        got = R.stream_kv(k, v, chunk, bt, loop_stages=st, use_triton=True)
-        assert got.shape == (6, 128 // chunk) and torch.equal(got, R.stream_kv(k, v, chunk, bt, use_triton=False))
-    base = R.stream_kv(k, v, 64, 16, use_triton=True)
-    k2 = k.view(torch.uint8).clone()
-    k2[1, 2, 70, 5] ^= 0x10  # (batch 1, head 2) = row 5, position 70 = split 1
-    diff = R.stream_kv(k2.view(K.FP8), v, 64, 16, use_triton=True) != base
-    assert diff.nonzero().tolist() == [[5, 1]]
-    with pytest.raises(ValueError, match="chunk dividing T"):
-        R.stream_kv(k, v, 48, 16)
-
-
 def test_round10_combine_with_pdl_gives_the_labs_output():
     """``research.decode_attention_round8(pdl_combine=True)`` launches the lab's combine kernel itself
     (with PDL where it runs): the same output as the lab's attention, FP8 requant included."""
@@ -462,27 +443,3 @@ def test_round10_combine_with_pdl_gives_the_labs_output():
         a = K.decode_attention(q, k, v, scale, 190, use_triton=True, out_scale=out_scale)
         b = R.decode_attention_round8(q, k, v, scale, 190, use_triton=True, out_scale=out_scale, pdl_combine=True)
         assert a.dtype == b.dtype and torch.equal(a.float(), b.float())
-
-
-def test_stream_matrix_reads_every_byte_of_its_tiles():
-    """Round 11's weight read probe (``research.stream_matrix``, interpreter): per (row block, K
-    slice) the XOR of the weight's bytes as int32 words, as torch computes it, for FP8 and bf16
-    weights, with and without Triton's pipelined loop; one flipped byte changes exactly its tile."""
-    g = torch.Generator().manual_seed(11)
-    w8 = torch.randint(-100, 100, (32, 256), generator=g).to(torch.int8).view(K.FP8)
-    w16 = torch.randn(32, 128, generator=g).to(torch.bfloat16)
-    for w in (w8, w16):
-        for bn, bk, split, st in ((16, 64, 1, 0), (8, 16, 4, 0), (32, 32, 2, 2)):
-            got = R.stream_matrix(w, bn, bk, split, num_warps=1, loop_stages=st, use_triton=True)
-            want = R.stream_matrix(w, bn, bk, split, use_triton=False)
-            assert got.shape == (32 // bn, split) and torch.equal(got, want)
-            assert int(got.abs().sum()) > 0
-    base = R.stream_matrix(w8, 8, 16, 4, num_warps=1, use_triton=True)
-    w2 = w8.view(torch.int8).clone()
-    w2[13, 200] ^= 1  # row block 1, K slice 3 of 4 (64 bytes each)
-    diff = R.stream_matrix(w2.view(K.FP8), 8, 16, 4, num_warps=1, use_triton=True) != base
-    assert diff.nonzero().tolist() == [[1, 3]]
-    with pytest.raises(ValueError, match="divide"):
-        R.stream_matrix(w8, 12, 16)
-    with pytest.raises(ValueError, match="multiple of 16"):
-        R.stream_matrix(w8, 8, 24)

@@ -19,9 +19,8 @@ interpreter) so a finding there can be re-measured with the code that produced i
   two (LAB04_NOTES.md round 9).
 * :func:`decode_attention_lean`: the lab's decode attention whose loop on an FP8 cache issues
   fewer instructions per byte (output and sum kept per position row, unmasked full steps;
-  LAB04_NOTES.md round 10); :func:`stream_kv` and :func:`stream_matrix` read a cache or a weight
-  without arithmetic (load-only probes: the read rate of an access pattern, and of a weight in one
-  launch, round 11).
+  LAB04_NOTES.md round 10). Its load-only probes, :func:`stream_kv` and :func:`stream_matrix`
+  (rounds 10-12), are now the lab's read floor (:mod:`.floor`); re-exported here for the benchmarks.
 """
 from __future__ import annotations
 
@@ -36,6 +35,7 @@ from . import attention as _attention
 from .attention import (DEFAULT_TILE, LOG2E, AttnTile, _attend_chunk, _decode_attn_combine, _decode_attn_partial,
                         _partial_begin, _partial_end, _pdl_args, _softmax_step, check_decode_args, chunk_for,
                         combine_splits, decode_attention_ref, kv_store_ref, new_kv_args, split_buffers, split_count)
+from .floor import _stream_kv_kernel, _stream_matrix_kernel, stream_kv, stream_matrix  # noqa: F401 (rounds 10-12)
 from .kernels import rel_err
 from .model import Decoder, ModelConfig, QLinear
 from .quant import (BLOCK, FP8, FP8_MAX, _row_amax_kernel, fence_gpu, pdl_args, pdl_enter, quant_static_ref, quant_tensor_ref,
@@ -756,101 +756,6 @@ def _attend_chunk_rows(q, k_ptr, v_ptr, base, start, hi, D: tl.constexpr, BLOCK_
     m_i = tl.max(m2, 0)
     w = tl.where(m2 == -float("inf"), 0.0, tl.exp2(tl.maximum(m2, -1e30) - tl.maximum(m_i, -1e30)))
     return m_i, tl.sum(l2 * w, 0), tl.sum(acc2.to(tl.float32) * w[:, None], 0)
-
-
-@triton.jit
-def _stream_kv_kernel(k_ptr, v_ptr, out_ptr, max_ctx, n_splits, D: tl.constexpr, CHUNK: tl.constexpr,
-                      BLOCK_T: tl.constexpr, LOOP_STAGES: tl.constexpr = 0):
-    """Load-only: the decode attention's grid and steps over a (B, H, T, D) byte cache pair, read
-    as int32 words (``D`` words a row: the caller's D / 4), each program XOR-ing its chunk into one
-    number (so the loads stay), for the read rate of an access pattern without the attention's
-    arithmetic. ``CHUNK`` divides T, ``BLOCK_T`` divides ``CHUNK``; ``LOOP_STAGES`` as
-    :func:`_attend_chunk_lean`'s."""
-    sp = tl.program_id(0)
-    bh = tl.program_id(1)
-    d = tl.arange(0, D)
-    rows = tl.arange(0, BLOCK_T)[:, None] * D + d[None, :]
-    base = bh.to(tl.int64) * max_ctx * D
-    x = tl.zeros((BLOCK_T, D), dtype=tl.int32)
-    for t0 in tl.range(sp * CHUNK, sp * CHUNK + CHUNK, BLOCK_T, num_stages=LOOP_STAGES if LOOP_STAGES > 0 else None):
-        k = tl.load(k_ptr + base + t0 * D + rows, eviction_policy="evict_first")
-        v = tl.load(v_ptr + base + t0 * D + rows, eviction_policy="evict_first")
-        x = x ^ k ^ v
-    tl.store(out_ptr + bh * n_splits + sp, tl.xor_sum(tl.reshape(x, (BLOCK_T * D,)), 0))
-
-
-def stream_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: int, block_t: int, num_warps: int = 1,
-              loop_stages: int = 0, use_triton: bool | None = None) -> torch.Tensor:
-    """:func:`_stream_kv_kernel` over whole (B, H, T, D) caches of one-byte elements (an FP8 cache;
-    D a multiple of 4): per (batch x head, split) the XOR of its chunk's K and V bytes, (B * H,
-    T // chunk) int32; on the CPU (or ``use_triton`` False) the same from torch."""
-    B, H, T, D = k_cache.shape
-    if (v_cache.shape != k_cache.shape or k_cache.element_size() != 1 or D % 4 or T % chunk or chunk % block_t
-            or not (k_cache.is_contiguous() and v_cache.is_contiguous())):
-        raise ValueError(f"stream_kv reads two contiguous (B, H, T, D) one-byte caches, chunk dividing T and block_t "
-                         f"dividing chunk; got {tuple(k_cache.shape)}, {tuple(v_cache.shape)}, {k_cache.dtype}, "
-                         f"chunk {chunk}, block_t {block_t}")
-    k32, v32 = k_cache.view(torch.int32), v_cache.view(torch.int32)  # D / 4 words a row
-    n_splits = T // chunk
-    if not use_triton_for(k_cache, use_triton):
-        x = (k32 ^ v32).reshape(B * H, n_splits, chunk // block_t, block_t * D // 4)
-        out = torch.zeros(B * H, n_splits, block_t * D // 4, dtype=torch.int32, device=k_cache.device)
-        for i in range(chunk // block_t):
-            out ^= x[:, :, i]
-        return functools.reduce(torch.bitwise_xor, out.unbind(-1))
-    out = torch.empty((B * H, n_splits), dtype=torch.int32, device=k_cache.device)
-    _stream_kv_kernel[(n_splits, B * H)](k32, v32, out, T, n_splits, D=D // 4, CHUNK=chunk, BLOCK_T=block_t,
-                                         LOOP_STAGES=loop_stages, num_warps=num_warps,
-                                         num_stages=max(loop_stages, 1))
-    return out
-
-
-@triton.jit
-def _stream_matrix_kernel(w_ptr, out_ptr, stride_w, n_split, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          K_SLICE: tl.constexpr, LOOP_STAGES: tl.constexpr = 0):
-    """Load-only, for a decode GEMM's weight: a (N, K) matrix read as int32 words, one program per
-    ``BLOCK_N`` rows and slice of ``K_SLICE`` words, ``BLOCK_K`` words a step, each program XOR-ing
-    what it reads into one number (so the loads stay). The read time of a weight in one launch,
-    without a GEMM's arithmetic (round 11)."""
-    pn = tl.program_id(0)
-    pk = tl.program_id(1)
-    offs = (pn * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)[:, None] * stride_w + tl.arange(0, BLOCK_K)[None, :]
-    x = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.int32)
-    for k0 in tl.range(pk * K_SLICE, pk * K_SLICE + K_SLICE, BLOCK_K,
-                       num_stages=LOOP_STAGES if LOOP_STAGES > 0 else None):
-        x = x ^ tl.load(w_ptr + offs + k0, eviction_policy="evict_first")
-    tl.store(out_ptr + pn * n_split + pk, tl.xor_sum(tl.reshape(x, (BLOCK_N * BLOCK_K,)), 0))
-
-
-def stream_matrix(w: torch.Tensor, block_n: int, block_k_bytes: int, split: int = 1, num_warps: int = 4,
-                  loop_stages: int = 0, use_triton: bool | None = None) -> torch.Tensor:
-    """:func:`_stream_matrix_kernel` over a contiguous (N, K) weight of any element size: per
-    (block of ``block_n`` rows, K slice of ``split``) the XOR of its bytes as int32 words,
-    (N // block_n, split) int32; on the CPU (or ``use_triton`` False) the same from torch.
-    ``block_k_bytes``: bytes of each row a step (a multiple of 16, dividing the slice)."""
-    if w.dim() != 2 or not w.is_contiguous():
-        raise ValueError(f"stream_matrix reads a contiguous (N, K) matrix; got {tuple(w.shape)}")
-    N = w.shape[0]
-    row_bytes = w.shape[1] * w.element_size()
-    if (N % block_n or block_k_bytes % 16 or row_bytes % (split * block_k_bytes)
-            or not (isinstance(loop_stages, int) and 0 <= loop_stages <= 8)):
-        raise ValueError(f"stream_matrix: block_n {block_n} must divide the {N} rows, block_k_bytes {block_k_bytes} "
-                         f"be a multiple of 16 and split {split} x block_k_bytes divide a row's {row_bytes} bytes; "
-                         f"loop_stages 0..8 (got {loop_stages!r})")
-    w32 = w.view(torch.uint8).view(N, row_bytes).view(torch.int32)  # (N, row_bytes / 4) words
-    words = row_bytes // 4
-    if not use_triton_for(w32, use_triton):  # words: any element type reads alike
-        x = w32.reshape(N // block_n, block_n, split, words // split).transpose(1, 2).reshape(N // block_n, split, -1)
-        while x.shape[-1] > 1:  # XOR in halves: log2(words) ops, not one per word
-            if x.shape[-1] % 2:
-                x = torch.cat([x, torch.zeros_like(x[..., :1])], -1)
-            x = x[..., 0::2] ^ x[..., 1::2]
-        return x[..., 0]
-    out = torch.empty((N // block_n, split), dtype=torch.int32, device=w.device)
-    _stream_matrix_kernel[(N // block_n, split)](w32, out, words, split, BLOCK_N=block_n, BLOCK_K=block_k_bytes // 4,
-                                                 K_SLICE=words // split, LOOP_STAGES=loop_stages,
-                                                 num_warps=num_warps, num_stages=max(loop_stages, 1))
-    return out
 
 
 @triton.jit

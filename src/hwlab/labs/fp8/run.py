@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from ...measure import require_memory, time_fn
 from ...measure_graph import graph_time
 from . import decode_gemm
+from . import floor
 from . import kernels as K
 from .quant import pdl_enabled, set_pdl
 from .kernels import DEFAULT_TILE, AttnTile
@@ -73,7 +74,9 @@ def attention_vs_sdpa(cfg: ModelConfig, batch: int, ctx: int, device=None,
     length). Each is checked against the float32 reference on its own cache's values first. GB/s count the K+V bytes each one reads as stored (an FP8
     cache is half a bf16 one). ``launch_share_pct``: of the same calls run eagerly (kernel by
     kernel from Python), the share the graph removes, 1 - graph / eager: what launches and host
-    time cost at this size. Per-layer times are the step's median over the layers."""
+    time cost at this size. Per-layer times are the step's median over the layers.
+    ``fp8_read_floor`` / ``bf16_read_floor``: the same K and V bytes read by kernels that only read
+    them (:func:`.floor.fastest_read`), the fastest: what a target on these bytes is measured against."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     n = cfg.n_layers
     shape = (batch, cfg.n_heads, ctx, cfg.d_head)
@@ -113,6 +116,12 @@ def attention_vs_sdpa(cfg: ModelConfig, batch: int, ctx: int, device=None,
     out["kit_fp8_eager_us"] = eager.median_ms * 1e3 / n
     out["launch_share_pct"] = 100.0 * (1 - out["kit_fp8_us"] / out["kit_fp8_eager_us"])
     out["kit_fp8_over_sdpa_gbps"] = out["kit_fp8_gbps"] / out["sdpa_gbps"]
+    with torch.no_grad():  # the same bytes read by kernels that only read them (floor.py)
+        for name, ks, vs in (("fp8", kf, vf), ("bf16", kb, vb)):
+            best = floor.fastest_read(floor.kv_read_plans(ks, vs), bytes_per_layer["kit_fp8" if name == "fp8" else "sdpa"],
+                                      n, dev)
+            if best is not None:
+                out[f"{name}_read_floor"] = best
     return out
 
 
@@ -131,7 +140,9 @@ def gemms_vs_bf16(bf16: Decoder, fp8: Decoder, rows_list, device=None) -> list[d
     cuBLAS's run: in a decode step a GEMM sits between a norm or the attention and the next
     kernel, never behind another GEMM, and 8 of the kit's GEMMs launched back to back with PDL
     overlap each other's programs in a way no step has (round 7 measured them slower so). Where
-    the lab has PDL on, that back-to-back time is recorded beside it (``fp8_pdl_back_to_back``)."""
+    the lab has PDL on, that back-to-back time is recorded beside it (``fp8_pdl_back_to_back``).
+    ``fp8_read_floor`` / ``bf16_read_floor``: each weight read by kernels that only read it
+    (:func:`.floor.fastest_read`, once per weight, the same in each row of that weight)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     g = torch.Generator(device=dev).manual_seed(6)
     out = []
@@ -140,6 +151,9 @@ def gemms_vs_bf16(bf16: Decoder, fp8: Decoder, rows_list, device=None) -> list[d
         l16 = [layer[name] for layer in bf16.layers]
         l8 = [layer[name] for layer in fp8.layers]
         n = len(l8)
+        with torch.no_grad():  # each weight's bytes read by a kernel that only reads them (floor.py), once per weight
+            floors = {key: floor.fastest_read(floor.matrix_read_plans([m.w for m in ls]), ls[0].weight_bytes, n, dev)
+                      for key, ls in (("fp8", l8), ("bf16", l16))}
         for rows in rows_list:
             x = torch.randn(rows, l16[0].in_features, generator=g, device=dev).to(torch.bfloat16)
             xq = [K.quant_static_ref(x, m.x_scale) for m in l8]
@@ -179,6 +193,7 @@ def gemms_vs_bf16(bf16: Decoder, fp8: Decoder, rows_list, device=None) -> list[d
                     row["graphed"] = cap.graphed
                     del cap
             row["fp8_over_bf16_gbps"] = row["fp8_gbps"] / row["bf16_gbps"]
+            row.update({f"{key}_read_floor": f for key, f in floors.items() if f is not None})
             out.append(row)
     return out
 

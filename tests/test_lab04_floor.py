@@ -1,0 +1,117 @@
+"""Lab 4's read floor (``labs/fp8/floor.py``): the read kernels in Triton's interpreter byte for byte
+against torch, the plans that fit a cache or a weight, the fastest read checked before it is timed,
+and the lab's attention comparison and targets table carrying the floor."""
+import pytest
+import torch
+
+import hwlab  # noqa: F401  (interpreter before triton)
+from hwlab.labs import fp8 as L
+from hwlab.labs.fp8 import floor as FL
+from hwlab.labs.fp8 import kernels as K
+from hwlab.labs.fp8 import research as R
+
+
+def test_stream_kv_reads_every_byte_of_its_chunks():
+    """The cache read (``floor.stream_kv``, interpreter; round 10's load-only probe): per (batch x head, split) the
+    XOR of exactly its chunk's K and V bytes, as torch computes it; a flipped byte in one chunk
+    changes that chunk's result only."""
+    g = torch.Generator().manual_seed(11)
+    k = torch.randint(0, 255, (2, 3, 128, 64), generator=g, dtype=torch.uint8).view(K.FP8)
+    v = torch.randint(0, 255, (2, 3, 128, 64), generator=g, dtype=torch.uint8).view(K.FP8)
+    for chunk, bt, st in ((64, 16, 0), (128, 32, 3)):
+        got = FL.stream_kv(k, v, chunk, bt, loop_stages=st, use_triton=True)
+        assert got.shape == (6, 128 // chunk) and torch.equal(got, FL.stream_kv(k, v, chunk, bt, use_triton=False))
+    base = FL.stream_kv(k, v, 64, 16, use_triton=True)
+    k2 = k.view(torch.uint8).clone()
+    k2[1, 2, 70, 5] ^= 0x10  # (batch 1, head 2) = row 5, position 70 = split 1
+    diff = FL.stream_kv(k2.view(K.FP8), v, 64, 16, use_triton=True) != base
+    assert diff.nonzero().tolist() == [[5, 1]]
+    with pytest.raises(ValueError, match="chunk dividing T"):
+        FL.stream_kv(k, v, 48, 16)
+
+
+def test_stream_matrix_reads_every_byte_of_its_tiles():
+    """The weight read (``floor.stream_matrix``, interpreter; round 11's probe): per (row block, K
+    slice) the XOR of the weight's bytes as int32 words, as torch computes it, for FP8 and bf16
+    weights, with and without Triton's pipelined loop; one flipped byte changes exactly its tile."""
+    g = torch.Generator().manual_seed(11)
+    w8 = torch.randint(-100, 100, (32, 256), generator=g).to(torch.int8).view(K.FP8)
+    w16 = torch.randn(32, 128, generator=g).to(torch.bfloat16)
+    for w in (w8, w16):
+        for bn, bk, split, st in ((16, 64, 1, 0), (8, 16, 4, 0), (32, 32, 2, 2)):
+            got = FL.stream_matrix(w, bn, bk, split, num_warps=1, loop_stages=st, use_triton=True)
+            want = FL.stream_matrix(w, bn, bk, split, use_triton=False)
+            assert got.shape == (32 // bn, split) and torch.equal(got, want)
+            assert int(got.abs().sum()) > 0
+    base = FL.stream_matrix(w8, 8, 16, 4, num_warps=1, use_triton=True)
+    w2 = w8.view(torch.int8).clone()
+    w2[13, 200] ^= 1  # row block 1, K slice 3 of 4 (64 bytes each)
+    diff = FL.stream_matrix(w2.view(K.FP8), 8, 16, 4, num_warps=1, use_triton=True) != base
+    assert diff.nonzero().tolist() == [[1, 3]]
+    with pytest.raises(ValueError, match="divide"):
+        FL.stream_matrix(w8, 12, 16)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        FL.stream_matrix(w8, 8, 24)
+
+
+def test_research_re_exports_the_same_read_kernels():
+    assert R.stream_kv is FL.stream_kv and R.stream_matrix is FL.stream_matrix
+
+
+def test_plans_fit_the_bytes_they_read():
+    k = torch.zeros(1, 2, 512, 16, dtype=torch.uint8).view(K.FP8)
+    assert list(FL.kv_read_plans([k], [k])) == ["1 warp, 16 per step, chunk 256, 3 stages"]  # 1024 and 2048 do not divide 512
+    k4 = torch.zeros(1, 1, 4096, 16, dtype=torch.bfloat16)  # a 16-bit cache is read as its bytes
+    plans = FL.kv_read_plans([k4], [k4])
+    assert list(plans) == list(FL.KV_READS) and plans[next(iter(plans))][1].shape == (1, 4096 // 256)
+    assert FL.kv_read_plans([k[:, :, :40]], [k[:, :, :40]]) == {}
+    w = torch.zeros(64, 1024, dtype=torch.uint8).view(K.FP8)  # 1024 bytes a row: K split 4 of 256 B, not 8
+    assert sorted(FL.matrix_read_plans([w])) == sorted(n for n, p in FL.MATRIX_READS.items() if p[4] == 4)
+    assert FL.matrix_read_plans([w.t()]) == {}  # a transposed view is not read as if it were its transpose
+    assert FL.matrix_read_plans([w[:40]]) == {}  # 40 rows: no tile of 16 or 64 divides them
+
+
+def test_fastest_read_checks_each_read_and_keeps_the_fastest():
+    g = torch.Generator().manual_seed(3)
+    ws = [torch.randint(0, 255, (64, 2048), generator=g, dtype=torch.uint8).view(K.FP8) for _ in range(2)]
+    plans = FL.matrix_read_plans(ws)
+    best = FL.fastest_read(plans, ws[0].numel(), 2, torch.device("cpu"), n_rep=3)
+    assert set(best["us_by_way"]) == set(plans) and best["us"] == min(best["us_by_way"].values())
+    assert best["way"] == min(best["us_by_way"], key=best["us_by_way"].get) and not best["graphed"]
+    assert best["gbps"] == pytest.approx(ws[0].numel() / best["us"] / 1e3)
+    name, (call, want) = next(iter(plans.items()))
+    with pytest.raises(AssertionError, match="did not read"):  # a read of other bytes is a bug, not a floor
+        FL.fastest_read({name: (call, want ^ 1)}, ws[0].numel(), 2, torch.device("cpu"), n_rep=3)
+    assert FL.fastest_read({}, 1, 1, torch.device("cpu")) is None
+
+
+def test_the_labs_attention_comparison_reads_its_own_bytes_for_the_floor():
+    from hwlab.labs.fp8.run import attention_vs_sdpa
+    a = attention_vs_sdpa(L.TINY, 2, 256, "cpu")
+    for name, nbytes in (("fp8", a["kv_bytes_fp8"]), ("bf16", a["kv_bytes"])):
+        f = a[f"{name}_read_floor"]
+        assert f["way"] in FL.KV_READS and f["gbps"] == pytest.approx(nbytes / f["us"] / 1e3) and not f["graphed"]
+    assert "fp8_read_floor" not in attention_vs_sdpa(L.TINY, 2, 40, "cpu")  # no read shape fits 40 positions
+
+
+def test_targets_carry_the_floor_and_mark_the_read_ceiling():
+    from hwlab.labs.fp8.targets import READ_CEILING_SHARE, byte_floor_targets, format_targets
+
+    def attn(ctx, kit, sdpa, floor):
+        return {"ctx": ctx, "batch": 16, "kit_fp8_gbps": kit, "sdpa_gbps": sdpa, "launch_share_pct": 70.0,
+                **({"fp8_read_floor": {"gbps": floor}} if floor else {})}
+    run = {"paths": {"fixed": {"buckets": []}, "bf16": {"buckets": []}}, "logit_error": {"fixed": 0.1},
+           "logit_error_bound": {"fixed": 0.15},
+           "attention_vs_sdpa": [attn(4096, 4000, 4400, 4450), attn(512, 3000, 3700, 3850), attn(32768, 4000, 4400, None)]}
+    rows = byte_floor_targets(run, 4300.0)
+    a4k, a512, a32k = rows[:3]
+    assert a4k["asks_of_floor"] == pytest.approx(4400 / 4450) and a4k["floor"] == 4450
+    assert a512["asks_of_floor"] == pytest.approx(0.9 * 3700 / 3850) and a512["asks_of_floor"] < READ_CEILING_SHARE
+    assert "floor" not in a32k  # a record from before the floor was measured
+    text = format_targets(rows).splitlines()
+    assert text[0].endswith("the target asks 98.9% of it (at the read ceiling)")
+    assert "a bare read 3,850 GB/s, the target asks 86.5% of it" in text[1] and "ceiling" not in text[1]
+    assert "bare read" not in text[2]
+    assert text[-1] == "1 of 4 targets met; 1 of the rest at the read ceiling"
+    met = byte_floor_targets({**run, "attention_vs_sdpa": [attn(4096, 4420, 4400, 4450)]}, 4300.0)
+    assert "ceiling" not in format_targets(met)  # a met target is not marked, however near the ceiling
