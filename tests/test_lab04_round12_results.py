@@ -134,3 +134,53 @@ def test_the_where_it_stands_ratios_are_the_files():
         us = r["sustained_us"]
         gem.append(us["kit fp8 x16"] / us[r["sustained_fastest_read"]["fp8"]])  # the lab's tile
     assert f"FP8 GEMMs {min(gem):.2f}-{max(gem):.2f}x of theirs (round 11)" in ROUND12
+
+
+def _call3():
+    return json.loads((RES / "lab04_fp8_call3.json").read_text())
+
+
+def test_call3_is_the_committed_record_or_its_predecessor():
+    rec = json.loads((ROOT / "src" / "hwlab" / "recorded" / "h200" / "lab04_fp8.json").read_text())
+    c3 = _call3()
+    assert c3["kind"] == "lab04_fp8" and c3["recorded_at"] <= rec["recorded_at"]
+
+
+def test_the_notes_shares_of_the_floor_are_call3s():
+    from hwlab.labs import fp8 as L
+    from hwlab.labs.fp8.targets import READ_CEILING_SHARE
+
+    ev = _call3()
+    run = ev["extra"]["run"]
+    rows = L.byte_floor_targets(run, ev["ceilings"]["copy_gbps"], ev["extra"]["flowchart_leaves"])
+    att = {a["ctx"]: a for a in run["attention_vs_sdpa"]}
+    asks = {r["target"]: r["asks_of_floor"] for r in rows if "asks_of_floor" in r}
+    a_asks = {c: next(v for t, v in asks.items() if t.startswith(f"FP8 attention at ctx {c} ")) for c in att}
+    assert f"asks {100 * a_asks[4096]:.1f} / {100 * a_asks[32768]:.1f}% of a bare read of the FP8 bytes" in ROUND12
+    assert f"and {100 * a_asks[512]:.1f}% at 512" in ROUND12
+    sdpa = [100 * att[c]["sdpa_gbps"] / att[c]["bf16_read_floor"]["gbps"] for c in (512, 4096, 32768)]
+    kit = [100 * att[c]["kit_fp8_gbps"] / att[c]["fp8_read_floor"]["gbps"] for c in (512, 4096, 32768)]
+    assert f"SDPA runs at {sdpa[1]:.1f} / {sdpa[2]:.1f}% of a bare read of its own bf16 bytes" in ROUND12
+    assert f"{kit[0]:.1f} / {kit[1]:.1f} / {kit[2]:.1f}% of the bare read's GB/s" in ROUND12
+    assert f"SDPA at {sdpa[0]:.1f} / {sdpa[1]:.1f} / {sdpa[2]:.1f}% of its" in ROUND12
+    g_asks = {(g["layer"], g["rows"]): g["bf16_gbps"] / g["fp8_read_floor"]["gbps"] for g in run["gemms_vs_bf16"]}
+    assert f"the GEMM targets ask {100 * min(g_asks.values()):.1f}-{100 * max(g_asks.values()):.1f}%" in ROUND12
+    at = sorted(k for k, v in g_asks.items() if v >= READ_CEILING_SHARE)
+    assert at == [("down", 4), ("down", 16), ("up", 4)]  # what the notes name as at the ceiling
+    assert (f"`qkv` {100 * g_asks[('qkv', 16)]:.1f} / {100 * g_asks[('qkv', 4)]:.1f}% (16 / 4 rows), `up` at 16 rows "
+            f"{100 * g_asks[('up', 16)]:.1f}%, `out` {100 * g_asks[('out', 16)]:.1f} / {100 * g_asks[('out', 4)]:.1f}%") in ROUND12
+    kg = [g["fp8_gbps"] / g["fp8_read_floor"]["gbps"] for g in run["gemms_vs_bf16"]]
+    bg = [g["bf16_gbps"] / g["bf16_read_floor"]["gbps"] for g in run["gemms_vs_bf16"]]
+    assert f"FP8 GEMMs at {100 * min(kg):.1f}-{100 * max(kg):.1f}%" in ROUND12
+    assert f"bf16 GEMMs at {100 * min(bg):.1f}-{100 * max(bg):.1f}% of theirs" in ROUND12
+    met = sum(r["met"] for r in rows)
+    ceiling = sum(not r["met"] and r.get("asks_of_floor", 0) >= READ_CEILING_SHARE for r in rows)
+    assert f"Targets: {met} of {len(rows)} met, {ceiling} of the rest at the read ceiling" in ROUND12
+
+
+def test_the_live_count_quoted_is_the_fourteenth_runs_notebook():
+    nb = json.loads((ROOT / "docs" / "executed-h200" / "notebooks__04_fp8_dequant_fallback.ipynb").read_text())
+    out = "".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", []))
+    line = next(x for x in out.splitlines() if "targets met" in x)
+    assert line.startswith("5 of 17 targets met; 6 of the rest at the read ceiling") and "measured live on NVIDIA H200" in line
+    assert "(6 in notebook 04's live run minutes later)" in ROUND12
