@@ -76,13 +76,14 @@ STEP_11 = {k: KERNELS_11[k] for k in ("lab", "lean, 8 per step", "lean, 8 per st
                                       "lean, 8 per step, 4 loop stages")}
 
 
-def probe_plans(n_rows: int, row_bytes: int) -> dict:
-    """The read probes that fit a weight of ``n_rows`` x ``row_bytes``: name -> stream_matrix kwargs."""
+def probe_plans(n_rows: int, row_bytes: int, max_programs: int = MAX_PROGRAMS) -> dict:
+    """The read probes that fit a weight of ``n_rows`` x ``row_bytes`` in :data:`MIN_PROGRAMS` to
+    ``max_programs`` programs: name -> stream_matrix kwargs."""
     plans = {}
     for name, (bn, bk, warps, st) in PROBES.items():
         for split in SPLITS:
             programs = n_rows // bn * split
-            if n_rows % bn or row_bytes % (split * bk) or not MIN_PROGRAMS <= programs <= MAX_PROGRAMS:
+            if n_rows % bn or row_bytes % (split * bk) or not MIN_PROGRAMS <= programs <= max_programs:
                 continue
             plans[f"{name}, K split {split}"] = {"block_n": bn, "block_k_bytes": bk, "split": split,
                                                  "num_warps": warps, "loop_stages": st, "programs": programs}
