@@ -41,3 +41,25 @@ MY_PATH = None  # YOUR CODE HERE: {"main": ..., "connector": ..., "head": ..., "
 
 # %%
 exercise_checks.check_fp8_path(MY_PATH)
+
+# %% [markdown]
+# ## Part 2 · Which targets can a kernel still reach?
+#
+# **Takes:** 5 min. Lab 4's targets table (recorded on the H200) sets each attention and GEMM target beside
+# a kernel that reads the very same bytes and does nothing else (the bare read). A target that asks at least
+# 95% of the bare read's GB/s asks a kernel that also computes to stream as fast as one that only reads: no
+# tuning should be expected to meet it. Put in `MY_ROOM` the targets that are **not met** and ask **less than
+# 95%** of their bare read: where a better kernel could still pay.
+
+# %%
+rows, label = exercise_checks.floor_targets()
+print(f"Lab 4's attention and GEMM targets, {label}:")
+for r in rows:
+    print(f"  {'met    ' if r['met'] else 'NOT MET'}  {r['target']}: measured {r['measured']:,.0f}, target "
+          f"{r['against']:,.0f}, bare read {r['floor']:,.0f} {r['unit']}")
+
+# %% tags=["learner"]
+MY_ROOM = None  # YOUR CODE HERE: a set of target names, as printed above
+
+# %%
+exercise_checks.check_floor_room(MY_ROOM)

@@ -142,3 +142,28 @@ def test_toolchain_failure_inside_the_compile_is_an_environment_problem(monkeypa
     r = C.check_limiter(TileConfig(64, 64, 32, 4, 2), "registers", "why")
     assert r.status == "environment problem" and "ships no ptxas" in r.message
     assert C.toolchain_problem(static_compile=True) is None  # this machine's own toolchain is fine
+
+
+def test_04_part2_room_is_graded_from_the_recorded_floor_not_a_label():
+    """Exercise 04, part 2: the targets with room are recomputed from the recorded run's measured
+    GB/s (target over bare read), not from a list: a set missing one, or naming one at the read
+    ceiling, is wrong with that target's share in the message."""
+    from hwlab.labs.fp8.targets import READ_CEILING_SHARE
+
+    rows, label = C.floor_targets()
+    assert label.startswith("recorded on NVIDIA H200") and len(rows) >= 11
+    assert all(r["floor"] > 0 and r["unit"] == "GB/s" for r in rows)
+    share = {r["target"]: r["against"] / r["floor"] for r in rows}
+    room = {r["target"] for r in rows if not r["met"] and share[r["target"]] < READ_CEILING_SHARE}
+    ceiling = {r["target"] for r in rows if not r["met"]} - room
+    assert room and ceiling  # the recorded run has both kinds, so the exercise can tell them apart
+    assert C.check_floor_room(room).passed and C.check_floor_room(sorted(room)).passed
+    one = sorted(room)[0]
+    miss = C.check_floor_room(room - {one})
+    assert miss.status == "wrong" and f"{one}: asks {share[one]:.1%} of its bare read -> room" in miss.message
+    over = sorted(ceiling)[0]
+    extra = C.check_floor_room(room | {over})
+    assert extra.status == "wrong" and f"{over}: asks {share[over]:.1%} of its bare read -> no room" in extra.message
+    assert C.check_floor_room(None).status == "not done yet"
+    assert C.check_floor_room("FP8 GEMM").status == "wrong"
+    assert "not a target" in C.check_floor_room(room | {"FP8 GEMM qkv"}).message

@@ -19,6 +19,10 @@ toolchain apart from a wrong answer.
   step moves, by the bytes the H200 run recorded, and nowhere else); no fallback GEMM, FP8
   hit rate and logit error (Lab 4's own checker); on a GPU, decode TPOT at the 4k bucket must
   be at most :data:`TPOT_BAND` x this machine's bf16 TPOT measured in the same run.
+  Its second part (:func:`check_floor_room`): the learner names the targets of Lab 4's table
+  that are not met and ask less than ``targets.READ_CEILING_SHARE`` of a bare read of the same
+  bytes, from the recorded H200 run (the share is theirs to compute; the checker recomputes it
+  from the run's measured figures and explains each miss with it).
 
 A toolchain problem (Triton missing or outside the versions the kit uses, its bundled ptxas
 missing or failing) is reported as ``"environment problem"`` with the fix, never as a wrong
@@ -283,6 +287,47 @@ def grade_kv(kv_fp8_from_ctx: int | None) -> tuple[bool, str]:
     head = (f"KV cache per bucket (bytes {label}; FP8 KV pays at >= {KV_SHARE_PAYS_PCT:.0f}% of the step's bytes): "
             + "; ".join(lines))
     return not bad, head
+
+
+def floor_targets() -> tuple[list[dict[str, Any]], str]:
+    """The rows of Lab 4's byte-floor targets (its recorded H200 run) that carry a bare read of
+    the same bytes: target, measured, against (the target's GB/s), floor (the bare read's GB/s),
+    met and unit; and the run's label. Exercise 04's second part prints these."""
+    from .evidence import recorded
+    from .labs import fp8
+
+    ev = recorded("lab04_fp8")
+    rows = fp8.byte_floor_targets(ev.extra["run"], ev.ceilings["copy_gbps"], ev.extra.get("flowchart_leaves"))
+    keep = ("target", "measured", "against", "floor", "met", "unit")
+    return [{k: r[k] for k in keep} for r in rows if "floor" in r], ev.label
+
+
+def check_floor_room(names) -> ExerciseResult:
+    """Exercise 04, part 2: ``names`` must be exactly the targets of :func:`floor_targets` that are
+    not met and whose target GB/s is under ``READ_CEILING_SHARE`` of their bare read's: where a
+    better kernel could still pay, as opposed to targets that ask a kernel which also computes to
+    stream as fast as one that only reads."""
+    from .labs.fp8.targets import READ_CEILING_SHARE
+
+    name = "targets with room"
+    if names is None:
+        return not_done(name, "Set MY_ROOM to the set of target names (as printed) that still have room.")
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        return ExerciseResult(name, "wrong", "MY_ROOM must be a set of target names, each as printed above")
+    rows, label = floor_targets()
+    by_name = {r["target"]: r for r in rows}
+    unknown = sorted(set(names) - set(by_name))
+    if unknown:
+        return ExerciseResult(name, "wrong", f"not a target of the table: {unknown[0]!r} (copy the names as printed)")
+    share = {t: r["against"] / r["floor"] for t, r in by_name.items()}
+    want = {t for t, r in by_name.items() if not r["met"] and share[t] < READ_CEILING_SHARE}
+    rule = (f"room = not met and the target under {READ_CEILING_SHARE:.0%} of the bare read's GB/s "
+            f"(figures {label})")
+    if set(names) == want:
+        return ExerciseResult(name, "passed", f"{len(want)} of {len(rows)} targets have room; {rule}")
+    why = [f"{t}: asks {share[t]:.1%} of its bare read" + (", and is met" if by_name[t]["met"] else "")
+           + (" -> room" if t in want else " -> no room") for t in sorted(want ^ set(names))]
+    return ExerciseResult(name, "wrong", f"{rule}. Check: " + "; ".join(why))
 
 
 def _tpot_band(path: dict[str, Any]) -> tuple[bool, str]:
