@@ -1,7 +1,7 @@
 """Lab 4, round 12 (issue #19): how fast the decode attention's KV cache can be read at all, beside
 SDPA and the lab's FP8 attention, at the lab's three buckets.
 
-    python benchmarks/lab04_round12.py OUT.json [--rounds 7]
+    python benchmarks/lab04_round12.py OUT.json [--rounds 7] [--parts floor,attn512]
 
 Round 11 asked of each decode GEMM's weight what any one-launch kernel could do (a load-only read,
 ``lab04_round11.py`` part ``floor``); this asks it of the attention's cache. At 512 x16, 4k x16 and
@@ -23,12 +23,20 @@ SDPA's GB/s (4k and 32k) or at 90% of it (512). Where the fastest read of the FP
 clearly faster than that, no FP8 attention kernel launched once per layer can meet the target on
 this machine: it must read and compute in no more time than a kernel that only reads.
 
+Part ``attn512`` (after part ``floor`` left 15% between the 512 target and a bare read): the FP8
+attention at 512 x16 with one split per row whose program writes the output itself
+(``research.decode_attention_lean(final=True)``: no combine launched), per-row and lean loops of
+1-8 warps and 3 loop stages, beside the lab's kernel and round 10's best at 512 (per-row, the lab
+tile, 3 stages) and its 2-warp tile with the combine: whether the combine's launch is what the short
+context pays.
+
 Every way is timed as rounds 10 and 11 did (one sustained block per way, twice in opposite orders,
 and alternating with a sync per replay); the results file is written after each bucket.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -143,12 +151,25 @@ def floor_bucket(ctx: int, batch: int, rounds: int) -> dict:
     return row
 
 
+#: part ``attn512``'s kernels, added to round 10's (name -> the attention function)
+FINAL_512 = {
+    **{f"final rows, {w} warp{'s' if w > 1 else ''}, {bt} per step, chunk 512, 3 loop stages": functools.partial(
+        R.decode_attention_lean, rows=True, loop_stages=3, final=True, tile=A.AttnTile(512, bt, w, 3))
+       for w, bt in ((1, 16), (2, 32), (4, 64), (8, 128))},
+    "final lean, 2 warps, 32 per step, chunk 512, 3 loop stages": functools.partial(
+        R.decode_attention_lean, loop_stages=3, final=True, tile=A.AttnTile(512, 32, 2, 3)),
+}
+ATTN512 = ["lab", "rows, lab tile, 3 loop stages", "rows, 2 warps, 32 per step, chunk 512, 3 loop stages", *FINAL_512]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--shapes", default="512x16,4096x16,32768x4")
+    ap.add_argument("--shapes", default="512x16,4096x16,32768x4", help="part floor's buckets")
+    ap.add_argument("--parts", default="floor", help="floor, attn512")
     a = ap.parse_args()
+    parts = a.parts.split(",")
     t0 = time.time()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": __import__("triton").__version__, "rounds": a.rounds, "block_reps": r10.BLOCK_REPS,
@@ -156,11 +177,16 @@ def main():
                                               for k, v in PROBES.items()},
            "kv_patterns": {k: dict(zip(("warps", "block_t", "chunk", "loop_stages"), v)) for k, v in r10.PROBES.items()},
            "attn_floor": []}
-    for shape in a.shapes.split(","):
+    for shape in (a.shapes.split(",") if "floor" in parts else []):
         ctx, batch = (int(x) for x in shape.split("x"))
         res["attn_floor"].append(floor_bucket(ctx, batch, a.rounds))
         res["elapsed_s"] = time.time() - t0
         write_json_atomic(a.out, res, overwrite=True)  # after each bucket: a timeout keeps what ran
+    if "attn512" in parts:
+        r10.KERNELS.update(FINAL_512)
+        res["attn512"] = r10.attn_part(a.rounds, ATTN512, shapes=((512, 16),), tag="attn512")
+        res["elapsed_s"] = time.time() - t0
+        write_json_atomic(a.out, res, overwrite=True)
 
 
 if __name__ == "__main__":

@@ -443,3 +443,25 @@ def test_round10_combine_with_pdl_gives_the_labs_output():
         a = K.decode_attention(q, k, v, scale, 190, use_triton=True, out_scale=out_scale)
         b = R.decode_attention_round8(q, k, v, scale, 190, use_triton=True, out_scale=out_scale, pdl_combine=True)
         assert a.dtype == b.dtype and torch.equal(a.float(), b.float())
+
+
+def test_round12_final_lean_loop_writes_the_output_without_a_combine():
+    """``decode_attention_lean(final=True)`` (interpreter): one split per row, whose program writes
+    the normalized output itself; the same output as the lab's split attention and as the same loop
+    with its combine, and refused where a row has more than one split or FP8 output is asked."""
+    g = torch.Generator().manual_seed(14)
+    k = (torch.randn(2, 2, 200, 64, generator=g) * 30).to(K.FP8)
+    v = (torch.randn(2, 2, 200, 64, generator=g) * 30).to(K.FP8)
+    q = torch.randn(2, 2, 1, 64, generator=g).half()
+    scale = torch.tensor(0.03)
+    tile = L.AttnTile(256, 32, 2, 3)
+    ref = K.decode_attention_ref(q, k, v, scale, 190).float()
+    for rows, st in ((True, 3), (False, 0)):
+        fin = R.decode_attention_lean(q, k, v, scale, 190, use_triton=True, tile=tile, rows=rows, loop_stages=st, final=True)
+        com = R.decode_attention_lean(q, k, v, scale, 190, use_triton=True, tile=tile, rows=rows, loop_stages=st)
+        assert fin.shape == q.shape and fin.dtype == q.dtype
+        assert K.rel_err(fin, ref) < K.FP8_CACHE_MATH_REL and torch.allclose(fin.float(), com.float(), rtol=2e-3, atol=2e-3)
+    with pytest.raises(ValueError, match="one split per row"):
+        R.decode_attention_lean(q, k, v, scale, 190, use_triton=True, tile=L.AttnTile(64, 16, 1, 2), final=True)
+    with pytest.raises(ValueError, match="out_scale"):
+        R.decode_attention_lean(q, k, v, scale, 190, use_triton=True, tile=tile, final=True, out_scale=torch.tensor(0.1))

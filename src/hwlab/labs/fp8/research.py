@@ -466,13 +466,15 @@ def _checks_or_reference(q, k_cache, v_cache, kv_scale, n_ctx, use_triton, out_s
     return per_row, None
 
 
-def _launch_partial(kernel, q, k_cache, v_cache, kv_scale, n_ctx, per_row, chunk, tile, **extra):
+def _launch_partial(kernel, q, k_cache, v_cache, kv_scale, n_ctx, per_row, chunk, tile, out=None, **extra):
     """One launch of a partial kernel with :func:`.attention._decode_attn_partial`'s arguments over
     chunks of ``chunk`` positions (``extra``: its further arguments and launch options): the
-    partial max, sum and output buffers and the split count."""
+    partial max, sum and output buffers and the split count. ``out``: the buffer a ``FINAL``
+    kernel stores the output in, passed in the partial output's place."""
     B, H, _, D = q.shape
     n_splits = split_count(k_cache.shape[2] if per_row else n_ctx, chunk)
     m, l, acc = split_buffers(q, n_splits)
+    acc = acc if out is None else out
     q = q if q.stride(3) == 1 else q.contiguous()
     kernel[(n_splits, B * H)](q, k_cache, v_cache, kv_scale.reshape(1).float(), m, l, acc, 0 if per_row else n_ctx,
                               n_ctx if per_row else m, k_cache.shape[2], n_splits, LOG2E / math.sqrt(D), H,
@@ -764,10 +766,12 @@ def _decode_attn_partial_lean(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, a
                               D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, PER_ROW: tl.constexpr,
                               F16: tl.constexpr, PDL: tl.constexpr = False, kn_ptr=None, vn_ptr=None,
                               stride_kb=0, stride_kh=0, stride_vb=0, stride_vh=0, NEW_KV: tl.constexpr = False,
-                              PREFETCH: tl.constexpr = 0, LOOP_STAGES: tl.constexpr = 0, ROWS: tl.constexpr = False):
+                              PREFETCH: tl.constexpr = 0, LOOP_STAGES: tl.constexpr = 0, ROWS: tl.constexpr = False,
+                              FINAL: tl.constexpr = False):
     """:func:`.attention._decode_attn_partial` (its arguments, grid and stores) whose loop on an
     FP8 cache is :func:`_attend_chunk_lean` (``PREFETCH``, ``LOOP_STAGES`` its); a 16-bit cache
-    keeps the lab's loop."""
+    keeps the lab's loop. ``FINAL`` (one split per row): the program stores the row's output
+    itself, normalized, at ``acc_ptr`` in that buffer's dtype, and no combine runs (round 12)."""
     pdl_enter(PDL)
     o, start, hi, q, base, kv_scale = _partial_begin(q_ptr, k_ptr, v_ptr, kv_scale_ptr, n_ctx, nctx_ptr, max_ctx,
                                                      n_splits, qk_scale, H, stride_qb, stride_qh, kn_ptr, vn_ptr,
@@ -779,7 +783,10 @@ def _decode_attn_partial_lean(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, a
         m_i, l_i, acc = _attend_chunk_lean(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, PREFETCH, LOOP_STAGES)
     else:
         m_i, l_i, acc = _attend_chunk(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, F16)
-    _partial_end(m_ptr, l_ptr, acc_ptr, o, m_i, l_i, acc, kv_scale, D)
+    if FINAL:
+        tl.store(acc_ptr + o * D + tl.arange(0, D), (acc * (kv_scale / l_i)).to(acc_ptr.dtype.element_ty))
+    else:
+        _partial_end(m_ptr, l_ptr, acc_ptr, o, m_i, l_i, acc, kv_scale, D)
 
 
 def lean_steps_fit(tile: AttnTile, chunk: int) -> bool:
@@ -793,13 +800,16 @@ def decode_attention_lean(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                           n_ctx: int | torch.Tensor, use_triton: bool | None = None, tile: AttnTile = DEFAULT_TILE,
                           out_scale: torch.Tensor | None = None,
                           new_kv: tuple[torch.Tensor, torch.Tensor] | None = None, prefetch: int = 0,
-                          maxnreg: int | None = None, loop_stages: int = 0, rows: bool = False) -> torch.Tensor:
+                          maxnreg: int | None = None, loop_stages: int = 0, rows: bool = False,
+                          final: bool = False) -> torch.Tensor:
     """:func:`.attention.decode_attention` (same arguments, checks, splits and combine) whose
     partial kernel is :func:`_decode_attn_partial_lean`: round 10's loop on an FP8 cache.
     ``prefetch``: 0, or 1 (the next step's V) or 2 (its K and V) loaded while a step computes;
     ``maxnreg``: :func:`launch_limits`; ``loop_stages``: 0, or the depth of Triton's software
     pipeline over the loop (:func:`_attend_chunk_lean`; with ``prefetch`` 0 only); ``rows``: a
-    running max per position row (:func:`_attend_chunk_rows`; with ``prefetch`` 0 only)."""
+    running max per position row (:func:`_attend_chunk_rows`; with ``prefetch`` 0 only); ``final``:
+    one split per row (the tile's chunk covering the context) whose program writes the output
+    itself, no combine launched (round 12, at short context; not with ``out_scale``)."""
     if prefetch not in (0, 1, 2):
         raise ValueError(f"prefetch is 0 (none), 1 (the next step's V) or 2 (its K and V); got {prefetch!r}")
     if not (isinstance(loop_stages, int) and 0 <= loop_stages <= 8) or ((loop_stages or rows) and prefetch):
@@ -808,10 +818,14 @@ def decode_attention_lean(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     if ref is not None:
         return ref
     B, H, _, D = q.shape
-    chunk = chunk_for(tile, B * H, k_cache.shape[2] if per_row else n_ctx)
+    # final: the tile's chunk as it is (one split per row, however few programs that makes)
+    chunk = tile.chunk if final else chunk_for(tile, B * H, k_cache.shape[2] if per_row else n_ctx)
     if k_cache.dtype == FP8 and not lean_steps_fit(tile, chunk):
         raise ValueError(f"{tile}: chunk {chunk} over block_t {tile.block_t} steps could overflow the fp16 output rows")
+    if final and (out_scale is not None or split_count(k_cache.shape[2] if per_row else n_ctx, chunk) != 1):
+        raise ValueError(f"final wants one split per row (chunk {chunk} covering the context) and no out_scale")
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if final else None
     m, l, acc, _ = _launch_partial(_decode_attn_partial_lean, q, k_cache, v_cache, kv_scale, n_ctx, per_row, chunk,
-                                   tile, PREFETCH=prefetch, LOOP_STAGES=loop_stages, ROWS=rows, **new_kv_args(new_kv),
-                                   **launch_limits(maxnreg))
-    return combine_splits(m, l, acc, q, out_scale)
+                                   tile, out=out, PREFETCH=prefetch, LOOP_STAGES=loop_stages, ROWS=rows,
+                                   FINAL=final, **new_kv_args(new_kv), **launch_limits(maxnreg))
+    return out if final else combine_splits(m, l, acc, q, out_scale)
