@@ -11,11 +11,9 @@ registers it writes, and the first FP8 conversion.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
-from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # real kernels: this script compiles, it does not run them
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -38,7 +36,6 @@ def load_order(sass: str) -> dict:
 
 
 def main(out_path: str) -> None:
-    import triton
     sig = dict(S.LAB_SIG, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv")
     c = {"D": 128, "CHUNK": A.DEFAULT_TILE.chunk, "BLOCK_T": A.DEFAULT_TILE.block_t, "PER_ROW": False, "F16": True,
          **S.LAB_OFF}
@@ -52,9 +49,7 @@ def main(out_path: str) -> None:
                **load_order(sass_sm90(A._decode_attn_partial, sig, c, attrs, opts))}
         rows.append(row)
         print(row, flush=True)
-    Path(out_path).write_text(json.dumps({"source": f"static compile for sm_90a, nothing launched (triton "
-                                                    f"{triton.__version__})", "triton": triton.__version__,
-                                          "rows": rows}, indent=1))
+    S.write_static_rows(out_path, rows)
 
 
 if __name__ == "__main__":

@@ -10,10 +10,8 @@ shared memory), under whatever Triton runs it (the H200's image has 3.6.0; insta
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
-from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # real kernels: this script compiles, it does not run them
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +30,6 @@ VARIANTS = (("lab", 16, 0, False), ("lab", 8, 0, False), ("lean", 16, 0, False),
 
 
 def main(out_path: str) -> None:
-    import triton
     rows = []
     for kernel, bt, stages, new_kv in VARIANTS:
         fn, sig, c = S.attn_compile_args(kernel, bt, stages, new_kv, chunk=A.DEFAULT_TILE.chunk)
@@ -42,9 +39,7 @@ def main(out_path: str) -> None:
                "programs_per_sm": o.blocks_per_sm, "binding": o.binding}
         rows.append(row)
         print(row, flush=True)
-    Path(out_path).write_text(json.dumps({"source": f"static compile for sm_90a on a CPU, nothing launched (triton "
-                                                    f"{triton.__version__})", "triton": triton.__version__,
-                                          "rows": rows}, indent=1))
+    S.write_static_rows(out_path, rows, " on a CPU")
 
 
 if __name__ == "__main__":

@@ -190,16 +190,12 @@ def main():
         res["attn_floor"].append(floor_bucket(ctx, batch, a.rounds))
         res["elapsed_s"] = time.time() - t0
         write_json_atomic(a.out, res, overwrite=True)  # after each bucket: a timeout keeps what ran
-    if "attn512" in parts:
-        r10.KERNELS.update(FINAL_512)
-        res["attn512"] = r10.attn_part(a.rounds, ATTN512, shapes=((512, 16),), tag="attn512")
-        res["elapsed_s"] = time.time() - t0
-        write_json_atomic(a.out, res, overwrite=True)
-    if "attn512b" in parts:
-        r10.KERNELS.update(FINAL_512B)
-        res["attn512b"] = r10.attn_part(a.rounds, ATTN512B, shapes=((512, 16),), tag="attn512b")
-        res["elapsed_s"] = time.time() - t0
-        write_json_atomic(a.out, res, overwrite=True)
+    for part, kernels, names in (("attn512", FINAL_512, ATTN512), ("attn512b", FINAL_512B, ATTN512B)):
+        if part in parts:
+            r10.KERNELS.update(kernels)
+            res[part] = r10.attn_part(a.rounds, names, shapes=((512, 16),), tag=part)
+            res["elapsed_s"] = time.time() - t0
+            write_json_atomic(a.out, res, overwrite=True)
 
 
 if __name__ == "__main__":

@@ -75,6 +75,14 @@ def attn_compile_args(loop: str, block_t: int, loop_stages: int = 0, new_kv: boo
     return fn, sig, {k: v for k, v in c.items() if sig[k] == "constexpr"}
 
 
+def write_static_rows(out_path: str, rows: list, where: str = "") -> None:
+    """``rows`` of a static compile (nothing launched) as JSON at ``out_path``, with the Triton
+    that compiled them; ``where``: said after "sm_90a" in the source line (" on a CPU")."""
+    with open(out_path, "w") as f:
+        f.write(json.dumps({"source": f"static compile for sm_90a{where}, nothing launched (triton "
+                                      f"{triton.__version__})", "triton": triton.__version__, "rows": rows}, indent=1))
+
+
 W8_SIG = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*bf16", "ws_ptr": "*fp32",
           "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32",
           "stride_ym": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "SWAP": "constexpr",

@@ -115,3 +115,15 @@ def test_targets_carry_the_floor_and_mark_the_read_ceiling():
     assert text[-1] == "1 of 4 targets met; 1 of the rest at the read ceiling"
     met = byte_floor_targets({**run, "attention_vs_sdpa": [attn(4096, 4420, 4400, 4450)]}, 4300.0)
     assert "ceiling" not in format_targets(met)  # a met target is not marked, however near the ceiling
+
+
+def test_a_failing_read_is_recorded_beside_the_run_not_raised(monkeypatch):
+    """A read that fails to build or reads wrong bytes costs the run its floor, not its measurements."""
+    from hwlab.labs.fp8.run import attention_vs_sdpa
+
+    def broken(*a, **k):
+        raise RuntimeError("read floor: x did not read the bytes it was given")
+    monkeypatch.setattr(FL, "fastest_read", broken)
+    a = attention_vs_sdpa(L.TINY, 2, 256, "cpu")
+    assert "fp8_read_floor" not in a and "did not read" in a["fp8_read_floor_error"]
+    assert a["kit_fp8_gbps"] > 0 and a["sdpa_gbps"] > 0

@@ -40,7 +40,7 @@ KV_READS = {
     "4 warps, 128 per step, chunk 2048, 3 stages": (4, 128, 2048, 3),
 }
 #: the weight reads the lab times as a GEMM's floor: name -> (rows per program, bytes of a row per
-#: step, warps, loop stages, K split); the fastest of the sweep for qkv, out, up and down among them
+#: step, warps, loop stages, K split); among them the sweep's fastest for each of qkv, out, up and down
 MATRIX_READS = {
     "16 rows x 256 B, 1 warp, K split 8": (16, 256, 1, 0, 8),
     "16 rows x 256 B, 1 warp, K split 4": (16, 256, 1, 0, 4),

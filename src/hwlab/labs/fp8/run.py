@@ -118,11 +118,21 @@ def attention_vs_sdpa(cfg: ModelConfig, batch: int, ctx: int, device=None,
     out["kit_fp8_over_sdpa_gbps"] = out["kit_fp8_gbps"] / out["sdpa_gbps"]
     with torch.no_grad():  # the same bytes read by kernels that only read them (floor.py)
         for name, ks, vs in (("fp8", kf, vf), ("bf16", kb, vb)):
-            best = floor.fastest_read(floor.kv_read_plans(ks, vs), bytes_per_layer["kit_fp8" if name == "fp8" else "sdpa"],
-                                      n, dev)
-            if best is not None:
-                out[f"{name}_read_floor"] = best
+            out.update(_read_floor(name, lambda ks=ks, vs=vs: floor.kv_read_plans(ks, vs),
+                                   bytes_per_layer["kit_fp8" if name == "fp8" else "sdpa"], n, dev))
     return out
+
+
+def _read_floor(name: str, plans, nbytes: int, n_layers: int, dev) -> dict[str, Any]:
+    """``{name}_read_floor`` (:func:`.floor.fastest_read` over ``plans()``), nothing where no read
+    shape fits, or ``{name}_read_floor_error`` where a read fails to build or reads wrong bytes:
+    the floor is context for the targets, and a failure there must not lose the measurements the
+    run already holds."""
+    try:
+        best = floor.fastest_read(plans(), nbytes, n_layers, dev)
+    except Exception as e:  # noqa: BLE001 - recorded beside the run, not raised
+        return {f"{name}_read_floor_error": f"{type(e).__name__}: {e}"[:300]}
+    return {} if best is None else {f"{name}_read_floor": best}
 
 
 def gemms_vs_bf16(bf16: Decoder, fp8: Decoder, rows_list, device=None) -> list[dict[str, Any]]:
@@ -151,9 +161,11 @@ def gemms_vs_bf16(bf16: Decoder, fp8: Decoder, rows_list, device=None) -> list[d
         l16 = [layer[name] for layer in bf16.layers]
         l8 = [layer[name] for layer in fp8.layers]
         n = len(l8)
+        floors: dict[str, Any] = {}
         with torch.no_grad():  # each weight's bytes read by a kernel that only reads them (floor.py), once per weight
-            floors = {key: floor.fastest_read(floor.matrix_read_plans([m.w for m in ls]), ls[0].weight_bytes, n, dev)
-                      for key, ls in (("fp8", l8), ("bf16", l16))}
+            for key, ls in (("fp8", l8), ("bf16", l16)):
+                floors.update(_read_floor(key, lambda ls=ls: floor.matrix_read_plans([m.w for m in ls]),
+                                          ls[0].weight_bytes, n, dev))
         for rows in rows_list:
             x = torch.randn(rows, l16[0].in_features, generator=g, device=dev).to(torch.bfloat16)
             xq = [K.quant_static_ref(x, m.x_scale) for m in l8]
@@ -193,7 +205,7 @@ def gemms_vs_bf16(bf16: Decoder, fp8: Decoder, rows_list, device=None) -> list[d
                     row["graphed"] = cap.graphed
                     del cap
             row["fp8_over_bf16_gbps"] = row["fp8_gbps"] / row["bf16_gbps"]
-            row.update({f"{key}_read_floor": f for key, f in floors.items() if f is not None})
+            row.update(floors)
             out.append(row)
     return out
 
