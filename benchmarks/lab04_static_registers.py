@@ -69,8 +69,9 @@ def attn_compile_args(loop: str, block_t: int, loop_stages: int = 0, new_kv: boo
         sig.update(kn_ptr="*bf16", vn_ptr="*bf16", stride_kb="i32", stride_kh="i32", stride_vb="i32", stride_vh="i32")
         c.update(NEW_KV=True)
     if loop != "lab":
-        sig.update(PREFETCH="constexpr", LOOP_STAGES="constexpr", ROWS="constexpr", FINAL="constexpr")
-        c.update(PREFETCH=0, LOOP_STAGES=loop_stages, ROWS=loop == "rows", FINAL=False)
+        sig.update(PREFETCH="constexpr", LOOP_STAGES="constexpr", ROWS="constexpr", FINAL="constexpr",
+                   out_s_ptr="constexpr", QUANT="constexpr")
+        c.update(PREFETCH=0, LOOP_STAGES=loop_stages, ROWS=loop == "rows", FINAL=False, out_s_ptr=None, QUANT=False)
     sig = dict(sig, k_ptr="*fp8e4nv" if fp8 else "*bf16", v_ptr="*fp8e4nv" if fp8 else "*bf16")
     return fn, sig, {k: v for k, v in c.items() if sig[k] == "constexpr"}
 

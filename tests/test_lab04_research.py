@@ -1,6 +1,8 @@
 """Lab 4's research kernels (:mod:`hwlab.labs.fp8.research`: no lab path runs them; the tuning
 scripts under benchmarks/ do) in the interpreter against their torch references, so a finding
 in benchmarks/LAB04_NOTES.md can be re-measured with code that is still correct."""
+import functools
+
 import pytest
 import torch
 
@@ -448,7 +450,7 @@ def test_round10_combine_with_pdl_gives_the_labs_output():
 def test_round12_final_lean_loop_writes_the_output_without_a_combine():
     """``decode_attention_lean(final=True)`` (interpreter): one split per row, whose program writes
     the normalized output itself; the same output as the lab's split attention and as the same loop
-    with its combine, and refused where a row has more than one split or FP8 output is asked."""
+    with its combine, and refused where a row has more than one split."""
     g = torch.Generator().manual_seed(14)
     k = (torch.randn(2, 2, 200, 64, generator=g) * 30).to(K.FP8)
     v = (torch.randn(2, 2, 200, 64, generator=g) * 30).to(K.FP8)
@@ -463,5 +465,28 @@ def test_round12_final_lean_loop_writes_the_output_without_a_combine():
         assert K.rel_err(fin, ref) < K.FP8_CACHE_MATH_REL and torch.allclose(fin.float(), com.float(), rtol=2e-3, atol=2e-3)
     with pytest.raises(ValueError, match="one split per row"):
         R.decode_attention_lean(q, k, v, scale, 190, use_triton=True, tile=L.AttnTile(64, 16, 1, 2), final=True)
-    with pytest.raises(ValueError, match="out_scale"):
-        R.decode_attention_lean(q, k, v, scale, 190, use_triton=True, tile=tile, final=True, out_scale=torch.tensor(0.1))
+    # round 13: with the next GEMM's scale it writes FP8 as the lab's combine does (to one FP8 step)
+    os_ = torch.tensor(0.01)
+    fq = R.decode_attention_lean(q, k, v, scale, 190, use_triton=True, tile=tile, final=True, out_scale=os_)
+    lq = K.decode_attention(q, k, v, scale, 190, use_triton=True, out_scale=os_)
+    assert fq.dtype == lq.dtype == K.FP8
+    assert (fq.float() - lq.float()).abs().max() <= 0.07 * lq.float().abs().max()
+
+
+def test_round13_final_on_a_bf16_cache_writes_the_new_position_and_fp8_output():
+    """The decode step's call at 512 (interpreter): a 16-bit cache (bf16 on the GPU), this step's K and V written by the
+    kernel first (``new_kv``), FP8 output with the out projection's scale, one split per row: the
+    same cache afterwards and the same FP8 output (to one FP8 step) as the lab's kernel."""
+    g = torch.Generator().manual_seed(15)
+    shape = (2, 2, 160, 64)
+    kb, vb = torch.randn(shape, generator=g).half(), torch.randn(shape, generator=g).half()  # 16-bit (no bf16 here)
+    q, kn, vn = (torch.randn(2, 2, 1, 64, generator=g).half() for _ in range(3))
+    one, os_ = torch.tensor(1.0), torch.tensor(0.004)
+    caches = {}
+    for name, fn in (("lab", K.decode_attention),
+                     ("final", functools.partial(R.decode_attention_lean, final=True, tile=L.AttnTile(256, 32, 2, 3)))):
+        k, v = kb.clone(), vb.clone()
+        caches[name] = (fn(q, k, v, one, 150, use_triton=True, out_scale=os_, new_kv=(kn, vn)), k, v)
+    (lab, kl, vl), (fin, kf, vf) = caches["lab"], caches["final"]
+    assert torch.equal(kl, kf) and torch.equal(vl, vf) and torch.equal(kf[:, :, 149:150], kn)
+    assert fin.dtype == K.FP8 and (fin.float() - lab.float()).abs().max() <= 0.07 * lab.float().abs().max()

@@ -767,11 +767,13 @@ def _decode_attn_partial_lean(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, a
                               F16: tl.constexpr, PDL: tl.constexpr = False, kn_ptr=None, vn_ptr=None,
                               stride_kb=0, stride_kh=0, stride_vb=0, stride_vh=0, NEW_KV: tl.constexpr = False,
                               PREFETCH: tl.constexpr = 0, LOOP_STAGES: tl.constexpr = 0, ROWS: tl.constexpr = False,
-                              FINAL: tl.constexpr = False):
+                              FINAL: tl.constexpr = False, out_s_ptr=None, QUANT: tl.constexpr = False):
     """:func:`.attention._decode_attn_partial` (its arguments, grid and stores) whose loop on an
     FP8 cache is :func:`_attend_chunk_lean` (``PREFETCH``, ``LOOP_STAGES`` its); a 16-bit cache
     keeps the lab's loop. ``FINAL`` (one split per row): the program stores the row's output
-    itself, normalized, at ``acc_ptr`` in that buffer's dtype, and no combine runs (round 12)."""
+    itself, normalized, at ``acc_ptr`` in that buffer's dtype, and no combine runs (round 12);
+    with ``QUANT`` as FP8 with the next GEMM's static scale (``out_s_ptr``), as the lab's combine
+    writes it (round 13)."""
     pdl_enter(PDL)
     o, start, hi, q, base, kv_scale = _partial_begin(q_ptr, k_ptr, v_ptr, kv_scale_ptr, n_ctx, nctx_ptr, max_ctx,
                                                      n_splits, qk_scale, H, stride_qb, stride_qh, kn_ptr, vn_ptr,
@@ -784,7 +786,10 @@ def _decode_attn_partial_lean(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, a
     else:
         m_i, l_i, acc = _attend_chunk(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, F16)
     if FINAL:
-        tl.store(acc_ptr + o * D + tl.arange(0, D), (acc * (kv_scale / l_i)).to(acc_ptr.dtype.element_ty))
+        out = acc * (kv_scale / l_i)
+        if QUANT:
+            out = tl.minimum(tl.maximum(out / tl.load(out_s_ptr), -448.0), 448.0)
+        tl.store(acc_ptr + o * D + tl.arange(0, D), out.to(acc_ptr.dtype.element_ty))
     else:
         _partial_end(m_ptr, l_ptr, acc_ptr, o, m_i, l_i, acc, kv_scale, D)
 
@@ -809,7 +814,8 @@ def decode_attention_lean(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     pipeline over the loop (:func:`_attend_chunk_lean`; with ``prefetch`` 0 only); ``rows``: a
     running max per position row (:func:`_attend_chunk_rows`; with ``prefetch`` 0 only); ``final``:
     one split per row (the tile's chunk covering the context) whose program writes the output
-    itself, no combine launched (round 12, at short context; not with ``out_scale``)."""
+    itself, no combine launched (round 12, at short context; with ``out_scale`` it writes FP8 as the
+    lab's combine does, round 13)."""
     if prefetch not in (0, 1, 2):
         raise ValueError(f"prefetch is 0 (none), 1 (the next step's V) or 2 (its K and V); got {prefetch!r}")
     if not (isinstance(loop_stages, int) and 0 <= loop_stages <= 8) or ((loop_stages or rows) and prefetch):
@@ -822,10 +828,11 @@ def decode_attention_lean(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     chunk = tile.chunk if final else chunk_for(tile, B * H, k_cache.shape[2] if per_row else n_ctx)
     if k_cache.dtype == FP8 and not lean_steps_fit(tile, chunk):
         raise ValueError(f"{tile}: chunk {chunk} over block_t {tile.block_t} steps could overflow the fp16 output rows")
-    if final and (out_scale is not None or split_count(k_cache.shape[2] if per_row else n_ctx, chunk) != 1):
-        raise ValueError(f"final wants one split per row (chunk {chunk} covering the context) and no out_scale")
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if final else None
+    if final and split_count(k_cache.shape[2] if per_row else n_ctx, chunk) != 1:
+        raise ValueError(f"final wants one split per row (chunk {chunk} covering the context)")
+    out = (torch.empty(q.shape, dtype=q.dtype if out_scale is None else FP8, device=q.device) if final else None)
+    quant = dict(out_s_ptr=out_scale.reshape(1).float(), QUANT=True) if final and out_scale is not None else {}
     m, l, acc, _ = _launch_partial(_decode_attn_partial_lean, q, k_cache, v_cache, kv_scale, n_ctx, per_row, chunk,
                                    tile, out=out, PREFETCH=prefetch, LOOP_STAGES=loop_stages, ROWS=rows,
-                                   FINAL=final, **new_kv_args(new_kv), **launch_limits(maxnreg))
+                                   FINAL=final, **quant, **new_kv_args(new_kv), **launch_limits(maxnreg))
     return out if final else combine_splits(m, l, acc, q, out_scale)
