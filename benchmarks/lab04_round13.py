@@ -37,6 +37,7 @@ import lab04_round6 as r6  # noqa: E402
 from hwlab.labs import fp8 as lab  # noqa: E402
 from hwlab.labs.fp8 import attention as A  # noqa: E402
 from hwlab.labs.fp8 import decode_gemm as G  # noqa: E402
+from hwlab.labs.fp8 import quant as Q  # noqa: E402
 from hwlab.labs.fp8 import research as R  # noqa: E402
 from hwlab.measure_graph import capture_graph  # noqa: E402
 from hwlab.store import write_json_atomic  # noqa: E402
@@ -97,11 +98,48 @@ def step_rows(rounds: int, path: str, shapes, choices: dict) -> list:
     return rows
 
 
+def bits_part() -> dict:
+    """Why a step's logits can come out bit-identical under two choices: each choice's kernel on
+    the step's own inputs, outputs compared element by element. The (4096, 4096) and (4096, 14336)
+    FP8 GEMMs at 16 rows, the kit's against cuBLAS's (swap-AB, as the step's layers call it); the
+    attention at 512 x16 on a bf16 cache writing FP8 with the out projection's scale, the lab's
+    split kernel against one split per row. Counts of differing elements, and the largest
+    difference in units of the output's own rounding step (bf16 or FP8)."""
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(13)
+    res = {"gemm": [], "attention": []}
+    for name, (N, Kd) in (("out", OUT), ("down", DOWN)):
+        w = torch.randn(N, Kd, generator=g, device=dev) / Kd ** 0.5
+        w8, ws = Q.quant_tensor_ref(w)
+        x = torch.randn(16, Kd, generator=g, device=dev)
+        xs = (x.abs().amax() / Q.FP8_MAX).float()
+        xq = Q.quant_static_ref(x, xs)
+        kit = G.decode_mm(xq, w8, xs, ws)
+        cub = torch._scaled_mm(w8, xq.t(), scale_a=ws, scale_b=xs, out_dtype=torch.bfloat16).t()
+        res["gemm"].append({"layer": name, "N": N, "K": Kd, "rows": 16, "elements": kit.numel(),
+                            "differ": int((kit != cub).sum()), "max_abs_diff": float((kit.float() - cub.float()).abs().max())})
+        print(f"bits gemm {name}: {res['gemm'][-1]}", flush=True)
+    cfg = lab.H200_SIZE
+    shape = (16, cfg.n_heads, 513, cfg.d_head)
+    kb, vb = (torch.randn(shape, generator=g, device=dev).bfloat16() for _ in range(2))
+    q = torch.randn(16, cfg.n_heads, 1, cfg.d_head, generator=g, device=dev).bfloat16()
+    one = torch.ones((), device=dev)
+    ref = A.decode_attention_ref(q, kb, vb, one, 513).float()
+    os_ = (ref.abs().amax() / Q.FP8_MAX).float()
+    lab_out = A.decode_attention(q, kb, vb, one, 513, out_scale=os_)
+    for name, tile in FINAL_TILES.items():
+        fin = R.decode_attention_lean(q, kb, vb, one, 513, tile=tile, out_scale=os_, final=True)
+        res["attention"].append({"way": name, "elements": fin.numel(), "differ": int((fin.float() != lab_out.float()).sum()),
+                                 "max_abs_diff_over_scale": float((fin.float() - lab_out.float()).abs().max())})
+        print(f"bits attention {res['attention'][-1]}", flush=True)
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--parts", default="gemm,final512", help="gemm, final512")
+    ap.add_argument("--parts", default="gemm,final512", help="gemm, final512, bits")
     a = ap.parse_args()
     parts = a.parts.split(",")
     t0 = time.time()
@@ -113,6 +151,9 @@ def main():
         res["gemm"] = step_rows(a.rounds, "fixed", STEP_SHAPES,
                                 {k: (lambda s=s: on_cublas(s)) for k, s in GEMM_CHOICES.items()})
         res["elapsed_s"] = time.time() - t0
+        write_json_atomic(a.out, res, overwrite=True)
+    if "bits" in parts:
+        res["bits"] = bits_part()
         write_json_atomic(a.out, res, overwrite=True)
     if "final512" in parts:
         choices = {"lab": contextlib.nullcontext,
