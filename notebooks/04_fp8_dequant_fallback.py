@@ -264,6 +264,9 @@ print(lab.format_targets(lab.byte_floor_targets(res, copy, leaves), src))
 #    with PDL: none made the decode step faster (the leaner loop +3.4% at 4k, +1.0% at 32k; the pipelined one
 #    +0.7% at 4k). Nsight Compute says why: the lab's kernel already runs 32 programs per SM (63 registers on
 #    the H200's compiler) with half its issue slots idle, so neither issue nor residency limits it.
+#    Round 13, in the step itself: `out` and `down` on cuBLAS's FP8 GEMM, which is faster than the kit's alone
+#    for them, made the fixed step 1.5-2.6% slower in every bucket (sustained); one split per row writing the
+#    attention's output itself (no combine) at 512, on the BF16 cache both paths read there, +6 to +19%.
 #
 # What stays out of reach, and why it is measured, not guessed: the targets table above sets each target
 # beside a kernel that reads the same bytes and does nothing else, in the same run. On the H200 the

@@ -1,0 +1,104 @@
+"""Round 13's H200 results (benchmarks/results/round13/), re-read on the CPU: every figure LAB04_NOTES.md
+round 13 quotes is recomputed from the files (the fixed step with `out` / `down` on cuBLAS, the 512 steps
+with one split per row, the element-by-element comparison), and each conclusion is derived, not copied."""
+import json
+from pathlib import Path
+
+from hwlab.labs.fp8 import decode_gemm
+from hwlab.labs.fp8.attention import MIN_PROGRAMS
+from hwlab.labs.fp8.model import H200_SIZE
+
+ROOT = Path(__file__).resolve().parents[1]
+RES = ROOT / "benchmarks" / "results" / "round13"
+NOTES = (ROOT / "benchmarks" / "LAB04_NOTES.md").read_text()
+ROUND13 = " ".join(NOTES[NOTES.index("## Round 13"):NOTES.index("## Superseded notes")].split())  # one line
+CALL1 = json.loads((RES / "lab04_round13_h200.json").read_text())
+BITS = json.loads((RES / "lab04_round13b_h200.json").read_text())["bits"]
+RECORD = json.loads((ROOT / "src" / "hwlab" / "recorded" / "h200" / "lab04_fp8.json").read_text())["extra"]["run"]
+
+
+def _pct(us: dict, k: str) -> float:
+    return 100 * (us[k] / us["lab"] - 1)
+
+
+def _ms(v_us: float) -> str:
+    return f"{v_us / 1e3:.4f}"
+
+
+def test_every_choice_ran_in_every_bucket_and_the_lab_step_is_the_reference():
+    g = CALL1["gemm"]
+    assert [(r["ctx"], r["batch"]) for r in g] == [(512, 16), (4096, 16), (32768, 4)]
+    for r in g + CALL1["final512"]:
+        for m in ("sustained", "alternate"):
+            assert "lab" in r[f"{m}_us"] and len(r[f"{m}_us"]) == 4
+        assert len(r["blocks"]) == 2 * 4  # each choice twice, opposite orders
+        assert r["logits_rel_diff_vs_lab"]["lab"] == 0.0
+    assert [(r["path"], r["ctx"]) for r in CALL1["final512"]] == [("fixed", 512), ("bf16", 512)]
+    # the shapes sent to cuBLAS are the lab's own out and down tiles (those it would leave)
+    assert {tuple(s) for v in CALL1["gemm_choices"].values() for s in v} == {(4096, 4096), (4096, 14336)}
+    assert all(tuple(s) in decode_gemm.CONFIGS for v in CALL1["gemm_choices"].values() for s in v)
+
+
+def test_cublas_for_out_and_down_is_slower_in_the_step_as_the_notes_quote():
+    rows = {r["ctx"]: r for r in CALL1["gemm"]}
+    names = ("out on cuBLAS", "down on cuBLAS", "out and down on cuBLAS")
+    for ctx, r in rows.items():
+        us = r["sustained_us"]
+        assert all(us[k] > us["lab"] for k in names), ctx  # sustained: slower everywhere
+    us = rows[512]["sustained_us"]
+    assert (f"512 {_ms(us['lab'])} -> {_ms(us[names[0]])} ms (+{_pct(us, names[0]):.1f}%) with `out`, "
+            f"{_ms(us[names[1]])} (+{_pct(us, names[1]):.1f}%) with `down`, {_ms(us[names[2]])} "
+            f"(+{_pct(us, names[2]):.1f}%) with both") in ROUND13
+    for ctx, tag in ((4096, "4k"), (32768, "32k")):
+        us = rows[ctx]["sustained_us"]
+        assert (f"{tag} {_ms(us['lab'])} -> " + " / ".join(_ms(us[k]) for k in names) + " (+"
+                + " / +".join(f"{_pct(us, k):.1f}" for k in names) + "%)") in ROUND13
+    alt = {ctx: [_pct(r["alternate_us"], k) for k in names] for ctx, r in rows.items()}
+    lo, hi = min(alt[512] + alt[4096]), max(alt[512] + alt[4096])
+    assert lo > 0 and f"(+{lo:.1f} to +{hi:.1f}%)" in ROUND13
+    assert f"at 32k {min(alt[32768]):.1f} to +{max(alt[32768]):.1f}%" in ROUND13
+    # the alone figures quoted are the committed record's (kit's FP8 GEMM against cuBLAS's, 16 rows)
+    g = {(x["layer"], x["rows"]): x for x in RECORD["gemms_vs_bf16"]}
+    for layer in ("out", "down"):
+        x = g[(layer, 16)]
+        assert x["fp8_cublas_us"] < x["fp8_us"]
+        assert f"{x['fp8_cublas_us']:.2f} against {x['fp8_us']:.2f}" in ROUND13
+
+
+def test_one_split_per_row_at_512_is_slower_in_both_steps():
+    for r in CALL1["final512"]:
+        tiles = [k for k in r["sustained_us"] if k != "lab"]
+        assert len(tiles) == 3
+        for m in ("sustained", "alternate"):
+            assert all(r[f"{m}_us"][k] > r[f"{m}_us"]["lab"] for k in tiles)
+        us = r["sustained_us"]
+        quoted = (f"{_ms(us['lab'])} " + ("ms with the lab's kernel against " if r["path"] == "fixed" else "against ")
+                  + " / ".join(_ms(us[k]) for k in tiles) + " (+" + " / +".join(f"{_pct(us, k):.1f}" for k in tiles)
+                  + "%)")
+        assert quoted in ROUND13, quoted
+        gap = max(abs(_pct(r["alternate_us"], k) - _pct(us, k)) for k in tiles)
+        assert gap <= 0.3  # "alternating within 0.3 points of those"
+    # "512 programs reading 256 KB each" against the lab's 2048: the step's bf16 cache at 512 x16
+    rows_heads = 16 * H200_SIZE.n_heads
+    assert rows_heads == 512 and 512 * H200_SIZE.d_head * 2 * 2 == 256 * 1024
+    assert rows_heads * 4 == MIN_PROGRAMS and "(2048 programs" in ROUND13
+
+
+def test_the_bit_identical_logits_are_explained_by_the_kernels_outputs():
+    fixed = [r for r in CALL1["gemm"] + CALL1["final512"] if r["path"] == "fixed"]
+    assert all(v == 0.0 for r in fixed for v in r["logits_rel_diff_vs_lab"].values())
+    assert all(x["differ"] == 0 and x["elements"] == 16 * 4096 for x in BITS["gemm"])
+    assert "0 of 65,536 elements differ" in ROUND13
+    d = [x["differ"] for x in BITS["attention"]]
+    assert len(d) == 3 and f"{min(d)}-{max(d)} of 65,536 FP8 values differ" in ROUND13
+    bf = [v for r in CALL1["final512"] if r["path"] == "bf16" for k, v in r["logits_rel_diff_vs_lab"].items() if k != "lab"]
+    assert all(v > 0 for v in bf)
+    assert f"moved its logits by {100 * min(bf):.2f}-{100 * max(bf):.2f}%" in ROUND13
+
+
+def test_notebook_04_quotes_round_13_from_the_files():
+    nb = " ".join((ROOT / "notebooks" / "04_fp8_dequant_fallback.py").read_text().replace("#", " ").split())
+    g = [_pct(r["sustained_us"], k) for r in CALL1["gemm"] for k in r["sustained_us"] if k != "lab"]
+    f = [_pct(r["sustained_us"], k) for r in CALL1["final512"] for k in r["sustained_us"] if k != "lab"]
+    assert f"fixed step {min(g):.1f}-{max(g):.1f}% slower in every bucket" in nb
+    assert f"+{min(f):.0f} to +{max(f):.0f}%" in nb
