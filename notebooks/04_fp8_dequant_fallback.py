@@ -218,6 +218,15 @@ for g in res.get("gemms_vs_bf16", []):
 print(lab.format_targets(lab.byte_floor_targets(res, copy, leaves), src))
 
 # %% [markdown]
+# Each kernel against a bare read of its *own* bytes (`lab.floor_shares`): the kit's FP8 kernel, the kernel it
+# is compared with (SDPA or cuBLAS on BF16) and what the target asks, each as a share of the read of its bytes.
+# Where the target asks more than the BF16 kernel reaches of its own read, meeting it takes an FP8 kernel nearer
+# its floor than the vendor's kernel is to its own: half the bytes, but the same launch, ramp-up and tail.
+
+# %%
+print(lab.format_floor_shares(lab.floor_shares(res), src))
+
+# %% [markdown]
 # **How the fix was found, step by step** (each step one change, its before → after recorded on the H200;
 # every run is in `benchmarks/LAB04_NOTES.md`, the research scripts beside it):
 # 1. An autotuned FP8 GEMM picked its tile on a weight sitting in L2 and streamed HBM at ~1.3 TB/s; timed over

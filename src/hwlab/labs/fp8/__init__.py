@@ -47,7 +47,7 @@ from .profile import BREAKDOWN_CATEGORIES, bucket_profile, decode_breakdown, dec
 from .report import (CLASSES, SERVING_PATHS, format_report, performance_report, plot_reports, run_stream,
                      seed_signature)
 from .run import attention_vs_sdpa, bucket_table, default_buckets, gemms_vs_bf16, path_table, run, time_prefill_decode
-from .targets import PCT_OF_COPY_TARGET, byte_floor_targets, format_targets
+from .targets import PCT_OF_COPY_TARGET, byte_floor_targets, floor_shares, format_floor_shares, format_targets
 from .stream import Request, StreamSpec, default_streams, make_requests, percentile, serve
 from .traffic import BYTES_PER_WEIGHT, decode_bytes, decode_bytes_for, memory_needed_bytes, memory_report, step_bytes
 from .walk import bucket_evidence, flowchart_evidence, rank_tail_pct
