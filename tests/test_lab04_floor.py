@@ -181,6 +181,8 @@ def test_on_the_record_every_target_but_the_512_attention_asks_beyond_the_vendor
     near = [r for r in rows if r["kit"] >= r["vendor_share"]]
     assert f"{sum(r['beyond_vendor'] for r in rows)} of {len(rows)} targets ask" in notes
     assert ", ".join(r["kernel"].replace("GEMM ", "") for r in near) in notes
+    readme = " ".join((root / "README.md").read_text().split())
+    assert f"{sum(r['beyond_vendor'] for r in rows)} of {len(rows)} attention and GEMM targets ask" in readme
 
 
 def test_the_notes_floor_share_figures_are_the_records():

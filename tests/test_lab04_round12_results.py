@@ -179,8 +179,8 @@ def test_the_notes_shares_of_the_floor_are_call3s():
 
 
 def test_the_live_count_quoted_is_the_fourteenth_runs_notebook():
-    nb = json.loads((ROOT / "docs" / "executed-h200" / "notebooks__04_fp8_dequant_fallback.ipynb").read_text())
-    out = "".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", []))
+    # the fourteenth run's printed outputs, kept as text when the sixteenth run replaced its copy
+    out = (RES / "notebook04_fourteenth_run_outputs.txt").read_text()
     line = next(x for x in out.splitlines() if "targets met" in x)
     assert line.startswith("5 of 17 targets met; 6 of the rest at the read ceiling") and "measured live on NVIDIA H200" in line
     assert "(6 in notebook 04's live run minutes later)" in ROUND12

@@ -102,3 +102,50 @@ def test_notebook_04_quotes_round_13_from_the_files():
     f = [_pct(r["sustained_us"], k) for r in CALL1["final512"] for k in r["sustained_us"] if k != "lab"]
     assert f"fixed step {min(g):.1f}-{max(g):.1f}% slower in every bucket" in nb
     assert f"+{min(f):.0f} to +{max(f):.0f}%" in nb
+
+
+def _outputs(text: str) -> dict:
+    """Notebook 04's printed attention and GEMM lines and targets summary, parsed: GB/s by kernel."""
+    import re
+    num = lambda s: float(s.replace(",", ""))  # noqa: E731
+    att = {int(m[1]): {"kit": num(m[2]), "sdpa": num(m[3]), "fp8_read": num(m[4])} for m in re.finditer(
+        r"attention ctx +(\d+) x\d+ +: kit on FP8 +([\d,]+) GB/s, SDPA on bf16 +([\d,]+),.*?bare read of the FP8 bytes +([\d,]+)",
+        text)}
+    gemm = {(m[1], int(m[2])): {"fp8": num(m[3]), "bf16": num(m[4]), "fp8_read": num(m[5])} for m in re.finditer(
+        r"GEMM +(\w+) x(\d+) +: FP8 +([\d,]+) GB/s = \d+% of bf16's +([\d,]+); a bare read of the FP8 weight +([\d,]+)",
+        text)}
+    summary = re.search(r"(\d+) of 17 targets met; (\d+) of the rest at the read ceiling", text)
+    vendor = re.search(r"(\d+) of (\d+) targets ask the kit's kernel to sit nearer its floor", text)
+    copy = {int(m[1]): int(m[2]) for m in re.finditer(r"fixed ctx +(\d+) x\d+ +TTFT.*?(\d+)% of copy", text)}
+    return {"att": att, "gemm": gemm, "met": int(summary[1]), "ceiling": int(summary[2]),
+            "beyond": (int(vendor[1]), int(vendor[2])), "copy": copy}
+
+
+def _call4_text() -> str:
+    nb = json.loads((ROOT / "docs" / "executed-h200" / "notebooks__04_fp8_dequant_fallback.ipynb").read_text())
+    return "\n".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", []))
+
+
+def test_notebook_04s_two_h200_runs_as_the_notes_quote():
+    c3 = _outputs((RES / "notebook04_call3_outputs.txt").read_text())
+    c4 = _outputs(_call4_text())
+    rec = {(g["layer"], g["rows"]): g for g in RECORD["gemms_vs_bf16"]}
+    recatt = {a["ctx"]: a for a in RECORD["attention_vs_sdpa"]}
+    up3, up_rec = c3["gemm"][("up", 4)], rec[("up", 4)]
+    assert c3["met"] == 6 and up3["fp8"] >= up3["bf16"]  # the sixth: up at 4 rows
+    assert (f"met live, the sixth `up` at 4 rows, met because cuBLAS's bf16 GEMM read only {up3['bf16']:,.0f} GB/s "
+            f"there ({up_rec['bf16_gbps']:,.0f} in the record) while the kit's FP8 GEMM read {up3['fp8']:,.0f} "
+            f"({up_rec['fp8_gbps']:,.0f} in the record)") in ROUND13
+    a3 = c3["att"][4096]
+    assert a3["fp8_read"] < a3["sdpa"]  # the FP8 read under SDPA's rate on twice the bytes
+    assert (f"read at {a3['fp8_read']:,.0f} GB/s ({recatt[4096]['fp8_read_floor']['gbps']:,.0f} in the record), under "
+            f"the {a3['sdpa']:,.0f} SDPA read") in ROUND13
+    asks = 100 * a3["sdpa"] / a3["fp8_read"]
+    assert abs(asks - 105.6) < 0.06 and "the target asked 105.6% of that read" in ROUND13  # printed figures rounded
+    o4, o3, o_rec = c4["gemm"][("out", 16)], c3["gemm"][("out", 16)], rec[("out", 16)]
+    assert (f"the 4k read {c4['att'][4096]['fp8_read']:,.0f} GB/s, but `out`'s weight read {o4['fp8_read']:,.0f} "
+            f"({o_rec['fp8_read_floor']['gbps']:,.0f} in the record, {o3['fp8_read']:,.0f} in call 3)") in ROUND13
+    assert (f"{c4['copy'][4096]} / {c4['copy'][32768]}% of copy at 4k / 32k against "
+            f"{c3['copy'][4096]} / {c3['copy'][32768]}% in call 3") in " ".join(ROUND13.split())
+    assert (c4["met"], c4["ceiling"]) == (5, 7) and f"{c4['met']} of 17 met, {c4['ceiling']} of the rest" in ROUND13
+    assert c3["beyond"] == c4["beyond"] == (10, 11)
