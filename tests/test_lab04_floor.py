@@ -216,3 +216,44 @@ def test_the_notes_floor_share_figures_are_the_records():
     assert all(r["kit"] < r["vendor_share"] for r in d)
     assert (f"`down` ({100 * d[0]['kit']:.1f}-{100 * d[1]['kit']:.1f}% against "
             f"{100 * d[0]['vendor_share']:.1f}-{100 * d[1]['vendor_share']:.1f}%)") in notes
+
+
+def test_the_done_when_table_is_the_records():
+    """LAB04_NOTES.md's table of #19's "Done when" after round 13: each figure and verdict from the
+    committed record, through the lab's own targets and floor shares."""
+    import json
+    from pathlib import Path
+
+    from hwlab.labs.fp8.targets import byte_floor_targets, floor_shares
+    root = Path(__file__).resolve().parents[1]
+    rec = json.loads((root / "src/hwlab/recorded/h200/lab04_fp8.json").read_text())
+    run = rec["extra"]["run"]
+    notes = (root / "benchmarks/LAB04_NOTES.md").read_text()
+    table = notes[notes.index('## #19 against its "Done when"'):notes.index("## Superseded notes")]
+    rows = {r["target"]: r for r in byte_floor_targets(run, rec["ceilings"]["copy_gbps"], rec["extra"]["flowchart_leaves"])}
+    pct = [rows[f"fixed decode at ctx {c}: % of copy"] for c in ("4096 x16", "32768 x4")]
+    assert all(r["met"] for r in pct) and f"| {pct[0]['measured']:.1f} / {pct[1]['measured']:.1f}% | yes |" in table
+    short = rows["fixed decode at ctx 512 x16: % of copy, against bf16's"]
+    assert not short["met"] and f"| {short['measured']:.1f} against {short['against']:.1f}% | no |" in table
+    att = {a["ctx"]: a for a in run["attention_vs_sdpa"]}
+    assert (f"| {100 * att[4096]['kit_fp8_over_sdpa_gbps']:.1f} / {100 * att[32768]['kit_fp8_over_sdpa_gbps']:.1f}% "
+            "of it | no |") in table
+    assert f"| {100 * att[512]['kit_fp8_over_sdpa_gbps']:.1f}% of it | no |" in table
+    sh = {r["kernel"]: r for r in floor_shares(run)}
+    a = [sh[f"attention ctx {k}"] for k in ("512 x16", "4096 x16", "32768 x4")]
+    assert (f"{100 * a[1]['asks']:.1f} / {100 * a[2]['asks']:.1f}% of a bare read of the FP8 cache; SDPA reaches "
+            f"{100 * a[1]['vendor_share']:.1f} / {100 * a[2]['vendor_share']:.1f}%") in table
+    assert f"{100 * a[0]['asks']:.1f}% of a bare read; SDPA reaches {100 * a[0]['vendor_share']:.1f}% of its own" in table
+    over = [g["fp8_over_bf16_gbps"] for g in run["gemms_vs_bf16"]]
+    gs = [r for k, r in sh.items() if k.startswith("GEMM")]
+    assert f"| {100 * min(over):.1f}-{100 * max(over):.1f}% of it | no |" in table and max(over) < 1
+    assert (f"{100 * min(r['asks'] for r in gs):.1f}-{100 * max(r['asks'] for r in gs):.1f}% of a bare read of the FP8 "
+            f"weight; cuBLAS's bf16 GEMMs reach {100 * min(r['vendor_share'] for r in gs):.1f}-"
+            f"{100 * max(r['vendor_share'] for r in gs):.1f}%") in table
+    err = rows["fixed path's logit error within its bound"]
+    assert err["met"] and f"| {err['measured']:.3f} (bound {err['against']})" in table
+    assert all(rows[f"fixed path's walk at ctx {c} lands on OK"]["met"] for c in ("4096 x16", "32768 x4"))
+    near = [k.replace("GEMM ", "") for k, r in sh.items() if r["kit"] >= r["vendor_share"]]
+    assert f"it holds for {len(near)} of the {len(sh)} kernels" in " ".join(table.split())
+    assert " ".join(table.split()).count("(qkv at 4 and 16 rows, out at 4, up at 16)") == 1
+    assert near == ["qkv at 4 rows", "qkv at 16 rows", "out at 4 rows", "up at 16 rows"]
