@@ -257,3 +257,35 @@ def test_the_done_when_table_is_the_records():
     assert f"it holds for {len(near)} of the {len(sh)} kernels" in " ".join(table.split())
     assert " ".join(table.split()).count("(qkv at 4 and 16 rows, out at 4, up at 16)") == 1
     assert near == ["qkv at 4 rows", "qkv at 16 rows", "out at 4 rows", "up at 16 rows"]
+
+
+def test_a_verdict_inside_the_runs_spread_is_marked():
+    """The kit's GB/s range over its replays (p10-p90) against the target's: overlapping ranges mark
+    the verdict as one a re-run may flip, met or not; apart, or without spreads, no mark."""
+    from hwlab.labs.fp8.targets import byte_floor_targets, format_targets
+
+    def gemm(fp8_us, fp8_spread, bf16_us, bf16_spread):
+        return {"layer": "up", "rows": 4, "swap_ab": False, "fp8_us": fp8_us, "fp8_gbps": 58.72e6 / fp8_us / 1e3,
+                "bf16_us": bf16_us, "bf16_gbps": 117.44e6 / bf16_us / 1e3,
+                **({"fp8_us_p10_p90": fp8_spread, "bf16_us_p10_p90": bf16_spread} if fp8_spread else {})}
+    base = {"paths": {"fixed": {"buckets": []}, "bf16": {"buckets": []}}, "logit_error": {"fixed": 0.1},
+            "logit_error_bound": {"fixed": 0.15}}
+
+    def row(g):
+        return byte_floor_targets({**base, "gemms_vs_bf16": [g]}, 4300.0)[0]
+    close = row(gemm(16.5, [16.3, 16.9], 32.6, [32.2, 33.4]))  # kit 3,559 GB/s vs 3,602: ranges overlap
+    assert not close["met"] and close["within_spread"]
+    assert "[within the run's p10-p90 spread: a re-run may flip it]" in format_targets([close])
+    far = row(gemm(18.0, [17.9, 18.1], 30.0, [29.9, 30.1]))
+    assert not far["met"] and far["within_spread"] is False and "spread" not in format_targets([far])
+    met = row(gemm(14.9, [14.8, 15.2], 30.0, [29.6, 30.4]))  # met, the ranges touching: marked too
+    assert met["met"] and met["within_spread"]
+    assert "within_spread" not in row(gemm(16.5, None, 32.6, None))  # an old record: no spreads, no mark
+    # the attention's target range is SDPA's times its share (0.9 at 512)
+    a = {"ctx": 512, "batch": 16, "launch_share_pct": 80.0, "kit_fp8_us": 20.5, "kit_fp8_gbps": 67.1e6 / 20.5 / 1e3,
+         "kit_fp8_us_p10_p90": [20.2, 20.8], "sdpa_us": 36.4, "sdpa_gbps": 134.2e6 / 36.4 / 1e3,
+         "sdpa_us_p10_p90": [36.0, 36.8]}
+    r = byte_floor_targets({**base, "attention_vs_sdpa": [a]}, 4300.0)[0]
+    assert r["within_spread"] and not r["met"]  # 3,273 against 3,318 (x 0.9): inside each other's spread
+    tight = {**a, "kit_fp8_us_p10_p90": [20.45, 20.55], "sdpa_us_p10_p90": [36.3, 36.5]}  # 3,265-3,281 vs 3,309-3,327
+    assert byte_floor_targets({**base, "attention_vs_sdpa": [tight]}, 4300.0)[0]["within_spread"] is False

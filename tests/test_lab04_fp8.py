@@ -215,6 +215,9 @@ def test_gemm_and_attention_comparisons_check_and_label_on_a_cpu():
         # is the plain order timed beside it
         assert r["swap_ab"] == (r["layer"] in SWAP_AB_LAYERS and r["rows"] == 16) == ("fp8_plain_order_us" in r)
         assert r["fp8_over_bf16_gbps"] == pytest.approx(r["fp8_gbps"] / r["bf16_gbps"])
+        for way in ("fp8", "bf16"):  # each way's spread over its replays, around its median
+            lo, hi = r[f"{way}_us_p10_p90"]
+            assert lo <= r[f"{way}_us"] <= hi
     a = attention_vs_sdpa(L.TINY, 2, 40, "cpu")
     assert a["kv_bytes"] == 2 * a["kv_bytes_fp8"] and "eager" in a["timing"]
     assert a["rel_err_vs_float32"]["sdpa"] < 1e-2

@@ -144,7 +144,8 @@ def gemms_vs_bf16(bf16: Decoder, fp8: Decoder, rows_list, device=None) -> list[d
     plain operand order is timed too; where it runs the kit's decode GEMM (``kit_gemm``,
     :mod:`.decode_gemm`), cuBLAS's FP8 GEMM is timed too (``fp8_cublas``, in the operand order the
     layer would give it): each choice, measured in the same run. Each output is first checked
-    against the float32 product of the very operands it read.
+    against the float32 product of the very operands it read. ``*_us_p10_p90``: each way's spread
+    over its replays.
 
     Every way is timed with PDL off (:func:`.quant.set_pdl`), one GEMM after another finished, as
     cuBLAS's run: in a decode step a GEMM sits between a norm or the attention and the next
@@ -201,6 +202,7 @@ def gemms_vs_bf16(bf16: Decoder, fp8: Decoder, rows_list, device=None) -> list[d
                         for m in l8:
                             m.swap_ab = swapped
                     row[f"{key}_us"] = t.median_ms * 1e3 / n
+                    row[f"{key}_us_p10_p90"] = [t.quantile_ms(0.1) * 1e3 / n, t.quantile_ms(0.9) * 1e3 / n]
                     row[f"{key}_gbps"] = row["weight_bytes"][way] / row[f"{key}_us"] / 1e3
                     row["graphed"] = cap.graphed
                     del cap

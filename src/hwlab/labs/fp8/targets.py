@@ -69,16 +69,17 @@ def byte_floor_targets(run: dict[str, Any], copy_gbps: float,
             continue
         short = (a["ctx"], a["batch"]) == SHORT
         need = a["sdpa_gbps"] * (SHORT_CONTEXT_ATTN_SHARE if short else 1.0)
-        rows.append(_with_floor(
+        rows.append(_with_spread(_with_floor(
             {"target": f"FP8 attention at ctx {a['ctx']} x{a['batch']}: GB/s, against SDPA on bf16"
              + (f" x {SHORT_CONTEXT_ATTN_SHARE} (eager launch share {a['launch_share_pct']:.0f}%)" if short else ""),
-             "measured": a["kit_fp8_gbps"], "against": need, "met": a["kit_fp8_gbps"] >= need, "unit": "GB/s"}, a))
+             "measured": a["kit_fp8_gbps"], "against": need, "met": a["kit_fp8_gbps"] >= need, "unit": "GB/s"}, a),
+            a, "kit_fp8", "sdpa", need / a["sdpa_gbps"]))
     for g in run.get("gemms_vs_bf16", []):
-        rows.append(_with_floor(
+        rows.append(_with_spread(_with_floor(
             {"target": f"FP8 GEMM {g['layer']} at {g['rows']} rows: weight GB/s, against bf16"
              + (" (swap-AB)" if g["swap_ab"] else ""),
              "measured": g["fp8_gbps"], "against": g["bf16_gbps"], "met": g["fp8_gbps"] >= g["bf16_gbps"],
-             "unit": "GB/s"}, g))
+             "unit": "GB/s"}, g), g, "fp8", "bf16", 1.0))
     for ctx, batch in KV_BOUND:
         key = f"fixed ctx {ctx} x{batch}"
         if leaves and key in leaves:
@@ -99,10 +100,26 @@ def _with_floor(row: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]
     return row
 
 
+def _with_spread(row: dict[str, Any], measured: dict[str, Any], kit: str, other: str, share: float) -> dict[str, Any]:
+    """``row`` with ``within_spread`` where the run kept both ways' p10-p90 times (``{way}_us_p10_p90``
+    beside ``{way}_us`` and ``{way}_gbps``): whether the kit's GB/s range over its replays overlaps
+    the target's (the other way's range times ``share``). A verdict inside the run's own spread may
+    flip on a re-run, so the table says so; a record without the spreads leaves the row as it was."""
+    def gbps_range(way, scale=1.0):
+        lo_us, hi_us = measured[f"{way}_us_p10_p90"]
+        g, us = scale * measured[f"{way}_gbps"], measured[f"{way}_us"]
+        return g * us / hi_us, g * us / lo_us
+    if measured.get(f"{kit}_us_p10_p90") and measured.get(f"{other}_us_p10_p90"):
+        (k_lo, k_hi), (o_lo, o_hi) = gbps_range(kit), gbps_range(other, share)
+        row["within_spread"] = k_lo <= o_hi and o_lo <= k_hi
+    return row
+
+
 def format_targets(rows: list[dict[str, Any]], label: str = "") -> str:
     """The rows as text, one per line: met or NOT MET, the figure and what it was compared with,
     and where measured the bare read of the same bytes and the share of it the target asks (past
-    100%: no kernel meets the target in that run, not even one that only reads)."""
+    100%: no kernel meets the target in that run, not even one that only reads); a verdict inside
+    the run's own p10-p90 spread is marked so."""
     def f(v, unit):
         return v if isinstance(v, str) else (f"{v:.3f}" if unit == "rel" else f"{v:,.0f}" if unit == "GB/s" else f"{v:.1f}")
     def floor(r):
@@ -112,8 +129,11 @@ def format_targets(rows: list[dict[str, Any]], label: str = "") -> str:
                 " (past the read ceiling: more than a bare read of the bytes)" if r["asks_of_floor"] > 1.0 else
                 " (at the read ceiling)")
         return f"; a bare read {r['floor']:,.0f} GB/s, the target asks {r['asks_of_floor']:.1%} of it{mark}"
+    def spread(r):
+        return " [within the run's p10-p90 spread: a re-run may flip it]" if r.get("within_spread") else ""
     lines = [f"{'met    ' if r['met'] else 'NOT MET'}  {r['target']}: {f(r['measured'], r['unit'])} "
-             f"vs {f(r['against'], r['unit'])} {r['unit'] if r['unit'] != 'leaf' else ''}".rstrip() + floor(r) for r in rows]
+             f"vs {f(r['against'], r['unit'])} {r['unit'] if r['unit'] != 'leaf' else ''}".rstrip() + floor(r) + spread(r)
+             for r in rows]
     n = sum(r["met"] for r in rows)
     ceiling = sum(not r["met"] and r.get("asks_of_floor", 0) >= READ_CEILING_SHARE for r in rows)
     return "\n".join(lines + [f"{n} of {len(rows)} targets met" + (f"; {ceiling} of the rest at the read ceiling"
