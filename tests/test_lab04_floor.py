@@ -165,6 +165,8 @@ def test_floor_shares_set_each_kernel_against_its_own_read():
     text = format_floor_shares(rows, "x").splitlines()
     assert "the target asks  83.1%" in text[0] and "(met)" in text[2] and "(met)" not in text[1]
     assert text[-1].startswith("2 of 3 targets ask the kit's kernel to sit nearer its floor") and text[-1].endswith("[x]")
+    assert floor_shares({"attention_vs_sdpa": [], "gemms_vs_bf16": []}) == []
+    assert format_floor_shares([], "cpu").startswith("no bare reads")
 
 
 def test_on_the_record_every_target_but_the_512_attention_asks_beyond_the_vendors_own_share():

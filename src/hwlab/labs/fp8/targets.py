@@ -19,6 +19,9 @@ Where the run also read the same bytes with a kernel that only reads them (:mod:
 attention and GEMM rows carry that read's GB/s (``floor``) and the share of it the target asks
 (``asks_of_floor``): a target at or past :data:`READ_CEILING_SHARE` of a bare read asks a kernel
 that also computes to stream as fast as one that does nothing else, and the table says so.
+:func:`floor_shares` is a view beside the targets: each compared kernel (the kit's, SDPA, cuBLAS)
+as a share of a bare read of its own bytes, and whether a target asks the kit's kernel to sit
+nearer its floor than the vendor's kernel sits to its own.
 """
 from __future__ import annotations
 
@@ -173,7 +176,9 @@ def floor_shares(run: dict[str, Any]) -> list[dict[str, Any]]:
 def format_floor_shares(rows: list[dict[str, Any]], label: str = "") -> str:
     """The rows as text, one per kernel: the kit's kernel, the vendor's and the target, each as a
     share of a bare read of its own bytes; then how many targets ask the kit's kernel to sit
-    nearer its floor than the vendor's kernel sits to its own."""
+    nearer its floor than the vendor's kernel sits to its own (a run without bare reads says so)."""
+    if not rows:
+        return "no bare reads of the kernels' bytes in this run: nothing to set them against" + (f"  [{label}]" if label else "")
     lines = [f"{r['kernel']:<22}: kit FP8 {r['kit']:6.1%} of its bare read; {r['vendor']} {r['vendor_share']:6.1%} "
              f"of its own; the target asks {r['asks']:6.1%}" + ("  (met)" if r["met"] else "") for r in rows]
     n = sum(r["beyond_vendor"] for r in rows)
