@@ -1,6 +1,9 @@
 """Lab 4's read floor (``labs/fp8/floor.py``): the read kernels in Triton's interpreter byte for byte
 against torch, the plans that fit a cache or a weight, the fastest read checked before it is timed,
 and the lab's attention comparison and targets table carrying the floor."""
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -9,6 +12,18 @@ from hwlab.labs import fp8 as L
 from hwlab.labs.fp8 import floor as FL
 from hwlab.labs.fp8 import kernels as K
 from hwlab.labs.fp8 import research as R
+from hwlab.labs.fp8.targets import byte_floor_targets, floor_shares
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _record() -> dict:
+    """The committed H200 record of Lab 4 (what the notes, the README and #19's note quote)."""
+    return json.loads((ROOT / "src/hwlab/recorded/h200/lab04_fp8.json").read_text())
+
+
+def _flat(path: str) -> str:
+    return " ".join((ROOT / path).read_text().split())
 
 
 def test_stream_kv_reads_every_byte_of_its_chunks():
@@ -171,30 +186,20 @@ def test_floor_shares_set_each_kernel_against_its_own_read():
 
 def test_on_the_record_every_target_but_the_512_attention_asks_beyond_the_vendors_own_share():
     """The committed H200 record: the sentence LAB04_NOTES.md round 13 and #19's note rest on."""
-    import json
-    from pathlib import Path
-
-    from hwlab.labs.fp8.targets import floor_shares
-    root = Path(__file__).resolve().parents[1]
-    run = json.loads((root / "src/hwlab/recorded/h200/lab04_fp8.json").read_text())["extra"]["run"]
+    run = _record()["extra"]["run"]
     rows = floor_shares(run)
     assert len(rows) == 11 and [r["kernel"] for r in rows if not r["beyond_vendor"]] == ["attention ctx 512 x16"]
-    notes = " ".join((root / "benchmarks/LAB04_NOTES.md").read_text().split())
+    notes = _flat("benchmarks/LAB04_NOTES.md")
     near = [r for r in rows if r["kit"] >= r["vendor_share"]]
     assert f"{sum(r['beyond_vendor'] for r in rows)} of {len(rows)} targets ask" in notes
     assert ", ".join(r["kernel"].replace("GEMM ", "") for r in near) in notes
-    readme = " ".join((root / "README.md").read_text().split())
+    readme = _flat("README.md")
     assert f"{sum(r['beyond_vendor'] for r in rows)} of {len(rows)} attention and GEMM targets ask" in readme
 
 
 def test_the_notes_floor_share_figures_are_the_records():
-    import json
-    from pathlib import Path
-
-    from hwlab.labs.fp8.targets import floor_shares
-    root = Path(__file__).resolve().parents[1]
-    run = json.loads((root / "src/hwlab/recorded/h200/lab04_fp8.json").read_text())["extra"]["run"]
-    notes = " ".join((root / "benchmarks/LAB04_NOTES.md").read_text().split())
+    run = _record()["extra"]["run"]
+    notes = _flat("benchmarks/LAB04_NOTES.md")
     rows = {r["kernel"]: r for r in floor_shares(run)}
     att = [rows[f"attention ctx {c}"] for c in ("512 x16", "4096 x16", "32768 x4")]
     gem = [r for k, r in rows.items() if k.startswith("GEMM")]
@@ -223,14 +228,9 @@ def test_the_notes_floor_share_figures_are_the_records():
 def test_the_done_when_table_is_the_records():
     """LAB04_NOTES.md's table of #19's "Done when" after round 13: each figure and verdict from the
     committed record, through the lab's own targets and floor shares."""
-    import json
-    from pathlib import Path
-
-    from hwlab.labs.fp8.targets import byte_floor_targets, floor_shares
-    root = Path(__file__).resolve().parents[1]
-    rec = json.loads((root / "src/hwlab/recorded/h200/lab04_fp8.json").read_text())
+    rec = _record()
     run = rec["extra"]["run"]
-    notes = (root / "benchmarks/LAB04_NOTES.md").read_text()
+    notes = (ROOT / "benchmarks/LAB04_NOTES.md").read_text()
     table = notes[notes.index('## #19 against its "Done when"'):notes.index("## Superseded notes")]
     rows = {r["target"]: r for r in byte_floor_targets(run, rec["ceilings"]["copy_gbps"], rec["extra"]["flowchart_leaves"])}
     pct = [rows[f"fixed decode at ctx {c}: % of copy"] for c in ("4096 x16", "32768 x4")]
