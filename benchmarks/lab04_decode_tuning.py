@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from hwlab.labs import fp8 as L
 from hwlab.labs.fp8 import kernels as K
 from hwlab.labs.fp8 import research as R
-from hwlab.measure import time_fn
+from hwlab.core.measure import time_fn
 
 dev = torch.device("cuda")
 T0 = time.time()

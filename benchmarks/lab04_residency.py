@@ -4,7 +4,7 @@ attention's loops, from a static sm_90a compile on a CPU (nothing launched).
     python benchmarks/lab04_residency.py OUT.json
 
 Round 10 ran its lean and pipelined loops at 16 positions per step only; this reads what each
-variant costs in residency (:func:`hwlab.labs.occupancy.occupancy` on ptxas's registers and Triton's
+variant costs in residency (:func:`hwlab.labs.registers.occupancy.occupancy` on ptxas's registers and Triton's
 shared memory), under whatever Triton runs it (the H200's image has 3.6.0; install it beside with
 ``pip install --no-deps --target DIR triton==3.6.0`` and put DIR first on PYTHONPATH).
 """
@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lab04_static_registers as S  # noqa: E402
 
 from hwlab.labs.fp8 import attention as A  # noqa: E402
-from hwlab.labs.occupancy import occupancy  # noqa: E402
+from hwlab.labs.registers.occupancy import occupancy  # noqa: E402
 from hwlab.labs.registers.compile_guard import ptxas_sm90  # noqa: E402
 
 #: (loop, positions per step, loop stages (0: no software pipeline), the new position written first

@@ -39,9 +39,9 @@ from hwlab.labs import fp8 as lab  # noqa: E402
 from hwlab.labs.fp8 import attention as A  # noqa: E402
 from hwlab.labs.fp8 import model  # noqa: E402
 from hwlab.labs.fp8 import research as R  # noqa: E402
-from hwlab.measure import time_fn  # noqa: E402
-from hwlab.measure_graph import capture_graph  # noqa: E402
-from hwlab.store import write_json_atomic  # noqa: E402
+from hwlab.core.measure import time_fn  # noqa: E402
+from hwlab.core.measure_graph import capture_graph  # noqa: E402
+from hwlab.core.store import write_json_atomic  # noqa: E402
 
 ATTN_SHAPES = ((512, 16), (4096, 16), (32768, 4))
 #: part ``attn``'s kernels: name -> the decode attention function (the lab's signature)
@@ -126,7 +126,7 @@ def attention_as(fn):
 
 
 def both_methods(graphs: dict, rounds: int, per: int) -> dict:
-    """Each graph timed as one sustained block (:func:`hwlab.measure.time_fn`, twice, in opposite
+    """Each graph timed as one sustained block (:func:`hwlab.core.measure.time_fn`, twice, in opposite
     orders, the SM clock read after each block) and alternated with a sync per replay
     (:func:`lab04_round6.alternate`); ``per``: replays' units per graph (layers, or 1 for a step).
     Medians in us per unit."""

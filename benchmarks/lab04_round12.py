@@ -51,7 +51,7 @@ from lab04_round11 import PROBES, _capture_checked, probe_plans  # noqa: E402
 from hwlab.labs import fp8 as lab  # noqa: E402
 from hwlab.labs.fp8 import attention as A  # noqa: E402
 from hwlab.labs.fp8 import research as R  # noqa: E402
-from hwlab.store import write_json_atomic  # noqa: E402
+from hwlab.core.store import write_json_atomic  # noqa: E402
 
 ROW_BYTES = 16384  #: the flat buffers' (N, ROW_BYTES) view for stream_matrix
 MAX_PROGRAMS = 65536  #: round 11's floor of 132 programs stays

@@ -39,8 +39,8 @@ from hwlab.labs.fp8 import attention as A  # noqa: E402
 from hwlab.labs.fp8 import decode_gemm as G  # noqa: E402
 from hwlab.labs.fp8 import quant as Q  # noqa: E402
 from hwlab.labs.fp8 import research as R  # noqa: E402
-from hwlab.measure_graph import capture_graph  # noqa: E402
-from hwlab.store import write_json_atomic  # noqa: E402
+from hwlab.core.measure_graph import capture_graph  # noqa: E402
+from hwlab.core.store import write_json_atomic  # noqa: E402
 
 STEP_SHAPES = ((512, 16), (4096, 16), (32768, 4))
 OUT, DOWN = (4096, 4096), (4096, 14336)

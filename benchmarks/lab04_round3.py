@@ -222,9 +222,9 @@ def graph_us(calls, n_rep=10):
         g.replay()
         torch.cuda.synchronize()
     ms = []
-    # device events around each replay: hwlab.measure.time_fn's protocol, inlined because the
+    # device events around each replay: hwlab.core.measure.time_fn's protocol, inlined because the
     # script ran while the kit was being refactored (#16); results/lab04_round3*.json came from
-    # this code, so it stays as it ran (the kit's own helper is hwlab.measure_graph.graph_time)
+    # this code, so it stays as it ran (the kit's own helper is hwlab.core.measure_graph.graph_time)
     for _ in range(n_rep):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()

@@ -49,7 +49,7 @@ from hwlab.labs.fp8 import attention as A  # noqa: E402
 from hwlab.labs.fp8 import decode_gemm as G  # noqa: E402
 from hwlab.labs.fp8 import model  # noqa: E402
 from hwlab.labs.fp8 import quant as Q  # noqa: E402
-from hwlab.measure_graph import capture_graph  # noqa: E402
+from hwlab.core.measure_graph import capture_graph  # noqa: E402
 
 #: the lab's settings before round 7 adopted its changes (the kit's decode GEMM, PDL for all but
 #: the attention, norms at 8 warps, the head writing float32): every choice of rounds 6 and 7 ran

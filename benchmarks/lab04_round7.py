@@ -44,8 +44,8 @@ import lab04_round6 as r6  # noqa: E402
 from hwlab.labs import fp8 as lab  # noqa: E402
 from hwlab.labs.fp8 import decode_gemm as G  # noqa: E402
 from hwlab.labs.fp8 import quant as Q  # noqa: E402
-from hwlab.measure_graph import capture_graph  # noqa: E402
-from hwlab.store import write_json_atomic  # noqa: E402
+from hwlab.core.measure_graph import capture_graph  # noqa: E402
+from hwlab.core.store import write_json_atomic  # noqa: E402
 
 #: the kit GEMM's tiles swept per shape (name -> decode_gemm config)
 TILES = {

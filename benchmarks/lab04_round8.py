@@ -51,8 +51,8 @@ from hwlab.labs import fp8 as lab  # noqa: E402
 from hwlab.labs.fp8 import attention as A  # noqa: E402
 from hwlab.labs.fp8 import model  # noqa: E402
 from hwlab.labs.fp8 import research as R  # noqa: E402
-from hwlab.measure_graph import capture_graph  # noqa: E402
-from hwlab.store import write_json_atomic  # noqa: E402
+from hwlab.core.measure_graph import capture_graph  # noqa: E402
+from hwlab.core.store import write_json_atomic  # noqa: E402
 
 LAB = A.DEFAULT_TILE
 #: part ``attn``'s choices (name -> keyword arguments of :func:`hwlab.labs.fp8.research.decode_attention_round8`,

@@ -25,7 +25,7 @@ import torch
 
 from hwlab.labs.fp8 import decode_gemm as G
 from hwlab.labs.fp8 import quant as Q
-from hwlab.store import write_json_atomic
+from hwlab.core.store import write_json_atomic
 
 #: (name, (N, K), tile, fences): the lab's tiles (split-K and not), 7b's failing tile, and its
 #: neighbours one change away: no split, promotion every 256 columns, BK 128

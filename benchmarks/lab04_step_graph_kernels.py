@@ -24,8 +24,8 @@ import lab04_round10 as r10  # noqa: E402
 from lab04_round11 import KERNELS_11  # noqa: E402
 
 from hwlab.labs import fp8 as lab  # noqa: E402
-from hwlab.measure_graph import capture_graph  # noqa: E402
-from hwlab.store import write_json_atomic  # noqa: E402
+from hwlab.core.measure_graph import capture_graph  # noqa: E402
+from hwlab.core.store import write_json_atomic  # noqa: E402
 
 CHOICES = ("lab", "lean, 8 per step")
 

@@ -1,6 +1,6 @@
 """Lab 4, round 9 (issue #19): does the way a comparison is timed move the FP8 attention's share
 of SDPA? The lab's comparison (:func:`hwlab.labs.fp8.run.attention_vs_sdpa`) times each way's CUDA
-graph back to back in one sustained block (:func:`hwlab.measure.time_fn`); the round scripts' A/B
+graph back to back in one sustained block (:func:`hwlab.core.measure.time_fn`); the round scripts' A/B
 (:func:`lab04_round6.alternate`) synchronises after every replay and alternates the ways. On the
 same code the two read the kit's kernel at 89-92% and 96-97% of SDPA at 32k (LAB04_NOTES round 9).
 
@@ -24,9 +24,9 @@ import lab04_round6 as r6  # noqa: E402
 
 from hwlab.labs import fp8 as lab  # noqa: E402
 from hwlab.labs.fp8 import attention as A  # noqa: E402
-from hwlab.measure import time_fn  # noqa: E402
-from hwlab.measure_graph import capture_graph  # noqa: E402
-from hwlab.store import write_json_atomic  # noqa: E402
+from hwlab.core.measure import time_fn  # noqa: E402
+from hwlab.core.measure_graph import capture_graph  # noqa: E402
+from hwlab.core.store import write_json_atomic  # noqa: E402
 
 
 def sm_clock_mhz() -> int | None:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from hwlab.labs.fp8 import kernels as K
 from hwlab.labs.fp8 import research as R
 from hwlab.labs.fp8.kernels import AttnTile
-from hwlab.measure import time_fn
+from hwlab.core.measure import time_fn
 
 dev = torch.device("cuda")
 out = {"gemm": [], "quant": [], "attention": []}

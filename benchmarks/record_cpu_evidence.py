@@ -25,7 +25,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hwlab.evidence import Evidence, load, machine_info
+from hwlab.core.evidence import Evidence, load, machine_info
 from hwlab.labs import crosslink as C
 
 PARTS = ("lab03_slowlink", "lab03_linksweep")

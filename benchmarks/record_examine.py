@@ -23,13 +23,13 @@ import time
 import traceback
 from pathlib import Path
 
-from hwlab import ceilings as ceilings_mod
-from hwlab.evidence import Evidence, machine_info
+from hwlab.core import ceilings as ceilings_mod
+from hwlab.core.evidence import Evidence, machine_info
 from hwlab.examine import examine
-from hwlab.examine_target import load
-from hwlab.measure import device_of
-from hwlab.store import check_destination
-from hwlab.system import versions
+from hwlab.examine.target import load
+from hwlab.core.measure import device_of
+from hwlab.core.store import check_destination
+from hwlab.core.system import versions
 
 ROOT = Path(__file__).resolve().parents[1]
 #: example -> the leaf its cause predicts (what the recording is checked against)

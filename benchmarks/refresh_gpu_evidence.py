@@ -34,9 +34,10 @@ from pathlib import Path
 
 import torch
 
-from hwlab import doctor, probes
-from hwlab.ceilings import Ceilings
-from hwlab.evidence import Evidence, machine_info
+from hwlab.diagnosis import doctor
+from hwlab.core import probes
+from hwlab.core.ceilings import Ceilings
+from hwlab.core.evidence import Evidence, machine_info
 
 
 def part_doctor(out: Path, summary: list[str]) -> Ceilings:
@@ -108,7 +109,7 @@ def _how(d) -> str:
 
 
 def part_lab01(out: Path, summary: list[str]) -> None:
-    from hwlab.flowchart import diagnose, walk_cases
+    from hwlab.diagnosis.flowchart import diagnose, walk_cases
     from hwlab.labs import bandwidth as lab
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: --cpu-check at the lab's tiny sizes
@@ -143,7 +144,7 @@ def part_lab01(out: Path, summary: list[str]) -> None:
 
 
 def part_lab02(out: Path, summary: list[str]) -> None:
-    from hwlab.flowchart import diagnose
+    from hwlab.diagnosis.flowchart import diagnose
     from hwlab.labs import registers as lab
 
     cublas = lab.cublas_bf16(8192)
@@ -217,7 +218,7 @@ def part_lab03(out: Path, summary: list[str]) -> None:
 
 
 def part_baseline(out: Path, summary: list[str]) -> None:
-    from hwlab import baseline
+    from hwlab.diagnosis import baseline
 
     first = baseline.record(progress=lambda s: print("baseline:", s, flush=True))
     first.save(out / "baseline.json")
@@ -249,7 +250,7 @@ def part_scenarios(out: Path, summary: list[str]) -> None:
 
 
 def part_lab04(out: Path, summary: list[str]) -> None:
-    from hwlab import flowchart
+    from hwlab.diagnosis import flowchart
     from hwlab.labs import fp8 as lab
     from hwlab.labs.fp8 import kernels as fp8_kernels
     from hwlab.labs.fp8 import research
@@ -332,7 +333,7 @@ def part_drills(out: Path, summary: list[str]) -> None:
     OUTDIR/drill-refresh.key, not copied to the repo): the rows name their fault openly."""
     from dataclasses import asdict
 
-    from hwlab import drills, flowchart
+    from hwlab.diagnosis import drills, flowchart
 
     key = out / "drill-refresh.key"
     os.environ["HWLAB_DRILL_KEY_FILE"] = str(key)

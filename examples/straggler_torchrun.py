@@ -26,8 +26,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from hwlab.capture import capture
-from hwlab.steplog import StepLog
+from hwlab.core.capture import capture
+from hwlab.core.steplog import StepLog
 
 
 def parse_groups(text: str, world: int) -> list[list[int]]:

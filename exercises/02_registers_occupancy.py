@@ -23,7 +23,8 @@
 # binds. A missing or broken Triton/ptxas is reported as an environment problem, never as a wrong answer.
 
 # %%
-from hwlab import exercise_checks, nb
+from hwlab.diagnosis import exercise_checks
+from hwlab import nb
 from hwlab.labs import registers as lab
 from hwlab.labs.registers import TileConfig
 

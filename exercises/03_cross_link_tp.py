@@ -24,7 +24,7 @@
 # mapping or the kernel to suspect first?
 
 # %%
-from hwlab import evidence, topology
+from hwlab.core import evidence, topology
 from hwlab.labs import crosslink as lab
 
 rec = evidence.recorded("lab03_slowlink", "cpu")

@@ -24,7 +24,9 @@
 
 # %%
 import matplotlib.pyplot as plt
-from hwlab import ceilings, evidence, flowchart, nb, roofline, specs, system, topology
+from hwlab.core import ceilings, evidence, roofline, specs, system, topology
+from hwlab.diagnosis import flowchart
+from hwlab import nb
 
 GPU = nb.has_gpu()
 print("GPU present:", GPU, "|", nb.live_label())

@@ -26,7 +26,9 @@
 # %%
 import matplotlib.pyplot as plt
 import torch
-from hwlab import ceilings, evidence, flowchart, nb, roofline
+from hwlab.core import ceilings, evidence, roofline
+from hwlab.diagnosis import flowchart
+from hwlab import nb
 from hwlab.labs import bandwidth as lab
 
 GPU = nb.has_gpu()

@@ -24,9 +24,11 @@
 # %%
 import matplotlib.pyplot as plt
 import torch
-from hwlab import ceilings, evidence, flowchart, nb
+from hwlab.core import ceilings, evidence
+from hwlab.diagnosis import flowchart
+from hwlab import nb
 from hwlab.labs import registers as lab
-from hwlab.labs.occupancy import HOPPER, occupancy
+from hwlab.labs.registers.occupancy import HOPPER, occupancy
 
 GPU = nb.has_gpu()
 print(nb.live_label())
@@ -61,7 +63,7 @@ for r in rows:
 
 # %% [markdown]
 # ## Occupancy: which limit binds
-# `hwlab.labs.occupancy` turns registers, shared memory and warps into blocks per SM under each limit
+# `hwlab.labs.registers.occupancy` turns registers, shared memory and warps into blocks per SM under each limit
 # (Hopper: 65536 registers, 228 KiB shared memory, 64 warps, 32 blocks per SM). Recorded on the H200,
 # Nsight Compute's `launch__occupancy_limit_*` reads the same limits: compare them below.
 

@@ -28,7 +28,9 @@ import os
 import shutil
 
 import matplotlib.pyplot as plt
-from hwlab import evidence, flowchart, mapping, nb, topology
+from hwlab.core import evidence, mapping, topology
+from hwlab.diagnosis import flowchart
+from hwlab import nb
 from hwlab.labs import crosslink as lab
 
 GPU = nb.has_gpu()
@@ -38,7 +40,7 @@ print(nb.live_label(), "| slow link can be built here:", CAN_NETNS)
 # %% [markdown]
 # ## 1. The topology decides which groups are cheap
 # A TP group is as fast as its slowest link. For each real capture: the topology-unaware mapping (consecutive
-# ordinals, or ordinals reordered after a swap) against the one `hwlab.mapping.choose_tp_groups` picks, with
+# ordinals, or ordinals reordered after a swap) against the one `hwlab.core.mapping.choose_tp_groups` picks, with
 # the predicted all-reduce time of a 32 MiB message (ring, latency-bandwidth model per link class).
 
 # %%

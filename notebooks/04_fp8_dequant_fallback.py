@@ -27,7 +27,9 @@
 
 # %%
 import matplotlib.pyplot as plt
-from hwlab import evidence, flowchart, nb
+from hwlab.core import evidence
+from hwlab.diagnosis import flowchart
+from hwlab import nb
 from hwlab.labs import fp8 as lab
 
 GPU = nb.has_gpu()
@@ -61,7 +63,7 @@ for r in lab.path_table(live):
 
 # %%
 if GPU:
-    from hwlab import probes
+    from hwlab.core import probes
     res, src, copy = live, src_live, probes.hbm_copy(size_mib=2048, impl="torch").gbps
 else:
     rec = evidence.recorded("lab04_fp8")
@@ -108,7 +110,7 @@ plt.show()
 if "stream" in res:
     sres, ssrc, scopy = res["stream"], src, copy
 else:  # the recorded H200 run predates the stream: show this machine's live one, labelled
-    from hwlab import probes
+    from hwlab.core import probes
     sres, ssrc = live["stream"], f"{src_live}; the recorded H200 run has no stream yet"
     scopy = probes.hbm_copy(size_mib=64, impl="torch").gbps
 reports = {p: lab.performance_report(sres, p) for p in sres["paths"]}

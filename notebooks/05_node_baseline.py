@@ -25,7 +25,9 @@
 # 0) into a shared folder; `hwlab baseline compare BASE.json node1.json node2.json ...` prints one table.
 
 # %%
-from hwlab import baseline, evidence, nb
+from hwlab.diagnosis import baseline
+from hwlab.core import evidence
+from hwlab import nb
 
 print(nb.live_label())
 live = baseline.record(quick=not nb.has_gpu())

@@ -20,7 +20,9 @@
 # %%
 import tempfile
 
-from hwlab import evidence, flowchart, incident, nb
+from hwlab.core import evidence
+from hwlab.diagnosis import flowchart, incident
+from hwlab import nb
 from hwlab.labs import scenarios
 
 GPU = nb.has_gpu()
@@ -59,7 +61,7 @@ print(d1.explain())
 print("--- the counter-example (反例)\n" + flowchart.diagnose(exp["regressed"]["flowchart_evidence"]).explain())
 
 # %% [markdown]
-# **Fix and re-verify.** TP groups from the topology (`hwlab.mapping.choose_tp_groups`), not from ordinals;
+# **Fix and re-verify.** TP groups from the topology (`hwlab.core.mapping.choose_tp_groups`), not from ordinals;
 # the same per-rank probe, in the same launch, shows no tail and the step back at the devices-alone step.
 
 # %%
@@ -69,7 +71,7 @@ inc1 = incident.from_diagnosis(
     "TP throughput 0.72x after node swap", rec, d1, symptom_scope="multi-GPU",
     symptom=f"throughput {exp['throughput_naive_over_aware']:.2f}x of the aware mapping; ranks "
             f"{exp['naive']['report']['tail_ranks']} {exp['naive']['report']['tail_ms']:.0f} ms late in the TP all-reduce",
-    fix="regroup TP ranks with hwlab.mapping.choose_tp_groups (TP traffic off the slow link)",
+    fix="regroup TP ranks with hwlab.core.mapping.choose_tp_groups (TP traffic off the slow link)",
     reverify="Lab 3 per-rank step-time probe: no tail, step within 1.2x of reference",
     rank_mapping=f"before {exp['naive']['groups']}, after {exp['aware']['groups']}",
     topology=f"{exp['world']} ranks on one CPU host: ranks {exp['slow_ranks']} behind a {exp['rate']} veth (SYS), "
@@ -117,7 +119,7 @@ if GPU:
 if "stream" in run4:
     s4, s4src, s4copy = run4["stream"], rec4.label, rec4.ceilings["copy_gbps"]
 else:  # recorded before the stream existed: a small stream served live here, labelled as such
-    from hwlab import probes
+    from hwlab.core import probes
     s4 = fp8.run_stream(streams=[fp8.StreamSpec(48, 2, 4, (2, 6), seed=1)])
     s4src = f"{nb.live_label()}; the recorded H200 run has no stream yet"
     s4copy = probes.hbm_copy(size_mib=64, impl="torch").gbps

@@ -27,7 +27,8 @@
 
 # %%
 from IPython.display import display
-from hwlab import classroom, drills, nb
+from hwlab.diagnosis import classroom, drills
+from hwlab import nb
 
 print(nb.live_label())
 drill = drills.new()  # instructors: drills.new(seed=..., fault="slow_link_rank")
@@ -93,7 +94,8 @@ except UserInputError as e:
 # right answer graded with the fixed configuration run again and every metric recomputed, one wrong answer.
 
 # %%
-from hwlab import evidence, flowchart
+from hwlab.core import evidence
+from hwlab.diagnosis import flowchart
 
 rec = evidence.recorded("drills")
 for r in rec.extra["drills"]:

@@ -41,9 +41,10 @@ from pathlib import Path
 import torch
 
 import hwlab
-from hwlab import ceilings, evidence, nb
-from hwlab.examine_report import format_table, plot_slowdowns, table
-from hwlab.examine_target import load
+from hwlab.core import ceilings, evidence
+from hwlab import nb
+from hwlab.examine.report_text import format_table, plot_slowdowns, table
+from hwlab.examine.target import load
 
 ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
 print(nb.live_label())

@@ -1,12 +1,12 @@
-"""Rewrite hwlab evidence records in the current schema version (:func:`hwlab.evidence.migrate`).
+"""Rewrite hwlab evidence records in the current schema version (:func:`hwlab.core.evidence.migrate`).
 
     PYTHONPATH=src .venv/bin/python scripts/migrate_evidence.py [PATH ...] [--check]
 
 PATH is a record or a folder of records (searched recursively); the default is every record
 under ``src/hwlab/recorded/``. Files that are not hwlab evidence (run folders' step logs,
 topology captures) are skipped. A record already in the current version is left byte-identical;
-an older one is brought up to date by the same migrations :func:`hwlab.evidence.load` runs and
-rewritten atomically in place (:func:`hwlab.store.write_json_atomic`). ``--check`` writes
+an older one is brought up to date by the same migrations :func:`hwlab.core.evidence.load` runs and
+rewritten atomically in place (:func:`hwlab.core.store.write_json_atomic`). ``--check`` writes
 nothing: it lists the records that are not current and exits 1 if there are any.
 
 ``benchmarks/results/`` keeps earlier runs as they were recorded; they are migrated when loaded,
@@ -19,8 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-from hwlab import evidence
-from hwlab.store import write_json_atomic
+from hwlab.core import evidence
+from hwlab.core.store import write_json_atomic
 
 
 def records(paths: list[Path]) -> list[Path]:

@@ -24,9 +24,11 @@
 
 # %%
 import torch
-from hwlab import ceilings, exercise, exercise_checks, nb  # first: without a GPU it switches on Triton's interpreter
+from hwlab.core import ceilings  # first: without a GPU it switches on Triton's interpreter
+from hwlab.diagnosis import exercise, exercise_checks
+from hwlab import nb
 from hwlab.labs import bandwidth as lab
-from hwlab.measure import TOL_BY_DTYPE
+from hwlab.core.measure import TOL_BY_DTYPE
 import triton
 import triton.language as tl
 

@@ -22,7 +22,7 @@
 # TPOT against this machine's bf16 TPOT in the same run.
 
 # %%
-from hwlab import exercise_checks
+from hwlab.diagnosis import exercise_checks
 from hwlab.labs import fp8 as lab
 
 m = lab.Decoder(lab.TINY, "mixed", device="cpu")

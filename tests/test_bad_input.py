@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hwlab import cli, evidence
+from hwlab import cli
+from hwlab.core import evidence
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = evidence.RECORDED_DIR / "h200"
@@ -181,7 +182,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(area, capsys, argv, me
 
 
 def test_bad_drill_submission_with_a_real_drill(area, capsys):
-    from hwlab import drills
+    from hwlab.diagnosis import drills
 
     made = None
     for fault in sorted(drills.FAULTS):  # any fault whose recorded run is here
@@ -213,7 +214,7 @@ def test_bad_drill_submission_with_a_real_drill(area, capsys):
 ])
 def test_bad_input_from_a_shell(area, argv, message):
     before = _snapshot(area)
-    r = subprocess.run([sys.executable, "-m", "hwlab.cli", *argv], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "hwlab", *argv], capture_output=True, text=True,
                        timeout=300, env=dict(os.environ, HWLAB_CACHE=str(area / "cache")))
     assert r.returncode == 2 and r.stdout == "", r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr
@@ -223,7 +224,7 @@ def test_bad_input_from_a_shell(area, argv, message):
 def test_a_write_that_fails_after_measuring_keeps_the_result(area, capsys, monkeypatch):
     """The destination passed the check, then the disk filled: the doctor record goes to the
     rescue folder, its path is printed, exit 2, and nothing at the destination."""
-    from hwlab import evidence as E
+    from hwlab.core import evidence as E
 
     def full(self, path, *, overwrite=False):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -240,7 +241,7 @@ def test_a_write_that_fails_after_measuring_keeps_the_result(area, capsys, monke
 
 
 def test_incident_write_failure_is_rescued(area, capsys, monkeypatch):
-    from hwlab import incident
+    from hwlab.diagnosis import incident
 
     def full(inc, folder):
         raise OSError(errno.EROFS, "Read-only file system")

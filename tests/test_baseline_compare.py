@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from hwlab import baseline, evidence
+from hwlab.diagnosis import baseline
+from hwlab.core import evidence
 
 H200 = evidence.RECORDED_DIR / "h200"
 
@@ -85,7 +86,7 @@ def test_cli_exit_codes_and_json(base, tmp_path):
                   tmp_path / "a100.json")
     slow = _save(_variant(base, c=lambda v: v.results.__setitem__(0, _with_t(v.results[0], 2.0))),
                  tmp_path / "slow.json")
-    run = lambda *a: subprocess.run([sys.executable, "-m", "hwlab.cli", "baseline", "compare", *map(str, a)],  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "hwlab", "baseline", "compare", *map(str, a)],  # noqa: E731
                                     capture_output=True, text=True, timeout=300)
     r = run(b, other)
     assert r.returncode == 2 and "NOT COMPARABLE" in r.stdout and "GPU model differs" in r.stdout

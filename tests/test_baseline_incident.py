@@ -5,9 +5,11 @@ import json
 
 import pytest
 
-from hwlab import baseline as B
-from hwlab import flowchart, incident, nb, profiling
-from hwlab.evidence import load, recorded
+from hwlab.diagnosis import baseline as B
+from hwlab.diagnosis import flowchart, incident
+from hwlab import nb
+from hwlab.core import profiling
+from hwlab.core.evidence import load, recorded
 from hwlab.labs import scenarios
 
 
@@ -200,7 +202,7 @@ def test_incident_multi_rank_wait_per_rank(tmp_path):
 def test_cli_baseline_and_incident(tmp_path, monkeypatch):
     import subprocess
     import sys
-    run = lambda *a: subprocess.run([sys.executable, "-m", "hwlab.cli", *a], capture_output=True, text=True)  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "hwlab", *a], capture_output=True, text=True)  # noqa: E731
     r = run("baseline", "record", "--quick", "--out", str(tmp_path / "b.json"))
     assert r.returncode == 0, r.stderr
     r = run("baseline", "compare", str(tmp_path / "b.json"), str(tmp_path / "b.json"), "--json")

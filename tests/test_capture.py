@@ -1,15 +1,15 @@
-"""hwlab.capture: the mapping warning on recorded topology captures, a real capture written and
-refused twice, rank variables from torchrun and SLURM, the NCCL log location, and hwlab.steplog."""
+"""hwlab.core.capture: the mapping warning on recorded topology captures, a real capture written and
+refused twice, rank variables from torchrun and SLURM, the NCCL log location, and hwlab.core.steplog."""
 import json
 import os
 from pathlib import Path
 
 import pytest
 
-from hwlab import capture, steplog, topology
+from hwlab.core import capture, steplog, topology
 from hwlab.errors import UserInputError
 
-REC = Path(capture.__file__).parent / "recorded" / "topology"
+REC = Path(capture.__file__).parents[1] / "recorded" / "topology"
 
 
 def _topo(name):

@@ -7,12 +7,12 @@ import sys
 import pytest
 import torch
 
-from hwlab.topology import parse_topo_matrix
+from hwlab.core.topology import parse_topo_matrix
 
 
 def hwlab(*args, env=None):
     e = dict(os.environ, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "hwlab.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hwlab", *args], capture_output=True,
                           text=True, env=e, timeout=600)
 
 
@@ -59,9 +59,9 @@ def test_probe_commands():
 
 
 def test_topo_from_file_and_malformed(tmp_path):
-    from hwlab import topology
+    from hwlab.core import topology
     cap = next((topology.__file__ and
-                __import__("pathlib").Path(topology.__file__).parent / "recorded" / "topology").glob("dgx1*.txt"))
+                __import__("pathlib").Path(topology.__file__).parents[1] / "recorded" / "topology").glob("dgx1*.txt"))
     r = hwlab("topo", "--file", str(cap), "--json")
     assert r.returncode == 0
     assert json.loads(r.stdout)["links"]["GPU0|GPU3"] == "NV2"
@@ -79,7 +79,7 @@ def test_version_and_one_line_usage_errors():
 
 
 def test_probe_help_lists_the_schema():
-    from hwlab.probes import PARAMS
+    from hwlab.core.probes import PARAMS
 
     for name, params in PARAMS.items():
         r = hwlab("probe", name, "--help")
@@ -91,7 +91,7 @@ def test_probe_help_lists_the_schema():
 def test_probe_schema_matches_the_probe_signatures():
     import inspect
 
-    from hwlab.probes import PARAMS, PROBES
+    from hwlab.core.probes import PARAMS, PROBES
 
     assert set(PARAMS) == set(PROBES)
     for name, params in PARAMS.items():
@@ -101,7 +101,8 @@ def test_probe_schema_matches_the_probe_signatures():
 
 
 def test_internal_error_is_one_line_and_exit_3(monkeypatch, capsys):
-    from hwlab import cli, probes
+    from hwlab import cli
+    from hwlab.core import probes
 
     def broken(**_):
         raise RuntimeError("boom\nsecond line")
@@ -115,7 +116,7 @@ def test_internal_error_is_one_line_and_exit_3(monkeypatch, capsys):
 
 def test_json_output_is_strict(capsys):
     from hwlab import cli
-    from hwlab.console import loads_strict
+    from hwlab.cli.console import loads_strict
 
     assert cli.main(["probe", "launch_overhead", "-p", "n_launches=10", "--json"]) == 0
     d = loads_strict(capsys.readouterr().out)  # refuses NaN / Infinity
@@ -171,7 +172,7 @@ def test_lab_serves_as_this_user_with_the_venvs_kernel(tmp_path):
 
     pytest.importorskip("jupyterlab")
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"), JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"))
-    proc = subprocess.Popen([sys.executable, "-m", "hwlab.cli", "lab", "--no-browser"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "hwlab", "lab", "--no-browser"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     try:
         url, lines = None, []
@@ -221,8 +222,9 @@ def test_every_reporting_command_prints_strict_json(tmp_path, monkeypatch, capsy
     """--json on the commands that report, each parsed by a strict parser (no NaN/Infinity)."""
     from pathlib import Path
 
-    from hwlab import cli, evidence
-    from hwlab.console import loads_strict
+    from hwlab import cli
+    from hwlab.core import evidence
+    from hwlab.cli.console import loads_strict
 
     monkeypatch.chdir(tmp_path)
     topo = next((Path(evidence.RECORDED_DIR) / "topology").glob("*.txt"))
@@ -237,7 +239,7 @@ def test_every_reporting_command_prints_strict_json(tmp_path, monkeypatch, capsy
 
 
 def test_progress_plain_lines_with_eta_outside_a_terminal(capsys):
-    from hwlab.console import Steps
+    from hwlab.cli.console import Steps
 
     with Steps("hwlab x", 3, terminal=False) as st:
         for label in ("copy", "gemm fp32", "launch", "one more than announced"):

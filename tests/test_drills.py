@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 import pytest
 
-from hwlab import drills as D
-from hwlab import flowchart
+from hwlab.diagnosis import drills as D
+from hwlab.diagnosis import flowchart
 from hwlab.errors import UserInputError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,7 +191,7 @@ def test_slow_link_drill_is_measured_and_its_fix_rerun():
 
 
 def test_cli_round_trip(tmp_path):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "hwlab.cli", "drill", *a, "--dir", str(tmp_path)],  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "hwlab", "drill", *a, "--dir", str(tmp_path)],  # noqa: E731
                                     capture_output=True, text=True)
     r = run("new", "--seed", "3", "--fault", "slow_link_rank")
     assert r.returncode == 0 and "six ranks" in r.stdout, r.stderr
@@ -210,7 +210,7 @@ def test_cli_round_trip(tmp_path):
 
 # ---------------------------------------------------------------- the recorded H200 runs
 def _recorded_runs():
-    from hwlab.evidence import recorded
+    from hwlab.core.evidence import recorded
     return recorded("drills").extra.get("runs") or {}
 
 
@@ -219,7 +219,7 @@ def test_recorded_drill_runs_are_measured_and_land_on_their_leaves():
     slow link: its recorded CPU run), every answer measured; each fault walks to its leaf and
     its fixed configuration, run again there, leaves it. Fails on a drills.json recorded before
     drills measured B/D/K (no ``runs``): re-record with --only drills."""
-    from hwlab.evidence import recorded
+    from hwlab.core.evidence import recorded
 
     ev = recorded("drills")
     assert ev.device == "NVIDIA H200"

@@ -3,9 +3,9 @@ import os
 
 import pytest
 
-from hwlab import evidence as E
-from hwlab.measure import Measurement
-from hwlab.store import RecordExistsError, write_json_atomic
+from hwlab.core import evidence as E
+from hwlab.core.measure import Measurement
+from hwlab.core.store import RecordExistsError, write_json_atomic
 
 
 def _m(name="copy"):
@@ -114,7 +114,7 @@ def test_empty_binary_and_wrong_shape_give_clear_errors(tmp_path, content, match
 
 
 def test_destination_checks(tmp_path):
-    from hwlab.store import DestinationError, check_destination, check_folder
+    from hwlab.core.store import DestinationError, check_destination, check_folder
 
     (tmp_path / "f.json").write_text("x")
     with pytest.raises(DestinationError, match="already exists"):
@@ -133,7 +133,7 @@ def test_destination_checks(tmp_path):
 
 
 def test_rescue_never_overwrites(tmp_path, monkeypatch):
-    from hwlab.store import rescue_json
+    from hwlab.core.store import rescue_json
 
     monkeypatch.setenv("HWLAB_RESCUE_DIR", str(tmp_path))
     a, b = rescue_json({"a": 1}, "doctor"), rescue_json({"a": 2}, "doctor")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hwlab import evidence as E
+from hwlab.core import evidence as E
 
 V1_LAB04 = Path(__file__).parent / "data" / "evidence_v1_lab04_fp8_h200.json"
 

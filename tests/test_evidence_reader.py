@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from hwlab.errors import UserInputError
-from hwlab.evidence import EvidenceError
-from hwlab.store import read_user_json, read_user_text
+from hwlab.core.evidence import EvidenceError
+from hwlab.core.store import read_user_json, read_user_text
 
 HINT = "pass a saved thing"
 

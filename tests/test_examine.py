@@ -12,15 +12,15 @@ import pytest
 import torch
 
 import hwlab
-from hwlab import ceilings
+from hwlab.core import ceilings
 from hwlab.errors import UserInputError
 from hwlab.examine import Examination, build_evidence, examine
-from hwlab.examine_estimate import (count_flops, count_traffic, gather_amplification, required_bytes,
-                                    span_bytes, strided_amplification)
-from hwlab.examine_profile import ProfileSummary
-from hwlab.profiling import kernel_class
-from hwlab.flowchart import diagnose
-from hwlab.measure import Measurement
+from hwlab.examine.estimate import (
+    count_flops, count_traffic, gather_amplification, required_bytes, span_bytes, strided_amplification)
+from hwlab.examine.torch_profile import ProfileSummary
+from hwlab.core.profiling import kernel_class
+from hwlab.diagnosis.flowchart import diagnose
+from hwlab.core.measure import Measurement
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -280,7 +280,7 @@ def test_gpu_profile_summary_from_a_profiler_shaped_event_list():
 
     from torch.autograd import DeviceType
 
-    from hwlab.examine_profile import CALL_MARK, _summarise_gpu
+    from hwlab.examine.torch_profile import CALL_MARK, _summarise_gpu
 
     def ev(name, dev, start=0.0, end=0.0, kernels=(), parent=None):
         return NS(name=name, device_type=dev, time_range=NS(start=start, end=end),
@@ -305,8 +305,8 @@ def test_gpu_profile_summary_from_a_profiler_shaped_event_list():
 
 
 def test_ncu_rows_become_time_weighted_counted_evidence():
-    from hwlab.examine_ncu import summarise
-    from hwlab.ncu import TENSOR_METRIC
+    from hwlab.examine.ncu_counters import summarise
+    from hwlab.core.ncu import TENSOR_METRIC
 
     rows = [{"kernel": "a", "gpu__time_duration.sum": 3000.0,
              "dram__throughput.avg.pct_of_peak_sustained_elapsed": 80.0,
@@ -361,7 +361,7 @@ def test_the_triton_kernel_scan_survives_dead_weak_proxies():
     of the compiled chain once failed on one (ReferenceError from isinstance)."""
     import weakref
 
-    from hwlab.examine_profile import triton_kernels
+    from hwlab.examine.torch_profile import triton_kernels
 
     class Obj:
         pass

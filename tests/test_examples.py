@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hwlab import evidence
+from hwlab.core import evidence
 from hwlab.errors import UserInputError
-from hwlab.examine_target import load
-from hwlab.flowchart import diagnose
-from hwlab.measure import rel_error
+from hwlab.examine.target import load
+from hwlab.diagnosis.flowchart import diagnose
+from hwlab.core.measure import rel_error
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -1,9 +1,8 @@
-"""The floors of the house (STYLE.md): nothing imports a module on a higher floor.
+"""The floors of the house (docs/CONTRIBUTING.md): a module's floor is its folder, and nothing
+imports a module on a higher floor.
 
 Walks every module under src/hwlab with ``ast`` (function-local imports included, since those
 are how an upward import hides) and fails on an upward import that is not in ``DEBTS``.
-``DEBTS`` lists the upward imports that existed when this test was written (issue #16 removes
-them); the test also fails when a debt is paid but still listed, so the list only shrinks.
 """
 from __future__ import annotations
 
@@ -13,28 +12,21 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "hwlab"
 
 CORE, LABS, CONSUMERS, TOP = 0, 1, 2, 3
-FLOOR_NAMES = {CORE: "core", LABS: "labs", CONSUMERS: "consumers of evidence", TOP: "CLI/notebooks"}
-#: modules by floor (dotted names below ``hwlab``); a module not listed is an error, so a new
-#: module must be placed on a floor on purpose.
-FLOORS = {
-    CORE: {"errors", "measure", "specs", "ceilings", "system", "topology", "evidence", "store",
-           "tritonenv", "roofline", "ncu", "probes", "mapping", "capture", "steplog", "profiling",
-           "comms", "grading", "tails"},
-    CONSUMERS: {"flowchart", "baseline", "drills", "incident", "exercise", "doctor", "ranks",
-                "classroom", "examine"},
-    TOP: {"cli", "console", "lablaunch", "nb", "__init__", "__main__"},
-}
+FLOOR_NAMES = {CORE: "core", LABS: "labs", CONSUMERS: "diagnosis/examine", TOP: "CLI/notebooks"}
+#: a module's floor is its folder (the package right below ``hwlab``); the few modules at the
+#: package root are placed by name: ``errors`` (exit codes, the user-input error) is imported by
+#: every floor, ``nb`` (notebook helpers) and the package entry sit at the top.
+FOLDERS = {"core": CORE, "labs": LABS, "diagnosis": CONSUMERS, "examine": CONSUMERS, "cli": TOP}
+ROOT_MODULES = {"errors": CORE, "nb": TOP, "__init__": TOP, "__main__": TOP}
 
 
 def floor_of(mod: str) -> int:
-    parts = mod.split(".")
-    if parts[0] == "labs":
-        return LABS
-    head = parts[0]
-    for floor, names in FLOORS.items():
-        if head in names or any(head.startswith(n + "_") for n in names):
-            return floor
-    raise AssertionError(f"hwlab.{mod} is on no floor: add it to FLOORS in {__file__}")
+    head = mod.split(".")[0]
+    if head in FOLDERS:
+        return FOLDERS[head]
+    if mod in ROOT_MODULES:
+        return ROOT_MODULES[mod]
+    raise AssertionError(f"hwlab.{mod} is on no floor: put it in a floor's folder ({sorted(FOLDERS)})")
 
 
 def module_name(path: Path) -> str:
@@ -91,8 +83,8 @@ def upward_imports() -> set[tuple[str, str]]:
     return found
 
 
-#: upward imports that predate this test (issue #16 pays them off); keep sorted.
-DEBTS: set[tuple[str, str]] = set()  # all paid (#16); a new upward import fails the test
+#: upward imports allowed knowingly; empty: a new upward import fails the test.
+DEBTS: set[tuple[str, str]] = set()
 
 
 def test_every_module_is_on_a_floor():
@@ -107,6 +99,19 @@ def test_no_new_upward_import():
         f"{a} ({FLOOR_NAMES[floor_of(a)]}) -> {b} ({FLOOR_NAMES[floor_of(b)]})" for a, b in new)
 
 
+def test_module_names_are_unique():
+    """One name, one module: a reader who sees ``ranks`` knows which file it is. Each lab package
+    keeps the same few role names (its kernels, its report, its grader), as Triton's tutorials keep
+    one layout per lesson; packages' ``__init__``/``__main__`` are not names."""
+    roles = {"__init__", "__main__", "kernels", "report", "grader"}
+    seen: dict[str, list[str]] = {}
+    for path in SRC.rglob("*.py"):
+        if path.stem not in roles:
+            seen.setdefault(path.stem, []).append(module_name(path))
+    clashes = {k: v for k, v in seen.items() if len(v) > 1}
+    assert not clashes, f"module names used twice: {clashes}"
+
+
 def test_debts_list_only_shrinks():
     paid = sorted(DEBTS - upward_imports())
     assert not paid, f"paid off, remove from DEBTS: {paid}"
@@ -116,12 +121,14 @@ def test_walker_finds_a_function_local_upward_import(tmp_path):
     """A core module that imports a lab inside a function is caught (the way #16's cycle hid)."""
     pkg = tmp_path / "hwlab"
     (pkg / "labs").mkdir(parents=True)
+    (pkg / "core").mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "labs" / "__init__.py").write_text("")
-    (pkg / "labs" / "lab.py").write_text("from ..measure import bench\n")
-    (pkg / "measure.py").write_text("def bench():\n    from .labs import lab\n    return lab\n")
+    (pkg / "core" / "__init__.py").write_text("")
+    (pkg / "labs" / "lab.py").write_text("from ..core.measure import bench\n")
+    (pkg / "core" / "measure.py").write_text("def bench():\n    from ..labs import lab\n    return lab\n")
     globals()["SRC"], saved = pkg, SRC
     try:
-        assert upward_imports() == {("measure", "labs.lab")}
+        assert upward_imports() == {("core.measure", "labs.lab")}
     finally:
         globals()["SRC"] = saved

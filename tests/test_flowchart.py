@@ -1,6 +1,6 @@
 import pytest
 
-from hwlab import flowchart as F
+from hwlab.diagnosis import flowchart as F
 
 
 @pytest.mark.parametrize("ev,leaf,path", [
@@ -45,7 +45,7 @@ def test_mermaid_highlights_path():
 
 
 def test_evidence_from_measurement_floor():
-    from hwlab.measure import Measurement
+    from hwlab.core.measure import Measurement
     m = Measurement(name="k", t_ms=3.0, t_p10_ms=3.0, t_p90_ms=3.0, n_bytes=3 * 10**9,
                     n_flops=0, device="d", timer="t", n_rep=1)
     ev = F.evidence_from_measurement(m, ceiling_gbps=3000.0, bytes_moved=9 * 10**9)

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from hwlab import flowchart
+from hwlab.diagnosis import flowchart
 from hwlab.labs import bandwidth as B
-from hwlab.measure import TOL_BY_DTYPE, rel_error
+from hwlab.core.measure import TOL_BY_DTYPE, rel_error
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -59,7 +59,7 @@ def test_run_on_cpu_checks_everything_and_refuses_to_diagnose_interpreter_timing
 
 
 def test_replay_recorded_h200_run():
-    from hwlab.evidence import recorded
+    from hwlab.core.evidence import recorded
     r = B.result_from_evidence(recorded("lab01_bandwidth"))
     assert r.diagnoses == {}  # the lab returns evidence; the consumers' floor walks it
     assert flowchart.walk_cases(r) is r and r.diagnoses["unfused"].leaf_id == "G"
@@ -76,7 +76,7 @@ def test_run_on_cpu_measures_d_and_k_for_every_case():
     calls back to back, timed as one step, over its median x calls) and no by-hand answer. With
     a copy ceiling so low that every case sits within its floor, every walk reaches D and K, and
     every answer on it is measured (a by-hand D, as the lab once had, fails here)."""
-    from hwlab.flowchart import diagnose
+    from hwlab.diagnosis.flowchart import diagnose
 
     r = B.run(16, 64, torch.float32, device="cpu", n_rep=3, ceiling_gbps=1e-6)
     assert set(r.service) == set(r.measurements)

@@ -5,12 +5,12 @@ import json
 import pytest
 import torch
 
-from hwlab.evidence import recorded
-from hwlab.flowchart import diagnose
+from hwlab.core.evidence import recorded
+from hwlab.diagnosis.flowchart import diagnose
 from hwlab.labs import registers as R
 from hwlab.labs.registers import fusion
-from hwlab.labs.occupancy import HOPPER, SMLimits, occupancy
-from hwlab.measure import bench, rel_error
+from hwlab.labs.registers.occupancy import HOPPER, SMLimits, occupancy
+from hwlab.core.measure import bench, rel_error
 
 
 # ---- occupancy, worked by hand
@@ -203,7 +203,8 @@ def test_config_evidence_measures_d_and_k(reports):
 
 def test_grader(tmp_path, monkeypatch):
     """The lab's grader builds the core's result type, and the class folder still gets it."""
-    from hwlab import classroom, grading
+    from hwlab.diagnosis import classroom
+    from hwlab.core import grading
 
     monkeypatch.setenv(classroom.ENV_DIR, str(tmp_path))
     assert R.grade_config(None, "").status == "not done yet"

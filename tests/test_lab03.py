@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from hwlab import mapping as M
-from hwlab import topology as T
-from hwlab.evidence import recorded
-from hwlab.flowchart import diagnose
+from hwlab.core import mapping as M
+from hwlab.core import topology as T
+from hwlab.core.evidence import recorded
+from hwlab.diagnosis.flowchart import diagnose
 from hwlab.labs import crosslink as C
 
-CAPTURES = Path(T.__file__).parent / "recorded" / "topology"
+CAPTURES = Path(T.__file__).parents[1] / "recorded" / "topology"
 
 
 def cap(name):

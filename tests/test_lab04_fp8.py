@@ -113,7 +113,7 @@ def test_byte_model_from_config_matches_the_model(models):
 
 
 def test_run_refuses_a_size_that_does_not_fit_before_allocating():
-    from hwlab.measure import InsufficientMemoryError
+    from hwlab.core.measure import InsufficientMemoryError
 
     need = L.memory_needed_bytes(L.H200_SIZE, L.default_buckets("cuda"))
     assert 25e9 < need < 100e9  # four H200-size models (~15 GB) + the 32k bucket's 17 GB KV cache

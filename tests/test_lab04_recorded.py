@@ -9,8 +9,8 @@ and dequant counts for every path; logit error in bound.
 """
 import pytest
 
-from hwlab import specs
-from hwlab.evidence import recorded
+from hwlab.core import specs
+from hwlab.core.evidence import recorded
 from hwlab.labs.fp8.attention import FP8_CACHE_MATH_REL
 from hwlab.labs import fp8 as L
 

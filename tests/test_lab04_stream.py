@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import hwlab  # noqa: F401  (interpreter before triton)
-from hwlab import flowchart
-from hwlab.evidence import recorded
+from hwlab.diagnosis import flowchart
+from hwlab.core.evidence import recorded
 from hwlab.labs import fp8 as L
 from hwlab.labs.fp8 import kernels as K
 
@@ -237,7 +237,7 @@ def test_recorded_stream_shows_the_seed_signature(rec):
 
 
 def test_memory_guard_counts_the_stream_before_allocating():
-    from hwlab.measure import InsufficientMemoryError
+    from hwlab.core.measure import InsufficientMemoryError
 
     with pytest.raises(InsufficientMemoryError, match="streams"):
         L.run(cfg=L.TINY, buckets=[(16, 2)], streams=[L.StreamSpec(2**34, 64, 1)], device="cpu")
@@ -251,7 +251,7 @@ def test_refresh_part_lab04_records_the_stream_end_to_end_on_cpu(tmp_path):
     import json
     from pathlib import Path
 
-    from hwlab.evidence import load
+    from hwlab.core.evidence import load
 
     spec = importlib.util.spec_from_file_location(
         "refresh_gpu_evidence", Path(__file__).parents[1] / "benchmarks" / "refresh_gpu_evidence.py")

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from hwlab import measure as M
-from hwlab import measure_graph as G
+from hwlab.core import measure as M
+from hwlab.core import measure_graph as G
 
 
 def test_timing_quantiles_and_spread():

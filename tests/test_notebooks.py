@@ -51,7 +51,7 @@ def test_executes(path):
         assert has_png, "each lab shows at least one plot"
     if path.name == "04_fp8_dequant_fallback.ipynb" and path.parent.name == "notebooks" and not torch.cuda.is_available():
         # without a GPU the notebook reads the recorded H200 run: its floor shares, as the library derives them
-        from hwlab import evidence
+        from hwlab.core import evidence
         from hwlab.labs import fp8
         rec = evidence.recorded("lab04_fp8")
         assert fp8.format_floor_shares(fp8.floor_shares(rec.extra["run"]), rec.label) in out

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hwlab import ranks
+from hwlab.diagnosis import ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "straggler_torchrun.py"

@@ -5,8 +5,8 @@ ratios are recomputed from the stored medians, not trusted from stored summaries
 """
 import pytest
 
-from hwlab.evidence import recorded
-from hwlab.flowchart import diagnose
+from hwlab.core.evidence import recorded
+from hwlab.diagnosis.flowchart import diagnose
 
 
 def test_copy_probe_reaches_95pct_of_torch_copy():

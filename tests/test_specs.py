@@ -1,6 +1,6 @@
 import pytest
 
-from hwlab import specs
+from hwlab.core import specs
 
 
 @pytest.mark.parametrize("reported,key", [

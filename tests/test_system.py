@@ -4,8 +4,8 @@ import types
 
 import pytest
 
-from hwlab import system
-from hwlab.evidence import recorded
+from hwlab.core import system
+from hwlab.core.evidence import recorded
 
 
 class NVMLError_NotSupported(Exception):

@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from hwlab import topology as T
+from hwlab.core import topology as T
 
-CAPTURES = Path(T.__file__).parent / "recorded" / "topology"
+CAPTURES = Path(T.__file__).parents[1] / "recorded" / "topology"
 
 
 def load(name):
@@ -125,7 +125,7 @@ def test_round_trip_dict():
 def test_capture_falls_back_from_unreadable_smi_text_to_nvml_then_absent(monkeypatch, tmp_path):
     """The one topology capture: a saved file wins; nvidia-smi text that does not parse is kept
     with its error and NVML answers instead; with neither the capture says absent."""
-    saved = Path(T.__file__).parent / "recorded" / "topology" / "h200x1_vm.txt"
+    saved = Path(T.__file__).parents[1] / "recorded" / "topology" / "h200x1_vm.txt"
     cap = T.capture(saved)
     assert cap.topo.n_gpus == 1 and cap.text == saved.read_text() and cap.source.startswith("injected")
     bad = tmp_path / "topo.txt"

@@ -1,6 +1,6 @@
 """``python -m hwlab ...``: the same as the ``hwlab`` command."""
 import sys
 
-from .cli import main
+from hwlab.cli import main
 
 sys.exit(main())

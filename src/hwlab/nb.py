@@ -9,7 +9,7 @@ from typing import Iterable
 
 import torch
 
-from .measure import Measurement
+from hwlab.core.measure import Measurement
 
 
 def has_gpu() -> bool:
@@ -24,7 +24,7 @@ def banner(text: str, source: str) -> None:
 
 
 def live_label() -> str:
-    from .measure import device_name, device_of
+    from hwlab.core.measure import device_name, device_of
 
     dev = device_of()
     kind = "GPU" if dev.type == "cuda" else "CPU (Triton interpreter / torch CPU; not GPU speed)"
@@ -65,7 +65,7 @@ def flowchart_walkthrough(evidence: dict | None = None, source: str = ""):
     next branch follows. Returns the widget (display it)."""
     import ipywidgets as W
 
-    from . import flowchart as F
+    from hwlab.diagnosis import flowchart as F
 
     state = {"node": F.START, "answers": {}, "how": {}}  # how: question -> "measured" | "by hand"
     title = W.HTML()
@@ -134,7 +134,7 @@ def show_walk(d, source: str = "") -> None:
 
 def _prefix(answers: dict[str, str]) -> dict:
     """Turn earlier by-hand answers back into the by-hand metrics diagnose() understands."""
-    from . import flowchart as F
+    from hwlab.diagnosis import flowchart as F
 
     out = {}
     for qid, ans in answers.items():

@@ -1,4 +1,4 @@
-"""Run a drill's scenario now and measure every flowchart answer (the runs behind hwlab.drills).
+"""Run a drill's scenario now and measure every flowchart answer (the runs behind hwlab.diagnosis.drills).
 
 A drill names a *scenario* (a workload from the labs) and a *case* (the faulty or the fixed
 configuration); :func:`observe` runs that configuration on this machine and returns the
@@ -27,12 +27,12 @@ from typing import Any, Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ..ceilings import get as get_ceilings
-from ..evidence import EvidenceError, recorded
-from ..measure import device_name, device_of, time_fn
-from ..measure_graph import capture_graph
-from ..probes import hbm_copy
-from . import bandwidth, fp8, registers, scenarios
+from hwlab.core.ceilings import get as get_ceilings
+from hwlab.core.evidence import EvidenceError, recorded
+from hwlab.core.measure import device_name, device_of, time_fn
+from hwlab.core.measure_graph import capture_graph
+from hwlab.core.probes import hbm_copy
+from hwlab.labs import bandwidth, fp8, registers, scenarios
 
 #: the by-hand answers a lab's evidence may still carry: dropped, the run measures them
 BY_HAND_KEYS = ("single_gpu_slow", "multi_gpu_or_service_slow", "rank_tail")

@@ -10,7 +10,7 @@
   on one GPU, with no rank tail. Measuring each bucket on its own (decode GEMMs are
   memory-bound and follow the copy roofline, not the GEMM rate) predicts it.
 
-Every flowchart answer is measured in the run (:data:`hwlab.flowchart` question ids):
+Every flowchart answer is measured in the run (:data:`hwlab.diagnosis.flowchart` question ids):
 
 * B ``slowdown_vs_floor``: the workload's own kernels run alone on one device against this
   machine's roofline floor (FLOPs at the measured GEMM ceiling or bytes at the measured copy
@@ -28,8 +28,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..measure import Measurement, device_of, time_fn
-from ..probes import gemm, matmul_at
+from hwlab.core.measure import Measurement, device_of, time_fn
+from hwlab.core.probes import gemm, matmul_at
 
 #: calls of the workload's kernel per measured service step (a layer's worth of launches)
 SERVICE_CALLS = 8
@@ -87,7 +87,7 @@ def dtype_path(size: int | None = None, device=None, copy_gbps: float | None = N
     FLOPs at the bf16 rate measured in this run (the MMA path this card offers)."""
     dev = device_of(device)
     if copy_gbps is None:
-        from ..ceilings import get
+        from hwlab.core.ceilings import get
         copy_gbps = get(dev, quick=True).copy_gbps
     gpu = dev.type == "cuda"
     size = size or (8192 if gpu else 256)
@@ -137,11 +137,11 @@ def workload_mix(device=None, n_rep: int = 10, ceilings=None) -> dict[str, Any]:
     case, the buckets' kernels alone against the sum of their floors. D (``e2e_slowdown``):
     the measured mixed step over what the single-shape (or per-bucket) measurements predict.
     K: the one process's measured step distribution (``n_ranks`` = 1). ``ceilings``: this
-    machine's :class:`~hwlab.ceilings.Ceilings` (default: the cached ones, quick)."""
+    machine's :class:`~hwlab.core.ceilings.Ceilings` (default: the cached ones, quick)."""
     dev = device_of(device)
     gpu = dev.type == "cuda"
     if ceilings is None:
-        from ..ceilings import get
+        from hwlab.core.ceilings import get
         ceilings = get(dev, quick=True)
     dname = "bf16" if gpu else "fp32"
     dt = torch.bfloat16 if gpu else torch.float32

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from .comms import run_collectives
-from .ranks import parse_groups, run_rank
+from hwlab.labs.crosslink.staged import run_collectives
+from hwlab.labs.crosslink.stragglers import parse_groups, run_rank
 
 
 def main(argv=None) -> None:
@@ -17,7 +17,7 @@ def main(argv=None) -> None:
     p.add_argument("--world", type=int, required=True)
     p.add_argument("--init", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--spec", help="JSON: mappings, phases, steps, sizes (see hwlab.labs.crosslink.ranks)")
+    p.add_argument("--spec", help="JSON: mappings, phases, steps, sizes (see hwlab.labs.crosslink.stragglers)")
     p.add_argument("--collectives", help="comma-separated message sizes: measure collectives instead")
     p.add_argument("--backend", default="gloo")
     p.add_argument("--device", default="cpu")

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from ...measure import TOL_BY_DTYPE, bench, quantile
-from ... import probes
+from hwlab.core.measure import TOL_BY_DTYPE, bench, quantile
+from hwlab.core import probes
 
 KERNELS = ("healthy", "regressed")
 
@@ -108,7 +108,7 @@ def single_device_baseline(kernel: str = "healthy", *, hidden: int = 1024, ffn: 
     machine's floor.
 
     The block is first checked against its float64 reference and warmed up (the kit's
-    :func:`~hwlab.measure.bench`, ``n_rep`` timed calls). Then, after one untimed round,
+    :func:`~hwlab.core.measure.bench`, ``n_rep`` timed calls). Then, after one untimed round,
     ``n_rounds`` rounds each time one copy, one GEMM (the operations of
     :func:`cpu_ceilings_one_core`) and one block call back to back: a round's slowdown is its
     block time over the floor that round's own copy and GEMM rates give. Why rounds this short:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .block import partial_fn
+from hwlab.labs.crosslink.block import partial_fn
 
 #: hidden share under which the walk notes that overlap did not really happen (rule 3c): less
 #: than half the communication hidden leaves most of it on the step's critical path

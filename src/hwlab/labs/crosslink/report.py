@@ -1,12 +1,12 @@
 """From per-rank timings to findings: the straggler ranks and how late they finish, each
 rank's communication wait, step-time spikes, and the flowchart evidence of a run.
 
-The tail split and the spike rule are the core's (:mod:`hwlab.tails`: :data:`TAIL_JUMP`,
+The tail split and the spike rule are the core's (:mod:`hwlab.core.tails`: :data:`TAIL_JUMP`,
 :data:`SPIKE_OVER_MEDIAN`, :data:`PERIODIC_CV`, with their reasons), shared with ``hwlab ranks``.
 What this module adds, and why:
 
 * a rank's own work is its compute + TP all-reduce per step, summarised by the lower quartile
-  over steps (:data:`OWN_QUANTILE`, the core's one percentile :func:`hwlab.measure.quantile`):
+  over steps (:data:`OWN_QUANTILE`, the core's one percentile :func:`hwlab.core.measure.quantile`):
   on a shared CPU scheduling delays only ever add time, at random, so the lower quartile is the
   rank's own cost with most of that noise trimmed; the tail split runs on it. A tail that small
   is near the limit of what a shared CPU can name rank by rank (the recorded sweep shows where
@@ -21,8 +21,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...measure import quantile
-from ...tails import spikes, tail_split
+from hwlab.core.measure import quantile
+from hwlab.core.tails import spikes, tail_split
 
 OWN_QUANTILE = 0.25
 

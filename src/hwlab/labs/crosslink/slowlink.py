@@ -7,7 +7,7 @@ elsewhere :class:`SlowLinkUnavailable` says so.
 
 :func:`experiment` runs six ranks (0-3 on the host, 4-5 behind the link) with the naive
 mapping (two TP groups straddle the link, as after a reorder of ordinals), the topology-aware
-one from :func:`hwlab.mapping.choose_tp_groups`, the devices alone, and optionally the
+one from :func:`hwlab.core.mapping.choose_tp_groups`, the devices alone, and optionally the
 overlapped block and the regressed kernel, all interleaved in one launch. :func:`sweep` runs
 it at several rates; :func:`calibrate_rate` picks the rate at which the naive mapping's
 throughput is the seed's 0.72x of the aware one.
@@ -21,12 +21,12 @@ import shutil
 import subprocess
 from typing import Any
 
-from ...mapping import choose_tp_groups, evaluate
-from ...topology import Topology
-from .block import single_device_baseline
-from .overlap import overlap_report
-from .ranks import launch_phases, phase_view
-from .report import flowchart_evidence, paired_ratio, straggler_report
+from hwlab.core.mapping import choose_tp_groups, evaluate
+from hwlab.core.topology import Topology
+from hwlab.labs.crosslink.block import single_device_baseline
+from hwlab.labs.crosslink.overlap import overlap_report
+from hwlab.labs.crosslink.stragglers import launch_phases, phase_view
+from hwlab.labs.crosslink.report import flowchart_evidence, paired_ratio, straggler_report
 
 #: the seed's case: throughput fell to 0.72x; tail ranks finish 10-20 ms late
 SEED_RATIO, SEED_RATIO_BAND, SEED_TAIL_MS = 0.72, 0.08, (10.0, 20.0)

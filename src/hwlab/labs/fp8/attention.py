@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ... import tritonenv  # interpreter on CPU; must precede triton
+from hwlab.core import tritonenv  # interpreter on CPU; must precede triton
 import triton
 import triton.language as tl
 
-from .quant import FP8, pdl_args, pdl_enter, quant_static_ref, use_triton_for
+from hwlab.labs.fp8.quant import FP8, pdl_args, pdl_enter, quant_static_ref, use_triton_for
 
 
 @dataclass(frozen=True)

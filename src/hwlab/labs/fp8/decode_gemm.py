@@ -40,12 +40,12 @@ from __future__ import annotations
 
 import torch
 
-from ... import tritonenv  # interpreter on CPU; must precede triton
+from hwlab.core import tritonenv  # interpreter on CPU; must precede triton
 import triton
 import triton.language as tl
 
-from . import workspace as W
-from .quant import FP8, fence_gpu, gelu, pdl_args, quant_static_ref, use_triton_for
+from hwlab.labs.fp8 import workspace as W
+from hwlab.labs.fp8.quant import FP8, fence_gpu, gelu, pdl_args, quant_static_ref, use_triton_for
 
 #: whether :class:`.model.QLinear` runs this kernel for decode-shaped ``fp8_static`` calls (at most
 #: :data:`MAX_ROWS` rows on a GPU) on the weight shapes :data:`CONFIGS` names (:func:`takes`),

@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from ...measure import time_fn
-from ...measure_graph import graph_time
-from .quant import use_triton_for
+from hwlab.core.measure import time_fn
+from hwlab.core.measure_graph import graph_time
+from hwlab.labs.fp8.quant import use_triton_for
 
 import triton
 import triton.language as tl
@@ -187,7 +187,7 @@ def _read_all(read, firsts, seconds, *args, **kw) -> list[torch.Tensor]:
 
 def fastest_read(plans: dict[str, tuple[Callable, torch.Tensor]], bytes_per_layer: int, n_layers: int,
                  device: torch.device, n_rep: int = 20) -> dict[str, Any] | None:
-    """Each plan captured and timed as the lab times its kernels (:func:`~hwlab.measure_graph.graph_time`:
+    """Each plan captured and timed as the lab times its kernels (:func:`~hwlab.core.measure_graph.graph_time`:
     one CUDA graph over every layer; eager where there are none), after its first layer's result
     equalled the expected XOR (a read of the wrong bytes raises: it would be a bug, not a floor),
     then timed once more with the plans in the reverse order, keeping each plan's faster median.

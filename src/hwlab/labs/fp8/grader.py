@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import torch
 
-from .model import LOGIT_ERROR_BOUND, TINY, Decoder, ModelConfig, logit_error
-from .profile import decode_profile
+from hwlab.labs.fp8.model import LOGIT_ERROR_BOUND, TINY, Decoder, ModelConfig, logit_error
+from hwlab.labs.fp8.profile import decode_profile
 
 
 def grade_path(path: dict | None, cfg: ModelConfig = TINY, min_hit_pct: float = 80.0):
     """Exercise 04's checker: no GEMM may fall back to a dequantized weight, FP8 must be hit
     on at least ``min_hit_pct`` % of GEMMs, and the logits stay within the FP8 bound."""
-    from ...grading import ExerciseResult, not_done
+    from hwlab.core.grading import ExerciseResult, not_done
 
     name = "FP8 path"
     if path is None:

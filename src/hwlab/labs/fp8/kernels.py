@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import torch
 
-from .attention import (DEFAULT_TILE, FP8_CACHE_MATH_REL, AttnTile, decode_attention, decode_attention_ref, kv_store,
-                        kv_store_ref)
-from .quant import (FP8, FP8_MAX, dequant_rows, dequant_rows_ref, quant_static, quant_static_ref,
-                    quant_tensor, quant_tensor_ref, rmsnorm, rmsnorm_ref, add_rmsnorm, add_rmsnorm_ref, use_triton_for)
+from hwlab.labs.fp8.attention import (
+    DEFAULT_TILE, FP8_CACHE_MATH_REL, AttnTile, decode_attention, decode_attention_ref, kv_store,
+    kv_store_ref)
+from hwlab.labs.fp8.quant import (
+    FP8, FP8_MAX, dequant_rows, dequant_rows_ref, quant_static, quant_static_ref, quant_tensor,
+    quant_tensor_ref, rmsnorm, rmsnorm_ref, add_rmsnorm, add_rmsnorm_ref, use_triton_for)
 
 __all__ = ["AttnTile", "DEFAULT_TILE", "FP8", "FP8_CACHE_MATH_REL", "FP8_MAX", "decode_attention", "decode_attention_ref", "dequant_rows",
            "dequant_rows_ref", "kv_store", "kv_store_ref", "quant_static", "quant_static_ref", "quant_tensor",

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import decode_gemm
-from . import kernels as K
-from .kernels import DEFAULT_TILE, AttnTile
+from hwlab.labs.fp8 import decode_gemm
+from hwlab.labs.fp8 import kernels as K
+from hwlab.labs.fp8.kernels import DEFAULT_TILE, AttnTile
 
 FP8 = K.FP8
 FP8_MAX = K.FP8_MAX

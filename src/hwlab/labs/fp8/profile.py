@@ -1,7 +1,7 @@
 """Lab 4's profiles of one decode step: FP8 hit rate, fallbacks and dequant/requant ranges
 (:func:`decode_profile`), and where the step's device time goes by kernel class
 (:func:`decode_breakdown`), both from one ``torch.profiler`` run. Kernels are classed by the
-core's one table (:mod:`hwlab.profiling`); this module adds what only Lab 4 knows: its model's
+core's one table (:mod:`hwlab.core.profiling`); this module adds what only Lab 4 knows: its model's
 quant/dequant ranges and which of its layers dequantize weights on purpose."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ...profiling import STEP_TIME_CLASSES, hit_rate_from_events, profiler_events, time_by_class
-from .model import DEQUANT_MARK, QUANT_MARK, Decoder, QLinear
+from hwlab.core.profiling import STEP_TIME_CLASSES, hit_rate_from_events, profiler_events, time_by_class
+from hwlab.labs.fp8.model import DEQUANT_MARK, QUANT_MARK, Decoder, QLinear
 
 
 def _profile_decode_step(m: Decoder, batch: int, ctx: int, per_row: bool = False, max_len: int | None = None):
@@ -82,7 +82,7 @@ def _kv_fp8(m: Decoder, max_len: int) -> bool:
     return f is not None and max_len >= f
 
 
-#: the step-time classes of :func:`decode_breakdown` (the core's one table, :mod:`hwlab.profiling`)
+#: the step-time classes of :func:`decode_breakdown` (the core's one table, :mod:`hwlab.core.profiling`)
 BREAKDOWN_CATEGORIES = STEP_TIME_CLASSES
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ... import tritonenv  # interpreter on CPU; must precede triton
+from hwlab.core import tritonenv  # interpreter on CPU; must precede triton
 import triton
 import triton.language as tl
 

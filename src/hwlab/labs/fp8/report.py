@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from .model import H200_SIZE, TINY, Decoder, ModelConfig
-from .profile import bucket_profile
-from .stream import StreamSpec, default_streams, serve
+from hwlab.labs.fp8.model import H200_SIZE, TINY, Decoder, ModelConfig
+from hwlab.labs.fp8.profile import bucket_profile
+from hwlab.labs.fp8.stream import StreamSpec, default_streams, serve
 
 #: the paths a serving stream compares: the baseline, the seed's path and the fix
 SERVING_PATHS = ("bf16", "mixed", "fixed")

@@ -29,17 +29,19 @@ import math
 
 import torch
 
-from ... import tritonenv
-from . import workspace as W
-from . import attention as _attention
-from .attention import (DEFAULT_TILE, LOG2E, AttnTile, _attend_chunk, _decode_attn_combine, _decode_attn_partial,
-                        _partial_begin, _partial_end, _pdl_args, _softmax_step, check_decode_args, chunk_for,
-                        combine_splits, decode_attention_ref, kv_store_ref, new_kv_args, split_buffers, split_count)
-from .floor import _stream_kv_kernel, _stream_matrix_kernel, stream_kv, stream_matrix  # noqa: F401 (rounds 10-12)
-from .kernels import rel_err
-from .model import Decoder, ModelConfig, QLinear
-from .quant import (BLOCK, FP8, FP8_MAX, _row_amax_kernel, fence_gpu, pdl_args, pdl_enter, quant_static_ref, quant_tensor_ref,
-                    use_triton_for)
+from hwlab.core import tritonenv
+from hwlab.labs.fp8 import workspace as W
+from hwlab.labs.fp8 import attention as _attention
+from hwlab.labs.fp8.attention import (
+    DEFAULT_TILE, LOG2E, AttnTile, _attend_chunk, _decode_attn_combine, _decode_attn_partial,
+    _partial_begin, _partial_end, _pdl_args, _softmax_step, check_decode_args, chunk_for, combine_splits,
+    decode_attention_ref, kv_store_ref, new_kv_args, split_buffers, split_count)
+from hwlab.labs.fp8.floor import _stream_kv_kernel, _stream_matrix_kernel, stream_kv, stream_matrix  # noqa: F401 (rounds 10-12)
+from hwlab.labs.fp8.kernels import rel_err
+from hwlab.labs.fp8.model import Decoder, ModelConfig, QLinear
+from hwlab.labs.fp8.quant import (
+    BLOCK, FP8, FP8_MAX, _row_amax_kernel, fence_gpu, pdl_args, pdl_enter, quant_static_ref,
+    quant_tensor_ref, use_triton_for)
 import triton
 import triton.language as tl
 

@@ -7,18 +7,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...measure import require_memory, time_fn
-from ...measure_graph import graph_time
-from . import decode_gemm
-from . import floor
-from . import kernels as K
-from .quant import pdl_enabled, set_pdl
-from .kernels import DEFAULT_TILE, AttnTile
-from .model import H200_SIZE, LOGIT_ERROR_BOUND, MAIN, TINY, Decoder, ModelConfig, logit_error, make_models
-from .profile import decode_breakdown, decode_profile
-from .report import SERVING_PATHS, run_stream
-from .stream import StreamSpec, default_streams
-from .traffic import decode_bytes, memory_needed_bytes
+from hwlab.core.measure import require_memory, time_fn
+from hwlab.core.measure_graph import graph_time
+from hwlab.labs.fp8 import decode_gemm
+from hwlab.labs.fp8 import floor
+from hwlab.labs.fp8 import kernels as K
+from hwlab.labs.fp8.quant import pdl_enabled, set_pdl
+from hwlab.labs.fp8.kernels import DEFAULT_TILE, AttnTile
+from hwlab.labs.fp8.model import (
+    H200_SIZE, LOGIT_ERROR_BOUND, MAIN, TINY, Decoder, ModelConfig, logit_error, make_models)
+from hwlab.labs.fp8.profile import decode_breakdown, decode_profile
+from hwlab.labs.fp8.report import SERVING_PATHS, run_stream
+from hwlab.labs.fp8.stream import StreamSpec, default_streams
+from hwlab.labs.fp8.traffic import decode_bytes, memory_needed_bytes
 
 
 # ---------------------------------------------------------------- timing: TTFT and TPOT per bucket

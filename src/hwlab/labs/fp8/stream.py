@@ -10,11 +10,11 @@ at its own position (per-row lengths read on the device), so the batch changes a
 finish and the queue empties. The schedule depends only on the lengths, so every path serves
 the same sequence of batches.
 
-Timing (the protocol of :mod:`hwlab.measure`): on a GPU every decode step replays a CUDA graph
+Timing (the protocol of :mod:`hwlab.core.measure`): on a GPU every decode step replays a CUDA graph
 captured for its batch size (the fixed-bucket TPOT in :func:`.run.time_prefill_decode` does
 the same), prefills run eagerly, and each operation is bracketed by CUDA events read after
 one final synchronise; before the stream the full batch is replayed for
-:data:`hwlab.measure.GPU_WARMUP_S` so clocks have settled, and every prompt shape is
+:data:`hwlab.core.measure.GPU_WARMUP_S` so clocks have settled, and every prompt shape is
 prefilled once untimed (a first call of a shape pays one-off host costs). A timed prefill is
 preceded by a GPU sleep longer than the host needs to enqueue it (:class:`_HostLead`), so its
 events time the device's work, not Python's launches (without it, the host's time to enqueue
@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from ...measure import GPU_WARMUP_S, poison_, quantile
-from .model import FP8, Decoder, QLinear
+from hwlab.core.measure import GPU_WARMUP_S, poison_, quantile
+from hwlab.labs.fp8.model import FP8, Decoder, QLinear
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def make_requests(spec: StreamSpec) -> list[Request]:
 def percentile(values: list[float], q: float, weights: list[int] | None = None) -> float | None:
     """Nearest-rank percentile (``q`` in 0..100) of ``values``, each counted ``weights[i]``
     times (token-weighted step times), by the core's one definition
-    (:func:`hwlab.measure.quantile`, ``method="nearest"``). None for no samples. Nearest rank,
+    (:func:`hwlab.core.measure.quantile`, ``method="nearest"``). None for no samples. Nearest rank,
     so a recorded p99 is one of the recorded samples; the recorded streams were made with it."""
     return quantile(values, q / 100.0, weights, method="nearest")
 
@@ -245,7 +245,7 @@ def serve(m: Decoder, spec: StreamSpec, graph: bool | None = None, progress=None
                     step(n)
                 graphs[n] = cg
                 cache.row_len.fill_(max(1, spec.ctx // 2))
-            t0 = time.perf_counter()  # sustained state before the timed stream (hwlab.measure)
+            t0 = time.perf_counter()  # sustained state before the timed stream (hwlab.core.measure)
             while time.perf_counter() - t0 < GPU_WARMUP_S:
                 for _ in range(10):
                     graphs[spec.max_batch].replay()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .model import PATHS, Decoder, ModelConfig
+from hwlab.labs.fp8.model import PATHS, Decoder, ModelConfig
 
 
 def memory_report(models: dict[str, Decoder], batch: int, ctx: int) -> dict[str, dict[str, int]]:

@@ -27,9 +27,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from .model import PATHS, ModelConfig
-from .stream import percentile
-from .traffic import step_bytes
+from hwlab.labs.fp8.model import PATHS, ModelConfig
+from hwlab.labs.fp8.stream import percentile
+from hwlab.labs.fp8.traffic import step_bytes
 
 
 def rank_tail_pct(step_ms_by_rank: dict[int, list[float]]) -> float:

@@ -18,22 +18,24 @@ Three reproductions of the flowchart's "launch / occupancy / registers" leaf (J)
 
 Registers and spills (:mod:`.compile_guard`) are read from the compiled kernel on a GPU and,
 on any machine, from ``ptxas -v`` on an sm_90a compile made without a GPU; every compile runs
-in a child process under a time limit. Occupancy by hand is :mod:`hwlab.labs.occupancy`;
+in a child process under a time limit. Occupancy by hand is :mod:`hwlab.labs.registers.occupancy`;
 Nsight Compute's occupancy counters beside it come from :mod:`.counters`. The flowchart
 evidence (:mod:`.report`) answers every question from the run; :mod:`.grader` is exercise
 02's speed check; ``python -m hwlab.labs.registers`` (:mod:`.__main__`) is the guard's child.
 """
 from __future__ import annotations
 
-from ...measure import InputError  # noqa: F401  (raised by the launchers on bad shapes)
-from .compile_guard import (COMPILE_TIMEOUT_S, CompileReport, compile_guarded, gpu_report,  # noqa: F401
-                            ptxas_sm90, runtime_report, static_report)
-from .counters import NVTX_RANGE, NcuRows, collect_ncu, ncu_occupancy, ncu_unavailable  # noqa: F401
-from .grader import MIN_PCT_OF_CUBLAS, grade_config  # noqa: F401
-from .kernels import (KERNELS, matmul, matmul_kernel, matmul_softmax_fused, matmul_softmax_kernel,  # noqa: F401
-                      matmul_softmax_split, reference_matmul, reference_matmul_softmax, wide_block_kernel)
-from .launch import LaunchResult, decode_like_step, launch_bound  # noqa: F401
-from .fusion import OverfusionResult, overfusion  # noqa: F401
-from .report import config_evidence, launch_evidence  # noqa: F401
-from .gemm_sweep import ConfigResult, cublas_bf16, gemm_dtype, sweep, tile_service  # noqa: F401
-from .tiles import FUSED, SANE, SMALL, SPILL, SPILL_HEAVY, SWEEP, WIDE, TileConfig  # noqa: F401
+from hwlab.core.measure import InputError  # noqa: F401  (raised by the launchers on bad shapes)
+from hwlab.labs.registers.compile_guard import (
+    COMPILE_TIMEOUT_S, CompileReport, compile_guarded, gpu_report, ptxas_sm90, runtime_report,
+    static_report)
+from hwlab.labs.registers.counters import NVTX_RANGE, NcuRows, collect_ncu, ncu_occupancy, ncu_unavailable  # noqa: F401
+from hwlab.labs.registers.grader import MIN_PCT_OF_CUBLAS, grade_config  # noqa: F401
+from hwlab.labs.registers.kernels import (
+    KERNELS, matmul, matmul_kernel, matmul_softmax_fused, matmul_softmax_kernel, matmul_softmax_split,
+    reference_matmul, reference_matmul_softmax, wide_block_kernel)
+from hwlab.labs.registers.launch import LaunchResult, decode_like_step, launch_bound  # noqa: F401
+from hwlab.labs.registers.fusion import OverfusionResult, overfusion  # noqa: F401
+from hwlab.labs.registers.report import config_evidence, launch_evidence  # noqa: F401
+from hwlab.labs.registers.gemm_sweep import ConfigResult, cublas_bf16, gemm_dtype, sweep, tile_service  # noqa: F401
+from hwlab.labs.registers.tiles import FUSED, SANE, SMALL, SPILL, SPILL_HEAVY, SWEEP, WIDE, TileConfig  # noqa: F401

@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from .compile_guard import gpu_report, static_report
-from .counters import launch_in_range
-from .kernels import KERNELS
-from .tiles import TileConfig
+from hwlab.labs.registers.compile_guard import gpu_report, static_report
+from hwlab.labs.registers.counters import launch_in_range
+from hwlab.labs.registers.kernels import KERNELS
+from hwlab.labs.registers.tiles import TileConfig
 
 
 def build_parser() -> argparse.ArgumentParser:

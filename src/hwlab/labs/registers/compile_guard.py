@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from ..occupancy import HOPPER, Occupancy, occupancy
-from .kernels import KERNELS, matmul, matmul_softmax_fused
-from .tiles import TileConfig
+from hwlab.labs.registers.occupancy import HOPPER, Occupancy, occupancy
+from hwlab.labs.registers.kernels import KERNELS, matmul, matmul_softmax_fused
+from hwlab.labs.registers.tiles import TileConfig
 
 import triton  # noqa: E402  (after the kernels module, which sets the interpreter up first)
 from triton.backends.compiler import GPUTarget  # noqa: E402

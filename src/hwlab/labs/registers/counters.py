@@ -3,9 +3,9 @@
 ``ncu`` profiles a child process (``python -m hwlab.labs.registers --compile matmul --mode gpu
 --ncu-launch --config ...``) that compiles the config, warms it up once at the sweep's size,
 then launches it once inside the NVTX range :data:`NVTX_RANGE`; only that launch is profiled.
-The metrics are :data:`hwlab.ncu.OCCUPANCY_METRICS` (``launch__occupancy_limit_*``: blocks per
-SM under each limit, which :mod:`hwlab.labs.occupancy` computes by hand). ``--clock-control
-none`` (in :func:`hwlab.ncu.profile`) leaves the card's clocks alone.
+The metrics are :data:`hwlab.core.ncu.OCCUPANCY_METRICS` (``launch__occupancy_limit_*``: blocks per
+SM under each limit, which :mod:`hwlab.labs.registers.occupancy` computes by hand). ``--clock-control
+none`` (in :func:`hwlab.core.ncu.profile`) leaves the card's clocks alone.
 
 Where ncu cannot run (not installed, or no CUDA GPU), :func:`ncu_occupancy` says so in
 ``unavailable`` instead of returning rows, and the sweep's records keep ``ncu`` = None.
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ... import ncu
-from .kernels import matmul
-from .gemm_sweep import GPU_SIZE, ConfigResult
-from .tiles import TileConfig
+from hwlab.core import ncu
+from hwlab.labs.registers.kernels import matmul
+from hwlab.labs.registers.gemm_sweep import GPU_SIZE, ConfigResult
+from hwlab.labs.registers.tiles import TileConfig
 
 NVTX_RANGE = "hwlab_case"
 #: seconds one ncu run of one config may take (compile, warm-up, one profiled launch)

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ...measure import Measurement, bench, device_of
-from .compile_guard import COMPILE_TIMEOUT_S, CompileReport, compile_guarded, runtime_report
-from .kernels import matmul, matmul_softmax_fused, matmul_softmax_split
-from .gemm_sweep import gemm_dtype
-from .tiles import FUSED, SANE, TileConfig
+from hwlab.core.measure import Measurement, bench, device_of
+from hwlab.labs.registers.compile_guard import (
+    COMPILE_TIMEOUT_S, CompileReport, compile_guarded, runtime_report)
+from hwlab.labs.registers.kernels import matmul, matmul_softmax_fused, matmul_softmax_split
+from hwlab.labs.registers.gemm_sweep import gemm_dtype
+from hwlab.labs.registers.tiles import FUSED, SANE, TileConfig
 
 #: (M, K) on a GPU: enough rows to fill the card many times over; N is the fused tile's BN
 GPU_MK = (16384, 4096)

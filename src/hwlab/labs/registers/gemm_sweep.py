@@ -13,12 +13,13 @@ from typing import Any
 
 import torch
 
-from ...measure import TOL_BY_DTYPE, Measurement, bench, device_of
-from ...probes import gemm
-from .. import scenarios
-from .compile_guard import COMPILE_TIMEOUT_S, CompileReport, compile_guarded, runtime_report
-from .kernels import matmul
-from .tiles import SWEEP, TileConfig
+from hwlab.core.measure import TOL_BY_DTYPE, Measurement, bench, device_of
+from hwlab.core.probes import gemm
+from hwlab.labs import scenarios
+from hwlab.labs.registers.compile_guard import (
+    COMPILE_TIMEOUT_S, CompileReport, compile_guarded, runtime_report)
+from hwlab.labs.registers.kernels import matmul
+from hwlab.labs.registers.tiles import SWEEP, TileConfig
 
 #: GEMM size (square, elements per side) on a GPU, large enough that every tile fills the card;
 #: in the interpreter (CPU) a small one, since only correctness is checked there

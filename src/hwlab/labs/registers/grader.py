@@ -7,11 +7,11 @@ only the compile is graded (static sm_90a report), and the result says so.
 """
 from __future__ import annotations
 
-from ...grading import ExerciseResult, not_done
-from ...measure import device_of
-from .compile_guard import COMPILE_TIMEOUT_S
-from .gemm_sweep import cublas_bf16, sweep
-from .tiles import TileConfig
+from hwlab.core.grading import ExerciseResult, not_done
+from hwlab.core.measure import device_of
+from hwlab.labs.registers.compile_guard import COMPILE_TIMEOUT_S
+from hwlab.labs.registers.gemm_sweep import cublas_bf16, sweep
+from hwlab.labs.registers.tiles import TileConfig
 
 #: pass band: % of cuBLAS bf16 TFLOP/s measured in the same run
 MIN_PCT_OF_CUBLAS = 70.0

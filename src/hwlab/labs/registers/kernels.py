@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from ... import tritonenv  # noqa: F401  (must precede kernel definitions)
-from ...measure import InputError
-from .tiles import SANE, TileConfig
+from hwlab.core import tritonenv  # noqa: F401  (must precede kernel definitions)
+from hwlab.core.measure import InputError
+from hwlab.labs.registers.tiles import SANE, TileConfig
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

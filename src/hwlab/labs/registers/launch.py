@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ...measure import TOL_BY_DTYPE, Measurement, check_close, device_name, device_of, time_fn
-from ...measure_graph import graph_time
-from .. import scenarios
+from hwlab.core.measure import TOL_BY_DTYPE, Measurement, check_close, device_name, device_of, time_fn
+from hwlab.core.measure_graph import graph_time
+from hwlab.labs import scenarios
 
 #: tolerance of the float32 step against its float64 reference: 10x float32's, since every
 #: layer's silu compounds the rounding of the previous one

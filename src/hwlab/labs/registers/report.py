@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import scenarios
-from .launch import LaunchResult
-from .gemm_sweep import ConfigResult
+from hwlab.labs import scenarios
+from hwlab.labs.registers.launch import LaunchResult
+from hwlab.labs.registers.gemm_sweep import ConfigResult
 
 
 def _service_evidence(svc: dict | None) -> dict[str, Any]:

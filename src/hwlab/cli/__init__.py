@@ -1,0 +1,212 @@
+"""``hwlab`` command line: the parser, ``main`` and the small commands (probe, topo, evidence, lab).
+
+Each larger subcommand lives in its own ``cli_<name>`` module with ``cmd_<name>`` and
+``add_parser(sub)``, registered in :func:`build_parser`: doctor, examine, baseline, incident,
+drill, ranks, class. Conventions (like nvidia-smi, dcgmi, nccl-tests), shared by every subcommand:
+
+* exit codes (:mod:`hwlab.errors`): 0 ok, 1 a finding (unhealthy verdict, deviation, failed
+  grade), 2 bad input or usage (one line on stderr saying what to do; nothing measured or
+  written), 3 internal error (one line asking for a report; the traceback with ``--debug`` or
+  ``HWLAB_DEBUG=1``);
+* ``--json``: strict JSON on stdout (no NaN/Infinity: null, with ``null_reasons``);
+* every command that writes checks its destination before it measures
+  (:func:`hwlab.core.store.check_destination`) and, if the write fails afterwards, saves the
+  result in the rescue folder and prints where.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from hwlab import __version__
+from hwlab.cli import (
+    cmd_baseline as cli_baseline, cmd_class as cli_class, cmd_doctor as cli_doctor, cmd_drill as cli_drill,
+    cmd_examine as cli_examine, cmd_incident as cli_incident, cmd_ranks as cli_ranks, lablaunch)
+from hwlab.core import evidence, probes, topology
+from hwlab.cli.console import Steps, print_json, stderr_is_terminal, whole_number
+from hwlab.errors import EXIT_FINDING, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, UserInputError
+from hwlab.core.measure import CorrectnessError, InputError, InsufficientMemoryError
+from hwlab.core.specs import UnknownGPUError
+from hwlab.core.store import read_user_text
+from hwlab.core.topology import TopologyParseError
+
+TOPO_HINT = "pass a saved `nvidia-smi topo -m` output"
+
+
+# ---------------------------------------------------------------- probe
+def cmd_probe(a) -> int:
+    kwargs = probes.parse_params(a.name, a.param or [])
+    # one step: a spinner in a terminal; no plain line (it would say nothing a log needs)
+    with Steps(f"hwlab probe {a.name}", 1, enabled=stderr_is_terminal()) as st:
+        st.step("measuring")
+        m = probes.PROBES[a.name](**kwargs)
+    if a.json:
+        print_json(m.to_dict())
+    else:
+        print(m.summary())
+    return EXIT_OK
+
+
+def _add_probe(sub) -> None:
+    pr = sub.add_parser("probe", help="run one probe: " + ", ".join(probes.PARAMS),
+                        description="Run one probe; `hwlab probe NAME --help` lists its parameters.")
+    names = pr.add_subparsers(dest="name", required=True, metavar="NAME")
+    for name, params in probes.PARAMS.items():
+        lines = "\n".join("  -p " + p.describe() for p in params)
+        q = names.add_parser(name, help=f"parameters: {', '.join(p.name for p in params)}",
+                             formatter_class=argparse.RawDescriptionHelpFormatter,
+                             description=f"probe {name}; parameters (-p KEY=VALUE):\n{lines}")
+        q.add_argument("--param", "-p", action="append", metavar="KEY=VALUE",
+                       help="a parameter from the list above")
+        q.add_argument("--json", action="store_true", help="strict JSON on stdout")
+        q.set_defaults(fn=cmd_probe)
+
+
+# ---------------------------------------------------------------- topo
+def cmd_topo(a) -> int:
+    if a.file:  # the user's file: read with the file-specific one-line refusals, then parsed
+        t = topology.parse_topo_matrix(read_user_text(a.file, "topology file", TOPO_HINT), source=str(Path(a.file)))
+    else:  # this node: nvidia-smi, else NVML (topology.capture, the kit's one capture)
+        t = topology.capture().topo
+        if t is None:
+            raise UserInputError("no nvidia-smi and no NVML here: pass a saved "
+                                 "`nvidia-smi topo -m` output with --file")
+    if a.json:
+        print_json(t.to_dict())
+    else:
+        print(t.render())
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- evidence
+def cmd_evidence(a) -> int:
+    if a.action == "list":
+        rows = []
+        for p in sorted(evidence.RECORDED_DIR.glob("*/*.json")):
+            ev = evidence.load(p)
+            rows.append({"record": f"{p.parent.name}/{p.stem}", "kind": ev.kind, "label": ev.label})
+        if a.json:
+            print_json(rows)
+        else:
+            for r in rows:
+                print(f"{r['record']}: {r['kind']}, {r['label']}")
+        return EXIT_OK
+    target = a.target or "doctor"
+    p = Path(target)
+    if p.suffix == ".json" or os.sep in target or p.exists():
+        ev = evidence.load(p)
+    else:
+        try:
+            ev = evidence.recorded(target, a.device)
+        except evidence.EvidenceError:
+            ev = evidence.recorded(target, "cpu")
+    if a.json:
+        print_json(ev.to_dict())
+        return EXIT_OK
+    print(f"{ev.kind}: {ev.label.upper()} (not measured on this machine)")
+    if ev.ceilings:
+        c = ev.ceilings
+        print(f"  ceilings: copy {c['copy_gbps']:,.0f} GB/s; GEMM " +
+              ", ".join(f"{k} {v:,.1f} TFLOP/s" for k, v in c.get("gemm_tflops", {}).items()))
+    for r in ev.results:
+        print("  " + r.summary())
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- lab
+def cmd_lab(a) -> int:
+    return lablaunch.run(a)
+
+
+# ---------------------------------------------------------------- parser
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (argparse prints the whole usage block), exit 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
+def _port(text: str) -> int:
+    v = whole_number(text)
+    if not 1 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"port {v} is not in 1..65535")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="hwlab", description="hardware-aware GPU troubleshooting kit. Exit codes: "
+                "0 ok, 1 finding (unhealthy verdict, deviation, failed grade), 2 bad input or "
+                "usage, 3 internal error.")
+    p.add_argument("--version", action="version", version=f"hwlab {__version__}")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an internal error")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    cli_doctor.add_parser(sub)
+    cli_examine.add_parser(sub)
+    _add_probe(sub)
+    t = sub.add_parser("topo", help="parse and show the GPU topology")
+    t.add_argument("--file", help="a saved `nvidia-smi topo -m` output")
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(fn=cmd_topo)
+    e = sub.add_parser("evidence", help="show recorded evidence (labelled as recorded)")
+    e.add_argument("action", choices=["show", "list"])
+    e.add_argument("target", nargs="?", help="a record kind (doctor, lab01_bandwidth) or a .json path")
+    e.add_argument("--device", default="h200")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(fn=cmd_evidence)
+    cli_baseline.add_parser(sub)
+    cli_incident.add_parser(sub)
+    cli_drill.add_parser(sub)
+    lab = sub.add_parser("lab", help="open the labs in JupyterLab")
+    lab.add_argument("--dir", help="the notebooks/ folder")
+    lab.add_argument("--port", type=_port, default=8888,
+                     help="first port to try (default 8888; the next free one is taken)")
+    lab.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    lab.add_argument("--no-browser", action="store_true")
+    lab.add_argument("--dry-run", action="store_true", help="print the command, start nothing")
+    lab.set_defaults(fn=cmd_lab)
+    cli_ranks.add_parser(sub)
+    cli_class.add_parser(sub)
+    return p
+
+
+# ---------------------------------------------------------------- main
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean bad input wherever they come from (exit 2, one line)."""
+    return (UserInputError, InputError, InsufficientMemoryError, TopologyParseError,
+            UnknownGPUError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
+            PermissionError, FileExistsError, json.JSONDecodeError, UnicodeDecodeError)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return " ".join(x.strip() for x in text.splitlines() if x.strip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    debug = a.debug or os.environ.get("HWLAB_DEBUG") not in (None, "", "0")
+    try:
+        return a.fn(a)
+    except KeyboardInterrupt:
+        print(f"hwlab {a.cmd}: interrupted", file=sys.stderr)
+        return 130
+    except _user_errors() as e:
+        print(f"hwlab {a.cmd}: {_one_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as e:  # a bug: say so in one line, the traceback only when asked
+        if isinstance(e, CorrectnessError):  # a kernel disagreed with its reference: a finding
+            print(f"hwlab {a.cmd}: {_one_line(e)}", file=sys.stderr)
+            return EXIT_FINDING
+        if debug:
+            traceback.print_exc()
+        print(f"hwlab {a.cmd}: internal error ({type(e).__name__}: {_one_line(e)[:200]}); please "
+              "report it with the traceback (rerun with --debug or HWLAB_DEBUG=1)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

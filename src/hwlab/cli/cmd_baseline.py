@@ -1,0 +1,84 @@
+"""``hwlab baseline record|compare``: measure this node's health baseline, or compare against one.
+
+Exit codes: 0 recorded, or within tolerance; 1 a deviation (a finding); 2 bad input, or runs
+that are not comparable (different GPU, count, driver/CUDA major, probe sizes), or a write that
+failed after measuring (the result is kept in the rescue folder); 3 internal error.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from hwlab.diagnosis import baseline
+from hwlab.core import evidence
+from hwlab.cli.console import Steps, print_json
+from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UserInputError
+from hwlab.core.store import check_destination, check_folder, write_or_rescue
+
+
+def cmd_baseline(a) -> int:
+    if a.action == "record":
+        return _record(a)
+    if not a.paths or len(a.paths) < 2:
+        raise UserInputError("compare needs BASELINE.json NEW.json [NEW2.json ...]")
+    base = evidence.load(a.paths[0])
+    if len(a.paths) > 2:
+        rows = baseline.fleet_table(a.paths[1:], base)
+        if a.json:
+            print_json(rows)
+        else:
+            for row in rows:
+                print(json.dumps(row))
+        return (EXIT_USAGE if any(r.get("verdict") == "not comparable" for r in rows)
+                else EXIT_FINDING if any(r.get("verdict") not in (None, "ok") for r in rows)
+                else EXIT_OK)
+    c = baseline.compare(base, evidence.load(a.paths[1]))
+    if a.json:
+        print_json(c.to_dict())
+    else:
+        print(c.summary())
+    if not c.comparable:
+        return EXIT_USAGE
+    return EXIT_OK if c.ok else EXIT_FINDING
+
+
+def _record(a) -> int:
+    if a.paths:
+        raise UserInputError("baseline record takes no paths: use --out FILE.json or --out FOLDER")
+    out = Path(a.out) if a.out else None
+    if out is not None and out.suffix == ".json":
+        check_destination(out, overwrite=a.force)
+    else:
+        check_folder(out or Path("."), what="--out folder")
+    if not baseline.should_record_on_this_rank():
+        print("not local rank 0: one process per node records the baseline", file=sys.stderr)
+        return EXIT_OK
+    with Steps("hwlab baseline", 8) as st:
+        ev = baseline.record(quick=a.quick, progress=st.step)
+    target = out if out is not None and out.suffix == ".json" else baseline.default_path(out or ".")
+    written, err = write_or_rescue(lambda: ev.save(target, overwrite=a.force), ev.to_dict(),
+                                   "baseline", target)
+    if err:
+        print(f"hwlab baseline: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    missing = ", ".join(f"{k} ({v})" for k, v in ev.extra["missing"].items()) or "none"
+    if a.json:
+        print_json({"written": str(written), "probes": len(ev.results), "missing": ev.extra["missing"]})
+    else:
+        print(f"baseline written to {written} ({len(ev.results)} probes; missing: {missing})")
+    return EXIT_OK
+
+
+def add_parser(sub) -> None:
+    b = sub.add_parser("baseline", help="node health baseline: record, or compare against one",
+                       description="record: measure this node. compare: exit 0 within tolerance, "
+                       "1 a deviation, 2 not comparable (different GPU, count, driver/CUDA major, "
+                       "probe sizes) or bad input.")
+    b.add_argument("action", choices=["record", "compare"])
+    b.add_argument("paths", nargs="*", help="compare: BASELINE.json NEW.json [more NEW for a fleet table]")
+    b.add_argument("--out", help="record: a .json path or a folder (default: ./baseline-<host>-<time>.json)")
+    b.add_argument("--quick", action="store_true")
+    b.add_argument("--force", action="store_true")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(fn=cmd_baseline)

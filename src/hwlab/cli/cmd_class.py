@@ -1,0 +1,57 @@
+"""``hwlab class summary DIR [--json] [--plot PATH] [--force]``: the instructor's view of a class folder.
+
+Exit codes: 0 summary printed (malformed files are listed on stderr and skipped), 2 bad input
+(no such folder, no results in it, a plot path that exists without ``--force`` or is not
+``.png``/``.svg``/``.pdf``), 3 internal error.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from hwlab.diagnosis import classroom
+from hwlab.errors import EXIT_OK, UserInputError
+
+
+def cmd_class(a) -> int:
+    folder = Path(a.dir) if a.dir else classroom.class_dir()
+    if folder is None:
+        raise UserInputError(f"give the class folder: hwlab class summary DIR (or set {classroom.ENV_DIR})")
+    plot = Path(a.plot) if a.plot else None
+    if plot is not None:  # check the destination before reading anything
+        if plot.suffix.lower() not in (".png", ".svg", ".pdf"):
+            raise UserInputError(f"--plot {plot}: give a .png, .svg or .pdf path")
+        if plot.exists() and not a.force:
+            raise UserInputError(f"--plot {plot} already exists: choose another name or pass --force")
+        if not plot.parent.is_dir():
+            raise UserInputError(f"--plot {plot}: the folder {plot.parent} does not exist")
+    results, bad = classroom.load_results(folder)
+    for b in bad:
+        print(f"hwlab class: skipped {b['path']}: {b['why']}", file=sys.stderr)
+    if not results:
+        raise UserInputError(f"no graded results in {folder} ({len(bad)} malformed): learners write them "
+                             f"when {classroom.ENV_DIR} points there, or with hwlab drill submit --class-dir")
+    s = classroom.summary(results)
+    s["malformed"] = bad
+    if plot is not None:
+        s["plot"] = str(classroom.plot(s, plot))
+    if a.json:
+        print(json.dumps(s, indent=2, allow_nan=False))
+    else:
+        print(classroom.render(s))
+        if bad:
+            print(f"{len(bad)} malformed file(s) skipped (listed on stderr)")
+        if plot is not None:
+            print(f"plot written to {plot}")
+    return EXIT_OK
+
+
+def add_parser(sub) -> None:
+    c = sub.add_parser("class", help="class results: attempts, pass rate, wrong leaves per exercise and fault")
+    c.add_argument("action", choices=["summary"])
+    c.add_argument("dir", nargs="?", help=f"the class folder (default: ${classroom.ENV_DIR})")
+    c.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    c.add_argument("--plot", metavar="PATH", help="also draw pass rate and wrong leaves (.png/.svg/.pdf)")
+    c.add_argument("--force", action="store_true", help="replace --plot PATH if it exists")
+    c.set_defaults(fn=cmd_class)

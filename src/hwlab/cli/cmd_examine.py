@@ -1,0 +1,57 @@
+"""``hwlab examine MODULE:FUNC``: measure a function of your own and walk the flowchart on it.
+
+Inputs: ``--inputs MODULE:FUNC`` returns the argument tuple (called again for fresh sets to
+rotate past L2); without it, a function named ``inputs`` in the target's module is used, and
+the report says so. Exit codes: 0 the walk lands on OK, 1 it lands on another leaf or cannot
+decide (a finding), 2 bad input (one line, nothing measured or written).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from hwlab.errors import EXIT_FINDING, EXIT_OK, UserInputError
+
+
+def add_parser(sub) -> None:
+    e = sub.add_parser("examine", help="measure your own function and walk the flowchart on it")
+    e.add_argument("target", metavar="MODULE:FUNC", help="a dotted module or a .py path, then :FUNC")
+    e.add_argument("--inputs", metavar="MODULE:FUNC",
+                   help="returns the argument tuple (default: the target module's `inputs`, if any)")
+    e.add_argument("--json", action="store_true", help="strict JSON on stdout")
+    e.add_argument("--ncu", action="store_true", help="add Nsight Compute counters where `ncu` exists")
+    e.add_argument("--out", metavar="PATH", help="write the examination (.json) and a draft incident beside it")
+    e.add_argument("--force", action="store_true", help="replace --out PATH if it exists")
+    e.add_argument("--n-bytes", type=int, help="required bytes, if you know them (else estimated)")
+    e.add_argument("--n-flops", type=int, help="FLOPs, if you know them (else estimated)")
+    e.add_argument("--dtype-peak", choices=["fp32", "tf32", "bf16", "fp8"],
+                   help="which measured GEMM ceiling is the FLOP floor (default: from the matmul dtype)")
+    e.set_defaults(fn=cmd_examine)
+
+
+def cmd_examine(a) -> int:
+    from hwlab.examine import examine
+    from hwlab.examine.target import load
+    from hwlab.core.store import check_destination, write_text_atomic
+
+    out = check_destination(a.out, overwrite=a.force) if a.out else None  # before measuring
+    if out is not None and out.suffix != ".json":
+        raise UserInputError(f"--out {a.out}: give a .json file name")
+    fn, mod = load(a.target)
+    if a.inputs:
+        make, inputs_spec = load(a.inputs, "input factory")[0], a.inputs
+    elif callable(getattr(mod, "inputs", None)) and getattr(mod, "inputs") is not fn:
+        make, inputs_spec = mod.inputs, f"{a.target.rsplit(':', 1)[0]}:inputs"
+    else:
+        raise UserInputError(f"{a.target} needs inputs: pass --inputs MODULE:FUNC returning its argument "
+                             "tuple (or define `inputs()` in its module)")
+    spec = f"{a.target}@{inputs_spec}"
+    ex = examine(fn, make_inputs=make, n_bytes=a.n_bytes, n_flops=a.n_flops, dtype_peak=a.dtype_peak,
+                 ncu_target=spec if a.ncu else None, name=a.target)
+    ex.notes.append(f"inputs from {inputs_spec}")
+    if out is not None:
+        write_text_atomic(out, ex.to_json() + "\n", overwrite=a.force)
+        md, _ = ex.save_incident(out.parent if str(out.parent) else Path("."))
+        print(f"examination written to {out}; draft incident {md}", file=sys.stderr)
+    print(ex.to_json() if a.json else ex.report())
+    return EXIT_OK if ex.leaf_id == "OK" else EXIT_FINDING

@@ -1,0 +1,105 @@
+"""What the command line shows while it works: progress of long steps, strict JSON output, and
+the argument types its subcommands share (:func:`whole_number`).
+
+Top floor (talks to people; only :mod:`hwlab.cli` and ``cli_*`` modules import it).
+
+:class:`Steps` shows a measurement of several steps (doctor's ceilings, a baseline's probes):
+in a terminal a rich bar with the step, count, elapsed time and ETA; otherwise (CI logs, a pipe)
+one plain line per step on stderr, ``hwlab doctor: [2/5] ceiling: gemm fp32 (3 s elapsed, ~5 s
+left)``, so a log shows where a slow run spent its time. The ETA assumes the remaining steps
+take the mean time of those done; it is labelled ``~`` because probe steps differ in length.
+Progress goes to stderr only: stdout stays clean for ``--json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+
+from hwlab.core.store import dumps_strict
+
+
+def stderr_is_terminal() -> bool:
+    return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+
+
+class Steps:
+    """Progress over ``total`` named steps (``total`` grows if more steps come)."""
+
+    def __init__(self, title: str, total: int, *, enabled: bool = True,
+                 terminal: bool | None = None):
+        self.title, self.total, self.enabled = title, max(int(total), 1), enabled
+        self.terminal = stderr_is_terminal() if terminal is None else terminal
+        self.done = 0
+        self._t0 = time.monotonic()
+        self._bar: Progress | None = None
+        self._task = None
+
+    def __enter__(self) -> "Steps":
+        if self.enabled and self.terminal:
+            self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TextColumn("eta"), TimeRemainingColumn(),
+                                 console=Console(stderr=True), transient=True)
+            self._bar.__enter__()
+            self._task = self._bar.add_task(self.title, total=self.total)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+        return False
+
+    def step(self, label: str) -> None:
+        """A new step starts (the previous one, if any, is done)."""
+        if not self.enabled:
+            return
+        if self._started:
+            self.done += 1
+        self._started = True
+        if self.done >= self.total:
+            self.total = self.done + 1
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done, total=self.total,
+                             description=f"{self.title}: {label}")
+            return
+        elapsed = time.monotonic() - self._t0
+        eta = (f", ~{elapsed / self.done * (self.total - self.done):.0f} s left"
+               if self.done else "")
+        print(f"{self.title}: [{self.done + 1}/{self.total}] {label} ({elapsed:.0f} s elapsed{eta})",
+              file=sys.stderr, flush=True)
+
+    _started = False
+
+
+def print_json(obj: Any) -> None:
+    """Strict JSON on stdout: no NaN/Infinity; where a value was not finite it is null and
+    ``null_reasons`` (top-level dicts) says where and why."""
+    print(dumps_strict(obj))
+
+
+def loads_strict(text: str) -> Any:
+    """Parse JSON the way strict parsers do (refuses NaN / Infinity): used by tests and by
+    anyone checking hwlab's output."""
+    def refuse(name: str):
+        raise ValueError(f"non-standard JSON constant {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def whole_number(text: str) -> int:
+    """An argparse type: a whole number 0 .. 2^63-1 (a drill seed, a port before its own range
+    check); anything else becomes one usage line naming the argument, exit 2."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= v < 2**63:
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range (0 .. 2^63-1)")
+    return v

@@ -1,0 +1,159 @@
+"""What *this* machine measured: copy bandwidth, GEMM rate per dtype, host link.
+
+Labs judge "% of ceiling" against these, not against the datasheet: a kernel at 90% of
+the copy bandwidth this card really reaches is done, whatever the brochure says. The
+datasheet peak (:mod:`hwlab.core.specs`) is kept beside them to spot a card that is itself
+slow (measured copy under ``SLOW_CARD_PCT`` of its datasheet figure).
+
+Ceilings are cached per machine under ``$HWLAB_CACHE`` (default ``~/.cache/hwlab``) as
+``ceilings-<machine key>.json`` and re-measured only when asked (``hwlab doctor
+--remeasure``). A machine without a cache and without time to measure can borrow the
+kit's recorded H200 ceilings, labelled as such.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+
+from hwlab.core.measure import InputError, device_name, device_of
+from hwlab.core.store import write_json_atomic
+
+#: measured copy bandwidth under this % of the datasheet figure flags the card itself
+SLOW_CARD_PCT = 80.0
+
+
+@dataclass
+class Ceilings:
+    device: str
+    copy_gbps: float
+    gemm_tflops: dict[str, float] = field(default_factory=dict)
+    host_link_gbps: float | None = None
+    measured_at: str = ""
+    source: str = "measured"  # "measured" | "recorded on <device>, <date>" | "spec"
+    host: str = ""
+
+    def gemm(self, dtype: str) -> float | None:
+        return self.gemm_tflops.get(dtype)
+
+    def ridge_point(self, dtype: str = "bf16") -> float | None:
+        """FLOP/byte where this machine's measured roofline bends (GEMM rate / copy bandwidth)."""
+        r = self.gemm(dtype)
+        return None if r is None or not self.copy_gbps else r * 1e12 / (self.copy_gbps * 1e9)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Ceilings":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+    @property
+    def label(self) -> str:
+        return self.source if self.source != "measured" else (
+            f"measured on {self.device}, {self.measured_at[:10]}")
+
+
+def machine_key(device=None) -> str:
+    dev = device_of(device)
+    name = device_name(dev) if dev.type == "cuda" else "cpu"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{socket.gethostname()}-{name}")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("HWLAB_CACHE", Path.home() / ".cache" / "hwlab"))
+
+
+def cache_path(device=None) -> Path:
+    return cache_dir() / f"ceilings-{machine_key(device)}.json"
+
+
+def measure(device=None, quick: bool = False, progress=None) -> Ceilings:
+    """Run the ceiling probes now. ``quick`` uses small sizes (seconds, less accurate)."""
+    from hwlab.core import probes
+
+    dev = device_of(device)
+    gpu = dev.type == "cuda"
+    steps: list[tuple[str, Any]] = [
+        ("copy", lambda: probes.hbm_copy(size_mib=(256 if quick else 2048) if gpu else
+                                         (64 if quick else 256), device=dev,
+                                         impl="torch", n_rep=20 if quick else 50)),
+    ]
+    dtypes = ["fp32", "tf32", "bf16"] + (["fp8"] if gpu and probes.fp8_supported(dev) else [])
+    if not gpu:
+        dtypes = ["fp32"]
+    for dt in dtypes:
+        size = (4096 if quick else 8192) if gpu else (256 if quick else 512)
+        steps.append((f"gemm {dt}", lambda dt=dt, size=size: probes.gemm(
+            size=size, dtype=dt, device=dev, n_rep=10 if quick else 30)))
+    if gpu:
+        steps.append(("host link", lambda: probes.host_link(size_mib=64 if quick else 256,
+                                                           device=dev, n_rep=10)))
+    results = {}
+    for label, step in steps:
+        if progress:
+            progress(label)
+        results[label] = step()
+    return Ceilings(
+        device=device_name(dev), copy_gbps=results["copy"].gbps,
+        gemm_tflops={k.split()[1]: v.tflops for k, v in results.items() if k.startswith("gemm")},
+        host_link_gbps=results["host link"].gbps if "host link" in results else None,
+        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        host=socket.gethostname())
+
+
+def save(c: Ceilings, device=None, *, overwrite: bool = False) -> Path:
+    return write_json_atomic(cache_path(device), c.to_dict(), overwrite=overwrite)
+
+
+def load_cached(device=None) -> Ceilings | None:
+    p = cache_path(device)
+    if not p.exists():
+        return None
+    try:
+        return Ceilings.from_dict(json.loads(p.read_text()))
+    except (json.JSONDecodeError, TypeError) as e:
+        raise InputError(f"cached ceilings {p} are unreadable ({e}); delete the file or run "
+                         "`hwlab doctor --remeasure`") from None
+
+
+def get(device=None, *, remeasure: bool = False, quick: bool = False, progress=None) -> Ceilings:
+    """Cached ceilings for this machine, measuring (and caching) them when absent."""
+    if not remeasure:
+        c = load_cached(device)
+        if c is not None:
+            return c
+    c = measure(device, quick=quick, progress=progress)
+    save(c, device, overwrite=True)  # a cache: re-measuring is the explicit request
+    return c
+
+
+def recorded(device: str = "h200") -> Ceilings:
+    """The ceilings measured in the kit's recorded doctor run, labelled as recorded."""
+    from hwlab.core.evidence import recorded as rec
+
+    ev = rec("doctor", device)
+    c = Ceilings.from_dict(ev.ceilings)
+    c.source = ev.label
+    return c
+
+
+def datasheet_check(c: Ceilings) -> str | None:
+    """A warning when measured copy bandwidth is under SLOW_CARD_PCT of the datasheet."""
+    from hwlab.core.specs import try_lookup
+
+    spec = try_lookup(c.device)
+    if spec is None:  # a CPU, or a GPU without a datasheet entry: nothing to compare against
+        return None
+    pct = 100.0 * c.copy_gbps / spec.hbm_gbps
+    if pct < SLOW_CARD_PCT:
+        return (f"measured copy {c.copy_gbps:,.0f} GB/s is {pct:.0f}% of the {spec.name} "
+                f"datasheet {spec.hbm_gbps:,.0f} GB/s (< {SLOW_CARD_PCT:.0f}%): check clocks, "
+                "ECC and other tenants before blaming kernels")
+    return None

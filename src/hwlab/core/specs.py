@@ -1,0 +1,150 @@
+"""Datasheet peaks for the GPUs people run hwlab on, each number with its source.
+
+These are *peaks*, the vendor's upper bounds; they are kept apart from what a machine
+measured (:mod:`hwlab.core.ceilings`). Labs judge "% of ceiling" against the measured figure;
+the spec is there to tell a slow *card* (measured far under its datasheet) from a slow
+*kernel* (far under what the card measured).
+
+Conventions:
+* Tensor-core rates are **dense** (no 2:4 sparsity). Where a datasheet gives only the
+  sparse figure, the dense one is half of it and the comment says so.
+* bf16/fp16/fp8 rates are with FP32 accumulate unless noted.
+* ``None`` means the source gives no figure (e.g. no FP8 before Ada/Hopper); the lab then
+  uses measured ceilings only.
+* ``hbm_gbps`` is bytes per second / 1e9 as the vendor states it (decimal GB).
+
+An unknown GPU raises :class:`UnknownGPUError` with what to do; nothing is guessed.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    arch: str
+    sm_count: int
+    mem_gib: float
+    hbm_gbps: float
+    fp32_tflops: float | None
+    tf32_tflops: float | None
+    bf16_tflops: float | None
+    fp8_tflops: float | None
+    l2_mib: float | None
+    host_link: str
+    sources: tuple[str, ...] = field(default_factory=tuple)
+    notes: str = ""
+
+    def peak_tflops(self, dtype: str) -> float | None:
+        key = {"float32": "fp32", "fp32": "fp32", "tf32": "tf32", "bfloat16": "bf16",
+               "bf16": "bf16", "float16": "bf16", "fp16": "bf16", "fp8": "fp8",
+               "float8_e4m3fn": "fp8"}.get(dtype)
+        if key is None:
+            raise KeyError(f"no peak kept for dtype {dtype!r}; use fp32, tf32, bf16, fp16 or fp8")
+        return getattr(self, f"{key}_tflops")
+
+    def ridge_point(self, dtype: str = "bf16") -> float | None:
+        """Arithmetic intensity (FLOP/byte) where the datasheet roofline bends."""
+        peak = self.peak_tflops(dtype)
+        return None if peak is None else peak * 1e12 / (self.hbm_gbps * 1e9)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_H100_DS = "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100), SXM/PCIe columns, dense = sparse/2"
+_H200_DS = "NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200), H200 SXM column, dense = sparse/2"
+_A100_DS = "NVIDIA A100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/a100); A100 whitepaper for SM count/L2"
+_HOPPER_WP = "NVIDIA H100 (Hopper) architecture whitepaper: 132 SMs (SXM5), 114 SMs (PCIe), 50 MB L2"
+
+SPECS: dict[str, GPUSpec] = {s.name: s for s in [
+    GPUSpec("H100 SXM", "sm_90", 132, 80, 3350, 67.0, 494.7, 989.4, 1978.9, 50,
+            "PCIe Gen5 x16", (_H100_DS, _HOPPER_WP)),
+    GPUSpec("H100 PCIe", "sm_90", 114, 80, 2000, 51.0, 378.0, 756.0, 1513.0, 50,
+            "PCIe Gen5 x16", (_H100_DS, _HOPPER_WP)),
+    GPUSpec("H200", "sm_90", 132, 141, 4800, 67.0, 494.7, 989.4, 1978.9, 60,
+            "PCIe Gen5 x16", (_H200_DS, _HOPPER_WP),
+            notes="Same compute as H100 SXM; more, faster HBM3e. L2: 60 MiB as torch reports "
+                  "(L2_cache_size) on the H200 this kit was recorded on."),
+    GPUSpec("A100 SXM 80GB", "sm_80", 108, 80, 2039, 19.5, 156.0, 312.0, None, 40,
+            "PCIe Gen4 x16", (_A100_DS,)),
+    GPUSpec("A100 SXM 40GB", "sm_80", 108, 40, 1555, 19.5, 156.0, 312.0, None, 40,
+            "PCIe Gen4 x16", (_A100_DS,)),
+    GPUSpec("A100 PCIe 80GB", "sm_80", 108, 80, 1935, 19.5, 156.0, 312.0, None, 40,
+            "PCIe Gen4 x16", (_A100_DS,)),
+    GPUSpec("A100 PCIe 40GB", "sm_80", 108, 40, 1555, 19.5, 156.0, 312.0, None, 40,
+            "PCIe Gen4 x16", (_A100_DS,)),
+    GPUSpec("L40S", "sm_89", 142, 48, 864, 91.6, 183.0, 362.05, 733.0, 96,
+            "PCIe Gen4 x16",
+            ("NVIDIA L40S datasheet (nvidia.com/en-us/data-center/l40s): TF32 366, BF16 733, "
+             "FP8 1466 TFLOPS with sparsity; dense = /2",)),
+    GPUSpec("L4", "sm_89", 58, 24, 300, 30.3, 60.0, 121.0, 242.5, 48,
+            "PCIe Gen4 x16",
+            ("NVIDIA L4 datasheet (nvidia.com/en-us/data-center/l4): TF32 120, BF16 242, "
+             "FP8 485 TFLOPS with sparsity; dense = /2",)),
+    GPUSpec("A10", "sm_86", 72, 24, 600, 31.2, 62.5, 125.0, None, 6,
+            "PCIe Gen4 x16",
+            ("NVIDIA A10 datasheet (nvidia.com/en-us/data-center/products/a10-gpu): TF32 125, "
+             "BF16 250 TFLOPS with sparsity; dense = /2",)),
+    GPUSpec("RTX 4090", "sm_89", 128, 24, 1008, 82.6, 82.6, 165.2, 330.3, 72,
+            "PCIe Gen4 x16",
+            ("NVIDIA Ada Lovelace architecture whitepaper (v2.1), Appendix A, GeForce RTX 4090: "
+             "dense tensor TFLOPS with FP32 accumulate (BF16 165.2; FP8 330.3 is with FP16 "
+             "accumulate, 165.2 with FP32)",),
+            notes="GeForce parts run FP16/BF16 tensor math with FP32 accumulate at half rate."),
+    GPUSpec("B200", "sm_100", 148, 180, 8000, None, 1100.0, 2250.0, 4500.0, None,
+            "PCIe Gen5 x16",
+            ("NVIDIA HGX B200 specifications (nvidia.com/en-us/data-center/hgx): per GPU TF32 2.2, "
+             "BF16 4.5, FP8 9 PFLOPS with sparsity, 8 TB/s HBM3e; dense = /2",),
+            notes="FP32 and L2 not stated in the source used; SM count per NVIDIA's Blackwell "
+                  "(B200) material. Treat as leads until a B200 is measured."),
+]}
+
+# name fragments (lower case) seen in torch.cuda.get_device_name / NVML names -> spec key
+_ALIASES: list[tuple[str, str]] = [
+    (r"h200", "H200"),
+    (r"h100.*(pcie|nvl)", "H100 PCIe"),
+    (r"h100", "H100 SXM"),
+    (r"a100.*pcie.*80|a100 80gb pcie|a100-pcie-80", "A100 PCIe 80GB"),
+    (r"a100.*pcie|a100-pcie", "A100 PCIe 40GB"),
+    (r"a100.*80", "A100 SXM 80GB"),
+    (r"a100", "A100 SXM 40GB"),
+    (r"l40s", "L40S"),
+    (r"\bl4\b", "L4"),
+    (r"\ba10\b(?!0)", "A10"),
+    (r"4090", "RTX 4090"),
+    (r"b200", "B200"),
+]
+
+
+class UnknownGPUError(KeyError):
+    """No datasheet entry for this GPU name."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want plain text
+        return str(self.args[0])
+
+
+def lookup(device_name: str) -> GPUSpec:
+    """The spec for a device name as torch or NVML reports it (e.g. 'NVIDIA H200').
+
+    Raises :class:`UnknownGPUError` (with the list of known parts) for anything else.
+    """
+    n = device_name.lower()
+    for pattern, key in _ALIASES:
+        if re.search(pattern, n):
+            return SPECS[key]
+    raise UnknownGPUError(
+        f"no datasheet entry for {device_name!r} (known: {', '.join(SPECS)}). hwlab still "
+        "works: it judges kernels against the ceilings this machine measures "
+        "(hwlab doctor --remeasure). To add the part, extend hwlab.core.specs.SPECS with its "
+        "datasheet figures and their source."
+    )
+
+
+def try_lookup(device_name: str) -> GPUSpec | None:
+    try:
+        return lookup(device_name)
+    except UnknownGPUError:
+        return None

@@ -1,0 +1,264 @@
+"""Class results: every graded exercise and drill submission, kept for the instructor.
+
+Where: the folder named by ``HWLAB_CLASS_DIR`` (or the ``--class-dir`` flag of
+``hwlab drill submit``); without either nothing is written. Each result is one small JSON
+file (``<kind>-<learner>-<item>-<time>-<n>.json``) written atomically under a new name, so
+many learners can share one folder (a network share, a course directory) without locks and
+nothing is ever overwritten.
+
+Who: ``HWLAB_LEARNER``, else the login name.
+
+What: exercises (every :class:`hwlab.core.grading.ExerciseResult` built is passed to
+:func:`record_exercise`, registered in ``hwlab/__init__.py``; "not done yet" is not recorded): the checker's status, and for a flowchart question the leaf given
+and the right one. Drills (:func:`record_drill`, after :func:`hwlab.diagnosis.drills.grade`): the fault,
+the leaf submitted and the fault's leaf, whether the evidence supported it and whether the
+fix removed the slowdown.
+
+The **first wrong branch** of a wrong leaf: walking the flowchart's tree from its start
+toward the right leaf, the first question whose right branch cannot reach the submitted
+leaf; the learner answered that question the other way. It is read from the chart's
+structure alone, so exercises and drills count it the same way.
+
+:func:`summary` groups results per exercise or fault: attempts, learners, pass rate, the
+common wrong leaves and first wrong branches; :func:`load_results` reports malformed files
+and skips them.
+"""
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import re
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hwlab.diagnosis import flowchart
+from hwlab.errors import UserInputError
+from hwlab.core.store import RecordExistsError, write_json_atomic
+
+ENV_DIR, ENV_LEARNER = "HWLAB_CLASS_DIR", "HWLAB_LEARNER"
+SCHEMA, SCHEMA_VERSION = "hwlab.class_result", 1
+KINDS = ("exercise", "drill")
+_REQUIRED = {"schema": str, "kind": str, "item": str, "learner": str, "passed": bool, "at": str}
+
+
+def class_dir(explicit: str | os.PathLike | None = None) -> Path | None:
+    """The class folder: the explicit one, else ``$HWLAB_CLASS_DIR``, else None (do not record)."""
+    d = explicit or os.environ.get(ENV_DIR)
+    return Path(d) if d else None
+
+
+def learner_name(explicit: str | None = None) -> str:
+    if explicit and explicit != "anonymous":
+        return explicit
+    env = os.environ.get(ENV_LEARNER)
+    if env:
+        return env
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return explicit or "anonymous"
+
+
+def _path_to(leaf: str) -> list[tuple[str, str]]:
+    """[(question, branch)] from the chart's start to ``leaf``: the flowchart is a tree."""
+    def walk(node: str, acc: list[tuple[str, str]]) -> list[tuple[str, str]] | None:
+        if node == leaf:
+            return acc
+        if node not in flowchart.QUESTIONS:
+            return None
+        q = flowchart.QUESTIONS[node]
+        return walk(q.yes, acc + [(node, "yes")]) or walk(q.no, acc + [(node, "no")])
+    return walk(flowchart.START, []) or []
+
+
+def _leaves_under(node: str) -> set[str]:
+    if node in flowchart.LEAVES:
+        return {node}
+    q = flowchart.QUESTIONS[node]
+    return _leaves_under(q.yes) | _leaves_under(q.no)
+
+
+def first_wrong_branch(right_leaf: str, submitted_leaf: str) -> dict[str, str] | None:
+    """The first question on the way to ``right_leaf`` answered the other way by
+    ``submitted_leaf`` (None if the leaf is right or either is not a leaf)."""
+    if right_leaf == submitted_leaf or {right_leaf, submitted_leaf} - set(flowchart.LEAVES):
+        return None
+    for qid, branch in _path_to(right_leaf):
+        q = flowchart.QUESTIONS[qid]
+        if submitted_leaf not in _leaves_under(q.yes if branch == "yes" else q.no):
+            return {"question": qid, "text": q.text, "right": branch,
+                    "taken": "no" if branch == "yes" else "yes"}
+    return None
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")[:40] or "x"
+
+
+def write_result(record: dict[str, Any], folder: str | os.PathLike) -> Path:
+    """Write one result atomically under a new name in ``folder``; returns its path."""
+    rec = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+           "at": datetime.now(timezone.utc).isoformat(timespec="seconds"), **record}
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise UserInputError(f"class folder {folder} is a file: point {ENV_DIR} / --class-dir at a folder")
+    stem = f"{rec['kind']}-{_slug(rec['learner'])}-{_slug(rec['item'])}-{rec['at'].replace(':', '')}"
+    for n in range(1000):
+        try:
+            return write_json_atomic(folder / f"{stem}-{n:03d}.json", rec)
+        except RecordExistsError:
+            continue
+    raise RecordExistsError(f"{folder} already holds 1000 results named {stem}-*")
+
+
+def _notebook() -> str | None:
+    """The notebook a kernel runs (Jupyter server sets JPY_SESSION_NAME), or HWLAB_EXERCISE."""
+    name = os.environ.get("HWLAB_EXERCISE") or os.environ.get("JPY_SESSION_NAME")
+    return Path(name).stem if name else None
+
+
+def record_exercise(result: Any, folder: str | os.PathLike | None = None, learner: str | None = None) -> Path | None:
+    """Record a graded :class:`hwlab.diagnosis.exercise.ExerciseResult`; None where no class folder is set."""
+    folder = class_dir(folder)
+    if folder is None or result.status == "not done yet":
+        return None
+    answer, expected = getattr(result, "answer", None), getattr(result, "expected", None)
+    leafy = isinstance(answer, str) and isinstance(expected, str) and {answer, expected} <= set(flowchart.LEAVES)
+    rec = {"kind": "exercise", "item": result.name, "notebook": _notebook(), "learner": learner_name(learner),
+           "passed": bool(result.passed), "status": result.status, "message": result.message,
+           "answer": answer if isinstance(answer, (str, int, float, bool, type(None))) else repr(answer),
+           "expected": expected if isinstance(expected, (str, int, float, bool, type(None))) else repr(expected),
+           "wrong_leaf": answer if leafy and answer != expected else None, "right_leaf": expected if leafy else None,
+           "first_wrong_branch": first_wrong_branch(expected, answer) if leafy else None}
+    return write_result(rec, folder)
+
+
+def record_drill(drill: Any, grade: Any, folder: str | os.PathLike | None = None) -> Path | None:
+    """Record a :class:`hwlab.diagnosis.drills.Grade` with its drill's fault (read from the drill's seal);
+    None without a class folder. Called after :func:`hwlab.diagnosis.drills.grade` by ``hwlab drill
+    submit`` and notebook 07 (this module does not import drills: every ``import hwlab`` loads this
+    one to record graded results, and need not load drills with it)."""
+    folder = class_dir(folder)
+    if folder is None:
+        return None
+    fault = drill.fault()
+    rec = {"kind": "drill", "item": fault.name, "learner": grade.learner, "passed": bool(grade.passed),
+           "drill_id": drill.drill_id, "source": drill.source, "submitted_leaf": grade.submitted_leaf,
+           "right_leaf": fault.leaf, "wrong_leaf": None if grade.correct_leaf else grade.submitted_leaf,
+           "evidence_supports": grade.evidence_supports, "fix_removes_slowdown": grade.fix_removes_slowdown,
+           "first_wrong_branch": first_wrong_branch(fault.leaf, grade.submitted_leaf),
+           "seconds": grade.seconds, "explanation": grade.explanation}
+    return write_result(rec, folder)
+
+
+def load_results(folder: str | os.PathLike) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """(valid results, malformed files with why): a malformed file is reported and skipped."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserInputError(f"{folder} is not a folder: pass the class folder ({ENV_DIR})")
+    good, bad = [], []
+    for p in sorted(folder.glob("*.json")):
+        try:
+            d = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            bad.append({"path": str(p), "why": f"not readable JSON ({type(e).__name__})"})
+            continue
+        why = _invalid(d)
+        if why:
+            bad.append({"path": str(p), "why": why})
+        else:
+            good.append(d)
+    return good, bad
+
+
+def _invalid(d: Any) -> str | None:
+    if not isinstance(d, dict):
+        return "not a JSON object"
+    if d.get("schema") != SCHEMA:
+        return f"not a class result (schema {SCHEMA!r} missing)"
+    for k, typ in _REQUIRED.items():
+        if not isinstance(d.get(k), typ):
+            return f"field {k!r} missing or not a {typ.__name__}"
+    if d["kind"] not in KINDS:
+        return f"kind {d['kind']!r} is not one of {KINDS}"
+    return None
+
+
+def _key(d: dict[str, Any]) -> str:
+    return f"{d['kind']}: " + (f"{d['notebook']} / {d['item']}" if d.get("notebook") else d["item"])
+
+
+def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per exercise and fault: attempts, learners, passes, pass rate, wrong leaves, first wrong branches."""
+    rows: dict[str, dict[str, Any]] = {}
+    for d in results:
+        r = rows.setdefault(_key(d), {"kind": d["kind"], "item": d["item"], "attempts": 0, "passed": 0,
+                                      "learners": set(), "wrong_leaves": Counter(), "first_wrong_branches": Counter()})
+        r["attempts"] += 1
+        r["passed"] += d["passed"]
+        r["learners"].add(d["learner"])
+        if d.get("wrong_leaf"):
+            r["wrong_leaves"][d["wrong_leaf"]] += 1
+        fb = d.get("first_wrong_branch")
+        if isinstance(fb, dict) and {"question", "taken"} <= fb.keys():
+            r["first_wrong_branches"][f"{fb['question']}: answered {str(fb['taken']).upper()}"] += 1
+    out = {}
+    for k in sorted(rows):
+        r = rows[k]
+        out[k] = {**r, "learners": len(r["learners"]), "pass_rate_pct": 100.0 * r["passed"] / r["attempts"],
+                  "wrong_leaves": dict(r["wrong_leaves"].most_common()),
+                  "first_wrong_branches": dict(r["first_wrong_branches"].most_common())}
+    return {"n_results": len(results), "items": out}
+
+
+def render(s: dict[str, Any]) -> str:
+    """The summary as a table for the terminal."""
+    lines = [f"{'exercise / fault':<44} {'tries':>5} {'pass %':>7} {'people':>6}  wrong leaves; first wrong branch"]
+    for k, r in s["items"].items():
+        wl = ", ".join(f"{leaf} x{n}" for leaf, n in r["wrong_leaves"].items()) or "-"
+        fb = ", ".join(f"{b} x{n}" for b, n in r["first_wrong_branches"].items()) or "-"
+        lines.append(f"{k[:44]:<44} {r['attempts']:>5} {r['pass_rate_pct']:>6.0f}% {r['learners']:>6}  {wl}; {fb}")
+    lines.append(f"{s['n_results']} results")
+    return "\n".join(lines)
+
+
+def plot(s: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Pass rate per exercise/fault (bars, attempts written on them) beside the wrong leaves taken."""
+    import matplotlib  # deferred on purpose: only the --plot path needs it, and it is slow to import
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    items = list(s["items"].items())
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 0.45 * max(4, len(items)) + 1.2))
+    names = [k for k, _ in items]
+    ax.barh(names, [r["pass_rate_pct"] for _, r in items], color="#4c72b0")
+    for i, (_, r) in enumerate(items):
+        ax.text(1, i, f"{r['passed']}/{r['attempts']}", va="center", color="white", fontsize=8)
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("pass rate (%)")
+    ax.invert_yaxis()
+    leaves = sorted({leaf for _, r in items for leaf in r["wrong_leaves"]})
+    left = [0] * len(items)
+    for leaf in leaves:
+        vals = [r["wrong_leaves"].get(leaf, 0) for _, r in items]
+        bx.barh(names, vals, left=left, label=f"wrong leaf {leaf}")
+        left = [a + b for a, b in zip(left, vals)]
+    for i, (_, r) in enumerate(items):  # the most common first wrong branch, where learners turned off
+        if r["first_wrong_branches"]:
+            branch, n = next(iter(r["first_wrong_branches"].items()))
+            bx.text(0.05, i, f"first wrong branch: {branch} (x{n})", va="center", fontsize=8, color="white")
+    bx.set_yticks([])
+    bx.invert_yaxis()
+    bx.set_xlabel("wrong submissions")
+    bx.xaxis.get_major_locator().set_params(integer=True)
+    if leaves:
+        bx.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(f"class results: {s['n_results']} graded attempts", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)

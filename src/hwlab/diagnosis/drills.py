@@ -1,0 +1,316 @@
+"""Diagnosis drills: a hidden fault, the flowchart, and a graded answer.
+
+A drill draws one fault from the kit's scenarios (or none), seals the choice, and hands the
+learner only what the probes show. The learner walks the flowchart and submits a leaf with
+the evidence behind it; :func:`grade` checks three things:
+
+1. the leaf is the fault's leaf;
+2. the submitted evidence supports it: it agrees with what the drill's probes showed
+   (same metrics, values within ``EVIDENCE_TOL_PCT``) and the flowchart walked on it
+   reaches the submitted leaf;
+3. the fix hwlab applies for that leaf removes the slowdown: the fault's *fixed*
+   configuration is run again (live where the drill was live, else its recorded run) and every
+   metric is recomputed; the fix works when that walk leaves the fault's leaf.
+
+Observations come from running the fault's scenario (:mod:`hwlab.labs.drillruns`), which is
+given the scenario and the case to run and never the fault's name or leaf: nothing the learner
+sees, and nothing the fix check uses, is derived from the label. Every answer on the walk is
+measured (B, D and K included; a one-process workload reports its one rank, measured).
+
+Sealing (what it protects against, and what not): a drill file carries an HMAC-SHA256, keyed
+by a secret that is not in the file, over the canonical JSON of the whole drill (observations,
+source, seed, salt, seal, dates). :meth:`Drill.load` refuses a file whose HMAC does not match:
+an edited observation, a swapped seal or a copied-in fault is detected. The fault itself is
+stored only as ``HMAC(key, salt:fault)``, so the short list of fault names cannot be tried
+against it without the key. The key lives in ``~/.config/hwlab/drill.key`` (created 0600 on
+first use) or the file ``HWLAB_DRILL_KEY_FILE`` names (an instructor's key shared with the
+grader). It does NOT protect against anyone who can read the key file: a learner grading
+drills under their own account can read it, re-seal an edited drill and open the seal; for an
+exam, keep the key (and grading) on an account the learner cannot read. Nor does it hide the
+observations, which are the point of the drill.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import random
+import secrets
+import time
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hwlab.diagnosis import flowchart
+from hwlab.errors import UserInputError
+from hwlab.labs import drillruns
+from hwlab.core.store import read_user_json, write_json_atomic
+
+EVIDENCE_TOL_PCT = 1.0
+#: what a refused drill file should have been
+DRILL_HINT = "pass a drill-*.json written by `hwlab drill new`"
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    leaf: str
+    workload: str
+    #: the scenario that reproduces it and the case to run: faulty, and with the fix applied
+    scenario: str
+    case: str
+    fixed_case: str
+
+    def observe(self, live: bool = False, device=None) -> tuple[dict[str, Any], str]:
+        """Run (or read the recorded run of) the faulty configuration."""
+        return drillruns.observe(self.scenario, self.case, live=live, device=device)
+
+    def fixed(self, live: bool = False, device=None) -> tuple[dict[str, Any], str]:
+        """Run (or read the recorded run of) the configuration with the fix applied."""
+        return drillruns.observe(self.scenario, self.fixed_case, live=live, device=device)
+
+    def can_run_live(self, device=None) -> bool:
+        return drillruns.can_run_live(self.scenario, device)
+
+
+FAULTS: dict[str, Fault] = {f.name: f for f in [
+    Fault("unfused_chain", "G", "a fused-op pipeline (bias+GELU+residual+scale)", "chain", "unfused", "fused"),
+    Fault("strided_layout", "G", "a fused-op pipeline reading a transposed tensor", "chain", "strided", "coalesced"),
+    Fault("oversized_tile", "J", "a custom Triton GEMM", "tile", "256x256x64 w4 s2", "128x256x64 w8 s3"),
+    Fault("launch_bound", "J", "a small-batch decode step", "launch", "eager", "graph"),
+    Fault("dtype_mma_miss", "I", "a GEMM-heavy layer", "dtype", "fp32", "bf16"),
+    Fault("slow_link_rank", "L", "a tensor-parallel block on six ranks", "slowlink", "naive", "aware"),
+    Fault("fp8_fallback", "M", "an FP8 decoder in service", "fp8", "mixed", "fixed"),
+    Fault("untuned_bucket", "M", "a serving step of decode and prefill GEMMs", "workload",
+          "tuned-shape prediction", "bucketed prediction"),
+    Fault("none", "OK", "a fused-op pipeline", "chain", "fused", "fused"),
+]}
+
+
+# ---------------------------------------------------------------- the key and the seal
+def key_path() -> Path:
+    return Path(os.environ.get("HWLAB_DRILL_KEY_FILE") or Path.home() / ".config" / "hwlab" / "drill.key")
+
+
+def drill_key() -> bytes:
+    """This user's drill key (32 random bytes), created 0600 on first use."""
+    p = key_path()
+    try:
+        return bytes.fromhex(p.read_text().strip())
+    except FileNotFoundError:
+        pass
+    except ValueError:
+        raise UserInputError(f"drill key {p} is not a hex key: remove it to make a new one "
+                             "(drills sealed with the old key will no longer open)") from None
+    p.parent.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_bytes(32)
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process made it first: use theirs
+        return bytes.fromhex(p.read_text().strip())
+    with os.fdopen(fd, "w") as f:
+        f.write(key.hex() + "\n")
+    return key
+
+
+def _mac(data: bytes) -> str:
+    return hmac.new(drill_key(), data, hashlib.sha256).hexdigest()
+
+
+def _seal(salt: str, fault: str) -> str:
+    return _mac(f"{salt}:{fault}".encode())
+
+
+def canonical(d: dict[str, Any]) -> bytes:
+    """The bytes the drill's HMAC covers: sorted keys, no whitespace, the ``mac`` left out."""
+    return json.dumps({k: v for k, v in d.items() if k != "mac"}, sort_keys=True,
+                      separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+@dataclass
+class Drill:
+    drill_id: str
+    seed: int
+    salt: str
+    sealed: str
+    workload: str
+    observations: dict[str, Any]
+    source: str
+    live: bool = False
+    created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    mac: str = ""
+
+    def fault(self) -> Fault:
+        for f in FAULTS.values():
+            if hmac.compare_digest(_seal(self.salt, f.name), self.sealed):
+                return f
+        raise UserInputError("this drill's seal matches no fault of this hwlab version under this "
+                             "machine's drill key: was it made with another key (HWLAB_DRILL_KEY_FILE)?")
+
+    def signed(self) -> "Drill":
+        self.mac = _mac(canonical(asdict(self)))
+        return self
+
+    def verify(self) -> None:
+        if not self.mac or not hmac.compare_digest(self.mac, _mac(canonical(asdict(self)))):
+            raise UserInputError("this drill file was edited after it was made (its seal does not match "
+                                 "its contents): draw a new drill with `hwlab drill new`")
+
+    def save(self, folder: str | Path) -> Path:
+        if not self.mac:
+            self.signed()
+        return write_json_atomic(Path(folder) / f"drill-{self.drill_id}.json", asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: Any, what: str = "drill") -> "Drill":
+        names = {f.name for f in fields(cls)}
+        if not isinstance(d, dict) or not {"drill_id", "seed", "salt", "sealed", "observations"} <= set(d):
+            raise UserInputError(f"{what} is not an hwlab drill (fields missing): pass a drill-*.json "
+                                 "written by `hwlab drill new`")
+        if set(d) - names:
+            raise UserInputError(f"{what} has fields no drill has ({sorted(set(d) - names)}): it was edited")
+        drill = cls(**d)
+        drill.verify()
+        return drill
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Drill":
+        """Read and verify a drill file; any edit (observations included) is refused."""
+        return cls.from_dict(read_user_json(path, "drill file", DRILL_HINT), str(Path(path)))
+
+
+def new(seed: int | None = None, fault: str | None = None, live: bool | None = None, device=None) -> Drill:
+    """Draw a fault (or take the instructor's), seal it, and record what the probes show.
+
+    ``live`` (default: when a GPU is here): run the fault's scenario now on this machine (on a
+    CPU, the scenarios that run there at small sizes); a scenario this machine cannot run
+    (the slow-link rank needs several ranks and a shaped link; a Triton GEMM's speed and
+    CUDA graphs need a GPU) comes from the kit's recorded run of it, labelled."""
+    seed = secrets.randbelow(2**31) if seed is None else seed
+    if fault is not None and fault not in FAULTS:
+        raise UserInputError(f"unknown fault {fault!r}; choose one of {', '.join(FAULTS)}")
+    name = fault or random.Random(seed).choice(sorted(FAULTS))
+    f = FAULTS[name]
+    salt = hashlib.sha256(f"hwlab-drill-{seed}".encode()).hexdigest()[:16]
+    if live is None:
+        import torch
+        live = torch.cuda.is_available()
+    live = bool(live and f.can_run_live(device))
+    obs, src = f.observe(live=live, device=device)
+    return Drill(drill_id=f"{seed:010d}", seed=seed, salt=salt, sealed=_seal(salt, name),
+                 workload=f.workload, observations=obs, source=src, live=live).signed()
+
+
+@dataclass
+class Grade:
+    learner: str
+    drill_id: str
+    submitted_leaf: str
+    correct_leaf: bool
+    evidence_supports: bool
+    fix_removes_slowdown: bool | None
+    path: list[str]
+    explanation: str
+    seconds: float | None = None
+    fix_evidence: dict[str, Any] | None = None  # the re-measured run after hwlab applied the fix
+    fix_source: str | None = None
+    at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+    @property
+    def passed(self) -> bool:
+        return self.correct_leaf and self.evidence_supports and self.fix_removes_slowdown is not False
+
+
+def grade(drill: Drill, leaf: str, evidence: dict[str, Any] | None = None, learner: str = "anonymous",
+          started: float | None = None) -> Grade:
+    """Grade a submission: right leaf, evidence that supports it, and a fix that works."""
+    if leaf not in flowchart.LEAVES:
+        raise UserInputError(f"leaf must be one of {', '.join(flowchart.LEAVES)}")
+    drill.verify()
+    f = drill.fault()
+    evidence = dict(drill.observations if evidence is None else evidence)
+    why: list[str] = []
+    # 2. the evidence must be what the probes showed, and must lead to the submitted leaf
+    mismatch = [k for k, v in evidence.items() if k in drill.observations and isinstance(v, (int, float))
+                and not isinstance(v, bool) and isinstance(drill.observations[k], (int, float))
+                and abs(v - drill.observations[k]) > abs(drill.observations[k]) * EVIDENCE_TOL_PCT / 100 + 1e-12]
+    invented = [k for k in evidence if k not in drill.observations and k not in flowchart.META_KEYS]
+    d = flowchart.diagnose(evidence)
+    supports = not mismatch and not invented and d.leaf_id == leaf
+    if mismatch:
+        why.append(f"your evidence differs from what the probes showed for {mismatch}")
+    if invented:
+        why.append(f"your evidence names metrics the drill's probes did not show: {invented}")
+    if d.leaf_id != leaf:
+        why.append(f"walked on your evidence the chart reaches {d.leaf_id or 'no leaf'} "
+                   f"({' -> '.join(d.path)}), not {leaf}")
+    # 1. the leaf itself; explain the first question answered differently
+    truth = flowchart.diagnose(drill.observations)
+    correct = leaf == f.leaf
+    if not correct:
+        step = next(iter(truth.steps), None)
+        for s in truth.steps:
+            q = flowchart.QUESTIONS[s.question]
+            target = q.yes if s.answer == "yes" else q.no
+            if leaf not in _reachable(target):
+                step = s
+                break
+        if step is not None:
+            why.insert(0, f"{leaf} is not it: at {step.question} ({step.text}) the evidence says "
+                          f"{step.answer.upper()} because {step.metric} = {step.value} ({step.criterion})")
+    # 3. apply the fix for the fault's leaf: run the fixed configuration, recompute every metric
+    fixed_ev = fixed_src = fixed_leaf = None
+    works = None
+    if correct:
+        fixed_ev, fixed_src = f.fixed(live=drill.live)
+        fixed_walk = flowchart.diagnose(fixed_ev)
+        fixed_leaf = fixed_walk.leaf_id
+        # the fix works only when its re-measure walks to a leaf, and not the fault's: a walk that
+        # stops undecided has not shown the slowdown gone (it may still be slow at B)
+        works = None if f.leaf == "OK" else fixed_leaf is not None and fixed_leaf != f.leaf
+        if works is False and fixed_leaf is None:
+            why.append(f"the fix for {f.leaf} is not shown to work: its re-measure walks "
+                       f"{' -> '.join(fixed_walk.path)} and stops there (evidence lacks a metric "
+                       f"for {fixed_walk.undecided.id}); grade again to re-measure")
+        elif works is False:
+            why.append(f"the fix for {f.leaf} did not remove the slowdown on re-measure "
+                       f"(the fixed run still walks to {fixed_leaf})")
+    if not why:
+        why.append(f"right: {' -> '.join(truth.path)}; after the fix the same probes land on {fixed_leaf}")
+    if started is None:  # time since the drill was handed out
+        started = datetime.fromisoformat(drill.created).timestamp()
+    return Grade(learner, drill.drill_id, leaf, correct, supports, works, d.path,
+                 "; ".join(why), seconds=time.time() - started, fix_evidence=fixed_ev, fix_source=fixed_src)
+
+
+def _reachable(node: str) -> set[str]:
+    if node in flowchart.LEAVES:
+        return {node}
+    q = flowchart.QUESTIONS[node]
+    return _reachable(q.yes) | _reachable(q.no)
+
+
+def reveal(drill: Drill) -> dict[str, Any]:
+    f = drill.fault()
+    return {"fault": f.name, "leaf": f.leaf, "workload": f.workload,
+            "path": flowchart.diagnose(drill.observations).path}
+
+
+def class_summary(grades: list[Grade]) -> dict[str, Any]:
+    """Instructor view: per learner, what they diagnosed, how long, and the wrong branches taken."""
+    per: dict[str, dict[str, Any]] = {}
+    for g in grades:
+        p = per.setdefault(g.learner, {"attempts": 0, "passed": 0, "wrong_leaves": [], "seconds": []})
+        p["attempts"] += 1
+        p["passed"] += int(g.passed)
+        if not g.correct_leaf:
+            p["wrong_leaves"].append(g.submitted_leaf)
+        if g.seconds is not None:
+            p["seconds"].append(round(g.seconds))
+    wrong: dict[str, int] = {}
+    for g in grades:
+        if not g.correct_leaf:
+            wrong[g.submitted_leaf] = wrong.get(g.submitted_leaf, 0) + 1
+    return {"learners": per, "wrong_leaf_counts": wrong, "n": len(grades)}

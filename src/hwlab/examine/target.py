@@ -1,0 +1,59 @@
+"""Resolve ``MODULE:FUNC`` (a dotted module or a path to a ``.py`` file) to a callable, for
+``hwlab examine`` and its Nsight Compute child process. Bad specs raise
+:class:`~hwlab.errors.UserInputError` with one line saying what to pass."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from hwlab.errors import UserInputError
+
+
+def _module(spec: str):
+    if spec.endswith(".py") or "/" in spec:
+        path = Path(spec)
+        if not path.is_file():
+            raise UserInputError(f"{spec} is not a file: pass MODULE:FUNC with a dotted module or a .py path")
+        mod_name = f"hwlab_user_{path.stem}_{abs(hash(str(path.resolve()))) % 10**8}"
+        if mod_name in sys.modules:
+            return sys.modules[mod_name]
+        loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+        mod = importlib.util.module_from_spec(loader_spec)
+        sys.modules[mod_name] = mod
+        sys.path.insert(0, str(path.resolve().parent))  # its own siblings import as they would
+        try:
+            loader_spec.loader.exec_module(mod)
+        except Exception as e:
+            del sys.modules[mod_name]
+            raise UserInputError(f"importing {spec} raised {type(e).__name__}: "
+                                 f"{' '.join(str(e).split())[:200]}") from None
+        finally:
+            sys.path.remove(str(path.resolve().parent))
+        return mod
+    try:
+        return importlib.import_module(spec)
+    except ImportError as e:
+        raise UserInputError(f"cannot import {spec!r} ({e}): pass an importable module or a .py path") from None
+    except Exception as e:
+        raise UserInputError(f"importing {spec} raised {type(e).__name__}: "
+                             f"{' '.join(str(e).split())[:200]}") from None
+
+
+def load(target: str, what: str = "function") -> tuple[Callable[..., Any], Any]:
+    """(callable, its module) for ``MODULE:FUNC``; FUNC may be dotted (Class.method)."""
+    if ":" not in target:
+        raise UserInputError(f"{target!r}: give the {what} as MODULE:FUNC (e.g. examples/gather.py:shuffled_gather)")
+    mod_spec, attr = target.rsplit(":", 1)
+    mod = _module(mod_spec)
+    obj: Any = mod
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            have = sorted(n for n in dir(mod) if callable(getattr(mod, n, None)) and not n.startswith("_"))
+            raise UserInputError(f"{mod_spec} has no {attr!r} (callables there: {', '.join(have[:12]) or 'none'})")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UserInputError(f"{target} is a {type(obj).__name__}, not a {what}: pass a callable")
+    return obj, mod

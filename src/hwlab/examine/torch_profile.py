@@ -1,0 +1,230 @@
+"""What ``torch.profiler`` shows of a few calls of an arbitrary function, for ``hwlab examine``.
+
+Per call: device kernels launched, the time they keep the GPU busy (union of their
+intervals), which kernels dominate (share of kernel time), each kernel's class by name and
+whether it is a tensor-core kernel, the aten op that launched it, and the Triton kernels
+whose compiled metadata (registers, spills) is reachable in this process.
+
+* **GPU idle / launch gaps.** ``launch_gap_pct = 100 * (1 - busy_ms / t_ms)`` where
+  ``busy_ms`` is the union of kernel intervals per call under the profiler and ``t_ms`` the
+  device-event median of the same call timed without it (:mod:`hwlab.core.measure`). The
+  flowchart's threshold (50%) is in :mod:`hwlab.diagnosis.flowchart`.
+* **Kernel classes** come from the kit's one table (:func:`hwlab.core.profiling.kernel_class`: GEMM /
+  FP8 GEMM / tensor core or not, by name). A name heuristic: every kernel's name is kept in the
+  record so the classification can be checked.
+* **Attribution.** A kernel is attributable when the CPU event that launched it has an aten
+  op above it and no compiled region; Triton launches and ``torch.compile`` graphs are not,
+  and then the dispatch-mode traffic model (:mod:`hwlab.examine.estimate`) did not see them.
+* On a CPU there are no device kernels: the same summary is made of aten ops (self CPU
+  time), labelled as such, and no GPU idle figure is claimed.
+"""
+from __future__ import annotations
+
+import gc
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from hwlab.core.profiling import KIT_RANGE_PREFIX, event_device, kernel_class
+
+CALL_MARK = KIT_RANGE_PREFIX + "examine_call"
+COMPILED_MARKS = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
+TOP_N = 5
+
+
+def _owner_op(e) -> tuple[str | None, bool]:
+    """(nearest aten op above ``e``, whether a compiled region is above it)."""
+    op, compiled, p = None, False, e
+    while p is not None:
+        if op is None and p.name.startswith("aten::"):
+            op = p.name
+        if any(p.name.startswith(m) for m in COMPILED_MARKS):
+            compiled = True
+        p = getattr(p, "cpu_parent", None)
+    return op, compiled
+
+
+def triton_kernels(names: Sequence[str]) -> list[dict[str, Any]]:
+    """Registers and spills of the compiled Triton kernels named in ``names`` (the profiler's
+    kernel names), read from the JIT caches of every Triton function in this process
+    (``kernel.n_spills``: 4-byte local-memory slots, from ptxas). Empty without a GPU."""
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return []
+    wanted = set(names)
+    found: dict[str, dict[str, Any]] = {}
+    with warnings.catch_warnings():  # isinstance on some lazy torch objects warns (deprecations)
+        warnings.simplefilter("ignore")
+        # type(), not isinstance(): isinstance on a dead weakref.proxy (torch.compile leaves some)
+        # raises ReferenceError; type() does not dereference it
+        jit_fns = [o for o in gc.get_objects() if issubclass(type(o), JITFunction)]
+    for obj in jit_fns:
+        caches = getattr(obj, "device_caches", None) or getattr(obj, "cache", None) or {}
+        for entry in list(caches.values()):  # triton 3.x: device -> (kernel cache, ...); older: dict
+            kernel_cache = entry[0] if isinstance(entry, tuple) else entry
+            for k in list(getattr(kernel_cache, "values", lambda: [])()):
+                kname = getattr(getattr(k, "metadata", None), "name", None) or getattr(obj, "__name__", "")
+                if kname not in wanted and not any(kname and kname in w for w in wanted):
+                    continue
+                try:
+                    if hasattr(k, "_init_handles"):
+                        k._init_handles()
+                    regs, spills = getattr(k, "n_regs", None), getattr(k, "n_spills", None)
+                except Exception as e:  # a kernel whose binary cannot load here: say so
+                    found.setdefault(kname, {"name": kname, "error": f"{type(e).__name__}: {e}"[:200]})
+                    continue
+                if regs is None:
+                    continue
+                prev = found.get(kname)
+                if prev is None or (spills or 0) > (prev.get("n_spills") or 0):
+                    shown = next((w for w in wanted if kname in w), kname)  # the profiler's name
+                    found[kname] = {"name": shown, "n_regs": int(regs), "n_spills": int(spills or 0),
+                                    "source": "triton compiled kernel metadata (ptxas)"}
+    return sorted(found.values(), key=lambda d: d["name"])
+
+
+@dataclass
+class ProfileSummary:
+    """What the profiler saw, per call. ``on_gpu`` False: aten ops and CPU times instead."""
+
+    on_gpu: bool
+    n_calls: int
+    kernels_per_call: float
+    busy_ms_per_call: float
+    top: list[dict[str, Any]] = field(default_factory=list)
+    attributable_pct: float | None = None  # % of kernel time launched under a plain aten op
+    compiled_region: bool = False
+    triton: list[dict[str, Any]] = field(default_factory=list)
+    gemm_kernels: int = 0
+    tensor_core_gemm_kernels: int = 0
+    fp8_gemm_kernels: int = 0
+    source: str = ""
+    error: str | None = None  # the profiler failed: no figures from it
+
+    def launch_gap_pct(self, t_ms: float) -> float | None:
+        """GPU idle share of the call (see module doc); None on a CPU."""
+        if not self.on_gpu or t_ms <= 0 or self.error or not self.n_calls:
+            return None
+        return max(0.0, min(100.0, 100.0 * (1.0 - self.busy_ms_per_call / t_ms)))
+
+    @property
+    def n_spills(self) -> int | None:
+        spills = [k["n_spills"] for k in self.triton if "n_spills" in k]
+        return max(spills) if spills else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _busy_us(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -float("inf")
+    for lo, hi in sorted(intervals):
+        if hi <= end:
+            continue
+        total += hi - max(lo, end)
+        end = hi
+    return total
+
+
+def profile_calls(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], kwargs: dict,
+                  device: torch.device, n_calls: int = 3) -> ProfileSummary:
+    """Profile ``n_calls`` calls (after the caller's warm-up) and summarise them."""
+    gpu = device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    with profile(activities=acts) as prof:
+        for i in range(n_calls):
+            with record_function(CALL_MARK):
+                fn(*arg_sets[i % len(arg_sets)], **kwargs)
+        if gpu:
+            torch.cuda.synchronize(device)
+    events = list(prof.events())
+    compiled = any(any(e.name.startswith(m) for m in COMPILED_MARKS) for e in events)
+    if gpu:
+        return _summarise_gpu(events, n_calls, compiled)
+    return _summarise_cpu(events, n_calls, compiled)
+
+
+def _summarise_gpu(events, n_calls: int, compiled: bool) -> ProfileSummary:
+    kern = [e for e in events if "CUDA" in event_device(e) and not e.name.startswith(KIT_RANGE_PREFIX)]
+    owner: dict[str, tuple[str | None, bool]] = {}
+    for e in events:  # CPU events that launched kernels carry them in .kernels
+        if "CUDA" not in event_device(e) and getattr(e, "kernels", None):
+            op, comp = _owner_op(e)
+            for k in e.kernels:
+                owner.setdefault(k.name, (op, comp))
+    per: dict[str, dict[str, Any]] = {}
+    intervals = []
+    for e in kern:
+        lo, hi = e.time_range.start, e.time_range.end
+        intervals.append((lo, hi))
+        d = per.setdefault(e.name, {"us": 0.0, "count": 0})
+        d["us"] += hi - lo
+        d["count"] += 1
+    total = sum(d["us"] for d in per.values())
+    triton = triton_kernels(list(per))
+    outside = {t["name"] for t in triton}
+
+    def seen_by_aten(name: str) -> bool:
+        """Positive evidence only: a Triton kernel, or a launcher with no aten op / a compiled
+        region above it, is outside; a kernel whose launcher the profiler did not link is not."""
+        if name in outside or name.startswith("triton"):
+            return False
+        if name in owner:
+            op, comp = owner[name]
+            return bool(op) and not comp
+        return True
+
+    attributed = sum(d["us"] for n, d in per.items() if seen_by_aten(n))
+    top = []
+    for name, d in sorted(per.items(), key=lambda kv: -kv[1]["us"])[:TOP_N]:
+        cls, tc = kernel_class(name)
+        if name in outside:
+            cls = "triton"
+        top.append({"name": name[:200], "share_pct": 100.0 * d["us"] / total if total else 0.0,
+                    "us_per_call": d["us"] / n_calls, "per_call": d["count"] / n_calls,
+                    "class": cls, "tensor_core": tc, "launched_by": owner.get(name, (None, False))[0]})
+    classes = [(kernel_class(e.name), e) for e in kern]
+    gemms = [c for (c, _t), _e in classes if c in ("gemm", "fp8-gemm")]
+    return ProfileSummary(
+        on_gpu=True, n_calls=n_calls, kernels_per_call=len(kern) / n_calls,
+        busy_ms_per_call=_busy_us(intervals) / n_calls / 1e3, top=top,
+        attributable_pct=100.0 * attributed / total if total else None, compiled_region=compiled,
+        triton=triton, gemm_kernels=len(gemms) // n_calls,
+        tensor_core_gemm_kernels=sum(1 for (c, t), _ in classes if c in ("gemm", "fp8-gemm") and t) // n_calls,
+        fp8_gemm_kernels=gemms.count("fp8-gemm") // n_calls,
+        source="torch.profiler device kernels (CUPTI)")
+
+
+def _summarise_cpu(events, n_calls: int, compiled: bool) -> ProfileSummary:
+    def top_level(e) -> bool:  # an aten op with no aten op above it, inside one of our calls
+        p = e.cpu_parent
+        inside = False
+        while p is not None:
+            if p.name.startswith("aten::"):
+                return False
+            inside = inside or p.name == CALL_MARK
+            p = p.cpu_parent
+        return inside
+
+    ops = [e for e in events if e.name.startswith("aten::") and top_level(e)]
+    per: dict[str, dict[str, Any]] = {}
+    for e in ops:
+        d = per.setdefault(e.name, {"us": 0.0, "count": 0})
+        d["us"] += e.cpu_time_total
+        d["count"] += 1
+    total = sum(d["us"] for d in per.values())
+    top = [{"name": n, "share_pct": 100.0 * d["us"] / total if total else 0.0,
+            "us_per_call": d["us"] / n_calls, "per_call": d["count"] / n_calls,
+            "class": "matmul" if n in ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul",
+                                       "aten::linear", "aten::_scaled_mm") else "aten op",
+            "tensor_core": None, "launched_by": n}
+           for n, d in sorted(per.items(), key=lambda kv: -kv[1]["us"])[:TOP_N]]
+    return ProfileSummary(
+        on_gpu=False, n_calls=n_calls, kernels_per_call=len(ops) / n_calls,
+        busy_ms_per_call=total / n_calls / 1e3, top=top,
+        attributable_pct=None if compiled else 100.0, compiled_region=compiled,
+        source="torch.profiler aten ops on the CPU (no device kernels: CPU run)")

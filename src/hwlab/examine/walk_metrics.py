@@ -1,0 +1,63 @@
+"""Flowchart evidence of an examination, from measured figures only, each with its source.
+
+``slowdown_vs_floor`` and ``dram_pct_estimated`` come from the measurement against this
+machine's ceilings (:func:`hwlab.diagnosis.flowchart.evidence_from_measurement`); ``tensor_pct_of_peak``
+only for matmul-heavy work (:func:`flop_bound`: the FLOP floor at least the byte floor, i.e.
+arithmetic intensity at or over the measured ridge point); ``launch_gap_pct`` and ``n_spills``
+from the profile; ``e2e_slowdown`` from the back-to-back run; Nsight Compute's counted figures
+beside them, named as counted. The thresholds are the flowchart's.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from hwlab.examine.torch_profile import ProfileSummary
+from hwlab.diagnosis.flowchart import evidence_from_measurement
+from hwlab.core.measure import Measurement
+
+#: where each flowchart metric comes from in an examination
+METRIC_SOURCES = {
+    "slowdown_vs_floor": "measured time / max(bytes / copy ceiling, FLOPs / GEMM ceiling)",
+    "dram_pct_estimated": "moved bytes (traffic model) / measured time vs the copy ceiling",
+    "sector_amplification": "estimated from each op's strides and index values (or counted by ncu)",
+    "dram_pct_of_peak": "counted by Nsight Compute",
+    "tensor_pct_of_peak": "FLOPs / measured time vs this machine's GEMM ceiling at the dtype",
+    "tensor_pipe_pct": "counted by Nsight Compute",
+    "launch_gap_pct": "GPU idle share of the call: profiler kernel intervals vs the measured time",
+    "n_spills": "Triton compiled-kernel metadata (ptxas)",
+    "e2e_slowdown": "wall-clock per call, back to back / device-event median",
+}
+
+
+def flop_bound(m: Measurement) -> bool:
+    """Matmul-heavy: the FLOP floor is at least the byte floor (arithmetic intensity at or
+    over this machine's measured ridge point)."""
+    if not m.n_flops or not m.ceiling_tflops or not m.ceiling_gbps:
+        return False
+    return m.n_flops / (m.ceiling_tflops * 1e12) >= m.n_bytes / (m.ceiling_gbps * 1e9)
+
+
+def build_evidence(m: Measurement, *, moved: int, amp: float | None, prof: ProfileSummary,
+                   wall_ms: float, flop_bound: bool, ncu: dict[str, Any] | None,
+                   on_gpu: bool) -> tuple[dict[str, Any], dict[str, str]]:
+    """Flowchart evidence from measured figures only, with the source of each metric."""
+    ev = evidence_from_measurement(m, ceiling_gbps=m.ceiling_gbps, ceiling_tflops=m.ceiling_tflops,
+                                   bytes_moved=moved)
+    if amp is not None:
+        ev["sector_amplification"] = amp
+    if flop_bound:
+        ev["tensor_pct_of_peak"] = m.pct_of_flops_ceiling
+    gap = prof.launch_gap_pct(m.t_ms)
+    if gap is not None:
+        ev["launch_gap_pct"] = gap
+    if prof.n_spills is not None:
+        ev["n_spills"] = prof.n_spills
+    ev["e2e_slowdown"] = wall_ms / m.t_ms if m.t_ms > 0 else None
+    sources = {k: METRIC_SOURCES[k] for k in ev if k in METRIC_SOURCES}
+    for k, v in (ncu or {}).get("evidence", {}).items():
+        if k in ("tensor_pipe_pct",) and not flop_bound:
+            continue  # the tensor pipe of a kernel with no matmul work says nothing about H
+        ev[k] = v
+        sources[k] = f"counted by Nsight Compute ({k})"
+    ev = {k: v for k, v in ev.items() if v is not None}
+    return ev, {k: s for k, s in sources.items() if k in ev}
