@@ -13,7 +13,8 @@
 #
 # **Needs:** a CUDA GPU for times; without one, every register/spill figure is still real: the kernels
 # are compiled for sm_90 (Hopper) on this CPU and `ptxas -v` reports them. Speed figures then come from
-# the H200 run this kit recorded, labelled. **Takes:** ~3 min on a GPU (compiles + sweep), ~1 min on a CPU.
+# the H200 run this kit recorded, labelled. Set `FULL = True` to add the heavily spilling tile, whose
+# compile alone takes minutes.
 #
 # **Arc:** symptom → predict → measure → flowchart → fix → re-verify.
 #
@@ -31,6 +32,7 @@ from hwlab.labs import registers as lab
 from hwlab.labs.registers.occupancy import HOPPER, occupancy
 
 GPU = nb.has_gpu()
+FULL = False  # True: also the heavily spilling 256x256 tile on 4 warps (a compile of minutes)
 print(nb.live_label())
 
 # %% [markdown]
@@ -50,7 +52,7 @@ for cfg in lab.SWEEP:
 # on a CPU from `ptxas -v` on the sm_90a build. `n_spills` counts 4-byte local-memory slots.
 
 # %%
-configs = lab.SWEEP if GPU else (lab.SANE, lab.WIDE, lab.SMALL, lab.SPILL)
+configs = lab.SWEEP if (GPU and FULL) else (lab.SANE, lab.WIDE, lab.SMALL, lab.SPILL)
 rows = lab.sweep(configs, n_rep=20, timeout_s=120,
                  ceiling_tflops=lab.cublas_bf16().tflops if GPU else None,
                  progress=lambda s: print("compiling", s, flush=True))
