@@ -26,6 +26,8 @@ import time
 
 import torch
 import torch.distributed as dist
+from hwlab.nvml_sampler import NvmlSampler
+from hwlab.store import write_json_atomic
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 
@@ -40,8 +42,14 @@ def main(argv=None) -> int:
     p.add_argument("--work-ms", type=float, default=20.0, help="ms of waiting in each rank's own work")
     p.add_argument("--numel", type=int, default=4096, help="float32 values in the all-reduce")
     p.add_argument("--iters", type=int, default=1, help="all-reduces per step")
+    p.add_argument("--ops", choices=["allreduce", "all"], default="allreduce",
+                   help="all: also an averaging all-reduce, an all-gather and a broadcast each step (a "
+                        "one-rank NCCL communicator may skip the kernel of a plain sum)")
     p.add_argument("--backend", default="", help="gloo or nccl (default: nccl on a GPU, else gloo)")
     p.add_argument("--gzip", action="store_true", help="write .json.gz traces")
+    p.add_argument("--nvml", action="store_true",
+                   help="sample this rank's GPU through NVML during the steps (hwlab.nvml_sampler); "
+                        "written as TRACE_DIR/nvml-rank-N.json")
     a = p.parse_args(argv)
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -56,6 +64,8 @@ def main(argv=None) -> int:
     x = torch.randn(n, n, generator=gen).to(dev)
     ws = [(torch.randn(n, n, generator=gen) / n ** 0.5).to(dev) for _ in range(L)]
     buf = torch.ones(a.numel, device=dev)
+    gathered = torch.empty(a.numel * world, device=dev)
+    sampler = NvmlSampler(devices=[local_rank] if gpu else None).start() if a.nvml else None
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     with profile(activities=acts, record_shapes=True, schedule=schedule(wait=0, warmup=2, active=a.steps, repeat=1),
                  on_trace_ready=tensorboard_trace_handler(a.trace_dir, use_gzip=a.gzip)) as prof:
@@ -68,9 +78,17 @@ def main(argv=None) -> int:
                 time.sleep(a.slow_ms / 1e3)
             for _ in range(a.iters):
                 dist.all_reduce(buf)
+            if a.ops == "all":
+                dist.all_reduce(buf, op=dist.ReduceOp.AVG)
+                dist.all_gather_into_tensor(gathered, buf)
+                dist.broadcast(buf, src=0)
             if gpu:
                 torch.cuda.synchronize()
             prof.step()
+    if sampler is not None:
+        res = sampler.stop()
+        os.makedirs(a.trace_dir, exist_ok=True)
+        write_json_atomic(os.path.join(a.trace_dir, f"nvml-rank-{rank}.json"), {"rank": rank, **res})
     dist.destroy_process_group()
     return 0
 

@@ -2,7 +2,7 @@
 
 Each larger subcommand lives in its own ``cli_<name>`` module with ``cmd_<name>`` and
 ``add_parser(sub)``, registered in :func:`build_parser`: doctor, examine, baseline, incident,
-drill, ranks, class. Conventions (like nvidia-smi, dcgmi, nccl-tests), shared by every subcommand:
+drill, ranks, class, bundle. Conventions (like nvidia-smi, dcgmi, nccl-tests), shared by every subcommand:
 
 * exit codes (:mod:`hwlab.errors`): 0 ok, 1 a finding (unhealthy verdict, deviation, failed
   grade), 2 bad input or usage (one line on stderr saying what to do; nothing measured or
@@ -22,7 +22,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from . import (__version__, cli_baseline, cli_class, cli_doctor, cli_drill, cli_examine, cli_incident,
+from . import (__version__, cli_baseline, cli_bundle, cli_class, cli_doctor, cli_drill, cli_examine, cli_incident,
                cli_ranks, evidence, lablaunch, probes, topology)
 from .console import Steps, print_json, stderr_is_terminal, whole_number
 from .errors import EXIT_FINDING, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, UserInputError
@@ -167,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab.set_defaults(fn=cmd_lab)
     cli_ranks.add_parser(sub)
     cli_class.add_parser(sub)
+    cli_bundle.add_parser(sub)
     return p
 
 

@@ -46,6 +46,7 @@ CHUNK_CHARS = 1 << 20  # characters decoded per read: the bound on the reader's 
 PROGRESS_EVERY_BYTES = 64 << 20  # a progress call per 64 MB of file read
 RANK_FROM_TRACE = "distributedInfo in the trace"
 TRACE_SUFFIXES = (".json", ".json.gz")
+NOT_TRACES = ("rank-", "nvml-", "node.json", "mapping.json")  # the kit's own records in a run folder
 
 #: bytes per element of the dtypes the profiler writes in ``Input type`` / ``dtype``
 DTYPE_BYTES = {"float": 4, "float32": 4, "Float": 4, "double": 8, "float64": 8, "Double": 8,
@@ -136,7 +137,9 @@ def name_rank(path: str | os.PathLike) -> tuple[int | None, str | None, dict[str
 
 def is_trace_name(path: str | os.PathLike) -> bool:
     n = Path(path).name
-    return n.endswith(TRACE_SUFFIXES) and ("trace" in n or bool(_RANK.search(n)))
+    if not n.endswith(TRACE_SUFFIXES) or n.startswith(NOT_TRACES):
+        return False
+    return "trace" in n or bool(_RANK.search(n))
 
 
 class _Stream:

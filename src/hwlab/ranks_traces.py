@@ -19,7 +19,8 @@ rule behind each part:
   other ranks' median, in % of the median step (the flowchart's K unit; own times of ranks that
   mostly wait are small, so a ratio of them would magnify noise), at least
   :data:`RANK_TAIL_PCT`, *and* arrival: it arrived last in at least :data:`LAST_SHARE` of the
-  matched collectives (a quarter is chance with four ranks). The own-time split of
+  matched collectives and :data:`CHANCE_MARGIN` times the share chance gives (a quarter with
+  four ranks, a half with two), over at least :data:`MIN_MATCHED` of them. The own-time split of
   :func:`hwlab.tails.tail_split` (the StepLog report's rule) is shown beside it. It is
   then checked against the single-device branch (B), the seed's counter-example: its busy time
   over the other ranks' at their p10 (the same code runs on every rank, so the ranks' own
@@ -54,6 +55,8 @@ from .tails import TAIL_JUMP, tail_split
 
 RANK_TAIL_PCT = 10.0      # = the flowchart's K threshold on rank_tail_pct
 LAST_SHARE = 0.5          # the named rank arrived last in at least half the collectives
+CHANCE_MARGIN = 1.5       # ... and in at least 1.5x the share chance gives (1/n ranks): 75% with two ranks
+MIN_MATCHED = 5           # ... of at least five matched collectives
 LINK_FLOOR_PCT = 25.0     # = the flowchart's K criterion on collective_floor_pct
 SLOW_LINK_FRACTION = 0.5  # bus bandwidth under half the link's: the link is slow
 SINGLE_DEVICE_SLOW = 1.5  # = the flowchart's B threshold
@@ -284,7 +287,8 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
     slowest = max(own, key=own.get)
     others = [v for r, v in own.items() if r != slowest]
     tail_pct = 100.0 * (own[slowest] - statistics.median(others)) / step_med if others and step_med > 0 else 0.0
-    if tail_pct >= RANK_TAIL_PCT and n_m and last_rank == slowest and last_share >= LAST_SHARE:
+    need_share = max(LAST_SHARE, CHANCE_MARGIN / len(ranks))
+    if tail_pct >= RANK_TAIL_PCT and n_m >= MIN_MATCHED and last_rank == slowest and last_share >= need_share:
         r = slowest
         ratio = busy_p10[r] / peer_floor if peer_floor > 0 else None
         device_slow = ratio is not None and ratio >= SINGLE_DEVICE_SLOW
@@ -300,7 +304,8 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
         finding = {"kind": "tail_unconfirmed", "names": None,
                    "why": (f"rank {slowest} has the longest own time ({tail_pct:.0f}% of the step over the others') "
                            f"but the rank arriving last most often is {last_rank} "
-                           f"({100 * last_share:.0f}% of {n_m} collectives, named at >= {100 * LAST_SHARE:.0f}%)")}
+                           f"({100 * last_share:.0f}% of {n_m} collectives; named at >= {100 * need_share:.0f}% "
+                           f"of at least {MIN_MATCHED})")}
     elif floor_pct is not None and floor_pct >= LINK_FLOOR_PCT:
         bws = [c["busbw_gbps"] for c in colls_out if c["busbw_gbps"]]
         bw = statistics.median(bws) if bws else None
@@ -357,8 +362,24 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
         "flowchart": {"evidence": ev, "path": d.path, "leaf": d.leaf_id,
                       "unmeasured": {k: v for k, v in unmeasured.items() if v}, "explain": d.explain()},
         "notes": notes, "problems": problems}
+    rep["nvml"] = _nvml(folder, ranks)
     rep["incident_draft"] = _incident(_for_incident(rep), d, {}, {})
     return rep
+
+
+def _nvml(folder: Path, ranks: list[int]) -> dict[str, Any]:
+    """Per-rank NVML samples (``nvml-rank-N.json``, :mod:`hwlab.nvml_sampler`) when the job wrote them."""
+    import json
+
+    from .nvml_sampler import summarise
+    out: dict[str, Any] = {}
+    for p in sorted(folder.glob("nvml-rank-*.json")):
+        try:
+            d = json.loads(p.read_text())
+            out[str(d["rank"])] = summarise(d)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            out[p.name] = {"available": False, "reason": f"unreadable ({type(e).__name__})", "gpus": {}, "flags": []}
+    return out
 
 
 def _for_incident(rep: dict[str, Any]) -> dict[str, Any]:
@@ -409,6 +430,16 @@ def render(rep: dict[str, Any]) -> str:
         out.append(f"no rank named: {f['why']}")
     else:
         out.append(f"no slow rank and no slow link (own-time spread {rep['rank_tail_pct']:.0f}%)")
+    for r, nv in rep.get("nvml", {}).items():
+        if not nv["available"]:
+            out.append(f"NVML rank {r}: not sampled ({nv['reason']})")
+            continue
+        for gid, g in nv["gpus"].items():
+            parts = [f"{k} {v['median']:.0f} ({v['p10']:.0f}-{v['p90']:.0f})" for k, v in g.items()
+                     if isinstance(v, dict) and v]
+            out.append(f"NVML rank {r} GPU{gid}: " + ", ".join(parts) + f"; NVLink {g['nvlink']}"
+                       + (f"; {g['sm_active_note']}" if g["sm_active_note"] else ""))
+        out += [f"  NVML FLAG rank {r}: {f}" for f in nv["flags"]]
     fc = rep["flowchart"]
     out.append("flowchart (measured values only):")
     out += ["  " + ln for ln in fc["explain"].splitlines()]
