@@ -214,3 +214,45 @@ def test_live_torchrun_traces_name_the_slowed_rank(tmp_path):
     r = _cli("--traces", d, "--json")
     rep = json.loads(r.stdout)
     assert r.returncode == 1 and rep["finding"]["kind"] == "slow_rank" and rep["finding"]["rank"] == 1
+
+
+# ------------------------------------------------------------------ recorded on the H200
+H200 = DATA / "h200_nccl_one_rank"
+
+
+def test_h200_one_rank_nccl_trace_kernels_and_collective_metadata():
+    """Recorded on the H200 (scripts/device_traces_h200.sh: world size 1, nccl backend, three sum
+    all-reduces, one averaging all-reduce, an all-gather and a broadcast per step). A one-rank
+    communicator launches a kernel only for the averaging all-reduce (NCCL's one-rank kernel); the
+    metadata torch tags on it is read from the raw trace here and compared with the reader's."""
+    p = next(H200.glob("*.pt.trace.json.gz"))
+    raw = _load(p)
+    t = kineto.read_trace(p)
+    assert t.rank == 0 and t.world_size == 1 and t.backend == "nccl" and t.on_gpu
+    assert raw["distributedInfo"]["nccl_version"].count(".") == 2
+    tagged = [e for e in raw["traceEvents"] if e.get("cat") == "kernel" and "Collective name" in e.get("args", {})]
+    assert tagged and len(t.collectives) == len(tagged)
+    steps = {int(e["name"].split("#")[1]) for e in raw["traceEvents"]
+             if e.get("name", "").startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation"}
+    assert len(t.collectives) == len(steps)  # one kernel-launching collective per step
+    for c, e in zip(t.collectives, sorted(tagged, key=lambda e: e["ts"])):
+        a = e["args"]
+        assert c.on == "gpu" and c.stream == a["stream"] and c.name == kineto.coll_key(a["Collective name"])
+        assert c.n_bytes == a["In msg nelems"] * kineto.DTYPE_BYTES[a["dtype"]]
+        assert c.pg == a["Process Group Name"] and c.group_size == a["Group size"] == 1
+        assert c.meta_source == "kernel args" and kineto._ONE_RANK in c.kernel
+    # the matmuls are kernels too, not collectives
+    gemms = [e for e in raw["traceEvents"] if e.get("cat") == "kernel" and "gemm" in e["name"]]
+    assert len(t.kernels) == len([e for e in raw["traceEvents"] if e.get("cat") == "kernel"]) - len(tagged)
+    assert gemms and len(t.kernels) >= len(gemms)
+
+
+def test_h200_one_rank_report_and_nvml_samples():
+    rep = R.report(H200)
+    assert rep["n_ranks"] == 1 and rep["backends"] == ["nccl"] and rep["finding"]["kind"] == "clean"
+    pr = rep["per_rank"]["0"]
+    assert pr["device"] == "GPU kernels" and pr["busy_ms"] > 0 and pr["comm_ms"] > 0
+    assert "K" in rep["flowchart"]["unmeasured"]  # one rank: no tail to measure, and it says so
+    nv = rep["nvml"]["0"]
+    assert nv["available"] and nv["gpus"]["0"]["nvlink"] == "absent"  # a one-GPU machine
+    assert nv["gpus"]["0"]["pcie_tx_mbps"]["n"] >= 2

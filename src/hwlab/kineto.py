@@ -16,8 +16,11 @@ What it extracts, as torch writes it:
   only.
 * ``ProfilerStep#N`` spans on the host (the ``gpu_user_annotation`` copy on the device is left).
 * GPU kernels (``cat`` ``kernel``) with device and stream; NCCL kernels (``ncclKernel_*``,
-  ``ncclDevKernel_*``) are collectives, the collective named from the kernel name
-  (``ncclDevKernel_AllReduce_Sum_f32_RING_LL`` -> ``allreduce``).
+  ``ncclDevKernel_*``, NCCL's one-rank kernel from ``onerank.cu``, or any kernel torch tagged with
+  ``Collective name``) are collectives, named from those args where present, else from the
+  kernel name (``ncclDevKernel_AllReduce_Sum_f32_RING_LL`` -> ``allreduce``). Torch writes the
+  collective's name, ``In msg nelems``, ``dtype``, process group and group size on the NCCL
+  kernel itself; a sequence number only in some versions.
 * Collective metadata from ``record_param_comms`` host operators (``Collective name``, ``In msg
   nelems``, ``dtype``, ``Process Group Name``, ``Group size``, ``Seq``, as torch records them
   for NCCL), matched to the NCCL kernels of the same process in launch order.
@@ -56,6 +59,7 @@ DTYPE_BYTES = {"float": 4, "float32": 4, "Float": 4, "double": 8, "float64": 8, 
                "c10::Float8_e4m3fn": 1, "Float8_e4m3fn": 1, "c10::Float8_e5m2": 1, "Float8_e5m2": 1}
 
 _NCCL_KERNEL = re.compile(r"^ncclDevKernel_|^ncclKernel_")
+_ONE_RANK = "_onerank_cu_"  # NCCL's kernel for a one-rank communicator (src/device/onerank.cu)
 _NCCL_COLL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
 _TP_RANK = re.compile(r"-TP-(\d+)(?:[-.]|$)")
 _RANK = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)(?:[^0-9]|$)", re.I)
@@ -72,7 +76,7 @@ def coll_key(name: str) -> str:
     n = name.split(":")[-1].lower().replace("_", "").replace(" ", "")
     for pre in ("c10d", "nccl"):
         n = n[len(pre):] if n.startswith(pre) else n
-    return n.rstrip("_")
+    return n[:-4] if n.endswith("base") and len(n) > 4 else n  # _allgather_base -> allgather
 
 
 @dataclass
@@ -88,6 +92,7 @@ class Collective:
     seq: int | None = None    # the collective's sequence number in its group, when recorded
     group_size: int | None = None
     meta_source: str | None = None  # where the size / group / seq came from
+    kernel: str | None = None       # the NCCL kernel's name (GPU collectives)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -327,11 +332,13 @@ def _take(ev: dict[str, Any], rt: RankTrace, ops: list, metas: list, main_tids: 
     args = ev.get("args") or {}
     if cat in ("kernel", "Kernel"):
         stream = args.get("stream")
-        if _NCCL_KERNEL.match(name):
+        if _NCCL_KERNEL.match(name) or "Collective name" in args or _ONE_RANK in name:
             m = _NCCL_COLL.match(name)
             c = Collective(coll_key(m.group(1)) if m else "nccl", ts, dur, "gpu", stream)
+            c.kernel = name[:120]
             meta = _comms_meta(args)
             if meta:
+                c.name = meta.get("name", c.name)
                 c.n_bytes, c.pg, c.seq = meta.get("n_bytes"), meta.get("pg"), meta.get("seq")
                 c.group_size, c.meta_source = meta.get("group_size"), "kernel args"
             rt.collectives.append(c)
