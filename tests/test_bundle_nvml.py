@@ -191,3 +191,23 @@ def test_flags_util_high_sm_low_and_unbalanced_links():
     assert any(f.startswith("GPU1: util high") for f in flags) and not any(f.startswith("GPU0: util") for f in flags)
     assert any(f.startswith("GPU2: nvlink") and "unbalanced" in f for f in flags)
     assert not any(f.startswith(("GPU0: nvlink", "GPU1: nvlink")) for f in flags)
+
+
+def test_steplog_option_writes_the_samples_and_the_report_reads_them(tmp_path):
+    from hwlab import ranks
+    from hwlab.steplog import StepLog
+    log = StepLog(tmp_path, rank=3, nvml_sample_s=0.01)
+    for i in range(3):
+        with log.step(i):
+            time.sleep(0.005)
+    log.close()
+    files = sorted(tmp_path.glob("*/nvml-rank-*.json"))
+    assert [p.name for p in files] == ["nvml-rank-00003.json"]
+    d = json.loads(files[0].read_text())
+    assert d["rank"] == 3 and d["status"]["available"] in (True, False)
+    nv = ranks.nvml_by_rank(files)
+    lines = ranks.render_nvml(nv)
+    if not d["status"]["available"]:  # this CPU machine: says why, claims nothing
+        assert nv["3"]["reason"] == d["status"]["reason"] and lines == [f"NVML rank 3: not sampled ({d['status']['reason']})"]
+    else:
+        assert lines[0].startswith("NVML rank 3 GPU")

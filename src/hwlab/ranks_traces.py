@@ -50,7 +50,7 @@ from typing import Any, Callable
 from . import flowchart, kineto
 from .errors import UserInputError
 from .measure import quantile
-from .ranks import _incident
+from .ranks import _incident, nvml_by_rank, render_nvml
 from .tails import TAIL_JUMP, tail_split
 
 RANK_TAIL_PCT = 10.0      # = the flowchart's K threshold on rank_tail_pct
@@ -362,24 +362,9 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
         "flowchart": {"evidence": ev, "path": d.path, "leaf": d.leaf_id,
                       "unmeasured": {k: v for k, v in unmeasured.items() if v}, "explain": d.explain()},
         "notes": notes, "problems": problems}
-    rep["nvml"] = _nvml(folder, ranks)
+    rep["nvml"] = nvml_by_rank(sorted(folder.glob("nvml-rank-*.json")) + sorted(folder.glob("*/nvml-rank-*.json")))
     rep["incident_draft"] = _incident(_for_incident(rep), d, {}, {})
     return rep
-
-
-def _nvml(folder: Path, ranks: list[int]) -> dict[str, Any]:
-    """Per-rank NVML samples (``nvml-rank-N.json``, :mod:`hwlab.nvml_sampler`) when the job wrote them."""
-    import json
-
-    from .nvml_sampler import summarise
-    out: dict[str, Any] = {}
-    for p in sorted(folder.glob("nvml-rank-*.json")):
-        try:
-            d = json.loads(p.read_text())
-            out[str(d["rank"])] = summarise(d)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            out[p.name] = {"available": False, "reason": f"unreadable ({type(e).__name__})", "gpus": {}, "flags": []}
-    return out
 
 
 def _for_incident(rep: dict[str, Any]) -> dict[str, Any]:
@@ -430,16 +415,7 @@ def render(rep: dict[str, Any]) -> str:
         out.append(f"no rank named: {f['why']}")
     else:
         out.append(f"no slow rank and no slow link (own-time spread {rep['rank_tail_pct']:.0f}%)")
-    for r, nv in rep.get("nvml", {}).items():
-        if not nv["available"]:
-            out.append(f"NVML rank {r}: not sampled ({nv['reason']})")
-            continue
-        for gid, g in nv["gpus"].items():
-            parts = [f"{k} {v['median']:.0f} ({v['p10']:.0f}-{v['p90']:.0f})" for k, v in g.items()
-                     if isinstance(v, dict) and v]
-            out.append(f"NVML rank {r} GPU{gid}: " + ", ".join(parts) + f"; NVLink {g['nvlink']}"
-                       + (f"; {g['sm_active_note']}" if g["sm_active_note"] else ""))
-        out += [f"  NVML FLAG rank {r}: {f}" for f in nv["flags"]]
+    out += render_nvml(rep.get("nvml", {}))
     fc = rep["flowchart"]
     out.append("flowchart (measured values only):")
     out += ["  " + ln for ln in fc["explain"].splitlines()]
