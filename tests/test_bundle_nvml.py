@@ -211,3 +211,18 @@ def test_steplog_option_writes_the_samples_and_the_report_reads_them(tmp_path):
         assert nv["3"]["reason"] == d["status"]["reason"] and lines == [f"NVML rank 3: not sampled ({d['status']['reason']})"]
     else:
         assert lines[0].startswith("NVML rank 3 GPU")
+
+
+def test_capture_samples_nvml_during_its_probe(tmp_path, monkeypatch):
+    from hwlab import capture
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    rec = capture.capture(tmp_path, probe=True, nvml_sample_s=0.01, quiet=True)
+    nv = rec["nvml_during_probe"]
+    assert rec["probe"] and set(nv) >= {"available", "gpus", "flags"}
+    if not nv["available"]:  # this machine has no NVML: the reason, no figures
+        assert nv["reason"] and nv["gpus"] == {}
+    else:
+        assert all(g["util_pct"] for g in nv["gpus"].values())
+    saved = json.loads(next(tmp_path.glob("*/rank-*.json")).read_text())
+    assert saved["nvml_during_probe"] == json.loads(json.dumps(nv))
