@@ -8,6 +8,9 @@ rule behind each part:
   communication time (NCCL kernels, or gloo's worker spans); *exposed* communication (not under
   busy time); idle (neither); *own* time = step minus exposed communication (what the rank's own
   work costs it, the StepLog report's "compute"). Medians over steps, p10-p90 beside the step.
+  Steps are the host's ``ProfilerStep`` windows; kernels count in the window they ran in, so a
+  job that never waits for the GPU shifts its kernels into later windows (a loop that reads a loss
+  or runs a blocking collective each step does wait).
 * **Per collective**, matched across ranks by process group and sequence number when every
   rank's trace carries them, else by order of the same collective. Host clocks of several hosts
   may disagree, so arrival is read from each rank's time *inside* the collective, which needs no
@@ -272,11 +275,7 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
     step_med = statistics.median(per_rank[str(r)]["step_ms"] for r in ranks)
     own = {r: per_rank[str(r)]["own_ms"] for r in ranks}
     tail = tail_split(own)[0] if len(ranks) > 1 else []
-    link_per_step = None
-    if n_m:
-        steps0 = rows_by[ranks[0]]
-        link_per_step = sum(c["link_ms"] for c in colls_out) / max(1, len(traces[ranks[0]].steps))
-        del steps0
+    link_per_step = sum(c["link_ms"] for c in colls_out) / max(1, len(traces[ranks[0]].steps)) if n_m else None
     floor_pct = 100.0 * link_per_step / step_med if link_per_step is not None and step_med > 0 else None
     # the verdict
     finding: dict[str, Any] = {"kind": "clean", "names": None}
@@ -426,5 +425,6 @@ def render(rep: dict[str, Any]) -> str:
 
 
 def has_finding(rep: dict[str, Any]) -> bool:
-    """A named slow rank or a link finding: the CLI exits 1."""
-    return rep["finding"]["kind"] in ("slow_rank", "slow_link")
+    """A named slow rank, a link finding, or an own-time tail that arrival does not confirm (the
+    walk's K says yes, no rank is named): the CLI exits 1."""
+    return rep["finding"]["kind"] in ("slow_rank", "slow_link", "tail_unconfirmed")
