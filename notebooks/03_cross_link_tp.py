@@ -107,6 +107,67 @@ for name in ("naive", "aware"):
 nb.show_mermaid(flowchart.diagnose(exp["naive"]["flowchart_evidence"]).mermaid())
 
 # %% [markdown]
+# ## 3b. The same question from the job's own profiler traces
+# Real jobs rarely carry `StepLog`; many already write a `torch.profiler` trace per rank
+# (`tensorboard_trace_handler`). `hwlab ranks --traces DIR` reads them streaming and asks, per collective,
+# which rank arrived last: the last arriver waits least, so its time inside the collective is the shortest,
+# and no common clock is needed. Three recorded runs of `examples/profiled_torchrun.py` (four gloo ranks on
+# a CPU machine): one rank slowed before its all-reduce, a payload large enough that every rank waits inside
+# the collective (a stand-in for a slow link where the shaped veth cannot be built), and a clean run. Beside
+# them, the step-log view of section 2: the same split into own work and waiting, from the other source.
+
+# %%
+from pathlib import Path
+
+from hwlab.diagnosis import ranks_traces
+from IPython.display import Markdown, display
+
+TRACES = Path(nb.__file__).resolve().parents[2] / "tests" / "data" / "traces"
+if TRACES.is_dir():
+    tr = {k: ranks_traces.report(TRACES / k) for k in ("slow_rank", "slow_link", "clean")}
+    src_tr = "recorded on a CPU machine: torch.profiler traces of 4 gloo ranks under torchrun"
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6), sharey=False)
+    for ax, (name, rep) in zip(axes, tr.items()):
+        per = rep["per_rank"]
+        rk = sorted(per, key=int)
+        bottom = [0.0] * len(rk)
+        for part in ("busy_ms", "exposed_comm_ms", "idle_ms"):
+            vals = [per[r][part] for r in rk]
+            ax.bar([f"rank {r}" for r in rk], vals, bottom=bottom, label=part.replace("_ms", ""))
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_title(f"traces, {name}: {rep['finding']['names'] or 'nothing named'}"[:60], fontsize=8)
+        ax.set_ylabel("median ms per step")
+        ax.legend(fontsize=7)
+    per = exp["naive"]["report"]["per_rank"]  # section 2's step-log view, same axes units
+    rk = sorted(per, key=int)
+    own = [per[r]["compute_ms"] for r in rk]
+    wait = [per[r]["tp_allreduce_ms"] + per[r]["dp_sync_ms"] for r in rk]
+    axes[3].bar([f"rank {r}" for r in rk], own, label="compute")
+    axes[3].bar([f"rank {r}" for r in rk], wait, bottom=own, label="collectives")
+    axes[3].set_title(f"step log, naive mapping (section 2)", fontsize=8)
+    axes[3].legend(fontsize=7)
+    plt.tight_layout()
+    plt.show()
+    for name, rep in tr.items():
+        last = {r: s["pct_arrived_last"] for r, s in rep["per_rank"].items()}
+        print(f"{name}: arrived last (% of {rep['collectives']['matched']} collectives) {last}; "
+              f"walk {' -> '.join(rep['flowchart']['path'])}; exit {1 if ranks_traces.has_finding(rep) else 0} [{src_tr}]")
+    sr, sl = tr["slow_rank"], tr["slow_link"]
+    f1, f2 = sr["finding"], sl["finding"]
+    display(Markdown(
+        f"From the traces ({src_tr}): in the slowed run **rank {f1['rank']}** arrived last in "
+        f"{f1['pct_arrived_last']:.0f}% of the collectives while every rank's step lasted about as long "
+        f"({min(s['step_ms'] for s in sr['per_rank'].values()):.1f}-{max(s['step_ms'] for s in sr['per_rank'].values()):.1f} ms): "
+        f"the collective is a barrier, so only arrival tells the ranks apart. Its busy time is "
+        f"{f1['busy_over_peers']:.2f}x the others' (the single-device check): not its device. In the large-payload "
+        f"run no rank is named; the last arriver still spends {f2['collective_floor_pct']:.0f}% of the step inside "
+        f"the collective, so the report names {f2['names']} ({f2['why']}). Section 2's step log names ranks "
+        f"{exp['naive']['report']['tail_ranks']} by their late finish [{src}]."))
+else:
+    print("the recorded traces (tests/data/traces in the repository) are not here: record your own with "
+          "examples/profiled_torchrun.py and run `hwlab ranks --traces DIR`")
+
+# %% [markdown]
 # ## 4. Calibrating to the seed: 0.72x
 # The seed's box fell to **0.72x**, not 0.28x. The link's rate decides how much the naive mapping loses, so
 # the kit sweeps it (each point a real run) and interpolates the rate where the naive mapping delivers 0.72x

@@ -61,6 +61,41 @@ print(d1.explain())
 print("--- the counter-example (反例)\n" + flowchart.diagnose(exp["regressed"]["flowchart_evidence"]).explain())
 
 # %% [markdown]
+# **The same case from profiler traces.** An on-call engineer usually has a `torch.profiler` trace per
+# rank rather than a step log. `hwlab ranks --traces` reads them and tells the two shapes of this incident
+# apart by arrival at each collective: a *slow rank* (one rank arrives last, the others wait for it) and
+# a *slow link* (every rank arrives together and waits inside the collective; the link is named, not a
+# rank). Shown from the recorded CPU traces of `examples/profiled_torchrun.py` beside the step-log view above.
+
+# %%
+from pathlib import Path
+
+from hwlab.diagnosis import ranks_traces
+from IPython.display import Markdown, display
+
+TRACES = Path(nb.__file__).resolve().parents[2] / "tests" / "data" / "traces"
+if TRACES.is_dir():
+    src_tr = "recorded on a CPU machine: torch.profiler traces of 4 gloo ranks under torchrun"
+    rows = []
+    for name in ("slow_rank", "slow_link", "clean"):
+        rep = ranks_traces.report(TRACES / name)
+        f = rep["finding"]
+        worst = max(rep["per_rank"].values(), key=lambda s: s["pct_arrived_last"] or 0)
+        rows.append(f"| {name} | {f['names'] or 'nothing'} | {worst['pct_arrived_last']:.0f}% | "
+                    f"{rep['flowchart']['evidence'].get('rank_tail_pct', float('nan')):.0f}% | "
+                    f"{rep['flowchart']['evidence'].get('collective_floor_pct', float('nan')):.0f}% | "
+                    f"{' -> '.join(rep['flowchart']['path'])} |")
+    step_log = exp["naive"]["report"]
+    display(Markdown(
+        f"Traces ({src_tr}):\n\n| run | named | most often last | rank tail (% of step) | last arriver inside "
+        f"collectives (% of step) | walk |\n|---|---|---|---|---|---|\n" + "\n".join(rows) +
+        f"\n\nStep log of the calibrated case above: tail ranks {step_log['tail_ranks']}, "
+        f"{step_log['tail_ms']:.1f} ms late per step [{rec.label}]."))
+else:
+    print("the recorded traces (tests/data/traces in the repository) are not here: record your own with "
+          "examples/profiled_torchrun.py and run `hwlab ranks --traces DIR`")
+
+# %% [markdown]
 # **Fix and re-verify.** TP groups from the topology (`hwlab.core.mapping.choose_tp_groups`), not from ordinals;
 # the same per-rank probe, in the same launch, shows no tail and the step back at the devices-alone step.
 
@@ -143,6 +178,41 @@ by = {p: next(b["profile"]["breakdown"]["us"] for b in s4["paths"][p]["buckets"]
 print(f"{k4} vs bf16, one step's kernel time by class (ms): " + ", ".join(
     f"{fp8.CLASSES[c]} {by['mixed'][c] / 1e3:.3f} ({(by['mixed'][c] - by['bf16'][c]) / 1e3:+.3f})" for c in fp8.CLASSES)
     + f"  [{s4src}]")
+
+# %% [markdown]
+# **The same case from profiler traces.** An on-call engineer usually has a `torch.profiler` trace per
+# rank rather than a step log. `hwlab ranks --traces` reads them and tells the two shapes of this incident
+# apart by arrival at each collective: a *slow rank* (one rank arrives last, the others wait for it) and
+# a *slow link* (every rank arrives together and waits inside the collective; the link is named, not a
+# rank). Shown from the recorded CPU traces of `examples/profiled_torchrun.py` beside the step-log view above.
+
+# %%
+from pathlib import Path
+
+from hwlab.diagnosis import ranks_traces
+from IPython.display import Markdown, display
+
+TRACES = Path(nb.__file__).resolve().parents[2] / "tests" / "data" / "traces"
+if TRACES.is_dir():
+    src_tr = "recorded on a CPU machine: torch.profiler traces of 4 gloo ranks under torchrun"
+    rows = []
+    for name in ("slow_rank", "slow_link", "clean"):
+        rep = ranks_traces.report(TRACES / name)
+        f = rep["finding"]
+        worst = max(rep["per_rank"].values(), key=lambda s: s["pct_arrived_last"] or 0)
+        rows.append(f"| {name} | {f['names'] or 'nothing'} | {worst['pct_arrived_last']:.0f}% | "
+                    f"{rep['flowchart']['evidence'].get('rank_tail_pct', float('nan')):.0f}% | "
+                    f"{rep['flowchart']['evidence'].get('collective_floor_pct', float('nan')):.0f}% | "
+                    f"{' -> '.join(rep['flowchart']['path'])} |")
+    step_log = exp["naive"]["report"]
+    display(Markdown(
+        f"Traces ({src_tr}):\n\n| run | named | most often last | rank tail (% of step) | last arriver inside "
+        f"collectives (% of step) | walk |\n|---|---|---|---|---|---|\n" + "\n".join(rows) +
+        f"\n\nStep log of the calibrated case above: tail ranks {step_log['tail_ranks']}, "
+        f"{step_log['tail_ms']:.1f} ms late per step [{rec.label}]."))
+else:
+    print("the recorded traces (tests/data/traces in the repository) are not here: record your own with "
+          "examples/profiled_torchrun.py and run `hwlab ranks --traces DIR`")
 
 # %% [markdown]
 # **Fix and re-verify.** The seed's list, as Lab 4's `fixed` path: sensitive head kept in BF16 on purpose,

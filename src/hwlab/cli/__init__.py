@@ -2,7 +2,7 @@
 
 Each larger subcommand lives in its own ``cli_<name>`` module with ``cmd_<name>`` and
 ``add_parser(sub)``, registered in :func:`build_parser`: doctor, examine, baseline, incident,
-drill, ranks, class. Conventions (like nvidia-smi, dcgmi, nccl-tests), shared by every subcommand:
+drill, ranks, class, bundle. Conventions (like nvidia-smi, dcgmi, nccl-tests), shared by every subcommand:
 
 * exit codes (:mod:`hwlab.errors`): 0 ok, 1 a finding (unhealthy verdict, deviation, failed
   grade), 2 bad input or usage (one line on stderr saying what to do; nothing measured or
@@ -24,8 +24,9 @@ from pathlib import Path
 
 from hwlab import __version__
 from hwlab.cli import (
-    cmd_baseline as cli_baseline, cmd_class as cli_class, cmd_doctor as cli_doctor, cmd_drill as cli_drill,
-    cmd_examine as cli_examine, cmd_incident as cli_incident, cmd_ranks as cli_ranks, lablaunch)
+    cmd_baseline as cli_baseline, cmd_bundle as cli_bundle, cmd_class as cli_class,
+    cmd_doctor as cli_doctor, cmd_drill as cli_drill, cmd_examine as cli_examine,
+    cmd_incident as cli_incident, cmd_ranks as cli_ranks, lablaunch)
 from hwlab.core import evidence, probes, topology
 from hwlab.cli.console import Steps, print_json, stderr_is_terminal, whole_number
 from hwlab.errors import EXIT_FINDING, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, UserInputError
@@ -170,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab.set_defaults(fn=cmd_lab)
     cli_ranks.add_parser(sub)
     cli_class.add_parser(sub)
+    cli_bundle.add_parser(sub)
     return p
 
 

@@ -1,7 +1,9 @@
-"""``hwlab ranks RUN_DIR [--json] [--skip N] [--nccl-log PATH ...] [--save-incident DIR]``.
+"""``hwlab ranks RUN_DIR [--json] [--skip N] [--nccl-log PATH ...] [--save-incident DIR]``
+and ``hwlab ranks --traces DIR [--link-gbps G]`` (a folder of per-rank profiler traces; a
+RUN_DIR holding traces and no step logs is read as one too).
 
-Exit codes: 0 no tail and no mapping warning, 1 a tail rank or a mapping warning (a finding),
-2 bad input (no such folder, no step logs), 3 internal error.
+Exit codes: 0 no tail and no mapping warning (traces: no slow rank, no link finding), 1 a
+finding, 2 bad input (no such folder, no step logs or traces), 3 internal error.
 """
 from __future__ import annotations
 
@@ -9,26 +11,41 @@ import json
 import sys
 from pathlib import Path
 
-from hwlab.diagnosis import incident, ranks
+from hwlab.diagnosis import incident, ranks, ranks_traces
+from hwlab.cli.console import stderr_is_terminal
 from hwlab.errors import EXIT_FINDING, EXIT_OK, UserInputError
 
 
 def cmd_ranks(a) -> int:
     if a.save_incident and Path(a.save_incident).exists() and not Path(a.save_incident).is_dir():
         raise UserInputError(f"--save-incident {a.save_incident} is a file: pass a folder for the record")
-    if a.skip < 0:
+    if a.skip is not None and a.skip < 0:
         raise UserInputError("--skip must be 0 or more steps")
     for p in a.nccl_log or []:
         if not Path(p).is_file():
             raise UserInputError(f"--nccl-log {p} is not a file: pass a log written with NCCL_DEBUG=INFO")
-    rep = ranks.report(a.run_dir, skip=a.skip, nccl_logs=a.nccl_log)
+    if a.traces and a.run_dir:
+        raise UserInputError("pass either RUN_DIR or --traces DIR, not both")
+    if not (a.traces or a.run_dir):
+        raise UserInputError("pass a run directory (step logs) or --traces DIR (profiler traces)")
+    if a.link_gbps is not None and not a.link_gbps > 0:
+        raise UserInputError("--link-gbps must be a positive bus bandwidth in GB/s")
+    traces = a.traces or (a.run_dir if ranks_traces.looks_like_traces(a.run_dir) else None)
+    if traces:
+        skip = 0 if a.skip is None else a.skip
+        prog = ranks_traces.progress_printer() if stderr_is_terminal() else None
+        rep = ranks_traces.report(traces, link_gbps=a.link_gbps, skip=skip, progress=prog)
+        mod = ranks_traces
+    else:
+        rep = ranks.report(a.run_dir, skip=ranks.DEFAULT_SKIP if a.skip is None else a.skip, nccl_logs=a.nccl_log)
+        mod = ranks
     if a.save_incident:
         md, js = incident.save(incident.Incident(**rep["incident_draft"]["record"]), a.save_incident)
         rep["incident_saved"] = [str(md), str(js)]
     if a.json:
         print(json.dumps(rep, indent=2, allow_nan=False, default=str))
     else:
-        print(ranks.render(rep))
+        print(mod.render(rep))
         print()
         print(rep["incident_draft"]["markdown"] if a.incident else
               "draft incident record: --incident to print it, --save-incident DIR to write it")
@@ -36,14 +53,19 @@ def cmd_ranks(a) -> int:
             print(f"incident written: {' and '.join(rep['incident_saved'])}")
     for p in rep["problems"]:
         print(f"hwlab ranks: skipped {p}", file=sys.stderr)
-    return EXIT_FINDING if ranks.has_finding(rep) else EXIT_OK
+    return EXIT_FINDING if mod.has_finding(rep) else EXIT_OK
 
 
 def add_parser(sub) -> None:
     r = sub.add_parser("ranks", help="per-rank step times, tail ranks, placement and the flowchart walk of a run")
-    r.add_argument("run_dir", help="the run directory written by hwlab.core.capture and hwlab.core.steplog")
+    r.add_argument("run_dir", nargs="?", help="the run directory written by hwlab.core.capture and hwlab.core.steplog")
+    r.add_argument("--traces", metavar="DIR", help="a folder of per-rank torch.profiler traces (.json / .json.gz)")
+    r.add_argument("--link-gbps", type=float, metavar="G",
+                   help="traces: the link's bus bandwidth in GB/s, to tell a slow link from a busy one")
     r.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    r.add_argument("--skip", type=int, default=ranks.DEFAULT_SKIP, help="start-up steps to leave out")
+    r.add_argument("--skip", type=int, default=None,
+                   help=f"start-up steps to leave out (step logs: {ranks.DEFAULT_SKIP}; traces: 0, the "
+                        "profiler's schedule already warmed up)")
     r.add_argument("--nccl-log", action="append", metavar="PATH", help="an NCCL_DEBUG=INFO log to parse")
     r.add_argument("--incident", action="store_true", help="print the draft incident record")
     r.add_argument("--save-incident", metavar="DIR", help="write the draft incident record (never overwrites)")

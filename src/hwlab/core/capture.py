@@ -235,7 +235,8 @@ def _probe_baseline(cuda_index: int | None, dtype: str | None = None) -> list[di
 
 def capture(run_dir: str | os.PathLike, *, tp_groups: list[list[int]] | None = None, tp: int | None = None,
             topo_file: str | os.PathLike | None = None, probe: bool = False, probe_dtype: str | None = None,
-            nccl_log: bool = False, device: int | None = None, quiet: bool = False) -> dict[str, Any]:
+            nccl_log: bool = False, device: int | None = None, quiet: bool = False,
+            nvml_sample_s: float | None = None) -> dict[str, Any]:
     """Write this rank's startup capture (and its node's, on local rank 0); return the rank record.
 
     ``tp_groups``: TP groups as lists of global ranks; or ``tp``: consecutive ranks form groups
@@ -246,6 +247,9 @@ def capture(run_dir: str | os.PathLike, *, tp_groups: list[list[int]] | None = N
     matmuls run in, so that the step log's declared FLOPs are held against the right rate.
     Call after ``init_process_group`` to get the all-rank mapping warning at startup; before it,
     each rank's record is written and ``hwlab ranks`` checks the mapping later.
+    ``nvml_sample_s`` (with ``probe=True``): sample this rank's GPU through NVML while the probe runs
+    (:mod:`hwlab.core.nvml_sampler`), kept as ``rec["nvml_during_probe"]``: what utilisation, SM activity
+    and PCIe/NVLink counters read on a known load, or why NVML is absent.
     """
     info = rank_env()
     rank, local_rank, world = info["rank"], info["local_rank"], info["world_size"]
@@ -292,7 +296,14 @@ def capture(run_dir: str | os.PathLike, *, tp_groups: list[list[int]] | None = N
     if probe:
         if up:
             dist.barrier()  # ranks probe together: the same contention as the job's own steps
-        rec["probe"] = _probe_baseline(device, probe_dtype)
+        if nvml_sample_s:
+            from hwlab.core.nvml_sampler import NvmlSampler, summarise
+            dev_idx = [device if device is not None else local_rank] if torch.cuda.is_available() else None
+            with NvmlSampler(interval_s=nvml_sample_s, devices=dev_idx) as smp:
+                rec["probe"] = _probe_baseline(device, probe_dtype)
+            rec["nvml_during_probe"] = summarise(smp.result())
+        else:
+            rec["probe"] = _probe_baseline(device, probe_dtype)
     if local_rank == 0:
         node = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "kind": "node", "host": host,
                 "taken_at": rec["taken_at"], "topology_source": topo_source,

@@ -24,6 +24,11 @@ its last collective (late into the sync point, e.g. because an earlier collectiv
 slow link). ``n_flops``/``n_bytes`` (the step's work, if you know it) let the report compare
 the compute against the capture's probe baseline (flowchart question B).
 
+``nvml_sample_s=0.05`` (opt-in) also samples this rank's GPU through NVML every 50 ms from a
+background thread (:mod:`hwlab.core.nvml_sampler`: utilisation, SM activity, PCIe and NVLink
+throughput; no CUDA call, so no synchronisation) and writes ``nvml-rank-00003.json`` beside the
+log at :meth:`close`; the report shows it per rank.
+
 Lines are buffered and flushed every ``flush_every`` steps; the file is created exclusively
 (an existing log is never overwritten); a truncated last line after a crash is skipped by
 the reader and reported.
@@ -55,7 +60,8 @@ class StepLog:
     """Records step start/end and collective time for one rank (see the module docstring)."""
 
     def __init__(self, run_dir: str | os.PathLike, *, rank: int | None = None, n_flops: int = 0,
-                 n_bytes: int = 0, cuda_events: bool = False, flush_every: int = 20):
+                 n_bytes: int = 0, cuda_events: bool = False, flush_every: int = 20,
+                 nvml_sample_s: float | None = None):
         self.rank = rank_env()["rank"] if rank is None else rank
         self.path = log_path(run_dir, self.rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,6 +84,11 @@ class StepLog:
                      "cuda_events": bool(cuda_events), "n_flops_per_step": int(n_flops),
                      "n_bytes_per_step": int(n_bytes)})
         self._f.flush()
+        self._sampler = None
+        if nvml_sample_s:  # opt-in: NVML only, no CUDA call (hwlab.core.nvml_sampler)
+            from hwlab.core.nvml_sampler import NvmlSampler
+            dev = [torch.cuda.current_device()] if torch.cuda.is_available() else None
+            self._sampler = NvmlSampler(interval_s=nvml_sample_s, devices=dev).start()
 
     def _now(self) -> float:
         return self._t0_unix + (time.perf_counter() - self._t0_perf)
@@ -157,6 +168,11 @@ class StepLog:
         self._drain(wait=True)
         self.flush()
         self._f.close()
+        if self._sampler is not None:
+            from hwlab.core.store import write_json_atomic
+            res = self._sampler.stop()
+            write_json_atomic(self.path.with_name(f"nvml-rank-{self.rank:05d}.json"), {"rank": self.rank, **res},
+                              overwrite=True)
 
     def __enter__(self) -> "StepLog":
         return self

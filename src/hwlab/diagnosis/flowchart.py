@@ -119,8 +119,13 @@ QUESTIONS: dict[str, Question] = {q.id: q for q in [
         Criterion("rank_tail_pct", ">=", 10.0, "% of median step time",
                   "slowest rank's median step over the median rank's: a tail of 10% or more "
                   "means one rank's link, NUMA placement or card holds all others at the "
-                  "collective."),),
-        probe="per-rank step-time distribution (the cross-link TP lab)",
+                  "collective."),
+        Criterion("collective_floor_pct", ">=", 25.0, "% of the median step",
+                  "time the collective takes once every rank has arrived (the last arriver's "
+                  "time inside it), summed per step: when even the last rank to arrive spends a "
+                  "quarter of the step inside collectives, the link holds every rank, with no rank "
+                  "to blame: a slow or saturated link, which L's actions address, not M's."),),
+        probe="per-rank step-time distribution (the cross-link TP lab); per-collective arrival from profiler traces",
         yes="L", no="M", bool_metric="rank_tail"),
 ]}
 

@@ -197,8 +197,40 @@ def report(run_dir: str | Path, *, skip: int = DEFAULT_SKIP, nccl_logs: list[str
            "flowchart": {"evidence": ev, "path": d.path, "leaf": d.leaf_id, "unmeasured": unmeasured,
                          "explain": d.explain()},
            "notes": notes, "problems": problems}
+    rep["nvml"] = nvml_by_rank(sorted(run_dir.glob("*/nvml-rank-*.json")))
     rep["incident_draft"] = _incident(rep, d, caps, nodes)
     return rep
+
+
+def nvml_by_rank(paths: list[Path]) -> dict[str, Any]:
+    """Per-rank NVML samples (``nvml-rank-N.json`` from :mod:`hwlab.core.nvml_sampler`), summarised."""
+    import json
+
+    from hwlab.core.nvml_sampler import summarise
+    out: dict[str, Any] = {}
+    for p in paths:
+        try:
+            d = json.loads(p.read_text())
+            out[str(d["rank"])] = summarise(d)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            out[p.name] = {"available": False, "reason": f"unreadable ({type(e).__name__})", "gpus": {}, "flags": []}
+    return out
+
+
+def render_nvml(nvml: dict[str, Any]) -> list[str]:
+    """The NVML lines of the report: per rank, each series' median (p10-p90), NVLink, flags."""
+    out = []
+    for r, nv in nvml.items():
+        if not nv["available"]:
+            out.append(f"NVML rank {r}: not sampled ({nv['reason']})")
+            continue
+        for gid, g in nv["gpus"].items():
+            parts = [f"{k} {v['median']:.0f} ({v['p10']:.0f}-{v['p90']:.0f})" for k, v in g.items()
+                     if isinstance(v, dict) and v]
+            out.append(f"NVML rank {r} GPU{gid}: " + ", ".join(parts) + f"; NVLink {g['nvlink']}"
+                       + (f"; {g['sm_active_note']}" if g["sm_active_note"] else ""))
+        out += [f"  NVML FLAG rank {r}: {f}" for f in nv["flags"]]
+    return out
 
 
 def _spike_summary(stats: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -276,6 +308,7 @@ def render(rep: dict[str, Any]) -> str:
         out.append(f"spikes on rank {r} only: steps {v['steps'][:12]}{per}")
     for path, v in rep["nccl_routes"].items():
         out.append(f"NCCL routes (rank {v['rank']}): {v['routes'] or 'no route lines'} [{path}]")
+    out += render_nvml(rep.get("nvml", {}))
     fc = rep["flowchart"]
     out.append("flowchart (measured values only):")
     out += ["  " + ln for ln in fc["explain"].splitlines()]

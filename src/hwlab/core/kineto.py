@@ -1,0 +1,400 @@
+"""Read one PyTorch profiler (Kineto / Chrome trace format) file, streaming, standard library only.
+
+A trace from ``torch.profiler`` (``tensorboard_trace_handler``, ``export_chrome_trace``, the
+per-rank traces inference servers write) can be gigabytes. :func:`read_trace` never loads it
+whole: it decodes the top-level object key by key and the ``traceEvents`` array one event at a
+time with :meth:`json.JSONDecoder.raw_decode` over chunks of :data:`CHUNK_CHARS` characters,
+keeping only what the rank analysis needs (steps, kernels, collectives, the main thread's
+top-level operators) as small tuples. Memory grows with the kept events, not with the file.
+
+What it extracts, as torch writes it:
+
+* ``distributedInfo``: ``rank``, ``world_size``, ``backend``, ``pg_config``; the rank's source is
+  said (:data:`RANK_FROM_TRACE`); without it the rank comes from the file name
+  (``*-TP-{rank}.trace.json[.gz]``, ``rank{N}`` / ``rank-{N}`` / ``rank_{N}``), and a
+  ``tensorboard_trace_handler`` name (``{host}_{pid}.{ns}.pt.trace.json[.gz]``) gives host and pid
+  only.
+* ``ProfilerStep#N`` spans on the host (the ``gpu_user_annotation`` copy on the device is left).
+* GPU kernels (``cat`` ``kernel``) with device and stream; NCCL kernels (``ncclKernel_*``,
+  ``ncclDevKernel_*``, NCCL's one-rank kernel from ``onerank.cu``, or any kernel torch tagged with
+  ``Collective name``) are collectives, named from those args where present, else from the
+  kernel name (``ncclDevKernel_AllReduce_Sum_f32_RING_LL`` -> ``allreduce``). Torch writes the
+  collective's name, ``In msg nelems``, ``dtype``, process group and group size on the NCCL
+  kernel itself; a sequence number only in some versions.
+* Collective metadata from ``record_param_comms`` host operators (``Collective name``, ``In msg
+  nelems``, ``dtype``, ``Process Group Name``, ``Group size``, ``Seq``, as torch records them
+  for NCCL), matched to the NCCL kernels of the same process in launch order.
+* Gloo collectives on the host: ``gloo:<collective>`` spans on gloo's worker threads (the time the
+  collective itself takes; the ``c10d::allreduce_`` operator on the main thread only enqueues it),
+  with the bytes from ``Input Dims`` and ``Input type`` when the profiler recorded shapes.
+
+A truncated or malformed file raises :class:`TraceError` with the byte offset; a path that is
+not a regular file (a FIFO, a device) is refused before it is opened.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from hwlab.errors import UserInputError
+
+CHUNK_CHARS = 1 << 20  # characters decoded per read: the bound on the reader's buffer
+PROGRESS_EVERY_BYTES = 64 << 20  # a progress call per 64 MB of file read
+RANK_FROM_TRACE = "distributedInfo in the trace"
+TRACE_SUFFIXES = (".json", ".json.gz")
+NOT_TRACES = ("rank-", "nvml-", "node.json", "mapping.json")  # the kit's own records in a run folder
+
+#: bytes per element of the dtypes the profiler writes in ``Input type`` / ``dtype``
+DTYPE_BYTES = {"float": 4, "float32": 4, "Float": 4, "double": 8, "float64": 8, "Double": 8,
+               "c10::Half": 2, "half": 2, "float16": 2, "Half": 2, "c10::BFloat16": 2, "bfloat16": 2,
+               "BFloat16": 2, "int": 4, "int32": 4, "Int": 4, "long int": 8, "int64": 8, "Long": 8,
+               "signed char": 1, "int8": 1, "unsigned char": 1, "uint8": 1, "Byte": 1, "bool": 1,
+               "c10::Float8_e4m3fn": 1, "Float8_e4m3fn": 1, "c10::Float8_e5m2": 1, "Float8_e5m2": 1}
+
+_NCCL_KERNEL = re.compile(r"^ncclDevKernel_|^ncclKernel_")
+_ONE_RANK = "_onerank_cu_"  # NCCL's kernel for a one-rank communicator (src/device/onerank.cu)
+_NCCL_COLL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
+_TP_RANK = re.compile(r"-TP-(\d+)(?:[-.]|$)")
+_RANK = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)(?:[^0-9]|$)", re.I)
+_TB_NAME = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.(?P<ns>\d+)\.pt\.trace\.json(?:\.gz)?$")
+
+
+class TraceError(UserInputError):
+    """A trace file that cannot be read as a Chrome/Kineto trace (one line, with where it broke)."""
+
+
+def coll_key(name: str) -> str:
+    """One spelling for a collective across sources: ``all_reduce``, ``AllReduce``, ``allreduce_``
+    -> ``allreduce``."""
+    n = name.split(":")[-1].lower().replace("_", "").replace(" ", "")
+    for pre in ("c10d", "nccl"):
+        n = n[len(pre):] if n.startswith(pre) else n
+    return n[:-4] if n.endswith("base") and len(n) > 4 else n  # _allgather_base -> allgather
+
+
+@dataclass
+class Collective:
+    """One collective on one rank: where its time was spent and what it moved."""
+    name: str                 # coll_key spelling
+    ts_us: float
+    dur_us: float
+    on: str                   # "gpu" (an NCCL kernel) or "cpu" (a gloo worker span)
+    stream: Any = None        # the CUDA stream (NCCL) or the worker thread id (gloo)
+    n_bytes: int | None = None
+    pg: str | None = None     # process group name, when recorded
+    seq: int | None = None    # the collective's sequence number in its group, when recorded
+    group_size: int | None = None
+    meta_source: str | None = None  # where the size / group / seq came from
+    kernel: str | None = None       # the NCCL kernel's name (GPU collectives)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RankTrace:
+    """What :func:`read_trace` kept from one file."""
+    path: str
+    rank: int | None = None
+    rank_source: str | None = None
+    world_size: int | None = None
+    backend: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    pg_config: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[tuple[int, float, float]] = field(default_factory=list)      # (step, ts_us, dur_us)
+    kernels: list[tuple[float, float, Any]] = field(default_factory=list)   # non-NCCL: (ts_us, dur_us, stream)
+    collectives: list[Collective] = field(default_factory=list)
+    host_ops: list[tuple[float, float]] = field(default_factory=list)       # main thread, not collectives
+    n_events: int = 0
+    n_bytes_file: int = 0
+    devices: list[Any] = field(default_factory=list)
+    schema_version: Any = None
+
+    @property
+    def on_gpu(self) -> bool:
+        return bool(self.kernels) or any(c.on == "gpu" for c in self.collectives)
+
+
+def name_rank(path: str | os.PathLike) -> tuple[int | None, str | None, dict[str, Any]]:
+    """(rank, how, extra) from a trace's file name; extra holds host/pid of a
+    ``tensorboard_trace_handler`` name (which carries no rank)."""
+    name = Path(path).name
+    extra: dict[str, Any] = {}
+    m = _TB_NAME.match(name)
+    if m:
+        extra = {"host": m["host"], "pid": int(m["pid"])}
+    m = _TP_RANK.search(name)
+    if m:
+        return int(m.group(1)), "file name (-TP-N)", extra
+    m = _RANK.search(name)
+    if m:
+        return int(m.group(1)), "file name (rankN)", extra
+    return None, None, extra
+
+
+def is_trace_name(path: str | os.PathLike) -> bool:
+    n = Path(path).name
+    if not n.endswith(TRACE_SUFFIXES) or n.startswith(NOT_TRACES):
+        return False
+    return "trace" in n or bool(_RANK.search(n))
+
+
+class _Stream:
+    """Characters from a (gzipped) file in chunks, with the byte position of the file read."""
+
+    def __init__(self, path: Path, progress: Callable[[int, int], None] | None):
+        self.raw = open(path, "rb")
+        self.total = os.fstat(self.raw.fileno()).st_size
+        gz = self.raw.read(2) == b"\x1f\x8b"
+        self.raw.seek(0)
+        inner = gzip.GzipFile(fileobj=self.raw) if gz else self.raw
+        self.text = io.TextIOWrapper(inner, encoding="utf-8", errors="replace")
+        self.progress, self.next_report = progress, PROGRESS_EVERY_BYTES
+        self.buf, self.pos, self.eof, self.consumed = "", 0, False, 0
+
+    def close(self) -> None:
+        self.text.close()
+        self.raw.close()
+
+    def more(self) -> bool:
+        if self.eof:
+            return False
+        chunk = self.text.read(CHUNK_CHARS)
+        if not chunk:
+            self.eof = True
+            return False
+        self.consumed += self.pos
+        self.buf = self.buf[self.pos:] + chunk
+        self.pos = 0
+        if self.progress and self.raw.tell() >= self.next_report:
+            self.progress(self.raw.tell(), self.total)
+            self.next_report = self.raw.tell() + PROGRESS_EVERY_BYTES
+        return True
+
+    def skip_ws(self) -> str:
+        while True:
+            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
+                self.pos += 1
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self.more():
+                return ""
+
+    def expect(self, chars: str) -> str:
+        c = self.skip_ws()
+        if c == "" or c not in chars:
+            raise self.error(f"expected one of {chars!r}, found {c or 'end of file'!r}")
+        self.pos += 1
+        return c
+
+    def value(self, dec: json.JSONDecoder = json.JSONDecoder()) -> Any:
+        self.skip_ws()
+        while True:
+            try:
+                v, end = dec.raw_decode(self.buf, self.pos)
+                # a number or literal at the end of the buffer may continue in the next chunk
+                if end < len(self.buf) or self.eof:
+                    self.pos = end
+                    return v
+            except json.JSONDecodeError:
+                if self.eof:
+                    raise self.error("malformed or truncated JSON")
+            if not self.more():
+                if self.pos >= len(self.buf):
+                    raise self.error("truncated (file ends inside a value)")
+
+    def error(self, what: str) -> TraceError:
+        return TraceError(f"{self.raw.name}: {what} near character {self.consumed + self.pos}: "
+                          "pass a complete trace written by torch.profiler (export_chrome_trace or "
+                          "tensorboard_trace_handler)")
+
+
+def _nbytes_from_shapes(args: dict[str, Any]) -> int | None:
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if not dims or not types:
+        return None
+    total = 0
+    for d, t in zip(dims, types):
+        if isinstance(d, list) and d and all(isinstance(x, int) for x in d) and t in DTYPE_BYTES:
+            n = 1
+            for x in d:
+                n *= x
+            total += n * DTYPE_BYTES[t]
+        elif t == "TensorList" and isinstance(d, list):  # c10d ops: a list of tensors
+            return None
+    return total or None
+
+
+def _comms_meta(args: dict[str, Any]) -> dict[str, Any]:
+    """The collective metadata torch writes on ``record_param_comms`` (and, in some versions, on
+    the NCCL kernel itself)."""
+    out: dict[str, Any] = {}
+    if "Collective name" in args:
+        out["name"] = coll_key(str(args["Collective name"]))
+    nel = args.get("In msg nelems")
+    dt = args.get("dtype")
+    if isinstance(nel, int) and dt is not None:
+        size = DTYPE_BYTES.get(str(dt)) or DTYPE_BYTES.get(str(dt).split(".")[-1])
+        if size:
+            out["n_bytes"] = nel * size
+    for key, k in (("Process Group Name", "pg"), ("Process Group Description", "pg_desc")):
+        if args.get(key) not in (None, ""):
+            out[k] = str(args[key])
+    for key in ("Seq", "seq", "Sequence number"):
+        if isinstance(args.get(key), int) and "Collective name" in args:
+            out["seq"] = args[key]
+            break
+    if isinstance(args.get("Group size"), int):
+        out["group_size"] = args["Group size"]
+    return out
+
+
+def read_trace(path: str | os.PathLike, *, progress: Callable[[int, int], None] | None = None) -> RankTrace:
+    """Stream one trace file into a :class:`RankTrace` (module docstring). ``progress(bytes_read,
+    file_bytes)`` is called every :data:`PROGRESS_EVERY_BYTES` of file read."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise UserInputError(f"{p}: cannot read ({e.strerror}): pass a trace file") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UserInputError(f"{p} is not a regular file (a FIFO or device?): pass a saved trace file")
+    rt = RankTrace(path=str(p), n_bytes_file=st.st_size)
+    s = _Stream(p, progress)
+    main_tids: set[Any] = set()
+    ops: list[tuple[float, float, Any]] = []
+    metas: list[tuple[float, dict[str, Any]]] = []
+    try:
+        try:
+            s.expect("{")
+            if s.skip_ws() == "}":
+                raise s.error("empty object, no traceEvents")
+            while True:
+                key = s.value()
+                s.expect(":")
+                if key != "traceEvents":
+                    v = s.value()
+                    if key == "distributedInfo" and isinstance(v, dict):
+                        rt.rank, rt.world_size = v.get("rank"), v.get("world_size")
+                        rt.backend, rt.pg_config = v.get("backend"), v.get("pg_config") or []
+                    elif key == "deviceProperties" and isinstance(v, list):
+                        rt.devices = [{k: d.get(k) for k in ("id", "name", "computeMajor", "computeMinor",
+                                                               "numSms", "totalGlobalMem")} for d in v]
+                    elif key in ("host_name", "hostname") and isinstance(v, str):
+                        rt.host = v
+                    elif key == "schemaVersion":
+                        rt.schema_version = v
+                else:
+                    s.expect("[")
+                    if s.skip_ws() == "]":
+                        s.pos += 1
+                    else:
+                        while True:
+                            ev = s.value()
+                            rt.n_events += 1
+                            if isinstance(ev, dict):
+                                _take(ev, rt, ops, metas, main_tids)
+                            if s.expect(",]") == "]":
+                                break
+                if s.expect(",}") == "}":
+                    break
+        except (UnicodeDecodeError, EOFError, gzip.BadGzipFile, OSError) as e:
+            raise s.error(f"cannot be decoded ({type(e).__name__}: {e})") from None
+    finally:
+        s.close()
+    _finish(rt, ops, metas, main_tids)
+    if rt.rank is not None:
+        rt.rank_source = RANK_FROM_TRACE
+    n_rank, how, extra = name_rank(p)
+    if rt.rank is None and n_rank is not None:
+        rt.rank, rt.rank_source = n_rank, how
+    rt.host = rt.host or extra.get("host")
+    rt.pid = rt.pid if rt.pid is not None else extra.get("pid")
+    return rt
+
+
+def _take(ev: dict[str, Any], rt: RankTrace, ops: list, metas: list, main_tids: set) -> None:
+    if ev.get("ph") != "X":
+        return
+    name, cat = str(ev.get("name", "")), ev.get("cat")
+    try:
+        ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
+    except (KeyError, TypeError, ValueError):
+        return
+    args = ev.get("args") or {}
+    if cat in ("kernel", "Kernel"):
+        stream = args.get("stream")
+        if _NCCL_KERNEL.match(name) or "Collective name" in args or _ONE_RANK in name:
+            m = _NCCL_COLL.match(name)
+            c = Collective(coll_key(m.group(1)) if m else "nccl", ts, dur, "gpu", stream)
+            c.kernel = name[:120]
+            meta = _comms_meta(args)
+            if meta:
+                c.name = meta.get("name", c.name)
+                c.n_bytes, c.pg, c.seq = meta.get("n_bytes"), meta.get("pg"), meta.get("seq")
+                c.group_size, c.meta_source = meta.get("group_size"), "kernel args"
+            rt.collectives.append(c)
+        else:
+            rt.kernels.append((ts, dur, stream))
+        return
+    if name.startswith("ProfilerStep#") and cat != "gpu_user_annotation":
+        try:
+            rt.steps.append((int(name.split("#", 1)[1]), ts, dur))
+        except ValueError:
+            return
+        main_tids.add(ev.get("tid"))
+        if rt.pid is None and isinstance(ev.get("pid"), int):
+            rt.pid = ev["pid"]
+        return
+    if name.startswith("gloo:") and cat in ("user_annotation", "cpu_op"):
+        rt.collectives.append(Collective(coll_key(name), ts, dur, "cpu", ev.get("tid"),
+                                         n_bytes=_nbytes_from_shapes(args),
+                                         meta_source="Input Dims" if "Input Dims" in args else None))
+        return
+    if cat == "cpu_op" and name == "record_param_comms":
+        meta = _comms_meta(args)
+        if meta:
+            metas.append((ts, meta))
+        return
+    if cat == "cpu_op":
+        ops.append((ts, dur, ev.get("tid")))
+
+
+def _finish(rt: RankTrace, ops: list, metas: list, main_tids: set) -> None:
+    rt.steps.sort(key=lambda s: s[1])
+    rt.kernels.sort(key=lambda k: k[0])
+    rt.collectives.sort(key=lambda c: c.ts_us)
+    # the main thread's top-level operators, not the collective enqueues
+    top: list[tuple[float, float]] = []
+    end = -1.0
+    for ts, dur, tid in sorted(ops, key=lambda o: o[0]):
+        if main_tids and tid not in main_tids:
+            continue
+        if ts >= end:
+            top.append((ts, dur))
+            end = ts + dur
+    rt.host_ops = top
+    # NCCL kernels without metadata: take the record_param_comms of the same collective, in order
+    gpu = [c for c in rt.collectives if c.on == "gpu" and c.meta_source is None]
+    metas.sort(key=lambda m: m[0])
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for _, m in metas:
+        if "name" in m:
+            by_name.setdefault(m["name"], []).append(m)
+    seen: dict[str, int] = {}
+    for c in gpu:
+        lst = by_name.get(c.name) or []
+        i = seen.get(c.name, 0)
+        if i < len(lst):
+            m = lst[i]
+            c.n_bytes, c.pg, c.seq = m.get("n_bytes"), m.get("pg"), m.get("seq")
+            c.group_size, c.meta_source = m.get("group_size"), "record_param_comms (in launch order)"
+        seen[c.name] = i + 1

@@ -1,0 +1,431 @@
+"""``hwlab ranks --traces DIR``: a folder of per-rank PyTorch profiler traces, read together.
+
+The traces are read one at a time, streaming (:mod:`hwlab.core.kineto`). What is reported, and the
+rule behind each part:
+
+* **Per rank and step** (``ProfilerStep#N`` spans on the host): step time; *busy* time (GPU
+  kernels other than NCCL on a GPU trace; the main thread's top-level operators on a CPU trace);
+  communication time (NCCL kernels, or gloo's worker spans); *exposed* communication (not under
+  busy time); idle (neither); *own* time = step minus exposed communication (what the rank's own
+  work costs it, the StepLog report's "compute"). Medians over steps, p10-p90 beside the step.
+  Steps are the host's ``ProfilerStep`` windows; kernels count in the window they ran in, so a
+  job that never waits for the GPU shifts its kernels into later windows (a loop that reads a loss
+  or runs a blocking collective each step does wait).
+* **Per collective**, matched across ranks by process group and sequence number when every
+  rank's trace carries them, else by order of the same collective. Host clocks of several hosts
+  may disagree, so arrival is read from each rank's time *inside* the collective, which needs no
+  common clock: the last rank to arrive waits least, so its time inside is the shortest; each
+  rank's wait is its time inside minus that shortest time, and the skew is the largest wait.
+  When every trace comes from one host, the start times (one clock) give a second, independent
+  arrival order, and the share of collectives where the two agree is reported.
+* **Slow rank**: the rank with the longest own time, ``rank_tail_pct`` = its own time over the
+  other ranks' median, in % of the median step (the flowchart's K unit; own times of ranks that
+  mostly wait are small, so a ratio of them would magnify noise), at least
+  :data:`RANK_TAIL_PCT`, *and* arrival: it arrived last in at least :data:`LAST_SHARE` of the
+  matched collectives and :data:`CHANCE_MARGIN` times the share chance gives (a quarter with
+  four ranks, a half with two), over at least :data:`MIN_MATCHED` of them. The own-time split of
+  :func:`hwlab.core.tails.tail_split` (the StepLog report's rule) is shown beside it. It is
+  then checked against the single-device branch (B), the seed's counter-example: its busy time
+  over the other ranks' at their p10 (the same code runs on every rank, so the ranks' own
+  median is the floor here, an estimate from peers, not a roofline floor); a rank whose busy
+  time is normal is slow for another reason (a host stall, a data loader, its placement).
+* **Slow link**: no slow rank, and the collectives take :data:`LINK_FLOOR_PCT` of the step even
+  for the last rank to arrive (``collective_floor_pct``: every rank waits inside the
+  collective, the arrival skew is small). Bus bandwidth (``2(n-1)/n x bytes / time`` for an
+  all-reduce, ``(n-1)/n`` for all-gather/reduce-scatter, bytes/time otherwise) is set against
+  ``link_gbps`` when given (the link's measured or rated bus bandwidth): under
+  :data:`SLOW_LINK_FRACTION` of it, the link is slow; above, the job is communication-bound and
+  the overlap figure says how much was hidden. Without ``link_gbps`` the two are not separated
+  and the report says so. The link is named (backend, hosts, ranks), never a rank.
+* **Clean**: no slow rank and no link finding: nothing is named; the CLI exits 0.
+* **Flowchart** on measured values only: B ``slowdown_vs_floor`` (peer floor, above); D
+  ``e2e_slowdown`` = median step over the median rank's own time; K ``rank_tail_pct`` (own-time
+  tail) and ``collective_floor_pct``.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+from hwlab.diagnosis import flowchart
+from hwlab.core import kineto
+from hwlab.errors import UserInputError
+from hwlab.core.measure import quantile
+from hwlab.diagnosis.ranks import _incident, nvml_by_rank, render_nvml
+from hwlab.core.tails import TAIL_JUMP, tail_split
+
+RANK_TAIL_PCT = 10.0      # = the flowchart's K threshold on rank_tail_pct
+LAST_SHARE = 0.5          # the named rank arrived last in at least half the collectives
+CHANCE_MARGIN = 1.5       # ... and in at least 1.5x the share chance gives (1/n ranks): 75% with two ranks
+MIN_MATCHED = 5           # ... of at least five matched collectives
+LINK_FLOOR_PCT = 25.0     # = the flowchart's K criterion on collective_floor_pct
+SLOW_LINK_FRACTION = 0.5  # bus bandwidth under half the link's: the link is slow
+SINGLE_DEVICE_SLOW = 1.5  # = the flowchart's B threshold
+
+_BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
+               "reducescatter": lambda n: (n - 1) / n}
+
+
+def find_traces(folder: str | Path) -> list[Path]:
+    """Trace files under ``folder`` (one level of sub-folders too, as jobs write per-host ones)."""
+    d = Path(folder)
+    files = [p for pat in ("*", "*/*") for p in sorted(d.glob(pat)) if p.is_file() and kineto.is_trace_name(p)]
+    return files
+
+
+def looks_like_traces(folder: str | Path) -> bool:
+    d = Path(folder)
+    return d.is_dir() and bool(find_traces(d)) and not list(d.glob("*/steps-rank-*.jsonl"))
+
+
+def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(iv):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _length(iv: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in iv)
+
+
+def _clip(iv: list[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
+    return [(max(a, lo), min(b, hi)) for a, b in iv if b > lo and a < hi]
+
+
+def _minus(a_iv: list[tuple[float, float]], b_iv: list[tuple[float, float]]) -> float:
+    """Length of union(a) not covered by union(b)."""
+    return _length(_union(a_iv)) - _length(_union(_clip_all(_union(a_iv), _union(b_iv))))
+
+
+def _clip_all(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out = []
+    for lo, hi in a:
+        out += _clip(b, lo, hi)
+    return out
+
+
+def _rank_steps(t: kineto.RankTrace) -> list[dict[str, Any]]:
+    busy_src = [(ts, ts + d) for ts, d, _ in t.kernels] if t.on_gpu else [(ts, ts + d) for ts, d in t.host_ops]
+    comm_src = [(c.ts_us, c.ts_us + c.dur_us) for c in t.collectives]
+    rows = []
+    for sid, ts, dur in t.steps:
+        lo, hi = ts, ts + dur
+        busy, comm = _union(_clip(busy_src, lo, hi)), _union(_clip(comm_src, lo, hi))
+        comm_us, busy_us = _length(comm), _length(busy)
+        exposed_us = _minus(comm, busy)
+        both = _length(_union(busy + comm))
+        rows.append({"step": sid, "step_ms": dur / 1e3, "busy_ms": busy_us / 1e3, "comm_ms": comm_us / 1e3,
+                     "exposed_comm_ms": exposed_us / 1e3, "idle_ms": (dur - both) / 1e3,
+                     "own_ms": (dur - exposed_us) / 1e3})
+    return rows
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    med = {k: statistics.median(r[k] for r in rows) for k in
+           ("step_ms", "busy_ms", "comm_ms", "exposed_comm_ms", "idle_ms", "own_ms")}
+    steps = [r["step_ms"] for r in rows]
+    comm = sum(r["comm_ms"] for r in rows)
+    hidden = comm - sum(r["exposed_comm_ms"] for r in rows)
+    return {**med, "n_steps": len(rows), "step_p10_ms": quantile(steps, 0.1), "step_p90_ms": quantile(steps, 0.9),
+            "busy_p10_ms": quantile([r["busy_ms"] for r in rows], 0.1),
+            "overlap_hidden_pct": 100.0 * hidden / comm if comm > 0 else None}
+
+
+def _match(traces: dict[int, kineto.RankTrace]) -> tuple[list[dict[int, kineto.Collective]], str, list[str]]:
+    """Collectives present on every rank, keyed by (process group, sequence number) when all carry
+    them, else by (name, process group, k-th occurrence)."""
+    notes: list[str] = []
+    colls = {r: t.collectives for r, t in traces.items()}
+    by_seq = all(c.pg is not None and c.seq is not None for cs in colls.values() for c in cs) and \
+        all(colls.values())
+    keyed: dict[int, dict[tuple, kineto.Collective]] = {}
+    for r, cs in colls.items():
+        k: dict[tuple, kineto.Collective] = {}
+        seen: Counter = Counter()
+        for c in cs:
+            if by_seq:
+                key = (c.pg, c.seq)
+            else:
+                key = (c.name, c.pg or "", seen[(c.name, c.pg)])
+                seen[(c.name, c.pg)] += 1
+            k[key] = c
+        keyed[r] = k
+    common = set.intersection(*(set(k) for k in keyed.values())) if keyed else set()
+    counts = {r: len(k) for r, k in keyed.items()}
+    if len(set(counts.values())) > 1:
+        notes.append(f"ranks recorded different numbers of collectives {counts}: matched the {len(common)} "
+                     "present on every rank")
+    first = min(traces)
+    order = sorted(common, key=lambda key: keyed[first][key].ts_us)
+    return [{r: keyed[r][key] for r in keyed} for key in order], \
+        ("process group + sequence number" if by_seq else "order of each collective per process group"), notes
+
+
+def _busbw_gbps(c: kineto.Collective, n_ranks: int, t_us: float) -> float | None:
+    if not c.n_bytes or t_us <= 0:
+        return None
+    f = _BUS_FACTOR.get(c.name, lambda n: 1.0)(c.group_size or n_ranks)
+    return c.n_bytes * f / (t_us * 1e-6) / 1e9
+
+
+def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
+           progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+    """Read every trace under ``folder`` and analyse them together (module docstring)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserInputError(f"{folder} is not a folder: pass the folder your profiler wrote its traces to")
+    files = find_traces(folder)
+    if not files:
+        raise UserInputError(f"no profiler traces (*.pt.trace.json[.gz], *trace.json[.gz]) in {folder}: "
+                             "profile with torch.profiler and tensorboard_trace_handler(DIR)")
+    if link_gbps is not None and not link_gbps > 0:
+        raise UserInputError("--link-gbps must be a positive bus bandwidth in GB/s")
+    problems: list[str] = []
+    traces: dict[int, kineto.RankTrace] = {}
+    unranked: list[kineto.RankTrace] = []
+    for f in files:
+        cb = (lambda done, total, f=f: progress(str(f), done, total)) if progress else None
+        try:
+            t = kineto.read_trace(f, progress=cb)
+        except kineto.TraceError as e:
+            problems.append(str(e))
+            continue
+        if not t.steps:
+            problems.append(f"{f}: no ProfilerStep#N spans (profile with a schedule and call prof.step()), left out")
+            continue
+        if t.rank is None:
+            unranked.append(t)
+        elif t.rank in traces:
+            problems.append(f"{f}: rank {t.rank} already read from {traces[t.rank].path}, left out")
+        else:
+            traces[t.rank] = t
+    notes: list[str] = []
+    if unranked:
+        free = (r for r in range(10 ** 6) if r not in traces)
+        for t in unranked:
+            t.rank, t.rank_source = next(free), "file order (no distributedInfo and no rank in the file name)"
+            traces[t.rank] = t
+        notes.append(f"{len(unranked)} trace(s) carry no rank: numbered by file order, a guess")
+    if not traces:
+        raise UserInputError(f"no usable trace in {folder}: " + "; ".join(problems))
+    ranks = sorted(traces)
+    worlds = {t.world_size for t in traces.values() if t.world_size}
+    world = max(worlds) if worlds else None
+    hosts = sorted({t.host or "?" for t in traces.values()})
+    backends = sorted({t.backend for t in traces.values() if t.backend})
+    if len(hosts) > 1:
+        notes.append(f"traces from {len(hosts)} hosts {hosts}: host clocks may disagree, so arrival is read "
+                     "from each rank's time inside the collective only")
+    per_rank: dict[str, dict[str, Any]] = {}
+    rows_by: dict[int, list[dict[str, Any]]] = {}
+    for r in ranks:
+        t = traces[r]
+        rows = sorted(_rank_steps(t), key=lambda x: x["step"])[skip:]
+        if not rows:
+            problems.append(f"{t.path}: fewer than {skip + 1} steps, left out")
+            continue
+        rows_by[r] = rows
+        s = _summary(rows)
+        s.update({"host": t.host or "?", "pid": t.pid, "file": Path(t.path).name, "rank_source": t.rank_source,
+                  "device": "GPU kernels" if t.on_gpu else "host (CPU ranks)",
+                  "n_collectives": len(t.collectives), "n_kernels": len(t.kernels)})
+        per_rank[str(r)] = s
+    ranks = sorted(rows_by)
+    if not ranks:
+        raise UserInputError(f"no trace in {folder} has more than {skip} steps")
+    traces = {r: traces[r] for r in ranks}
+    matched, match_by, mnotes = _match(traces) if len(ranks) > 1 else ([], "one rank: nothing to match", [])
+    notes += mnotes
+    one_clock = len(hosts) == 1
+    colls_out, last_count, wait_ms = [], Counter(), {r: 0.0 for r in ranks}
+    agree = 0
+    for m in matched:
+        durs = {r: c.dur_us for r, c in m.items()}
+        last = min(durs, key=durs.get)
+        floor_us = durs[last]
+        waits = {r: (d - floor_us) / 1e3 for r, d in durs.items()}
+        last_count[last] += 1
+        for r, w in waits.items():
+            wait_ms[r] += w
+        c0 = m[last]
+        row = {"name": c0.name, "pg": c0.pg, "seq": c0.seq, "n_bytes": c0.n_bytes, "last": last,
+               "skew_ms": max(waits.values()), "inside_ms": {str(r): d / 1e3 for r, d in durs.items()},
+               "link_ms": floor_us / 1e3, "busbw_gbps": _busbw_gbps(c0, len(ranks), floor_us)}
+        if one_clock:
+            starts = {r: c.ts_us for r, c in m.items()}
+            row["last_by_start"] = max(starts, key=starts.get)
+            row["start_skew_ms"] = (max(starts.values()) - min(starts.values())) / 1e3
+            agree += row["last_by_start"] == last
+        colls_out.append(row)
+    n_m = len(matched)
+    for r in ranks:
+        per_rank[str(r)]["pct_arrived_last"] = 100.0 * last_count[r] / n_m if n_m else None
+        per_rank[str(r)]["total_wait_ms"] = wait_ms[r] if n_m else None
+    # for the StepLog report's incident wording
+    for r in ranks:
+        s = per_rank[str(r)]
+        s["compute_ms"], s["arrival_ms"], s["clock"] = s["own_ms"], s["own_ms"], "profiler trace"
+        s["coll_ms"] = {"all collectives": s["comm_ms"]}
+    step_med = statistics.median(per_rank[str(r)]["step_ms"] for r in ranks)
+    own = {r: per_rank[str(r)]["own_ms"] for r in ranks}
+    tail = tail_split(own)[0] if len(ranks) > 1 else []
+    link_per_step = sum(c["link_ms"] for c in colls_out) / max(1, len(traces[ranks[0]].steps)) if n_m else None
+    floor_pct = 100.0 * link_per_step / step_med if link_per_step is not None and step_med > 0 else None
+    # the verdict
+    finding: dict[str, Any] = {"kind": "clean", "names": None}
+    last_rank = max(last_count, key=last_count.get) if last_count else None
+    last_share = last_count[last_rank] / n_m if n_m else 0.0
+    busy_p10 = {r: per_rank[str(r)]["busy_p10_ms"] for r in ranks}
+    peer_floor = statistics.median(busy_p10.values())
+    slowest = max(own, key=own.get)
+    others = [v for r, v in own.items() if r != slowest]
+    tail_pct = 100.0 * (own[slowest] - statistics.median(others)) / step_med if others and step_med > 0 else 0.0
+    need_share = max(LAST_SHARE, CHANCE_MARGIN / len(ranks))
+    if tail_pct >= RANK_TAIL_PCT and n_m >= MIN_MATCHED and last_rank == slowest and last_share >= need_share:
+        r = slowest
+        ratio = busy_p10[r] / peer_floor if peer_floor > 0 else None
+        device_slow = ratio is not None and ratio >= SINGLE_DEVICE_SLOW
+        finding = {"kind": "slow_rank", "names": f"rank {r}", "rank": r,
+                   "pct_arrived_last": 100.0 * last_share, "busy_over_peers": ratio,
+                   "single_device_branch": (
+                       f"its busy time is {ratio:.2f}x the ranks' median (>= {SINGLE_DEVICE_SLOW}): its own "
+                       "device or kernels are slow -- take the single-device branch (B yes)" if device_slow else
+                       f"its busy time is {ratio:.2f}x the ranks' median (< {SINGLE_DEVICE_SLOW}): not its "
+                       "device -- something outside its kernels delays it (host stall, data loading, "
+                       "placement): the counter-example holds" if ratio is not None else "busy time not measured")}
+    elif tail_pct >= RANK_TAIL_PCT:
+        finding = {"kind": "tail_unconfirmed", "names": None,
+                   "why": (f"rank {slowest} has the longest own time ({tail_pct:.0f}% of the step over the others') "
+                           f"but the rank arriving last most often is {last_rank} "
+                           f"({100 * last_share:.0f}% of {n_m} collectives; named at >= {100 * need_share:.0f}% "
+                           f"of at least {MIN_MATCHED})")}
+    elif floor_pct is not None and floor_pct >= LINK_FLOOR_PCT:
+        bws = [c["busbw_gbps"] for c in colls_out if c["busbw_gbps"]]
+        bw = statistics.median(bws) if bws else None
+        skews = [c["skew_ms"] for c in colls_out]
+        link_name = (f"the {'/'.join(backends) or 'collective'} link between ranks {ranks[0]}-{ranks[-1]} on "
+                     + (f"host {hosts[0]}" if len(hosts) == 1 else f"hosts {', '.join(hosts)}"))
+        if link_gbps and bw is not None:
+            slow = bw < SLOW_LINK_FRACTION * link_gbps
+            verdict = ("slow link" if slow else "communication-bound (the link runs near its rate)")
+            why = f"bus bandwidth {bw:.2f} GB/s = {100 * bw / link_gbps:.0f}% of the link's {link_gbps:g} GB/s"
+        else:
+            verdict = "link-bound: slow link or payload too large, not separated"
+            why = (f"bus bandwidth {bw:.3g} GB/s" if bw else "collective sizes not recorded (profile with "
+                   "record_shapes=True)") + "; no link rate given (--link-gbps) to set it against"
+        finding = {"kind": "slow_link", "names": link_name, "verdict": verdict, "why": why,
+                   "busbw_gbps": bw, "collective_floor_pct": floor_pct,
+                   "median_skew_ms": statistics.median(skews) if skews else None,
+                   "overlap_hidden_pct": statistics.median(
+                       [per_rank[str(r)]["overlap_hidden_pct"] or 0.0 for r in ranks])}
+    # flowchart evidence: measured values only
+    ev: dict[str, Any] = {"n_ranks": len(ranks), "metric_sources": {
+        "slowdown_vs_floor": "the slowest rank's p10 busy time over the ranks' median p10 busy time "
+                             "(peer floor from the traces: the same code on every rank; an estimate, not a roofline)",
+        "e2e_slowdown": "median step over the median rank's own time (step minus exposed communication)",
+        "rank_tail_pct": "the slowest rank's median own time over the other ranks' median, in % of the median "
+                         "step, from the profiler traces",
+        "collective_floor_pct": "the last arriver's time inside each matched collective, per step, over the median step"}}
+    unmeasured: dict[str, str] = {}
+    if peer_floor > 0 and len(ranks) > 1:
+        ev["slowdown_vs_floor"] = max(busy_p10.values()) / peer_floor
+    else:
+        unmeasured["B"] = ("no peer floor: one rank only, or no busy time in the steps" if len(ranks) == 1 or
+                           peer_floor <= 0 else "")
+    own_med = statistics.median(own.values())
+    if own_med > 0:
+        ev["e2e_slowdown"] = step_med / own_med
+    if len(ranks) > 1:
+        ev["rank_tail_pct"] = tail_pct
+    else:
+        unmeasured["K"] = "one rank's trace: no tail to measure"
+    if floor_pct is not None:
+        ev["collective_floor_pct"] = floor_pct
+    d = flowchart.diagnose(ev)
+    n_of = f"{len(ranks)} of {world} ranks" if world and world != len(ranks) else f"{len(ranks)} ranks"
+    rep: dict[str, Any] = {
+        "source": "profiler traces", "run_dir": str(folder), "traces_dir": str(folder), "n_ranks": len(ranks),
+        "world_size": world, "ranks_present": n_of, "hosts": hosts, "backends": backends, "skip": skip,
+        "basis": "own", "per_rank": per_rank, "tail_ranks": [finding["rank"]] if finding["kind"] == "slow_rank" else [],
+        "own_time_tail": tail, "rank_tail_pct": tail_pct, "finding": finding,
+        "collectives": {"matched": n_m, "match_by": match_by, "one_clock": one_clock,
+                        "last_by_start_agrees_pct": 100.0 * agree / n_m if one_clock and n_m else None,
+                        "per_collective": colls_out[:200], "link_ms_per_step": link_per_step},
+        "link_gbps": link_gbps, "mapping_warnings": [],
+        "flowchart": {"evidence": ev, "path": d.path, "leaf": d.leaf_id,
+                      "unmeasured": {k: v for k, v in unmeasured.items() if v}, "explain": d.explain()},
+        "notes": notes, "problems": problems}
+    rep["nvml"] = nvml_by_rank(sorted(folder.glob("nvml-rank-*.json")) + sorted(folder.glob("*/nvml-rank-*.json")))
+    rep["incident_draft"] = _incident(_for_incident(rep), d, {}, {})
+    return rep
+
+
+def _for_incident(rep: dict[str, Any]) -> dict[str, Any]:
+    r = dict(rep)
+    f = rep["finding"]
+    if f["kind"] == "slow_link":
+        r["mapping_warnings"] = [f"{f['verdict']} on {f['names']}: {f['why']}"]
+    return r
+
+
+def progress_printer(stream=sys.stderr) -> Callable[[str, int, int], None]:
+    """A progress line per :data:`hwlab.core.kineto.PROGRESS_EVERY_BYTES` of a long read."""
+    def cb(path: str, done: int, total: int) -> None:
+        print(f"hwlab ranks: reading {Path(path).name}: {done / 1e6:.0f} of {total / 1e6:.0f} MB", file=stream)
+    return cb
+
+
+def render(rep: dict[str, Any]) -> str:
+    """The report as text, for the terminal."""
+    out = [f"hwlab ranks --traces: {rep['ranks_present']} in {rep['traces_dir']} "
+           f"(backend {', '.join(rep['backends']) or 'unknown'}; hosts {', '.join(rep['hosts'])})"]
+    out.append(f"{'rank':>5} {'steps':>5} {'step ms':>9} {'p10-p90':>15} {'busy':>8} {'comm':>8} {'exposed':>8} "
+               f"{'idle':>8} {'own':>8} {'last%':>6} {'wait ms':>8}  rank from")
+    for r, s in rep["per_rank"].items():
+        mark = "*" if int(r) in rep["tail_ranks"] else " "
+        last = "-" if s["pct_arrived_last"] is None else f"{s['pct_arrived_last']:.0f}"
+        wait = "-" if s["total_wait_ms"] is None else f"{s['total_wait_ms']:.1f}"
+        out.append(f"{mark}{r:>4} {s['n_steps']:>5} {s['step_ms']:>9.2f} {s['step_p10_ms']:>7.2f}-{s['step_p90_ms']:<7.2f} "
+                   f"{s['busy_ms']:>8.2f} {s['comm_ms']:>8.2f} {s['exposed_comm_ms']:>8.2f} {s['idle_ms']:>8.2f} "
+                   f"{s['own_ms']:>8.2f} {last:>6} {wait:>8}  {s['rank_source']}")
+    c = rep["collectives"]
+    line = f"collectives matched on every rank: {c['matched']} (by {c['match_by']})"
+    if c["last_by_start_agrees_pct"] is not None:
+        line += f"; one host clock: start-time order agrees on the last arriver in {c['last_by_start_agrees_pct']:.0f}%"
+    out.append(line)
+    f = rep["finding"]
+    if f["kind"] == "slow_rank":
+        out.append(f"SLOW RANK: rank {f['rank']} arrived last in {f['pct_arrived_last']:.0f}% of collectives; its own "
+                   f"time is {rep['rank_tail_pct']:.0f}% of the step over the other ranks' "
+                   f"(own-time split at a jump >= {TAIL_JUMP}x: {rep['own_time_tail']})")
+        out.append(f"  single-device check: {f['single_device_branch']}")
+    elif f["kind"] == "slow_link":
+        out.append(f"LINK: {f['verdict']} -- {f['names']}; {f['why']}")
+        out.append(f"  every rank waits inside the collectives: the last arriver's time inside is "
+                   f"{f['collective_floor_pct']:.0f}% of the step (median arrival skew {f['median_skew_ms']:.2f} ms); "
+                   f"{f['overlap_hidden_pct']:.0f}% of communication hidden under compute")
+    elif f["kind"] == "tail_unconfirmed":
+        out.append(f"no rank named: {f['why']}")
+    else:
+        out.append(f"no slow rank and no slow link (own-time spread {rep['rank_tail_pct']:.0f}%)")
+    out += render_nvml(rep.get("nvml", {}))
+    fc = rep["flowchart"]
+    out.append("flowchart (measured values only):")
+    out += ["  " + ln for ln in fc["explain"].splitlines()]
+    for q, why in fc["unmeasured"].items():
+        out.append(f"  {q} not measured from these traces: {why}")
+    out += [f"note: {n}" for n in rep["notes"]] + [f"skipped: {p}" for p in rep["problems"]]
+    return "\n".join(out)
+
+
+def has_finding(rep: dict[str, Any]) -> bool:
+    """A named slow rank, a link finding, or an own-time tail that arrival does not confirm (the
+    walk's K says yes, no rank is named): the CLI exits 1."""
+    return rep["finding"]["kind"] in ("slow_rank", "slow_link", "tail_unconfirmed")

@@ -1,0 +1,259 @@
+"""``hwlab ranks --traces`` on real torch.profiler traces: recorded CPU runs of
+examples/profiled_torchrun.py (4 gloo ranks under torchrun; the injected behaviours are the
+example's flags: ``--slow-rank 2``; a large all-reduce payload with every rank on time; neither),
+the streaming reader on its own, and one live torchrun run (slow)."""
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hwlab.diagnosis import flowchart, ranks_traces as R
+from hwlab.core import kineto
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data" / "traces"
+BIN = Path(sys.executable).parent
+EXAMPLE = ROOT / "examples" / "profiled_torchrun.py"
+
+
+def _files(name):
+    return sorted((DATA / name).glob("*.pt.trace.json.gz"))
+
+
+def _load(p):
+    return json.loads(gzip.open(p, "rt").read())
+
+
+def _write(obj, p):
+    p = Path(p)
+    if p.name.endswith(".gz"):
+        with gzip.open(p, "wt") as f:
+            json.dump(obj, f)
+    else:
+        p.write_text(json.dumps(obj))
+    return p
+
+
+# ------------------------------------------------------------------ the reader
+def test_reader_keeps_rank_steps_and_gloo_collectives():
+    ranks = set()
+    for p in _files("slow_rank"):
+        t = kineto.read_trace(p)
+        raw = _load(p)
+        assert t.rank == raw["distributedInfo"]["rank"] and t.rank_source == kineto.RANK_FROM_TRACE
+        assert t.world_size == 4 and t.backend == "gloo" and not t.on_gpu
+        want_steps = sorted(int(e["name"].split("#")[1]) for e in raw["traceEvents"]
+                            if e.get("name", "").startswith("ProfilerStep#"))
+        assert sorted(s[0] for s in t.steps) == want_steps
+        gloo = [e for e in raw["traceEvents"] if e.get("name", "").startswith("gloo:")]
+        assert len(t.collectives) == len(gloo) and {c.name for c in t.collectives} == {"allreduce"}
+        assert all(c.on == "cpu" and c.n_bytes == 4096 * 4 for c in t.collectives)  # the example's default numel
+        assert t.n_events == len(raw["traceEvents"])
+        ranks.add(t.rank)
+    assert ranks == {0, 1, 2, 3}
+
+
+def test_reader_is_the_same_at_any_chunk_size_and_plain_or_gzip(tmp_path, monkeypatch):
+    p = _files("slow_link")[0]
+    ref = kineto.read_trace(p)
+    plain = _write(_load(p), tmp_path / "x.pt.trace.json")
+    for chunk in (7, 64, 1000):  # chunk edges fall inside numbers, strings and keys
+        monkeypatch.setattr(kineto, "CHUNK_CHARS", chunk)
+        for q in (p, plain):
+            t = kineto.read_trace(q)
+            assert (t.rank, t.steps, t.host_ops, t.n_events) == (ref.rank, ref.steps, ref.host_ops, ref.n_events)
+            assert [c.to_dict() for c in t.collectives] == [c.to_dict() for c in ref.collectives]
+
+
+def test_reader_reports_progress_on_long_reads(monkeypatch, tmp_path):
+    monkeypatch.setattr(kineto, "PROGRESS_EVERY_BYTES", 4000)
+    monkeypatch.setattr(kineto, "CHUNK_CHARS", 2000)
+    plain = _write(_load(_files("clean")[0]), tmp_path / "x.pt.trace.json")
+    seen = []
+    kineto.read_trace(plain, progress=lambda done, total: seen.append((done, total)))
+    size = plain.stat().st_size
+    assert len(seen) >= 2 and all(t == size and 0 < d <= size for d, t in seen)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+def test_reader_refuses_truncated_files_and_streams(tmp_path):
+    text = gzip.open(_files("clean")[0], "rt").read()
+    cut = tmp_path / "cut.pt.trace.json"
+    cut.write_text(text[: len(text) // 2])
+    with pytest.raises(kineto.TraceError, match="truncated|malformed"):
+        kineto.read_trace(cut)
+    fifo = tmp_path / "pipe.pt.trace.json"
+    os.mkfifo(fifo)
+    with pytest.raises(kineto.UserInputError, match="not a regular file"):
+        kineto.read_trace(fifo)  # refused before opening: a FIFO would block
+
+
+def test_rank_from_file_names_when_the_trace_has_none(tmp_path):
+    raw = _load(_files("slow_rank")[0])
+    raw.pop("distributedInfo")
+    for name, rank, how in (("server-TP-3.trace.json.gz", 3, "-TP-N"), ("job_rank5.trace.json", 5, "rankN"),
+                            ("worker-rank-12.json", 12, "rankN")):
+        t = kineto.read_trace(_write(raw, tmp_path / name))
+        assert t.rank == rank and how in t.rank_source
+    t = kineto.read_trace(_write(raw, tmp_path / "myhost_4242.1796.pt.trace.json"))
+    assert t.rank is None and t.pid is not None and t.host == raw.get("host_name", "myhost")
+    assert kineto.coll_key("ncclDevKernel_AllReduce_Sum_f32_RING_LL"[14:23]) == "allreduce"
+    assert not kineto.is_trace_name("rank-00001.json") and not kineto.is_trace_name("nvml-rank-1.json")
+
+
+def test_interval_arithmetic():
+    assert R._union([(0, 2), (1, 3), (5, 6)]) == [(0, 3), (5, 6)]
+    # comm 0-10, busy 2-4 and 8-12: 2+2 of the 10 hidden, 6 exposed
+    assert R._minus([(0, 10)], [(2, 4), (8, 12)]) == pytest.approx(6.0)
+    assert R._minus([(0, 10)], []) == pytest.approx(10.0)
+
+
+# ------------------------------------------------------------------ the analysis
+def test_slow_rank_is_named_by_arrival_and_checked_against_the_single_device_branch():
+    rep = R.report(DATA / "slow_rank")
+    f = rep["finding"]
+    assert f["kind"] == "slow_rank" and f["rank"] == 2 and rep["tail_ranks"] == [2]
+    pr = rep["per_rank"]
+    # the collective is a barrier: every rank's step is as long, only arrival tells them apart
+    steps = [s["step_ms"] for s in pr.values()]
+    assert max(steps) / min(steps) < 1.1
+    assert pr["2"]["pct_arrived_last"] >= 50 and pr["2"]["total_wait_ms"] < min(
+        pr[r]["total_wait_ms"] for r in "013")
+    assert f["busy_over_peers"] < R.SINGLE_DEVICE_SLOW and "counter-example" in f["single_device_branch"]
+    assert rep["collectives"]["last_by_start_agrees_pct"] >= 50  # the one-clock cross-check
+    fc = rep["flowchart"]
+    assert fc["path"] == ["B", "D", "K", "L"] and fc["unmeasured"] == {}
+    for s in pr.values():  # the split adds up: busy + exposed + idle = step, per step median aside
+        assert 0 <= s["exposed_comm_ms"] <= s["comm_ms"] + 1e-9 and s["idle_ms"] >= -1e-9
+    assert R.has_finding(rep)
+
+
+def test_slow_link_names_the_link_not_a_rank():
+    rep = R.report(DATA / "slow_link")
+    f = rep["finding"]
+    assert f["kind"] == "slow_link" and rep["tail_ranks"] == [] and "link" in f["names"]
+    assert "rank 0-3" not in f["names"] and "ranks 0-3" in f["names"]
+    assert f["collective_floor_pct"] >= R.LINK_FLOOR_PCT and f["busbw_gbps"] > 0
+    assert "not separated" in f["verdict"]  # no link rate given: slow link vs big payload not told apart
+    assert rep["flowchart"]["leaf"] == "L" and rep["flowchart"]["evidence"]["rank_tail_pct"] < 10
+    bw = f["busbw_gbps"]
+    assert R.report(DATA / "slow_link", link_gbps=bw * 4)["finding"]["verdict"] == "slow link"
+    assert "communication-bound" in R.report(DATA / "slow_link", link_gbps=bw)["finding"]["verdict"]
+
+
+def test_clean_run_names_nothing():
+    rep = R.report(DATA / "clean")
+    assert rep["finding"]["kind"] == "clean" and rep["tail_ranks"] == [] and not R.has_finding(rep)
+    assert rep["flowchart"]["leaf"] != "L"
+
+
+def test_some_ranks_only_and_several_hosts_without_a_common_clock(tmp_path):
+    for p in _files("slow_rank")[:2]:
+        shutil.copy(p, tmp_path)
+    rep = R.report(tmp_path)
+    assert rep["ranks_present"] == "2 of 4 ranks" and "2 of 4 ranks" in R.render(rep)
+    # every rank on its own host, each host clock offset by seconds: arrival from durations still names rank 2
+    d = tmp_path / "hosts"
+    d.mkdir()
+    for i, p in enumerate(_files("slow_rank")):
+        raw = _load(p)
+        raw["host_name"] = f"node{i}"
+        for e in raw["traceEvents"]:
+            if "ts" in e:
+                e["ts"] += 7e6 * (3 - i)  # later ranks' clocks behind
+        _write(raw, d / f"node{i}_{100 + i}.1.pt.trace.json.gz")
+    rep = R.report(d)
+    assert rep["collectives"]["one_clock"] is False and any("4 hosts" in n for n in rep["notes"])
+    assert rep["finding"]["kind"] == "slow_rank" and rep["finding"]["rank"] == 2
+
+
+def test_flowchart_k_takes_the_collective_floor():
+    d = flowchart.diagnose({"slowdown_vs_floor": 1.0, "e2e_slowdown": 3.0, "rank_tail_pct": 2.0,
+                            "collective_floor_pct": 60.0})
+    assert d.path == ["B", "D", "K", "L"]
+    d = flowchart.diagnose({"slowdown_vs_floor": 1.0, "e2e_slowdown": 3.0, "rank_tail_pct": 2.0,
+                            "collective_floor_pct": 5.0})
+    assert d.leaf_id == "M"
+
+
+# ------------------------------------------------------------------ the CLI
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "hwlab", "ranks", *map(str, args)], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+
+
+@pytest.mark.slow
+def test_cli_exit_codes_json_and_detection(tmp_path):
+    r = _cli("--traces", DATA / "slow_rank", "--json")
+    assert r.returncode == 1
+    rep = json.loads(r.stdout)
+    assert rep["finding"]["rank"] == 2
+    r = _cli(DATA / "clean")  # a folder of traces given as the run directory: detected
+    assert r.returncode == 0 and "no slow rank and no slow link" in r.stdout
+    r = _cli("--traces", DATA / "slow_link")
+    assert r.returncode == 1 and "LINK:" in r.stdout and "SLOW RANK" not in r.stdout
+    r = _cli("--traces", tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "tensorboard_trace_handler" in r.stderr
+    r = _cli(DATA / "clean", "--traces", DATA / "clean")
+    assert r.returncode == 2 and "not both" in r.stderr
+    r = _cli("--traces", DATA / "clean", "--link-gbps", "-1")
+    assert r.returncode == 2
+
+
+@pytest.mark.slow
+def test_live_torchrun_traces_name_the_slowed_rank(tmp_path):
+    d = tmp_path / "tr"
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "4", str(EXAMPLE), "--trace-dir", str(d),
+           "--slow-rank", "1", "--steps", "8"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = _cli("--traces", d, "--json")
+    rep = json.loads(r.stdout)
+    assert r.returncode == 1 and rep["finding"]["kind"] == "slow_rank" and rep["finding"]["rank"] == 1
+
+
+# ------------------------------------------------------------------ recorded on the H200
+H200 = DATA / "h200_nccl_one_rank"
+
+
+def test_h200_one_rank_nccl_trace_kernels_and_collective_metadata():
+    """Recorded on the H200 (scripts/device_traces_h200.sh: world size 1, nccl backend, three sum
+    all-reduces, one averaging all-reduce, an all-gather and a broadcast per step). A one-rank
+    communicator launches a kernel only for the averaging all-reduce (NCCL's one-rank kernel); the
+    metadata torch tags on it is read from the raw trace here and compared with the reader's."""
+    p = next(H200.glob("*.pt.trace.json.gz"))
+    raw = _load(p)
+    t = kineto.read_trace(p)
+    assert t.rank == 0 and t.world_size == 1 and t.backend == "nccl" and t.on_gpu
+    assert raw["distributedInfo"]["nccl_version"].count(".") == 2
+    tagged = [e for e in raw["traceEvents"] if e.get("cat") == "kernel" and "Collective name" in e.get("args", {})]
+    assert tagged and len(t.collectives) == len(tagged)
+    steps = {int(e["name"].split("#")[1]) for e in raw["traceEvents"]
+             if e.get("name", "").startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation"}
+    assert len(t.collectives) == len(steps)  # one kernel-launching collective per step
+    for c, e in zip(t.collectives, sorted(tagged, key=lambda e: e["ts"])):
+        a = e["args"]
+        assert c.on == "gpu" and c.stream == a["stream"] and c.name == kineto.coll_key(a["Collective name"])
+        assert c.n_bytes == a["In msg nelems"] * kineto.DTYPE_BYTES[a["dtype"]]
+        assert c.pg == a["Process Group Name"] and c.group_size == a["Group size"] == 1
+        assert c.meta_source == "kernel args" and kineto._ONE_RANK in c.kernel
+    # the matmuls are kernels too, not collectives
+    gemms = [e for e in raw["traceEvents"] if e.get("cat") == "kernel" and "gemm" in e["name"]]
+    assert len(t.kernels) == len([e for e in raw["traceEvents"] if e.get("cat") == "kernel"]) - len(tagged)
+    assert gemms and len(t.kernels) >= len(gemms)
+
+
+def test_h200_one_rank_report_and_nvml_samples():
+    rep = R.report(H200)
+    assert rep["n_ranks"] == 1 and rep["backends"] == ["nccl"] and rep["finding"]["kind"] == "clean"
+    pr = rep["per_rank"]["0"]
+    assert pr["device"] == "GPU kernels" and pr["busy_ms"] > 0 and pr["comm_ms"] > 0
+    assert "K" in rep["flowchart"]["unmeasured"]  # one rank: no tail to measure, and it says so
+    nv = rep["nvml"]["0"]
+    assert nv["available"] and nv["gpus"]["0"]["nvlink"] == "absent"  # a one-GPU machine
+    assert nv["gpus"]["0"]["pcie_tx_mbps"]["n"] >= 2
