@@ -2,12 +2,13 @@
 
 Each larger subcommand lives in its own ``cli_<name>`` module with ``cmd_<name>`` and
 ``add_parser(sub)``, registered in :func:`build_parser`: doctor, examine, baseline, incident,
-drill, ranks, class. Conventions (like nvidia-smi, dcgmi, nccl-tests), shared by every subcommand:
+drill, ranks, class, flowchart. Conventions (like nvidia-smi, dcgmi, nccl-tests), shared by every subcommand:
 
 * exit codes (:mod:`hwlab.errors`): 0 ok, 1 a finding (unhealthy verdict, deviation, failed
   grade), 2 bad input or usage (one line on stderr saying what to do; nothing measured or
   written), 3 internal error (one line asking for a report; the traceback with ``--debug`` or
-  ``HWLAB_DEBUG=1``);
+  ``HWLAB_DEBUG=1``), 4 undecided (``examine``'s flowchart walk stopped at a question whose
+  metric was not measured; distinct from a finding);
 * ``--json``: strict JSON on stdout (no NaN/Infinity: null, with ``null_reasons``);
 * every command that writes checks its destination before it measures
   (:func:`hwlab.store.check_destination`) and, if the write fails afterwards, saves the
@@ -18,12 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
 
-from . import (__version__, cli_baseline, cli_class, cli_doctor, cli_drill, cli_examine, cli_incident,
-               cli_ranks, evidence, lablaunch, probes, topology)
+from . import (__version__, cli_baseline, cli_class, cli_doctor, cli_drill, cli_examine, cli_flowchart,
+               cli_incident, cli_ranks, evidence, lablaunch, probes, topology)
 from .console import Steps, print_json, stderr_is_terminal, whole_number
 from .errors import EXIT_FINDING, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, UserInputError
 from .measure import CorrectnessError, InputError, InsufficientMemoryError
@@ -32,6 +34,7 @@ from .store import read_user_text
 from .topology import TopologyParseError
 
 TOPO_HINT = "pass a saved `nvidia-smi topo -m` output"
+ANSI = r"\x1b\[[0-9;]*[A-Za-z]"  # terminal styling a captured tool output may carry
 
 
 # ---------------------------------------------------------------- probe
@@ -94,8 +97,13 @@ def cmd_evidence(a) -> int:
         return EXIT_OK
     target = a.target or "doctor"
     p = Path(target)
-    if p.suffix == ".json" or os.sep in target or p.exists():
+    listed = evidence.RECORDED_DIR / f"{target}.json"  # a name `evidence list` prints: h200/doctor
+    if p.suffix == ".json" or p.exists():
         ev = evidence.load(p)
+    elif "/" in target and listed.is_file():
+        ev = evidence.load(listed)
+    elif os.sep in target or "/" in target:
+        ev = evidence.load(p)  # a path that is not there: the reader's one-line refusal
     else:
         try:
             ev = evidence.recorded(target, a.device)
@@ -111,7 +119,36 @@ def cmd_evidence(a) -> int:
               ", ".join(f"{k} {v:,.1f} TFLOP/s" for k, v in c.get("gemm_tflops", {}).items()))
     for r in ev.results:
         print("  " + r.summary())
+    body = _outline(ev.extra or {}, indent=2)
+    if body:
+        print("  record body (values as recorded; nested parts summarised):")
+        print("\n".join(body))
+    print(f"  the whole record: hwlab evidence show {target} --json")
     return EXIT_OK
+
+
+def _outline(obj, indent: int, depth: int = 0, max_depth: int = 2) -> list[str]:
+    """The body of a record as an indented outline: scalars as recorded, nested dicts to
+    ``max_depth`` levels, deeper dicts and long lists as their size and first keys."""
+    pad, out = " " * (indent + 2 * depth), []
+    for k, v in obj.items():
+        if isinstance(v, dict) and depth < max_depth and v:
+            out.append(f"{pad}{k}:")
+            out += _outline(v, indent, depth + 1, max_depth)
+        elif isinstance(v, dict) and not v:
+            out.append(f"{pad}{k}: {{}}")
+        elif isinstance(v, dict):
+            keys = ", ".join(map(str, list(v)[:6])) + (", ..." if len(v) > 6 else "")
+            out.append(f"{pad}{k}: {{{len(v)} keys: {keys}}}")
+        elif isinstance(v, list) and (len(v) > 8 or any(isinstance(x, (dict, list)) for x in v)):
+            out.append(f"{pad}{k}: [{len(v)} items]")
+        elif isinstance(v, str) and "\n" in v:
+            out.append(f"{pad}{k}: |")
+            out += [f"{pad}  {re.sub(ANSI, '', ln)}" for ln in v.splitlines()[:40]]
+        else:
+            text = json.dumps(v, default=str)
+            out.append(f"{pad}{k}: {text if len(text) <= 160 else text[:157] + '...'}")
+    return out
 
 
 # ---------------------------------------------------------------- lab
@@ -137,7 +174,8 @@ def _port(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="hwlab", description="hardware-aware GPU troubleshooting kit. Exit codes: "
                 "0 ok, 1 finding (unhealthy verdict, deviation, failed grade), 2 bad input or "
-                "usage, 3 internal error.")
+                "usage, 3 internal error, 4 undecided (a flowchart walk stopped at a question "
+                "whose metric was not measured).")
     p.add_argument("--version", action="version", version=f"hwlab {__version__}")
     p.add_argument("--debug", action="store_true", help="show the traceback of an internal error")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -167,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab.set_defaults(fn=cmd_lab)
     cli_ranks.add_parser(sub)
     cli_class.add_parser(sub)
+    cli_flowchart.add_parser(sub)
     return p
 
 
