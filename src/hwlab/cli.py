@@ -115,8 +115,11 @@ def cmd_evidence(a) -> int:
     print(f"{ev.kind}: {ev.label.upper()} (not measured on this machine)")
     if ev.ceilings:
         c = ev.ceilings
-        print(f"  ceilings: copy {c['copy_gbps']:,.0f} GB/s; GEMM " +
-              ", ".join(f"{k} {v:,.1f} TFLOP/s" for k, v in c.get("gemm_tflops", {}).items()))
+        if isinstance(c.get("copy_gbps"), (int, float)):  # a doctor's ceilings
+            print(f"  ceilings: copy {c['copy_gbps']:,.0f} GB/s; GEMM " +
+                  ", ".join(f"{k} {v:,.1f} TFLOP/s" for k, v in (c.get("gemm_tflops") or {}).items()))
+        else:  # a lab's own ceilings, named by their keys (units in the names)
+            print("  ceilings:\n" + "\n".join(_outline(c, indent=4)))
     for r in ev.results:
         print("  " + r.summary())
     body = _outline(ev.extra or {}, indent=2)
