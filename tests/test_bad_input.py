@@ -250,3 +250,35 @@ def test_incident_write_failure_is_rescued(area, capsys, monkeypatch):
                              "--fix", "f", "--reverify", "r", "--out", "inc"], capsys)
     assert rc == 2 and "Read-only file system" in err and "saved to" in err
     assert list((area / "rescue").glob("incident-*.json"))
+
+
+# first contact: CLI details
+DETAIL_FILES = {
+    "drills/drill-0000000005.json": '{"already": "a drill of seed 5"}\n',
+    "exiter.py": "import sys\nsys.exit(0)\n\n\ndef f(x):\n    return x\n",
+}
+DETAIL_CASES = [
+    ("drill new over an existing drill", ["drill", "new", "--seed", "5", "--dir", "drills"], "--force"),
+    ("examine target exits on import (module)", ["examine", "exiter:f"], "sys.exit(0)"),
+    ("examine target exits on import (path)", ["examine", "exiter.py:f"], "sys.exit(0)"),
+    ("examine module not importable here", ["examine", "no_such_module_hwlab:f"], "cannot import"),
+    ("evidence show listed-style name not recorded", ["evidence", "show", "h200/no_such_record"], "does not exist"),
+    ("flowchart stray argument", ["flowchart", "B"], "unrecognized arguments"),
+    ("flowchart unknown option", ["flowchart", "--leaf", "G"], "unrecognized arguments"),
+]
+
+
+@pytest.mark.parametrize("argv,message", [c[1:] for c in DETAIL_CASES], ids=[c[0] for c in DETAIL_CASES])
+def test_cli_detail_bad_input_is_one_line_and_changes_nothing(area, capsys, argv, message):
+    for name, text in DETAIL_FILES.items():
+        (area / name).parent.mkdir(parents=True, exist_ok=True)
+        (area / name).write_text(text)
+    before = _snapshot(area)
+    rc, out, err = run_main(argv, capsys)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert rc == 2, (rc, err)
+    assert len(lines) == 1, err
+    assert message.lower() in lines[0].lower(), lines[0]
+    assert "Traceback" not in err and out == ""
+    assert _snapshot(area) == before
+    assert "exiter" not in sys.modules

@@ -99,3 +99,82 @@ def test_cli_exit_codes_and_json(base, tmp_path):
     rows = [json.loads(x) for x in run(b, b, other, slow).stdout.splitlines()]
     assert [x["verdict"] for x in rows] == ["ok", "not comparable", "hardware"]
     assert "GPU model differs" in rows[1]["not_comparable"][0]
+
+
+# ---------------------------------------------------------------- noise is not an alarm (#35)
+def _cpu(name):
+    from pathlib import Path
+    return evidence.load(Path(__file__).parent / "data" / f"baseline_cpu_{name}.json")
+
+
+SAME_H200 = ["baseline", "baseline_rerun", "baseline_recheck", "baseline_recheck_rerun"]
+
+
+@pytest.mark.parametrize("a", SAME_H200)
+@pytest.mark.parametrize("b", SAME_H200)
+def test_recorded_h200_baselines_of_one_card_compare_clean_both_ways(a, b):
+    """Four records of one H200 on two days: every ordered pair matches, no hardware verdict."""
+    c = baseline.compare(evidence.recorded(a), evidence.recorded(b))
+    assert c.comparable and c.ok and "hardware" not in c.categories(), c.summary()
+    assert "drain" not in c.summary() and not c.cpu
+
+
+@pytest.mark.parametrize("a,b", [("a", "b"), ("b", "a")])
+def test_two_cpu_records_of_one_host_compare_clean_and_say_cpu(a, b):
+    """Two baselines recorded on this 2-core CPU host a minute apart (tests/data, recorded on
+    CPU): probes differ up to several-fold with p10-p90 bands as wide; both orders are clean,
+    say they are a CPU baseline and give no GPU node advice."""
+    base, now = _cpu(a), _cpu(b)
+    c = baseline.compare(base, now)
+    s = c.summary()
+    assert c.comparable and c.ok and c.cpu and c.verdict == "ok", s
+    assert s.startswith("CPU baseline") and "drain" not in s and "swap" not in s
+    assert c.categories() <= {"borderline", "missing"}
+    assert all("within spread (borderline)" in d.rule for d in c.deviations if d.category == "borderline")
+    # the slower-to-faster direction holds real drops past the tolerance: reported as borderline
+    if (a, b) == ("b", "a"):
+        assert any(d.category == "borderline" for d in c.deviations)
+
+
+def test_a_real_drop_with_tight_spreads_is_still_hardware(base):
+    """A probe 30% slower (every repeat: the band moves with it) in a record of the same card."""
+    now = _variant(base, c=lambda v: v.results.__setitem__(0, _with_t(v.results[0], 1.3)))
+    c = baseline.compare(base, now)
+    assert not c.ok and c.categories() == {"hardware"}
+    d = c.deviations[0]
+    assert d.what.startswith("hbm_copy") and "beyond both runs' p10-p90" in d.rule
+    assert "drain and swap" in d.next_step
+
+
+def test_a_drop_inside_the_spread_is_borderline_not_hardware(base):
+    """gemm[bf16] 15% slower: its recorded p10-p90 band is wide (a long upper tail), so the moved
+    band still overlaps the baseline's: borderline, exit-0 verdict, no node advice."""
+    now = _variant(base, c=lambda v: v.results.__setitem__(2, _with_t(v.results[2], 1.15)))
+    c = baseline.compare(base, now)
+    assert c.ok and c.categories() == {"borderline"}, c.summary()
+    assert "overlap" in c.deviations[0].rule and "drain" not in c.summary()
+
+
+def test_a_cpu_drop_beyond_spread_is_a_host_finding_without_node_advice():
+    """On a CPU record a probe with tight bands that moves past them is a host finding
+    (exit 1), with host advice and no GPU node advice."""
+    base = _cpu("b")
+    i = next(k for k, m in enumerate(base.results) if m.name.startswith("kv_cache_read"))
+    assert base.results[i].spread_pct < 50  # the one tight band in this record
+    now = _variant(base, c=lambda v: v.results.__setitem__(i, _with_t(v.results[i], 1.5)))
+    c = baseline.compare(base, now)
+    assert not c.ok and c.categories() == {"host"} and c.cpu
+    assert "drain" not in c.summary() and "idle host" in c.deviations[0].next_step
+
+
+@pytest.mark.parametrize("n_rep,p10,p90,status", [
+    (5, 0.99, 1.01, "borderline"),     # too few repeats for a band
+    (50, 0.70, 1.40, "borderline"),    # a band 70% of its median: host load
+    (50, 0.99, 1.01, "beyond spread"),  # enough repeats, tight band: a real change
+])
+def test_the_spread_rule_on_its_own(n_rep, p10, p90, status):
+    from hwlab.core.spread import Band, judge_rise
+    base = Band(1.0, p10, p90, n_rep)
+    now = Band(1.3, 1.3 * p10, 1.3 * p90, n_rep)
+    assert judge_rise(base, now, 10.0).status == status
+    assert judge_rise(base, Band(1.05, 1.04, 1.06, n_rep), 10.0).status == "ok"  # under tolerance

@@ -210,11 +210,11 @@ def test_readme_documents_every_command_and_exit_code():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme.split("## The CLI", 1)[1].split("\n## ", 1)[0]
     sub = next(a for a in cli.build_parser()._actions if a.dest == "cmd")
-    core = ("doctor", "probe", "topo", "evidence", "baseline", "incident", "drill", "lab")
+    core = ("doctor", "probe", "topo", "evidence", "baseline", "incident", "drill", "lab", "flowchart")
     assert set(core) <= set(sub.choices)
     for name in core:  # commands registered from cli_<name> modules are documented by their owners
         assert f"hwlab {name}" in section, f"README's CLI section does not show `hwlab {name}`"
-    for code in "0123":
+    for code in "01234":
         assert f"| {code} |" in section
 
 
@@ -229,7 +229,7 @@ def test_every_reporting_command_prints_strict_json(tmp_path, monkeypatch, capsy
     monkeypatch.chdir(tmp_path)
     topo = next((Path(evidence.RECORDED_DIR) / "topology").glob("*.txt"))
     base = str(evidence.RECORDED_DIR / "h200" / "baseline.json")
-    for argv in (["evidence", "list", "--json"], ["evidence", "show", "doctor", "--json"],
+    for argv in (["evidence", "list", "--json"], ["evidence", "show", "doctor", "--json"], ["flowchart", "--json"],
                  ["topo", "--file", str(topo), "--json"], ["baseline", "compare", base, base, "--json"],
                  ["incident", "--title", "t", "--scope", "single-card", "--symptom", "s", "--fix", "f",
                   "--reverify", "r", "--out", "inc", "--json"]):

@@ -153,3 +153,42 @@ def test_a_partners_coinciding_jitter_leaves_a_ranks_spikes_local():
     two = ranks._spike_summary({0: {"spike_steps": [1, 2], "spike_period": None},
                                 1: {"spike_steps": [2, 6], "spike_period": None}})
     assert two["global_steps"] == [2]  # with two ranks, both
+
+
+@pytest.mark.slow
+def test_a_healthy_run_has_no_tail_and_no_spikes(tmp_path):
+    """The same job without --slow-rank: every rank does the same work, so the report names no
+    tail rank and no spike pattern (a busy host's odd preempted step is a rank's own tail), exit 0."""
+    d = tmp_path / "healthy"
+    _torchrun(d)
+    r = _ranks_cli(d, "--json")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["n_ranks"] == 4 and rep["tail_ranks"] == [] and rep["mapping_warnings"] == []
+    assert rep["spikes"]["global_steps"] == [] and rep["spikes"]["local"] == {}
+    assert all(s["spike_steps"] == [] for s in rep["per_rank"].values())
+    text = _ranks_cli(d)
+    assert text.returncode == 0 and "no tail, no spikes" in text.stdout
+
+
+def test_a_ranks_own_tail_is_no_spike_pattern():
+    """The spike rule on its own: two uneven excursions in 21 steps are the
+    series' own tail; the same height every fourth step is a pattern; so are three evenly spaced."""
+    from hwlab.core import tails
+
+    base = [1.8 + 0.05 * (i % 3) for i in range(21)]
+    own = list(base)
+    own[9], own[16] = 6.6, 4.7  # preempted twice, unevenly
+    s = tails.spikes(own)
+    assert s["at"] == [9, 16] and not s["recurring"]
+    every4 = [6.0 if i % 4 == 0 else v for i, v in enumerate(base)]
+    s = tails.spikes(every4)
+    assert s["recurring"] and s["periodic"] and s["period_steps"] == 4
+    some = list(base)
+    for i in (1, 2, 9, 17):
+        some[i] = 6.0  # four uneven ones in 21 steps: under a quarter, the series' own tail
+    assert not tails.spikes(some)["recurring"]
+    for i in (5, 12):
+        some[i] = 6.0  # six in 21 steps, still uneven: over a quarter, a pattern
+    s = tails.spikes(some)
+    assert not s["periodic"] and s["recurring"]

@@ -9,6 +9,7 @@ EXIT_OK = 0        # ran, nothing found
 EXIT_FINDING = 1   # ran, found something: unhealthy verdict, deviation, failed grade
 EXIT_USAGE = 2     # bad input or usage: nothing was measured or written
 EXIT_INTERNAL = 3  # a bug in hwlab: please report it with the traceback
+EXIT_UNDECIDED = 4  # ran, but the flowchart walk stopped at a question its evidence cannot answer
 
 
 class UserInputError(ValueError):

@@ -2,12 +2,13 @@
 
 Each larger subcommand lives in its own ``cli_<name>`` module with ``cmd_<name>`` and
 ``add_parser(sub)``, registered in :func:`build_parser`: doctor, examine, baseline, incident,
-drill, ranks, class, bundle. Conventions (like nvidia-smi, dcgmi, nccl-tests), shared by every subcommand:
+drill, ranks, class, bundle, flowchart. Conventions (like nvidia-smi, dcgmi, nccl-tests), shared by every subcommand:
 
 * exit codes (:mod:`hwlab.errors`): 0 ok, 1 a finding (unhealthy verdict, deviation, failed
   grade), 2 bad input or usage (one line on stderr saying what to do; nothing measured or
   written), 3 internal error (one line asking for a report; the traceback with ``--debug`` or
-  ``HWLAB_DEBUG=1``);
+  ``HWLAB_DEBUG=1``), 4 undecided (``examine``'s flowchart walk stopped at a question whose
+  metric was not measured; distinct from a finding);
 * ``--json``: strict JSON on stdout (no NaN/Infinity: null, with ``null_reasons``);
 * every command that writes checks its destination before it measures
   (:func:`hwlab.core.store.check_destination`) and, if the write fails afterwards, saves the
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -26,7 +28,7 @@ from hwlab import __version__
 from hwlab.cli import (
     cmd_baseline as cli_baseline, cmd_bundle as cli_bundle, cmd_class as cli_class,
     cmd_doctor as cli_doctor, cmd_drill as cli_drill, cmd_examine as cli_examine,
-    cmd_incident as cli_incident, cmd_ranks as cli_ranks, lablaunch)
+    cmd_flowchart as cli_flowchart, cmd_incident as cli_incident, cmd_ranks as cli_ranks, lablaunch)
 from hwlab.core import evidence, probes, topology
 from hwlab.cli.console import Steps, print_json, stderr_is_terminal, whole_number
 from hwlab.errors import EXIT_FINDING, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, UserInputError
@@ -36,6 +38,7 @@ from hwlab.core.store import read_user_text
 from hwlab.core.topology import TopologyParseError
 
 TOPO_HINT = "pass a saved `nvidia-smi topo -m` output"
+ANSI = r"\x1b\[[0-9;]*[A-Za-z]"  # terminal styling a captured tool output may carry
 
 
 # ---------------------------------------------------------------- probe
@@ -98,8 +101,13 @@ def cmd_evidence(a) -> int:
         return EXIT_OK
     target = a.target or "doctor"
     p = Path(target)
-    if p.suffix == ".json" or os.sep in target or p.exists():
+    listed = evidence.RECORDED_DIR / f"{target}.json"  # a name `evidence list` prints: h200/doctor
+    if p.suffix == ".json" or p.exists():
         ev = evidence.load(p)
+    elif "/" in target and listed.is_file():
+        ev = evidence.load(listed)
+    elif os.sep in target or "/" in target:
+        ev = evidence.load(p)  # a path that is not there: the reader's one-line refusal
     else:
         try:
             ev = evidence.recorded(target, a.device)
@@ -111,11 +119,43 @@ def cmd_evidence(a) -> int:
     print(f"{ev.kind}: {ev.label.upper()} (not measured on this machine)")
     if ev.ceilings:
         c = ev.ceilings
-        print(f"  ceilings: copy {c['copy_gbps']:,.0f} GB/s; GEMM " +
-              ", ".join(f"{k} {v:,.1f} TFLOP/s" for k, v in c.get("gemm_tflops", {}).items()))
+        if isinstance(c.get("copy_gbps"), (int, float)):  # a doctor's ceilings
+            print(f"  ceilings: copy {c['copy_gbps']:,.0f} GB/s; GEMM " +
+                  ", ".join(f"{k} {v:,.1f} TFLOP/s" for k, v in (c.get("gemm_tflops") or {}).items()))
+        else:  # a lab's own ceilings, named by their keys (units in the names)
+            print("  ceilings:\n" + "\n".join(_outline(c, indent=4)))
     for r in ev.results:
         print("  " + r.summary())
+    body = _outline(ev.extra or {}, indent=2)
+    if body:
+        print("  record body (values as recorded; nested parts summarised):")
+        print("\n".join(body))
+    print(f"  the whole record: hwlab evidence show {target} --json")
     return EXIT_OK
+
+
+def _outline(obj, indent: int, depth: int = 0, max_depth: int = 2) -> list[str]:
+    """The body of a record as an indented outline: scalars as recorded, nested dicts to
+    ``max_depth`` levels, deeper dicts and long lists as their size and first keys."""
+    pad, out = " " * (indent + 2 * depth), []
+    for k, v in obj.items():
+        if isinstance(v, dict) and depth < max_depth and v:
+            out.append(f"{pad}{k}:")
+            out += _outline(v, indent, depth + 1, max_depth)
+        elif isinstance(v, dict) and not v:
+            out.append(f"{pad}{k}: {{}}")
+        elif isinstance(v, dict):
+            keys = ", ".join(map(str, list(v)[:6])) + (", ..." if len(v) > 6 else "")
+            out.append(f"{pad}{k}: {{{len(v)} keys: {keys}}}")
+        elif isinstance(v, list) and (len(v) > 8 or any(isinstance(x, (dict, list)) for x in v)):
+            out.append(f"{pad}{k}: [{len(v)} items]")
+        elif isinstance(v, str) and "\n" in v:
+            out.append(f"{pad}{k}: |")
+            out += [f"{pad}  {re.sub(ANSI, '', ln)}" for ln in v.splitlines()[:40]]
+        else:
+            text = json.dumps(v, default=str)
+            out.append(f"{pad}{k}: {text if len(text) <= 160 else text[:157] + '...'}")
+    return out
 
 
 # ---------------------------------------------------------------- lab
@@ -141,7 +181,8 @@ def _port(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="hwlab", description="hardware-aware GPU troubleshooting kit. Exit codes: "
                 "0 ok, 1 finding (unhealthy verdict, deviation, failed grade), 2 bad input or "
-                "usage, 3 internal error.")
+                "usage, 3 internal error, 4 undecided (a flowchart walk stopped at a question "
+                "whose metric was not measured).")
     p.add_argument("--version", action="version", version=f"hwlab {__version__}")
     p.add_argument("--debug", action="store_true", help="show the traceback of an internal error")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -172,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_ranks.add_parser(sub)
     cli_class.add_parser(sub)
     cli_bundle.add_parser(sub)
+    cli_flowchart.add_parser(sub)
     return p
 
 

@@ -23,6 +23,7 @@ from hwlab.core.store import check_destination, rescue_json
 
 def _print_doctor(rep: dict[str, Any], console) -> None:
     from rich.table import Table
+    from rich.markup import escape
 
     m = rep["machine"]
     console.print(f"[bold]hwlab doctor[/bold] on {m['device']} (host {m['host']})")
@@ -60,6 +61,8 @@ def _print_doctor(rep: dict[str, Any], console) -> None:
         t.add_row("host->device (pinned)", f"{c['host_link_gbps']:,.1f} GB/s", spec.get("host_link", "-"))
     console.print(t)
     console.print(f"ceilings: {status.get('label', c.get('source'))}", soft_wrap=True)
+    for line in status.get("drift_vs_previous_cache") or []:
+        console.print(f"[yellow]against the previous cache: {escape(line)}[/yellow]", soft_wrap=True)
     if rep.get("spec_note"):
         console.print(f"[yellow]{rep['spec_note']}[/yellow]")
     for p in rep["probes"]:

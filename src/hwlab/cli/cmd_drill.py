@@ -16,7 +16,8 @@ from hwlab.diagnosis import classroom, drills
 from hwlab.cli.console import print_json, whole_number
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UserInputError
 from hwlab.diagnosis.flowchart import LEAVES
-from hwlab.core.store import check_folder, read_user_json, write_json_atomic, write_or_rescue
+from hwlab.core.store import (
+    check_destination, check_folder, read_user_json, write_json_atomic, write_or_rescue)
 
 
 def _load_drill(path: str) -> drills.Drill:
@@ -51,17 +52,19 @@ def _new(a) -> int:
     if a.fault is not None and a.fault not in drills.FAULTS:
         raise UserInputError(f"unknown fault {a.fault!r}; choose one of {', '.join(drills.FAULTS)}")
     folder = check_folder(a.dir, what="--dir folder")
+    if a.seed is not None:  # the file name is known: refuse an existing one before measuring
+        check_destination(drills.drill_path(folder, a.seed), overwrite=a.force)
     d = drills.new(seed=a.seed, fault=a.fault)
-    p, err = write_or_rescue(lambda: d.save(folder), dataclasses.asdict(d), "drill", folder)
+    p, err = write_or_rescue(lambda: d.save(folder, overwrite=a.force), dataclasses.asdict(d), "drill", folder)
     if err:
         print(f"hwlab drill: {err}", file=sys.stderr)
         return EXIT_USAGE
     if a.json:
         print_json({"drill_id": d.drill_id, "file": str(p), "workload": d.workload,
-                    "source": d.source, "observations": d.observations})
+                    "source": d.label, "live": d.live, "observations": d.observations})
         return EXIT_OK
     print(f"drill {d.drill_id} written to {p}\nworkload: {d.workload}\nwhat the probes show "
-          f"({d.source}):\n{json.dumps(d.observations, indent=2)}\nwalk the flowchart, then: "
+          f"({d.label}):\n{json.dumps(d.observations, indent=2)}\nwalk the flowchart, then: "
           f"hwlab drill submit {p} --leaf LEAF --learner NAME")
     return EXIT_OK
 
@@ -121,6 +124,7 @@ def add_parser(sub) -> None:
     dr.add_argument("--evidence", help="submit: a .json of the metrics your diagnosis rests on")
     dr.add_argument("--learner", default="anonymous")
     dr.add_argument("--dir", default="drills", help="where drills and grades are kept")
+    dr.add_argument("--force", action="store_true", help="new: replace a drill file of the same seed")
     dr.add_argument("--json", action="store_true", help="new/submit: strict JSON on stdout "
                     "(reveal and summary always print JSON)")
     dr.add_argument("--class-dir", help="submit: also record the graded result here (default: $HWLAB_CLASS_DIR)")

@@ -2,19 +2,23 @@
 
 Inputs: ``--inputs MODULE:FUNC`` returns the argument tuple (called again for fresh sets to
 rotate past L2); without it, a function named ``inputs`` in the target's module is used, and
-the report says so. Exit codes: 0 the walk lands on OK, 1 it lands on another leaf or cannot
-decide (a finding), 2 bad input (one line, nothing measured or written).
+the report says so. Exit codes: 0 the walk lands on OK, 1 it lands on another leaf (a finding),
+2 bad input (one line, nothing measured or written; also a target that calls ``sys.exit`` on
+import), 4 the walk cannot decide (a question's metric was not measured: the report says which).
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from hwlab.errors import EXIT_FINDING, EXIT_OK, UserInputError
+from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_UNDECIDED, UserInputError
 
 
 def add_parser(sub) -> None:
-    e = sub.add_parser("examine", help="measure your own function and walk the flowchart on it")
+    e = sub.add_parser("examine", help="measure your own function and walk the flowchart on it",
+                       description="Measure MODULE:FUNC and walk the flowchart on it. Exit codes: 0 the "
+                       "walk lands on OK, 1 another leaf (a finding), 2 bad input, 3 internal error, "
+                       "4 undecided (a question's metric was not measured; the report says which).")
     e.add_argument("target", metavar="MODULE:FUNC", help="a dotted module or a .py path, then :FUNC")
     e.add_argument("--inputs", metavar="MODULE:FUNC",
                    help="returns the argument tuple (default: the target module's `inputs`, if any)")
@@ -54,4 +58,6 @@ def cmd_examine(a) -> int:
         md, _ = ex.save_incident(out.parent if str(out.parent) else Path("."))
         print(f"examination written to {out}; draft incident {md}", file=sys.stderr)
     print(ex.to_json() if a.json else ex.report())
+    if ex.leaf_id is None:  # the walk stopped at a question it could not answer
+        return EXIT_UNDECIDED
     return EXIT_OK if ex.leaf_id == "OK" else EXIT_FINDING

@@ -9,6 +9,12 @@ Ceilings are cached per machine under ``$HWLAB_CACHE`` (default ``~/.cache/hwlab
 ``ceilings-<machine key>.json`` and re-measured only when asked (``hwlab doctor
 --remeasure``). A machine without a cache and without time to measure can borrow the
 kit's recorded H200 ceilings, labelled as such.
+
+Each ceiling keeps the timing it came from (median, p10-p90, repeats, sizes: ``bands``), so a
+fresh measurement can be held against the cache: :func:`drift` flags a ceiling whose fresh
+value differs from the cached one by more than both runs' spread (:mod:`hwlab.core.spread`'s rule,
+with ``DRIFT_TOL_PCT``, 10%, as the tolerance: the size of change that moves a "% of ceiling"
+verdict), and says when the change is within spread (borderline) instead.
 """
 from __future__ import annotations
 
@@ -27,6 +33,8 @@ from hwlab.core.store import write_json_atomic
 
 #: measured copy bandwidth under this % of the datasheet figure flags the card itself
 SLOW_CARD_PCT = 80.0
+#: a fresh ceiling this far (%) from the cached one, beyond both spreads, is flagged
+DRIFT_TOL_PCT = 10.0
 
 
 @dataclass
@@ -38,6 +46,8 @@ class Ceilings:
     measured_at: str = ""
     source: str = "measured"  # "measured" | "recorded on <device>, <date>" | "spec"
     host: str = ""
+    #: per ceiling ("copy", "gemm fp32", ...): t_ms, t_p10_ms, t_p90_ms, n_rep, params
+    bands: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def gemm(self, dtype: str) -> float | None:
         return self.gemm_tflops.get(dtype)
@@ -105,7 +115,42 @@ def measure(device=None, quick: bool = False, progress=None) -> Ceilings:
         gemm_tflops={k.split()[1]: v.tflops for k, v in results.items() if k.startswith("gemm")},
         host_link_gbps=results["host link"].gbps if "host link" in results else None,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        host=socket.gethostname())
+        host=socket.gethostname(),
+        bands={k: {"t_ms": m.t_ms, "t_p10_ms": m.t_p10_ms, "t_p90_ms": m.t_p90_ms, "n_rep": m.n_rep,
+                   "params": m.params} for k, m in results.items()})
+
+
+def drift(cached: Ceilings, fresh: Ceilings) -> list[str]:
+    """One line per ceiling whose fresh measurement differs from the cached one by more than
+    ``DRIFT_TOL_PCT``: beyond both runs' p10-p90 (flagged: the cache is not today's), or within
+    spread (borderline). Ceilings measured at other sizes, or cached without their timing
+    (an older cache), are said to be not comparable when their values differ that much."""
+    from hwlab.core.spread import BEYOND, OK, Band, judge_rise
+
+    out = []
+    for key, f in fresh.bands.items():
+        c = cached.bands.get(key)
+        if c is None or c.get("params") != f.get("params"):
+            old = cached.copy_gbps if key == "copy" else cached.gemm_tflops.get(key.split()[-1]) \
+                if key.startswith("gemm") else cached.host_link_gbps if key == "host link" else None
+            new = fresh.copy_gbps if key == "copy" else fresh.gemm_tflops.get(key.split()[-1]) \
+                if key.startswith("gemm") else fresh.host_link_gbps if key == "host link" else None
+            if old and new and abs(new / old - 1) * 100 > DRIFT_TOL_PCT:
+                why = "without its timing (an older cache)" if c is None else "at other sizes"
+                out.append(f"{key}: cached {old:,.4g} vs fresh {new:,.4g}, the cache was measured {why}: "
+                           "not comparable; the fresh figure is the one in use")
+            continue
+        cb = Band(c["t_ms"], c["t_p10_ms"], c["t_p90_ms"], c["n_rep"])
+        fb = Band(f["t_ms"], f["t_p10_ms"], f["t_p90_ms"], f["n_rep"])
+        # a slower or a faster fresh run: judge the rise of the slower one over the faster
+        j = judge_rise(cb, fb, DRIFT_TOL_PCT) if fb.median >= cb.median else judge_rise(fb, cb, DRIFT_TOL_PCT)
+        if j.status == OK:
+            continue
+        ratio = cb.median / fb.median  # a rate's fresh / cached
+        head = "CACHE NOT TODAY'S" if j.status == BEYOND else "differs"
+        out.append(f"{key}: {head}: fresh rate {ratio:.3g}x the cached one (time {fb.text()} vs cached "
+                   f"{cb.text()}); {j.reason}")
+    return out
 
 
 def save(c: Ceilings, device=None, *, overwrite: bool = False) -> Path:

@@ -1,15 +1,22 @@
 """Comparing a node's record with its baseline (:mod:`hwlab.diagnosis.baseline` records both).
 
 :func:`compare` classifies every deviation of a new record from a baseline into
-``hardware`` / ``topology`` / ``runtime`` / ``workload`` with the tolerance that flagged it and
+``hardware`` (``host`` on a CPU baseline) / ``topology`` / ``runtime`` / ``workload`` with the tolerance that flagged it and
 what to check next. Tolerances (why):
 
 * bandwidth and TFLOP/s probes: a drop of more than ``TOL_RATE_PCT`` (10%) — run-to-run
   spread of these probes on one card is 1-3%, machines of one kind differ by up to ~5%;
 * latency-type probes (launch overhead): a rise of more than ``TOL_LATENCY_PCT`` (100%) — they
   measure the host's Python/driver launch path, which moves with the load on a shared host CPU
-  far more than the device probes do (the recorded ``baseline`` and ``baseline_rerun`` show how
-  much); only a doubling is a signal there;
+  far more than the device probes do; only a doubling is a signal there;
+* and, for every probe, beyond the spread both runs measured (:func:`hwlab.core.spread.judge_rise`):
+  the bands p10-p90 must not overlap, each run needs ``spread.MIN_REPEATS`` repeats and a band
+  no wider than ``spread.NOISY_SPREAD_PCT`` of its median. A change past the tolerance but
+  inside that spread is *within spread (borderline)*: reported, never a hardware verdict,
+  and it does not make the comparison fail (exit 0);
+* a **CPU baseline** (no GPU in the record) times this host's CPU, which other processes and
+  the frequency governor move: a change beyond spread there is a ``host`` deviation with
+  advice for a host, never GPU node advice ("drain and swap");
 * temperature more than ``TOL_TEMP_C`` (10 C) hotter, any new throttle reason, any increase
   of uncorrected ECC errors or pending row remaps: hardware;
 * any change of link class, PCIe width/generation or NUMA affinity: topology (a different GPU
@@ -36,6 +43,7 @@ from typing import Any
 from hwlab.errors import UserInputError
 from hwlab.core.evidence import Evidence, load
 from hwlab.core.measure import Measurement
+from hwlab.core.spread import BEYOND, BORDERLINE, Band, judge_rise
 from hwlab.core.system import THROTTLE_REASONS
 
 TOL_RATE_PCT = 10.0
@@ -48,7 +56,7 @@ BASELINE_KIND = "baseline"
 # ---------------------------------------------------------------- compare
 @dataclass
 class Deviation:
-    category: str  # hardware | topology | runtime | workload | missing
+    category: str  # hardware | host | topology | runtime | missing | borderline
     what: str
     baseline: Any
     now: Any
@@ -63,6 +71,8 @@ class Deviation:
 class Comparison:
     deviations: list[Deviation] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
+    #: True when the baseline holds no GPU: its probes timed this host's CPU
+    cpu: bool = False
     #: why the two records cannot be compared (empty: comparable); see :func:`comparability`
     not_comparable: list[str] = field(default_factory=list)
 
@@ -72,7 +82,7 @@ class Comparison:
 
     @property
     def ok(self) -> bool:
-        return self.comparable and not [d for d in self.deviations if d.category != "missing"]
+        return self.comparable and not [d for d in self.deviations if d.category not in NOT_FAILURES]
 
     def categories(self) -> set[str]:
         return {d.category for d in self.deviations}
@@ -81,20 +91,24 @@ class Comparison:
     def verdict(self) -> str:
         if not self.comparable:
             return "not comparable"
-        return "ok" if self.ok else ",".join(sorted(self.categories() - {"missing"}))
+        return "ok" if self.ok else ",".join(sorted(self.categories() - NOT_FAILURES))
 
     def summary(self) -> str:
         if not self.comparable:
             return ("NOT COMPARABLE: " + "; ".join(self.not_comparable) + ". No node advice: compare "
                     "a record with a baseline of the same GPU model and count, driver/CUDA major "
                     "and probe sizes (record both with or both without --quick).")
+        head = ["CPU baseline (no GPU in these records): the probes timed this host's CPU; no GPU "
+                "node advice applies."] if self.cpu else []
         if self.ok:
-            return ("matches the baseline within tolerance (" + ", ".join(self.checked) + "). If the service "
-                    "is still slow, the difference is in the workload: shape buckets, caches, fallbacks.")
-        return "\n".join(str(d) for d in self.deviations)
+            soft = [str(d) for d in self.deviations]
+            return "\n".join(head + ["matches the baseline within tolerance or within spread (" + ", ".join(self.checked)
+                                     + "). If the service is still slow, the difference is in the workload: "
+                                     "shape buckets, caches, fallbacks."] + soft)
+        return "\n".join(head + [str(d) for d in self.deviations])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "comparable": self.comparable, "ok": self.ok,
+        return {"verdict": self.verdict, "comparable": self.comparable, "ok": self.ok, "cpu_baseline": self.cpu,
                 "not_comparable": self.not_comparable, "checked": self.checked,
                 "deviations": [d.__dict__ for d in self.deviations]}
 
@@ -149,7 +163,12 @@ def comparability(base: Evidence, now: Evidence) -> list[str]:
 
 
 LATENCY_PROBES = {"launch_overhead"}
+#: categories reported but not failing the comparison (exit 0)
+NOT_FAILURES = {"missing", "borderline"}
 NEXT = {
+    "host": "a CPU baseline times this host: check its load (top), the CPU frequency governor and "
+            "other tenants, then re-record both on an idle host",
+    "borderline": "re-run both records (more repeats, an idle machine) before reading it as a change",
     "hardware": "check clocks/throttle reasons, ECC and temperature in `hwlab doctor`; drain and swap the node if it persists",
     "topology": "diff `nvidia-smi topo -m` and the rank-to-device map; rebuild TP groups with hwlab.core.mapping",
     "runtime": "diff versions and the dispatch path (profiler kernel names); pin the known-good stack",
@@ -164,6 +183,12 @@ def _probe_value(m: Measurement) -> tuple[float, str]:
     return m.gbps, "GB/s"
 
 
+def _band(m: Measurement) -> Band:
+    """A probe's median time and its p10-p90 band (a rate's drop is its time's rise; the two
+    records ran the same sizes, :func:`comparability` checks that)."""
+    return Band(m.t_ms, m.t_p10_ms, m.t_p90_ms, m.n_rep)
+
+
 def compare(base: Evidence, now: Evidence) -> Comparison:
     """Classify what changed between a baseline and a new record (see the module doc)."""
     c = Comparison()
@@ -174,7 +199,8 @@ def compare(base: Evidence, now: Evidence) -> Comparison:
     c.not_comparable = comparability(base, now)
     if c.not_comparable:  # no deviations, no advice: the figures differ for other reasons
         return c
-    # hardware: probes
+    # hardware (host on a CPU baseline): probes, judged against both runs' spread
+    c.cpu = base.machine.get("is_gpu") is False
     bm = {m.name: m for m in base.results}
     for m in now.results:
         if m.name not in bm:
@@ -182,13 +208,19 @@ def compare(base: Evidence, now: Evidence) -> Comparison:
         b, unit = _probe_value(bm[m.name])
         v, _ = _probe_value(m)
         c.checked.append(m.name)
-        if m.name in LATENCY_PROBES:
-            if v > b * (1 + TOL_LATENCY_PCT / 100):
-                c.deviations.append(Deviation("hardware", f"{m.name} ({unit})", round(b, 3), round(v, 3),
-                                              f"rise > {TOL_LATENCY_PCT:.0f}%", NEXT["hardware"] + "; check host CPU load and governor"))
-        elif v < b * (1 - TOL_RATE_PCT / 100):
-            c.deviations.append(Deviation("hardware", f"{m.name} ({unit})", round(b, 1), round(v, 1),
-                                          f"drop > {TOL_RATE_PCT:.0f}%", NEXT["hardware"]))
+        latency = m.name in LATENCY_PROBES
+        tol = TOL_LATENCY_PCT if latency else TOL_RATE_PCT
+        j = judge_rise(_band(bm[m.name]), _band(m), tol)
+        if j.status == BEYOND:
+            cat = "host" if c.cpu else "hardware"
+            nxt = NEXT[cat] + ("; check host CPU load and governor" if latency and cat == "hardware" else "")
+        elif j.status == BORDERLINE:
+            cat, nxt = "borderline", NEXT["borderline"]
+        else:
+            continue
+        what = "rise" if latency else "drop"
+        c.deviations.append(Deviation(cat, f"{m.name} ({unit})", round(b, 3), round(v, 3),
+                                      f"{what} > {tol:.0f}%; {j.reason}", nxt))
     for name in set(bm) - {m.name for m in now.results}:
         c.deviations.append(Deviation("missing", name, "recorded", "absent", "part not measured now",
                                       now.extra.get("missing", {}).get(name, "re-run hwlab baseline record")))

@@ -146,7 +146,7 @@ def record_drill(drill: Any, grade: Any, folder: str | os.PathLike | None = None
         return None
     fault = drill.fault()
     rec = {"kind": "drill", "item": fault.name, "learner": grade.learner, "passed": bool(grade.passed),
-           "drill_id": drill.drill_id, "source": drill.source, "submitted_leaf": grade.submitted_leaf,
+           "drill_id": drill.drill_id, "source": drill.label, "submitted_leaf": grade.submitted_leaf,
            "right_leaf": fault.leaf, "wrong_leaf": None if grade.correct_leaf else grade.submitted_leaf,
            "evidence_supports": grade.evidence_supports, "fix_removes_slowdown": grade.fix_removes_slowdown,
            "first_wrong_branch": first_wrong_branch(fault.leaf, grade.submitted_leaf),

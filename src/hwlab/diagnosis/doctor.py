@@ -17,7 +17,7 @@ from hwlab.core import ceilings as ceil_mod
 from hwlab.core import probes, specs, system, topology
 from hwlab.core.ceilings import Ceilings
 from hwlab.core.evidence import Evidence, machine_info
-from hwlab.core.measure import Measurement
+from hwlab.core.measure import InputError, Measurement
 
 
 def age_label(measured_at: str) -> tuple[float | None, str]:
@@ -36,6 +36,15 @@ def age_label(measured_at: str) -> tuple[float | None, str]:
             v = s / n
             return s, f"{v:.0f} {unit}{'s' if unit == 'day' and round(v) != 1 else ''} old"
     return s, f"{s:.0f} s old"
+
+
+def _previous_cache() -> Ceilings | None:
+    """The cache ``--remeasure`` replaces, to hold the fresh ceilings against; an unreadable one
+    is simply replaced (re-measuring is the remedy the unreadable-cache message names)."""
+    try:
+        return ceil_mod.load_cached()
+    except InputError:
+        return None
 
 
 def n_ceiling_steps() -> int:
@@ -69,6 +78,7 @@ def doctor_report(remeasure: bool = False, quick: bool = False, progress=None) -
     if gpu and spec is None:
         report["spec_note"] = str(specs.UnknownGPUError(report["machine"]["device"]))
     cached = None if remeasure else ceil_mod.load_cached()
+    previous = _previous_cache() if remeasure else None  # the cache a re-measure replaces
     if cached is not None:
         c = cached
         age_s, age = age_label(c.measured_at)
@@ -85,6 +95,8 @@ def doctor_report(remeasure: bool = False, quick: bool = False, progress=None) -
         except OSError as e:  # the figures are still shown and saved with --save
             status["cache_file"] = None
             status["label"] += f"; not cached ({e.strerror or e})"
+        if previous is not None:  # flag a cache that differed from today's by more than its spread
+            status["drift_vs_previous_cache"] = ceil_mod.drift(previous, c)
         report["ceilings_status"] = status
     report["ceilings"] = c.to_dict()
     step("probe: launch overhead")

@@ -158,10 +158,16 @@ class Drill:
             raise UserInputError("this drill file was edited after it was made (its seal does not match "
                                  "its contents): draw a new drill with `hwlab drill new`")
 
-    def save(self, folder: str | Path) -> Path:
+    def save(self, folder: str | Path, *, overwrite: bool = False) -> Path:
         if not self.mac:
             self.signed()
-        return write_json_atomic(Path(folder) / f"drill-{self.drill_id}.json", asdict(self))
+        return write_json_atomic(drill_path(folder, self.seed), asdict(self), overwrite=overwrite)
+
+    @property
+    def label(self) -> str:
+        """Where the observations came from, as the file says: a drill whose ``live`` is false
+        was not measured here, whatever words its source carries (:func:`source_label`)."""
+        return source_label(self.source, self.live)
 
     @classmethod
     def from_dict(cls, d: Any, what: str = "drill") -> "Drill":
@@ -179,6 +185,21 @@ class Drill:
     def load(cls, path: str | Path) -> "Drill":
         """Read and verify a drill file; any edit (observations included) is refused."""
         return cls.from_dict(read_user_json(path, "drill file", DRILL_HINT), str(Path(path)))
+
+
+def drill_path(folder: str | Path, seed: int) -> Path:
+    """Where ``hwlab drill new`` writes the drill of ``seed`` in ``folder``."""
+    return Path(folder) / f"drill-{seed:010d}.json"
+
+
+def source_label(source: str, live: bool) -> str:
+    """A drill's source as shown: unchanged for a live drill; for one that is not live, a source
+    that reads "measured live on X" (a recorded run's own words on the machine that ran it)
+    becomes "recorded on X", so "measured live" is never shown for a drill the file marks
+    ``"live": false``."""
+    if live or not source.startswith("measured live on "):
+        return source
+    return "recorded on " + source[len("measured live on "):] + " (a recorded run, not measured here)"
 
 
 def new(seed: int | None = None, fault: str | None = None, live: bool | None = None, device=None) -> Drill:

@@ -14,7 +14,10 @@ What it reports, and the rule behind each part:
   step is as long as the slowest's, and the report says so.
 * **Periodic spikes**: the core's rule (:func:`hwlab.core.tails.spikes`: over 1.5x the median,
   periodic when three or more are evenly spaced) on each rank's compute (its step, without
-  collective time); spikes on more than half the ranks at the same step are called global
+  collective time), judged against the rank's own spread: they count only when they recur
+  (periodic, or more than ``tails.OWN_TAIL_FRAC`` of its steps; fewer uneven ones are the
+  rank's own tail, :func:`hwlab.core.tails.recurring`). Over-threshold steps on more than half
+  the ranks at the same step are called global when such steps recur by the same rule
   (checkpoint, garbage collection, data loading: events that reach most ranks), others local to
   the rank. Half is not enough: on a busy host a rank whose compute is short jitters past 1.5x
   its median now and then, and one such rank coinciding with a slow rank's own spikes would
@@ -47,7 +50,7 @@ from hwlab.core.evidence import Evidence
 from hwlab.core.comms import nccl_routes
 from hwlab.core.measure import quantile
 from hwlab.core.steplog import read_log
-from hwlab.core.tails import SPIKE_OVER_MEDIAN, TAIL_JUMP, spikes, tail_split
+from hwlab.core.tails import OWN_TAIL_FRAC, SPIKE_OVER_MEDIAN, TAIL_JUMP, recurring, spikes, tail_split
 
 DEFAULT_SKIP = 3
 
@@ -67,12 +70,15 @@ def _rank_stats(steps: list[dict[str, Any]], skip: int) -> dict[str, Any] | None
     ids = [s["step"] for s in steps]
     sp = spikes(compute if has_colls else step_ms)  # the one spike rule (hwlab.core.tails)
     hit, period = [ids[i] for i in sp["at"]], sp["period_steps"]
+    # the rank's own tail (a few uneven excursions, tails.OWN_TAIL_FRAC) is no spike pattern
+    spike_steps = hit if sp["recurring"] else []
     return {"n_steps": len(steps), "clock": "CUDA events" if gpu else "host clock",
             "step_ms": statistics.median(step_ms), "step_p10_ms": quantile(step_ms, 0.1),
             "step_p90_ms": quantile(step_ms, 0.9), "compute_ms": statistics.median(compute),
-            "compute_p10_ms": quantile(compute, 0.1),
+            "compute_p10_ms": quantile(compute, 0.1), "compute_p90_ms": quantile(compute, 0.9),
+            "arrival_p10_ms": quantile(arrival, 0.1), "arrival_p90_ms": quantile(arrival, 0.9),
             "arrival_ms": statistics.median(arrival), "coll_ms": per_coll, "has_colls": has_colls,
-            "spike_steps": hit, "spike_period": period,
+            "spike_steps": spike_steps, "spike_period": period, "spike_candidates": hit,
             "t_first_start_s": steps[0]["t_start_s"]}
 
 
@@ -132,12 +138,12 @@ def report(run_dir: str | Path, *, skip: int = DEFAULT_SKIP, nccl_logs: list[str
     stats = {r: logs[r][1] for r in ranks}
     has_colls = all(s["has_colls"] for s in stats.values())
     basis = "compute" if has_colls else "step"
-    tail, tail_pct = tail_split({r: stats[r][f"{basis}_ms"] for r in ranks})
+    notes = []
+    tail, tail_pct = _split_beyond_spread(stats, basis, notes)
     if has_colls and not tail:
-        a_tail, a_pct = tail_split({r: stats[r]["arrival_ms"] for r in ranks})
+        a_tail, a_pct = _split_beyond_spread(stats, "arrival", notes)
         if a_tail:
             basis, tail, tail_pct = "arrival", a_tail, a_pct
-    notes = []
     if not has_colls:
         notes.append("no collective time recorded (log.collective()): in a loop that syncs every step each "
                      "rank's step lasts as long as the slowest rank's, so a tail may not show; D is not measured")
@@ -231,15 +237,36 @@ def render_nvml(nvml: dict[str, Any]) -> list[str]:
                        + (f"; {g['sm_active_note']}" if g["sm_active_note"] else ""))
         out += [f"  NVML FLAG rank {r}: {f}" for f in nv["flags"]]
     return out
+def _split_beyond_spread(stats: dict[int, dict[str, Any]], basis: str, notes: list[str]) -> tuple[list[int], float]:
+    """:func:`hwlab.core.tails.tail_split` on the per-rank medians of ``basis``, kept only when every
+    tail rank's p10 lies above every on-time rank's p90: a tail inside the ranks' own spread
+    (a busy host delays one rank's collectives for a while) is borderline, not a slow rank."""
+    tail, pct = tail_split({r: st[f"{basis}_ms"] for r, st in stats.items()})
+    if not tail:
+        return tail, pct
+    on_time_p90 = max(st[f"{basis}_p90_ms"] for r, st in stats.items() if r not in tail)
+    tail_p10 = min(stats[r][f"{basis}_p10_ms"] for r in tail)
+    if tail_p10 > on_time_p90:
+        return tail, pct
+    notes.append(f"ranks {tail} are {pct:.0f}% later by median {basis} time but within spread "
+                 f"(borderline): their p10 {tail_p10:.2f} ms is not above the others' p90 "
+                 f"{on_time_p90:.2f} ms, so a re-run may not repeat it; not called a tail")
+    return [], pct
 
 
 def _spike_summary(stats: dict[int, dict[str, Any]]) -> dict[str, Any]:
     n = len(stats)
-    at = Counter(s for st in stats.values() for s in st["spike_steps"])
+    # global: most ranks over their threshold at one step, each rank's excursions counted
+    at = Counter(s for st in stats.values() for s in st.get("spike_candidates", st["spike_steps"]))
     global_steps = sorted(s for s, k in at.items() if k >= 2 and k > n / 2)  # most ranks, not one partner
+    n_steps = min((st["n_steps"] for st in stats.values() if "n_steps" in st), default=None)
+    if n_steps and not recurring(len(global_steps), n_steps, False):
+        global_steps = []  # as rare as one rank's own tail: a host hiccup, not the job's pattern
     local = {str(r): {"steps": st["spike_steps"], "period": st["spike_period"]} for r, st in stats.items()
              if len([s for s in st["spike_steps"] if s not in global_steps]) >= 2}
-    return {"global_steps": global_steps, "local": local, "rule": f"> {SPIKE_OVER_MEDIAN}x the rank's median"}
+    return {"global_steps": global_steps, "local": local,
+            "rule": (f"> {SPIKE_OVER_MEDIAN}x the rank's median, on more than {OWN_TAIL_FRAC:.0%} of its steps "
+                     "or periodic (fewer, uneven ones are the rank's own tail)")}
 
 
 def _incident(rep: dict[str, Any], d: flowchart.Diagnosis, caps: dict[int, dict[str, Any]],
@@ -283,6 +310,9 @@ def render(rep: dict[str, Any]) -> str:
     if rep["tail_ranks"]:
         out.append(f"TAIL: ranks {rep['tail_ranks']} ({rep['basis']} time {rep['rank_tail_pct']:.0f}% over the "
                    f"others' median; split at a jump >= {TAIL_JUMP}x)")
+    elif not (rep["spikes"]["global_steps"] or rep["spikes"]["local"]):
+        out.append(f"no tail, no spikes (largest spread {rep['rank_tail_pct']:.0f}%, {rep['basis']} time; "
+                   f"spikes: {rep['spikes']['rule']})")
     else:
         out.append(f"no tail rank (largest spread {rep['rank_tail_pct']:.0f}%, {rep['basis']} time)")
     for r, p in rep["placement"].items():

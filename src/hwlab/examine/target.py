@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -26,6 +27,9 @@ def _module(spec: str):
         sys.path.insert(0, str(path.resolve().parent))  # its own siblings import as they would
         try:
             loader_spec.loader.exec_module(mod)
+        except SystemExit as e:
+            del sys.modules[mod_name]
+            raise UserInputError(_exited(spec, e)) from None
         except Exception as e:
             del sys.modules[mod_name]
             raise UserInputError(f"importing {spec} raised {type(e).__name__}: "
@@ -33,13 +37,30 @@ def _module(spec: str):
         finally:
             sys.path.remove(str(path.resolve().parent))
         return mod
+    # the current folder first, as `python -c` and `python -m` put it (a console script does not)
+    here = os.getcwd()
+    added = here not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, here)
     try:
         return importlib.import_module(spec)
+    except SystemExit as e:
+        sys.modules.pop(spec, None)
+        raise UserInputError(_exited(spec, e)) from None
     except ImportError as e:
-        raise UserInputError(f"cannot import {spec!r} ({e}): pass an importable module or a .py path") from None
+        raise UserInputError(f"cannot import {spec!r} ({e}) from {here} or the import path: pass an "
+                             "importable module or a .py path") from None
     except Exception as e:
         raise UserInputError(f"importing {spec} raised {type(e).__name__}: "
                              f"{' '.join(str(e).split())[:200]}") from None
+    finally:
+        if added:
+            sys.path.remove(here)
+
+
+def _exited(spec: str, e: SystemExit) -> str:
+    return (f"importing {spec} called sys.exit({e.code!r}): nothing was measured; put the module's "
+            "script code under `if __name__ == \"__main__\":` so it can be imported")
 
 
 def load(target: str, what: str = "function") -> tuple[Callable[..., Any], Any]:

@@ -209,4 +209,7 @@ def recorded_run(scenario: str, case: str) -> tuple[dict[str, Any], str]:
         raise EvidenceError(f"recorded drills ({ev.label}) hold no measured run of {key}: "
                             "re-record them with benchmarks/refresh_gpu_evidence.py --only drills")
     r = runs[key]
-    return dict(r["evidence"]), r.get("source") or ev.label
+    src = r.get("source") or ev.label
+    if src.startswith("measured live on "):  # live on the machine that recorded it, not here
+        src = f"{ev.label} (a recorded run, not measured here)"
+    return dict(r["evidence"]), src
