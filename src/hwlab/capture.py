@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 from . import mapping, probes, system, topology
 from .errors import UserInputError
-from .store import RecordExistsError, write_json_atomic, write_text_atomic
+from .store import RecordExistsError, read_user_json, write_json_atomic, write_text_atomic
 from .topology import Topology, link_rank
 
 SCHEMA = "hwlab.capture"
@@ -332,10 +332,10 @@ def load_run(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str
     ranks, nodes, problems = [], {}, []
     for p in sorted(Path(run_dir).glob("*/rank-*.json")) + sorted(Path(run_dir).glob("*/node.json")):
         try:
-            d = json.loads(p.read_text())
+            d = read_user_json(p, "capture record", f"an {SCHEMA} record")
             if not isinstance(d, dict) or d.get("schema") != SCHEMA:
                 raise ValueError(f"not an {SCHEMA} record")
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError) as e:  # UserInputError is a ValueError
             problems.append(f"{p}: skipped ({e})")
             continue
         if p.name == "node.json":

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from .errors import EXIT_FINDING, EXIT_OK, UserInputError
+from .validate import count_arg
 
 
 def add_parser(sub) -> None:
@@ -22,8 +23,10 @@ def add_parser(sub) -> None:
     e.add_argument("--ncu", action="store_true", help="add Nsight Compute counters where `ncu` exists")
     e.add_argument("--out", metavar="PATH", help="write the examination (.json) and a draft incident beside it")
     e.add_argument("--force", action="store_true", help="replace --out PATH if it exists")
-    e.add_argument("--n-bytes", type=int, help="required bytes, if you know them (else estimated)")
-    e.add_argument("--n-flops", type=int, help="FLOPs, if you know them (else estimated)")
+    e.add_argument("--n-bytes", type=count_arg, help="required bytes, if you know them (else estimated); "
+                   "a count implying more than the device can move is refused")
+    e.add_argument("--n-flops", type=count_arg, help="FLOPs, if you know them (else estimated); "
+                   "a count implying more than the device can compute is refused")
     e.add_argument("--dtype-peak", choices=["fp32", "tf32", "bf16", "fp8"],
                    help="which measured GEMM ceiling is the FLOP floor (default: from the matmul dtype)")
     e.set_defaults(fn=cmd_examine)

@@ -1,7 +1,10 @@
 """``hwlab ranks RUN_DIR [--json] [--skip N] [--nccl-log PATH ...] [--save-incident DIR]``.
 
 Exit codes: 0 no tail and no mapping warning, 1 a tail rank or a mapping warning (a finding),
-2 bad input (no such folder, no step logs), 3 internal error.
+2 bad input (no such folder, no step logs, an input that is not a regular file, a
+--save-incident folder that cannot be written) or a write that failed after the run was read
+(the report is printed, the record kept in the rescue folder and its path printed), 3 internal
+error.
 """
 from __future__ import annotations
 
@@ -10,21 +13,27 @@ import sys
 from pathlib import Path
 
 from . import incident, ranks
-from .errors import EXIT_FINDING, EXIT_OK, UserInputError
+from .errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UserInputError
+from .store import check_folder, check_input_file, rescue
 
 
 def cmd_ranks(a) -> int:
-    if a.save_incident and Path(a.save_incident).exists() and not Path(a.save_incident).is_dir():
-        raise UserInputError(f"--save-incident {a.save_incident} is a file: pass a folder for the record")
     if a.skip < 0:
         raise UserInputError("--skip must be 0 or more steps")
     for p in a.nccl_log or []:
-        if not Path(p).is_file():
-            raise UserInputError(f"--nccl-log {p} is not a file: pass a log written with NCCL_DEBUG=INFO")
+        check_input_file(p, "--nccl-log", "pass a log written with NCCL_DEBUG=INFO")
+    # the destination is checked before the run is read; a write that still fails keeps the
+    # record in the rescue folder and says where (the report is printed either way)
+    folder = check_folder(a.save_incident, what="--save-incident folder") if a.save_incident else None
     rep = ranks.report(a.run_dir, skip=a.skip, nccl_logs=a.nccl_log)
-    if a.save_incident:
-        md, js = incident.save(incident.Incident(**rep["incident_draft"]["record"]), a.save_incident)
-        rep["incident_saved"] = [str(md), str(js)]
+    save_err = None
+    if folder is not None:
+        record = rep["incident_draft"]["record"]
+        try:
+            md, js = incident.save(incident.Incident(**record), folder)
+            rep["incident_saved"] = [str(md), str(js)]
+        except OSError as e:
+            save_err = rescue(record, "incident", folder, e)
     if a.json:
         print(json.dumps(rep, indent=2, allow_nan=False, default=str))
     else:
@@ -36,6 +45,9 @@ def cmd_ranks(a) -> int:
             print(f"incident written: {' and '.join(rep['incident_saved'])}")
     for p in rep["problems"]:
         print(f"hwlab ranks: skipped {p}", file=sys.stderr)
+    if save_err:
+        print(f"hwlab ranks: {save_err}", file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_FINDING if ranks.has_finding(rep) else EXIT_OK
 
 

@@ -32,7 +32,7 @@ from . import system, topology
 from .errors import UserInputError
 from .evidence import RECORDED_DIR, Evidence, EvidenceError, load as load_evidence, machine_info
 from .flowchart import Diagnosis, diagnose
-from .store import RecordExistsError, write_json_atomic, write_text_atomic
+from .store import RecordExistsError, read_user_json, write_json_atomic, write_text_atomic
 
 SCOPES = ("single-card", "multi-GPU", "training", "inference", "bucket")
 
@@ -242,6 +242,8 @@ def save(inc: Incident, folder: str | Path) -> tuple[Path, Path]:
 
 
 def load(path: str | Path) -> Incident:
-    d = json.loads(Path(path).read_text())
+    d = read_user_json(path, "incident record", "pass an incident .json written by hwlab")
+    if not isinstance(d, dict):
+        raise UserInputError(f"incident record {path} should hold a JSON object, not {type(d).__name__}")
     names = {f.name for f in fields(Incident)}
     return Incident(**{k: v for k, v in d.items() if k in names})
