@@ -485,3 +485,15 @@ def test_first_contact_a_fifo_in_a_run_or_class_folder_is_skipped_not_read(fc_ar
     os.mkfifo(fc_area / "steps-rank-00009.jsonl")
     header, steps, problems = steplog.read_log(fc_area / "steps-rank-00009.jsonl")
     assert header is None and steps == [] and "FIFO" in problems[0]
+
+
+@pytest.mark.slow  # measures the function and this machine's ceilings: tens of seconds on a busy CPU
+@pytest.mark.parametrize("flag,value", [("--n-bytes", "1e30"), ("--n-flops", "1e30")])
+def test_first_contact_examine_impossible_count_is_refused_after_timing(fc_area, capsys, monkeypatch,
+                                                                        tmp_path_factory, flag, value):
+    """A count no device reaches is refused with the flag named, exit 2, nothing printed or
+    written (the ceilings cache lives outside the working folder here)."""
+    monkeypatch.setenv("HWLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+    test_bad_input_is_one_line_exit_2_and_changes_nothing(
+        fc_area, capsys, ["examine", str(ROOT / "examples" / "shuffled_gather.py:shuffled_gather"), flag, value],
+        flag)
