@@ -19,7 +19,7 @@ FLOOR_NAMES = {CORE: "core", LABS: "labs", CONSUMERS: "consumers of evidence", T
 FLOORS = {
     CORE: {"errors", "measure", "specs", "ceilings", "system", "topology", "evidence", "store",
            "tritonenv", "roofline", "ncu", "probes", "mapping", "capture", "steplog", "profiling",
-           "comms", "grading", "tails"},
+           "comms", "grading", "tails", "validate"},
     CONSUMERS: {"flowchart", "baseline", "drills", "incident", "exercise", "doctor", "ranks",
                 "classroom", "examine"},
     TOP: {"cli", "console", "lablaunch", "nb", "__init__", "__main__"},

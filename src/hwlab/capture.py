@@ -31,7 +31,6 @@ unset; it must run before the first NCCL communicator exists. ``hwlab ranks`` re
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys

@@ -26,7 +26,6 @@ and skips them.
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import re
 from collections import Counter

@@ -3,14 +3,18 @@
 Inputs: ``--inputs MODULE:FUNC`` returns the argument tuple (called again for fresh sets to
 rotate past L2); without it, a function named ``inputs`` in the target's module is used, and
 the report says so. Exit codes: 0 the walk lands on OK, 1 it lands on another leaf or cannot
-decide (a finding), 2 bad input (one line, nothing measured or written).
+decide (a finding), 2 bad input (one line, nothing printed or written; a ``--n-bytes`` or
+``--n-flops`` implying a rate no device reaches is refused once the timing shows it) or an
+``--out`` write that failed after measuring (the report is printed, the examination kept in
+the rescue folder and its path printed).
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
-from .errors import EXIT_FINDING, EXIT_OK, UserInputError
+from .errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UserInputError
 from .validate import count_arg
 
 
@@ -35,7 +39,7 @@ def add_parser(sub) -> None:
 def cmd_examine(a) -> int:
     from .examine import examine
     from .examine_target import load
-    from .store import check_destination, write_text_atomic
+    from .store import check_destination, rescue, write_text_atomic
 
     out = check_destination(a.out, overwrite=a.force) if a.out else None  # before measuring
     if out is not None and out.suffix != ".json":
@@ -52,9 +56,16 @@ def cmd_examine(a) -> int:
     ex = examine(fn, make_inputs=make, n_bytes=a.n_bytes, n_flops=a.n_flops, dtype_peak=a.dtype_peak,
                  ncu_target=spec if a.ncu else None, name=a.target)
     ex.notes.append(f"inputs from {inputs_spec}")
-    if out is not None:
-        write_text_atomic(out, ex.to_json() + "\n", overwrite=a.force)
-        md, _ = ex.save_incident(out.parent if str(out.parent) else Path("."))
-        print(f"examination written to {out}; draft incident {md}", file=sys.stderr)
+    save_err = None
+    if out is not None:  # checked before measuring; a write that still fails goes to the rescue folder
+        try:
+            write_text_atomic(out, ex.to_json() + "\n", overwrite=a.force)
+            md, _ = ex.save_incident(out.parent if str(out.parent) else Path("."))
+            print(f"examination written to {out}; draft incident {md}", file=sys.stderr)
+        except OSError as e:
+            save_err = rescue(json.loads(ex.to_json()), "examination", out, e)
     print(ex.to_json() if a.json else ex.report())
+    if save_err:
+        print(f"hwlab examine: {save_err}", file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_OK if ex.leaf_id == "OK" else EXIT_FINDING

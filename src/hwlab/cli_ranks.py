@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from . import incident, ranks
 from .errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UserInputError

@@ -21,7 +21,6 @@ record is never overwritten.
 """
 from __future__ import annotations
 
-import json
 import platform
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone

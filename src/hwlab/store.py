@@ -9,12 +9,16 @@ a record must be asked for (``overwrite=True``).
 A command that measures and then writes checks its destination first
 (:func:`check_destination`, :func:`check_folder`), so a bad path is refused before any
 time is spent; if the write still fails afterwards (disk full, permissions changed), the
-result goes to :func:`rescue_json` in the temp folder (:func:`write_or_rescue`) and the
-caller prints that path.
+result goes to the rescue folder (:func:`write_or_rescue`, :func:`rescue`) and the caller
+prints that path, or, when the rescue folder fails too, that the printed result is the only
+copy.
 
 Files the user names are read with :func:`read_user_text` / :func:`read_user_json`: a
 folder, a missing, binary, unreadable, empty or truncated file is refused in one line that
-says what to pass instead.
+says what to pass instead. Before anything is opened, :func:`check_input_file` refuses what
+is not a regular file (a FIFO would block the reader, a device such as ``/dev/zero`` never
+ends) and a file over :data:`MAX_INPUT_BYTES`; files found inside a folder (a run's step
+logs, a class folder) pass the same check.
 
 Records are strict JSON (RFC 8259): a non-finite float (``inf`` arithmetic intensity of a
 probe that moves no bytes, ``nan`` of a zero time) is written as ``null``;
