@@ -292,9 +292,10 @@ def fc_area(area):
     """``area`` plus a FIFO, an oversize (sparse) file, corrupt baselines, absurd observations,
     a drill and a class folder with one result."""
     import threading
-    os.mkfifo(area / "pipe.json")
     stop = threading.Event()
-    threading.Thread(target=_unblock_later, args=(area / "pipe.json", stop), daemon=True).start()
+    for name in ("pipe.json", "pipe.py"):
+        os.mkfifo(area / name)
+        threading.Thread(target=_unblock_later, args=(area / name, stop), daemon=True).start()
     with open(area / "huge.json", "wb") as f:  # sparse: no disk used
         f.truncate(_store.MAX_INPUT_BYTES + 1)
     (area / "nan_baseline.json").write_text(_baseline_with("NaN"))
@@ -349,7 +350,7 @@ FC_CASES = [
     ("ranks RUN is a FIFO", ["ranks", "pipe.json"], "not a folder"),
     ("ranks --nccl-log FIFO", ["ranks", str(RUN), "--nccl-log", "pipe.json"], "FIFO"),
     ("class summary DIR is a FIFO", ["class", "summary", "pipe.json"], "not a folder"),
-    ("examine module is a FIFO", ["examine", "pipe.py:f"], "does not exist"),
+    ("examine module is a FIFO", ["examine", "pipe.py:f"], "FIFO"),
     # unwritable places, refused before the work
     ("ranks --save-incident unwritable", ["ranks", str(RUN), "--save-incident", _unwritable_place()], "cannot"),
     ("ranks --save-incident under a file", ["ranks", str(RUN), "--save-incident", "notes.txt/inc"], "cannot"),

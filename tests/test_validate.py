@@ -72,3 +72,23 @@ def test_implied_rate_bounds():
     with pytest.raises(NumberError, match="measured ceiling"):
         validate.implied_rate("n_bytes", validate.CPU_RATE_FACTOR * 3.0 * 1.01, "GB/s", "CPU", None, 3.0)
     validate.implied_rate("n_bytes", 1e30, "GB/s", "CPU", None, None)  # nothing to judge against: no refusal
+
+
+def test_a_corrupt_or_streamed_ceilings_cache_is_refused_not_used(tmp_path, monkeypatch):
+    import os
+
+    from hwlab import ceilings
+    from hwlab.measure import InputError
+
+    monkeypatch.setenv("HWLAB_CACHE", str(tmp_path))
+    p = ceilings.cache_path("cpu")
+    good = {"device": "cpu", "copy_gbps": 5.0, "gemm_tflops": {"fp32": 0.2}, "measured_at": "2026"}
+    p.write_text(json.dumps(good))
+    assert ceilings.load_cached("cpu").copy_gbps == 5.0
+    p.write_text(json.dumps({**good, "copy_gbps": float("nan")}))
+    with pytest.raises(InputError, match="corrupt.*copy_gbps.*remeasure"):
+        ceilings.load_cached("cpu")
+    p.unlink()
+    os.mkfifo(p)
+    with pytest.raises(InputError, match="FIFO"):
+        ceilings.load_cached("cpu")
