@@ -24,22 +24,28 @@ if [ "${1:-}" = "--check-pypi" ]; then
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   "$PY" -m venv "$tmp/venv"
-  pypi=(--isolated --no-cache-dir --index-url https://pypi.org/simple)
-  "$tmp/venv/bin/python" -m pip install -q "${pypi[@]}" --upgrade pip
-  # --isolated: no pip config, no PIP_* variables (no local wheel folder); --ignore-installed:
+  # --isolated: no pip config, no PIP_* variables (no local wheel folder); an empty cache of its
+  # own (shared by the two checks below, so each wheel downloads once); --ignore-installed:
   # resolve everything, as on a fresh machine
-  if ! "$tmp/venv/bin/python" -m pip install "${pypi[@]}" --dry-run --ignore-installed -q \
-       --report "$tmp/report.json" "${constraints[@]}" "${spec[@]}"; then
-    echo "setup --check-pypi: pip install ${constraints[*]} ${spec[*]} does NOT resolve from PyPI alone:" \
-         "fix the pins in constraints-cpu.txt / pyproject.toml (pip's reason is above)" >&2
-    exit 1
-  fi
-  "$tmp/venv/bin/python" - "$tmp/report.json" <<'EOF'
+  pypi=(--isolated --cache-dir "$tmp/cache" --index-url https://pypi.org/simple)
+  "$tmp/venv/bin/python" -m pip install -q "${pypi[@]}" --upgrade pip
+  check() {  # check NAME PIP-ARGS...: a dry-run install from PyPI alone, then what it resolved
+    local name=$1; shift
+    if ! "$tmp/venv/bin/python" -m pip install "${pypi[@]}" --dry-run --ignore-installed -q \
+         --report "$tmp/report.json" "$@"; then
+      echo "setup --check-pypi: $name (pip install $*) does NOT resolve from PyPI alone:" \
+           "fix the pins in constraints-cpu.txt / pyproject.toml (pip's reason is above)" >&2
+      exit 1
+    fi
+    "$tmp/venv/bin/python" - "$tmp/report.json" "$name" <<'EOF'
 import json, sys
 got = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.load(open(sys.argv[1]))["install"]}
-print(f"setup --check-pypi: resolves from PyPI alone: {len(got)} packages, torch {got.get('torch')}, "
-      f"triton {got.get('triton')}")
+print(f"setup --check-pypi: {sys.argv[2]} resolves from PyPI alone: {len(got)} packages, "
+      f"torch {got.get('torch')}, triton {got.get('triton')}")
 EOF
+  }
+  check "the setup install" "${constraints[@]}" "${spec[@]}"
+  check "a plain pip install ." .
   exit 0
 fi
 

@@ -168,4 +168,5 @@ def test_ci_proves_the_setup_install_resolves_from_pypi_alone():
     check = setup.split('if [ "${1:-}" = "--check-pypi" ]; then', 1)[1].split("\nfi\n", 1)[0]
     assert "--isolated" in check and "--index-url https://pypi.org/simple" in check and "--dry-run" in check
     assert '"${constraints[@]}" "${spec[@]}"' in check  # the same arguments as the install below
+    assert 'check "a plain pip install ." .' in check  # and the README's library-only install
     assert setup.count('"${constraints[@]}" "${spec[@]}"') == 2
