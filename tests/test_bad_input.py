@@ -498,3 +498,9 @@ def test_first_contact_examine_impossible_count_is_refused_after_timing(fc_area,
     test_bad_input_is_one_line_exit_2_and_changes_nothing(
         fc_area, capsys, ["examine", str(ROOT / "examples" / "shuffled_gather.py:shuffled_gather"), flag, value],
         flag)
+
+
+def test_first_contact_drill_key_that_is_a_device_is_refused(fc_area, capsys, monkeypatch):
+    monkeypatch.setenv("HWLAB_DRILL_KEY_FILE", "/dev/zero")
+    test_bad_input_is_one_line_exit_2_and_changes_nothing(
+        fc_area, capsys, ["drill", "reveal", _drill_file(fc_area)], "character device")
