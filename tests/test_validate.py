@@ -38,6 +38,30 @@ def test_observations_ranges_come_from_what_each_metric_is():
             validate.observations(bad)
 
 
+def test_a_rate_may_pass_its_measured_ceiling_within_reason():
+    """% of a measured ceiling: a little over 100 is the ceiling's spread; twice it is no part."""
+    validate.observations({"tensor_pct_of_peak": 100.6, "dram_pct_estimated": 150.0})
+    for k in ("tensor_pct_of_peak", "dram_pct_estimated"):
+        with pytest.raises(NumberError, match=f"<= {validate.MEASURED_PCT_MAX:g}"):
+            validate.observations({k: validate.MEASURED_PCT_MAX + 1})
+
+
+def test_every_recorded_drill_observation_passes():
+    """What the kit's own drills show a learner (recorded runs) is valid input when the learner
+    submits it back as evidence."""
+    from hwlab import drills
+
+    n = 0
+    for fault in sorted(drills.FAULTS):
+        try:
+            d = drills.new(seed=5, fault=fault, live=False)
+        except evidence.EvidenceError:
+            continue
+        validate.observations({k: v for k, v in d.observations.items() if not isinstance(v, (dict, list, str))})
+        n += 1
+    assert n, "no drill fault has a recorded run"
+
+
 def test_every_recorded_evidence_file_passes_and_a_corrupted_copy_does_not(tmp_path):
     """The kit's own records pass the checks (they are what a healthy record looks like); the
     same record with one number made impossible is reported as corrupt, never loaded."""
