@@ -282,3 +282,256 @@ def test_cli_detail_bad_input_is_one_line_and_changes_nothing(area, capsys, argv
     assert "Traceback" not in err and out == ""
     assert _snapshot(area) == before
     assert "exiter" not in sys.modules
+# first contact: streams, writes, numbers
+# Inputs are files, not streams (a FIFO, a device, an oversize file: refused unopened, one line,
+# exit 2; the FIFO cases run with a subprocess timeout so a regression fails instead of hanging);
+# nothing lost to an unwritable place (checked before the work; a write that still fails keeps
+# the result in the rescue folder and says where); numbers validated where they enter.
+from hwlab.core import store as _store  # noqa: E402
+
+RUN = evidence.RECORDED_DIR / "runs" / "straggler_nccl_h200"
+INC = ["incident", "--title", "t", "--scope", "single-card", "--symptom", "s", "--fix", "f", "--reverify", "r"]
+
+
+def _unwritable_place() -> str:
+    """A folder no user, root included, can create a file in: /proc refuses new files."""
+    return "/proc"
+
+
+def _baseline_with(value_text: str) -> str:
+    """The recorded H200 baseline with its first probe's t_ms replaced by ``value_text`` (raw JSON)."""
+    d = json.loads((H200 / "baseline.json").read_text())
+    d["results"][0]["t_ms"] = "@@"
+    return json.dumps(d).replace('"@@"', value_text)
+
+
+def _unblock_later(fifo: Path, stop, after_s: float = 20.0) -> None:
+    """If a reader ever blocks on ``fifo`` (a regression), open it for writing after
+    ``after_s`` and close it: the reader sees an empty file, and the test fails instead of
+    hanging."""
+    if stop.wait(after_s):
+        return
+    while not stop.wait(0.2):
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # ENXIO while nobody reads
+        except OSError:
+            continue
+
+
+@pytest.fixture
+def fc_area(area):
+    """``area`` plus a FIFO, an oversize (sparse) file, corrupt baselines, absurd observations,
+    a drill and a class folder with one result."""
+    import threading
+    stop = threading.Event()
+    for name in ("pipe.json", "pipe.py"):
+        os.mkfifo(area / name)
+        threading.Thread(target=_unblock_later, args=(area / name, stop), daemon=True).start()
+    with open(area / "huge.json", "wb") as f:  # sparse: no disk used
+        f.truncate(_store.MAX_INPUT_BYTES + 1)
+    (area / "nan_baseline.json").write_text(_baseline_with("NaN"))
+    (area / "str_baseline.json").write_text(_baseline_with('"fast"'))
+    (area / "neg_baseline.json").write_text(_baseline_with("-1.0"))
+    d = json.loads((H200 / "baseline.json").read_text())
+    d["ceilings"]["copy_gbps"] = 1e9  # beyond the H200's datasheet HBM bandwidth
+    (area / "fast_baseline.json").write_text(json.dumps(d))
+    for name, text in {"obs_nan.json": '{"slowdown_vs_floor": NaN}',
+                       "obs_inf.json": '{"slowdown_vs_floor": Infinity}',
+                       "obs_neg.json": '{"rank_tail_pct": -5}',
+                       "obs_pct.json": '{"dram_pct_of_peak": 250}',
+                       "obs_frac_spills.json": '{"n_spills": 1.5}'}.items():
+        (area / name).write_text(text)
+    from hwlab.diagnosis import classroom, drills
+    made = None
+    for fault in sorted(drills.FAULTS):
+        try:
+            made = drills.new(seed=5, fault=fault, live=False)
+            break
+        except evidence.EvidenceError:
+            continue
+    if made is not None:
+        made.save(area / "dr")
+    classroom.write_result({"kind": "exercise", "item": "q1", "learner": "ann", "passed": True}, area / "class")
+    yield area
+    stop.set()
+
+
+def _drill_file(area: Path) -> str:
+    found = sorted((area / "dr").glob("*.json")) if (area / "dr").is_dir() else []
+    if not found:
+        pytest.skip("no drill fault has a recorded run in this tree")
+    return str(found[0])
+
+
+FC_CASES = [
+    # streams and oversize files, everywhere the CLI reads a file
+    ("topo --file FIFO", ["topo", "--file", "pipe.json"], "FIFO"),
+    ("topo --file /dev/zero", ["topo", "--file", "/dev/zero"], "character device"),
+    ("topo --file oversize", ["topo", "--file", "huge.json"], "MiB"),
+    ("evidence show FIFO", ["evidence", "show", "pipe.json"], "FIFO"),
+    ("evidence show /dev/zero", ["evidence", "show", "/dev/zero"], "character device"),
+    ("evidence show oversize", ["evidence", "show", "huge.json"], "MiB"),
+    ("baseline compare FIFO", ["baseline", "compare", B, "pipe.json"], "FIFO"),
+    ("baseline compare /dev/zero", ["baseline", "compare", "/dev/zero", B], "character device"),
+    ("incident --evidence FIFO", [*INC, "--evidence", "pipe.json"], "FIFO"),
+    ("incident --observations FIFO", [*INC, "--observations", "pipe.json"], "FIFO"),
+    ("incident --observations /dev/zero", [*INC, "--observations", "/dev/zero"], "character device"),
+    ("drill submit FIFO", ["drill", "submit", "pipe.json", "--leaf", "G"], "FIFO"),
+    ("drill reveal /dev/zero", ["drill", "reveal", "/dev/zero"], "character device"),
+    ("ranks RUN is a FIFO", ["ranks", "pipe.json"], "not a folder"),
+    ("ranks --nccl-log FIFO", ["ranks", str(RUN), "--nccl-log", "pipe.json"], "FIFO"),
+    ("class summary DIR is a FIFO", ["class", "summary", "pipe.json"], "not a folder"),
+    ("examine module is a FIFO", ["examine", "pipe.py:f"], "FIFO"),
+    # unwritable places, refused before the work
+    ("ranks --save-incident unwritable", ["ranks", str(RUN), "--save-incident", _unwritable_place()], "cannot"),
+    ("ranks --save-incident under a file", ["ranks", str(RUN), "--save-incident", "notes.txt/inc"], "cannot"),
+    ("class summary --plot unwritable", ["class", "summary", "class", "--plot", f"{_unwritable_place()}/p.png"],
+     "cannot write"),
+    ("class summary --plot under a file", ["class", "summary", "class", "--plot", "notes.txt/p.png"],
+     "is a file"),
+    # numbers: corrupt records, absurd observations, impossible counts
+    ("baseline compare t_ms NaN", ["baseline", "compare", B, "nan_baseline.json"], "corrupt"),
+    ("baseline compare t_ms a string", ["baseline", "compare", "str_baseline.json", B], "corrupt"),
+    ("baseline compare t_ms negative", ["baseline", "compare", B, "neg_baseline.json"], "t_ms"),
+    ("baseline compare copy above datasheet", ["baseline", "compare", B, "fast_baseline.json"], "copy_gbps"),
+    ("evidence show t_ms NaN", ["evidence", "show", "nan_baseline.json"], "corrupt"),
+    ("incident --evidence t_ms NaN", [*INC, "--evidence", "nan_baseline.json"], "corrupt"),
+    ("incident observations NaN", [*INC, "--observations", "obs_nan.json"], "slowdown_vs_floor"),
+    ("incident observations Infinity", [*INC, "--observations", "obs_inf.json"], "not a finite number"),
+    ("incident observations negative", [*INC, "--observations", "obs_neg.json"], "rank_tail_pct"),
+    ("incident observations pct above 100", [*INC, "--observations", "obs_pct.json"], "<= 100"),
+    ("incident observations fractional count", [*INC, "--observations", "obs_frac_spills.json"], "whole number"),
+    ("examine --n-bytes negative", ["examine", "x.py:f", "--n-bytes", "-1"], "negative"),
+    ("examine --n-bytes not finite", ["examine", "x.py:f", "--n-bytes", "inf"], "finite"),
+    ("examine --n-flops not a number", ["examine", "x.py:f", "--n-flops", "lots"], "not a number"),
+]
+
+
+@pytest.mark.parametrize("argv,message", [c[1:] for c in FC_CASES], ids=[c[0] for c in FC_CASES])
+def test_first_contact_bad_input(fc_area, capsys, argv, message):
+    test_bad_input_is_one_line_exit_2_and_changes_nothing(fc_area, capsys, argv, message)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--evidence", "obs_nan.json"], "slowdown_vs_floor"),
+    (["--evidence", "pipe.json"], "FIFO"),
+])
+def test_first_contact_drill_submit_bad_evidence(fc_area, capsys, extra, message):
+    argv = ["drill", "submit", _drill_file(fc_area), "--leaf", "G", *extra]
+    test_bad_input_is_one_line_exit_2_and_changes_nothing(fc_area, capsys, argv, message)
+
+
+def test_first_contact_unwritable_class_dir_is_refused_before_grading(fc_area, capsys, monkeypatch):
+    """HWLAB_CLASS_DIR=/proc: refused in one line before grading, no grade file, no class record."""
+    monkeypatch.setenv("HWLAB_CLASS_DIR", _unwritable_place())
+    test_bad_input_is_one_line_exit_2_and_changes_nothing(
+        fc_area, capsys, ["drill", "submit", _drill_file(fc_area), "--leaf", "G"], "HWLAB_CLASS_DIR")
+
+
+@pytest.mark.slow  # a subprocess each (imports torch): seconds, more on a busy 2-core machine
+@pytest.mark.parametrize("argv", [["topo", "--file", "pipe.json"], ["baseline", "compare", B, "pipe.json"]])
+def test_first_contact_fifo_from_a_shell_does_not_hang(fc_area, argv):
+    """As a user runs it: a FIFO nobody writes to is refused at once (a timeout, not a hang,
+    if that ever regresses)."""
+    before = _snapshot(fc_area)
+    r = subprocess.run([sys.executable, "-m", "hwlab.cli", *argv], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, HWLAB_CACHE=str(fc_area / "cache")))
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "FIFO" in r.stderr, r.stderr
+    assert _snapshot(fc_area) == before
+
+
+def _rescued_line(err: str) -> Path:
+    line = [x for x in err.splitlines() if "saved to" in x][-1]
+    return Path(line.rsplit("saved to ", 1)[1].split(" instead")[0])
+
+
+def test_first_contact_class_record_failing_after_grading_is_rescued(fc_area, capsys, monkeypatch):
+    """The class folder passed the check, then its write failed: the grade is printed, the
+    learner's own grade file is written, the class record is in the rescue folder, exit 2."""
+    from hwlab.diagnosis import classroom
+
+    def fails(rec, folder):
+        raise OSError(errno.EROFS, "Read-only file system")
+    monkeypatch.setattr(classroom, "write_result", fails)
+    rc, out, err = run_main(["drill", "submit", _drill_file(fc_area), "--leaf", "G",
+                             "--class-dir", "class2"], capsys)
+    assert rc == 2 and ("PASSED" in out or "NOT YET" in out), (rc, out, err)
+    assert len(err.strip().splitlines()) == 1 and "Read-only file system" in err
+    kept = json.loads(_rescued_line(err).read_text())
+    assert kept["kind"] == "drill" and kept["submitted_leaf"] == "G"
+    assert _rescued_line(err).parent == fc_area / "rescue"
+    assert list((fc_area / "drills").glob("grade-*.json"))  # the learner's own copy
+
+
+def test_first_contact_ranks_incident_failing_after_the_report_is_rescued(fc_area, capsys, monkeypatch):
+    from hwlab.diagnosis import incident
+
+    def fails(inc, folder):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(incident, "save", fails)
+    rc, out, err = run_main(["ranks", str(RUN), "--save-incident", "inc"], capsys)
+    assert rc == 2 and "flowchart" in out.lower(), (rc, err)  # the report was printed
+    assert "No space left on device" in err.splitlines()[-1]
+    kept = json.loads(_rescued_line(err).read_text())
+    assert kept["title"] and _rescued_line(err).parent == fc_area / "rescue"
+    assert not list((fc_area / "inc").glob("incident-*"))
+
+
+def test_first_contact_plot_failing_after_the_summary_is_rescued(fc_area, capsys, monkeypatch):
+    from hwlab.diagnosis import classroom
+
+    real = classroom.plot
+
+    def fails_at_target(s, path):
+        if Path(path).resolve().parent == fc_area:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(s, path)
+    monkeypatch.setattr(classroom, "plot", fails_at_target)
+    rc, out, err = run_main(["class", "summary", "class", "--plot", "p.png"], capsys)
+    assert rc == 2 and "q1" in out, (rc, err)  # the summary was printed
+    kept = _rescued_line(err)
+    assert kept.suffix == ".png" and kept.read_bytes().startswith(b"\x89PNG")
+    assert not (fc_area / "p.png").exists()
+
+
+def test_first_contact_rescue_folder_unwritable_too_says_the_printed_copy_is_the_only_one(
+        fc_area, capsys, monkeypatch):
+    from hwlab.diagnosis import incident
+
+    def fails(inc, folder):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(incident, "save", fails)
+    monkeypatch.setenv("HWLAB_RESCUE_DIR", "/proc/hwlab-rescue")
+    rc, out, err = run_main([*INC, "--out", "inc"], capsys)
+    assert rc == 2 and out.strip()  # the walk was printed
+    assert len(err.strip().splitlines()) == 1 and "only copy" in err
+
+
+def test_first_contact_a_fifo_in_a_run_or_class_folder_is_skipped_not_read(fc_area, capsys):
+    """Files found inside a folder are checked like named ones: a FIFO is reported and skipped."""
+    os.mkfifo(fc_area / "class" / "stuck.json")
+    rc, out, err = run_main(["class", "summary", "class"], capsys)
+    assert rc == 0 and "q1" in out and "FIFO" in err
+    from hwlab.core import steplog
+    os.mkfifo(fc_area / "steps-rank-00009.jsonl")
+    header, steps, problems = steplog.read_log(fc_area / "steps-rank-00009.jsonl")
+    assert header is None and steps == [] and "FIFO" in problems[0]
+
+
+@pytest.mark.slow  # measures the function and this machine's ceilings: tens of seconds on a busy CPU
+@pytest.mark.parametrize("flag,value", [("--n-bytes", "1e30"), ("--n-flops", "1e30")])
+def test_first_contact_examine_impossible_count_is_refused_after_timing(fc_area, capsys, monkeypatch,
+                                                                        tmp_path_factory, flag, value):
+    """A count no device reaches is refused with the flag named, exit 2, nothing printed or
+    written (the ceilings cache lives outside the working folder here)."""
+    monkeypatch.setenv("HWLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+    test_bad_input_is_one_line_exit_2_and_changes_nothing(
+        fc_area, capsys, ["examine", str(ROOT / "examples" / "shuffled_gather.py:shuffled_gather"), flag, value],
+        flag)
+
+
+def test_first_contact_drill_key_that_is_a_device_is_refused(fc_area, capsys, monkeypatch):
+    monkeypatch.setenv("HWLAB_DRILL_KEY_FILE", "/dev/zero")
+    test_bad_input_is_one_line_exit_2_and_changes_nothing(
+        fc_area, capsys, ["drill", "reveal", _drill_file(fc_area)], "character device")

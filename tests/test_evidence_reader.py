@@ -1,5 +1,6 @@
 """The one reader of files a user names (store.read_user_text / read_user_json): every refusal is
 one line naming the file, what it is, and what to do; the caller's error class is raised."""
+import os
 from pathlib import Path
 
 import pytest
@@ -37,9 +38,14 @@ def test_each_refusal_is_one_line_saying_what_to_do(files, name, expect):
 
 
 def test_unreadable_file_says_check_permissions(files, monkeypatch):
-    def denied(self, *a, **k):
-        raise PermissionError(13, "Permission denied")
-    monkeypatch.setattr(Path, "read_text", denied)
+    real_open = os.open
+    target = str(files / "ok.json")
+
+    def denied(path, *a, **k):  # as a file the user may not read (root reads through chmod)
+        if str(path) == target:
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *a, **k)
+    monkeypatch.setattr(os, "open", denied)
     with pytest.raises(UserInputError, match=r"cannot read thing file .*\(Permission denied\): check its permissions"):
         read_user_text(files / "ok.json", "thing file", HINT)
 

@@ -1,7 +1,9 @@
 """Packaging: environment.yml (conda users) asks for what pyproject.toml asks for; the ranges
 admit what the kit ran on; setup.sh installs everything and only its own kernel; a wheel built
 from the tree ships the recorded evidence and works installed non-editable."""
+import json
 import re
+import sys
 import tomllib
 from pathlib import Path
 
@@ -131,3 +133,40 @@ def test_wheel_installs_non_editable_and_replays_recorded_evidence(tmp_path):
     cell = run(str(py), "-c", _recorded_replay_cell(), cwd=work, env=env)
     assert cell.returncode == 0, cell.stderr[-2000:]
     assert "[NVIDIA H200" in cell.stdout and "re-run vs baseline: matches the baseline" in cell.stdout
+
+
+def test_readme_download_size_is_the_recorded_pypi_resolution():
+    """The README's CPU download figure is the one pip's PyPI-alone dry-run measured
+    (benchmarks/results/install/pypi_cpu_resolution.json), re-derived from its wheel list."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import install_size
+    finally:
+        sys.path.pop(0)
+    rec = json.loads((ROOT / "benchmarks" / "results" / "install" / "pypi_cpu_resolution.json").read_text())
+    s = install_size.summary(rec["wheels_mb"])
+    assert s["n_wheels"] == rec["n_wheels"] and s["total_mb"] == rec["total_mb"]
+    assert any(k.startswith("torch-") for k in rec["wheels_mb"])
+    readme = (ROOT / "README.md").read_text()
+    m = re.search(r"<!-- pypi-size -->([\d.]+) GB of the ([\d.]+) GB", readme)
+    assert m, "README must state the PyPI download size"
+    assert float(m.group(1)) == round(s["torch_cuda_stack_mb"] / 1000, 2)
+    assert float(m.group(2)) == round(s["total_mb"] / 1000, 2)
+    # pip's own size lines parse as the record does (a kB and a GB line)
+    assert install_size.wheels_mb("  Downloading a-1-py3-none-any.whl (11 kB)\n"
+                                  "  Downloading b-2-py3-none-any.whl (1.5 GB)\n") == {
+        "a-1-py3-none-any.whl": 0.011, "b-2-py3-none-any.whl": 1500.0}
+
+
+def test_ci_proves_the_setup_install_resolves_from_pypi_alone():
+    """CI runs setup.sh --check-pypi (the setup command's own spec and constraints, pip
+    isolated from this machine's config, PyPI's index only) before the tests, under a timeout."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert re.search(r"timeout \d+ bash scripts/setup\.sh --check-pypi", ci)
+    assert ci.index("--check-pypi") < ci.index("bash scripts/test.sh")
+    check = setup.split('if [ "${1:-}" = "--check-pypi" ]; then', 1)[1].split("\nfi\n", 1)[0]
+    assert "--isolated" in check and "--index-url https://pypi.org/simple" in check and "--dry-run" in check
+    assert '"${constraints[@]}" "${spec[@]}"' in check  # the same arguments as the install below
+    assert 'check "a plain pip install ." .' in check  # and the README's library-only install
+    assert setup.count('"${constraints[@]}" "${spec[@]}"') == 2

@@ -133,7 +133,7 @@ def test_capture_falls_back_from_unreadable_smi_text_to_nvml_then_absent(monkeyp
     from hwlab.errors import UserInputError
     with pytest.raises(UserInputError, match="topo.txt"):
         T.capture(bad)
-    with pytest.raises(UserInputError, match="cannot read"):
+    with pytest.raises(UserInputError, match="does not exist"):
         T.capture(tmp_path / "missing.txt")
     nvml_topo = T.Topology(gpus=["GPU0"], source="nvml")
     monkeypatch.setattr(T, "capture_topo_text", lambda: "garbage\n")

@@ -1,8 +1,10 @@
 """``hwlab class summary DIR [--json] [--plot PATH] [--force]``: the instructor's view of a class folder.
 
 Exit codes: 0 summary printed (malformed files are listed on stderr and skipped), 2 bad input
-(no such folder, no results in it, a plot path that exists without ``--force`` or is not
-``.png``/``.svg``/``.pdf``), 3 internal error.
+(no such folder, no results in it, a plot path that exists without ``--force``, is not
+``.png``/``.svg``/``.pdf`` or lies in a folder that takes no new file) or a plot write that
+failed after reading (the summary is printed, the plot kept in the rescue folder and its path
+printed), 3 internal error.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from pathlib import Path
 
 from hwlab.diagnosis import classroom
 from hwlab.errors import EXIT_OK, UserInputError
+from hwlab.errors import EXIT_USAGE
+from hwlab.core.store import check_folder, rescue
 
 
 def cmd_class(a) -> int:
@@ -24,8 +28,9 @@ def cmd_class(a) -> int:
             raise UserInputError(f"--plot {plot}: give a .png, .svg or .pdf path")
         if plot.exists() and not a.force:
             raise UserInputError(f"--plot {plot} already exists: choose another name or pass --force")
-        if not plot.parent.is_dir():
+        if not plot.parent.exists():
             raise UserInputError(f"--plot {plot}: the folder {plot.parent} does not exist")
+        check_folder(plot.parent, what="--plot folder")  # a folder that takes no new file is refused now
     results, bad = classroom.load_results(folder)
     for b in bad:
         print(f"hwlab class: skipped {b['path']}: {b['why']}", file=sys.stderr)
@@ -34,16 +39,25 @@ def cmd_class(a) -> int:
                              f"when {classroom.ENV_DIR} points there, or with hwlab drill submit --class-dir")
     s = classroom.summary(results)
     s["malformed"] = bad
-    if plot is not None:
-        s["plot"] = str(classroom.plot(s, plot))
+    plot_err = None
+    if plot is not None:  # checked above; if the write still fails, the plot goes to the rescue folder
+        try:
+            s["plot"] = str(classroom.plot(s, plot))
+        except OSError as e:
+            plot_err = rescue(None, "class-plot", plot, e, suffix=plot.suffix.lower(),
+                              write=lambda p: classroom.plot(s, p))
+            s["plot"] = None
     if a.json:
         print(json.dumps(s, indent=2, allow_nan=False))
     else:
         print(classroom.render(s))
         if bad:
             print(f"{len(bad)} malformed file(s) skipped (listed on stderr)")
-        if plot is not None:
+        if plot is not None and plot_err is None:
             print(f"plot written to {plot}")
+    if plot_err:
+        print(f"hwlab class: {plot_err}", file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_OK
 
 

@@ -19,6 +19,7 @@ from hwlab.cli.console import Steps, print_json
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE
 from hwlab.diagnosis.doctor import doctor_evidence, doctor_report, n_ceiling_steps
 from hwlab.core.store import check_destination, rescue_json
+from hwlab.core.store import rescue
 
 
 def _print_doctor(rep: dict[str, Any], console) -> None:
@@ -89,9 +90,7 @@ def cmd_doctor(a) -> int:
             ev.save(a.save, overwrite=a.force)
             rep["saved_to"] = str(a.save)
         except OSError as e:  # changed since the check (disk full, permissions): keep the run
-            fb = rescue_json(ev.to_dict(), "doctor")
-            save_error = (f"hwlab doctor: could not write {a.save} ({e.strerror or e}); the record "
-                          f"was saved to {fb} instead")
+            save_error = f"hwlab doctor: {rescue(ev.to_dict(), 'doctor', a.save, e)}"
     if a.json:
         print_json(rep)
     else:

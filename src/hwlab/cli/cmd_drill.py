@@ -18,6 +18,8 @@ from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UserInputError
 from hwlab.diagnosis.flowchart import LEAVES
 from hwlab.core.store import (
     check_destination, check_folder, read_user_json, write_json_atomic, write_or_rescue)
+from hwlab.core import validate
+from hwlab.core.store import rescue
 
 
 def _load_drill(path: str) -> drills.Drill:
@@ -97,19 +99,34 @@ def _submit(a, d: drills.Drill) -> int:
           if a.evidence else None)
     if ev is not None and not isinstance(ev, dict):
         raise UserInputError(f"evidence file {a.evidence} should hold a JSON object of metric -> value")
+    if ev is not None:  # type, finiteness, range of each metric (hwlab.core.validate)
+        validate.observations(ev, where=f"evidence file {a.evidence}: ")
+    # every place the grade goes is checked before grading: --dir, and the class folder
+    # (--class-dir, else $HWLAB_CLASS_DIR); a write that still fails afterwards keeps the
+    # record in the rescue folder, and the grade is printed either way
+    class_named = classroom.class_dir(a.class_dir)
+    class_what = "--class-dir folder" if a.class_dir else f"class folder (${classroom.ENV_DIR})"
+    class_folder = check_folder(class_named, what=class_what) if class_named is not None else None
     folder = check_folder(a.dir, what="--dir folder")
-    class_folder = check_folder(a.class_dir, what="--class-dir folder") if a.class_dir else None
     g = drills.grade(d, a.leaf, ev, learner=a.learner)
-    classroom.record_drill(d, g, class_folder)  # no-op unless --class-dir or HWLAB_CLASS_DIR
+    errs = []
+    if class_folder is not None:
+        try:
+            classroom.record_drill(d, g, class_folder)
+        except OSError as e:
+            errs.append(rescue(classroom.drill_record(d, g), "class-result", class_folder, e))
     target = folder / f"grade-{d.drill_id}-{a.learner}-{g.at.replace(':', '')}.json"
     _, err = write_or_rescue(lambda: write_json_atomic(target, dataclasses.asdict(g)),
                              dataclasses.asdict(g), "grade", target)
+    if err:
+        errs.insert(0, err)
     if a.json:
         print_json({**dataclasses.asdict(g), "passed": g.passed, "file": None if err else str(target)})
     else:
         print(("PASSED: " if g.passed else "NOT YET: ") + g.explanation)
-    if err:
-        print(f"hwlab drill: {err}", file=sys.stderr)
+    for e in errs:
+        print(f"hwlab drill: {e}", file=sys.stderr)
+    if errs:
         return EXIT_USAGE
     return EXIT_OK if g.passed else EXIT_FINDING
 

@@ -3,15 +3,21 @@
 Inputs: ``--inputs MODULE:FUNC`` returns the argument tuple (called again for fresh sets to
 rotate past L2); without it, a function named ``inputs`` in the target's module is used, and
 the report says so. Exit codes: 0 the walk lands on OK, 1 it lands on another leaf (a finding),
-2 bad input (one line, nothing measured or written; also a target that calls ``sys.exit`` on
-import), 4 the walk cannot decide (a question's metric was not measured: the report says which).
+2 bad input (one line, nothing printed or written; also a target that calls ``sys.exit`` on
+import, and a ``--n-bytes`` or ``--n-flops`` implying a rate no device reaches, refused once the
+timing shows it) or an ``--out`` write that failed after measuring (the report is printed, the
+examination kept in the rescue folder and its path printed), 4 the walk cannot decide (a
+question's metric was not measured: the report says which).
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_UNDECIDED, UserInputError
+from hwlab.errors import EXIT_USAGE
+from hwlab.core.validate import count_arg
 
 
 def add_parser(sub) -> None:
@@ -26,8 +32,10 @@ def add_parser(sub) -> None:
     e.add_argument("--ncu", action="store_true", help="add Nsight Compute counters where `ncu` exists")
     e.add_argument("--out", metavar="PATH", help="write the examination (.json) and a draft incident beside it")
     e.add_argument("--force", action="store_true", help="replace --out PATH if it exists")
-    e.add_argument("--n-bytes", type=int, help="required bytes, if you know them (else estimated)")
-    e.add_argument("--n-flops", type=int, help="FLOPs, if you know them (else estimated)")
+    e.add_argument("--n-bytes", type=count_arg, help="required bytes, if you know them (else estimated); "
+                   "a count implying more than the device can move is refused")
+    e.add_argument("--n-flops", type=count_arg, help="FLOPs, if you know them (else estimated); "
+                   "a count implying more than the device can compute is refused")
     e.add_argument("--dtype-peak", choices=["fp32", "tf32", "bf16", "fp8"],
                    help="which measured GEMM ceiling is the FLOP floor (default: from the matmul dtype)")
     e.set_defaults(fn=cmd_examine)
@@ -36,7 +44,7 @@ def add_parser(sub) -> None:
 def cmd_examine(a) -> int:
     from hwlab.examine import examine
     from hwlab.examine.target import load
-    from hwlab.core.store import check_destination, write_text_atomic
+    from hwlab.core.store import check_destination, rescue, write_text_atomic
 
     out = check_destination(a.out, overwrite=a.force) if a.out else None  # before measuring
     if out is not None and out.suffix != ".json":
@@ -53,11 +61,18 @@ def cmd_examine(a) -> int:
     ex = examine(fn, make_inputs=make, n_bytes=a.n_bytes, n_flops=a.n_flops, dtype_peak=a.dtype_peak,
                  ncu_target=spec if a.ncu else None, name=a.target)
     ex.notes.append(f"inputs from {inputs_spec}")
-    if out is not None:
-        write_text_atomic(out, ex.to_json() + "\n", overwrite=a.force)
-        md, _ = ex.save_incident(out.parent if str(out.parent) else Path("."))
-        print(f"examination written to {out}; draft incident {md}", file=sys.stderr)
+    save_err = None
+    if out is not None:  # checked before measuring; a write that still fails goes to the rescue folder
+        try:
+            write_text_atomic(out, ex.to_json() + "\n", overwrite=a.force)
+            md, _ = ex.save_incident(out.parent if str(out.parent) else Path("."))
+            print(f"examination written to {out}; draft incident {md}", file=sys.stderr)
+        except OSError as e:
+            save_err = rescue(json.loads(ex.to_json()), "examination", out, e)
     print(ex.to_json() if a.json else ex.report())
+    if save_err:
+        print(f"hwlab examine: {save_err}", file=sys.stderr)
+        return EXIT_USAGE
     if ex.leaf_id is None:  # the walk stopped at a question it could not answer
         return EXIT_UNDECIDED
     return EXIT_OK if ex.leaf_id == "OK" else EXIT_FINDING

@@ -7,7 +7,6 @@ true/false or null); ``--evidence`` names the affected machine's record. Exit co
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from typing import Any
 
@@ -16,6 +15,8 @@ from hwlab.diagnosis import flowchart, incident
 from hwlab.cli.console import print_json
 from hwlab.errors import EXIT_OK, EXIT_USAGE, UserInputError
 from hwlab.core.store import check_folder, read_user_json, rescue_json
+from hwlab.core import validate
+from hwlab.core.store import rescue
 
 
 def _observations(path: str) -> dict[str, Any]:
@@ -23,11 +24,7 @@ def _observations(path: str) -> dict[str, Any]:
     if not isinstance(obs, dict):
         raise UserInputError(f"observations file {path} should hold a JSON object of metric -> "
                              f"value, not a {type(obs).__name__}")
-    for k, v in obs.items():
-        if v is not None and not isinstance(v, (int, float, bool)):
-            raise UserInputError(f"observations file {path}: {k!r} should be a number, true/false "
-                                 f"or null, not {json.dumps(v)[:40]}")
-    return obs
+    return validate.observations(obs, where=f"observations file {path}: ")  # type, finite, range
 
 
 def cmd_incident(a) -> int:
@@ -42,9 +39,8 @@ def cmd_incident(a) -> int:
     try:
         md, js = incident.save(inc, folder)
     except OSError as e:
-        fb = rescue_json(dataclasses.asdict(inc), "incident")
-        print(f"hwlab incident: could not write into {folder} ({e.strerror or e}); the record was "
-              f"saved to {fb} instead", file=sys.stderr)
+        print(d.explain())
+        print(f"hwlab incident: {rescue(dataclasses.asdict(inc), 'incident', folder, e)}", file=sys.stderr)
         return EXIT_USAGE
     if a.json:
         print_json({"markdown": str(md), "json": str(js), "leaf": d.leaf_id, "path": d.path,

@@ -3,33 +3,36 @@ and ``hwlab ranks --traces DIR [--link-gbps G]`` (a folder of per-rank profiler 
 RUN_DIR holding traces and no step logs is read as one too).
 
 Exit codes: 0 no tail and no mapping warning (traces: no slow rank, no link finding), 1 a
-finding, 2 bad input (no such folder, no step logs or traces), 3 internal error.
+finding, 2 bad input (no such folder, no step logs or traces, an input that is not a regular
+file, a --save-incident folder that cannot be written) or a write that failed after the run was
+read (the report is printed, the record kept in the rescue folder and its path printed), 3
+internal error.
 """
 from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from hwlab.diagnosis import incident, ranks, ranks_traces
 from hwlab.cli.console import stderr_is_terminal
-from hwlab.errors import EXIT_FINDING, EXIT_OK, UserInputError
+from hwlab.core.store import check_folder, check_input_file, rescue
+from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UserInputError
 
 
 def cmd_ranks(a) -> int:
-    if a.save_incident and Path(a.save_incident).exists() and not Path(a.save_incident).is_dir():
-        raise UserInputError(f"--save-incident {a.save_incident} is a file: pass a folder for the record")
     if a.skip is not None and a.skip < 0:
         raise UserInputError("--skip must be 0 or more steps")
     for p in a.nccl_log or []:
-        if not Path(p).is_file():
-            raise UserInputError(f"--nccl-log {p} is not a file: pass a log written with NCCL_DEBUG=INFO")
+        check_input_file(p, "--nccl-log", "pass a log written with NCCL_DEBUG=INFO")
     if a.traces and a.run_dir:
         raise UserInputError("pass either RUN_DIR or --traces DIR, not both")
     if not (a.traces or a.run_dir):
         raise UserInputError("pass a run directory (step logs) or --traces DIR (profiler traces)")
     if a.link_gbps is not None and not a.link_gbps > 0:
         raise UserInputError("--link-gbps must be a positive bus bandwidth in GB/s")
+    # the destination is checked before the run is read; a write that still fails keeps the
+    # record in the rescue folder and says where (the report is printed either way)
+    folder = check_folder(a.save_incident, what="--save-incident folder") if a.save_incident else None
     traces = a.traces or (a.run_dir if ranks_traces.looks_like_traces(a.run_dir) else None)
     if traces:
         skip = 0 if a.skip is None else a.skip
@@ -39,9 +42,14 @@ def cmd_ranks(a) -> int:
     else:
         rep = ranks.report(a.run_dir, skip=ranks.DEFAULT_SKIP if a.skip is None else a.skip, nccl_logs=a.nccl_log)
         mod = ranks
-    if a.save_incident:
-        md, js = incident.save(incident.Incident(**rep["incident_draft"]["record"]), a.save_incident)
-        rep["incident_saved"] = [str(md), str(js)]
+    save_err = None
+    if folder is not None:
+        record = rep["incident_draft"]["record"]
+        try:
+            md, js = incident.save(incident.Incident(**record), folder)
+            rep["incident_saved"] = [str(md), str(js)]
+        except OSError as e:
+            save_err = rescue(record, "incident", folder, e)
     if a.json:
         print(json.dumps(rep, indent=2, allow_nan=False, default=str))
     else:
@@ -53,6 +61,9 @@ def cmd_ranks(a) -> int:
             print(f"incident written: {' and '.join(rep['incident_saved'])}")
     for p in rep["problems"]:
         print(f"hwlab ranks: skipped {p}", file=sys.stderr)
+    if save_err:
+        print(f"hwlab ranks: {save_err}", file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_FINDING if mod.has_finding(rep) else EXIT_OK
 
 

@@ -31,7 +31,6 @@ unset; it must run before the first NCCL communicator exists. ``hwlab ranks`` re
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -47,6 +46,7 @@ from hwlab.core import mapping, probes, system, topology
 from hwlab.errors import UserInputError
 from hwlab.core.store import RecordExistsError, write_json_atomic, write_text_atomic
 from hwlab.core.topology import Topology, link_rank
+from hwlab.core.store import read_user_json
 
 SCHEMA = "hwlab.capture"
 SCHEMA_VERSION = 1
@@ -343,10 +343,10 @@ def load_run(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str
     ranks, nodes, problems = [], {}, []
     for p in sorted(Path(run_dir).glob("*/rank-*.json")) + sorted(Path(run_dir).glob("*/node.json")):
         try:
-            d = json.loads(p.read_text())
+            d = read_user_json(p, "capture record", f"an {SCHEMA} record")
             if not isinstance(d, dict) or d.get("schema") != SCHEMA:
                 raise ValueError(f"not an {SCHEMA} record")
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError) as e:  # UserInputError is a ValueError
             problems.append(f"{p}: skipped ({e})")
             continue
         if p.name == "node.json":

@@ -18,7 +18,6 @@ verdict), and says when the change is within spread (borderline) instead.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
@@ -30,6 +29,8 @@ from typing import Any
 
 from hwlab.core.measure import InputError, device_name, device_of
 from hwlab.core.store import write_json_atomic
+from hwlab.core import validate
+from hwlab.core.store import read_user_json
 
 #: measured copy bandwidth under this % of the datasheet figure flags the card itself
 SLOW_CARD_PCT = 80.0
@@ -161,11 +162,15 @@ def load_cached(device=None) -> Ceilings | None:
     p = cache_path(device)
     if not p.exists():
         return None
+    fix = "delete the file or run `hwlab doctor --remeasure`"
+    d = read_user_json(p, "cached ceilings", fix, error=InputError)  # a regular file, bounded size
     try:
-        return Ceilings.from_dict(json.loads(p.read_text()))
-    except (json.JSONDecodeError, TypeError) as e:
-        raise InputError(f"cached ceilings {p} are unreadable ({e}); delete the file or run "
-                         "`hwlab doctor --remeasure`") from None
+        if not isinstance(d, dict):
+            raise TypeError(f"a JSON {type(d).__name__}, not an object")
+        validate.ceilings(d)  # finite, > 0, at most the datasheet peak: a corrupt cache is never used
+        return Ceilings.from_dict(d)
+    except (TypeError, validate.NumberError) as e:
+        raise InputError(f"cached ceilings {p} are unreadable or corrupt ({e}); {fix}") from None
 
 
 def get(device=None, *, remeasure: bool = False, quick: bool = False, progress=None) -> Ceilings:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from hwlab.errors import UserInputError
 from hwlab.core.measure import Measurement
 from hwlab.core.store import read_user_json, write_json_atomic
+from hwlab.core import validate
 
 SCHEMA = "hwlab.evidence"
 #: 1: first format. 2: Lab 4 profiles count the marked quant/dequant ranges once (host
@@ -186,6 +187,21 @@ def load(path: str | os.PathLike) -> Evidence:
         if not isinstance(d[key], typ):
             raise EvidenceError(f"{p}: the field {key!r} should be a {typ.__name__}, "
                                 f"not {type(d[key]).__name__}; re-record it")
+    try:  # every number checked before anything judges it (hwlab.core.validate)
+        for i, r in enumerate(d["results"]):
+            if not isinstance(r, dict):
+                raise EvidenceError(f"{p} is corrupt: results[{i}] should be an object, not "
+                                    f"{type(r).__name__}; re-record it")
+            missing = sorted({"name", "t_ms", "n_bytes", "n_flops"} - r.keys())
+            if missing:
+                raise EvidenceError(f"{p}: a result is malformed (results[{i}] lacks {missing})")
+            validate.measurement(r, where=f"results[{i}] ({r.get('name', '?')}) ")
+        if d.get("ceilings"):
+            if not isinstance(d["ceilings"], dict):
+                raise EvidenceError(f"{p} is corrupt: ceilings should be an object; re-record it")
+            validate.ceilings(d["ceilings"], d["machine"].get("device"))
+    except validate.NumberError as e:
+        raise EvidenceError(f"{p} is corrupt: {e}; re-record it") from None
     try:
         results = [Measurement.from_dict(r) for r in d["results"]]
     except (TypeError, ValueError, AttributeError) as e:

@@ -47,6 +47,11 @@ import torch
 
 from hwlab.core.capture import rank_env
 from hwlab.errors import UserInputError
+from hwlab.core.store import check_input_file
+
+#: a step log is read line by line, so it may be far larger than a record; past this it is
+#: not a step log (a disk image, a device)
+MAX_STEP_LOG_BYTES = 4 * 2**30
 
 SCHEMA = "hwlab.steplog"
 SCHEMA_VERSION = 1
@@ -184,7 +189,11 @@ class StepLog:
 def read_log(path: str | os.PathLike) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[str]]:
     """(header, step records, problems): malformed lines are reported and skipped."""
     header, steps, problems = None, [], []
-    with open(path, encoding="utf-8") as f:
+    try:  # a FIFO or a device named like a step log is refused unopened (it would block / never end)
+        check_input_file(path, "step log", "remove it from the run directory", max_bytes=MAX_STEP_LOG_BYTES)
+    except UserInputError as e:
+        return None, [], [str(e)]
+    with open(path, encoding="utf-8", errors="replace") as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
                 continue

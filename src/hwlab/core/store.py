@@ -9,12 +9,16 @@ a record must be asked for (``overwrite=True``).
 A command that measures and then writes checks its destination first
 (:func:`check_destination`, :func:`check_folder`), so a bad path is refused before any
 time is spent; if the write still fails afterwards (disk full, permissions changed), the
-result goes to :func:`rescue_json` in the temp folder (:func:`write_or_rescue`) and the
-caller prints that path.
+result goes to the rescue folder (:func:`write_or_rescue`, :func:`rescue`) and the caller
+prints that path, or, when the rescue folder fails too, that the printed result is the only
+copy.
 
 Files the user names are read with :func:`read_user_text` / :func:`read_user_json`: a
 folder, a missing, binary, unreadable, empty or truncated file is refused in one line that
-says what to pass instead.
+says what to pass instead. Before anything is opened, :func:`check_input_file` refuses what
+is not a regular file (a FIFO would block the reader, a device such as ``/dev/zero`` never
+ends) and a file over :data:`MAX_INPUT_BYTES`; files found inside a folder (a run's step
+logs, a class folder) pass the same check.
 
 Records are strict JSON (RFC 8259): a non-finite float (``inf`` arithmetic intensity of a
 probe that moves no bytes, ``nan`` of a zero time) is written as ``null``;
@@ -25,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -89,28 +94,112 @@ def check_destination(path: str | os.PathLike, *, overwrite: bool = False) -> Pa
     return path
 
 
+#: the largest file a command reads whole (records, observations, drills, topologies, logs
+#: read into memory): the kit's own records are kilobytes, a long step log megabytes; a file
+#: past this is not one of them (a disk image, /dev/zero), and reading it would exhaust memory
+MAX_INPUT_BYTES = 256 * 2**20
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(mode: int) -> str | None:
+    """What a non-regular file is ("a FIFO (named pipe)", ...), or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def check_input_file(path: str | os.PathLike, what: str, hint: str, *,
+                     max_bytes: int = MAX_INPUT_BYTES,
+                     error: type[UserInputError] = UserInputError) -> Path:
+    """``path`` if it is a regular file of at most ``max_bytes``, else ``error`` in one line.
+
+    Every path a command reads goes through here (or :func:`read_user_bytes`, which calls it)
+    *before* it is opened: a FIFO would block the reader forever and a device (``/dev/zero``)
+    never ends, so both are refused from ``stat`` alone; a folder, a missing or unreadable
+    path and a file over ``max_bytes`` are refused too, each saying what to pass instead."""
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise error(f"{what} {p} does not exist: check the path") from None
+    except PermissionError as e:
+        raise error(f"cannot read {what} {p} ({e.strerror or e}): check its permissions") from None
+    except OSError as e:  # a path through a file (Not a directory), a symlink loop
+        raise error(f"cannot read {what} {p} ({e.strerror or e}): {hint}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise error(f"{what} {p} is a folder: {hint}")
+    kind = _not_regular(st.st_mode)
+    if kind:
+        raise error(f"{what} {p} is {kind}, not a regular file: save it to a file first, then {hint}")
+    if st.st_size > max_bytes:
+        raise error(f"{what} {p} is {st.st_size / 2**20:,.0f} MiB, more than the "
+                    f"{max_bytes / 2**20:,.0f} MiB hwlab reads: {hint}")
+    return p
+
+
+def check_input_folder(path: str | os.PathLike, what: str, hint: str, *,
+                       error: type[UserInputError] = UserInputError) -> Path:
+    """``path`` if it is a folder, else ``error`` in one line (a FIFO or a file named where a
+    folder is expected is refused without being opened)."""
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise error(f"{what} {p} does not exist: {hint}") from None
+    except OSError as e:
+        raise error(f"cannot read {what} {p} ({e.strerror or e}): {hint}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise error(f"{what} {p} is not a folder ({_not_regular(st.st_mode) or 'a file'}): {hint}")
+    return p
+
+
+def read_user_bytes(path: str | os.PathLike, what: str, hint: str, *,
+                    max_bytes: int = MAX_INPUT_BYTES,
+                    error: type[UserInputError] = UserInputError) -> bytes:
+    """The bytes of a file the user named, checked by :func:`check_input_file` first and
+    opened non-blocking, so a path swapped for a FIFO between the check and the open still
+    cannot block; at most ``max_bytes`` are read."""
+    p = check_input_file(path, what, hint, max_bytes=max_bytes, error=error)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except PermissionError as e:
+        raise error(f"cannot read {what} {p} ({e.strerror or e}): check its permissions") from None
+    except OSError as e:
+        raise error(f"cannot read {what} {p} ({e.strerror or e}): {hint}") from None
+    try:
+        kind = _not_regular(os.fstat(fd).st_mode)
+        if kind:
+            raise error(f"{what} {p} is {kind}, not a regular file: save it to a file first, then {hint}")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(max_bytes + 1)
+    except OSError as e:  # e.g. an I/O error
+        raise error(f"cannot read {what} {p} ({e.strerror or e}): {hint}") from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise error(f"{what} {p} grew past the {max_bytes / 2**20:,.0f} MiB hwlab reads: {hint}")
+    return data
+
+
 def read_user_text(path: str | os.PathLike, what: str, hint: str, *,
-                   error: type[UserInputError] = UserInputError) -> str:
+                   error: type[UserInputError] = UserInputError,
+                   max_bytes: int = MAX_INPUT_BYTES) -> str:
     """The text of a file the user named, or ``error`` with one line saying what is wrong.
 
     Every file a command is given (evidence, observations, drills, grades, a saved topology)
     goes through here so the refusals read alike: ``what`` names the file in the message
     (``"evidence file"``) and ``hint`` says what to pass instead (``"pass an hwlab evidence
-    .json"``). Refused: a folder, a missing file, binary data (not UTF-8), a file that cannot
+    .json"``). Refused: what :func:`check_input_file` refuses (a folder, a missing file, a
+    FIFO, a device, a file over ``max_bytes``), binary data (not UTF-8), a file that cannot
     be read (permissions), an empty or whitespace-only file."""
     p = Path(path)
-    if p.is_dir():
-        raise error(f"{what} {p} is a folder: {hint}")
+    data = read_user_bytes(p, what, hint, max_bytes=max_bytes, error=error)
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise error(f"{what} {p} does not exist: check the path") from None
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise error(f"{what} {p} is not text (binary data): {hint}") from None
-    except PermissionError as e:
-        raise error(f"cannot read {what} {p} ({e.strerror or e}): check its permissions") from None
-    except OSError as e:  # e.g. a path through a file (Not a directory), an I/O error
-        raise error(f"cannot read {what} {p} ({e.strerror or e}): {hint}") from None
     if not text.strip():
         raise error(f"{what} {p} is empty: {hint}")
     return text
@@ -136,9 +225,41 @@ def write_or_rescue(write: Callable[[], Path], obj: Any, stem: str,
     try:
         return write(), None
     except OSError as e:
-        fb = rescue_json(obj, stem)
-        return None, (f"could not write {target} ({e.strerror or e}); the result was saved to "
-                      f"{fb} instead")
+        return None, rescue(obj, stem, target, e)
+
+
+def rescue(obj: Any, stem: str, target: str | os.PathLike, e: OSError, *,
+           suffix: str = ".json", write: Callable[[Path], Any] | None = None) -> str:
+    """Keep a result whose write to ``target`` failed with ``e`` in the rescue folder and
+    return the one line to print: where it went, or, if the rescue folder fails too, that the
+    printed result is the only copy. ``obj`` is written as JSON, or (``write`` given) ``write``
+    is called with a new free path ending in ``suffix`` (a plot)."""
+    try:
+        if write is None:
+            fb = rescue_json(obj, stem)
+        else:
+            fb = rescue_path(stem, suffix)
+            write(fb)
+    except OSError as e2:
+        return (f"could not write {target} ({e.strerror or e}), nor keep it in {rescue_dir()} "
+                f"({e2.strerror or e2}): the result printed is the only copy")
+    return f"could not write {target} ({e.strerror or e}); the result was saved to {fb} instead"
+
+
+def rescue_path(stem: str, suffix: str) -> Path:
+    """A new, unused path in :func:`rescue_dir` (``<stem>-<UTC time>[-n]<suffix>``), its
+    folder created; the name is reserved by creating the file empty."""
+    folder = rescue_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    for n in range(1000):
+        p = folder / f"{stem}-{stamp}{f'-{n}' if n else ''}{suffix}"
+        try:
+            os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            return p
+        except FileExistsError:
+            continue
+    raise RecordExistsError(f"{folder} has 1000 rescued {stem} files from this second")
 
 
 def rescue_dir() -> Path:

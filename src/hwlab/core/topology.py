@@ -31,6 +31,7 @@ from typing import Any, Iterable
 
 from hwlab.errors import UserInputError
 from hwlab.core.system import nvml_session
+from hwlab.core.store import read_user_text
 
 LINK_ORDER = ["X", "NV", "PIX", "PXB", "PHB", "NODE", "SYS"]
 _AFFINITY_HEADERS = [("CPU", "Affinity"), ("NUMA", "Affinity"), ("GPU", "NUMA", "ID")]
@@ -306,11 +307,7 @@ def capture(topo_file: str | os.PathLike | None = None, *, pynvml: Any | None = 
     asked instead), else NVML (:func:`from_nvml`), else ``source`` starts with :data:`ABSENT`."""
     if topo_file is not None:
         p = Path(topo_file)
-        try:
-            text = p.read_text()
-        except OSError as e:
-            raise UserInputError(f"cannot read the topology file {p} ({e.strerror or e}): pass a saved "
-                                 "`nvidia-smi topo -m` output") from None
+        text = read_user_text(p, "topology file", "pass a saved `nvidia-smi topo -m` output")
         try:
             return TopologyCapture(parse_topo_matrix(text, source=f"injected from {p.name}"), text,
                                    f"injected from {p}")

@@ -26,7 +26,6 @@ and skips them.
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import re
 from collections import Counter
@@ -37,6 +36,7 @@ from typing import Any
 from hwlab.diagnosis import flowchart
 from hwlab.errors import UserInputError
 from hwlab.core.store import RecordExistsError, write_json_atomic
+from hwlab.core.store import read_user_json, rescue
 
 ENV_DIR, ENV_LEARNER = "HWLAB_CLASS_DIR", "HWLAB_LEARNER"
 SCHEMA, SCHEMA_VERSION = "hwlab.class_result", 1
@@ -133,7 +133,10 @@ def record_exercise(result: Any, folder: str | os.PathLike | None = None, learne
            "expected": expected if isinstance(expected, (str, int, float, bool, type(None))) else repr(expected),
            "wrong_leaf": answer if leafy and answer != expected else None, "right_leaf": expected if leafy else None,
            "first_wrong_branch": first_wrong_branch(expected, answer) if leafy else None}
-    return write_result(rec, folder)
+    try:
+        return write_result(rec, folder)
+    except OSError as e:  # kept in the rescue folder; the message (printed by grading) says where
+        raise OSError(e.errno, rescue(rec, "class-result", folder, e)) from None
 
 
 def record_drill(drill: Any, grade: Any, folder: str | os.PathLike | None = None) -> Path | None:
@@ -144,14 +147,18 @@ def record_drill(drill: Any, grade: Any, folder: str | os.PathLike | None = None
     folder = class_dir(folder)
     if folder is None:
         return None
+    return write_result(drill_record(drill, grade), folder)
+
+
+def drill_record(drill: Any, grade: Any) -> dict[str, Any]:
+    """The class result of one graded drill (what :func:`record_drill` writes)."""
     fault = drill.fault()
-    rec = {"kind": "drill", "item": fault.name, "learner": grade.learner, "passed": bool(grade.passed),
-           "drill_id": drill.drill_id, "source": drill.label, "submitted_leaf": grade.submitted_leaf,
-           "right_leaf": fault.leaf, "wrong_leaf": None if grade.correct_leaf else grade.submitted_leaf,
-           "evidence_supports": grade.evidence_supports, "fix_removes_slowdown": grade.fix_removes_slowdown,
-           "first_wrong_branch": first_wrong_branch(fault.leaf, grade.submitted_leaf),
-           "seconds": grade.seconds, "explanation": grade.explanation}
-    return write_result(rec, folder)
+    return {"kind": "drill", "item": fault.name, "learner": grade.learner, "passed": bool(grade.passed),
+            "drill_id": drill.drill_id, "source": drill.label, "submitted_leaf": grade.submitted_leaf,
+            "right_leaf": fault.leaf, "wrong_leaf": None if grade.correct_leaf else grade.submitted_leaf,
+            "evidence_supports": grade.evidence_supports, "fix_removes_slowdown": grade.fix_removes_slowdown,
+            "first_wrong_branch": first_wrong_branch(fault.leaf, grade.submitted_leaf),
+            "seconds": grade.seconds, "explanation": grade.explanation}
 
 
 def load_results(folder: str | os.PathLike) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
@@ -161,10 +168,10 @@ def load_results(folder: str | os.PathLike) -> tuple[list[dict[str, Any]], list[
         raise UserInputError(f"{folder} is not a folder: pass the class folder ({ENV_DIR})")
     good, bad = [], []
     for p in sorted(folder.glob("*.json")):
-        try:
-            d = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            bad.append({"path": str(p), "why": f"not readable JSON ({type(e).__name__})"})
+        try:  # a FIFO, a device or an oversize file named *.json is refused unopened
+            d = read_user_json(p, "class result", "remove it from the class folder")
+        except UserInputError as e:
+            bad.append({"path": str(p), "why": str(e)})
             continue
         why = _invalid(d)
         if why:

@@ -47,6 +47,7 @@ from hwlab.diagnosis import flowchart
 from hwlab.errors import UserInputError
 from hwlab.labs import drillruns
 from hwlab.core.store import read_user_json, write_json_atomic
+from hwlab.core.store import check_input_file
 
 EVIDENCE_TOL_PCT = 1.0
 #: what a refused drill file should have been
@@ -97,6 +98,9 @@ def key_path() -> Path:
 def drill_key() -> bytes:
     """This user's drill key (32 random bytes), created 0600 on first use."""
     p = key_path()
+    if os.path.lexists(p):  # a FIFO or a device named by HWLAB_DRILL_KEY_FILE is refused unopened
+        check_input_file(p, "drill key", "remove it to make a new one (drills sealed with the old key "
+                         "will no longer open)", max_bytes=4096)
     try:
         return bytes.fromhex(p.read_text().strip())
     except FileNotFoundError:

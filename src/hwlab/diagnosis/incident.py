@@ -21,7 +21,6 @@ record is never overwritten.
 """
 from __future__ import annotations
 
-import json
 import platform
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
@@ -33,6 +32,7 @@ from hwlab.errors import UserInputError
 from hwlab.core.evidence import RECORDED_DIR, Evidence, EvidenceError, load as load_evidence, machine_info
 from hwlab.diagnosis.flowchart import Diagnosis, diagnose
 from hwlab.core.store import RecordExistsError, write_json_atomic, write_text_atomic
+from hwlab.core.store import read_user_json
 
 SCOPES = ("single-card", "multi-GPU", "training", "inference", "bucket")
 
@@ -242,6 +242,8 @@ def save(inc: Incident, folder: str | Path) -> tuple[Path, Path]:
 
 
 def load(path: str | Path) -> Incident:
-    d = json.loads(Path(path).read_text())
+    d = read_user_json(path, "incident record", "pass an incident .json written by hwlab")
+    if not isinstance(d, dict):
+        raise UserInputError(f"incident record {path} should hold a JSON object, not {type(d).__name__}")
     names = {f.name for f in fields(Incident)}
     return Incident(**{k: v for k, v in d.items() if k in names})

@@ -51,6 +51,7 @@ from hwlab.core.comms import nccl_routes
 from hwlab.core.measure import quantile
 from hwlab.core.steplog import read_log
 from hwlab.core.tails import OWN_TAIL_FRAC, SPIKE_OVER_MEDIAN, TAIL_JUMP, recurring, spikes, tail_split
+from hwlab.core.store import check_input_folder, read_user_bytes
 
 DEFAULT_SKIP = 3
 
@@ -101,18 +102,22 @@ def _routes(run_dir: Path, caps: dict[int, dict[str, Any]], extra: list[Path]) -
     by_pid = {(c["host"], c["pid"]): r for r, c in caps.items()}
     out: dict[str, Any] = {}
     for p in sorted(run_dir.glob("*/nccl.*.log")) + list(extra):
-        counts = nccl_routes(p.read_text(errors="replace"))
         m = re.match(r"nccl\.(\d+)\.log$", p.name)
         rank = by_pid.get((p.parent.name, int(m.group(1)))) if m else None
-        out[str(p)] = {"rank": rank, "routes": counts}
+        try:  # a FIFO or device named like a log is refused unopened; the rest are read
+            text = read_user_bytes(p, "NCCL log", "pass a log written with NCCL_DEBUG=INFO")
+        except UserInputError as e:
+            if p in extra:  # named by the user (--nccl-log): their input error
+                raise
+            out[str(p)] = {"rank": rank, "routes": {}, "unreadable": str(e)}
+            continue
+        out[str(p)] = {"rank": rank, "routes": nccl_routes(text.decode("utf-8", errors="replace"))}
     return out
 
 
 def report(run_dir: str | Path, *, skip: int = DEFAULT_SKIP, nccl_logs: list[str] | None = None) -> dict[str, Any]:
     """Read every rank's step log and capture under ``run_dir``; see the module docstring."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise UserInputError(f"{run_dir} is not a folder: pass the run directory your job wrote")
+    run_dir = check_input_folder(run_dir, "run directory", "pass the run directory your job wrote")
     problems: list[str] = []
     logs: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
     for p in sorted(run_dir.glob("*/steps-rank-*.jsonl")):
@@ -337,7 +342,8 @@ def render(rep: dict[str, Any]) -> str:
         per = f", every {v['period']:g} steps" if v["period"] else ""
         out.append(f"spikes on rank {r} only: steps {v['steps'][:12]}{per}")
     for path, v in rep["nccl_routes"].items():
-        out.append(f"NCCL routes (rank {v['rank']}): {v['routes'] or 'no route lines'} [{path}]")
+        out.append(f"NCCL routes (rank {v['rank']}): "
+                   f"{v.get('unreadable') or v['routes'] or 'no route lines'} [{path}]")
     out += render_nvml(rep.get("nvml", {}))
     fc = rep["flowchart"]
     out.append("flowchart (measured values only):")

@@ -58,6 +58,7 @@ from hwlab.core.measure import (
     synchronize, time_fn)
 from hwlab.core.store import dumps_strict
 from hwlab.core.system import versions
+from hwlab.core import validate
 
 #: torch dtype of the matmul inputs -> the measured GEMM ceiling that is its floor. fp32 data
 #: can take the TF32 MMA path, so its floor is the TF32 rate (pass dtype_peak="fp32" when the
@@ -303,6 +304,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
                     params={"n_rotating_sets": len(arg_sets), "gemm_ceiling_dtype": peak,
                             "first_call_s": first_call_s, "wall_ms_per_call": wall_ms})
     m = m.with_ceilings(gbps=c.copy_gbps, tflops=c.gemm(peak) if peak else None, source=c.label)
+    _check_given_counts(m, c, gpu, n_bytes is not None, n_flops is not None)
 
     # moved bytes: the traffic model where it saw the kernels, else the required bytes (labelled)
     seen_all = prof.attributable_pct is None or prof.attributable_pct >= 95.0
@@ -335,6 +337,22 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     return Examination(name=name, on_gpu=gpu, measurement=m, counts=counts, profile=prof,
                        ceilings={**c.to_dict(), "label": c.label}, evidence=ev,
                        evidence_sources=sources, diagnosis=diag, incident=inc, ncu=ncu, notes=notes)
+
+
+def _check_given_counts(m: Measurement, c: Any, gpu: bool, bytes_given: bool, flops_given: bool) -> None:
+    """Refuse a caller's ``n_bytes`` / ``n_flops`` whose rate over the measured time no device
+    reaches (:func:`hwlab.core.validate.implied_rate`): above the GPU's datasheet peak, or on a
+    machine without one, far above its measured ceiling. Estimated counts are the kit's own
+    and are not checked here."""
+    spec = validate.datasheet(m.device) if gpu else None
+    if bytes_given:
+        validate.implied_rate("--n-bytes (n_bytes)", m.gbps, "GB/s", m.device,
+                              spec.hbm_gbps if spec else None, c.copy_gbps)
+    if flops_given:
+        peaks = [spec.peak_tflops(k) for k in ("fp32", "tf32", "bf16", "fp8")] if spec else []
+        measured = max(c.gemm_tflops.values(), default=None) if c.gemm_tflops else None
+        validate.implied_rate("--n-flops (n_flops)", m.tflops, "TFLOP/s", m.device,
+                              max((x for x in peaks if x), default=None), measured)
 
 
 def back_to_back_ms(call: Callable[..., Any], arg_sets: list, dev, t_ms: float,

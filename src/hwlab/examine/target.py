@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hwlab.errors import UserInputError
+from hwlab.core.store import check_input_file
 
 
 def _module(spec: str):
     if spec.endswith(".py") or "/" in spec:
         path = Path(spec)
-        if not path.is_file():
-            raise UserInputError(f"{spec} is not a file: pass MODULE:FUNC with a dotted module or a .py path")
+        check_input_file(path, "module file", "pass MODULE:FUNC with a dotted module or a .py path")
         mod_name = f"hwlab_user_{path.stem}_{abs(hash(str(path.resolve()))) % 10**8}"
         if mod_name in sys.modules:
             return sys.modules[mod_name]
