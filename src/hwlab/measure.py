@@ -458,3 +458,17 @@ def bench(name: str, fn: Callable[..., Any], make_inputs: Callable[[], Sequence[
                        t_p90_ms=timing.p90_ms, n_bytes=int(n_bytes), n_flops=int(n_flops),
                        device=device_name(dev), timer=timing.timer, n_rep=len(timing.samples_ms),
                        rel_err=rel, tol=tol, params=p)
+
+
+def spread_of(values: Sequence[float], what: str) -> dict[str, Any] | None:
+    """A measured spread for the flowchart's borderline check (``metric_spreads``):
+    ``{"lo", "hi", "what"}``, the p10-p90 of ``values`` by :func:`quantile`, or their range for
+    fewer than five (a p10 of three values is their minimum anyway); None for fewer than two
+    values: one value has no spread, and none is invented."""
+    vals = sorted(float(v) for v in values if v is not None and math.isfinite(float(v)))
+    if len(vals) < 2:
+        return None
+    if len(vals) < 5:
+        return {"lo": vals[0], "hi": vals[-1], "what": f"range of {len(vals)} {what}", "n": len(vals)}
+    return {"lo": quantile(vals, 0.1), "hi": quantile(vals, 0.9), "what": f"p10-p90 over {len(vals)} {what}",
+            "n": len(vals)}
