@@ -54,7 +54,7 @@ def render(ex) -> str:
     if ex.ncu:
         lines += ["", f"Nsight Compute ({ex.ncu['n_kernels']} kernels, counted)"]
         lines += [f"  {k} = {_v(v)}" for k, v in ex.ncu["evidence"].items()]
-    lines += ["", "evidence (measured; source of each)"]
+    lines += ["", "evidence (measured, or estimated where the source says so; source of each)"]
     lines += [f"  {k} = {_v(v)}   [{ex.evidence_sources.get(k, '?')}]" for k, v in ex.evidence.items()]
     lines += ["", "walk"] + ["  " + s for s in ex.diagnosis.explain().splitlines()]
     if ex.lab:

@@ -415,14 +415,19 @@ class Measurement:
                 s += f" = {self.pct_of_bw_ceiling:.0f}% of {self.ceiling_gbps:,.0f} GB/s measured"
             parts.append(s)
         if self.n_flops:
-            s = f"{self.tflops:,.2f} TFLOP/s"
+            s = f"{_rate(self.tflops)} TFLOP/s"
             if self.pct_of_flops_ceiling is not None:
-                s += f" = {self.pct_of_flops_ceiling:.0f}% of {self.ceiling_tflops:,.1f} measured"
+                s += f" = {self.pct_of_flops_ceiling:.0f}% of {_rate(self.ceiling_tflops)} measured"
             parts.append(s)
         parts.append(f"[{self.device}, {self.timer}]")
         return ", ".join(parts)
 
     __str__ = summary
+
+
+def _rate(v: float) -> str:
+    """A rate with its significant digits: a CPU's fraction of a TFLOP/s must not print as 0.0."""
+    return f"{v:,.2f}" if abs(v) >= 1 else f"{v:.3g}"
 
 
 def bench(name: str, fn: Callable[..., Any], make_inputs: Callable[[], Sequence[Any]], *,
