@@ -268,3 +268,59 @@ def test_wrong_drill_answer_names_evidence_never_the_leaf(tmp_path, monkeypatch)
             assert F.LEAVES[f.leaf].title not in txt
             assert " = " in txt or "cannot decide" in txt  # a measured value, with its rule
             assert g.fix_evidence is None  # no fix is run, so none of its leaves leaks either
+
+
+# ------------------------------------------------------------------ the two new drills, recorded on the H200
+def _drill_run(key):
+    return recorded("drills").extra["runs"][key]
+
+
+def test_sync_point_drill_recorded_lands_on_j_and_its_fix_leaves():
+    sync, fixed = _drill_run("syncpoint/item")["evidence"], _drill_run("syncpoint/async")["evidence"]
+    for ev in (sync, fixed):  # re-derived from the step and kernel times the run measured
+        assert ev["slowdown_vs_floor"] == pytest.approx(ev["step_ms"] / ev["kernel_busy_ms"])
+        assert ev["launch_gap_pct"] == pytest.approx(100 * (1 - ev["kernel_busy_ms"] / ev["step_ms"]))
+    d = F.diagnose(sync)
+    assert d.leaf_id == "J" and d.fully_measured
+    h = next(s for s in d.steps if s.question == "H")
+    assert h.overridden and h.metric == "launch_gap_pct"
+    assert F.diagnose(fixed).leaf_id not in (None, "J")
+    # the host's step time shows the sync: with it the host waits for the kernels
+    assert sync["host_step_ms"] > sync["host_work_ms"] + 0.5 * sync["kernel_busy_ms"]
+    assert fixed["host_step_ms"] < sync["host_step_ms"]
+    assert "constructed load" in sync["metric_sources"]["host_work_ms"]
+
+
+def test_bad_card_drill_recorded_is_labelled_constructed_and_rederives():
+    from hwlab.labs import drillruns
+    bad, good = _drill_run("badcard/throttled")["evidence"], _drill_run("badcard/healthy")["evidence"]
+    assert "CONSTRUCTED" in bad["metric_sources"]["hw_deviations_vs_baseline"]
+    assert "CONSTRUCTED" not in good["metric_sources"]["hw_deviations_vs_baseline"]
+    assert "constructed" in bad["nvml_state"] and "constructed" not in good["nvml_state"]
+    for ev in (bad, good):
+        again = drillruns.rederive_card_state(ev)
+        assert again["hw_deviations_vs_baseline"] == ev["hw_deviations_vs_baseline"]
+    assert bad["hw_deviations_vs_baseline"] > 0 and good["hw_deviations_vs_baseline"] == 0
+    # the kernels on the card are fine: the chart's walk says OK and points at the node baseline
+    assert F.diagnose(bad).leaf_id == "OK" and "node baseline" in " ".join(F.LEAVES["OK"].actions)
+
+
+def test_bad_card_power_cap_is_not_a_fault_sign():
+    from hwlab.labs import drillruns
+    base = {"clock_event_reasons": ["none"], "ecc_errors_volatile": {"uncorrected": 0}}
+    capped = {**base, "clock_event_reasons": ["sw_power_cap"]}
+    assert drillruns.card_state_vs_baseline(capped, base)["hw_deviations_vs_baseline"] == 0
+    hot = {**base, "clock_event_reasons": ["sw_thermal_slowdown"]}
+    assert drillruns.card_state_vs_baseline(hot, base)["hw_deviations_vs_baseline"] == 1
+    built = drillruns.constructed_bad_card(base)
+    assert drillruns.card_state_vs_baseline(built, base)["hw_deviations_vs_baseline"] == 3
+
+
+def test_new_drills_grade_from_the_record(tmp_path, monkeypatch):
+    from hwlab import drills
+    monkeypatch.setenv("HWLAB_DRILL_KEY_FILE", str(tmp_path / "k"))
+    for name in ("sync_point", "bad_card"):
+        f = drills.FAULTS[name]
+        d = drills.new(seed=3, fault=name, live=False)
+        g = drills.grade(d, f.leaf)
+        assert g.passed and g.fix_removes_slowdown is True, g.explanation

@@ -238,20 +238,29 @@ BAD_CARD_FIELDS = {"clock_event_reasons": ["hw_slowdown", "sw_thermal_slowdown"]
                    "ecc_uncorrected_added": 2, "remapped_rows_pending": 1}
 
 
+def _bad_card_reasons() -> frozenset[str]:
+    """Clock-event reasons that are signs of a bad card: every throttle reason but the software
+    power cap. A card at its power limit under load holds its clocks down by design (a healthy
+    H200 read right after a heavy kernel reports it); a slowdown from the hardware or from heat
+    is not part of normal operation."""
+    from ..system import THROTTLE_REASONS
+    return frozenset(THROTTLE_REASONS - {"sw_power_cap"})
+
+
 def card_state_vs_baseline(gpu: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     """The hardware signs of a bad card in one GPU's NVML state against the node's baseline
-    state of the same card: throttle reasons not in the baseline, uncorrected ECC errors
-    added, pending or failed row remaps (the baseline comparison's hardware rules)."""
-    from ..system import THROTTLE_REASONS
+    state of the same card: throttle reasons not in the baseline (the power cap excepted:
+    :func:`_bad_card_reasons`), uncorrected ECC errors added, pending or failed row remaps."""
     r0 = set(base.get("clock_event_reasons") or []) if isinstance(base.get("clock_event_reasons"), list) else set()
     r1 = set(gpu.get("clock_event_reasons") or []) if isinstance(gpu.get("clock_event_reasons"), list) else set()
-    new_thr = sorted((r1 - r0) & THROTTLE_REASONS)
+    new_thr = sorted((r1 - r0) & _bad_card_reasons())
     e0 = (base.get("ecc_errors_volatile") or {}).get("uncorrected", 0) if isinstance(base.get("ecc_errors_volatile"), dict) else 0
     e1 = (gpu.get("ecc_errors_volatile") or {}).get("uncorrected", 0) if isinstance(gpu.get("ecc_errors_volatile"), dict) else 0
     rr = gpu.get("remapped_rows") if isinstance(gpu.get("remapped_rows"), dict) else {}
     remap = int(rr.get("pending") or 0) + int(rr.get("failure") or 0)
     ecc_new = max(0, int(e1) - int(e0))
     return {"throttle_reasons_new": len(new_thr), "throttle_reasons": new_thr, "ecc_uncorrected_new": ecc_new,
+            "power_capped": int("sw_power_cap" in r1),
             "remapped_rows_pending": remap,
             "hw_deviations_vs_baseline": int(bool(new_thr)) + int(ecc_new > 0) + int(remap > 0)}
 
@@ -269,6 +278,21 @@ def constructed_bad_card(gpu: dict[str, Any]) -> dict[str, Any]:
     g["remapped_rows"] = rr
     g["constructed"] = "from this card's real NVML snapshot with throttle reasons, ECC errors and a pending row remap set"
     return g
+
+
+def rederive_card_state(ev: dict[str, Any]) -> dict[str, Any]:
+    """A recorded bad-card observation re-read through :func:`card_state_vs_baseline` from the
+    NVML state it holds (``nvml_state``) and the node's recorded baseline: no new measurement."""
+    base = ((recorded("baseline").snapshot or {}).get("gpus") or [{}])[0]
+    out = dict(ev)
+    out.update({k: v for k, v in card_state_vs_baseline(ev["nvml_state"], base).items() if not isinstance(v, list)})
+    out["metric_sources"] = {**(ev.get("metric_sources") or {}), "power_capped": POWER_CAP_SOURCE}
+    return out
+
+
+#: what ``power_capped`` is: read, and beside the bad-card signs, never one of them
+POWER_CAP_SOURCE = ("the card's NVML clock-event reasons include sw_power_cap: at its power limit under load, "
+                    "normal for a healthy card, so not counted in hw_deviations_vs_baseline")
 
 
 def _badcard(case: str, dev) -> dict[str, Any]:
@@ -295,7 +319,8 @@ def _badcard(case: str, dev) -> dict[str, Any]:
     for k in cmp_:
         if not isinstance(cmp_[k], list):
             srcs[k] = f"{how} the node's recorded baseline ({base_ev.label})"
-    srcs["sm_clock_mhz"] = srcs["temperature_c"] = "this card's real NVML snapshot, read before the kernels ran"
+    srcs["power_capped"] = POWER_CAP_SOURCE
+    srcs["sm_clock_mhz"] = srcs["temperature_c"] = "this card's real NVML snapshot, read before this drill's kernels ran"
     ev["nvml_state"] = {k: state.get(k) for k in ("name", "clock_event_reasons", "ecc_errors_volatile",
                                                   "remapped_rows", "sm_clock_mhz", "temperature_c", "constructed")
                         if k in state}
