@@ -330,7 +330,11 @@ def part_drills(out: Path, summary: list[str]) -> None:
     sealed drill, the right answer graded (the fixed configuration run again, every metric
     recomputed) and one wrong answer. ``runs`` keeps each (scenario, case) measured here, the
     source CPU machines read drills from. Drills are sealed with a key made for this run (in
-    OUTDIR/drill-refresh.key, not copied to the repo): the rows name their fault openly."""
+    OUTDIR/drill-refresh.key, not copied to the repo): the rows name their fault openly.
+
+    ``HWLAB_DRILL_FAULTS`` (comma-separated fault names): record only those, merged into an
+    existing ``OUTDIR/drills.json`` (its other rows and runs kept, these replaced): a short
+    device call can add a drill without re-running every other one."""
     from dataclasses import asdict
 
     from hwlab.diagnosis import drills, flowchart
@@ -338,7 +342,17 @@ def part_drills(out: Path, summary: list[str]) -> None:
     key = out / "drill-refresh.key"
     os.environ["HWLAB_DRILL_KEY_FILE"] = str(key)
     rows, runs = [], {}
+    only = [x for x in os.environ.get("HWLAB_DRILL_FAULTS", "").split(",") if x]
+    unknown = [x for x in only if x not in drills.FAULTS]
+    if unknown:
+        raise SystemExit(f"HWLAB_DRILL_FAULTS names no fault {unknown}; faults: {', '.join(drills.FAULTS)}")
+    prior = None
+    if only and (out / "drills.json").exists():
+        from hwlab.evidence import load
+        prior = load(out / "drills.json")
     for i, (name, f) in enumerate(drills.FAULTS.items()):
+        if only and name not in only:
+            continue
         print("drill:", name, flush=True)
         wrong_leaf = "G" if f.leaf != "G" else "J"
         try:
@@ -364,6 +378,15 @@ def part_drills(out: Path, summary: list[str]) -> None:
                        f"{rows[-1]['observed_leaf']} (want {f.leaf}, measured walk {walk.fully_measured}); "
                        f"right answer passed={right.passed} fix works={right.fix_removes_slowdown}; "
                        f"wrong {wrong_leaf}: {wrong.explanation[:90]}")
+    if prior is not None:
+        mine = {r["fault"] for r in rows}
+        rows = [r for r in prior.extra.get("drills", []) if r.get("fault") not in mine] + rows
+        runs = {**prior.extra.get("runs", {}), **runs}
+        ev = Evidence(kind="drills", machine=machine_info(), extra={"drills": rows, "runs": runs,
+                                                                    "merged": {"added": sorted(mine),
+                                                                               "kept_from": prior.recorded_at}})
+        ev.save(out / "drills.json", overwrite=True)
+        return
     ev = Evidence(kind="drills", machine=machine_info(), extra={"drills": rows, "runs": runs})
     ev.save(out / "drills.json")
 

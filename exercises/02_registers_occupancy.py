@@ -20,7 +20,9 @@
 # `"shared memory"`, `"warps"` or `"spills"`) and write one sentence saying why it does not spill (count the
 # accumulator registers per thread). The checker compiles your config for sm_90a, reads registers, spills
 # and shared memory from `ptxas -v`, computes the occupancy, and compares your limiter with the one that
-# binds. A missing or broken Triton/ptxas is reported as an environment problem, never as a wrong answer.
+# binds. Your sentence in `MY_REASON` must name the limiting resource and quote its figure from the compile
+# report the cell after your config prints. A missing or broken Triton/ptxas is reported as an environment
+# problem, never as a wrong answer.
 
 # %%
 from hwlab.diagnosis import exercise_checks
@@ -34,8 +36,17 @@ for cfg in (lab.SPILL, lab.SANE):
 
 # %% tags=["learner"]
 MY_CONFIG = None  # YOUR CODE HERE, e.g. TileConfig(BM, BN, BK, warps, stages)
+
+# %%
+# the compile report of your config (static sm_90a ptxas -v): the figures your reason quotes
+if MY_CONFIG is not None:
+    rep = lab.compile_guarded("matmul", MY_CONFIG, static=True)
+    print(rep.skipped or f"{MY_CONFIG.label}: {rep.n_regs} registers/thread, {rep.n_spills} spill slots, "
+          f"{rep.shared_bytes} B shared memory per block, {MY_CONFIG.warps} warps per block")
+
+# %% tags=["learner"]
 MY_LIMITER = None  # YOUR ANSWER HERE: "registers", "shared memory", "warps" or "spills"
-MY_REASON = ""    # YOUR ANSWER HERE: why it does not spill, and which occupancy limit binds
+MY_REASON = ""    # YOUR ANSWER HERE: the limiting resource and its figure from the compile report above
 
 # %%
 exercise_checks.check_limiter(MY_CONFIG, MY_LIMITER, MY_REASON)

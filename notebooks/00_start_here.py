@@ -116,8 +116,8 @@ nb.show_mermaid(d.mermaid())
 
 # %% [markdown]
 # ### Walk it yourself
-# Click through the chart: answer each question by hand, or press *Use the evidence* to let the recorded
-# Lab 1 measurement answer it. Each step shows the metric, its threshold and why.
+# Click through the chart: answer each question yourself; *Hint* shows how the recorded Lab 1 measurement
+# answers the question at hand (one at a time). Each step shows the metric, its threshold and why.
 
 # %%
 from IPython.display import display

@@ -49,7 +49,8 @@ for name in ("naive", "aware"):
           f"{r['tail_ms']:.1f} ms late per step [{rec.label}]")
 first = evidence.recorded("lab03_slowlink", "cpu").extra["experiment"]["overlap"]
 print(f"seed scale: x{exp['seed']['scale']:.2f} -> tail {exp['seed']['tail_ms_at_seed_scale']:.1f} ms (seed: 10-20 ms); "
-      f"overlap hidden on this link {exp['overlap']['slow']['hidden_pct']:.0f}% (rule 3c); Lab 3's first example: "
+      f"overlap hid {exp['overlap']['slow']['hidden_pct']:.0f}% of what could hide on this link (rule 3c); "
+      f"Lab 3's first example: "
       f"{first['fast']['hidden_pct']:.0f}% on a {first['fast']['link']}, {first['slow']['hidden_pct']:.0f}% on a "
       f"{first['slow']['link']}")
 print("signature (measured):  rank tail %  | comm wait ms | single-device slowdown vs floor | leaf")
@@ -102,6 +103,8 @@ else:
 # %%
 fixed = flowchart.diagnose(exp["aware"]["flowchart_evidence"])
 print(f"after the fix: {' -> '.join(fixed.path)}; aware over naive {exp['speedup_aware_over_naive']:.2f}x")
+for s in fixed.borderline:  # a re-check that passes inside its own spread is one re-run from failing
+    print(f"the re-check at {s.question}: {s.metric} = {s.value:.3g}{s.spread_text()}")
 inc1 = incident.from_diagnosis(
     "TP throughput 0.72x after node swap", rec, d1, symptom_scope="multi-GPU",
     symptom=f"throughput {exp['throughput_naive_over_aware']:.2f}x of the aware mapping; ranks "

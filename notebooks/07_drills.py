@@ -41,7 +41,8 @@ for k, v in drill.observations.items():
 
 # %% [markdown]
 # ## Walk the flowchart
-# Press *Use the evidence* at each question, or answer by hand from the numbers above.
+# Answer each question from the numbers above. *Hint* reveals one measured answer at a time (the metric
+# that decides the question at hand, against its rule); the walk moves only when you press Yes or No.
 
 # %%
 display(nb.flowchart_walkthrough(drill.observations, drill.source))

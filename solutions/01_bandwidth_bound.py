@@ -77,12 +77,29 @@ res
 
 # %% [markdown]
 # ## Question: where on the flowchart?
-# The unfused chain runs at 3.3x its floor and its moved bytes run near the copy ceiling. Which leaf of
-# the flowchart does it land on? Answer with the leaf id (`"G"`, `"I"`, `"J"`, `"L"`, `"M"` or `"OK"`).
-
-# %% tags=["learner"]
-leaf_answer = "G"  # slow, DRAM saturated -> bandwidth / layout / fusion
+# Below is the unfused chain's flowchart evidence from Lab 1's recorded run: each metric, its value and what
+# measured it. Walk the chart yourself, question by question (the rules are in `hwlab.diagnosis.flowchart.QUESTIONS`),
+# and answer with the leaf id (`"G"`, `"I"`, `"J"`, `"L"`, `"M"` or `"OK"`).
 
 # %%
-exercise.check_value("flowchart leaf", leaf_answer, "G",
-                     "DRAM is saturated by bytes the work does not need: bandwidth / layout / fusion.")
+from hwlab.core import evidence
+from hwlab.diagnosis import flowchart
+
+rec = evidence.recorded("lab01_bandwidth")
+ev = rec.extra["flowchart_evidence"]["unfused"]
+print(f"unfused chain [{rec.label}]")
+for k, v in ev.items():
+    if k not in flowchart.META_KEYS:
+        print(f"  {k} = {v:.4g}" if isinstance(v, float) else f"  {k} = {v}",
+              f"  <- {(ev.get('metric_sources') or {}).get(k, '')}")
+for q in flowchart.QUESTIONS.values():
+    print(f"{q.id}. {q.text}  yes -> {q.yes}, no -> {q.no}; rules: " + "; ".join(c.describe() for c in q.criteria)
+          + ("; first, to NO: " + "; ".join(c.describe() for c in q.overrides_no) if q.overrides_no else ""))
+
+# %% tags=["learner"]
+leaf_answer = "G"  # B: slowdown_vs_floor over 1.5 -> F: the DRAM share over its line -> G
+
+# %%
+exercise.check_value("flowchart leaf", leaf_answer, flowchart.diagnose(ev).leaf_id,
+                     "walk it from B: at each question compare the metric printed above with the rule; "
+                     "the first rule that holds picks the branch.")

@@ -20,7 +20,9 @@
 # `"shared memory"`, `"warps"` or `"spills"`) and write one sentence saying why it does not spill (count the
 # accumulator registers per thread). The checker compiles your config for sm_90a, reads registers, spills
 # and shared memory from `ptxas -v`, computes the occupancy, and compares your limiter with the one that
-# binds. A missing or broken Triton/ptxas is reported as an environment problem, never as a wrong answer.
+# binds. Your sentence in `MY_REASON` must name the limiting resource and quote its figure from the compile
+# report the cell after your config prints. A missing or broken Triton/ptxas is reported as an environment
+# problem, never as a wrong answer.
 
 # %%
 from hwlab.diagnosis import exercise_checks
@@ -34,9 +36,18 @@ for cfg in (lab.SPILL, lab.SANE):
 
 # %% tags=["learner"]
 MY_CONFIG = TileConfig(128, 256, 64, 8, 3)
-MY_LIMITER = "registers"  # 194 registers x 256 threads: one block per SM (shared memory ties with it)
-MY_REASON = ("128x256 on 8 warps is 128 accumulator registers per thread, leaving room under 255 for "
-             "fragments and pointers; registers and shared memory (144 KiB) both allow one block per SM.")
+
+# %%
+# the compile report of your config (static sm_90a ptxas -v): the figures your reason quotes
+if MY_CONFIG is not None:
+    rep = lab.compile_guarded("matmul", MY_CONFIG, static=True)
+    print(rep.skipped or f"{MY_CONFIG.label}: {rep.n_regs} registers/thread, {rep.n_spills} spill slots, "
+          f"{rep.shared_bytes} B shared memory per block, {MY_CONFIG.warps} warps per block")
+
+# %% tags=["learner"]
+MY_LIMITER = "registers"  # registers x 256 threads: one block per SM (shared memory ties with it)
+MY_REASON = (f"registers bind: {rep.n_regs} registers per thread (128 accumulators for 128x256 on 8 warps) "
+             "fit under 255, so nothing spills, and allow one block per SM.")
 
 # %%
 exercise_checks.check_limiter(MY_CONFIG, MY_LIMITER, MY_REASON)

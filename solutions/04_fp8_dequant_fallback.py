@@ -29,12 +29,18 @@ m = lab.Decoder(lab.TINY, "mixed", device="cpu")
 prof = lab.decode_profile(m)
 print(f"[measured live on this machine's CPU, tiny decoder: {prof['source']}]")
 print({k: v for k, v in prof.items() if k != "gemm_names"})
-print({name: mod.mode for name, mod in m.named_modules() if isinstance(mod, lab.QLinear)})
+print("GEMM kernels per decode step, by name:", prof["gemm_names"])
+print("the decoder's linear modules and their stored weight dtype (which of them fall back is yours to find):")
+print({name: str(mod.w.dtype).replace("torch.", "") for name, mod in m.named_modules() if isinstance(mod, lab.QLinear)})
+print("modes a module can take:", lab.QLinear.MODES)
 rows, label = exercise_checks.kv_buckets()
+print(f"the KV rule the checker grades: an FP8 KV cache pays in a bucket where the KV cache is at least "
+      f"{exercise_checks.KV_SHARE_PAYS_PCT:.0f}% of the bytes a decode step moves (an FP8 cache halves that part); "
+      "set kv_fp8_from_ctx to the shortest context that should get one (None: never)")
 print(f"per context bucket, the KV cache's share of the bytes a decode step moves ({label}, bf16 path):")
 for r in rows:
     print(f"  ctx {r['ctx']:>6} x{r['batch']}: KV {r['kv_bytes'] / 1e9:.2f} GB of {r['decode_bytes'] / 1e9:.2f} GB "
-          f"per step ({r['kv_share_pct']:.0f}%); an FP8 cache halves the KV part")
+          f"per step ({r['kv_share_pct']:.0f}%)")
 
 # %% tags=["learner"]
 # connector and head were "fp8_dequant": run the connector on the FP8 GEMM path, keep the head in bf16 on purpose

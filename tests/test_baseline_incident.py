@@ -256,10 +256,14 @@ def test_every_leaf_has_a_recorded_scenario():
 def test_walkthrough_widget_follows_the_evidence_and_hand_answers():
     ev = recorded("lab01_bandwidth").extra["flowchart_evidence"]["unfused"]
     w = nb.flowchart_walkthrough(ev, "recorded")
-    for _ in range(2):
-        w.children[2].children[2].click()  # "Use the evidence"
-    assert "Leaf G" in w.children[0].value
+    w.children[2].children[2].click()  # "Hint": one measured answer, the walk does not move
+    assert w.children[0].value.startswith("<b>B.") and "points to YES at B" in w.children[3].value
+    assert "slowdown_vs_floor" in w.children[3].value and "Leaf" not in w.children[3].value
+    w.children[2].children[0].click()  # the learner presses YES themself
+    w.children[2].children[2].click()
+    assert w.children[0].value.startswith("<b>F.") and "at F" in w.children[3].value
+    assert "at B" not in w.children[3].value  # one answer at a time
     w2 = nb.flowchart_walkthrough()
     for b in (0, 1, 1):  # yes (slow), no (memory), no (tensor core) -> J
         w2.children[2].children[b].click()
-    assert "Leaf J" in w2.children[0].value and "B:yes" in w2.children[3].value
+    assert "Leaf J" in w2.children[0].value and "B:yes" in w2.children[4].value

@@ -94,7 +94,17 @@ def test_02_wrong_limiter_fails_right_one_passes():
     assert w.status == "wrong" and "registers" in w.message and "not shared_mem" in w.message
     s = C.check_limiter(cfg, "spills", "small tile")
     assert s.status == "wrong" and "nothing spills" in s.message
-    ok = C.check_limiter(cfg, "registers", "64x64 on 4 warps is 32 accumulator registers per thread")
+    from hwlab.labs import registers
+    rep = registers.compile_guarded("matmul", cfg, static=True)
+    # the reason is graded on its content: the resource that binds and its figure from the report
+    vague = C.check_limiter(cfg, "registers", "64x64 on 4 warps is 32 accumulator registers per thread")
+    assert vague.status == "wrong" and "figure from the compile report" in vague.message
+    assert str(rep.n_regs) not in vague.message  # the feedback does not hand over the figure
+    unnamed = C.check_limiter(cfg, "registers", f"it uses {rep.n_regs} per thread")
+    assert unnamed.status == "wrong" and "does not name the resource" in unnamed.message
+    listing = C.check_limiter(cfg, "registers", "registers " + " ".join(str(i) for i in range(256)))
+    assert listing.status == "wrong" and "numbers" in listing.message  # a list of every figure does not pass
+    ok = C.check_limiter(cfg, "registers", f"{rep.n_regs} registers per thread bind it; 32 accumulators, no spill")
     assert ok.passed and "static sm_90a compile" in ok.message
     assert C.check_limiter(cfg, None, "x").status == "not done yet"
 

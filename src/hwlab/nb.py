@@ -61,8 +61,10 @@ def show_mermaid(src: str) -> None:
 
 def flowchart_walkthrough(evidence: dict | None = None, source: str = ""):
     """An ipywidgets walk through the flowchart: each question with its metric, threshold and
-    reason; answer by hand (Yes/No) or from ``evidence`` (a probe's output), and see why the
-    next branch follows. Returns the widget (display it)."""
+    reason; the learner answers Yes/No. *Hint* reveals one measured answer at a time: for the
+    question at hand only, the metric that decides it from ``evidence`` (a probe's output), its
+    value against the rule, a borderline or invalid flag, and which way that points; it never
+    presses the button, so the walk stays the learner's. Returns the widget (display it)."""
     import ipywidgets as W
 
     from hwlab.diagnosis import flowchart as F
@@ -71,7 +73,8 @@ def flowchart_walkthrough(evidence: dict | None = None, source: str = ""):
     title = W.HTML()
     detail = W.HTML()
     trail = W.HTML()
-    yes, no, use = W.Button(description="Yes"), W.Button(description="No"), W.Button(description="Use the evidence")
+    yes, no, use = W.Button(description="Yes"), W.Button(description="No"), W.Button(description="Hint")
+    hint = W.HTML()
     restart = W.Button(description="Start again")
 
     def render():
@@ -93,8 +96,10 @@ def flowchart_walkthrough(evidence: dict | None = None, source: str = ""):
         have = {c.metric: evidence[c.metric] for c in q.criteria + q.overrides_no
                 if evidence and evidence.get(c.metric) is not None}
         detail.value = (f"<ul>{over}{rules}</ul><small>probe: {q.probe}</small><br>"
-                        + (f"evidence{(' (' + source + ')') if source else ''}: <code>{have}</code>" if have else
+                        + (f"the evidence{(' (' + source + ')') if source else ''} measures "
+                           f"{', '.join(have)} here: read it, or ask for a hint" if have else
                            "no evidence for this question: answer by hand or run the probe"))
+        hint.value = ""
         yes.disabled = no.disabled = False
         use.disabled = not have
 
@@ -106,13 +111,7 @@ def flowchart_walkthrough(evidence: dict | None = None, source: str = ""):
         render()
 
     def from_evidence(_):
-        q = F.QUESTIONS[state["node"]]
-        sub = {c.metric: evidence[c.metric] for c in q.criteria + q.overrides_no if evidence.get(c.metric) is not None}
-        # diagnose one question: route the evidence through the same rule the chart uses
-        d = F.diagnose({**_prefix(state["answers"]), **sub, "metric_sources": evidence.get("metric_sources") or {}})
-        step = next((s for s in d.steps if s.question == q.id), None)
-        if step is not None:
-            answer(step.answer, step.how)
+        hint.value = f"<i>{hint_text(evidence or {}, state['node'], state['answers'])}</i>"
 
     yes.on_click(lambda _: answer("yes"))
     no.on_click(lambda _: answer("no"))
@@ -123,7 +122,25 @@ def flowchart_walkthrough(evidence: dict | None = None, source: str = ""):
         render()
     restart.on_click(again)
     render()
-    return W.VBox([title, detail, W.HBox([yes, no, use, restart]), trail])
+    return W.VBox([title, detail, W.HBox([yes, no, use, restart]), hint, trail])
+
+
+def hint_text(evidence: dict, node: str, answers: dict[str, str] | None = None) -> str:
+    """One measured answer: the question ``node`` answered from ``evidence`` alone (its deciding
+    metric, value, rule, spread or validity, and the branch it points to), nothing past it."""
+    from hwlab.diagnosis import flowchart as F
+
+    q = F.QUESTIONS[node]
+    sub = {c.metric: evidence[c.metric] for c in q.criteria + q.overrides_no if evidence.get(c.metric) is not None}
+    meta = {k: evidence[k] for k in F.META_KEYS if k in evidence}
+    # diagnose one question: route the evidence through the same rule the chart uses
+    d = F.diagnose({**_prefix(answers or {}), **sub, **meta})
+    step = next((s for s in d.steps if s.question == q.id), None)
+    bad = [str(iv) for iv in d.invalid if iv.question == q.id]
+    if step is None:
+        return " ".join(bad) or f"no measured answer for {q.id} in this evidence: run {q.probe}"
+    return " ".join(bad + [f"{step.metric} = {F._fmt(step.value)} against {step.criterion}"
+                           f"{step.spread_text()}: that points to {step.answer.upper()} at {q.id}"])
 
 
 def show_walk(d, source: str = "") -> None:

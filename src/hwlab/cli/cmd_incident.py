@@ -44,7 +44,7 @@ def cmd_incident(a) -> int:
         return EXIT_USAGE
     if a.json:
         print_json({"markdown": str(md), "json": str(js), "leaf": d.leaf_id, "path": d.path,
-                    "explanation": d.explain()})
+                    "explanation": d.explain(), "walk": d.to_dict()})
     else:
         print(f"incident written: {md} and {js}\n")
         print(d.explain())

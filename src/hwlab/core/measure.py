@@ -415,14 +415,19 @@ class Measurement:
                 s += f" = {self.pct_of_bw_ceiling:.0f}% of {self.ceiling_gbps:,.0f} GB/s measured"
             parts.append(s)
         if self.n_flops:
-            s = f"{self.tflops:,.2f} TFLOP/s"
+            s = f"{_rate(self.tflops)} TFLOP/s"
             if self.pct_of_flops_ceiling is not None:
-                s += f" = {self.pct_of_flops_ceiling:.0f}% of {self.ceiling_tflops:,.1f} measured"
+                s += f" = {self.pct_of_flops_ceiling:.0f}% of {_rate(self.ceiling_tflops)} measured"
             parts.append(s)
         parts.append(f"[{self.device}, {self.timer}]")
         return ", ".join(parts)
 
     __str__ = summary
+
+
+def _rate(v: float) -> str:
+    """A rate with its significant digits: a CPU's fraction of a TFLOP/s must not print as 0.0."""
+    return f"{v:,.2f}" if abs(v) >= 1 else f"{v:.3g}"
 
 
 def bench(name: str, fn: Callable[..., Any], make_inputs: Callable[[], Sequence[Any]], *,
@@ -458,3 +463,17 @@ def bench(name: str, fn: Callable[..., Any], make_inputs: Callable[[], Sequence[
                        t_p90_ms=timing.p90_ms, n_bytes=int(n_bytes), n_flops=int(n_flops),
                        device=device_name(dev), timer=timing.timer, n_rep=len(timing.samples_ms),
                        rel_err=rel, tol=tol, params=p)
+
+
+def spread_of(values: Sequence[float], what: str) -> dict[str, Any] | None:
+    """A measured spread for the flowchart's borderline check (``metric_spreads``):
+    ``{"lo", "hi", "what"}``, the p10-p90 of ``values`` by :func:`quantile`, or their range for
+    fewer than five (a p10 of three values is their minimum anyway); None for fewer than two
+    values: one value has no spread, and none is invented."""
+    vals = sorted(float(v) for v in values if v is not None and math.isfinite(float(v)))
+    if len(vals) < 2:
+        return None
+    if len(vals) < 5:
+        return {"lo": vals[0], "hi": vals[-1], "what": f"range of {len(vals)} {what}", "n": len(vals)}
+    return {"lo": quantile(vals, 0.1), "hi": quantile(vals, 0.9), "what": f"p10-p90 over {len(vals)} {what}",
+            "n": len(vals)}

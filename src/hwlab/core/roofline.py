@@ -40,8 +40,20 @@ def evidence_from_measurement(m: Measurement, *, ceiling_gbps: float, ceiling_tf
     moved = bytes_moved if bytes_moved is not None else m.n_bytes
     ev = {"slowdown_vs_floor": m.t_ms / floor_ms if floor_ms > 0 else None,
           "dram_pct_estimated": 100.0 * moved / (m.t_ms * 1e-3) / 1e9 / ceiling_gbps}
+    sp = slowdown_spread(m, ev["slowdown_vs_floor"])
+    if sp:
+        ev["metric_spreads"] = {"slowdown_vs_floor": sp}
     ev.update({k: v for k, v in extra.items() if v is not None})
     return ev
+
+
+def slowdown_spread(m: Measurement, slowdown: float | None) -> dict[str, Any] | None:
+    """The spread of ``slowdown_vs_floor`` from the measurement's own p10-p90 (the floor is fixed,
+    so the time's spread scales straight onto it), for the flowchart's borderline check."""
+    if not slowdown or not m.t_ms or m.t_p10_ms is None or m.t_p90_ms is None:
+        return None
+    return {"lo": slowdown * m.t_p10_ms / m.t_ms, "hi": slowdown * m.t_p90_ms / m.t_ms,
+            "what": f"p10-p90 of {m.n_rep} timed calls", "n": m.n_rep}
 
 
 def plot(c: Ceilings, points: Iterable[Measurement] = (), dtypes=("bf16", "fp32"),

@@ -82,9 +82,13 @@ def _kv_read_probe(dev, quick: bool) -> Measurement:
 
 
 # ---------------------------------------------------------------- runtime path
-def fp8_decode_path(dev, quick: bool = True) -> dict[str, Any]:
+def fp8_decode_path(dev, quick: bool = True, fallback_main: int = 0) -> dict[str, Any]:
     """Kernel hit rate of a decode-shaped step whose main GEMMs run in FP8 and whose output
     head is dequantized to bf16 (the seed's mixed path), from torch.profiler.
+
+    ``fallback_main``: how many of the main GEMMs take the dequantized bf16 path instead (a
+    changed runtime path: what a build without the FP8 kernel for a shape does), for showing a
+    runtime-class deviation on the same machine.
 
     A GEMM call is an FP8 *hit* when an FP8 GEMM kernel ran, a *fallback* when a plain
     bf16/fp32 GEMM ran on weights stored in FP8 (after a dequant copy); the kernel classes are
@@ -99,8 +103,11 @@ def fp8_decode_path(dev, quick: bool = True) -> dict[str, Any]:
     act_dt = torch.bfloat16
 
     def step(x):
-        for w in w_main:
-            x = torch._scaled_mm(x.to(f8), w.t(), scale_a=one, scale_b=one, out_dtype=act_dt)
+        for i, w in enumerate(w_main):
+            if i < fallback_main:
+                x = x @ w.to(act_dt).t()
+            else:
+                x = torch._scaled_mm(x.to(f8), w.t(), scale_a=one, scale_b=one, out_dtype=act_dt)
         return x @ w_head.to(act_dt).t()  # dequantized head: the fallback
 
     x = torch.randn(M, d, device=dev).to(act_dt)

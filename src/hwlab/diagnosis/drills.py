@@ -63,6 +63,9 @@ class Fault:
     scenario: str
     case: str
     fixed_case: str
+    #: for a fault the chart's walk cannot leave (its leaf is OK: the code is fine), the measured
+    #: metric its fix must bring to zero (the bad card: hardware deviations from the node baseline)
+    fix_metric: str | None = None
 
     def observe(self, live: bool = False, device=None) -> tuple[dict[str, Any], str]:
         """Run (or read the recorded run of) the faulty configuration."""
@@ -86,6 +89,9 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("fp8_fallback", "M", "an FP8 decoder in service", "fp8", "mixed", "fixed"),
     Fault("untuned_bucket", "M", "a serving step of decode and prefill GEMMs", "workload",
           "tuned-shape prediction", "bucketed prediction"),
+    Fault("sync_point", "J", "a step that reads its loss on the host every step", "syncpoint", "item", "async"),
+    Fault("bad_card", "OK", "a node whose steps became erratic on one card", "badcard", "throttled", "healthy",
+          fix_metric="hw_deviations_vs_baseline"),
     Fault("none", "OK", "a fused-op pipeline", "chain", "fused", "fused"),
 ]}
 
@@ -268,23 +274,12 @@ def grade(drill: Drill, leaf: str, evidence: dict[str, Any] | None = None, learn
         why.append(f"your evidence differs from what the probes showed for {mismatch}")
     if invented:
         why.append(f"your evidence names metrics the drill's probes did not show: {invented}")
-    if d.leaf_id != leaf:
-        why.append(f"walked on your evidence the chart reaches {d.leaf_id or 'no leaf'} "
-                   f"({' -> '.join(d.path)}), not {leaf}")
-    # 1. the leaf itself; explain the first question answered differently
-    truth = flowchart.diagnose(drill.observations)
+    if d.leaf_id != leaf:  # the walk's own leaf is not named: that stays for `reveal`
+        why.append(f"walked on your evidence the chart does not reach {leaf}")
+    # 1. the leaf itself: name the measured evidence that contradicts it, never the right leaf
     correct = leaf == f.leaf
     if not correct:
-        step = next(iter(truth.steps), None)
-        for s in truth.steps:
-            q = flowchart.QUESTIONS[s.question]
-            target = q.yes if s.answer == "yes" else q.no
-            if leaf not in _reachable(target):
-                step = s
-                break
-        if step is not None:
-            why.insert(0, f"{leaf} is not it: at {step.question} ({step.text}) the evidence says "
-                          f"{step.answer.upper()} because {step.metric} = {step.value} ({step.criterion})")
+        why.insert(0, contradiction(drill.observations, leaf))
     # 3. apply the fix for the fault's leaf: run the fixed configuration, recompute every metric
     fixed_ev = fixed_src = fixed_leaf = None
     works = None
@@ -295,6 +290,11 @@ def grade(drill: Drill, leaf: str, evidence: dict[str, Any] | None = None, learn
         # the fix works only when its re-measure walks to a leaf, and not the fault's: a walk that
         # stops undecided has not shown the slowdown gone (it may still be slow at B)
         works = None if f.leaf == "OK" else fixed_leaf is not None and fixed_leaf != f.leaf
+        if f.fix_metric:  # a walk that stays on OK: the fix must clear the fault's own measured signs
+            before, after = drill.observations.get(f.fix_metric), fixed_ev.get(f.fix_metric)
+            works = isinstance(before, (int, float)) and before > 0 and after == 0
+            if not works:
+                why.append(f"the fix did not clear {f.fix_metric}: {before} before, {after} after")
         if works is False and fixed_leaf is None:
             why.append(f"the fix for {f.leaf} is not shown to work: its re-measure walks "
                        f"{' -> '.join(fixed_walk.path)} and stops there (evidence lacks a metric "
@@ -303,11 +303,35 @@ def grade(drill: Drill, leaf: str, evidence: dict[str, Any] | None = None, learn
             why.append(f"the fix for {f.leaf} did not remove the slowdown on re-measure "
                        f"(the fixed run still walks to {fixed_leaf})")
     if not why:
-        why.append(f"right: {' -> '.join(truth.path)}; after the fix the same probes land on {fixed_leaf}")
+        truth = flowchart.diagnose(drill.observations)
+        why.append(f"right: {' -> '.join(truth.path)}; after the fix the same probes land on {fixed_leaf}"
+                   + (f" and {f.fix_metric} = {fixed_ev.get(f.fix_metric)}" if f.fix_metric else ""))
     if started is None:  # time since the drill was handed out
         started = datetime.fromisoformat(drill.created).timestamp()
     return Grade(learner, drill.drill_id, leaf, correct, supports, works, d.path,
                  "; ".join(why), seconds=time.time() - started, fix_evidence=fixed_ev, fix_source=fixed_src)
+
+
+def contradiction(observations: dict[str, Any], leaf: str) -> str:
+    """Why ``leaf`` is wrong, from the measured evidence alone: the first question on the walk
+    whose measured answer takes the other branch from the one ``leaf`` needs, with the metric,
+    its value and the rule. Names neither the branch the evidence does take nor any leaf."""
+    truth = flowchart.diagnose(observations)
+    for s in truth.steps:
+        q = flowchart.QUESTIONS[s.question]
+        taken = q.yes if s.answer == "yes" else q.no
+        if leaf not in _reachable(taken):
+            need = "YES" if leaf in _reachable(q.yes) else "NO"
+            return (f"{leaf} is not it: {leaf} needs {q.id} ({q.text}) answered {need}, but the probes measured "
+                    f"{s.metric} = {_fmt(s.value)} against the rule {s.criterion}")
+    if truth.undecided is not None:
+        return (f"{leaf} is not shown by this evidence: the walk cannot decide {truth.undecided.id} "
+                f"({truth.undecided.text}) from it")
+    return f"{leaf} is not it: the measured evidence does not lead there"
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else repr(v)
 
 
 def _reachable(node: str) -> set[str]:

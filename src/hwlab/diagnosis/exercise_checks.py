@@ -197,6 +197,46 @@ def _toolchain_words(text: str) -> bool:
                                 "attributeerror", "ships no", "gputarget", "astsource"))
 
 
+#: a reason is a sentence, not a list of every figure in the report: at most this many numbers
+REASON_MAX_NUMBERS = 6
+_RESOURCE_WORDS = {"registers": ("register",), "shared_mem": ("shared",), "warps": ("warp", "thread")}
+
+
+def reason_figures(key: str, rep, cfg) -> set[float]:
+    """The compile report's figures for resource ``key`` that a reason may quote: registers per
+    thread; shared memory in B, KiB or KB; warps per block or threads per block."""
+    if key == "registers":
+        return {float(rep.n_regs)}
+    if key == "shared_mem":
+        b = float(rep.shared_bytes)
+        return {b, round(b / 1024), round(b / 1024, 1), round(b / 1000), round(b / 1000, 1)}
+    if key == "warps":
+        return {float(cfg.warps), float(cfg.warps * 32)}
+    return set()
+
+
+def reason_problem(reason: str, key: str, rep, cfg) -> str | None:
+    """What MY_REASON lacks, or None: it must name the limiting resource and quote that resource's
+    figure from the compile report (:func:`reason_figures`), in a sentence (at most
+    :data:`REASON_MAX_NUMBERS` numbers, so a list of every figure does not pass). The message
+    says what is missing, never the figure itself."""
+    import re
+
+    text = str(reason).lower()
+    nums = [float(x.replace(",", "")) for x in re.findall(r"\d[\d,]*(?:\.\d+)?", text)]
+    if len(nums) > REASON_MAX_NUMBERS:
+        return (f"quotes {len(nums)} numbers: write one sentence with the figure that matters "
+                f"(at most {REASON_MAX_NUMBERS} numbers)")
+    words = _RESOURCE_WORDS.get(key, ())
+    if words and not any(w in text for w in words):
+        return "does not name the resource that limits the occupancy"
+    figs = reason_figures(key, rep, cfg)
+    if figs and not any(any(abs(n - f) < 0.05 for f in figs) for n in nums):
+        return ("does not quote that resource's figure from the compile report (the static sm_90a compile "
+                "of your config: registers per thread, shared memory per block, or warps per block)")
+    return None
+
+
 def check_limiter(cfg, limiter: str | None, reason: str | None, device=None) -> ExerciseResult:
     """Exercise 02's checker: the config compiles for sm_90a without spills, the learner's
     named limiter is one that binds in its occupancy, and (GPU) it reaches the speed band of
@@ -231,6 +271,9 @@ def check_limiter(cfg, limiter: str | None, reason: str | None, device=None) -> 
         return ExerciseResult(name, "wrong", f"{facts}: {e}")
     binds = ", ".join(occ.binding)
     table = ", ".join(f"{k} {v}" for k, v in occ.blocks_by_limit.items())
+    bad_reason = reason_problem(reason, key, rep, cfg)
+    if key in occ.binding and bad_reason:
+        return ExerciseResult(name, "wrong", f"MY_LIMITER matches; MY_REASON {bad_reason}")
     if key == "spills":
         return ExerciseResult(name, "wrong", f"{facts}: nothing spills, so spills do not limit it; blocks per "
                               f"SM by limit: {table}: {binds} bind{'s' if len(occ.binding) == 1 else ''}.")

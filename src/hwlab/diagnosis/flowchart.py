@@ -21,6 +21,23 @@ numeric metric a probe produced (with what measured it, from the evidence's opti
 typed (the questions' ``bool_metric``, used only when no metric is present). Printed walks
 show it per step, and a walk with a by-hand answer ends in a NOTE saying so
 (:attr:`Diagnosis.by_hand`, :attr:`Diagnosis.fully_measured`).
+
+Three checks sit beside each measured answer (:mod:`hwlab.flowchart_checks` holds the rules):
+
+* **validity first**: each metric has a physical range (:data:`PHYSICAL_RANGES`, e.g. a DRAM share
+  at most 100% of the reachable copy rate, a sector amplification at least 1); a value outside it
+  is not evidence: the walk names it, says why and what to re-measure, and decides on the
+  question's other metrics or stops there (:attr:`Diagnosis.invalid`);
+* **borderline**: with the evidence's optional ``metric_spreads`` (metric -> ``[lo, hi]``: the
+  p10-p90 or the repeats' range), a threshold inside the spread marks the step borderline: it
+  names the other branch and what to re-run; a metric without a spread says "spread not
+  recorded" rather than inventing one (:attr:`Step.borderline`);
+* **estimated, not measured**: a metric from a model of bytes or FLOPs over a measured time
+  (``*_estimated``, or listed in the evidence's ``metric_estimated``) is shown as estimated, and
+  a walk that used one never says "every answer was measured".
+
+After the leaf, lenses add what the leaf alone hides (:func:`hwlab.flowchart_checks.lenses`): the
+overlap a slow link allowed, and the floor of lower-byte alternatives near a step's own floor.
 """
 from __future__ import annotations
 
@@ -29,6 +46,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hwlab.core.roofline import evidence_from_measurement  # noqa: F401  (re-exported: built on the core floor)
+from hwlab import flowchart_checks as checks
+from hwlab.flowchart_checks import PHYSICAL_RANGES  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
@@ -85,6 +104,11 @@ QUESTIONS: dict[str, Question] = {q.id: q for q in [
         Criterion("dram_pct_estimated", ">=", 60.0, "% of measured copy bandwidth (estimated)",
                   "bytes the kernel moves by the lab's traffic model over time, against the "
                   "copy bandwidth this machine measured; used where counters are absent."),
+        Criterion("dram_pct_required_estimated", ">=", 60.0,
+                  "% of measured copy bandwidth, required bytes only (estimated)",
+                  "the bytes the work must move (each input and output once) over its time: DRAM "
+                  "traffic it cannot avoid. It decides where the moved-bytes estimate is invalid "
+                  "(over 100% of the copy rate: the re-read bytes came from a cache, not DRAM)."),
         Criterion("sector_amplification", ">=", 2.0, "x sectors per request over ideal",
                   "uncoalesced access: each warp request touches more 32-byte sectors than "
                   "the bytes it needs (ideal 4 for 4-byte lanes); >= 2x means half or more of "
@@ -146,9 +170,9 @@ LEAVES: dict[str, Leaf] = {l.id: l for l in [
         "save nvidia-smi topo -m and the rank-to-device map; find pairs crossing SYS/PCIe",
         "regroup TP ranks onto NVLink-adjacent GPUs; bind processes to the GPU's NUMA node",
         "log NCCL's chosen route (NCCL_DEBUG=INFO) and per-rank step times",
-        "rule 3c, did the overlap really happen: overlap_hidden_pct (measured share of the "
-        "communication hidden under compute) under 50% leaves the collective on the critical path; "
-        "a link whose all-reduce outlasts the compute cannot be hidden, so move the traffic off it"),
+        "rule 3c, did the overlap really happen: overlap_hidden_pct (time saved over what could hide, "
+        "min(comm alone, compute alone)) under 50% leaves it on the critical path; at 50% or more, "
+        "a link whose all-reduce outlasts the compute is the limiter: move the traffic off it"),
         "03_cross_link_tp"),
     Leaf("M", "shape bucket / cache / fallback", (
         "benchmark the real shape mix, not one tuned shape; split prefill and decode",
@@ -182,6 +206,14 @@ class Step:
     source: str | None = None
     #: ranks the rank-tail figure was measured over (the K question), when the evidence says
     n_ranks: int | None = None
+    #: the metric's measured spread ``(lo, hi)`` and what it is (p10-p90, repeats), None: not recorded
+    spread: tuple[float, float] | None = None
+    spread_what: str = ""
+    #: the threshold lies inside the spread: a re-run may take ``other_branch``
+    borderline: bool = False
+    other_branch: str = ""
+    #: the metric is a model's estimate (bytes or FLOPs by a model over a measured time)
+    estimated: bool = False
 
     @property
     def by_hand(self) -> bool:
@@ -193,15 +225,40 @@ class Step:
         extra = [self.source] if self.source else []
         if self.n_ranks is not None:
             extra.append(f"over {self.n_ranks} rank{'s' if self.n_ranks != 1 else ''}")
-        return "[measured" + (": " + "; ".join(extra) if extra else "") + "]"
+        head = "[ESTIMATED by a model over measured times" if self.estimated else "[measured"
+        return head + (": " + "; ".join(extra) if extra else "") + "]"
+
+    def spread_text(self) -> str:
+        """The spread beside the value, and BORDERLINE with what to re-run when the threshold is inside it."""
+        if self.by_hand:
+            return ""
+        if self.spread is None:
+            return " (spread not recorded)"
+        lo, hi = self.spread
+        what = f", {self.spread_what}" if self.spread_what else ""
+        if not self.borderline:
+            return f" (spread {_fmt(lo)}-{_fmt(hi)}{what})"
+        return (f" BORDERLINE: spread {_fmt(lo)}-{_fmt(hi)}{what} contains the threshold; one re-run may "
+                f"take the other branch ({self.other_branch}): re-run with more repeats or a longer input "
+                "before acting on this answer")
 
     def __str__(self) -> str:
         if self.overridden:
             return (f"{self.question}. {self.text} -> takes the NO branch: {self.metric} = "
                     f"{_fmt(self.value)} ({self.criterion}) explains it first: {self.reason} "
-                    f"{self.provenance()}")
+                    f"{self.provenance()}{self.spread_text()}")
         return (f"{self.question}. {self.text} -> {self.answer.upper()} "
-                f"({self.metric} = {_fmt(self.value)}; rule {self.criterion}) {self.provenance()}")
+                f"({self.metric} = {_fmt(self.value)}; rule {self.criterion}) {self.provenance()}"
+                f"{self.spread_text()}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"question": self.question, "answer": self.answer, "metric": self.metric,
+                "value": self.value, "rule": self.criterion, "overridden": self.overridden,
+                "how": "estimated" if self.estimated and not self.by_hand else self.how,
+                "source": self.source, "n_ranks": self.n_ranks,
+                "spread": list(self.spread) if self.spread else None,
+                "spread_what": self.spread_what or None, "borderline": self.borderline,
+                "other_branch": self.other_branch or None}
 
 
 @dataclass
@@ -209,6 +266,10 @@ class Diagnosis:
     steps: list[Step] = field(default_factory=list)
     leaf: Leaf | None = None
     undecided: Question | None = None
+    #: metrics present but outside their physical range: not used as evidence (:class:`~hwlab.flowchart_checks.Invalid`)
+    invalid: list = field(default_factory=list)
+    #: lines the lenses add after the leaf (overlap against what could hide, fewer bytes)
+    lens_notes: list[str] = field(default_factory=list)
 
     @property
     def leaf_id(self) -> str | None:
@@ -237,23 +298,61 @@ class Diagnosis:
         """metric -> value of every measured answer on the walk (what decided it)."""
         return {s.metric: s.value for s in self.steps if not s.by_hand}
 
+    @property
+    def estimated(self) -> list[Step]:
+        """The steps answered by an estimated metric (a model over a measured time)."""
+        return [s for s in self.steps if s.estimated and not s.by_hand]
+
+    @property
+    def borderline(self) -> list[Step]:
+        """The steps whose metric's measured spread contains the threshold."""
+        return [s for s in self.steps if s.borderline]
+
     def explain(self) -> str:
-        lines = [str(s) for s in self.steps]
+        lines = []
+        for s in self.steps:
+            lines += [str(iv) for iv in self.invalid if iv.question == s.question]
+            lines.append(str(s))
         if self.leaf:
             lines.append(f"=> {self.leaf.id}: {self.leaf.title}")
             lines += [f"   next: {a}" for a in self.leaf.actions]
         elif self.undecided:
             q = self.undecided
-            need = ", ".join(c.metric for c in q.criteria)
-            lines.append(f"=> cannot decide at {q.id} ({q.text}): evidence lacks {need}; "
-                         f"run {q.probe}")
+            bad = [iv for iv in self.invalid if iv.question == q.id]
+            lines += [str(iv) for iv in bad]
+            if bad:
+                lines.append(f"=> cannot decide at {q.id} ({q.text}): its only metrics here are outside their "
+                             f"physical range, so they are not evidence; re-measure as said above, or run {q.probe}")
+            else:
+                need = ", ".join(c.metric for c in q.criteria)
+                lines.append(f"=> cannot decide at {q.id} ({q.text}): evidence lacks {need}; "
+                             f"run {q.probe}")
+        lines += self.lens_notes
+        if self.borderline:
+            qs = ", ".join(f"{s.question} ({s.metric})" for s in self.borderline)
+            lines.append(f"BORDERLINE at {qs}: the measured spread contains the threshold, so this leaf is one "
+                         "re-run from the other branch; re-run with more repeats or a longer input before acting")
         if self.by_hand:
             qs = ", ".join(f"{s.question} ({s.metric})" for s in self.by_hand)
             lines.append(f"NOTE: answered by hand, not measured, at {qs}: this walk is only as good "
                          "as those answers; run the probes named above to measure them.")
+        elif self.estimated:
+            qs = ", ".join(f"{s.question} ({s.metric})" for s in self.estimated)
+            lines.append(f"every answer on this walk was measured except the estimate at {qs}: a model's "
+                         "bytes or FLOPs over a measured time; counters (ncu) would measure it")
         elif self.steps:
             lines.append("every answer on this walk was measured")
         return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The walk as strict-JSON data: steps with spread, borderline and how each was answered."""
+        return {"path": self.path, "leaf": self.leaf_id,
+                "undecided_at": self.undecided.id if self.undecided else None,
+                "steps": [s.to_dict() for s in self.steps],
+                "invalid": [iv.to_dict() for iv in self.invalid],
+                "borderline": [s.question for s in self.borderline],
+                "estimated": [s.question for s in self.estimated],
+                "lens_notes": list(self.lens_notes), "explain": self.explain()}
 
     __str__ = explain
 
@@ -265,8 +364,9 @@ def _fmt(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else repr(v)
 
 
-#: evidence keys that are not metrics: where each metric came from, and over how many ranks
-META_KEYS = ("metric_sources", "n_ranks")
+#: evidence keys that are not metrics: where each metric came from, over how many ranks, each
+#: metric's measured spread, which metrics are estimates, the lower-byte alternatives' floors
+META_KEYS = ("metric_sources", "n_ranks", "metric_spreads", "metric_estimated", "alt_floors_us")
 
 
 def diagnose(evidence: dict[str, Any]) -> Diagnosis:
@@ -281,23 +381,47 @@ def diagnose(evidence: dict[str, Any]) -> Diagnosis:
     """
     sources = evidence.get("metric_sources") or {}
     n_ranks = evidence.get("n_ranks")
+    spreads = checks.spreads_of(evidence)
+    estimated = checks.estimated_metrics(evidence)
 
-    def step(q: Question, ans: str, c: Criterion, v: Any, overridden: bool = False) -> Step:
+    def step(q: Question, ans: str, c: Criterion, v: Any, overridden: bool = False,
+             others: tuple = ()) -> Step:
+        sp, what = spreads.get(c.metric, (None, ""))
+        other = q.no if ans == "yes" else q.yes
+        border = checks.straddles(c, sp)
+        if not border and ans == "no" and not overridden:  # another present criterion may flip it to yes
+            border = any(checks.straddles(o, spreads.get(o.metric, (None, ""))[0]) for o, _ in others)
         return Step(q.id, q.text, ans, c.metric, v, c.describe(), c.reason, overridden=overridden,
                     source=sources.get(c.metric),
-                    n_ranks=n_ranks if c.metric == "rank_tail_pct" else None)
+                    n_ranks=n_ranks if c.metric == "rank_tail_pct" else None,
+                    spread=sp, spread_what=what, borderline=border,
+                    other_branch=f"{'NO' if ans == 'yes' else 'YES'} -> {other}",
+                    estimated=c.metric in estimated)
+
+    def valid(q: Question, crits: tuple[Criterion, ...]) -> list[tuple[Criterion, Any]]:
+        out = []
+        for c in crits:
+            v = evidence.get(c.metric)
+            if v is None:
+                continue
+            bad = checks.check_range(q.id, c.metric, v)
+            if bad is not None:
+                if all(iv.metric != c.metric for iv in d.invalid):
+                    d.invalid.append(bad)
+                continue
+            out.append((c, v))
+        return out
 
     d = Diagnosis()
     node = START
     for _ in range(len(QUESTIONS) + 1):
         if node in LEAVES:
             d.leaf = LEAVES[node]
+            d.lens_notes = checks.lenses(d, evidence)
             return d
         q = QUESTIONS[node]
-        present = [(c, evidence[c.metric]) for c in q.criteria
-                   if evidence.get(c.metric) is not None]
-        forced = [(c, evidence[c.metric]) for c in q.overrides_no
-                  if evidence.get(c.metric) is not None and c.holds(float(evidence[c.metric]))]
+        present = valid(q, q.criteria)
+        forced = [(c, v) for c, v in valid(q, q.overrides_no) if c.holds(float(v))]
         if forced:
             c, v = forced[0]
             ans = "no"
@@ -306,8 +430,9 @@ def diagnose(evidence: dict[str, Any]) -> Diagnosis:
             hits = [(c, v) for c, v in present if c.holds(float(v))]
             c, v = hits[0] if hits else present[0]
             ans = "yes" if hits else "no"
-            d.steps.append(step(q, ans, c, v))
-        elif q.bool_metric and evidence.get(q.bool_metric) is not None:
+            d.steps.append(step(q, ans, c, v, others=tuple((o, w) for o, w in present if o is not c)))
+        elif q.bool_metric and evidence.get(q.bool_metric) is not None and not any(
+                iv.question == q.id for iv in d.invalid):
             ans = "yes" if evidence[q.bool_metric] else "no"
             d.steps.append(Step(q.id, q.text, ans, q.bool_metric, evidence[q.bool_metric],
                                 "answered by hand", "observed by the engineer, not measured",

@@ -206,7 +206,7 @@ def report(run_dir: str | Path, *, skip: int = DEFAULT_SKIP, nccl_logs: list[str
            "mapping_warnings": findings, "placement": {str(k): v for k, v in placement.items()},
            "spikes": _spike_summary(stats), "nccl_routes": routes,
            "flowchart": {"evidence": ev, "path": d.path, "leaf": d.leaf_id, "unmeasured": unmeasured,
-                         "explain": d.explain()},
+                         "explain": d.explain(), "walk": d.to_dict()},
            "notes": notes, "problems": problems}
     rep["nvml"] = nvml_by_rank(sorted(run_dir.glob("*/nvml-rank-*.json")))
     rep["incident_draft"] = _incident(rep, d, caps, nodes)

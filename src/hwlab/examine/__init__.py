@@ -122,6 +122,9 @@ class Examination:
                                 "how": s.how, "source": self.evidence_sources.get(s.metric, "by hand")}
                                for s in d.steps],
                      "explain": d.explain(),
+                     "borderline": d.to_dict()["borderline"], "invalid": d.to_dict()["invalid"],
+                     "estimated": d.to_dict()["estimated"], "lens_notes": list(d.lens_notes),
+                     "spreads": {s.question: (list(s.spread) if s.spread else None) for s in d.steps},
                      "actions": list(d.leaf.actions) if d.leaf else [], "lab": self.lab},
             "incident_draft": self.incident.__dict__, "notes": self.notes,
         }

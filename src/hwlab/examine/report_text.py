@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hwlab.flowchart_checks import check_range
+
 
 def _b(n: float | None) -> str:
     if n is None:
@@ -54,7 +56,7 @@ def render(ex) -> str:
     if ex.ncu:
         lines += ["", f"Nsight Compute ({ex.ncu['n_kernels']} kernels, counted)"]
         lines += [f"  {k} = {_v(v)}" for k, v in ex.ncu["evidence"].items()]
-    lines += ["", "evidence (measured; source of each)"]
+    lines += ["", "evidence (measured, or estimated where the source says so; source of each)"]
     lines += [f"  {k} = {_v(v)}   [{ex.evidence_sources.get(k, '?')}]" for k, v in ex.evidence.items()]
     lines += ["", "walk"] + ["  " + s for s in ex.diagnosis.explain().splitlines()]
     if ex.lab:
@@ -105,17 +107,20 @@ def plot_slowdowns(rows: list[dict[str, Any]], source: str, ax=None):
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """The rows of :func:`table` as fixed-width text; '-' where a metric was not measured."""
-    def f(v: Any, spec: str, unit: str = "") -> str:
-        return "-" if v is None else f"{v:{spec}}{unit}"
+    """The rows of :func:`table` as fixed-width text; '-' where a metric was not measured, 'invalid'
+    where it is outside its physical range (not evidence: :mod:`hwlab.flowchart_checks`)."""
+    def f(v: Any, spec: str, unit: str = "", metric: str = "") -> str:
+        if v is None:
+            return "-"
+        return "invalid" if metric and check_range("", metric, v) is not None else f"{v:{spec}}{unit}"
 
     head = (f"{'function':16s} {'leaf':4s} {'expected':8s} {'path':14s} {'slowdown':>9s} {'dram est':>9s} "
             f"{'sectors':>8s} {'tensor':>7s} {'gap':>6s} {'spills':>6s}")
     lines = [head]
     for r in rows:
         lines.append(f"{r['function']:16s} {r['leaf'] or '?':4s} {r['expected'] or '':8s} {r['path']:14s} "
-                     f"{f(r['slowdown_vs_floor'], '9.2f', 'x'):>10s} {f(r['dram_pct_estimated'], '7.1f', '%'):>9s} "
-                     f"{f(r['sector_amplification'], '6.1f', 'x'):>8s} {f(r['tensor_pct_of_peak'], '5.1f', '%'):>7s} "
+                     f"{f(r['slowdown_vs_floor'], '9.2f', 'x'):>10s} {f(r['dram_pct_estimated'], '7.1f', '%', 'dram_pct_estimated'):>9s} "
+                     f"{f(r['sector_amplification'], '6.1f', 'x', 'sector_amplification'):>8s} {f(r['tensor_pct_of_peak'], '5.1f', '%'):>7s} "
                      f"{f(r['launch_gap_pct'], '4.1f', '%'):>6s} {f(r['n_spills'], 'd'):>6s}"
                      + (f"  ERROR {r['error']}" if r.get("error") else ""))
     return "\n".join(lines)

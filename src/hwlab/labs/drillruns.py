@@ -13,9 +13,25 @@ Every evidence dict answers the chart's questions from measurements:
   one step) over what the kernel's own median predicts (:func:`scenarios.one_gpu_service`);
 * K ``rank_tail_pct`` with ``n_ranks``: from the per-step times of the process's ranks.
 
+Two scenarios from the seed's checklist:
+
+* ``syncpoint``: a step of GPU work followed by the host's own per-step work, with (``item``) and
+  without (``async``) a per-step ``.item()``. With the sync the host waits for the GPU and the
+  GPU then idles through the host's work: the launch gap and the host's step time show it.
+  The host work is a timed busy loop (a stand-in for logging or scheduling, said so in the
+  evidence) of :data:`SYNC_HOST_OVER_GPU` times the kernels' own time: the sync's idle time is
+  then the larger part of the step (the chart's launch-gap line is 50%), and without the sync
+  the host's work hides under the queued kernels up to that same factor (within B's 1.5x).
+* ``badcard``: the node's bad card. The kernels are measured live (Lab 1's fused chain: a
+  healthy kernel); the card's state is an NVML snapshot compared with the node's recorded
+  baseline (``recorded/h200/baseline.json``): new throttle reasons, uncorrected ECC errors and
+  pending row remaps. A lent card is healthy, so the faulty case's snapshot is *constructed*
+  from this card's real one with those fields set, and labelled so; the fixed case (the
+  healthy card swapped in) is the real snapshot.
+
 Where runs happen: ``chain`` (Lab 1), ``dtype`` and ``workload`` (scenarios) and ``fp8``
-(Lab 4's decoder) run on a CPU at small sizes as well as on a GPU; ``tile`` and ``launch``
-need a GPU (a Triton GEMM's speed, CUDA graphs); ``slowlink`` needs several ranks behind a
+(Lab 4's decoder) run on a CPU at small sizes as well as on a GPU; ``tile``, ``launch``,
+``syncpoint`` and ``badcard`` need a GPU (a Triton GEMM's speed, CUDA graphs, device queues, NVML); ``slowlink`` needs several ranks behind a
 shaped link (root, network namespaces), so it always comes from its recorded CPU run. A
 machine that cannot run a scenario reads it from the kit's recorded drill runs
 (``recorded/h200/drills.json``, field ``runs``: each (scenario, case) measured on the H200).
@@ -38,7 +54,7 @@ from hwlab.labs import bandwidth, fp8, registers, scenarios
 BY_HAND_KEYS = ("single_gpu_slow", "multi_gpu_or_service_slow", "rank_tail")
 
 CPU_OK = ("chain", "dtype", "workload", "fp8")
-GPU_ONLY = ("tile", "launch")
+GPU_ONLY = ("tile", "launch", "syncpoint", "badcard")
 RECORDED_ONLY = ("slowlink",)
 
 
@@ -151,6 +167,166 @@ def _launch(case: str, dev) -> dict[str, Any]:
     return ev
 
 
+#: the host's own per-step work in the sync-point drill, over the step's kernel time (module doc)
+SYNC_HOST_OVER_GPU = 1.2
+
+
+def _syncpoint(case: str, dev) -> dict[str, Any]:
+    """A step of bf16 GEMMs, a per-step ``.item()`` (``item``) or none (``async``), then the
+    host's own work (module doc); B, the launch gap and D/K measured, the host's step time beside."""
+    import time
+    size, n_mm = (4096, 8) if dev.type == "cuda" else (128, 4)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x0 = torch.randn(size, size, generator=g).to(dev, torch.bfloat16)
+    ws = [(torch.randn(size, size, generator=g) / size ** 0.5).to(dev, torch.bfloat16) for _ in range(n_mm)]
+
+    def gpu_work():
+        y = x0
+        for w in ws:
+            y = torch.tanh(y @ w)
+        return y
+
+    ref = gpu_work().float()
+    if not torch.isfinite(ref).all() or ref.abs().max() == 0:
+        raise RuntimeError("sync-point workload produced non-finite or all-zero output")
+    busy_ms = _kernel_busy_ms(gpu_work)
+    host_s = SYNC_HOST_OVER_GPU * busy_ms / 1e3
+
+    def host_work():
+        end = time.perf_counter() + host_s
+        while time.perf_counter() < end:
+            pass
+
+    def step():
+        y = gpu_work()
+        if case == "item":
+            y[0, 0].item()  # the new sync point: the host waits for the step's kernels
+        host_work()
+        return y
+
+    t = time_fn(step, [()], dev, n_warmup=5, n_rep=40)
+    host = []
+    for _ in range(20):
+        h0 = time.perf_counter()
+        step()
+        host.append((time.perf_counter() - h0) * 1e3)
+    torch.cuda.synchronize(dev)
+    n_bytes = n_mm * 3 * size * size * 2
+    ev = {"slowdown_vs_floor": t.median_ms / busy_ms,
+          "dram_pct_estimated": 100.0 * n_bytes / (t.median_ms * 1e-3) / 1e9 / _copy_gbps(dev),
+          "launch_gap_pct": max(0.0, 100.0 * (1 - busy_ms / t.median_ms)),
+          "kernel_busy_ms": busy_ms, "step_ms": t.median_ms,
+          "host_step_ms": sorted(host)[len(host) // 2], "host_work_ms": host_s * 1e3,
+          "n_kernels_per_step": 2 * n_mm,
+          "metric_spreads": {"slowdown_vs_floor": {"lo": t.p10_ms / busy_ms, "hi": t.p90_ms / busy_ms,
+                                                   "what": f"p10-p90 over {len(t.samples_ms)} steps", "n": len(t.samples_ms)}}}
+    ev.update(_service(step, lambda: (), t.median_ms, dev))
+    ev["metric_sources"] = {
+        "slowdown_vs_floor": f"step (median of {len(t.samples_ms)}, device events) over its kernels' device "
+                             "time (torch.profiler, same run)",
+        "launch_gap_pct": "1 - kernels' device time / step time, both measured in this run",
+        "dram_pct_estimated": "the GEMMs' operand bytes over the step time, vs the copy ceiling measured in this run",
+        "host_step_ms": "host wall time per step (perf_counter, median of 20): with a sync it waits for the GPU",
+        "host_work_ms": f"the host's own per-step work: a timed busy loop of {SYNC_HOST_OVER_GPU}x the kernels' "
+                        "time standing in for logging / scheduling (constructed load, not a measurement)",
+        **scenarios.SERVICE_SOURCE}
+    return ev
+
+
+#: the NVML fields a bad card shows, set on a real snapshot for the constructed faulty case
+BAD_CARD_FIELDS = {"clock_event_reasons": ["hw_slowdown", "sw_thermal_slowdown"],
+                   "ecc_uncorrected_added": 2, "remapped_rows_pending": 1}
+
+
+def _bad_card_reasons() -> frozenset[str]:
+    """Clock-event reasons that are signs of a bad card: every throttle reason but the software
+    power cap. A card at its power limit under load holds its clocks down by design (a healthy
+    H200 read right after a heavy kernel reports it); a slowdown from the hardware or from heat
+    is not part of normal operation."""
+    from hwlab.core.system import THROTTLE_REASONS
+    return frozenset(THROTTLE_REASONS - {"sw_power_cap"})
+
+
+def card_state_vs_baseline(gpu: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """The hardware signs of a bad card in one GPU's NVML state against the node's baseline
+    state of the same card: throttle reasons not in the baseline (the power cap excepted:
+    :func:`_bad_card_reasons`), uncorrected ECC errors added, pending or failed row remaps."""
+    r0 = set(base.get("clock_event_reasons") or []) if isinstance(base.get("clock_event_reasons"), list) else set()
+    r1 = set(gpu.get("clock_event_reasons") or []) if isinstance(gpu.get("clock_event_reasons"), list) else set()
+    new_thr = sorted((r1 - r0) & _bad_card_reasons())
+    e0 = (base.get("ecc_errors_volatile") or {}).get("uncorrected", 0) if isinstance(base.get("ecc_errors_volatile"), dict) else 0
+    e1 = (gpu.get("ecc_errors_volatile") or {}).get("uncorrected", 0) if isinstance(gpu.get("ecc_errors_volatile"), dict) else 0
+    rr = gpu.get("remapped_rows") if isinstance(gpu.get("remapped_rows"), dict) else {}
+    remap = int(rr.get("pending") or 0) + int(rr.get("failure") or 0)
+    ecc_new = max(0, int(e1) - int(e0))
+    return {"throttle_reasons_new": len(new_thr), "throttle_reasons": new_thr, "ecc_uncorrected_new": ecc_new,
+            "power_capped": int("sw_power_cap" in r1),
+            "remapped_rows_pending": remap,
+            "hw_deviations_vs_baseline": int(bool(new_thr)) + int(ecc_new > 0) + int(remap > 0)}
+
+
+def constructed_bad_card(gpu: dict[str, Any]) -> dict[str, Any]:
+    """A real GPU state with :data:`BAD_CARD_FIELDS` set (throttle reasons, ECC, row remap)."""
+    import copy
+    g = copy.deepcopy(gpu)
+    g["clock_event_reasons"] = list(BAD_CARD_FIELDS["clock_event_reasons"])
+    ecc = dict(g.get("ecc_errors_volatile") or {}) if isinstance(g.get("ecc_errors_volatile"), dict) else {}
+    ecc["uncorrected"] = int(ecc.get("uncorrected", 0)) + BAD_CARD_FIELDS["ecc_uncorrected_added"]
+    g["ecc_errors_volatile"] = ecc
+    rr = dict(g.get("remapped_rows") or {}) if isinstance(g.get("remapped_rows"), dict) else {}
+    rr["pending"] = BAD_CARD_FIELDS["remapped_rows_pending"]
+    g["remapped_rows"] = rr
+    g["constructed"] = "from this card's real NVML snapshot with throttle reasons, ECC errors and a pending row remap set"
+    return g
+
+
+def rederive_card_state(ev: dict[str, Any]) -> dict[str, Any]:
+    """A recorded bad-card observation re-read through :func:`card_state_vs_baseline` from the
+    NVML state it holds (``nvml_state``) and the node's recorded baseline: no new measurement."""
+    base = ((recorded("baseline").snapshot or {}).get("gpus") or [{}])[0]
+    out = dict(ev)
+    out.update({k: v for k, v in card_state_vs_baseline(ev["nvml_state"], base).items() if not isinstance(v, list)})
+    out["metric_sources"] = {**(ev.get("metric_sources") or {}), "power_capped": POWER_CAP_SOURCE}
+    return out
+
+
+#: what ``power_capped`` is: read, and beside the bad-card signs, never one of them
+POWER_CAP_SOURCE = ("the card's NVML clock-event reasons include sw_power_cap: at its power limit under load, "
+                    "normal for a healthy card, so not counted in hw_deviations_vs_baseline")
+
+
+def _badcard(case: str, dev) -> dict[str, Any]:
+    """Kernels measured live (Lab 1's fused chain) and the card's NVML state against the node's
+    recorded baseline; ``throttled``: the state constructed from the real one (module doc)."""
+    from hwlab.core.system import snapshot
+    snap = snapshot()
+    gpus = snap.get("gpus") or []
+    if not gpus:
+        raise RuntimeError(f"NVML gives no GPU state here ({snap.get('nvml')}): the bad-card drill needs it")
+    idx = dev.index or 0
+    real = gpus[idx]
+    base_ev = recorded("baseline")
+    base = ((base_ev.snapshot or {}).get("gpus") or [{}])[0]
+    state = constructed_bad_card(real) if case == "throttled" else real
+    ev = _chain("fused", dev)
+    cmp_ = card_state_vs_baseline(state, base)
+    ev.update({k: v for k, v in cmp_.items() if not isinstance(v, list)})
+    ev.update({"sm_clock_mhz": real.get("sm_clock_mhz"), "temperature_c": real.get("temperature_c")})
+    srcs = ev["metric_sources"]
+    how = ("CONSTRUCTED: this card's real NVML snapshot with throttle reasons, ECC errors and a pending row "
+           "remap set (a lent card is healthy), against" if case == "throttled" else
+           "this card's real NVML snapshot, against")
+    for k in cmp_:
+        if not isinstance(cmp_[k], list):
+            srcs[k] = f"{how} the node's recorded baseline ({base_ev.label})"
+    srcs["power_capped"] = POWER_CAP_SOURCE
+    srcs["sm_clock_mhz"] = srcs["temperature_c"] = "this card's real NVML snapshot, read before this drill's kernels ran"
+    ev["nvml_state"] = {k: state.get(k) for k in ("name", "clock_event_reasons", "ecc_errors_volatile",
+                                                  "remapped_rows", "sm_clock_mhz", "temperature_c", "constructed")
+                        if k in state}
+    return {k: v for k, v in ev.items() if v is not None}
+
+
 def _dtype(case: str, dev) -> dict[str, Any]:
     d = scenarios.dtype_path(device=dev, copy_gbps=_copy_gbps(dev), cases=(case,))
     return d["flowchart_evidence"][case]
@@ -177,7 +353,8 @@ def _slowlink(case: str) -> tuple[dict[str, Any], str]:
 
 
 LIVE: dict[str, Callable[[str, torch.device], dict[str, Any]]] = {
-    "chain": _chain, "tile": _tile, "launch": _launch, "dtype": _dtype, "workload": _workload, "fp8": _fp8}
+    "chain": _chain, "tile": _tile, "launch": _launch, "dtype": _dtype, "workload": _workload, "fp8": _fp8,
+    "syncpoint": _syncpoint, "badcard": _badcard}
 
 
 def live_label(dev) -> str:

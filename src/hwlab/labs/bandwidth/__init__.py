@@ -44,6 +44,7 @@ from hwlab.core.measure import (
 from hwlab.core.probes import hbm_copy
 from hwlab.core.roofline import evidence_from_measurement
 from hwlab.labs import scenarios
+from hwlab.core.roofline import slowdown_spread
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -291,7 +292,11 @@ def result_from_evidence(ev) -> LabResult:
     """Rebuild a :class:`LabResult` from a recorded evidence file (for CPU replay); walk it with
     :func:`hwlab.diagnosis.flowchart.walk_cases`."""
     ms = {m.name: m for m in ev.results}
-    evid = ev.extra.get("flowchart_evidence", {})
+    evid = {k: dict(v) for k, v in ev.extra.get("flowchart_evidence", {}).items()}
+    for k, e in evid.items():  # B's spread re-derived from the recorded timing's p10-p90
+        sp = slowdown_spread(ms[k], e.get("slowdown_vs_floor")) if k in ms else None
+        if sp and "metric_spreads" not in e:
+            e["metric_spreads"] = {"slowdown_vs_floor": sp}
     return LabResult(ms, evid, params=ev.extra.get("params", {}), service=ev.extra.get("service", {}))
 
 

@@ -7,11 +7,15 @@ and the next micro-batch computes while it travels; the step waits for all of th
 The same launch also times the micro-batched compute alone and the same all-reduces alone
 (blocking, one after another), round by round, so the three times share the machine's load. Defined once:
 
-    hidden_pct = 100 * (t_comm_alone + t_compute_alone - t_overlapped) / t_comm_alone
+    hidden_pct = 100 * (t_comm_alone + t_compute_alone - t_overlapped) / min(t_comm_alone, t_compute_alone)
 
-clamped to 0..100: 100 means the communication cost nothing extra, 0 that overlapping saved
-nothing. It can only reach 100 when ``t_comm_alone <= t_compute_alone``: a link so slow that its
-all-reduce outlasts the compute cannot be hidden behind it, whatever the code does.
+the time saved over what could hide: only the shorter of the two can hide under the other, so
+100 means overlap saved all it could, 0 that it saved nothing. Measured against the
+communication alone, a link so slow that its all-reduce outlasts the compute could never
+reach 100 and would read as "overlap failed" when overlap did everything possible; against
+what could hide, the walk can tell the two cases apart (the slow link is then the limiter).
+Not clamped: a value outside 0..100 (overlapping cost time, or saved more than could hide)
+is noise rather than a measurement of overlap, and the flowchart's validity check says so.
 """
 from __future__ import annotations
 
@@ -62,11 +66,11 @@ def overlapped(x, shards, group, micro: int, kernel: str = "healthy") -> list[to
 
 
 def hidden_pct(t_comm_alone_ms: float, t_compute_alone_ms: float, t_overlapped_ms: float) -> float:
-    """Share of the communication hidden under compute (module doc), clamped to 0..100."""
-    if t_comm_alone_ms <= 0:
-        raise ValueError("t_comm_alone_ms must be positive")
-    pct = 100.0 * (t_comm_alone_ms + t_compute_alone_ms - t_overlapped_ms) / t_comm_alone_ms
-    return max(0.0, min(100.0, pct))
+    """Time saved by overlapping over what could hide, min(comm alone, compute alone), in %
+    (module doc); not clamped."""
+    if t_comm_alone_ms <= 0 or t_compute_alone_ms <= 0:
+        raise ValueError("t_comm_alone_ms and t_compute_alone_ms must be positive")
+    return 100.0 * (t_comm_alone_ms + t_compute_alone_ms - t_overlapped_ms) / min(t_comm_alone_ms, t_compute_alone_ms)
 
 
 def overlap_report(results: list[dict[str, Any]], mapping: str, ranks: list[int]) -> dict[str, Any]:

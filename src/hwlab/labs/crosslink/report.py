@@ -23,6 +23,7 @@ from typing import Any
 
 from hwlab.core.measure import quantile
 from hwlab.core.tails import spikes, tail_split
+from hwlab.core.measure import spread_of
 
 OWN_QUANTILE = 0.25
 
@@ -77,13 +78,27 @@ def straggler_report(results: list[dict[str, Any]]) -> StragglerReport:
     return StragglerReport(per, tail, tail_pct, tail_ms, step, len(per), series, notes)
 
 
-def paired_ratio(num: list[dict], den: list[dict]) -> float:
-    """Median over rounds of (median rank's step in ``num``) / (same in ``den``): the two
-    phases ran in the same rounds, so load on the machine cancels round by round."""
+def paired_ratios(num: list[dict], den: list[dict]) -> list[float]:
+    """Per round, (median rank's step in ``num``) / (same in ``den``)."""
     n = min(len(num[0]["step_ms"]), len(den[0]["step_ms"]))
     a = [statistics.median(r["step_ms"][s] for r in num) for s in range(n)]
     b = [statistics.median(r["step_ms"][s] for r in den) for s in range(n)]
-    return statistics.median(x / y for x, y in zip(a, b))
+    return [x / y for x, y in zip(a, b)]
+
+
+def paired_ratio(num: list[dict], den: list[dict]) -> float:
+    """Median over rounds of (median rank's step in ``num``) / (same in ``den``): the two
+    phases ran in the same rounds, so load on the machine cancels round by round."""
+    return statistics.median(paired_ratios(num, den))
+
+
+def tail_pct_by_round(run: list[dict]) -> list[float]:
+    """The rank-tail % of each round on its own (each rank's compute + TP all-reduce that round):
+    the spread behind the run's tail, which takes each rank's lower quartile over rounds."""
+    own = {r["rank"]: (r.get("own_ms") or [c + t for c, t in zip(r["compute_ms"], r["tp_allreduce_ms"])])
+           for r in run}
+    n = min(len(v) for v in own.values())
+    return [tail_split({k: v[s] for k, v in own.items()})[1] for s in range(n)]
 
 
 def flowchart_evidence(baseline: dict[str, Any], run: list[dict], devices_alone: list[dict],
@@ -91,9 +106,22 @@ def flowchart_evidence(baseline: dict[str, Any], run: list[dict], devices_alone:
     """B, D and K from measurements: ``slowdown_vs_floor`` (and the memory/GEMM figures the
     walk reads after a "yes") from ``baseline`` (:func:`~.block.single_device_baseline`),
     ``e2e_slowdown`` = the run's step over the devices-alone step of the same rounds,
-    ``rank_tail_pct`` with ``n_ranks``; ``metric_sources`` says what measured each."""
+    ``rank_tail_pct`` with ``n_ranks``; ``metric_sources`` says what measured each and
+    ``metric_spreads`` the spread of each over rounds (B: the baseline's rounds; D: the per-round
+    ratio; K: the per-round tail), for the walk's borderline check.
+    ``dram_pct_required_estimated``: the bytes the block must move (inputs, weights and output
+    once) over its time, % of the copy rate; it stays valid where ``dram_pct_estimated`` (the
+    bytes it does move) exceeds 100% because re-read weights came from the CPU's cache."""
+    copy = (baseline.get("ceilings") or {}).get("copy_gbps")
+    req = (100.0 * baseline["required_bytes"] / (baseline["t_ms"] * 1e-3) / 1e9 / copy
+           if copy and baseline.get("required_bytes") and baseline.get("t_ms") else None)
+    spreads = {k: v for k, v in {
+        "slowdown_vs_floor": spread_of(baseline.get("slowdown_by_round") or [], "rounds of the block alone"),
+        "e2e_slowdown": spread_of(paired_ratios(run, devices_alone), "paired rounds"),
+        "rank_tail_pct": spread_of(tail_pct_by_round(run), "rounds (tail of each round)")}.items() if v}
     ev = {"slowdown_vs_floor": baseline["slowdown_vs_floor"],
           "dram_pct_estimated": baseline["dram_pct_estimated"],
+          "dram_pct_required_estimated": req,
           "tensor_pct_of_peak": baseline["tensor_pct_of_peak"],
           "e2e_slowdown": paired_ratio(run, devices_alone),
           "rank_tail_pct": rep.tail_pct, "n_ranks": rep.n_ranks,
@@ -106,7 +134,12 @@ def flowchart_evidence(baseline: dict[str, Any], run: list[dict], devices_alone:
               "tensor_pct_of_peak": "the block's FLOP/s alone vs the measured fp32 GEMM rate",
               "e2e_slowdown": "median over rounds: the multi-rank step over the same rounds' devices-alone "
                               "step (every rank's compute, no collectives)",
-              "rank_tail_pct": "per rank, the lower quartile over steps of compute + TP all-reduce, same run"}}
+              "dram_pct_required_estimated": "the block's required bytes (each input, weight and output once) "
+                                             "over its time alone, vs the measured copy rate",
+              "rank_tail_pct": "per rank, the lower quartile over steps of compute + TP all-reduce, same run"},
+          "metric_spreads": spreads}
+    if req is None:
+        del ev["dram_pct_required_estimated"], ev["metric_sources"]["dram_pct_required_estimated"]
     ev.update({k: v for k, v in extra.items() if v is not None})
     return ev
 

@@ -21,6 +21,13 @@ Per path and context bucket of the serving stream (:mod:`.stream`, keys ``"path 
 
 ``metric_sources`` says for each metric what measured it; the profile's FP8 hit and fallback
 rates ride along (the evidence the leaf names). No by-hand answer is set.
+
+``metric_spreads`` (the flowchart's borderline check): B's spread is the range of the kernel
+sums measured for the same path and bucket (the stream's profile and, in a full run, the
+fixed-bucket run's), "not recorded" with one; D's is the p10-p90 of the steps' own TPOT over
+their prediction. ``alt_floors_us`` (the flowchart's fewer-bytes lens): the same step's floor,
+by the byte model at the same copy rate, on the lower-byte paths the kit models (an FP8 KV
+cache, FP8 weights, both), each only where it moves fewer bytes than this path.
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ from typing import Any
 from hwlab.labs.fp8.model import PATHS, ModelConfig
 from hwlab.labs.fp8.stream import percentile
 from hwlab.labs.fp8.traffic import step_bytes
+from hwlab.core.measure import spread_of
 
 
 def rank_tail_pct(step_ms_by_rank: dict[int, list[float]]) -> float:
@@ -41,8 +49,31 @@ def rank_tail_pct(step_ms_by_rank: dict[int, list[float]]) -> float:
     return 100.0 * (max(meds) / statistics.median(meds) - 1.0)
 
 
-def bucket_evidence(cfg: ModelConfig, path: dict[str, Any], bucket: dict[str, Any], copy_gbps: float) -> dict[str, Any]:
-    """B, D and K for one path's bucket of a stream run (see the module docstring)."""
+#: the lower-byte alternatives the byte model can price: name -> (path changes, FP8 KV cache)
+ALTERNATIVES = {
+    "an FP8 KV cache": ({}, True),
+    "FP8 weights (static scales)": ({"main": "fp8_static", "connector": "fp8_static"}, None),
+    "FP8 weights and an FP8 KV cache": ({"main": "fp8_static", "connector": "fp8_static"}, True),
+}
+
+
+def alt_floors_us(cfg: ModelConfig, path: dict[str, Any], n_rows: int, kv_positions: int, kv_fp8: bool,
+                  copy_gbps: float) -> dict[str, float]:
+    """The floor (µs: byte model / copy rate) of one step on each lower-byte alternative
+    (:data:`ALTERNATIVES`) that moves fewer bytes than ``path`` does."""
+    own = step_bytes(cfg, path, n_rows, kv_positions, kv_fp8)
+    out = {}
+    for name, (change, kv) in ALTERNATIVES.items():
+        n = step_bytes(cfg, {**path, **change}, n_rows, kv_positions, kv_fp8 if kv is None else kv)
+        if n < own:
+            out[name] = n / copy_gbps / 1e3
+    return out
+
+
+def bucket_evidence(cfg: ModelConfig, path: dict[str, Any], bucket: dict[str, Any], copy_gbps: float,
+                    kernel_us_repeats: tuple[float, ...] = ()) -> dict[str, Any]:
+    """B, D and K for one path's bucket of a stream run (see the module docstring);
+    ``kernel_us_repeats``: other kernel sums measured for the same path and bucket (B's spread)."""
     prof, st = bucket["profile"], bucket["stream"]
     kv_fp8 = prof["kv_fp8"]
     b, ctx = prof["batch"], prof["ctx"]
@@ -56,6 +87,10 @@ def bucket_evidence(cfg: ModelConfig, path: dict[str, Any], bucket: dict[str, An
     weights = [s["n"] for s in steps]
     pred_p50 = percentile(predicted, 50, weights)
     tail = rank_tail_pct({0: [s["t_ms"] for s in steps]})
+    spreads = {k: v for k, v in {
+        "slowdown_vs_floor": spread_of([kernel_us / floor_us] + [k / floor_us for k in kernel_us_repeats],
+                                       "profiled kernel sums of this bucket"),
+        "e2e_slowdown": spread_of([s["t_ms"] / p for s, p in zip(steps, predicted)], "stream steps")}.items() if v}
     return {
         "slowdown_vs_floor": slowdown, "dram_pct_estimated": 100.0 / slowdown,
         "e2e_slowdown": st["tpot_ms_p50"] / pred_p50,
@@ -63,6 +98,8 @@ def bucket_evidence(cfg: ModelConfig, path: dict[str, Any], bucket: dict[str, An
         "fp8_fallback_rate_pct": prof["fallback_rate_pct"], "fp8_hit_rate_pct": prof["hit_rate_pct"],
         "kernel_us": kernel_us, "floor_us": floor_us, "predicted_tpot_ms_p50": pred_p50,
         "tpot_ms_p50": st["tpot_ms_p50"],
+        "metric_spreads": spreads,
+        "alt_floors_us": alt_floors_us(cfg, path, b, b * (ctx + 1), kv_fp8, copy_gbps),
         "metric_sources": {
             "slowdown_vs_floor": f"{prof['breakdown']['source']} of one decode step ({b} rows at ctx {ctx}, "
                                  f"the stream's kernels) over its bytes by the byte model / copy GB/s",
@@ -85,6 +122,9 @@ def flowchart_evidence(run_result: dict[str, Any], copy_gbps: float) -> dict[str
     cfg = ModelConfig(**stream["config"])
     out = {}
     for p, v in stream["paths"].items():
+        fixed_run = (run_result.get("paths") or {}).get(p, {}).get("breakdown") or [] if "stream" in run_result else []
         for b in v["buckets"]:
-            out[f"{p} ctx {b['profile']['ctx']} x{b['profile']['batch']}"] = bucket_evidence(cfg, PATHS[p], b, copy_gbps)
+            ctx, batch = b["profile"]["ctx"], b["profile"]["batch"]
+            reps = tuple(x["total_us"] for x in fixed_run if x.get("ctx") == ctx and x.get("batch") == batch)
+            out[f"{p} ctx {ctx} x{batch}"] = bucket_evidence(cfg, PATHS[p], b, copy_gbps, reps)
     return out
