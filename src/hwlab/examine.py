@@ -50,7 +50,9 @@ from .evidence import Evidence, machine_info
 from .examine_estimate import Traffic, count_flops, count_traffic, required_bytes, tensors_of
 from .examine_evidence import METRIC_SOURCES, build_evidence, flop_bound  # noqa: F401 (re-exported)
 from .examine_inputs import call, check_inputs, fingerprint, make
+from .examine_ncu import MAX_KERNELS
 from .examine_ncu import collect as ncu_collect
+from .examine_parts import Part, Parts, build_parts
 from .examine_profile import ProfileSummary, profile_calls
 from .flowchart import LEAVES, Diagnosis, diagnose
 from .measure import (InsufficientMemoryError, Measurement, device_name, l2_bytes_of, n_rotating_sets,
@@ -89,17 +91,27 @@ class Examination:
     incident: incident_mod.Incident
     ncu: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    parts: Parts | None = None
+
+    @property
+    def headline(self) -> Part | None:
+        """The walked part with the largest expected gain (:mod:`hwlab.examine_parts`)."""
+        return self.parts.headline if self.parts is not None else None
 
     @property
     def leaf_id(self) -> str | None:
-        return self.diagnosis.leaf_id
+        """The headline part's leaf; the whole-function walk's where no part was walked."""
+        h = self.headline
+        return h.leaf_id if h is not None else self.diagnosis.leaf_id
+
+    @property
+    def trace_path(self) -> str | None:
+        """The profiler's Chrome trace of this examination (a temporary file)."""
+        return self.profile.trace_path
 
     @property
     def lab(self) -> str:
-        leaf = self.diagnosis.leaf
-        if leaf is None:
-            return ""
-        return leaf.lab or LAB_FALLBACK.get(leaf.id, "")
+        return leaf_lab(self.leaf_id) if self.leaf_id else ""
 
     @property
     def label(self) -> str:
@@ -122,6 +134,8 @@ class Examination:
                      "explain": d.explain(),
                      "actions": list(d.leaf.actions) if d.leaf else [], "lab": self.lab},
             "incident_draft": self.incident.__dict__, "notes": self.notes,
+            "leaf": self.leaf_id, "whole_function_leaf": d.leaf_id,
+            "parts": self.parts.to_dict() if self.parts is not None else None,
         }
 
     def save_incident(self, folder: str) -> tuple:
@@ -203,6 +217,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     if not callable(fn):
         raise UserInputError(f"{fn!r} is not callable: pass a function (MODULE:FUNC on the command line)")
     name = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    fn = as_inference(fn)
     for what, v in (("n_bytes", n_bytes), ("n_flops", n_flops)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise UserInputError(f"{what}={v!r}: give a whole number >= 0, or leave it out to estimate it")
@@ -318,7 +333,9 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     counts["moved_bytes"] = moved
     counts["sector_amplification_estimated"] = amp
 
-    ncu = ncu_collect(ncu_target, notes) if ncu_target else None
+    many = prof.on_gpu and prof.kernels_per_call > MAX_KERNELS  # then count only the top kernels
+    ncu = ncu_collect(ncu_target, notes, top_kernels=[k["name"] for k in prof.top] if many else None) \
+        if ncu_target else None
     ev, sources = build_evidence(m, moved=moved, amp=amp, prof=prof, wall_ms=wall_ms,
                                  flop_bound=flop_bound(m), ncu=ncu, on_gpu=gpu)
     diag = diagnose({**ev, "metric_sources": sources})  # the walk prints what measured each answer
@@ -331,9 +348,47 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     notes.append("multi-GPU behaviour is not examined (one function, one device): for a rank tail, record "
                  "per-rank step times (Lab 3)")
     inc = _draft_incident(name, m, c, diag, dev)
+
+    def gemm_tflops_for(dt: str | None) -> float | None:
+        if dtype_peak:
+            return c.gemm(dtype_peak)
+        return c.gemm("fp32" if not gpu else PEAK_FOR_DTYPE.get(dt or "", peak or "bf16")) or \
+            (c.gemm(peak) if peak else None)
+
+    slow = ev.get("slowdown_vs_floor")
+    try:
+        parts = build_parts(prof=prof, traffic=traffic, t_ms=m.t_ms, gpu=gpu, copy_gbps=c.copy_gbps,
+                            gemm_tflops_for=gemm_tflops_for, whole_floor_ms=m.t_ms / slow if slow else None,
+                            whole_slowdown=slow, e2e_slowdown=ev.get("e2e_slowdown"),
+                            out_keys=traffic.out_keys, ncu=ncu, lab_for=leaf_lab)
+    except Exception as e:  # the whole-function walk stands; the parts say why they are missing
+        parts = Parts([], m.t_ms, "", None, error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
+    if parts.headline is not None and parts.headline.leaf_id != diag.leaf_id:
+        notes.append(f"the whole function's aggregate walk lands on {diag.leaf_id or 'no leaf'}; the part with "
+                     f"the largest expected gain ({parts.headline.name}) lands on {parts.headline.leaf_id}, "
+                     "which is the headline")
     return Examination(name=name, on_gpu=gpu, measurement=m, counts=counts, profile=prof,
                        ceilings={**c.to_dict(), "label": c.label}, evidence=ev,
-                       evidence_sources=sources, diagnosis=diag, incident=inc, ncu=ncu, notes=notes)
+                       evidence_sources=sources, diagnosis=diag, incident=inc, ncu=ncu, notes=notes,
+                       parts=parts)
+
+
+def as_inference(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """An ``nn.Module`` (or a bound method of one, e.g. a decode step) put in eval mode and
+    called under ``torch.no_grad``: examined as it serves, weights read once per call (they
+    are captured tensors, each storage counted once). Anything else is returned as is."""
+    owner = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
+    if not isinstance(owner, torch.nn.Module):
+        return fn
+    owner.eval()
+
+    def inference(*a: Any, **k: Any) -> Any:
+        with torch.no_grad():
+            return fn(*a, **k)
+
+    inference.__qualname__ = getattr(fn, "__qualname__", type(owner).__name__)
+    inference.__wrapped__ = fn
+    return inference
 
 
 def back_to_back_ms(call: Callable[..., Any], arg_sets: list, dev, t_ms: float,
