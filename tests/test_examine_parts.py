@@ -282,3 +282,112 @@ def test_cli_model_factory_writes_the_trace_beside_the_json(tmp_path):
     r2 = subprocess.run([sys.executable, "-m", "hwlab", "examine", "examples/small_transformer.py:decode",
                          "--model", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r2.returncode == 2 and len(r2.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_the_transformers_example_when_that_library_is_installed(cpu_ceilings):
+    pytest.importorskip("transformers")
+    from hwlab.examine_target import load_model
+
+    module, args, make = load_model(f"{ROOT / 'examples' / 'hf_gpt2.py'}:model")
+    ex = examine(module, *args, make_inputs=make, ceilings=cpu_ceilings, max_total_s=1.0)
+    assert any(p.name.startswith("gemm") for p in ex.parts.parts)
+    assert abs(sum(p.share_pct for p in ex.parts.parts) - 100) <= COVERAGE_TOL_PCT
+
+
+# ------------------------------------------------------------ the H200 recording, re-derived on a CPU
+RECORDED_PARTS = ROOT / "src" / "hwlab" / "recorded" / "h200" / "examine_parts.json"
+needs_record = pytest.mark.skipif(not RECORDED_PARTS.exists(), reason="examine_parts.json not recorded on the "
+                                  "H200 yet (benchmarks/record_examine.py --parts)")
+
+
+def _rec():
+    from hwlab import evidence
+    return evidence.load(RECORDED_PARTS)
+
+
+def _check_parts(e):
+    P, T = e["parts"], e["t_ms"]
+    assert P["error"] is None and P["t_ms"] == T
+    assert abs(sum(p["share_pct"] for p in P["parts"]) - 100) <= COVERAGE_TOL_PCT, e["name"]
+    assert P["coverage_pct"] == pytest.approx(100 * sum(p["t_ms"] for p in P["parts"]) / T)
+    for p in P["parts"]:
+        assert p["share_pct"] == pytest.approx(100 * p["t_ms"] / T)
+        if p["saved_ms"] is not None:
+            assert p["saved_ms"] == pytest.approx(p["t_ms"] - p["floor_ms"])
+            assert p["pct_of_floor"] == pytest.approx(100 * p["floor_ms"] / p["t_ms"]) and p["pct_of_floor"] <= 100
+            assert p["speedup"] == pytest.approx(T / (T - p["saved_ms"]))
+        ev = p["evidence"]  # nothing outside its physical range is evidence
+        assert ev.get("dram_pct_estimated", 0) <= 100 and ev.get("tensor_pct_of_peak", 0) <= 100
+        assert ev.get("sector_amplification", 1) >= 1 and ev.get("slowdown_vs_floor", 1) > 0
+        assert p["walked"] == (p["share_pct"] >= WALK_SHARE_PCT)
+        if p["walked"]:
+            d = flowchart.diagnose(ev)
+            assert d.leaf_id == p["leaf"] and d.path == p["path"], (e["name"], p["name"])
+    walked = [p for p in P["parts"] if p["walked"] and p["leaf"] and p["saved_ms"] is not None]
+    if walked:
+        best = max(walked, key=lambda p: p["saved_ms"])
+        assert P["headline"] == best["name"] and P["ranked"][0] == best["name"] and e["leaf"] == best["leaf"]
+
+
+@needs_record
+def test_recorded_parts_add_up_and_every_walk_rederives():
+    rec = _rec()
+    assert rec.is_gpu and "H200" in rec.device and rec.extra["on_gpu"] and not rec.extra["tiny"]
+    for name, e in rec.extra["entries"].items():
+        assert e["error"] is None, (name, e.get("error"))
+        _check_parts(e)
+
+
+@needs_record
+def test_recorded_mixed_model_ranks_fusion_first_and_the_fix_meets_its_prediction():
+    rec = _rec()
+    ent, fix = rec.extra["entries"], rec.extra["fix"]
+    model, fused = ent["model"], ent["model_fused"]
+    head = next(p for p in model["parts"]["parts"] if p["name"] == model["parts"]["headline"])
+    assert head["name"] == "elementwise/reduction" and head["leaf"] == "G"
+    assert fix["headline"] == head["name"] and fix["predicted_saving_ms"] == head["saved_ms"]
+    measured = model["t_ms"] - fused["t_ms"]
+    assert fix["measured_saving_ms"] == pytest.approx(measured)
+    assert abs(head["saved_ms"] - measured) <= 0.25 * measured  # predicted within 25% of measured
+    # the fix did not just move time: the spreads of before and after do not overlap
+    assert fix["after_ms"][2] < fix["before_ms"][0]
+    d = ent["decode"]
+    assert "copy/concat" in {p["name"] for p in d["parts"]["parts"]} and d["leaf"] is not None
+    tr = rec.extra["cli"]["model_out"]
+    assert tr["rc"] in (0, 1) and tr["trace"]["n_events"] > 0 and tr["trace"]["kernel_events"] > 0
+
+
+@needs_record
+def test_recorded_row_gather_lands_with_h_not_applicable_with_and_without_ncu():
+    rec = _rec()
+    runs = [rec.extra["entries"]["row_gather"], rec.extra["cli"]["row_gather_ncu"]]
+    for e in runs:
+        g = next(p for p in e["parts"]["parts"] if p["name"] == "gather/scatter")
+        assert g["leaf"] in ("G", "J") and e["leaf"] == g["leaf"]
+        assert any("indices" in a for a in g["actions"]) and any("rows" in a for a in g["actions"])
+        assert g["evidence"]["matmul_flops"] == 0 and g["evidence"]["tensor_core_kernels"] == 0
+        if g["leaf"] == "J":
+            assert "H" in g["path"] and g["j_detail"]["cause"] != "not decided"
+        steps = e["walk"]["steps"]
+        h = [s for s in steps if s["question"] == "H"]
+        assert not h or h[0]["answer"] == flowchart.NOT_APPLICABLE
+    ncu = runs[1]["ncu"]
+    assert ncu and not ncu["invalid"] and ncu["evidence"]["sector_amplification"] >= 1.0
+    assert ncu["sectors_theoretical"] / ncu["sectors_ideal"] == pytest.approx(ncu["evidence"]["sector_amplification"])
+
+
+@needs_record
+def test_recorded_composed_function_matches_its_parts_alone():
+    ent = _rec().extra["entries"]
+    whole = {p["name"]: p for p in ent["gemm_plus_chain"]["parts"]["parts"]}
+    alone = {"gemm bfloat16": ent["gemm_only"], "elementwise/reduction": ent["chain_only"]}
+    tot = sum(e["t_ms"] for e in alone.values())
+    gains = {}
+    for name, e in alone.items():
+        assert whole[name]["share_pct"] == pytest.approx(100 * e["t_ms"] / tot, abs=10)
+        assert whole[name]["t_ms"] == pytest.approx(e["t_ms"], rel=0.25)
+        gains[name] = next(p for p in e["parts"]["parts"] if p["name"] == name)["saved_ms"] or 0.0
+    bigger = max(gains, key=gains.get)
+    assert ent["gemm_plus_chain"]["parts"]["headline"] == bigger
+    assert whole[bigger]["saved_ms"] == pytest.approx(gains[bigger], rel=0.25)

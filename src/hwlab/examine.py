@@ -21,6 +21,15 @@ What happens, in order (each step refuses bad input with one line saying what to
    kept apart from the estimates (:mod:`hwlab.examine_ncu`).
 6. **Evidence and walk.** Only measured metrics enter :func:`hwlab.flowchart.diagnose` (the
    table in :data:`METRIC_SOURCES`); the walk names its leaf, the seed's actions, the lab.
+   With no matmul FLOPs counted and no tensor-core kernel in the profile, the Tensor-Core
+   question is answered "not applicable" and the walk goes on to J.
+7. **Parts** (:mod:`hwlab.examine_parts`): the measured time split by part (kernels joined to
+   the aten ops that launched them, plus GPU idle), each part floored and walked on its own
+   metrics; the headline (``leaf_id``) is the part with the largest expected gain, and the
+   whole-function walk above stays in the report beside it.
+
+``fn`` may be an ``nn.Module`` or a bound method of one (a decode step): it is examined in eval
+mode under ``torch.no_grad`` (:func:`as_inference`), its weights read once per call.
 
 Question D for one function on one device: ``e2e_slowdown`` is the host wall-clock per call
 of the function run back to back, as a caller runs it (one synchronise at the end), over the

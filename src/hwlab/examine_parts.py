@@ -480,7 +480,12 @@ def _ncu_matches(p: Part, ncu: dict[str, Any] | None) -> bool:
     if not ncu:
         return False
     names = " ".join(ncu.get("kernels") or [])
-    return any(k.split("(")[0].split("<")[0].split(" ")[-1][:40] in names for k in p.top if k)
+    return any(_base(k) and _base(k) in names for k in p.top if k)
+
+
+def _base(kernel: str) -> str:
+    """``void at::native::foo<16, long>(char*, ...)`` -> ``foo`` (ncu names kernels without namespaces)."""
+    return kernel.split("(")[0].split("<")[0].strip().split(" ")[-1].split("::")[-1][:60]
 
 
 def _evidence(p: Part, rest: Part, copy_gbps: float | None, gpu: bool, whole_slowdown: float | None,
