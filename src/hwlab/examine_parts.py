@@ -205,10 +205,12 @@ class Parts:
                                           else "not walked (under the walk share)")))
         h = self.headline
         if h is not None:
+            sp = f"{h.speedup:.2f}x the whole function" if h.speedup else "the whole function's time"
             lines += ["", f"headline: {h.name} -> leaf {h.leaf_id} ({LEAVES[h.leaf_id].title}); fixing it "
-                      f"could save {h.saved_ms:.4g} ms ({h.speedup:.2f}x the whole function){h.gain_bound}"]
+                      f"could save {h.saved_ms:.4g} ms ({sp}){h.gain_bound}"]
         for i, p in enumerate(self.ranked, 1):
-            lines.append(f"  {i}. {p.name}: leaf {p.leaf_id or '?'}, gain {p.saved_ms if p.saved_ms is None else round(p.saved_ms, 4)} ms"
+            gain = "no gain figure" if p.saved_ms is None else f"expected gain {p.saved_ms:.4g} ms"
+            lines.append(f"  {i}. {p.name}: leaf {p.leaf_id or '?'}, {gain}"
                          + (f"; lab {p.lab}" if p.lab else ""))
             lines += [f"       {s}" for s in (p.walk.explain().splitlines() if p.walk else [])]
             generic = set(LEAVES[p.leaf_id].actions) if p.leaf_id else set()
