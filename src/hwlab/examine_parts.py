@@ -68,7 +68,7 @@ J_RULES = (
     ("registers", "spills > 0, or >= 128 registers per thread",
      "at 128 registers per thread a Hopper/Ampere SM holds at most 16 of its 64 warps (65536 registers): "
      "too few to hide memory latency; spills add local-memory traffic on top"),
-    ("occupancy", "estimated achieved occupancy < 25%",
+    ("occupancy", "achieved occupancy < 25% (counted by Nsight Compute where it ran, else Kineto's estimate)",
      "under a quarter of the SM's warp slots in use: too little parallel work in flight (small grid, "
      "large blocks, shared memory)"),
     ("memory latency", "occupancy >= 25% but achieved bandwidth < 30% of the copy ceiling",
