@@ -201,7 +201,8 @@ def test_a_row_gather_on_cpu_lands_on_a_leaf_with_an_action_that_fits(cpu_ceilin
         name="row_gather")
     assert ex.evidence["matmul_flops"] == 0 and ex.evidence["tensor_core_kernels"] == 0
     h = ex.headline
-    assert h is not None and h.name == "gather/scatter" and ex.leaf_id == h.leaf_id
+    assert h is not None, (ex.parts.error, [(p.name, p.share_pct, p.leaf_id, p.notes) for p in ex.parts.parts])
+    assert h.name == "gather/scatter" and ex.leaf_id == h.leaf_id
     if h.leaf_id in ("G", "J"):
         assert any("indices" in a or "rows" in a for a in h.actions)
     d = json.loads(ex.to_json())

@@ -238,6 +238,14 @@ class TrafficCounter(TorchDispatchMode):
         self.external: dict[tuple[str, int], list[tuple[int, int]]] = {}  # read, not produced here
         self.gathered: dict[tuple[str, int], int] = {}  # gather source -> distinct bytes it read
         self.read_whole: set = set()  # storages some op reads other than as a gather's source
+        #: allocation generation per storage address: the caching allocator hands a freed
+        #: buffer's address to the next tensor, so reads/writes are keyed (device, address, gen)
+        self._gen: dict = {}
+
+    def vkey(self, t: torch.Tensor) -> tuple:
+        """The storage of ``t`` as it is now: (device, address, allocation generation)."""
+        k = storage_key(t)
+        return (*k, self._gen.get(k, 0))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -252,6 +260,12 @@ class TrafficCounter(TorchDispatchMode):
             if k not in self.produced and t.numel():
                 self.external.setdefault(k, []).append(span(t))
         self.produced.update(storage_key(t) for t in outs)
+        in_vkeys = [self.vkey(t) for t in ins]
+        raw_in = {storage_key(t) for t in ins}
+        for t in outs:  # a new allocation at a freed buffer's address is a new tensor: next generation
+            k = storage_key(t)
+            if k not in raw_in:
+                self._gen[k] = self._gen.get(k, 0) + 1
         if name in NO_TRAFFIC_OPS:
             return out
         src_key = storage_key(args[0]) if name in GATHER_OPS and args and isinstance(args[0], torch.Tensor) \
@@ -280,9 +294,9 @@ class TrafficCounter(TorchDispatchMode):
                 if amps and all(a is not None for _, a in amps):
                     tot = sum(b for b, _ in amps)
                     amp = sum(b * a for b, a in amps) / tot if tot else None
-        reads = [(storage_key(t), span_bytes([t])) for t in ins if t.numel()]
+        reads = [(vk, span_bytes([t])) for t, vk in zip(ins, in_vkeys) if t.numel()]
         if name in GATHER_OPS and src_key is not None and touched is not None:
-            reads = [(k, touched if k == src_key else b) for k, b in reads]
+            reads = [(k, touched if k[:2] == src_key else b) for k, b in reads]
         packet = getattr(func, "overloadpacket", None)
         flops = 0
         if packet in flop_registry:
@@ -292,7 +306,7 @@ class TrafficCounter(TorchDispatchMode):
                 flops = 0
         rec = OpRecord(name, read, written, [dtype_name(t.dtype) for t in ins],
                        [dtype_name(t.dtype) for t in outs], amp, flops=flops, reads=reads,
-                       writes=[(storage_key(t), span_bytes([t])) for t in outs if t.numel()])
+                       writes=[(self.vkey(t), span_bytes([t])) for t in outs if t.numel()])
         if rec.kind == "dequant":
             self._dequantized.update(storage_key(t) for t in outs)
         elif rec.kind == "matmul":
@@ -384,4 +398,4 @@ def count_traffic(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Traffic:
     with torch.no_grad(), tc:
         out = fn(*args, **kwargs)
     return Traffic(tc.ops, tc.external, tc.gathered, tc.read_whole,
-                   out_keys={storage_key(t) for t in tensors_of(out)})
+                   out_keys={tc.vkey(t) for t in tensors_of(out)})
