@@ -133,7 +133,9 @@ display(Markdown(
 # The headline's leaf names fusion. The smallest fix that fuses the chain is the one-kernel
 # `F.gelu(approximate="tanh")` (`model_fused`: the same weights). `torch.compile` would fuse it too, and
 # more. The first examination predicted what the fix can save (the part's time minus its floor); the
-# second measures what it did save.
+# second measures what it did save. The floor assumes every run of the part's consecutive ops fused into
+# one kernel, so a fix that fuses only the GELU (and leaves the residual add and the layer norm apart) can
+# fall short of it: the prediction is the most this part can give.
 
 # %%
 module_f, args_f, make_f = load_model(f"{tf}:model_fused")
