@@ -14,8 +14,8 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hwlab import drills, flowchart
-from hwlab.evidence import load
+from hwlab.diagnosis import drills, flowchart
+from hwlab.core.evidence import load
 from hwlab.labs import drillruns
 
 

@@ -348,7 +348,7 @@ def part_drills(out: Path, summary: list[str]) -> None:
         raise SystemExit(f"HWLAB_DRILL_FAULTS names no fault {unknown}; faults: {', '.join(drills.FAULTS)}")
     prior = None
     if only and (out / "drills.json").exists():
-        from hwlab.evidence import load
+        from hwlab.core.evidence import load
         prior = load(out / "drills.json")
     for i, (name, f) in enumerate(drills.FAULTS.items()):
         if only and name not in only:

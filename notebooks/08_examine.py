@@ -95,6 +95,113 @@ else:
                            "path": ex.diagnosis.path, "evidence": ex.evidence}]), ex.label)
 
 # %% [markdown]
+# ## A whole model, part by part
+#
+# Real models are not single-cause. `examples/small_transformer.py` is a small GPT-style forward written
+# the way model code is written: GEMMs, attention through SDPA, an embedding lookup, and a GELU spelled
+# out op by op. One aggregate number per flowchart question averages these together; `examine` therefore
+# also splits the measured time **by part** (each kernel joined to the aten op that launched it, grouped
+# by class, plus the GPU's idle time between launches), floors each part on its own bytes and FLOPs (its
+# bytes counted as if each run of its consecutive ops were fused), and walks the flowchart once per part
+# that holds at least a tenth of the step. The **headline** is the part whose expected gain (its time
+# minus its floor) is largest; the others follow in order.
+#
+# **Prediction:** on a GPU the op-by-op GELU makes the elementwise part large and far above its fused
+# floor, so it should be the headline with leaf G (fusion), ahead of the GEMMs, which cuBLAS runs near
+# their ceiling.
+
+# %%
+from IPython.display import Markdown, display
+
+from hwlab.examine.report_text import fix_summary, plot_parts
+from hwlab.examine.target import load_model
+
+tf = ROOT / "examples" / "small_transformer.py"
+module, args, make = load_model(f"{tf}:model")
+mixed = hwlab.examine(module, *args, make_inputs=make, ceilings=here, name="small_transformer (GELU op by op)")
+print("\n".join(mixed.parts.render()))
+plot_parts(mixed.parts.to_dict(), f"time per part, {mixed.label}")
+h = mixed.headline
+display(Markdown(
+    f"Live: the whole-function walk lands on **{mixed.diagnosis.leaf_id or 'no leaf'}**; the headline part is "
+    f"**{h.name}** on **{h.leaf_id}**, at {h.pct_of_floor:.0f}% of its floor; reaching it would save "
+    f"{h.saved_ms:.3g} ms of {mixed.measurement.t_ms:.3g} ms ({h.speedup:.2f}x the whole forward)."
+    if h and h.pct_of_floor is not None else "Live: no part was walked to a leaf on this machine."))
+
+# %% [markdown]
+# ### Apply the top fix and examine again
+#
+# The headline's leaf names fusion. The smallest fix that fuses the chain is the one-kernel
+# `F.gelu(approximate="tanh")` (`model_fused`: the same weights). `torch.compile` would fuse it too, and
+# more. The first examination predicted what the fix can save (the part's time minus its floor); the
+# second measures what it did save. The floor assumes every run of the part's consecutive ops fused into
+# one kernel, so a fix that fuses only the GELU (and leaves the residual add and the layer norm apart) can
+# fall short of it: the prediction is the most this part can give.
+
+# %%
+module_f, args_f, make_f = load_model(f"{tf}:model_fused")
+fused = hwlab.examine(module_f, *args_f, make_inputs=make_f, ceilings=here, name="small_transformer (fused GELU)")
+print("\n".join(fused.parts.render()[:10]))
+fx = fix_summary(mixed.parts.to_dict(), fused.measurement.t_ms, mixed.measurement.t_ms)
+display(Markdown(
+    f"Live: predicted saving **{fx['predicted_saving_ms']:.3g} ms** (part {fx['headline']}), measured "
+    f"**{fx['measured_saving_ms']:.3g} ms** ({100 * fx['measured_over_predicted']:.0f}% of the prediction); "
+    f"before {mixed.measurement.t_ms:.3g} ms (p10-p90 {mixed.measurement.t_p10_ms:.3g}-"
+    f"{mixed.measurement.t_p90_ms:.3g}), after {fused.measurement.t_ms:.3g} ms (p10-p90 "
+    f"{fused.measurement.t_p10_ms:.3g}-{fused.measurement.t_p90_ms:.3g})."
+    if fx["headline"] else "Live: the headline part has no gain figure on this machine; see the H200 record below."))
+
+# %% [markdown]
+# On a CPU these parts are CPU op self times and the walk is indicative only. The H200 recording below is
+# the evidence: the mixed model, its fix, a decode step with a KV cache, and a random row gather examined
+# with and without Nsight Compute.
+
+# %%
+parts_path = evidence.RECORDED_DIR / "h200" / "examine_parts.json"
+if parts_path.exists():
+    prec = evidence.load(parts_path)
+    nb.banner("hwlab examine, part by part", prec.label)
+    ent = prec.extra["entries"]
+    for key in ("model", "model_fused", "decode", "row_gather"):
+        e = ent[key]
+        plot_parts(e["parts"], f"{key}: time per part (recorded, {prec.label})")
+    fx = prec.extra["fix"]
+    nc = prec.extra["cli"].get("row_gather_ncu", {})
+    ncu_ev = (nc.get("ncu") or {}).get("evidence", {})
+    display(Markdown(
+        f"Recorded on the H200: the mixed model's whole-function walk lands on "
+        f"**{ent['model']['whole_function_leaf']}**; its headline part is **{fx['headline']}** on "
+        f"**{fx['headline_leaf']}**. The fix was predicted to save {fx['predicted_saving_ms']:.3g} ms and saved "
+        f"{fx['measured_saving_ms']:.3g} ms ({100 * fx['measured_saving_ms'] / fx['predicted_saving_ms']:.0f}% of "
+        f"the prediction; before {fx['before_ms'][1]:.3g} ms, p10-p90 {fx['before_ms'][0]:.3g}-{fx['before_ms'][2]:.3g}; "
+        f"after {fx['after_ms'][1]:.3g} ms, p10-p90 {fx['after_ms'][0]:.3g}-{fx['after_ms'][2]:.3g}). "
+        f"The decode step's headline is **{ent['decode']['parts']['headline']}** on "
+        f"**{ent['decode']['leaf']}**. The row gather lands on **{ent['row_gather']['leaf']}** without ncu and on "
+        f"**{nc.get('leaf')}** with it (counted sector amplification "
+        f"{ncu_ev.get('sector_amplification', float('nan')):.2f}, DRAM {ncu_ev.get('dram_pct_of_peak', float('nan')):.1f}% "
+        f"of peak)."))
+else:
+    print("examine_parts.json has not been recorded on the H200 yet (benchmarks/record_examine.py --parts)")
+
+# %% [markdown]
+# Reading the gather: there is no matmul in it, so the Tensor-Core question is answered *not applicable*
+# (measured: no matmul FLOPs counted, no tensor-core kernel in the profile) and the walk goes on to J. J is
+# then split by what was measured: launch gaps, registers and occupancy (from the profiler's kernel records,
+# or from Nsight Compute), and the achieved bandwidth against the copy ceiling (the cell below shows which
+# rule held). For a gather the actions that fit are to sort or batch the indices and to widen the rows,
+# not a dtype or a tile.
+
+# %%
+if parts_path.exists():
+    for label, src in (("without ncu", ent["row_gather"]["parts"]), ("with --ncu", nc.get("parts") or {})):
+        g = next((p for p in src.get("parts", []) if p["name"] == "gather/scatter"), None)
+        if g and g.get("j_detail"):
+            j = g["j_detail"]
+            display(Markdown(f"Recorded, {label}: leaf **{g['leaf']}**, J in detail: **{j['cause']}** "
+                             f"({j['rule']}). Figures: " + ", ".join(
+                                 f"{k} = {v:.3g}" for k, v in j["figures"].items()) +
+                             ". Actions: " + "; ".join(g["actions"][:3]) + "."))
+#
 # ## Your turn: examine a function of your own
 #
 # Replace `my_layer_norm` with your own code (any callable taking tensors). Before running, write down
@@ -124,7 +231,11 @@ print(mine.report())
 #   says what to run (`--ncu`, per-rank step times).
 # * Bytes and FLOPs you pass win; otherwise they are estimated and labelled so. The traffic model sees
 #   aten ops only: Triton kernels and `torch.compile` graphs are reported as not attributable.
-# * The report drafts the seed's incident record (`--out` writes it beside the examination).
+# * The report drafts the seed's incident record (`--out` writes it beside the examination) and the
+#   profiler's Chrome trace (`X.json` -> `X.trace.json`: open it in Perfetto).
+# * A model is split into parts; each part is walked on its own metrics and the fixes are ranked by what
+#   they would save (`hwlab examine FILE.py:FACTORY --model` for a factory returning the module and its
+#   inputs).
 #
 # **Exercises.** (1) Fuse `unfused_chain` by hand with `torch.compile` or a Triton kernel and examine it
 # again: which leaf now, and how close to the floor? (2) Make the shuffled gather coalesced (sort the

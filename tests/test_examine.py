@@ -344,7 +344,8 @@ def test_ncu_rows_become_time_weighted_counted_evidence():
              "dram__throughput.avg.pct_of_peak_sustained_elapsed": 80.0,
              "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": 3200.0,
              "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum": 100.0, TENSOR_METRIC: 0.0,
-             "launch__registers_per_thread": 40.0},
+             "launch__registers_per_thread": 40.0, "memory_l2_theoretical_sectors_global": 3200.0,
+             "memory_l2_theoretical_sectors_global_ideal": 400.0},
             {"kernel": "b", "gpu__time_duration.sum": 1000.0,
              "dram__throughput.avg.pct_of_peak_sustained_elapsed": 20.0,
              "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": 0.0,
@@ -352,7 +353,7 @@ def test_ncu_rows_become_time_weighted_counted_evidence():
              "launch__registers_per_thread": 128.0}]
     s = summarise(rows)
     assert s["evidence"]["dram_pct_of_peak"] == pytest.approx((3 * 80 + 20) / 4)
-    assert s["evidence"]["sector_amplification"] == pytest.approx(3200 / 100 / 4)  # 8x: a sector per item
+    assert s["evidence"]["sector_amplification"] == pytest.approx(3200 / 400)  # 8x: a sector per 4-byte item
     assert s["evidence"]["tensor_pipe_pct"] == pytest.approx(60 / 4)
     assert s["registers_per_thread_max"] == 128.0 and s["n_kernels"] == 2
 

@@ -65,7 +65,7 @@ def test_the_spilling_tile_cannot_fit_its_accumulator_in_registers():
 
 def test_every_example_has_an_expected_leaf_and_inputs():
     names = {p.stem for p in (ROOT / "examples").glob("*.py") if "\ndef inputs(" in p.read_text()}
-    assert names == set(record_examine.EXPECTED)
+    assert names - set(record_examine.PARTS_EXAMPLES) == set(record_examine.EXPECTED)
     assert sorted(record_examine.EXPECTED.values()) == sorted(["G", "G", "I", "I", "J", "J", "OK", "OK"])
 
 

@@ -2,12 +2,17 @@
 
 Inputs: ``--inputs MODULE:FUNC`` returns the argument tuple (called again for fresh sets to
 rotate past L2); without it, a function named ``inputs`` in the target's module is used, and
-the report says so. Exit codes: 0 the walk lands on OK, 1 it lands on another leaf (a finding),
-2 bad input (one line, nothing printed or written; also a target that calls ``sys.exit`` on
-import, and a ``--n-bytes`` or ``--n-flops`` implying a rate no device reaches, refused once the
-timing shows it) or an ``--out`` write that failed after measuring (the report is printed, the
-examination kept in the rescue folder and its path printed), 4 the walk cannot decide (a
-question's metric was not measured: the report says which).
+the report says so. With ``--model`` the target is a factory returning ``(module, inputs)``
+(an ``nn.Module`` or a bound method of one, such as a decode step; ``inputs`` an argument tuple
+or a function returning one), examined in eval mode under ``torch.no_grad``.
+``--out X.json`` also writes the profiler's Chrome trace to ``X.trace.json`` (open it in
+Perfetto or chrome://tracing); both destinations are checked before anything is measured.
+Exit codes: 0 the walk lands on OK, 1 it lands on another leaf (a finding), 2 bad input (one
+line, nothing printed or written; also a target that calls ``sys.exit`` on import, and a
+``--n-bytes`` or ``--n-flops`` implying a rate no device reaches, refused once the timing shows
+it) or an ``--out`` write that failed after measuring (the report is printed, the examination
+kept in the rescue folder and its path printed), 4 the walk cannot decide (a question's metric
+was not measured: the report says which).
 """
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ def add_parser(sub) -> None:
     e.add_argument("target", metavar="MODULE:FUNC", help="a dotted module or a .py path, then :FUNC")
     e.add_argument("--inputs", metavar="MODULE:FUNC",
                    help="returns the argument tuple (default: the target module's `inputs`, if any)")
+    e.add_argument("--model", action="store_true",
+                   help="the target is a factory returning (module, inputs): an nn.Module or a decode step")
     e.add_argument("--json", action="store_true", help="strict JSON on stdout")
     e.add_argument("--ncu", action="store_true", help="add Nsight Compute counters where `ncu` exists")
     e.add_argument("--out", metavar="PATH", help="write the examination (.json) and a draft incident beside it")
@@ -49,6 +56,53 @@ def cmd_examine(a) -> int:
     out = check_destination(a.out, overwrite=a.force) if a.out else None  # before measuring
     if out is not None and out.suffix != ".json":
         raise UserInputError(f"--out {a.out}: give a .json file name")
+    trace_out = check_destination(trace_path_for(out), overwrite=a.force) if out is not None else None
+    if a.model:
+        ex = _examine_model(a)
+    else:
+        ex = _examine_function(a)
+    save_err = None
+    if out is not None:  # checked before measuring; a write that still fails goes to the rescue folder
+        try:
+            write_text_atomic(out, ex.to_json() + "\n", overwrite=a.force)
+            if ex.trace_path and Path(ex.trace_path).is_file():
+                write_text_atomic(trace_out, Path(ex.trace_path).read_text(), overwrite=a.force)
+            md, _ = ex.save_incident(out.parent if str(out.parent) else Path("."))
+            print(f"examination written to {out}" + (f", profiler trace to {trace_out}" if ex.trace_path else "")
+                  + f"; draft incident {md}", file=sys.stderr)
+        except OSError as e:
+            save_err = rescue(json.loads(ex.to_json()), "examination", out, e)
+    print(ex.to_json() if a.json else ex.report())
+    if save_err:
+        print(f"hwlab examine: {save_err}", file=sys.stderr)
+        return EXIT_USAGE
+    if ex.leaf_id is None:  # the walk stopped at a question it could not answer
+        return EXIT_UNDECIDED
+    return EXIT_OK if ex.leaf_id == "OK" else EXIT_FINDING
+
+
+def trace_path_for(out: Path) -> Path:
+    """``X.json`` -> ``X.trace.json``: the Chrome trace beside the examination."""
+    return out.with_name(out.stem + ".trace.json")
+
+
+def _examine_model(a):
+    from hwlab.examine import examine
+    from hwlab.examine.target import load_model
+
+    module, args, make = load_model(a.target)
+    if a.inputs:
+        raise UserInputError("--model takes its inputs from the factory: leave out --inputs")
+    ex = examine(module, *args, make_inputs=make, n_bytes=a.n_bytes, n_flops=a.n_flops, dtype_peak=a.dtype_peak,
+                 ncu_target=f"model={a.target}" if a.ncu else None, name=a.target)
+    ex.notes.append(f"module and inputs from the factory {a.target}")
+    return ex
+
+
+def _examine_function(a):
+    from hwlab.examine import examine
+    from hwlab.examine.target import load
+
     fn, mod = load(a.target)
     if a.inputs:
         make, inputs_spec = load(a.inputs, "input factory")[0], a.inputs
@@ -61,18 +115,4 @@ def cmd_examine(a) -> int:
     ex = examine(fn, make_inputs=make, n_bytes=a.n_bytes, n_flops=a.n_flops, dtype_peak=a.dtype_peak,
                  ncu_target=spec if a.ncu else None, name=a.target)
     ex.notes.append(f"inputs from {inputs_spec}")
-    save_err = None
-    if out is not None:  # checked before measuring; a write that still fails goes to the rescue folder
-        try:
-            write_text_atomic(out, ex.to_json() + "\n", overwrite=a.force)
-            md, _ = ex.save_incident(out.parent if str(out.parent) else Path("."))
-            print(f"examination written to {out}; draft incident {md}", file=sys.stderr)
-        except OSError as e:
-            save_err = rescue(json.loads(ex.to_json()), "examination", out, e)
-    print(ex.to_json() if a.json else ex.report())
-    if save_err:
-        print(f"hwlab examine: {save_err}", file=sys.stderr)
-        return EXIT_USAGE
-    if ex.leaf_id is None:  # the walk stopped at a question it could not answer
-        return EXIT_UNDECIDED
-    return EXIT_OK if ex.leaf_id == "OK" else EXIT_FINDING
+    return ex

@@ -48,9 +48,10 @@ def parse_csv(text: str) -> list[dict]:
 
 
 def profile(python_args: list[str], metrics: list[str], nvtx_range: str | None = None,
-            timeout_s: float = 300.0) -> list[dict]:
-    """Profile ``python <python_args>`` under ncu; one dict per kernel in the NVTX range."""
-    cmd = ["ncu", "--clock-control", "none", "--csv", "--metrics", ",".join(metrics)]
+            timeout_s: float = 300.0, extra: list[str] | None = None) -> list[dict]:
+    """Profile ``python <python_args>`` under ncu; one dict per kernel in the NVTX range.
+    ``extra``: further ncu options (e.g. ``-k regex:...`` to count only some kernels)."""
+    cmd = ["ncu", "--clock-control", "none", "--csv", "--metrics", ",".join(metrics), *(extra or [])]
     if nvtx_range:
         cmd += ["--nvtx", "--nvtx-include", f"{nvtx_range}/"]
     cmd += [sys.executable, *python_args]

@@ -172,3 +172,164 @@ def time_by_class(prof, gpu: bool, quant_ranges: Iterable[str] = ()) -> dict[str
     total = sum(per.values())
     return {"source": "GPU kernel times" if gpu else "CPU aten self times", "us": per, "count": counts,
             "total_us": total, "share_pct": {k: 100.0 * v / total if total else 0.0 for k, v in per.items()}}
+
+
+# --------------------------------------------------------------------------------------------
+# Parts of a step: the classes ``hwlab examine`` splits a function's time into
+# (:mod:`hwlab.examine.parts`), and reading them out of a Chrome trace the profiler exported.
+# --------------------------------------------------------------------------------------------
+
+#: aten ops that are matmul work (a GEMM part, split by dtype)
+PART_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm", "aten::linear",
+                 "aten::matmul", "aten::convolution", "aten::_convolution", "aten::addmv", "aten::mv",
+                 "aten::cudnn_convolution", "aten::_addmm_activation")
+#: aten ops that are attention
+PART_ATTENTION_OPS = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention",
+                      "aten::_scaled_dot_product_efficient_attention", "aten::_flash_attention_forward",
+                      "aten::_efficient_attention_forward", "aten::_scaled_dot_product_cudnn_attention",
+                      "aten::_scaled_dot_product_flash_attention_for_cpu")
+#: aten ops that read or write through an index
+PART_GATHER_OPS = ("aten::index", "aten::index_select", "aten::gather", "aten::embedding", "aten::take",
+                   "aten::scatter", "aten::scatter_add", "aten::scatter_reduce", "aten::index_add",
+                   "aten::index_put", "aten::index_put_", "aten::_index_put_impl_", "aten::embedding_bag",
+                   "aten::_embedding_bag", "aten::index_copy", "aten::masked_select", "aten::sort",
+                   "aten::topk", "aten::argsort")
+#: aten ops that copy or concatenate without arithmetic
+PART_COPY_OPS = ("aten::cat", "aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy", "aten::to",
+                 "aten::stack", "aten::constant_pad_nd", "aten::repeat", "aten::_unsafe_view",
+                 "aten::fill_", "aten::zero_", "aten::zeros", "aten::ones", "aten::full", "aten::split_with_sizes_copy",
+                 "aten::narrow_copy", "aten::flip", "aten::roll", "aten::tril", "aten::triu")
+#: kernel-name fragments of collective communication
+COMM_KERNEL_MARKERS = ("nccl", "allreduce", "all_reduce", "allgather", "reducescatter", "c10d::")
+#: low-precision dtypes: a copy to or from one of them is quantization / dequantization
+PART_LOW_PRECISION = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "int8", "uint8")
+#: the part classes, in the order reports list them when times tie
+PART_CLASSES = ("gemm", "attention", "elementwise/reduction", "copy/concat", "gather/scatter",
+                "quant/dequant", "triton/compiled", "communication", "gpu idle", "host outside ops")
+
+
+def part_class(op: str | None, kernel: str | None = None, dtypes: tuple = (), compiled: bool = False) -> str:
+    """The part a kernel (or, on a CPU, an aten op) belongs to: one of :data:`PART_CLASSES`,
+    GEMMs suffixed with their input dtype (``gemm bfloat16``). ``op`` is the aten op that
+    launched it (None: none did), ``kernel`` its device name, ``dtypes`` the op's input dtypes
+    from the traffic model (first = the matmul's), ``compiled`` whether a compiled region
+    (torch.compile) is above the launch. First match wins: communication, Triton/compiled,
+    attention, GEMM, quant/dequant, gather/scatter, copy/concat, then elementwise/reduction."""
+    k = (kernel or "").lower()
+    o = op or ""
+    if any(m in k for m in COMM_KERNEL_MARKERS) or o.startswith("c10d::") or "nccl" in o.lower():
+        return "communication"
+    if compiled or k.startswith("triton") or (kernel is not None and op is None and
+                                             not k.startswith(("memcpy", "memset"))):
+        return "triton/compiled"
+    if o in PART_ATTENTION_OPS or any(m in k for m in ("fmha", "flash_fwd", "flash_attn", "attention")):
+        return "attention"
+    if o in PART_GEMM_OPS or (kernel is not None and is_gemm_kernel(k)):
+        return f"gemm {dtypes[0]}" if dtypes else "gemm"
+    if o in ("aten::_to_copy", "aten::copy_", "aten::to") and len(dtypes) >= 1:
+        lo_in = dtypes[0] in PART_LOW_PRECISION
+        lo_out = dtypes[-1] in PART_LOW_PRECISION
+        if lo_in != lo_out:
+            return "quant/dequant"
+    if o in PART_GATHER_OPS or any(m in k for m in ("index", "gather", "scatter", "embedding")):
+        return "gather/scatter"
+    if o in PART_COPY_OPS or k.startswith(("memcpy", "memset")) or "cat" in k.split("<")[0] or \
+            ("copy" in k and o not in ("aten::add", "aten::mul")):
+        return "copy/concat"
+    return "elementwise/reduction"
+
+
+#: trace categories of device work in a Kineto Chrome trace
+TRACE_KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+#: trace arguments Kineto writes on a kernel event that say how it occupied the GPU
+KERNEL_OCCUPANCY_ARGS = ("registers per thread", "est. achieved occupancy %", "blocks per SM", "warps per SM",
+                         "shared memory", "grid", "block")
+
+
+def trace_calls(trace: dict, call_mark: str) -> list[list[dict[str, Any]]]:
+    """The timed work of each call (a ``record_function(call_mark)`` range) in a Kineto
+    Chrome trace (``torch.profiler``'s ``export_chrome_trace``), one list per call.
+
+    Each item: ``stack`` (the aten ops above it, innermost first), ``op_ids`` (their trace
+    External ids, same order), ``us`` (its time), ``kernel`` (device kernel name, None on a
+    CPU), ``compiled`` (a compiled region above it), ``args`` (the kernel's trace arguments).
+
+    * **GPU** (device kernels present): every kernel, memcpy and memset whose launch (the
+      runtime event with the same ``correlation``) lies inside the call; its stack is the aten
+      ops enclosing that launch on the launching thread; ``us`` its own duration.
+    * **CPU**: every aten op inside the call with its *self* time (its duration minus its
+      child ops'), so the items add up to the time spent in aten ops, each counted once.
+    """
+    ev = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    calls = sorted((e for e in ev if e.get("name") == call_mark and e.get("cat") == "user_annotation"),
+                   key=lambda e: e["ts"])
+    host = sorted((e for e in ev if e.get("cat") in ("cpu_op", "user_annotation")), key=lambda e: (e["ts"], -e["dur"]))
+    kernels = [e for e in ev if e.get("cat") in TRACE_KERNEL_CATS]
+    runtime = {e["args"].get("correlation"): e for e in ev
+               if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+
+    def enclosing(ts: float, tid) -> list[dict]:
+        """Host events enclosing ``ts`` on thread ``tid``, innermost first."""
+        return sorted((h for h in host if h.get("tid") == tid and h["ts"] <= ts <= h["ts"] + h["dur"]),
+                      key=lambda h: h["dur"])
+
+    def which_call(ts: float) -> int | None:
+        for i, c in enumerate(calls):
+            if c["ts"] <= ts <= c["ts"] + c["dur"]:
+                return i
+        return None
+
+    by_ext = {_ext(h): h for h in host if h.get("cat") == "cpu_op"}
+    out: list[list[dict[str, Any]]] = [[] for _ in calls]
+    if kernels:
+        for k in kernels:
+            launch = runtime.get(k.get("args", {}).get("correlation"))
+            if launch is None:  # no runtime event: the op with the kernel's External id launched it
+                launch = by_ext.get(k.get("args", {}).get("External id"))
+            if launch is None:
+                continue
+            i = which_call(launch["ts"])
+            if i is None:
+                continue
+            encl = enclosing(launch["ts"], launch.get("tid"))
+            ops = [h for h in encl if h.get("cat") == "cpu_op" and h["name"].startswith("aten::")]
+            compiled = any(any(h["name"].startswith(m) for m in COMPILED_TRACE_MARKS) for h in encl)
+            out[i].append({"stack": [h["name"] for h in ops], "op_ids": [_ext(h) for h in ops],
+                           "op_ts": [h["ts"] for h in ops], "us": float(k.get("dur", 0.0)),
+                           "kernel": k["name"], "compiled": compiled,
+                           "args": {a: k["args"][a] for a in KERNEL_OCCUPANCY_ARGS if a in k.get("args", {})},
+                           "ts": k["ts"]})
+        return out
+    for i, c in enumerate(calls):
+        inside = [h for h in host if h.get("cat") == "cpu_op" and h.get("tid") == c.get("tid")
+                  and c["ts"] <= h["ts"] and h["ts"] + h["dur"] <= c["ts"] + c["dur"] + 1e-3]
+        for h in inside:
+            children = [x for x in inside if x is not h and h["ts"] <= x["ts"] and
+                        x["ts"] + x["dur"] <= h["ts"] + h["dur"] + 1e-3 and x["dur"] < h["dur"]]
+            # direct children only: drop those inside another child
+            direct = [x for x in children if not any(y is not x and y["ts"] <= x["ts"] and
+                                                      x["ts"] + x["dur"] <= y["ts"] + y["dur"] + 1e-3
+                                                      and y["dur"] > x["dur"] for y in children)]
+            self_us = max(0.0, h["dur"] - sum(x["dur"] for x in direct))
+            encl = [x for x in inside if x["ts"] <= h["ts"] and h["ts"] + h["dur"] <= x["ts"] + x["dur"] + 1e-3
+                    and x["dur"] >= h["dur"]]
+            encl = sorted(encl, key=lambda x: (x["dur"], x is not h))
+            ops = [x for x in encl if x["name"].startswith("aten::")]
+            out[i].append({"stack": [x["name"] for x in ops], "op_ids": [_ext(x) for x in ops],
+                           "op_ts": [x["ts"] for x in ops], "us": self_us, "kernel": None,
+                           "compiled": False, "args": {}, "ts": h["ts"]})
+    return out
+
+
+#: names of host ranges that mark a compiled (torch.compile) region in a trace
+COMPILED_TRACE_MARKS = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
+
+
+def _ext(e: dict) -> Any:
+    return e.get("args", {}).get("External id", id(e))
+
+
+def trace_call_us(trace: dict, call_mark: str) -> list[float]:
+    """Host duration (µs) of each ``call_mark`` range in a trace."""
+    return [float(e["dur"]) for e in trace.get("traceEvents", [])
+            if e.get("ph") == "X" and e.get("name") == call_mark and e.get("cat") == "user_annotation"]

@@ -77,6 +77,9 @@ class Question:
     bool_metric: str | None = None  # a by-hand yes/no answer, e.g. from the learner
     #: evidence that answers "no" outright, checked first (see the Tensor-Core question)
     overrides_no: tuple[Criterion, ...] = ()
+    #: evidence that makes the question not apply: when every one of these is present and
+    #: holds, the step is answered "not applicable" (measured) and the walk takes ``no``
+    not_applicable: tuple[Criterion, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,14 @@ QUESTIONS: dict[str, Question] = {q.id: q for q in [
             Criterion("launch_gap_pct", ">=", 50.0, "% of the step the GPU sits idle",
                       "when the GPU idles between launches for half the step or more, no kernel "
                       "change helps: the launch path is the limiter."),
+        ),
+        not_applicable=(
+            Criterion("matmul_flops", "<=", 0, "FLOPs of matmul-family ops (counted)",
+                      "Tensor-Core use is a question about matmul work; with none counted there is "
+                      "nothing for the tensor cores to do (a gather, a sort, an elementwise pass)."),
+            Criterion("tensor_core_kernels", "<=", 0, "tensor-core kernels per call (profiler names)",
+                      "and no tensor-core kernel ran, so no matmul hid from the counter: the walk "
+                      "goes on to launch, occupancy, registers and latency."),
         )),
     Question("D", "Slow only on several GPUs or in service?", (
         Criterion("e2e_slowdown", ">=", 1.2, "x",
@@ -188,13 +199,15 @@ START = "B"
 
 #: how a question was answered: from a metric a probe measured, or by a person
 MEASURED, BY_HAND = "measured", "by hand"
+#: the answer of a question whose ``not_applicable`` evidence all holds (walk takes ``no``)
+NOT_APPLICABLE = "not applicable"
 
 
 @dataclass
 class Step:
     question: str
     text: str
-    answer: str  # "yes" | "no"
+    answer: str  # "yes" | "no" | "not applicable" (NOT_APPLICABLE: the walk takes "no")
     metric: str
     value: Any
     criterion: str
@@ -243,6 +256,9 @@ class Step:
                 "before acting on this answer")
 
     def __str__(self) -> str:
+        if self.answer == NOT_APPLICABLE:
+            return (f"{self.question}. {self.text} -> NOT APPLICABLE, takes the NO branch ({self.metric} = "
+                    f"{_fmt(self.value)}; rule {self.criterion}): {self.reason} {self.provenance()}")
         if self.overridden:
             return (f"{self.question}. {self.text} -> takes the NO branch: {self.metric} = "
                     f"{_fmt(self.value)} ({self.criterion}) explains it first: {self.reason} "
@@ -422,6 +438,14 @@ def diagnose(evidence: dict[str, Any]) -> Diagnosis:
         q = QUESTIONS[node]
         present = valid(q, q.criteria)
         forced = [(c, v) for c, v in valid(q, q.overrides_no) if c.holds(float(v))]
+        na = [(c, evidence.get(c.metric)) for c in q.not_applicable]
+        if na and all(v is not None and c.holds(float(v)) for c, v in na):
+            c, v = na[0]
+            d.steps.append(Step(q.id, q.text, NOT_APPLICABLE, c.metric, v,
+                                " and ".join(f"{c2.describe()} (= {_fmt(v2)})" for c2, v2 in na),
+                                " ".join(c2.reason for c2, _ in na), source=sources.get(c.metric)))
+            node = q.no
+            continue
         if forced:
             c, v = forced[0]
             ans = "no"

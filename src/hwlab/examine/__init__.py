@@ -21,6 +21,15 @@ What happens, in order (each step refuses bad input with one line saying what to
    kept apart from the estimates (:mod:`hwlab.examine.ncu_counters`).
 6. **Evidence and walk.** Only measured metrics enter :func:`hwlab.diagnosis.flowchart.diagnose` (the
    table in :data:`METRIC_SOURCES`); the walk names its leaf, the seed's actions, the lab.
+   With no matmul FLOPs counted and no tensor-core kernel in the profile, the Tensor-Core
+   question is answered "not applicable" and the walk goes on to J.
+7. **Parts** (:mod:`hwlab.examine.parts`): the measured time split by part (kernels joined to
+   the aten ops that launched them, plus GPU idle), each part floored and walked on its own
+   metrics; the headline (``leaf_id``) is the part with the largest expected gain, and the
+   whole-function walk above stays in the report beside it.
+
+``fn`` may be an ``nn.Module`` or a bound method of one (a decode step): it is examined in eval
+mode under ``torch.no_grad`` (:func:`as_inference`), its weights read once per call.
 
 Question D for one function on one device: ``e2e_slowdown`` is the host wall-clock per call
 of the function run back to back, as a caller runs it (one synchronise at the end), over the
@@ -59,6 +68,8 @@ from hwlab.core.measure import (
 from hwlab.core.store import dumps_strict
 from hwlab.core.system import versions
 from hwlab.core import validate
+from hwlab.examine.ncu_counters import MAX_KERNELS
+from hwlab.examine.parts import Part, Parts, build_parts
 
 #: torch dtype of the matmul inputs -> the measured GEMM ceiling that is its floor. fp32 data
 #: can take the TF32 MMA path, so its floor is the TF32 rate (pass dtype_peak="fp32" when the
@@ -91,17 +102,27 @@ class Examination:
     incident: incident_mod.Incident
     ncu: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    parts: Parts | None = None
+
+    @property
+    def headline(self) -> Part | None:
+        """The walked part with the largest expected gain (:mod:`hwlab.examine.parts`)."""
+        return self.parts.headline if self.parts is not None else None
 
     @property
     def leaf_id(self) -> str | None:
-        return self.diagnosis.leaf_id
+        """The headline part's leaf; the whole-function walk's where no part was walked."""
+        h = self.headline
+        return h.leaf_id if h is not None else self.diagnosis.leaf_id
+
+    @property
+    def trace_path(self) -> str | None:
+        """The profiler's Chrome trace of this examination (a temporary file)."""
+        return self.profile.trace_path
 
     @property
     def lab(self) -> str:
-        leaf = self.diagnosis.leaf
-        if leaf is None:
-            return ""
-        return leaf.lab or LAB_FALLBACK.get(leaf.id, "")
+        return leaf_lab(self.leaf_id) if self.leaf_id else ""
 
     @property
     def label(self) -> str:
@@ -127,6 +148,8 @@ class Examination:
                      "spreads": {s.question: (list(s.spread) if s.spread else None) for s in d.steps},
                      "actions": list(d.leaf.actions) if d.leaf else [], "lab": self.lab},
             "incident_draft": self.incident.__dict__, "notes": self.notes,
+            "leaf": self.leaf_id, "whole_function_leaf": d.leaf_id,
+            "parts": self.parts.to_dict() if self.parts is not None else None,
         }
 
     def save_incident(self, folder: str) -> tuple:
@@ -208,6 +231,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     if not callable(fn):
         raise UserInputError(f"{fn!r} is not callable: pass a function (MODULE:FUNC on the command line)")
     name = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    fn = as_inference(fn)
     for what, v in (("n_bytes", n_bytes), ("n_flops", n_flops)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise UserInputError(f"{what}={v!r}: give a whole number >= 0, or leave it out to estimate it")
@@ -324,7 +348,9 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     counts["moved_bytes"] = moved
     counts["sector_amplification_estimated"] = amp
 
-    ncu = ncu_collect(ncu_target, notes) if ncu_target else None
+    many = prof.on_gpu and prof.kernels_per_call > MAX_KERNELS  # then count only the top kernels
+    ncu = ncu_collect(ncu_target, notes, top_kernels=[k["name"] for k in prof.top] if many else None) \
+        if ncu_target else None
     ev, sources = build_evidence(m, moved=moved, amp=amp, prof=prof, wall_ms=wall_ms,
                                  flop_bound=flop_bound(m), ncu=ncu, on_gpu=gpu)
     diag = diagnose({**ev, "metric_sources": sources})  # the walk prints what measured each answer
@@ -337,9 +363,47 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     notes.append("multi-GPU behaviour is not examined (one function, one device): for a rank tail, record "
                  "per-rank step times (Lab 3)")
     inc = _draft_incident(name, m, c, diag, dev)
+
+    def gemm_tflops_for(dt: str | None) -> float | None:
+        if dtype_peak:
+            return c.gemm(dtype_peak)
+        return c.gemm("fp32" if not gpu else PEAK_FOR_DTYPE.get(dt or "", peak or "bf16")) or \
+            (c.gemm(peak) if peak else None)
+
+    slow = ev.get("slowdown_vs_floor")
+    try:
+        parts = build_parts(prof=prof, traffic=traffic, t_ms=m.t_ms, gpu=gpu, copy_gbps=c.copy_gbps,
+                            gemm_tflops_for=gemm_tflops_for, whole_floor_ms=m.t_ms / slow if slow else None,
+                            whole_slowdown=slow, e2e_slowdown=ev.get("e2e_slowdown"),
+                            out_keys=traffic.out_keys, ncu=ncu, lab_for=leaf_lab)
+    except Exception as e:  # the whole-function walk stands; the parts say why they are missing
+        parts = Parts([], m.t_ms, "", None, error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
+    if parts.headline is not None and parts.headline.leaf_id != diag.leaf_id:
+        notes.append(f"the whole function's aggregate walk lands on {diag.leaf_id or 'no leaf'}; the part with "
+                     f"the largest expected gain ({parts.headline.name}) lands on {parts.headline.leaf_id}, "
+                     "which is the headline")
     return Examination(name=name, on_gpu=gpu, measurement=m, counts=counts, profile=prof,
                        ceilings={**c.to_dict(), "label": c.label}, evidence=ev,
-                       evidence_sources=sources, diagnosis=diag, incident=inc, ncu=ncu, notes=notes)
+                       evidence_sources=sources, diagnosis=diag, incident=inc, ncu=ncu, notes=notes,
+                       parts=parts)
+
+
+def as_inference(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """An ``nn.Module`` (or a bound method of one, e.g. a decode step) put in eval mode and
+    called under ``torch.no_grad``: examined as it serves, weights read once per call (they
+    are captured tensors, each storage counted once). Anything else is returned as is."""
+    owner = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
+    if not isinstance(owner, torch.nn.Module):
+        return fn
+    owner.eval()
+
+    def inference(*a: Any, **k: Any) -> Any:
+        with torch.no_grad():
+            return fn(*a, **k)
+
+    inference.__qualname__ = getattr(fn, "__qualname__", type(owner).__name__)
+    inference.__wrapped__ = fn
+    return inference
 
 
 def _check_given_counts(m: Measurement, c: Any, gpu: bool, bytes_given: bool, flops_given: bool) -> None:

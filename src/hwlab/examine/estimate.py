@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 #: GPU memory transaction granularity (bytes) and a warp's width
 SECTOR_BYTES = 32
@@ -202,6 +202,11 @@ class OpRecord:
     out_dtypes: list[str]
     amplification: float | None  # estimated sectors over ideal for its reads; None: no estimate
     reads_dequantized: bool = False  # a GEMM reading an output of a dequant op in this call
+    flops: int = 0  # torch.utils.flop_counter's formula for this op (matmul family), else 0
+    #: (storage key, bytes) read / written: lets a group of ops be floored as if fused
+    #: (:func:`hwlab.examine.parts.fused_floor_bytes`); a gather's source counts what it touched
+    reads: list = field(default_factory=list)
+    writes: list = field(default_factory=list)
 
     @property
     def moved_bytes(self) -> float:
@@ -233,6 +238,14 @@ class TrafficCounter(TorchDispatchMode):
         self.external: dict[tuple[str, int], list[tuple[int, int]]] = {}  # read, not produced here
         self.gathered: dict[tuple[str, int], int] = {}  # gather source -> distinct bytes it read
         self.read_whole: set = set()  # storages some op reads other than as a gather's source
+        #: allocation generation per storage address: the caching allocator hands a freed
+        #: buffer's address to the next tensor, so reads/writes are keyed (device, address, gen)
+        self._gen: dict = {}
+
+    def vkey(self, t: torch.Tensor) -> tuple:
+        """The storage of ``t`` as it is now: (device, address, allocation generation)."""
+        k = storage_key(t)
+        return (*k, self._gen.get(k, 0))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -247,6 +260,12 @@ class TrafficCounter(TorchDispatchMode):
             if k not in self.produced and t.numel():
                 self.external.setdefault(k, []).append(span(t))
         self.produced.update(storage_key(t) for t in outs)
+        in_vkeys = [self.vkey(t) for t in ins]
+        raw_in = {storage_key(t) for t in ins}
+        for t in outs:  # a new allocation at a freed buffer's address is a new tensor: next generation
+            k = storage_key(t)
+            if k not in raw_in:
+                self._gen[k] = self._gen.get(k, 0) + 1
         if name in NO_TRAFFIC_OPS:
             return out
         src_key = storage_key(args[0]) if name in GATHER_OPS and args and isinstance(args[0], torch.Tensor) \
@@ -255,6 +274,7 @@ class TrafficCounter(TorchDispatchMode):
         read = span_bytes(ins)
         written = span_bytes(outs)
         amp: float | None = None
+        touched = None
         with torch.no_grad():
             if name in GATHER_OPS:
                 g, touched = gather_replay(func, args, kwargs)
@@ -274,8 +294,19 @@ class TrafficCounter(TorchDispatchMode):
                 if amps and all(a is not None for _, a in amps):
                     tot = sum(b for b, _ in amps)
                     amp = sum(b * a for b, a in amps) / tot if tot else None
+        reads = [(vk, span_bytes([t])) for t, vk in zip(ins, in_vkeys) if t.numel()]
+        if name in GATHER_OPS and src_key is not None and touched is not None:
+            reads = [(k, touched if k[:2] == src_key else b) for k, b in reads]
+        packet = getattr(func, "overloadpacket", None)
+        flops = 0
+        if packet in flop_registry:
+            try:
+                flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
+            except Exception:  # a formula that does not fit this call: no FLOPs, as FlopCounterMode
+                flops = 0
         rec = OpRecord(name, read, written, [dtype_name(t.dtype) for t in ins],
-                       [dtype_name(t.dtype) for t in outs], amp)
+                       [dtype_name(t.dtype) for t in outs], amp, flops=flops, reads=reads,
+                       writes=[(self.vkey(t), span_bytes([t])) for t in outs if t.numel()])
         if rec.kind == "dequant":
             self._dequantized.update(storage_key(t) for t in outs)
         elif rec.kind == "matmul":
@@ -292,6 +323,7 @@ class Traffic:
     external: dict = field(default_factory=dict)  # storage -> spans read that the call did not write
     gathered: dict = field(default_factory=dict)  # gather source storage -> distinct bytes read
     read_whole: set = field(default_factory=set)  # storages read other than as a gather source
+    out_keys: set = field(default_factory=set)  # storages of what the call returned
 
     def _needed(self, key, span_len: int) -> int:
         """A storage only ever read through gathers needs only the elements they touched."""
@@ -364,5 +396,6 @@ def count_traffic(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Traffic:
     ops eagerly under a dispatch mode; the caller checks the profile to know (see module doc)."""
     tc = TrafficCounter()
     with torch.no_grad(), tc:
-        fn(*args, **kwargs)
-    return Traffic(tc.ops, tc.external, tc.gathered, tc.read_whole)
+        out = fn(*args, **kwargs)
+    return Traffic(tc.ops, tc.external, tc.gathered, tc.read_whole,
+                   out_keys={tc.vkey(t) for t in tensors_of(out)})

@@ -58,9 +58,12 @@ def render(ex) -> str:
         lines += [f"  {k} = {_v(v)}" for k, v in ex.ncu["evidence"].items()]
     lines += ["", "evidence (measured, or estimated where the source says so; source of each)"]
     lines += [f"  {k} = {_v(v)}   [{ex.evidence_sources.get(k, '?')}]" for k, v in ex.evidence.items()]
-    lines += ["", "walk"] + ["  " + s for s in ex.diagnosis.explain().splitlines()]
+    lines += ["", "walk (the whole function, aggregate metrics)"] + \
+        ["  " + s for s in ex.diagnosis.explain().splitlines()]
+    if ex.parts is not None:
+        lines += [""] + ex.parts.render()
     if ex.lab:
-        lines.append(f"  lab that teaches it: notebooks/{ex.lab}")
+        lines.append(f"  lab that teaches the headline leaf ({ex.leaf_id}): notebooks/{ex.lab}")
     if ex.notes:
         lines += ["", "notes"] + [f"  - {n}" for n in ex.notes]
     return "\n".join(lines)
@@ -124,3 +127,37 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                      f"{f(r['launch_gap_pct'], '4.1f', '%'):>6s} {f(r['n_spills'], 'd'):>6s}"
                      + (f"  ERROR {r['error']}" if r.get("error") else ""))
     return "\n".join(lines)
+
+
+def plot_parts(parts: dict[str, Any], title: str, ax=None):
+    """A bar of time per part (``Parts.to_dict()`` or its recorded copy), each labelled with its %
+    of floor, its leaf and its expected gain; the headline part drawn in orange."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3.2))
+    rows = sorted(parts["parts"], key=lambda p: p["t_ms"])
+    names = [p["name"] for p in rows]
+    bars = ax.barh(names, [p["t_ms"] for p in rows],
+                   color=["tab:orange" if p["name"] == parts.get("headline") else "tab:blue" for p in rows])
+    for b, p in zip(bars, rows):
+        pct = "n/a" if p["pct_of_floor"] is None else f"{p['pct_of_floor']:.0f}% of floor"
+        gain = "" if p["saved_ms"] is None else f", gain {p['saved_ms']:.3g} ms"
+        ax.annotate(f" {p['share_pct']:.0f}% of step, {pct}, leaf {p['leaf'] or '-'}{gain}",
+                    (b.get_width(), b.get_y() + b.get_height() / 2), va="center", fontsize=7)
+    ax.set_xlabel("ms per call")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlim(0, max(p["t_ms"] for p in rows) * 2.2 if rows else 1)
+    return ax
+
+
+def fix_summary(before: dict[str, Any], after_t_ms: float, before_t_ms: float) -> dict[str, Any]:
+    """The headline part's predicted saving (its time minus its floor) beside the saving measured
+    after the fix (before minus after), and their ratio."""
+    head = next((p for p in before["parts"] if p["name"] == before.get("headline")), None)
+    if head is None or head["saved_ms"] is None:
+        return {"headline": None}
+    measured = before_t_ms - after_t_ms
+    return {"headline": head["name"], "leaf": head["leaf"], "predicted_saving_ms": head["saved_ms"],
+            "measured_saving_ms": measured,
+            "measured_over_predicted": measured / head["saved_ms"] if head["saved_ms"] else None}

@@ -78,3 +78,22 @@ def load(target: str, what: str = "function") -> tuple[Callable[..., Any], Any]:
     if not callable(obj):
         raise UserInputError(f"{target} is a {type(obj).__name__}, not a {what}: pass a callable")
     return obj, mod
+
+
+def load_model(target: str) -> tuple[Callable[..., Any], tuple, Callable[[], Any] | None]:
+    """(module or bound method, argument tuple, input factory or None) from a factory
+    ``MODULE:FACTORY`` returning ``(module, inputs)``; ``inputs`` is an argument tuple (a single
+    tensor is one argument) or a function returning one (then called for fresh sets)."""
+    factory, _ = load(target, "model factory")
+    try:
+        got = factory()
+    except Exception as e:
+        raise UserInputError(f"the model factory {target} raised {type(e).__name__}: "
+                             f"{' '.join(str(e).split())[:200]}") from None
+    if not (isinstance(got, (tuple, list)) and len(got) == 2 and callable(got[0])):
+        raise UserInputError(f"the model factory {target} returned {type(got).__name__}: return "
+                             "(module, inputs), inputs an argument tuple or a function returning one")
+    module, inputs = got
+    if callable(inputs) and not hasattr(inputs, "shape"):
+        return module, (), inputs
+    return module, (inputs,) if hasattr(inputs, "shape") else tuple(inputs), None

@@ -21,6 +21,9 @@ whose compiled metadata (registers, spills) is reachable in this process.
 from __future__ import annotations
 
 import gc
+import json
+import os
+import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
@@ -29,6 +32,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from hwlab.core.profiling import KIT_RANGE_PREFIX, event_device, kernel_class
+from hwlab.core.profiling import trace_call_us, trace_calls
 
 CALL_MARK = KIT_RANGE_PREFIX + "examine_call"
 COMPILED_MARKS = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
@@ -104,6 +108,11 @@ class ProfileSummary:
     fp8_gemm_kernels: int = 0
     source: str = ""
     error: str | None = None  # the profiler failed: no figures from it
+    #: the Chrome trace the profiler exported (a temporary file; ``--out X.json`` copies it to
+    #: ``X.trace.json``) and what :func:`hwlab.core.profiling.trace_calls` read out of it
+    trace_path: str | None = None
+    calls: list = field(default_factory=list, repr=False)
+    call_us: list = field(default_factory=list)
 
     def launch_gap_pct(self, t_ms: float) -> float | None:
         """GPU idle share of the call (see module doc); None on a CPU."""
@@ -117,7 +126,9 @@ class ProfileSummary:
         return max(spills) if spills else None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d.pop("calls", None)  # per-kernel items: the parts summarise them; the trace file keeps them
+        return d
 
 
 def _busy_us(intervals: list[tuple[float, float]]) -> float:
@@ -143,9 +154,21 @@ def profile_calls(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], kwa
             torch.cuda.synchronize(device)
     events = list(prof.events())
     compiled = any(any(e.name.startswith(m) for m in COMPILED_MARKS) for e in events)
-    if gpu:
-        return _summarise_gpu(events, n_calls, compiled)
-    return _summarise_cpu(events, n_calls, compiled)
+    summary = _summarise_gpu(events, n_calls, compiled) if gpu else _summarise_cpu(events, n_calls, compiled)
+    try:  # the Chrome trace: what the parts are read from, and what the user can open
+        fd, path = tempfile.mkstemp(prefix="hwlab_examine_", suffix=".trace.json")
+        os.close(fd)
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+        summary.trace_path = path
+        summary.calls = trace_calls(trace, CALL_MARK)
+        summary.call_us = trace_call_us(trace, CALL_MARK)
+    except Exception as e:  # the summary stands; the parts say they could not be read
+        summary.error = summary.error or None
+        summary.calls = []
+        summary.source += f"; no Chrome trace ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
+    return summary
 
 
 def _summarise_gpu(events, n_calls: int, compiled: bool) -> ProfileSummary:

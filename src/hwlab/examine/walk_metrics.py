@@ -26,6 +26,8 @@ METRIC_SOURCES = {
     "launch_gap_pct": "GPU idle share of the call: profiler kernel intervals vs the measured time",
     "n_spills": "Triton compiled-kernel metadata (ptxas)",
     "e2e_slowdown": "wall-clock per call, back to back / device-event median",
+    "matmul_flops": "FLOPs of matmul-family ops (torch.utils.flop_counter, or given by the caller)",
+    "tensor_core_kernels": "tensor-core GEMM kernels per call (profiler kernel names; none on a CPU)",
 }
 
 
@@ -53,6 +55,11 @@ def build_evidence(m: Measurement, *, moved: int, amp: float | None, prof: Profi
     if prof.n_spills is not None:
         ev["n_spills"] = prof.n_spills
     ev["e2e_slowdown"] = wall_ms / m.t_ms if m.t_ms > 0 else None
+    seen_all = not prof.compiled_region and not prof.triton and (prof.attributable_pct is None
+                                                                 or prof.attributable_pct >= 95.0)
+    if not prof.error and seen_all:  # H's applicability: no matmul counted, none on the tensor cores
+        ev["matmul_flops"] = int(m.n_flops or 0)
+        ev["tensor_core_kernels"] = prof.tensor_core_gemm_kernels if on_gpu else 0
     sources = {k: METRIC_SOURCES[k] for k in ev if k in METRIC_SOURCES}
     for k, v in (ncu or {}).get("evidence", {}).items():
         if k in ("tensor_pipe_pct",) and not flop_bound:
