@@ -19,7 +19,7 @@ SOURCES = sorted(p for d in ("notebooks", "exercises", "solutions") for p in (RO
 
 #: units that make a number a figure: time, size, rate and work, plus "x" and "%". "x"/"×" must
 #: touch the number (``4.1x``) so a product written with spaces (``64 × 512``) is not a ratio.
-UNITS = (r"TFLOP/s|GFLOP/s|PFLOP/s|TFLOPS|GFLOPS|FLOP/byte|FLOP/B|FLOPs?|GB/s|TB/s|MB/s|GiB/s|"
+UNITS = (r"TFLOP/s|GFLOP/s|PFLOP/s|TFLOPS|GFLOPS|FLOP/byte|FLOP/B|FLOPs?|GB/s|TB/s|MB/s|GiB/s|Gbit/s|Mbit/s|"
          r"GiB|MiB|KiB|GB|TB|MB|KB|bytes?|ms|us|µs|ns|s|min|W|GHz|MHz")
 #: a number starts a token: ``fp8``, ``bf16``, ``H200``, ``sm_90`` and ``v1.2`` hold digits inside a
 #: word, so they are names (dtypes, the GPU, an architecture, a version), not figures
@@ -81,7 +81,7 @@ def _md(*paragraphs: str) -> str:
     ("The fused kernel runs 4.1x faster.", "4.1x"), ("a step of 3.20 ms", "3.20 ms"),
     ("memory −35%, TPOT -3%", "−35%"), ("at 4,800 GB/s", "4,800 GB/s"), ("near ~0.5 FLOP/byte", "~0.5 FLOP/byte"),
     ("91.3 TFLOP/s of bf16", "91.3 TFLOP/s"), ("the ridge (~180 FLOP/byte)", "~180 FLOP/byte"),
-    ("a 32 MiB message", "32 MiB"), ("within 2 s", "2 s"), ("**0.72x** after a swap", "0.72x"),
+    ("a 32 MiB message", "32 MiB"), ("within 2 s", "2 s"), ("a 100 Mbit/s link", "100 Mbit/s"), ("**0.72x** after a swap", "0.72x"),
     ("52 bytes per element", "52 bytes"), ("takes ~4 min", "~4 min"), ("3×", "3×"),
 ])
 def test_detector_finds_a_typed_figure(line, token):
