@@ -167,10 +167,7 @@ for c in (512, 4096, 32768):
     lines.append(f"- ctx {c}: TPOT **{f['tpot_change_pct']:+.1f}%**; its bytes promise "
                  f"{100 * (f['decode_bytes'] / b['decode_bytes'] - 1):+.1f}%; decode at {f['decode_gbps']:,.0f} GB/s "
                  f"against bf16's {b['decode_gbps']:,.0f} GB/s ({f['pct_of_copy']:.0f}% / {b['pct_of_copy']:.0f}% of copy)")
-nb.md(f"**The fixed path against bf16** _[{rec4.label}]_
-
-" + "
-".join(lines))
+nb.md(f"**The fixed path against bf16** _[{rec4.label}]_\n\n" + "\n".join(lines))
 fx = paths["fixed"]
 gain = {c: -tpot[("fixed", c)]["tpot_change_pct"] for c in (512, 4096, 32768)}
 # the issue's target: >= 25% in the memory-bound buckets (bf16 decode at >= 90% of the copy ceiling)
