@@ -13,7 +13,8 @@
 #
 # **Needs:** nothing special. On a GPU node every number below is measured live; on a laptop or CI
 # machine without a GPU the kit measures the CPU (labelled *CPU*) and shows the H200 runs this kit
-# recorded (labelled *recorded on NVIDIA H200*). **Takes:** ~1 min on a GPU, ~10 s on a CPU.
+# recorded (labelled *recorded on NVIDIA H200*). **Takes:** the run times measured on the H200 and on a CPU
+# are in the table of `docs/LEARNING_PATH.md`.
 #
 # **You will see:** the machine's state (NVML), its topology, the two ceilings every lab judges against
 # (copy bandwidth and GEMM rate, *as measured here*), the roofline they draw, and the diagnosis
@@ -56,7 +57,7 @@ print("health flags:", system.health_flags(snap if snap["nvml"]["available"] els
 # ## 2. Topology
 # `nvidia-smi topo -m` says how each pair of GPUs (and NICs) is connected: `NV#` (NVLink) is fastest,
 # then `PIX`, `PXB`, `PHB`, `NODE`, and `SYS` (across sockets) is slowest. A tensor-parallel group that
-# crosses `SYS` when an NVLink group exists is the seed's 0.72x incident.
+# crosses `SYS` when an NVLink group exists is the seed's first incident (Lab 3).
 
 # %%
 text = topology.capture_topo_text()
@@ -90,8 +91,8 @@ print(f"H200 datasheet: {ds.hbm_gbps:,} GB/s, bf16 {ds.bf16_tflops} TFLOP/s dens
 # %% [markdown]
 # ## 4. The roofline
 # Attainable TFLOP/s = min(peak, bandwidth × arithmetic intensity). Left of the ridge point a kernel
-# is memory-bound whatever its math; the Lab 1 points (an elementwise chain at ~0.5 FLOP/byte) sit far
-# left of an H200's ridge (~180 FLOP/byte in bf16).
+# is memory-bound whatever its math. Where the Lab 1 points (an elementwise chain) sit against the H200's
+# measured ridge is computed under the plot from the recorded run's counted FLOPs and bytes.
 
 # %%
 lab1 = evidence.recorded("lab01_bandwidth")
@@ -100,7 +101,13 @@ roofline.plot(h200, lab1.results, ax=axes[0], label=h200.label)
 roofline.plot(here, [], dtypes=("fp32",), ax=axes[1], label=here.label)
 plt.tight_layout()
 plt.show()
-print(f"H200 measured ridge (bf16): {h200.ridge_point('bf16'):.0f} FLOP/byte")
+ridge = h200.ridge_point("bf16")
+un = next(m for m in lab1.results if m.name == "unfused")
+ai_required, ai_moved = un.n_flops / un.n_bytes, un.n_flops / un.params["bytes_moved"]
+nb.md(f"The Lab 1 chain does {un.n_flops / 1e6:,.0f} MFLOP on {un.n_bytes / 2**20:,.0f} MiB it must move: "
+      f"**{ai_required:.2f} FLOP/byte** ({ai_moved:.2f} on the bytes the unfused chain really moves). "
+      f"The H200's measured bf16 ridge is **{ridge:.0f} FLOP/byte**, {ridge / ai_required:.0f}x further right: "
+      f"the chain is memory-bound by a wide margin. _[{lab1.label}; ridge {h200.label}]_")
 
 # %% [markdown]
 # ## 5. The diagnosis flowchart

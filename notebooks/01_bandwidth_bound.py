@@ -13,7 +13,8 @@
 #
 # **Needs:** a CUDA GPU for live speed; without one the kernels run in the Triton interpreter at tiny
 # sizes (correctness only) and the speed evidence is the H200 run this kit recorded, labelled as such.
-# **Takes:** ~1 min on a GPU (plus ~1 min if Nsight Compute is installed), ~10 s on a CPU.
+# **Takes:** the run times measured on the H200 and on a CPU are in the table of `docs/LEARNING_PATH.md`
+# (Nsight Compute, where installed, adds its own replays).
 #
 # **Arc:** symptom → predict → measure → place on the flowchart → fix → re-verify with the same probe.
 #
@@ -46,9 +47,11 @@ print(nb.live_label())
 # | `t3 = t2 + residual` | t2 (N), residual (N) | t3 (N) |
 # | `y = t3 * scale` | t3 (N) | y (N) |
 #
-# **9N** elements cross DRAM; the work needs only **3N** (read x and residual, write y). At ~11 FLOP per
-# element the chain sits near 0.5 FLOP/byte, hundreds of times left of the ridge point. Prediction: both
-# versions run at the copy bandwidth, so the fused one is **~3x faster**.
+# **9N** elements cross DRAM; the work needs only **3N** (read x and residual, write y).
+#
+# **Prediction:** the chain does about 11 FLOP per element on 3 fp16 elements (6 bytes) it must move,
+# under 2 FLOP/byte: far left of the ridge point, so bytes decide. Both versions run at the copy
+# bandwidth, so the fused one is **~3x faster** (the byte ratio). The cell below counts both exactly.
 
 # %%
 rows, cols = lab.default_size(None)
@@ -56,6 +59,16 @@ tr = lab.chain_traffic(rows, cols, torch.tensor([], dtype=DTYPE).element_size())
 print(f"{rows}x{cols} {DTYPE}: required {tr['bytes_required']/2**20:,.1f} MiB, unfused moves "
       f"{tr['bytes_moved_unfused']/2**20:,.1f} MiB -> predicted speed-up "
       f"{tr['bytes_moved_unfused']/tr['bytes_required']:.2f}x; AI {tr['n_flops']/tr['bytes_required']:.2f} FLOP/B")
+
+# %% [markdown]
+# ## The kernel, beside its reference
+# The unfused chain is four eager PyTorch calls; the fused one is one Triton kernel. Look at the three
+# `tl.load`s and the one `tl.store` (each element of `x` and `residual` read once, `y` written once),
+# the tile (`BLOCK` consecutive elements per program, so a warp's loads are contiguous), and the
+# accumulate dtype (fp16 loaded, math in fp32, cast back at the store).
+
+# %%
+nb.show_kernel(lab._fused_chain_kernel, lab.unfused_chain)
 
 # %% [markdown]
 # ## Measure (live), against the copy ceiling measured here
@@ -95,10 +108,25 @@ c_for_roof = ceil if GPU else ceilings.recorded()
 roofline.plot(c_for_roof, m.values(), ax=axes[1], label=source)
 plt.tight_layout()
 plt.show()
-print(f"fused over unfused: {result.speedup('unfused', 'fused'):.2f}x (predicted ~3x); "
+speedup = result.speedup("unfused", "fused")
+byte_ratio = moved["unfused"] / m["fused"].n_bytes
+gbps_moved = {k: moved[k] / (m[k].t_ms * 1e6) for k in ("unfused", "fused")}
+print(f"fused over unfused: {speedup:.2f}x (predicted ~3x); "
       f"coalesced over strided: {result.speedup('strided', 'coalesced'):.2f}x  [{source}]")
+nb.md(f"**Measured:** the fused kernel is **{speedup:.2f}x** faster; the byte ratio alone predicts "
+      f"**{byte_ratio:.2f}x**. The rest is bandwidth: the unfused chain moves its bytes at "
+      f"{gbps_moved['unfused']:,.0f} GB/s, the fused kernel at {gbps_moved['fused']:,.0f} GB/s "
+      f"({gbps_moved['fused'] / gbps_moved['unfused']:.2f}x), and "
+      f"{byte_ratio:.2f} x {gbps_moved['fused'] / gbps_moved['unfused']:.2f} = "
+      f"{byte_ratio * gbps_moved['fused'] / gbps_moved['unfused']:.2f}x. _[{source}]_")
 
 # %% [markdown]
+# Why the gap: the byte ratio assumes every pass streams at the same rate, and the line above shows the
+# unfused passes do not. Each of the four eager kernels pays its own launch and its own ramp-up and drain
+# of the memory pipeline, and PyTorch's generic elementwise kernels (broadcasting, type handling) stream
+# below the rate of one long, specialised kernel; which of these weighs most is not measured here (a
+# profile of the four kernels would say). Fusion removes passes *and* their per-pass costs.
+#
 # ## Place it on the flowchart
 # The unfused chain is far from its floor (slow), and the bytes it really moves run near the copy
 # ceiling: DRAM is saturated → **bandwidth / layout / fusion**. The strided case is also slow, but its
@@ -158,7 +186,8 @@ remeasure()
 
 # %% [markdown]
 # ## Summary
-# - Count bytes before timing: the unfused chain moves 3x the bytes it needs; that ratio *is* the speed-up.
+# - Count bytes before timing: the byte ratio of unfused to fused is the floor of the speed-up; each extra
+#   pass also pays a launch and a ramp, so fusion can beat the ratio (measured above).
 # - A bandwidth-bound kernel is judged by % of the measured copy ceiling, not by FLOP/s.
 # - Uncoalesced access wastes sectors: DRAM throughput can look *low* while the memory path is the
 #   limiter; the sector counters (or the access-pattern estimate) reveal it.

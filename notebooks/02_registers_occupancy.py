@@ -15,6 +15,8 @@
 # are compiled for sm_90 (Hopper) on this CPU and `ptxas -v` reports them. Speed figures then come from
 # the H200 run this kit recorded, labelled. Set `FULL = True` to add the heavily spilling tile, whose
 # compile alone takes minutes.
+# the H200 run this kit recorded, labelled. **Takes:** the run times measured on the H200 and on a CPU are
+# in the table of `docs/LEARNING_PATH.md` (most of it is compiling the sweep).
 #
 # **Arc:** symptom → predict → measure → flowchart → fix → re-verify.
 #
@@ -34,6 +36,16 @@ from hwlab.labs.registers.occupancy import HOPPER, occupancy
 GPU = nb.has_gpu()
 FULL = False  # True: also the heavily spilling 256x256 tile on 4 warps (a compile of minutes)
 print(nb.live_label())
+
+# %% [markdown]
+# ## The kernel, beside its reference
+# The GEMM every config runs, and the float64 reference it is checked against first. Look at the tile
+# (`BM × BN` outputs per program, `BK` deep per step of the loop), the two `tl.load`s per step feeding
+# `tl.dot` (the Tensor-Core MMA), the accumulate dtype (`acc` is fp32 whatever the inputs), and the one
+# `tl.store` at the end. The tile is the knob: `acc` lives in registers for the whole loop.
+
+# %%
+nb.show_kernel(lab.matmul_kernel, lab.reference_matmul)
 
 # %% [markdown]
 # ## Predict: count the accumulator
@@ -68,8 +80,13 @@ for r in rows:
 # `hwlab.labs.registers.occupancy` turns registers, shared memory and warps into blocks per SM under each limit
 # (Hopper: 65536 registers, 228 KiB shared memory, 64 warps, 32 blocks per SM). Recorded on the H200,
 # Nsight Compute's `launch__occupancy_limit_*` reads the same limits: compare them below.
+# `hwlab.labs.registers.occupancy` turns registers, shared memory and warps into blocks per SM under each limit
+# (Hopper's limits, printed below from `HOPPER` with their source). Recorded on the H200, Nsight
+# Compute's `launch__occupancy_limit_*` reads the same limits: compare them below.
 
 # %%
+nb.md(f"Hopper per SM: {HOPPER.regs_per_sm:,} registers, {HOPPER.smem_per_sm / 1024:.0f} KiB shared memory, "
+      f"{HOPPER.max_warps_per_sm} warps, {HOPPER.max_blocks_per_sm} blocks _[{HOPPER.source}]_")
 rec = evidence.recorded("lab02_registers")
 nb.banner("Occupancy: hwlab's calculation vs Nsight Compute", rec.label)
 for c in rec.extra["configs"]:

@@ -12,7 +12,8 @@
 # # 05 · Node health baseline: record it healthy, compare when it is not
 #
 # **Needs:** nothing special; on a GPU node every probe runs there, on a CPU the CPU is probed (labelled)
-# and the H200 baseline this kit recorded is shown beside it. **Takes:** ~1 min on a GPU, ~15 s on a CPU.
+# and the H200 baseline this kit recorded is shown beside it.
+# **Takes:** the run times measured on the H200 and on a CPU are in the table of `docs/LEARNING_PATH.md`.
 #
 # Without a baseline, on call you can only guess whether "this machine is weird". With one, a regression
 # splits into **hardware**, **topology**, **runtime** or **workload** in one command:

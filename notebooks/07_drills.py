@@ -16,7 +16,8 @@
 # of the same configuration on a CPU machine (the slow-link rank: its recorded multi-rank CPU run). Every
 # flowchart answer in a drill is a measured metric — B (the kernel alone against this machine's floor),
 # D (the served step against what the kernel predicts), K (the per-rank step distribution; one process
-# reports its one rank) — and each says what measured it. **Takes:** 5–10 min per drill.
+# reports its one rank) — and each says what measured it. **Takes:** per drill, see the agendas in
+# `docs/INSTRUCTOR.md`.
 #
 # You walk the flowchart, submit a leaf and the evidence it rests on; hwlab grades the leaf, checks that
 # your evidence is what the probes showed and leads there, then runs the *fixed* configuration and

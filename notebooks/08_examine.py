@@ -12,8 +12,8 @@
 # # 08 · Examine your own kernel: point the flowchart at your code
 #
 # **Needs:** nothing special; on a GPU the examination runs there, on a CPU it runs on the CPU (labelled,
-# the leaf indicative) and the H200 examinations this kit recorded are shown beside it. **Takes:** ~1 min on
-# a CPU, ~30 s on a GPU.
+# the leaf indicative) and the H200 examinations this kit recorded are shown beside it. **Takes:** the run
+# times measured on the H200 and on a CPU are in the table of `docs/LEARNING_PATH.md`.
 #
 # Labs 1-4 walk the flowchart over the kit's own kernels. The week after, the slow kernel is *yours*.
 # `hwlab examine` takes any PyTorch or Triton callable and does what the labs did, under the same protocol:
@@ -55,9 +55,11 @@ print("ceilings:", here.label)
 # ## One of the examples, live
 #
 # `examples/unfused_chain.py` is an activation chain written op by op: six elementwise kernels, each
-# reading and writing the whole tensor. Predict before running: the required bytes are one read of `x`
-# and one write of the result (8 bytes per element in fp32); the six kernels move 52 bytes per element.
-# On a GPU it should run ~6x over its floor, at DRAM speed: the bandwidth leaf **G**.
+# reading and writing the whole tensor.
+#
+# **Prediction:** the required bytes are one read of `x` and one write of the result (8 bytes per element
+# in fp32); the six kernels move 52 bytes per element. On a GPU it should run ~6x over its floor, at DRAM
+# speed: the bandwidth leaf **G**.
 
 # %%
 fn, mod = load(f"{ROOT / 'examples' / 'unfused_chain.py'}:unfused_chain")

@@ -12,12 +12,12 @@
 # # Solution 01 · Fuse the chain yourself
 #
 # **Needs:** a GPU to be graded on speed; on a CPU your kernel runs in the Triton interpreter and is
-# graded on correctness only (the result says so). **Takes:** 20–40 min.
+# graded on correctness only (the result says so). **Takes:** see the agendas in `docs/INSTRUCTOR.md`.
 #
 # Write one Triton kernel computing `y = (gelu_tanh(x + bias) + residual) * scale` for a row-major
 # `x (rows, cols)`, `bias (cols,)`, `residual (rows, cols)`. The checker tests it on fresh random inputs
-# against a float64 reference, then (on a GPU) asks for **≥ 70% of the copy bandwidth this machine
-# measured**, counting the 3N bytes the work requires.
+# against a float64 reference, then (on a GPU) asks for a share of **the copy bandwidth this machine
+# measured** (the pass band, `MIN_PCT`, is shown with the check), counting the 3N bytes the work requires.
 #
 # Hints: one program per `BLOCK` of flattened elements; `bias` is indexed by `offs % cols`; compute in
 # fp32 and cast back on store; `0.5·t·(1 + tanh(u)) == t·sigmoid(2u)` with `u = √(2/π)(t + 0.044715 t³)`.
@@ -65,13 +65,16 @@ def my_fused_chain(x, bias, residual, scale=0.5):
 
 # %%
 rows, cols = (8192, 8192) if GPU else (48, 200)
+MIN_PCT = 70.0  # the pass band: a fused chain that streams its 3N bytes near the copy rate clears it
+nb.md(f"Pass band: **≥ {MIN_PCT:.0f}%** of this machine's measured copy bandwidth"
+      + ("." if GPU else " (not graded here: no GPU, correctness only)."))
 dtype = torch.float16
 c = ceilings.get(quick=True)
 res = exercise_checks.check_own_kernel(
     "fused chain", my_fused_chain, [my_fused_kernel], lab.reference_chain,
     lambda: lab.make_chain_inputs(rows, cols, dtype),
     tol=TOL_BY_DTYPE["float16"], n_bytes=lab.chain_traffic(rows, cols, 2)["bytes_required"],
-    ceiling_gbps=c.copy_gbps if GPU else None, min_pct=70.0,
+    ceiling_gbps=c.copy_gbps if GPU else None, min_pct=MIN_PCT,
     hint="Load each input once, compute in fp32, store once; BLOCK of 1024-4096 with 4-8 warps.")
 res
 

@@ -12,7 +12,7 @@
 # # Solution 03 · Find the straggler, fix the mapping
 #
 # **Needs:** nothing beyond the kit (recorded per-rank timings and real topology captures).
-# **Takes:** 15 min.
+# **Takes:** see the agendas in `docs/INSTRUCTOR.md`.
 #
 # Part 1: below are the per-rank median times of the TP block after a GPU reorder (recorded on a CPU
 # machine with a real rate-limited link). Which ranks are the tail?

@@ -23,6 +23,41 @@ def banner(text: str, source: str) -> None:
     display(Markdown(f"**{text}** — _{source}_"))
 
 
+def md(text: str) -> None:
+    """Show markdown built from a result: a figure in prose is rendered from the run or the
+    record, never typed, so it cannot drift from the output beside it."""
+    from IPython.display import Markdown, display
+
+    display(Markdown(text))
+
+
+#: a kernel shown in a notebook fits one screen beside its reference, as Triton's tutorials show
+#: theirs; a longer one shows its core loop instead
+SHOW_MAX_LINES = 40
+
+
+def kernel_source(fn, max_lines: int = SHOW_MAX_LINES) -> str:
+    """The source of ``fn`` (a ``@triton.jit`` kernel or a plain function), read from the module
+    it runs from, so what a notebook shows is what it measures. Raises ``ValueError`` if it is
+    longer than ``max_lines``."""
+    import inspect
+    import textwrap
+
+    src = textwrap.dedent(inspect.getsource(getattr(fn, "fn", fn))).rstrip()
+    n_lines = len(src.splitlines())
+    if n_lines > max_lines:
+        raise ValueError(f"{getattr(fn, '__name__', fn)} is {n_lines} lines; show its core loop "
+                         f"(at most {max_lines} lines)")
+    return src
+
+
+def show_kernel(*fns, note: str = "") -> None:
+    """Show the source of each function in ``fns`` (the kernel and its torch reference) and a
+    line saying what to look at."""
+    body = "\n\n".join(kernel_source(f) for f in fns)
+    md(f"```python\n{body}\n```" + (f"\n\n{note}" if note else ""))
+
+
 def live_label() -> str:
     from hwlab.core.measure import device_name, device_of
 
