@@ -56,8 +56,13 @@ def bucket_evidence(cfg: ModelConfig, path: dict[str, Any], bucket: dict[str, An
     weights = [s["n"] for s in steps]
     pred_p50 = percentile(predicted, 50, weights)
     tail = rank_tail_pct({0: [s["t_ms"] for s in steps]})
+    totals = prof["breakdown"].get("total_us_of_profiles") or [kernel_us]
     return {
         "slowdown_vs_floor": slowdown, "dram_pct_estimated": 100.0 / slowdown,
+        # the spread of the profiles' kernel sums carried into B and D (D's prediction scales with B)
+        "slowdown_vs_floor_range": [min(totals) / floor_us, max(totals) / floor_us],
+        "e2e_slowdown_range": [st["tpot_ms_p50"] / pred_p50 * kernel_us / max(totals),
+                               st["tpot_ms_p50"] / pred_p50 * kernel_us / min(totals)],
         "e2e_slowdown": st["tpot_ms_p50"] / pred_p50,
         "rank_tail_pct": tail, "n_ranks": 1,
         "fp8_fallback_rate_pct": prof["fallback_rate_pct"], "fp8_hit_rate_pct": prof["hit_rate_pct"],
