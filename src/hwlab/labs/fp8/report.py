@@ -66,6 +66,8 @@ def performance_report(stream_result: dict[str, Any], path: str) -> dict[str, An
                "fallback_gemms": pr["fallback_gemms"], "high_precision_by_choice": pr["high_precision_by_choice"],
                "quant_ranges": pr["quant_ranges"], "dequant_ranges": pr["dequant_ranges"],
                "dq_rq_per_token": pr["dequant_requant_per_token"],
+               # apart: a weight dequant moves a whole weight, a requant one step's activation rows
+               "dq_per_token": pr["dequant_ranges"] / pr["batch"], "rq_per_token": pr["quant_ranges"] / pr["batch"],
                "kernel_us": br["total_us"], "kernel_us_by_class": dict(br["us"]),
                "kernel_share_pct": dict(br["share_pct"]), "kernel_source": br["source"],
                "n_requests": len(st["requests"]), "n_tokens": st["n_tokens"], "n_steps": st["n_steps"],
@@ -129,12 +131,12 @@ def format_report(rep: dict[str, Any], label: str = "") -> str:
     w = rep["weight_bytes"]
     head = f"{rep['path']}: weights {w / 1e9:.3f} GB" + (
         f" ({rep['weight_change_pct']:+.0f}% vs bf16)" if "weight_change_pct" in rep else "") + (f"  [{label}]" if label else "")
-    lines = [head, f"{'bucket':>14} {'KV':>4} {'FP8 hit':>7} {'fallb':>5} {'dq+rq/tok':>9} {'TTFT p50/p99 ms':>17} "
+    lines = [head, f"{'bucket':>14} {'KV':>4} {'FP8 hit':>7} {'fallb':>5} {'dq/tok':>6} {'rq/tok':>6} {'TTFT p50/p99 ms':>17} "
                    f"{'TPOT p50/p99 ms':>17} {'vs bf16 p50/p99':>16} {'ITL p99':>8}"]
     for r in rep["buckets"]:
         chg = (f"{r['tpot_p50_change_pct']:+5.0f}%/{r['tpot_p99_change_pct']:+4.0f}%" if "tpot_p50_change_pct" in r else "")
         lines.append(f"{'ctx ' + str(r['ctx']) + ' x' + str(r['batch']):>14} {'fp8' if r['kv_fp8'] else 'bf16':>4} "
-                     f"{r['fp8_hit_pct']:6.0f}% {r['fallback_gemms']:5d} {r['dq_rq_per_token']:9.1f} "
+                     f"{r['fp8_hit_pct']:6.0f}% {r['fallback_gemms']:5d} {r['dq_per_token']:6.2f} {r['rq_per_token']:6.2f} "
                      f"{r['ttft_ms_p50']:8.2f}/{r['ttft_ms_p99']:<8.2f} {r['tpot_ms_p50']:8.3f}/{r['tpot_ms_p99']:<8.3f} "
                      f"{chg:>16} {r['itl_ms_p99']:8.2f}")
     if not all(r["ttft_device_only"] for r in rep["buckets"]):
