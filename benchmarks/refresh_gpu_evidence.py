@@ -15,10 +15,11 @@ Parts:
 * ``lab02`` ``lab03`` Lab 2 (tiles, spills, occupancy, launch) and Lab 3 (one-GPU TP step)
 * ``baseline``        the node baseline, recorded twice and compared (an unchanged re-run)
 * ``scenarios``       the dtype/MMA-path and workload-mix leaves
-* ``lab04``           Lab 4 (FP8): every precision path, TTFT/TPOT per bucket, hit rates,
-                      logit error, kernel self-checks, attention kernel vs SDPA; the serving
-                      stream per bucket (bf16, mixed, fixed): per-path performance reports,
-                      the seed's p50/p99 signature, the flowchart's B/D/K measured
+* ``lab04``           Lab 4 (FP8): kernel self-checks, weight memory and logit error per path,
+                      the serving stream per context bucket on bf16, mixed, gemms_fixed and
+                      fixed (per-path performance reports: hit rate, dequant/requant per token,
+                      TTFT/TPOT p50/p99), the seed's signature over the whole service, the
+                      flowchart's B/D/K measured, the attention kernel vs SDPA
 * ``drills``          one diagnosis drill per fault, live where one GPU can reproduce it
 """
 from __future__ import annotations
@@ -253,76 +254,45 @@ def part_lab04(out: Path, summary: list[str]) -> None:
     from hwlab.diagnosis import flowchart
     from hwlab.labs import fp8 as lab
     from hwlab.labs.fp8 import kernels as fp8_kernels
-    from hwlab.labs.fp8 import research
 
     tile = fp8_kernels.DEFAULT_TILE
-    tuned = os.environ.get("HWLAB_LAB04_TUNED")  # a lab04_decode_tuning.py result from this machine
-    if tuned:
-        try:
-            tile, dot, prefetch = research.split_attn_config(json.loads(Path(tuned).read_text())["best_attn"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise SystemExit(f"HWLAB_LAB04_TUNED={tuned}: not a finished lab04_decode_tuning.py result "
-                             f"({type(e).__name__}: {e}); rerun the tuning or unset it to use the kit's tile")
-        if dot or prefetch:
-            raise SystemExit(f"HWLAB_LAB04_TUNED={tuned}: its best attention is a research variant (use_dot "
-                             f"{dot}, prefetch {prefetch}); the lab's kernel runs neither: move the variant into "
-                             "labs/fp8/attention.py first, or unset HWLAB_LAB04_TUNED to use the kit's tile")
     kernels = dataclasses.asdict(tile)  # the decode attention's tile every decoder of this run uses
-    print("lab04 attention tile:", kernels, flush=True)
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: --cpu-check at the lab's tiny sizes
     checks = fp8_kernels.self_check(dev, tile=tile)
+    t0 = time.perf_counter()
     r = lab.run(device=dev, progress=lambda s: print("lab04:", s, flush=True), attn_tile=tile)
+    run_s = time.perf_counter() - t0
     copy = probes.hbm_copy(size_mib=2048 if dev == "cuda" else 256, device=dev, impl="torch").gbps
-    for rows in r["paths"].values():
-        for row in rows["buckets"]:
-            row["decode_pct_of_copy"] = 100.0 * row["decode_gbps"] / copy
     walk = lab.flowchart_evidence(r, copy)
+    sig = lab.seed_signature(r)
     ev = Evidence(kind="lab04_fp8", machine=machine_info(),
                   ceilings={"copy_gbps": copy, "source": "hbm_copy[torch] in this run"},
-                  extra={"run": r, "kernel_checks": checks, "kernel_config": kernels,
-                         "kernel_config_from": tuned and Path(tuned).name,
+                  extra={"run": r, "run_s": run_s, "kernel_checks": checks, "kernel_config": kernels,
                          "stream_reports": {p: lab.performance_report(r["stream"], p) for p in r["stream"]["paths"]},
-                         "seed_signature": lab.seed_signature(r["stream"]),
+                         "seed_signature": sig,
                          "flowchart_evidence": walk,
                          "flowchart_leaves": {k: flowchart.diagnose(e).leaf_id for k, e in walk.items()}})
     ev.save(out / "lab04_fp8.json")
+    summary.append(f"lab04 run {run_s:.0f} s; config {r['config']}")
     for p in r["stream"]["paths"]:
         summary.append(lab.format_report(ev.extra["stream_reports"][p], "lab04 stream"))
-    summary.append("lab04 seed signature (mixed vs bf16 TPOT gain p50/p99 %; p50 small, p99 not better, "
-                   "p99 gain not above p50): " + ", ".join(
-                       f"ctx {x['ctx']}: {x['gain_p50_pct']:+.1f}/{x['gain_p99_pct']:+.1f} {x['p50_gain_small']} "
-                       f"{x['p99_not_better']} {x['p99_gain_not_above_p50']}" for x in ev.extra["seed_signature"]))
+    summary.append(f"lab04 seed signature (mixed vs bf16, whole service): memory {sig['memory_change_pct']:+.1f}%, "
+                   f"TPOT gain p50 {sig['gain_p50_pct']:+.1f}% p99 {sig['gain_p99_pct']:+.1f}%; "
+                   f"p50 gain 0-6%: {sig['p50_gain_small']}, p99 gains less: {sig['p99_gains_less']}")
+    for p in r["stream"]["paths"]:
+        st = lab.service_tpot(r["stream"], p)
+        summary.append(f"lab04 service {p}: TPOT p50 {st['tpot_ms_p50']:.3f} p99 {st['tpot_ms_p99']:.3f} "
+                       f"mean {st['tpot_ms_mean']:.3f} ms over {st['tokens']} tokens")
     for k, e in walk.items():
         summary.append(f"lab04 walk {k}: B {e['slowdown_vs_floor']:.2f}x, D {e['e2e_slowdown']:.2f}x, "
                        f"K {e['rank_tail_pct']:.1f}% -> {ev.extra['flowchart_leaves'][k]}")
     summary.append("lab04 kernel checks: " + ", ".join(f"{k} {v:.2e}" for k, v in checks.items()))
     summary.append("lab04 logit error: " + ", ".join(f"{k} {v:.3f}" for k, v in r["logit_error"].items()))
-    for p, v in r["paths"].items():
-        pr = v["profile"]
-        summary.append(f"lab04 {p}: weights {v['weight_bytes'] / 1e9:.2f} GB ({v['weight_mem_change_pct']:+.0f}%), "
-                       f"hit {pr['hit_rate_pct']:.0f}% of {pr['gemm_calls']} GEMMs, fallback {pr['fallback_gemms']}, "
-                       f"dq+rq/token {pr['dequant_requant_per_token']:.1f}")
-        for b in v["buckets"]:
-            summary.append(f"   ctx {b['ctx']} x{b['batch']}: TTFT {b['ttft_ms']:.1f} ms ({b['ttft_change_pct']:+.0f}%), "
-                           f"TPOT {b['tpot_ms']:.3f} ms ({b['tpot_change_pct']:+.0f}%), {b['decode_gbps']:.0f} GB/s "
-                           f"({b['decode_pct_of_copy']:.0f}% of copy)"
-                           + (f", KV dequantized first: {b['tpot_kv_dequant_ms']:.3f} ms" if "tpot_kv_dequant_ms" in b else ""))
-        for br in v.get("breakdown", []):
-            summary.append(f"   time by kernel, ctx {br['ctx']} x{br['batch']}: total {br['total_us']:.0f} us, "
-                           + ", ".join(f"{k} {br['share_pct'][k]:.0f}% ({br['count'][k]})" for k in br["us"]))
-    for a in r.get("attention_vs_sdpa", []):
+    a = r.get("attention_vs_sdpa")
+    if a:
         summary.append(f"lab04 attention ctx {a['ctx']} x{a['batch']} ({a['timing']}): kit on FP8 {a['kit_fp8_gbps']:.0f} GB/s "
                        f"({a['kit_fp8_over_sdpa_gbps']:.0%} of SDPA), SDPA on bf16 {a['sdpa_gbps']:.0f}, kit on bf16 "
-                       f"{a['kit_bf16_gbps']:.0f}; launch share eager {a['launch_share_pct']:.0f}%; errors "
-                       + ", ".join(f"{k} {v:.1e}" for k, v in a["rel_err_vs_float32"].items()))
-    for g in r.get("gemms_vs_bf16", []):
-        summary.append(f"lab04 GEMM {g['layer']} x{g['rows']}: FP8 {g['fp8_gbps']:.0f} GB/s ({g['fp8_over_bf16_gbps']:.0%} of bf16's "
-                       f"{g['bf16_gbps']:.0f})" + (f", swap-AB; plain order {g['fp8_plain_order_gbps']:.0f}" if g["swap_ab"] else "")
-                       + (f", the kit's GEMM; cuBLAS FP8 {g['fp8_cublas_gbps']:.0f}" if g.get("kit_gemm") else "")
-                       + (f"; the kit's, 8 back to back with PDL {g['fp8_pdl_back_to_back_gbps']:.0f}"
-                          if "fp8_pdl_back_to_back_gbps" in g else ""))
-    summary.append("lab04 byte-floor targets:\n" + lab.format_targets(
-        lab.byte_floor_targets(r, copy, ev.extra["flowchart_leaves"]), "this run"))
+                       f"{a['kit_bf16_gbps']:.0f}; errors " + ", ".join(f"{k} {v:.1e}" for k, v in a["rel_err_vs_float32"].items()))
 
 
 def part_drills(out: Path, summary: list[str]) -> None:

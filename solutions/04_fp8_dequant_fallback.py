@@ -14,12 +14,14 @@
 # **Needs:** nothing special (the checker profiles the decoder where it runs). **Takes:** 15 min.
 #
 # The seed's `mixed` path is profiled below. Find which modules fall back (their FP8 weights are
-# dequantized every step) and write a path with **no fallback GEMMs**, an **FP8 hit rate ≥ 80%**, and
+# dequantized every step) and write a path with **no fallback GEMMs**, a high **FP8 hit rate** (the
+# checker's `min_hit_pct`), and
 # logits within the FP8 bound of the BF16 model. The checker also grades what the seed's fix asks:
 # the sensitive output head stays high-precision (先保留敏感头高精), and the FP8 KV cache is used per
 # context bucket only where the KV bytes pay for it (`kv_fp8_from_ctx`: the shortest context that gets
 # an FP8 cache; the bytes per bucket come from the H200 run). On a GPU it times your path's decode
-# TPOT against this machine's bf16 TPOT in the same run.
+# TPOT against this machine's bf16 TPOT in the same run. The modes are `lab.QLinear.MODES`; `fp8_static`
+# is the lab's FP8 GEMM with activation scales calibrated once.
 
 # %%
 from hwlab.diagnosis import exercise_checks
@@ -43,31 +45,40 @@ for r in rows:
           f"per step ({r['kv_share_pct']:.0f}%)")
 
 # %% tags=["learner"]
-# connector and head were "fp8_dequant": run the connector on the FP8 GEMM path, keep the head in bf16 on purpose
-MY_PATH = {"main": "fp8_mm", "connector": "fp8_mm", "head": "bf16", "kv_fp8_from_ctx": 4096}
+# connector and head were "fp8_dequant": run the connector on the FP8 GEMM path (the lab's calibrated
+# "fp8_static", as the trunk), keep the head in bf16 on purpose, FP8 KV only for the long bucket
+MY_PATH = {"main": "fp8_static", "connector": "fp8_static", "head": "bf16", "kv_fp8_from_ctx": 8192}
 
 # %%
 exercise_checks.check_fp8_path(MY_PATH)
 
 # %% [markdown]
-# ## Part 2 · Which targets can a kernel still reach?
+# ## Part 2 · Which bucket falls back, and why does the tail not move?
 #
-# **Takes:** 5 min. Lab 4's targets table (recorded on the H200) sets each attention and GEMM target beside
-# a kernel that reads the very same bytes and does nothing else (the bare read). A target that asks at least
-# 95% of the bare read's GB/s asks a kernel that also computes to stream as fast as one that only reads: no
-# tuning should be expected to meet it. Put in `MY_ROOM` the targets that are **not met** and ask **less than
-# 95%** of their bare read: where a better kernel could still pay.
+# **Takes:** 5 min. The seed's first fix is to count the FP8 kernel hit rate *per bucket*. Below is the
+# `mixed` path's profiled decode step per context bucket of Lab 4's recorded H200 service. Find the bucket
+# where the FP8 hit rate is lowest and the layer kind that falls back **only** there. Then say to yourself
+# why that bucket's TPOT gains the least of the service's: which bytes dominate its step, and which of
+# the seed's fixes moves them?
 
 # %%
-rows, label = exercise_checks.floor_targets()
-print(f"Lab 4's attention and GEMM targets, {label}:")
+rows, label = exercise_checks.fallback_buckets()
+print(f"mixed path per bucket ({label}):")
 for r in rows:
-    print(f"  {'met    ' if r['met'] else 'NOT MET'}  {r['target']}: measured {r['measured']:,.0f}, target "
-          f"{r['against']:,.0f}, bare read {r['floor']:,.0f} {r['unit']}")
+    print(f"  ctx {r['ctx']:>6} x{r['batch']:<3}: FP8 hit {r['fp8_hit_pct']:.0f}%, fell back {r['fell_back']}, "
+          f"TPOT p50 {r['tpot_p50_change_pct']:+.1f}% / p99 {r['tpot_p99_change_pct']:+.1f}% vs bf16")
 
 # %% tags=["learner"]
-# the share of the bare read each target asks is its GB/s over the bare read's
-MY_ROOM = {r["target"] for r in rows if not r["met"] and r["against"] / r["floor"] < 0.95}
+# the lowest hit rate, and the kind in its list that no other bucket's list has
+low = min(rows, key=lambda r: r["fp8_hit_pct"])
+MY_BUCKET = low["ctx"]
+MY_MODULE = next(iter(set(low["fell_back"]).difference(*[r["fell_back"] for r in rows if r is not low])))
 
 # %%
-exercise_checks.check_floor_room(MY_ROOM)
+exercise_checks.check_fallback_bucket(MY_BUCKET, MY_MODULE)
+
+# %% [markdown]
+# Why the tail does not move: the long bucket's step is mostly KV-cache reads in BF16, which FP8 weights do
+# not touch, and its small batch has no FP8 kernel for `out`, so that layer reads a dequantized copy. Its
+# steps are the service's longest, so they make the P99. Fix 2 (every trunk shape on FP8) removes the
+# fallback; fix 3 (an FP8 KV cache for the long bucket) halves the bytes that dominate it.

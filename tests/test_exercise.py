@@ -114,7 +114,7 @@ def test_04_fp8_head_fails_with_the_seeds_reason_and_kv_is_graded_per_bucket():
     h = C.check_fp8_path(dict(fix, head="fp8_mm"))
     assert h.status == "wrong" and "先保留敏感头高精" in h.message
     kv = C.check_fp8_path(dict(fix, kv_fp8_from_ctx=512))  # FP8 KV where its bytes do not pay
-    assert kv.status == "wrong" and "ctx 512 x16" in kv.message and "does not pay; you chose FP8" in kv.message
+    assert kv.status == "wrong" and "ctx 1024 x16" in kv.message and "does not pay; you chose FP8" in kv.message
     none = C.check_fp8_path(dict(fix, kv_fp8_from_ctx=None))  # bf16 KV where FP8 would pay
     assert none.status == "wrong" and "FP8 pays; you chose bf16" in none.message
     rows, label = C.kv_buckets()
@@ -154,26 +154,29 @@ def test_toolchain_failure_inside_the_compile_is_an_environment_problem(monkeypa
     assert C.toolchain_problem(static_compile=True) is None  # this machine's own toolchain is fine
 
 
-def test_04_part2_room_is_graded_from_the_recorded_floor_not_a_label():
-    """Exercise 04, part 2: the targets with room are recomputed from the recorded run's measured
-    GB/s (target over bare read), not from a list: a set missing one, or naming one at the read
-    ceiling, is wrong with that target's share in the message."""
-    from hwlab.labs.fp8.targets import READ_CEILING_SHARE
+def test_04_part2_bucket_is_graded_from_the_recorded_profiles_not_a_label(monkeypatch):
+    """Exercise 04, part 2: the bucket with the lowest recorded FP8 hit rate and the layer kind
+    that falls back only there, recomputed from the record's profiles: the right pair passes, a
+    kind that falls back everywhere or another bucket is wrong, and a record whose buckets swap
+    their profiles swaps the answer."""
+    import copy
 
-    rows, label = C.floor_targets()
-    assert label.startswith("recorded on NVIDIA H200") and len(rows) >= 11
-    assert all(r["floor"] > 0 and r["unit"] == "GB/s" for r in rows)
-    share = {r["target"]: r["against"] / r["floor"] for r in rows}
-    room = {r["target"] for r in rows if not r["met"] and share[r["target"]] < READ_CEILING_SHARE}
-    ceiling = {r["target"] for r in rows if not r["met"]} - room
-    assert room and ceiling  # the recorded run has both kinds, so the exercise can tell them apart
-    assert C.check_floor_room(room).passed and C.check_floor_room(sorted(room)).passed
-    one = sorted(room)[0]
-    miss = C.check_floor_room(room - {one})
-    assert miss.status == "wrong" and f"{one}: asks {share[one]:.1%} of its bare read -> room" in miss.message
-    over = sorted(ceiling)[0]
-    extra = C.check_floor_room(room | {over})
-    assert extra.status == "wrong" and f"{over}: asks {share[over]:.1%} of its bare read -> no room" in extra.message
-    assert C.check_floor_room(None).status == "not done yet"
-    assert C.check_floor_room("FP8 GEMM").status == "wrong"
-    assert "not a target" in C.check_floor_room(room | {"FP8 GEMM qkv"}).message
+    from hwlab.core import evidence
+
+    rows, label = C.fallback_buckets()
+    assert label.startswith("recorded on NVIDIA H200") and len(rows) == 2
+    low = min(rows, key=lambda r: r["fp8_hit_pct"])
+    high = max(rows, key=lambda r: r["fp8_hit_pct"])
+    assert low["fp8_hit_pct"] < high["fp8_hit_pct"]
+    assert set(low["fell_back"]) - set(high["fell_back"]) == {"out"}
+    assert C.check_fallback_bucket(low["ctx"], "out").passed
+    assert C.check_fallback_bucket(low["ctx"], "head").status == "wrong"  # falls back in every bucket
+    assert C.check_fallback_bucket(high["ctx"], "out").status == "wrong"
+    assert C.check_fallback_bucket(None, "out").status == "not done yet"
+    assert "pick one of" in C.check_fallback_bucket(7, "out").message
+    ev = copy.deepcopy(evidence.recorded("lab04_fp8"))
+    a, b = ev.extra["run"]["stream"]["paths"]["mixed"]["buckets"]
+    a["profile"], b["profile"] = ({**b["profile"], "ctx": a["profile"]["ctx"], "batch": a["profile"]["batch"]},
+                                  {**a["profile"], "ctx": b["profile"]["ctx"], "batch": b["profile"]["batch"]})
+    monkeypatch.setattr(evidence, "recorded", lambda kind, device="h200": ev)
+    assert C.check_fallback_bucket(high["ctx"], "out").passed and not C.check_fallback_bucket(low["ctx"], "out").passed

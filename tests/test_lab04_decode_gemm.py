@@ -18,7 +18,7 @@ def _rel(a, b):
 @pytest.mark.parametrize("swap,split_k,serial", [(False, 1, False), (True, 1, False), (False, 3, False),
                                                 (True, 2, False), (False, 3, True), (True, 4, True)])
 def test_decode_mm_matches_reference_and_leaves_split_k_workspace_clean(swap, split_k, serial):
-    """``serial``: round 8's reduction (a slab of partials per K slice, summed by the last slice);
+    """``serial``: the serial reduction (a slab of partials per K slice, summed by the last slice);
     its counters must be zero again after every call, as the atomic sums' workspace must."""
     g = torch.Generator().manual_seed(11 + split_k)
     cfg = {**G.CPU_CONFIG, "SWAP": swap, "SPLIT_K": split_k, "BN": 32 if swap else 16, "SERIAL_K": serial}
@@ -40,7 +40,7 @@ def test_decode_mm_matches_reference_and_leaves_split_k_workspace_clean(swap, sp
 
 
 def test_the_labs_split_k_tiles_reduce_serially():
-    """The lab's tiles (round 8): every tile that splits K sums the slices by the serial
+    """The lab's tiles: every tile that splits K sums the slices by the serial
     reduction, never by float32 atomics (the atomic sums were now and then wrong at one tile)."""
     split = {nk: c for nk, c in G.CONFIGS.items() if c.get("SPLIT_K", 1) > 1}
     assert split and all(c.get("SERIAL_K") for c in split.values())

@@ -1,6 +1,5 @@
 """Lab 4's teaching kernels in the interpreter (fp16 activations; bf16 is wrong there) against
-their torch references, on fresh random data each time. The research variants:
-tests/test_lab04_research.py."""
+their torch references, on fresh random data each time."""
 import dataclasses
 
 import pytest
@@ -48,7 +47,7 @@ def test_decoder_passes_its_tile_to_the_kernel(monkeypatch):
 
     monkeypatch.setattr(model.K, "decode_attention", spy)
     tile = K.AttnTile(64, 16, 2, 1)
-    path = {**L.PATHS["fixed"], "kv_fp8_from_ctx": 16}  # an FP8 cache: it goes to the kit's kernel
+    path = {**L.PATHS["fixed"], "bf16_edge_layers": 0, "kv_fp8_from_ctx": 16}  # an FP8 cache: it goes to the kit's kernel
     m = L.Decoder(L.TINY, path, device="cpu", attn_tile=tile)
     toks = torch.randint(0, L.TINY.vocab, (2, 17))
     cache = m.new_cache(2, 17)
@@ -212,46 +211,6 @@ def test_kv_store_writes_one_position_and_quantizes():
         K.kv_store(k, v, kc, vc, s, T, use_triton=True)
 
 
-def test_static_register_report_of_the_tuned_tiles(tmp_path):
-    """The sm_90a compile behind LAB04_NOTES round 1, run here (no GPU): the old attention tile
-    sits at the register limit and spills, the tuned one does not."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    out = tmp_path / "regs.json"
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root / "src"))
-    subprocess.run([sys.executable, str(root / "benchmarks" / "lab04_static_registers.py"), str(out)],
-                   check=True, env=env, capture_output=True, timeout=600)
-    rows = {(r["kernel"].split()[0], r["label"]): r for r in json.loads(out.read_text())["rows"]}
-    old, tuned = rows[("_decode_attn_partial", "old tile")], rows[("_decode_attn_partial", "tuned tile")]
-    assert old["regs"] == 255 and old["st"] > 0  # at the limit, spilling
-    assert tuned["regs"] < 200 and tuned["st"] == 0
-    # the serving stream's variant (per-row lengths: a loop bound read at run time) must not spill
-    assert rows[("_decode_attn_partial", "tuned tile, per-row lengths (serving stream)")]["st"] == 0
-    w8 = [r for r in json.loads(out.read_text())["rows"] if r["label"] == "old autotuned tile"]
-    assert len(w8) == 2 and w8[0]["shared"] == w8[1]["shared"]  # deeper pipeline, same buffers
-    # the kit's decode GEMM (round 7): with a mask along K its loads are single bytes, one stage sits
-    # in shared memory and the tile is held in registers; without it every stage of the weight and
-    # activation tiles sits in shared memory
-    from hwlab.labs.fp8.decode_gemm import DEFAULT_CONFIG as C
-    stage = C["BN"] * C["BK"] + 16 * C["BK"]  # FP8: one byte per element
-    mm = {r["label"]: r for r in json.loads(out.read_text())["rows"] if r["kernel"] == "_fp8_decode_gemm_kernel"}
-    assert mm["K masked, 4 stages"]["shared"] < 2 * stage
-    # the attention as Triton's launcher compiles it (aligned pointers: 16-byte loads) holds far
-    # fewer registers than the unaligned compile above; round 8's fused combine adds none to speak of
-    launched = rows[("_decode_attn_partial", "tuned tile, as launched (aligned pointers)")]
-    fused = rows[("_decode_attn_partial", "tuned tile, fused combine, as launched")]
-    assert launched["regs"] < tuned["regs"] and launched["st"] == fused["st"] == 0
-    assert fused["regs"] <= launched["regs"] + 8
-    for n in (4, 6):
-        assert mm[f"no K mask, {n} stages"]["shared"] >= n * stage and mm[f"no K mask, {n} stages"]["st"] == 0
-        assert mm[f"no K mask, {n} stages"]["regs"] < mm["K masked, 4 stages"]["regs"]
-
-
 def test_combine_writes_fp8_with_the_next_gemms_scale():
     """The out projection's requant fused into the combine (interpreter): FP8 out, within one
     e4m3 step of the float32 attention quantized with the same scale; q's dtype without it."""
@@ -287,10 +246,11 @@ def test_swap_ab_runs_where_the_decoder_sets_it():
     from hwlab.labs import fp8 as L
     from hwlab.labs.fp8.model import SWAP_AB_LAYERS, SWAP_AB_MAX_ROWS
 
-    fixed, mixed = L.Decoder(L.TINY, "fixed", device="cpu"), L.Decoder(L.TINY, "mixed", device="cpu")
+    fixed = L.Decoder(L.TINY, {**L.PATHS["fixed"], "bf16_edge_layers": 0}, device="cpu")
+    other = L.Decoder(L.TINY, "fp8_dequant", device="cpu")
     for layer in fixed.layers:
         assert {n for n, m in layer.items() if m.swap_ab} == set(SWAP_AB_LAYERS)
-    assert not any(m.swap_ab for layer in mixed.layers for m in layer.values())
+    assert not any(m.swap_ab for layer in other.layers for m in layer.values())
     down = fixed.layers[0]["down"]
     g = torch.Generator().manual_seed(9)
     for rows, swapped in ((16, True), (4, False), (SWAP_AB_MAX_ROWS + 16, False)):
@@ -319,7 +279,7 @@ def test_decoder_fuses_the_out_projections_requant_into_attention(monkeypatch):
 
     monkeypatch.setattr(model.K, "decode_attention", spy)
     monkeypatch.setattr(model.K, "use_triton_for", lambda t, u: True)
-    m = L.Decoder(L.TINY, {**L.PATHS["fixed"], "kv_fp8_from_ctx": 16}, device="cpu")
+    m = L.Decoder(L.TINY, {**L.PATHS["fixed"], "bf16_edge_layers": 0, "kv_fp8_from_ctx": 16}, device="cpu")
     toks = torch.randint(0, L.TINY.vocab, (2, 17))
     cache = m.new_cache(2, 17)
     m(toks[:, :16], cache)
@@ -334,7 +294,7 @@ def test_decoder_fuses_the_out_projections_requant_into_attention(monkeypatch):
 
 
 def test_pdl_is_on_for_the_lab_but_never_on_a_cpu_nor_for_the_attention():
-    """PDL (round 7b): on for the decode step's kernels where the GPU has it, never for a CPU
+    """PDL: on for the decode step's kernels where the GPU has it, never for a CPU
     tensor (the interpreter has no griddepcontrol), and off for the attention's kernels unless
     its own switch is on; the kernels still launch with it set."""
     from hwlab.labs.fp8 import attention as A

@@ -63,7 +63,7 @@ def test_per_row_kv_store_writes_each_row_at_its_position():
 def test_continuous_batching_matches_decoding_each_request_alone(path):
     m = L.Decoder(L.TINY, path, device="cpu")
     assert L.stream.check_rows_step(m, 40) <= L.stream.ROWS_CHECK_TOL_FP8_ACT
-    assert L.stream.check_rows_step(m, 5000) <= L.stream.ROWS_CHECK_TOL_FP8_ACT  # fixed: FP8 KV cache
+    assert L.stream.check_rows_step(m, L.KV_FP8_FROM_CTX) <= L.stream.ROWS_CHECK_TOL_FP8_ACT  # fixed: FP8 KV cache
 
 
 def test_the_check_fails_when_rows_read_the_wrong_length(monkeypatch):
@@ -124,6 +124,7 @@ def _check_report(res, copy_gbps):
             assert r["tpot_ms_p50"] <= r["tpot_ms_p99"] <= r["itl_ms_p99"]
             assert r["ttft_ms_p99"] == L.percentile([x["ttft_ms"] for x in st["requests"]], 99)
             assert r["dq_rq_per_token"] == (pr["quant_ranges"] + pr["dequant_ranges"]) / pr["batch"]
+            assert (r["dq_per_token"], r["rq_per_token"]) == (pr["dequant_ranges"] / pr["batch"], pr["quant_ranges"] / pr["batch"])
             base = res["paths"]["bf16"]["buckets"][i]["stream"]
             assert r["tpot_p99_change_pct"] == pytest.approx(100 * (_tpot(st, 99) / _tpot(base, 99) - 1))
     walk = L.flowchart_evidence({"stream": res}, copy_gbps)
@@ -199,48 +200,31 @@ def test_recorded_stream_every_bucket_profiled(rec):
     res = rec.extra["run"]["stream"]
     n = res["config"]["n_layers"] * 4 + 2
     ctxs = {p: [b["profile"]["ctx"] for b in v["buckets"]] for p, v in res["paths"].items()}
-    assert len({tuple(c) for c in ctxs.values()}) == 1 and len(ctxs["bf16"]) == 3  # every bucket, every path
+    assert len({tuple(c) for c in ctxs.values()}) == 1 and ctxs["bf16"] == [s.ctx for s in L.default_streams("cuda")]
     for p, v in res["paths"].items():
         for b in v["buckets"]:
             pr = b["profile"]
             assert pr["gemm_calls"] == n and pr["source"] == "torch.profiler kernel names", (p, pr["ctx"])
-            want_fallback = {"bf16": 0, "mixed": 2, "fixed": 0}[p]
-            assert pr["fallback_gemms"] == want_fallback and pr["dequant_ranges"] == want_fallback
-            assert pr["kv_fp8"] == (p == "fixed" and pr["ctx"] >= 4096)
+            assert (pr["fallback_gemms"] > 0) == (p == "mixed") and pr["dequant_ranges"] == pr["fallback_gemms"]
+            spec = b["stream"]["spec"]
+            assert pr["kv_fp8"] == (p == "fixed" and spec["ctx"] + spec["out_tokens"][1] >= L.KV_FP8_FROM_CTX)
     # the seed's breakdown: the mixed path's time moved into format conversion (dequantized weights)
     for bm, bx in zip(res["paths"]["mixed"]["buckets"], res["paths"]["fixed"]["buckets"]):
         assert bm["profile"]["breakdown"]["us"]["quant/dequant"] > 2 * bx["profile"]["breakdown"]["us"]["quant/dequant"]
-
-
-def test_recorded_stream_shows_the_seed_signature(rec):
-    res = rec.extra["run"]["stream"]
-    w = res["paths"]["mixed"]["weight_bytes"] / res["paths"]["bf16"]["weight_bytes"] - 1
-    assert w <= -0.30  # memory falls
-    for s in L.seed_signature(res):
-        rep = {p: L.performance_report(res, p)["buckets"] for p in ("bf16", "mixed")}
-        b, m = (next(r for r in rep[p] if r["ctx"] == s["ctx"]) for p in ("bf16", "mixed"))
-        assert s["gain_p99_pct"] == pytest.approx(100 * (1 - m["tpot_ms_p99"] / b["tpot_ms_p99"]))
-        # the seed: TPOT barely better ("只提升 3%"), P99 no better ("还略差"), within a p99's spread
-        assert s["p50_gain_small"] and s["gain_p50_pct"] <= 10.0, s
-        assert s["p99_not_better"] and s["gain_p99_pct"] <= s["tol_pct"], s
     walk = rec.extra["flowchart_evidence"]
     for k, e in walk.items():
         assert e["n_ranks"] == 1 and e["rank_tail_pct"] == 0.0 and math.isfinite(e["e2e_slowdown"])
     # the fallbacks' bytes on top of the promise: mixed is further over its prediction than bf16
-    for ctx_b in ("ctx 512 x16", "ctx 4096 x16", "ctx 32768 x4"):
-        assert walk[f"mixed {ctx_b}"]["e2e_slowdown"] > walk[f"bf16 {ctx_b}"]["e2e_slowdown"]
-    # where its fallbacks' bytes weigh, the seed's path is over what its kernels predict for the FP8
-    # promise by more than the chart's 1.2x (4k: 1.37x and 1.35x in the two H200 runs) -> M; at 512 its
-    # kernels themselves sit at ~1.5-1.6x their byte floor (one profiled step: B answered 1.49 then 1.61)
-    assert rec.extra["flowchart_leaves"]["mixed ctx 4096 x16"] == "M"
-    assert walk["mixed ctx 512 x16"]["e2e_slowdown"] >= 1.5
+    for s in L.default_streams("cuda"):
+        key = f"ctx {s.ctx} x{s.max_batch}"
+        assert walk[f"mixed {key}"]["e2e_slowdown"] > walk[f"bf16 {key}"]["e2e_slowdown"]
 
 
 def test_memory_guard_counts_the_stream_before_allocating():
     from hwlab.core.measure import InsufficientMemoryError
 
     with pytest.raises(InsufficientMemoryError, match="streams"):
-        L.run(cfg=L.TINY, buckets=[(16, 2)], streams=[L.StreamSpec(2**34, 64, 1)], device="cpu")
+        L.run(cfg=L.TINY, streams=[L.StreamSpec(2**34, 64, 1)], device="cpu")
 
 
 def test_refresh_part_lab04_records_the_stream_end_to_end_on_cpu(tmp_path):
@@ -268,7 +252,7 @@ def test_refresh_part_lab04_records_the_stream_end_to_end_on_cpu(tmp_path):
     assert set(ev.extra["flowchart_evidence"]) == set(walk)
     for p, rep in ev.extra["stream_reports"].items():
         assert rep == L.performance_report(res, p)
-    assert [s["ctx"] for s in ev.extra["seed_signature"]] == [s.ctx for s in L.default_streams("cpu")]
+    assert ev.extra["seed_signature"] == L.seed_signature(ev.extra["run"])
     assert any("lab04 walk mixed" in line for line in summary)
     # the tile every decoder ran with, as asdict(AttnTile), and the teaching kernels' checks
     assert ev.extra["kernel_config"] == {"chunk": 256, "block_t": 16, "num_warps": 1, "num_stages": 2}

@@ -143,7 +143,7 @@ def single_device_baseline(kernel: str = "healthy", *, hidden: int = 1024, ffn: 
         a, b = torch.randn(GEMM_SIZE, GEMM_SIZE), torch.randn(GEMM_SIZE, GEMM_SIZE)
         x = torch.randn(batch, hidden)
         rounds = []
-        for i in range(n_rounds + 1):  # round 0 warms the copy and the GEMM; not kept
+        for i in range(n_rounds + 1):  # the first round warms the copy and the GEMM; not kept
             t_copy = _timed_ms(dst.copy_, src)
             t_gemm = _timed_ms(torch.mm, a, b)
             t_block = _timed_ms(fn, x, w1s, w2s)

@@ -1,4 +1,4 @@
-"""Lab 4, FP8 dequant fallback: memory falls, TPOT does not.
+"""Lab 4, FP8 dequant fallback: memory falls, TPOT barely moves.
 
 A small decoder (embedding, a connector projection, attention + MLP layers with a KV cache,
 an output head) whose every linear layer picks its precision path:
@@ -9,31 +9,29 @@ an output head) whose every linear layer picks its precision path:
                   writes a bf16 copy and reads it again;
 * ``fp8_mm``      the activation quantized per tensor and both operands fed to
                   ``torch._scaled_mm``: the FP8 GEMM path (a *hit*);
-* ``fp8_static``  ``torch._scaled_mm`` with a *static* activation scale calibrated once
+* ``fp8_static``  the FP8 GEMM with a *static* activation scale calibrated once
                   (:meth:`Decoder.calibrate`): the requant is one elementwise pass, fused into
                   the RMSNorm or GELU that feeds the layer where there is one.
 
-Paths (:data:`PATHS`): ``bf16`` baseline; ``fp8_dequant`` everywhere; the seed's ``mixed``
-path (main matmuls FP8, connector and head dequantized, KV cache bf16); the ``fixed`` path
-(FP8 where it is hit, the head kept in bf16 on purpose, FP8 KV cache for long-context
-buckets). Probes: weight and KV memory, prefill (TTFT) and decode (TPOT) time per context
-bucket, FP8 hit rate and dequant/requant count per token from ``torch.profiler``, and the
-logit error against the bf16 path; then a seeded request stream per context bucket
-(continuous batching, mixed prompt and output lengths) served by bf16, mixed and fixed, one
-performance report per path (hit rate, fallbacks and dequant/requant per token per bucket,
-time by kernel class, TTFT and TPOT p50/p99), and the flowchart's B, D and K measured on it.
+Paths (:data:`PATHS`): ``bf16`` baseline; the seed's ``mixed`` deployment (trunk on FP8 GEMMs
+except its first and last layers, kept bf16 by the recipe, and the ``out`` projection at batches
+its FP8 kernel has no shape for; connector and head dequantized every step; KV cache bf16);
+``gemms_fixed`` (the seed's fixes 1-2: head kept in bf16 on purpose, connector and every trunk
+shape on FP8); ``fixed`` (and fix 3: an FP8 KV cache for the long-context bucket). Probes:
+weight memory, logit error against bf16, and per context bucket a seeded request stream served
+with continuous batching, one decode step profiled (FP8 hit rate, fallbacks, dequant/requant per
+token, time by kernel class), TTFT and TPOT p50/p99, pooled into the service's TPOT; the
+flowchart's B, D and K measured on it.
 
-Modules, one job each: :mod:`.kernels` (the Triton kernels a path runs: :mod:`.quant` and
-:mod:`.attention`, with the decode attention's tile as an :class:`AttnTile`), :mod:`.model`
-(the decoder, its precision paths, the KV cache),
-:mod:`.traffic` (the byte model), :mod:`.profile` (hit rate, fallbacks, time by kernel
-class), :mod:`.run` (the fixed-bucket run and its tables), :mod:`.stream` (the serving
-stream), :mod:`.report` (the per-path performance report), :mod:`.walk` (flowchart evidence),
-:mod:`.grader` (exercise 04). Every name is re-exported here: ``fp8.<name>``. Tuning variants
-measured against the kernels (not imported here, no lab path runs them): :mod:`.research`.
+Modules, one job each: :mod:`.kernels` (the Triton kernels a path runs: :mod:`.quant`,
+:mod:`.attention` and :mod:`.decode_gemm`), :mod:`.model` (the decoder, its precision paths,
+the KV cache), :mod:`.traffic` (the byte model), :mod:`.profile` (hit rate, fallbacks, time by
+kernel class), :mod:`.stream` (the serving stream), :mod:`.report` (the per-path performance
+report and the seed's signature), :mod:`.run` (the lab's run), :mod:`.walk` (flowchart
+evidence), :mod:`.grader` (exercise 04). Every name is re-exported here: ``fp8.<name>``.
 
-What the H200 measured: ``recorded/h200/lab04_fp8.json``, with its history and analysis in
-``benchmarks/LAB04_NOTES.md``.
+What the H200 measured: ``recorded/h200/lab04_fp8.json``; how the kernels were tuned:
+``docs/lab04-tuning.md``.
 """
 from __future__ import annotations
 
@@ -54,5 +52,7 @@ from hwlab.labs.fp8.stream import Request, StreamSpec, default_streams, make_req
 from hwlab.labs.fp8.traffic import (
     BYTES_PER_WEIGHT, decode_bytes, decode_bytes_for, memory_needed_bytes, memory_report, step_bytes)
 from hwlab.labs.fp8.walk import bucket_evidence, flowchart_evidence, rank_tail_pct
+from hwlab.labs.fp8.model import KV_FP8_FROM_CTX, PATH_DEFAULTS, layer_mode
+from hwlab.labs.fp8.report import service_tpot
 
 __all__ = [n for n in dir() if not n.startswith("_") and n != "annotations"]

@@ -7,8 +7,8 @@ cache moves half the bytes of a bf16 one. It is split over the context (flash-de
 program per (batch x head, chunk of ``AttnTile.chunk`` positions) computes a partial max, sum
 and output, and a second kernel combines the chunks, so that a long context with a small batch
 still fills the GPU. The tile travels as an :class:`AttnTile` (a frozen value, passed by the
-caller: the decoder holds one); how the default was chosen, and the variants tried against it,
-is ``benchmarks/LAB04_NOTES.md`` (rounds 1-2) and :mod:`.research`.
+caller: the decoder holds one); how the default was chosen, and the variants that measured
+slower, is ``docs/lab04-tuning.md``.
 
 Kernel names avoid the profiler's GEMM words; :mod:`.profile` files ``_decode_attn*`` under
 "attention".
@@ -35,13 +35,15 @@ class AttnTile:
     GPU at a small batch, fewer leave less to combine); ``block_t``: positions per loop step (a
     power of two dividing ``chunk``); ``num_warps`` and ``num_stages`` per program. A larger
     ``block_t`` x ``num_warps`` holds more loads in flight but more registers per thread: at
-    255 the compiler spills and fewer warps stay resident (``benchmarks/lab04_static_registers.py``).
-
-    Round 8's splits sized from the SM count and combine folded into the partial kernel, measured
-    slower, live in :mod:`.research` (``decode_attention_round8``)."""
+    255 the compiler spills and fewer warps stay resident."""
+    #: positions per program: long enough that starting a program and storing its partial is a
+    #: small share, short enough that a batch of 4 at 16k context still gives thousands of programs
     chunk: int = 256
+    #: positions per loop step: 16 rows of 128 elements per warp keep registers well under 255
     block_t: int = 16
+    #: one warp per program: many small programs resident per SM streamed faster than few large ones
     num_warps: int = 1
+    #: two stages: the next step's loads in flight while this step's math runs
     num_stages: int = 2
 
     def __post_init__(self):
@@ -55,9 +57,8 @@ class AttnTile:
 
 #: whether the attention's kernels launch with programmatic dependent launch where
 #: :func:`.quant.set_pdl` has it on: off. The attention's thousands of programs, launched early,
-#: wait on SMs that the kernel before them still needs; round 7b's A/B of the decode step measured
-#: PDL with the attention slower at 4k and 32k than PDL without it, and faster only at 512
-#: (benchmarks/LAB04_NOTES.md round 7)
+#: wait on SMs that the kernel before them still needs; the decode step measured slower with it at
+#: 4k and 32k context, faster only at 512
 PDL_ATTENTION = False
 
 
@@ -76,7 +77,7 @@ FP8_CACHE_MATH_REL = 5e-3
 LOG2E = 1.4426950408889634
 
 #: the tile the lab runs: one warp per program, 16 positions per step, elementwise (the best of
-#: the H200 sweeps in benchmarks/LAB04_NOTES.md, round 3; chunks shrink by :func:`chunk_for`)
+#: the H200 sweeps: ``docs/lab04-tuning.md``; chunks shrink by :func:`chunk_for`)
 DEFAULT_TILE = AttnTile()
 
 
@@ -137,79 +138,65 @@ def kv_store(k, v, k_cache, v_cache, scale, pos: int | torch.Tensor, use_triton:
 
 # ---------------------------------------------------------------- decode attention
 @triton.jit
-def _decode_attn_partial(q_ptr, k_ptr, v_ptr, kv_scale_ptr, m_ptr, l_ptr, acc_ptr,
-                         n_ctx, nctx_ptr, max_ctx, n_splits, qk_scale, H, stride_qb, stride_qh,
-                         D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, PER_ROW: tl.constexpr,
-                         F16: tl.constexpr, PDL: tl.constexpr = False, kn_ptr=None, vn_ptr=None,
-                         stride_kb=0, stride_kh=0, stride_vb=0, stride_vh=0, NEW_KV: tl.constexpr = False):
-    """One (batch, head) query against one CHUNK of the cache: partial max, sum and output
-    (online softmax over BLOCK_T positions per step, elementwise products and sums).
-
-    What lets it stream at the rate its loads allow (benchmarks/LAB04_NOTES.md, round 3):
-    * an FP8 cache (``F16``) is widened to fp16, not fp32, and multiplied and summed in fp16: one
-      conversion per two elements and packed math instead of three conversions and two fp32
-      FMAs. fp16 holds every e4m3 value exactly; its rounding of products and sums (~1e-3
-      relative) is far below the FP8 cache's own (~6% per element). A 16-bit cache keeps fp32.
-    * loads marked evict-first: each K/V element is read once, so keeping it in L2 would only
-      push out what is read again.
-    * the cache scale and 1/sqrt(D) * log2(e) folded into q once: a score is one dot product,
-      and the softmax uses exp2. The partial max is stored back in natural-log units.
-    * a grid of (split, batch x head), the split fastest: the programs the GPU starts together
-      stream neighbouring chunks of one (batch, head)'s cache rather than the same chunk of many
-      (round 5: faster alone at 512 and 32k, equal at 4k).
-    * no split for a remainder of a few positions (:func:`split_count`): a decode step at 4k
-      reads 4097 positions, and a 17th split of one position per (batch, head) cost the step
-      more than its share (round 6 in benchmarks/LAB04_NOTES.md).
-    ``PER_ROW``: each batch row's length is read from ``nctx_ptr``; the grid covers the whole
-    cache and a chunk past its row's length runs no iteration (partial max -inf, sum 0). The
-    last split runs to the row's end (:func:`split_count` may give it a short remainder).
-    ``NEW_KV``: this step's K and V (``kn_ptr``, ``vn_ptr``: the QKV projection's output) are
-    not in the cache yet; the last split's program stores them at position ``n_ctx - 1``
-    (quantized with the cache's scale as :func:`kv_store` does) and reads them back with the rest
-    (the barrier makes its own stores visible to all its threads; no other program reads that
-    position). One launch per layer fewer than a kv_store kernel before the attention."""
+def _decode_attn_partial(
+        q_ptr, stride_qb, stride_qh, qk_scale,  # the query (B, H, 1, D) and 1/sqrt(D) * log2(e)
+        k_ptr, v_ptr, kv_scale_ptr, max_ctx,  # the caches (B * H, max_ctx, D) and their one scale
+        n_ctx, nctx_ptr, H, n_splits,  # the length: one for all rows, or per row (PER_ROW)
+        m_ptr, l_ptr, acc_ptr,  # out: each split's partial max, sum and output
+        kn_ptr, vn_ptr, stride_kb, stride_kh, stride_vb, stride_vh,  # this step's K, V (NEW_KV)
+        D: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, PER_ROW: tl.constexpr,
+        F16: tl.constexpr, NEW_KV: tl.constexpr, PDL: tl.constexpr):
+    """One (batch, head) query against one CHUNK of its cache: the online softmax over BLOCK_T
+    positions a step, elementwise. ``F16`` (an FP8 cache): widened to fp16, which holds every e4m3
+    value exactly, and multiplied and summed in fp16 (packed math; ~1e-3 rounding, far below the
+    cache's own). ``NEW_KV``: the last split first stores this step's K and V at ``n_ctx - 1``."""
     pdl_enter(PDL)
-    o, start, hi, q, base, kv_scale = _partial_begin(q_ptr, k_ptr, v_ptr, kv_scale_ptr, n_ctx, nctx_ptr, max_ctx,
-                                                     n_splits, qk_scale, H, stride_qb, stride_qh, kn_ptr, vn_ptr,
-                                                     stride_kb, stride_kh, stride_vb, stride_vh, D, CHUNK, PER_ROW,
-                                                     F16, NEW_KV)
-    m_i, l_i, acc = _attend_chunk(q, k_ptr, v_ptr, base, start, hi, D, BLOCK_T, F16)
-    _partial_end(m_ptr, l_ptr, acc_ptr, o, m_i, l_i, acc, kv_scale, D)
-
-
-@triton.jit
-def _partial_begin(q_ptr, k_ptr, v_ptr, kv_scale_ptr, n_ctx, nctx_ptr, max_ctx, n_splits, qk_scale, H, stride_qb,
-                   stride_qh, kn_ptr, vn_ptr, stride_kb, stride_kh, stride_vb, stride_vh, D: tl.constexpr,
-                   CHUNK: tl.constexpr, PER_ROW: tl.constexpr, F16: tl.constexpr, NEW_KV: tl.constexpr):
-    """What a :func:`_decode_attn_partial` program reads before its loop: its output slot ``o``
-    (batch x head, split), its positions ``start`` to ``hi``, the query pre-scaled by the cache
-    scale and 1/sqrt(D) * log2(e), its cache rows' offset ``base`` and the cache scale; with
-    ``NEW_KV``, the last split's program first stores this step's K and V (:func:`_write_new_kv`)."""
-    sp = tl.program_id(0)  # the split is the grid's fastest axis: programs launched together
-    bh = tl.program_id(1)  # read neighbouring chunks of one (batch, head)
-    start = sp * CHUNK
+    sp = tl.program_id(0)  # split fastest: programs launched together read neighbouring chunks
+    bh = tl.program_id(1)
     if PER_ROW:
         n_ctx = tl.load(nctx_ptr + bh // H)
-    hi = tl.where(sp == n_splits - 1, n_ctx, tl.minimum(start + CHUNK, n_ctx))
+    start = sp * CHUNK
+    hi = tl.where(sp == n_splits - 1, n_ctx, tl.minimum(start + CHUNK, n_ctx))  # the last split runs to the end
     d = tl.arange(0, D)
     kv_scale = tl.load(kv_scale_ptr)
+    # the cache scale and the softmax scale folded into q once: a score is one dot product, in log2 units
     q = tl.load(q_ptr + (bh // H) * stride_qb + (bh % H) * stride_qh + d).to(tl.float32) * (qk_scale * kv_scale)
+    q16 = q.to(tl.float16)
     base = bh.to(tl.int64) * max_ctx * D
     if NEW_KV:
         if sp == n_splits - 1:
             _write_new_kv(kn_ptr, vn_ptr, k_ptr, v_ptr, base + (n_ctx - 1) * D, bh, H, stride_kb, stride_kh,
                           stride_vb, stride_vh, kv_scale, D, F16)
-        tl.debug_barrier()
-    return bh * n_splits + sp, start, hi, q, base, kv_scale
-
-
-@triton.jit
-def _partial_end(m_ptr, l_ptr, acc_ptr, o, m_i, l_i, acc, kv_scale, D: tl.constexpr):
-    """A program's partial max (stored in natural-log units, as the combine expects), sum and
-    output (times the cache scale) at slot ``o``."""
-    tl.store(m_ptr + o, m_i * 0.6931471805599453)  # log2 units -> natural log
+        tl.debug_barrier()  # its own stores visible to all its threads before the loop reads them
+    m_i = -float("inf")
+    l_i = 0.0
+    acc = tl.zeros((D,), dtype=tl.float32)
+    for t0 in range(start, hi, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        tm = t < hi
+        off = base + t[:, None] * D + d[None, :]
+        # each element is read once: evict-first keeps it from pushing out what is read again
+        k = tl.load(k_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
+        v = tl.load(v_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
+        if F16:
+            s = tl.sum(k.to(tl.float16) * q16[None, :], 1).to(tl.float32)
+        else:
+            s = tl.sum(k.to(tl.float32) * q[None, :], 1)
+        s = tl.where(tm, s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new)
+        if F16:  # at most BLOCK_T * 448 per sum: fp16 holds it for BLOCK_T <= 128
+            pv = tl.sum(p.to(tl.float16)[:, None] * v.to(tl.float16), 0).to(tl.float32)
+        else:
+            pv = tl.sum(p[:, None] * v.to(tl.float32), 0)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        acc = acc * alpha + pv
+        m_i = m_new
+    o = bh * n_splits + sp
+    tl.store(m_ptr + o, m_i * 0.6931471805599453)  # log2 units -> natural log, as the combine reads it
     tl.store(l_ptr + o, l_i)
-    tl.store(acc_ptr + o * D + tl.arange(0, D), acc * kv_scale)
+    tl.store(acc_ptr + o * D + d, acc * kv_scale)
 
 
 @triton.jit
@@ -227,46 +214,6 @@ def _write_new_kv(kn_ptr, vn_ptr, k_ptr, v_ptr, dst, bh, H, stride_kb, stride_kh
         vn = tl.minimum(tl.maximum(vn * inv, -448.0), 448.0)
     tl.store(k_ptr + dst + d, kn.to(k_ptr.dtype.element_ty))
     tl.store(v_ptr + dst + d, vn.to(v_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _attend_chunk(q, k_ptr, v_ptr, base, start, hi, D: tl.constexpr, BLOCK_T: tl.constexpr, F16: tl.constexpr):
-    """The online softmax of the (pre-scaled, log2-unit) query ``q`` over positions ``start`` to
-    ``hi`` of one (batch, head)'s cache rows at ``base``, ``BLOCK_T`` positions a step: the partial
-    max (log2 units), sum and unnormalized output, as :func:`_decode_attn_partial` stores them."""
-    d = tl.arange(0, D)
-    q16 = q.to(tl.float16)
-    m_i = -float("inf")
-    l_i = 0.0
-    acc = tl.zeros((D,), dtype=tl.float32)
-    for t0 in range(start, hi, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
-        tm = t < hi
-        off = base + t[:, None] * D + d[None, :]
-        k_raw = tl.load(k_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
-        v_raw = tl.load(v_ptr + off, mask=tm[:, None], other=0.0, eviction_policy="evict_first")
-        m_i, l_i, acc = _softmax_step(k_raw, v_raw, tm, q, q16, m_i, l_i, acc, F16)
-    return m_i, l_i, acc
-
-
-@triton.jit
-def _softmax_step(k_raw, v_raw, tm, q, q16, m_i, l_i, acc, F16: tl.constexpr):
-    """One step of the online softmax: the scores of ``BLOCK_T`` positions (``k_raw``, masked by
-    ``tm``) against ``q`` (``q16`` its fp16 copy for an FP8 cache), the running max ``m_i`` (log2
-    units), sum ``l_i`` and output ``acc`` rescaled to the new max and the step's ``v_raw`` added."""
-    if F16:
-        s = tl.sum(k_raw.to(tl.float16) * q16[None, :], 1).to(tl.float32)
-    else:
-        s = tl.sum(k_raw.to(tl.float32) * q[None, :], 1)
-    s = tl.where(tm, s, -float("inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 0))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new)
-    if F16:  # at most BLOCK_T * 448 per sum: fp16 holds it for BLOCK_T <= 128
-        pv = tl.sum(p.to(tl.float16)[:, None] * v_raw.to(tl.float16), 0).to(tl.float32)
-    else:
-        pv = tl.sum(p[:, None] * v_raw.to(tl.float32), 0)
-    return m_new, l_i * alpha + tl.sum(p, 0), acc * alpha + pv
 
 
 @triton.jit
@@ -365,14 +312,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     m, l, acc = split_buffers(q, n_splits)
     if q.stride(3) != 1:
         q = q.contiguous()
-    write_kv = new_kv_args(new_kv)
-    _decode_attn_partial[(n_splits, B * H)](q, k_cache, v_cache, kv_scale.reshape(1).float(), m, l, acc,
-                                            0 if per_row else n_ctx, n_ctx if per_row else m,
-                                            k_cache.shape[2], n_splits, LOG2E / math.sqrt(D),
-                                            H, q.stride(0), q.stride(1), D=D, CHUNK=chunk,
-                                            BLOCK_T=tile.block_t, PER_ROW=per_row, F16=k_cache.dtype == FP8,
-                                            num_warps=tile.num_warps, num_stages=tile.num_stages, **write_kv,
-                                            **_pdl_args(q))
+    _decode_attn_partial[(n_splits, B * H)](
+        q, q.stride(0), q.stride(1), LOG2E / math.sqrt(D),
+        k_cache, v_cache, kv_scale.reshape(1).float(), k_cache.shape[2],
+        0 if per_row else n_ctx, n_ctx if per_row else m, H, n_splits,
+        m, l, acc,
+        *new_kv_args(new_kv, q),
+        D=D, CHUNK=chunk, BLOCK_T=tile.block_t, PER_ROW=per_row, F16=k_cache.dtype == FP8,
+        NEW_KV=new_kv is not None, num_warps=tile.num_warps, num_stages=tile.num_stages, **_pdl_args(q))
     return combine_splits(m, l, acc, q, out_scale)
 
 
@@ -384,14 +331,14 @@ def split_buffers(q: torch.Tensor, n_splits: int) -> tuple[torch.Tensor, torch.T
     return m, torch.empty_like(m), torch.empty((B * H, n_splits, D), dtype=torch.float32, device=q.device)
 
 
-def new_kv_args(new_kv: tuple[torch.Tensor, torch.Tensor] | None) -> dict:
-    """The partial kernel's arguments that write this step's (k, v) into the cache (``NEW_KV``);
-    none without them."""
+def new_kv_args(new_kv: tuple[torch.Tensor, torch.Tensor] | None, q: torch.Tensor) -> tuple:
+    """The partial kernel's arguments that write this step's (k, v) into the cache (``NEW_KV``):
+    the two tensors and their batch and head strides; without them, ``q`` in their place (never
+    read) and zero strides."""
     if new_kv is None:
-        return {}
+        return (q, q, 0, 0, 0, 0)
     k_new, v_new = (t if t.stride(3) == 1 else t.contiguous() for t in new_kv)
-    return dict(kn_ptr=k_new, vn_ptr=v_new, stride_kb=k_new.stride(0), stride_kh=k_new.stride(1),
-                stride_vb=v_new.stride(0), stride_vh=v_new.stride(1), NEW_KV=True)
+    return (k_new, v_new, k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1))
 
 
 def chunk_for(tile: AttnTile, n_rows_heads: int, n_positions: int) -> int:

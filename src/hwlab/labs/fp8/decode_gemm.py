@@ -4,10 +4,9 @@ Triton kernel (``y = (x @ w.T) * x_scale * w_scale``, bf16 out).
 Why the kit has its own next to cuBLAS's ``torch._scaled_mm``: at a decode step's 4-16 rows a
 GEMM streams its weight once, so its time is a fixed part (launch, the first bytes' latency, the
 last wave) plus bytes / rate; cuBLAS's FP8 GEMM pays several microseconds of the fixed part on
-every call, a large share of a small weight's time (benchmarks/LAB04_NOTES.md, rounds 5-6).
-Whether this kernel pays less is measured, not assumed: ``benchmarks/lab04_round7.py`` times it
-against cuBLAS in the same run, and :class:`.model.QLinear` uses it only where
-:data:`USE_KIT_GEMM` says so.
+every call, a large share of a small weight's time. :class:`.model.QLinear` uses this kernel
+only where :data:`USE_KIT_GEMM` says so, on the shapes where it measured faster in the decode step
+(``docs/lab04-tuning.md``).
 
 The kernel, one program per ``BN`` weight rows (output columns):
 
@@ -21,15 +20,13 @@ The kernel, one program per ``BN`` weight rows (output columns):
   a workspace; the last to arrive (a counter) writes ``y`` and zeroes both for the next call. It
   gives a narrow output (few ``BN`` tiles) enough programs to fill the GPU. ``SERIAL_K`` (the
   lab's tiles): each slice stores its partial to a slab of its own, and the last to arrive sums the
-  slabs in slice order: plain stores in place of one float32 atomic per element (round 8: out and
-  down 0.1-0.8 us faster), the same sum on every call, and never wrong where the atomic sums
-  were now and then (BK 256, split in 2, 4 rows: 14 of 300 calls off with atomics, 0 of 300
-  serial in the same run; benchmarks/lab04_splitk_fence.py, LAB04_NOTES.md rounds 7-8). The
-  atomic reduction stays for that comparison;
+  slabs in slice order: plain stores in place of one float32 atomic per element, the same sum on
+  every call, where float32 atomics add in arrival order (and a tile summing with them was
+  measured wrong now and then). The atomic reduction stays for that comparison;
 * ``GELU_Q`` (``decode_mm``'s ``gelu_out_scale``): the epilogue applies exact GELU to the float32
   product and writes it in FP8 with the next layer's static scale, clamped to +-448, where
   :func:`.quant.quant_static` (``gelu=True``) would read the bf16 product back in a kernel of its
-  own. Measured equal to that kernel in the decode step (round 9), so the lab leaves it off
+  own. Measured equal to that kernel in the decode step, so the lab leaves it off
   (:data:`.model.GELU_IN_GEMM`);
 * ``PREFETCH_K`` > 0: before anything else the program asks L2 for the first ``PREFETCH_K``
   columns of its weight rows (``prefetch.global.L2``). With PDL (:func:`.quant.pdl_args`) that
@@ -49,16 +46,16 @@ from hwlab.labs.fp8.quant import FP8, fence_gpu, gelu, pdl_args, quant_static_re
 
 #: whether :class:`.model.QLinear` runs this kernel for decode-shaped ``fp8_static`` calls (at most
 #: :data:`MAX_ROWS` rows on a GPU) on the weight shapes :data:`CONFIGS` names (:func:`takes`),
-#: instead of cuBLAS's FP8 GEMM: on, since round 7b's A/B of the decode step measured it faster
-#: with every shape here (benchmarks/LAB04_NOTES.md round 7)
+#: instead of cuBLAS's FP8 GEMM: on, since an A/B of the decode step measured it faster with every
+#: shape here
 USE_KIT_GEMM = True
 #: most activation rows a call takes here; a prefill's rows go to cuBLAS
 MAX_ROWS = 16
 #: the tile when the caller names none; :data:`CONFIGS` holds the measured choice per shape
 DEFAULT_CONFIG = {"SWAP": True, "BN": 64, "BK": 256, "STAGES": 4, "SPLIT_K": 1, "PREFETCH_K": 0, "SERIAL_K": False,
                   "num_warps": 4}
-#: (N, K) -> tile, for each weight shape where ``benchmarks/lab04_round7.py`` measured this kernel
-#: faster than cuBLAS in the decode step (tiles swept in CUDA graphs over 8 layers' weights, larger
+#: (N, K) -> tile, for each weight shape where this kernel measured faster than cuBLAS in the
+#: decode step (tiles swept in CUDA graphs over 8 layers' weights, larger
 #: than L2, as a step streams them); a shape not here stays on cuBLAS
 CONFIGS: dict[tuple[int, int], dict] = {
     (3 * 4096, 4096): {"SWAP": True, "BN": 64, "BK": 128, "STAGES": 6, "SPLIT_K": 1},  # qkv
@@ -68,7 +65,7 @@ CONFIGS: dict[tuple[int, int], dict] = {
 }
 #: FP8 tensor-core products are added into the float32 sum at least every this many K columns:
 #: Hopper's FP8 MMA keeps its own running sum at reduced precision, and Triton's default on sm_90
-#: lets it run the whole K (round 7 measured the cost against cuBLAS, which promotes: LAB04_NOTES);
+#: lets it run the whole K (cuBLAS promotes too);
 #: every 128 columns is DeepGEMM's choice, and costs nothing a memory-bound GEMM can see
 ACC_K = 128
 #: the interpreter runs any tile; a small one keeps CPU tests quick
@@ -150,7 +147,7 @@ def _fp8_decode_gemm_kernel(x_ptr, w_ptr, xs_ptr, ws_ptr, y_ptr, part_ptr, cnt_p
         else:  # one float32 atomic per element into the zeroed workspace
             tl.atomic_add(part_ptr + p_off, part, mask=out)
         if FENCE:  # each thread's writes performed GPU-wide before the counter moves: the fence of
-            fence_gpu(rm)  # CUDA's threadfence-reduction pattern (benchmarks/lab04_splitk_fence.py)
+            fence_gpu(rm)  # CUDA's threadfence-reduction pattern
         tl.debug_barrier()  # every thread past its fence before the counter's release
         if tl.atomic_add(cnt_ptr + tile, 1) == SPLIT_K - 1:  # acq_rel: the other slices' writes are visible
             if SERIAL_K:

@@ -6,8 +6,7 @@ beside the lab's GPU evidence.
 * :mod:`.attention`: the KV-cache write and the split-context decode attention that reads a bf16
   or FP8 cache in its stored dtype, launched with an :class:`AttnTile`.
 
-Tuning variants measured against these (a weight-only FP8 GEMM, tensor-core and prefetching
-attention, row-wise scales) are research, not lab paths: :mod:`.research`.
+How they were tuned, and the variants that measured slower: ``docs/lab04-tuning.md``.
 """
 from __future__ import annotations
 

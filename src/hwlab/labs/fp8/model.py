@@ -41,19 +41,19 @@ class QLinear(torch.nn.Module):
     (dynamic scaling, two small kernels) and calls ``torch._scaled_mm`` in its tensor-wise
     mode, the FP8 GEMM path of Hopper-class GPUs. (Row-wise scales are more accurate, but
     cuBLASLt ran them with large tiles that read a decode-shaped weight well below tensor-wise
-    scaling's rate: benchmarks/LAB04_NOTES.md, run 2.) ``fp8_dequant`` runs the
+    scaling's rate.) ``fp8_dequant`` runs the
     one-pass dequant kernel of :mod:`.quant` (1 B read + 2 B written per weight) and
     then a bf16 GEMM that reads the copy again. ``fp8_static`` is ``fp8_mm`` with the
     activation scale fixed by calibration: no amax pass, and an activation that arrives already
-    in FP8 (a norm that quantized with this layer's scale) is used as is. A weight-only FP8
-    kernel for decode was measured against cuBLAS's FP8 GEMM and is research, not a mode here
-    (:mod:`.research`, benchmarks/LAB04_NOTES.md round 1).
+    in FP8 (a norm that quantized with this layer's scale) is used as is. ``rows_multiple``: an
+    FP8 layer whose FP8 kernel exists only for batches of a multiple of that many rows; any other
+    batch falls back to the dequant path (the seed's "partial fallback", by shape).
 
     ``swap_ab`` (``fp8_static`` only): at decode sizes (a multiple of 16 rows, up to
     :data:`SWAP_AB_MAX_ROWS`) the weight goes in as the GEMM's first operand and the activation
     rows as its second, and the (N, rows) result is returned as a transposed view. cuBLAS then
     tiles the weight's N side instead of the few rows; the decoder sets it where that measured
-    faster (the wide-K ``down`` projection: benchmarks/LAB04_NOTES.md round 5). The multiple of
+    faster (the wide-K ``down`` projection). The multiple of
     16 is cuBLAS's FP8 shape rule for that operand; a prefill's many rows keep the plain order.
     """
 
@@ -75,6 +75,11 @@ class QLinear(torch.nn.Module):
             self.register_buffer("x_scale", torch.full((), float("nan"), device=weight.device))
         self.calibrating = self.calibrated = False
         self.swap_ab = False
+        #: an FP8 layer whose FP8 kernel exists only for row counts that are a multiple of this: any
+        #: other batch falls back (dequant + bf16 GEMM); None: every row count has one
+        self.rows_multiple: int | None = None
+        #: whether the last call fell back to a dequantized weight (the profile counts it)
+        self.fell_back = False
 
     @property
     def weight_bytes(self) -> int:
@@ -94,8 +99,14 @@ class QLinear(torch.nn.Module):
 
     @property
     def takes_fp8_input(self) -> bool:
-        """A calibrated ``fp8_static`` layer: its producer (norm, GELU) may quantize for it."""
-        return self.mode == "fp8_static" and self.calibrated
+        """A calibrated ``fp8_static`` layer with an FP8 kernel at every row count: its producer
+        (norm, GELU, the attention's combine) may quantize for it."""
+        return self.mode == "fp8_static" and self.calibrated and self.rows_multiple is None
+
+    def falls_back(self, rows: int) -> bool:
+        """Whether a call with ``rows`` activation rows has no FP8 kernel here (``rows_multiple``)."""
+        return (self.mode in ("fp8_mm", "fp8_static") and self.rows_multiple is not None
+                and rows % self.rows_multiple != 0)
 
     def mm_float32(self, x: torch.Tensor) -> torch.Tensor:
         """A bf16 layer's product written as float32 by the GEMM itself (cuBLAS sums in float32
@@ -122,9 +133,10 @@ class QLinear(torch.nn.Module):
         return self._forward(x)
 
     def _forward(self, x: torch.Tensor, gelu_to: torch.Tensor | None = None) -> torch.Tensor:
+        self.fell_back = self.mode == "fp8_dequant" or self.falls_back(x.reshape(-1, x.shape[-1]).shape[0])
         if self.mode == "bf16":
             return F.linear(x, self.w)
-        if self.mode == "fp8_dequant":  # the fallback: a bf16 copy of the weight, every step
+        if self.fell_back:  # the fallback: a bf16 copy of the weight, every step
             with torch.profiler.record_function(DEQUANT_MARK):
                 w = K.dequant_rows(self.w, self.w_scale)
             return F.linear(x, w)
@@ -158,16 +170,15 @@ class QLinear(torch.nn.Module):
 
 #: whether an ``fp8_static`` up projection that runs the kit's decode GEMM applies GELU and the down
 #: projection's FP8 requant in its epilogue (:class:`QLinear`'s ``gelu_to``), one kernel per layer
-#: fewer than :func:`.quant.quant_static` after it: off. Round 9's A/B of the decode step measured
-#: the two equal within 0.1% at 512, 4k and 32k (with PDL a small kernel between two GEMMs starts
-#: while the first drains), so the lab keeps the separate pass, which a learner can read and
-#: profile on its own (benchmarks/LAB04_NOTES.md round 9)
+#: fewer than :func:`.quant.quant_static` after it: off. The decode step measured the two equal
+#: within 0.1% (with PDL a small kernel between two GEMMs starts while the first drains), so the lab
+#: keeps the separate pass, which a learner can read and profile on its own
 GELU_IN_GEMM = False
 #: most activation rows a swap-AB GEMM takes (:class:`QLinear`): a decode step's batch; a
 #: prefill's thousands of rows fill cuBLAS's tiles in the plain order
 SWAP_AB_MAX_ROWS = 64
 #: the layers whose FP8 GEMM runs swap-AB in the fixed path: ``down`` (K = d_ff, 3.5x its N),
-#: where it read the weight faster at 4 and 16 rows; the others measured equal (LAB04_NOTES round 5)
+#: where it read the weight faster at 4 and 16 rows; the others measured equal
 SWAP_AB_LAYERS = ("down",)
 
 
@@ -184,26 +195,52 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
 
-TINY = ModelConfig(vocab=512, d_model=64, n_layers=2, n_heads=4, d_ff=128)
-#: sized so decode on an H200 is memory-bound: ~1.6 B parameters in the layers, a 128k-vocab head
-H200_SIZE = ModelConfig(vocab=131072, d_model=4096, n_layers=8, n_heads=32, d_ff=14336)
+TINY = ModelConfig(vocab=512, d_model=64, n_layers=3, n_heads=4, d_ff=128)
+#: sized so decode on an H200 is memory-bound (~1.5 B parameters in the layers), with a 64k-vocab
+#: head: large enough that dequantizing it every step spends most of what the FP8 trunk saves
+#: (the seed's symptom), small enough that the trunk still saves a little
+H200_SIZE = ModelConfig(vocab=65536, d_model=4096, n_layers=8, n_heads=32, d_ff=14336)
 
 MAIN = ("qkv", "out", "up", "down")
+#: a path: the mode of the trunk's linear layers (``main``), of the ``connector`` and of the ``head``;
+#: ``kv_fp8_from_ctx``: the shortest cache length stored in FP8 (None: bf16 always);
+#: ``bf16_edge_layers``: how many layers at each end of the trunk keep bf16 weights whatever ``main``
+#: says (FP8 recipes keep the first and last blocks in high precision); ``out_rows_multiple``: the
+#: ``out`` projection's FP8 kernel exists only for row counts that are a multiple of this (None: every
+#: row count), any other batch falls back to dequant + bf16 GEMM (:class:`QLinear`'s ``rows_multiple``)
+PATH_DEFAULTS: dict[str, Any] = {"main": "bf16", "connector": "bf16", "head": "bf16", "kv_fp8_from_ctx": None,
+                                 "bf16_edge_layers": 0, "out_rows_multiple": None}
+#: the context length from which the fixed path stores the KV cache in FP8: the long bucket only
+KV_FP8_FROM_CTX = 8192
 PATHS: dict[str, dict[str, Any]] = {
-    "bf16": {"main": "bf16", "connector": "bf16", "head": "bf16", "kv_fp8_from_ctx": None},
-    "fp8_dequant": {"main": "fp8_dequant", "connector": "fp8_dequant", "head": "fp8_dequant", "kv_fp8_from_ctx": None},
-    "mixed": {"main": "fp8_mm", "connector": "fp8_dequant", "head": "fp8_dequant", "kv_fp8_from_ctx": None},
-    "fixed": {"main": "fp8_static", "connector": "fp8_static", "head": "bf16", "kv_fp8_from_ctx": 4096},
+    "bf16": dict(PATH_DEFAULTS),
+    "fp8_dequant": {**PATH_DEFAULTS, "main": "fp8_dequant", "connector": "fp8_dequant", "head": "fp8_dequant"},
+    # the seed's deployment: trunk on FP8 GEMMs except where a shape has no FP8 kernel, connector and
+    # head dequantized back to bf16 every step, KV cache bf16
+    "mixed": {**PATH_DEFAULTS, "main": "fp8_static", "connector": "fp8_dequant", "head": "fp8_dequant",
+              "bf16_edge_layers": 1, "out_rows_multiple": 16},
+    # the seed's fixes 1-2: the head kept in bf16 on purpose, the connector and every trunk shape on FP8
+    "gemms_fixed": {**PATH_DEFAULTS, "main": "fp8_static", "connector": "fp8_static", "head": "bf16",
+                    "bf16_edge_layers": 1},
+    # and fix 3: an FP8 KV cache for the long-context bucket
+    "fixed": {**PATH_DEFAULTS, "main": "fp8_static", "connector": "fp8_static", "head": "bf16",
+              "bf16_edge_layers": 1, "kv_fp8_from_ctx": KV_FP8_FROM_CTX},
 }
 
 
+def layer_mode(path: dict[str, Any], cfg: "ModelConfig", i: int) -> str:
+    """The mode of trunk layer ``i``'s linears on ``path`` (bf16 at the kept edges)."""
+    e = path.get("bf16_edge_layers", 0)
+    return "bf16" if i < e or i >= cfg.n_layers - e else path["main"]
+
+
 #: the decoder's bf16 head on a GPU writes float32 logits itself (:meth:`QLinear.mm_float32`):
-#: one kernel fewer per step than a bf16 product and a cast (round 7's A/B: faster in both paths)
+#: one kernel fewer per step than a bf16 product and a cast (measured faster in both paths)
 HEAD_FP32 = True
 #: a bf16 cache read over fewer positions than this (one length for all rows) goes to the kit's
 #: kernel, which also writes the step's K and V and the out projection's FP8 input, so two
 #: launches per layer fewer; from this length on, to SDPA, which streams a long bf16 cache faster
-#: (benchmarks/LAB04_NOTES.md round 6b: the kit's way faster at 512 in both paths, slower at 4k)
+#: (the kit's way measured faster at 512 in both paths, slower at 4k)
 KIT_BF16_BELOW_CTX = 4096
 
 
@@ -292,7 +329,7 @@ class KVCache:
 
         A bf16 cache of :data:`KIT_BF16_BELOW_CTX` positions or more goes to torch's SDPA (faster
         than the kit's kernel on a long bf16 cache, so the baseline is not handicapped), a shorter
-        one to the kit's kernel (fewer launches in the step: round 6b); an FP8 cache to the kit's
+        one to the kit's kernel (fewer launches in the step); an FP8 cache to the kit's
         kernel, which reads FP8 directly, or, with ``fused_read=False``, is dequantized to bf16
         first. With per-row lengths (``row_len``), every cache goes to the kit's kernel over each
         row's length.
@@ -341,9 +378,9 @@ class Decoder(torch.nn.Module):
         super().__init__()
         self.attn_tile = attn_tile
         if isinstance(path, dict):
-            p = {**PATHS["bf16"], **path}
-            bad = {k: v for k, v in p.items() if k != "kv_fp8_from_ctx" and v not in QLinear.MODES}
-            if bad or set(p) != set(PATHS["bf16"]):
+            p = {**PATH_DEFAULTS, **path}
+            bad = {k: p[k] for k in ("main", "connector", "head") if p[k] not in QLinear.MODES}
+            if bad or set(p) != set(PATH_DEFAULTS):
                 raise ValueError(f"a custom path maps main/connector/head to one of {QLinear.MODES} "
                                  f"and kv_fp8_from_ctx to a context length or None; got {path!r}")
             self.path_cfg, self.path = p, "custom"
@@ -363,12 +400,14 @@ class Decoder(torch.nn.Module):
         self.embed = (torch.randn(cfg.vocab, d, generator=g, device=dev) * 0.5).to(torch.bfloat16)
         self.connector = QLinear(w(d, d), p["connector"])
         self.layers = torch.nn.ModuleList()
-        for _ in range(cfg.n_layers):
+        for i in range(cfg.n_layers):
+            mode = layer_mode(p, cfg, i)
             layer = torch.nn.ModuleDict({
-                "qkv": QLinear(w(3 * d, d), p["main"]), "out": QLinear(w(d, d), p["main"]),
-                "up": QLinear(w(cfg.d_ff, d), p["main"]), "down": QLinear(w(d, cfg.d_ff), p["main"])})
+                "qkv": QLinear(w(3 * d, d), mode), "out": QLinear(w(d, d), mode),
+                "up": QLinear(w(cfg.d_ff, d), mode), "down": QLinear(w(d, cfg.d_ff), mode)})
             for name in SWAP_AB_LAYERS:
                 layer[name].swap_ab = layer[name].mode == "fp8_static"
+            layer["out"].rows_multiple = p["out_rows_multiple"]
             self.layers.append(layer)
         self.head = QLinear(w(cfg.vocab, d), p["head"])
         self.device = dev
@@ -492,4 +531,4 @@ def _run(m: Decoder, toks, prompt: int, steps: int) -> list[torch.Tensor]:
 
 #: logit-error bound per path against bf16: FP8 e4m3 has a 3-bit mantissa (~6% per-element
 #: rounding); over a few layers the relative logit error stays near 10%
-LOGIT_ERROR_BOUND = {"bf16": 0.0, "fp8_dequant": 0.15, "mixed": 0.15, "fixed": 0.15}
+LOGIT_ERROR_BOUND = {"bf16": 0.0, "fp8_dequant": 0.15, "mixed": 0.15, "gemms_fixed": 0.15, "fixed": 0.15}

@@ -33,8 +33,8 @@ FP8_MAX = 448.0
 #: elements per program of the row kernels (a row wider than this loops)
 BLOCK = 1024
 #: warps per program of the decode step's norm kernels (one program per row, a 4096-wide row
-#: read at once): twice Triton's default, so each thread waits on half the loads; round 7's A/B
-#: measured 8 against 4 and 16 (benchmarks/LAB04_NOTES.md round 7)
+#: read at once): twice Triton's default, so each thread waits on half the loads; 8 measured faster
+#: than 4 and 16
 ROW_WARPS = 8
 
 
@@ -42,10 +42,9 @@ ROW_WARPS = 8
 #: launched with it may be scheduled while the kernel before it drains, and waits
 #: (``griddepcontrol.wait``) for that kernel's writes before it reads anything, so the gap
 #: between two kernels shrinks while the order of their memory effects stays the stream's. On
-#: (:func:`set_pdl` switches it): round 6 measured it slower with cuBLAS's GEMMs between the
-#: kit's kernels; round 7b, with the kit's own GEMM (which asks for the next launch as it starts),
-#: measured the step faster in every bucket, the attention's kernels left out
-#: (:data:`.attention.PDL_ATTENTION`; benchmarks/LAB04_NOTES.md rounds 6-7).
+#: (:func:`set_pdl` switches it): with the kit's own GEMM (which asks for the next launch as it
+#: starts) the step measured faster in every bucket, the attention's kernels left out
+#: (:data:`.attention.PDL_ATTENTION`); with cuBLAS's GEMMs between the kit's kernels it was slower.
 _PDL = {"on": True}
 
 
@@ -179,8 +178,7 @@ def _add_rmsnorm_kernel(x_ptr, r_ptr, sum_ptr, y_ptr, s_ptr, n_cols, stride_x, s
     residual add and the next norm in one pass over the row. ``r`` may be a transposed view
     (``stride_rc`` > 1: a swap-AB GEMM's (N, rows) output read as (rows, N)). That read is
     strided: each 32-byte sector it touches holds one element of the row, so it costs more than
-    its few KiB suggest (benchmarks/LAB04_NOTES.md: round 5 saw it eat most of swap-AB's saving;
-    round 6's A/B still measured the step 0.3% faster with swap-AB)."""
+    its few KiB suggest, though the step still measured faster with swap-AB than without)."""
     pdl_enter(PDL)
     row = tl.program_id(0)
     o = tl.arange(0, BLOCK)
@@ -219,7 +217,8 @@ def quant_tensor(x: torch.Tensor, use_triton: bool | None = None) -> tuple[torch
     """Per-tensor dynamic FP8 quantization of a 2-D activation: a row-amax kernel, then one
     kernel that reduces the row maxima and quantizes (2 launches, no host sync, so a decode step
     can be graph-captured). The scale feeds ``torch._scaled_mm``'s tensor-wise mode; why
-    tensor-wise and not row-wise scales: benchmarks/LAB04_NOTES.md, run 2."""
+    tensor-wise and not row-wise scales: cuBLAS ran row-wise scales with large tiles that read a
+    decode-shaped weight well below tensor-wise scaling's rate (``docs/lab04-tuning.md``)."""
     if x.dim() != 2:
         raise ValueError(f"FP8 quantization wants a 2-D (rows, cols) tensor, got shape {tuple(x.shape)}")
     if not use_triton_for(x, use_triton):

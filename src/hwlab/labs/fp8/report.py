@@ -6,8 +6,9 @@ hit rate, fallbacks, dequant/requant ranges per token, device time by kernel cla
 serves each bucket's stream (:func:`.stream.serve`: TTFT, TPOT and ITL p50/p99). The report
 (:func:`performance_report`, one per path) carries weight memory, those per-bucket figures
 and the change of TPOT p50 and p99 against bf16; :func:`format_report` prints it,
-:func:`plot_reports` draws it. :func:`seed_signature` checks the seed's symptom on it (TPOT
-barely better, P99 slightly worse) for the ``mixed`` path against bf16.
+:func:`plot_reports` draws it. :func:`service_tpot` pools every bucket's steps into the service's
+TPOT; :func:`seed_signature` reads the seed's symptom from it (memory down, TPOT barely better,
+P99 no better) for the ``mixed`` path against bf16.
 """
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ import torch
 from hwlab.labs.fp8.model import H200_SIZE, TINY, Decoder, ModelConfig
 from hwlab.labs.fp8.profile import bucket_profile
 from hwlab.labs.fp8.stream import StreamSpec, default_streams, serve
+from hwlab.labs.fp8.stream import percentile
 
-#: the paths a serving stream compares: the baseline, the seed's path and the fix
-SERVING_PATHS = ("bf16", "mixed", "fixed")
+#: the paths a serving stream compares: the baseline, the seed's path, its GEMM fixes, all its fixes
+SERVING_PATHS = ("bf16", "mixed", "gemms_fixed", "fixed")
 #: kernel classes shown in the report, with the seed's reading of each
 CLASSES = {"attention": "KV reads", "quant/dequant": "format conversion", "gemm": "bf16 GEMMs (fallbacks, head)",
            "gemm fp8": "FP8 GEMMs", "other": "norms, KV writes, adds"}
@@ -65,6 +67,8 @@ def performance_report(stream_result: dict[str, Any], path: str) -> dict[str, An
                "fallback_gemms": pr["fallback_gemms"], "high_precision_by_choice": pr["high_precision_by_choice"],
                "quant_ranges": pr["quant_ranges"], "dequant_ranges": pr["dequant_ranges"],
                "dq_rq_per_token": pr["dequant_requant_per_token"],
+               # apart: a weight dequant moves a whole weight, a requant one step's activation rows
+               "dq_per_token": pr["dequant_ranges"] / pr["batch"], "rq_per_token": pr["quant_ranges"] / pr["batch"],
                "kernel_us": br["total_us"], "kernel_us_by_class": dict(br["us"]),
                "kernel_share_pct": dict(br["share_pct"]), "kernel_source": br["source"],
                "n_requests": len(st["requests"]), "n_tokens": st["n_tokens"], "n_steps": st["n_steps"],
@@ -84,32 +88,43 @@ def performance_report(stream_result: dict[str, Any], path: str) -> dict[str, An
     return rep
 
 
-#: percentage points of run-to-run spread allowed a p99 comparison: a p99 over a few hundred
-#: steps moves by a point or two between runs where the p50 does not
+def service_tpot(stream_result: dict[str, Any], path: str) -> dict[str, float]:
+    """The whole service's TPOT on ``path``: every decode step of every bucket's stream, each
+    counted once per token it produced (token-weighted), nearest-rank p50 and p99, and the mean;
+    ``tokens``: how many; ``long_share_pct``: the share of step time spent in the longest bucket."""
+    steps = [(s["t_ms"], s["n"], b["profile"]["ctx"]) for b in stream_result["paths"][path]["buckets"]
+             for s in b["stream"]["steps"]]
+    t, w = [x[0] for x in steps], [x[1] for x in steps]
+    longest = max(x[2] for x in steps)
+    return {"tpot_ms_p50": percentile(t, 50, w), "tpot_ms_p99": percentile(t, 99, w),
+            "tpot_ms_mean": sum(a * b for a, b in zip(t, w)) / sum(w), "tokens": sum(w),
+            "long_share_pct": 100.0 * sum(x[0] for x in steps if x[2] == longest) / sum(t)}
+
+
+#: percentage points a TPOT gain moves between runs of the same stream (a p99 over a few hundred
+#: steps moves by a point or two where the p50 does not): a comparison closer than this is borderline
 SIGNATURE_TOL_PCT = 2.0
 
 
-def seed_signature(stream_result: dict[str, Any], path: str = "mixed",
-                   tol_pct: float = SIGNATURE_TOL_PCT) -> list[dict[str, Any]]:
-    """Per bucket, ``path`` against bf16: TPOT gain at p50 and at p99 (in %, positive =
-    faster), the absolute step-time difference at each (ms), and the seed's symptom read three
-    ways: ``p50_gain_small`` (TPOT improves by 10% or less: "TPOT 只提升 3%"),
-    ``p99_not_better`` (the tail is no faster than bf16's, within ``tol_pct``: "P99 还略差"),
-    and ``p99_gain_not_above_p50`` (the tail gains no more than the median does, within
-    ``tol_pct``). A fallback that adds the same time to every step makes the third fail where
-    the p99 step is much longer than the p50 one, even as the first two hold: compare the
-    ``delta_ms`` columns."""
-    rep = performance_report(stream_result, path)
-    base = performance_report(stream_result, "bf16")
-    out = []
-    for r, b in zip(rep["buckets"], base["buckets"]):
-        g50, g99 = -r["tpot_p50_change_pct"], -r["tpot_p99_change_pct"]
-        out.append({"ctx": r["ctx"], "batch": r["batch"], "gain_p50_pct": g50, "gain_p99_pct": g99,
-                    "delta_p50_ms": r["tpot_ms_p50"] - b["tpot_ms_p50"],
-                    "delta_p99_ms": r["tpot_ms_p99"] - b["tpot_ms_p99"], "tol_pct": tol_pct,
-                    "p50_gain_small": g50 <= 10.0, "p99_not_better": g99 <= tol_pct,
-                    "p99_gain_not_above_p50": g99 <= g50 + tol_pct})
-    return out
+def seed_signature(run_result: dict[str, Any], path: str = "mixed") -> dict[str, Any]:
+    """The seed's symptom, measured on ``path`` against bf16 over the whole service: weight memory
+    change (%), TPOT p50 and p99 gain (%, positive = faster) and their millisecond difference.
+    The seed's case reads: memory about -35%, the p50 gain a few % (``p50_gain_small``: between
+    0 and 6%), the p99 gaining less than the p50 or losing (``p99_gains_less``). ``borderline``:
+    the comparisons that lie within :data:`SIGNATURE_TOL_PCT` of their threshold."""
+    st = run_result.get("stream", run_result)
+    w = run_result["weight_bytes"]
+    a, b = service_tpot(st, path), service_tpot(st, "bf16")
+    g50 = 100.0 * (1 - a["tpot_ms_p50"] / b["tpot_ms_p50"])
+    g99 = 100.0 * (1 - a["tpot_ms_p99"] / b["tpot_ms_p99"])
+    return {"path": path, "memory_change_pct": 100.0 * (w[path] / w["bf16"] - 1),
+            "gain_p50_pct": g50, "gain_p99_pct": g99,
+            "delta_p50_ms": a["tpot_ms_p50"] - b["tpot_ms_p50"], "delta_p99_ms": a["tpot_ms_p99"] - b["tpot_ms_p99"],
+            "tpot_ms": {"bf16": b, path: a},
+            "p50_gain_small": 0.0 <= g50 <= 6.0, "p99_gains_less": g99 < g50, "tol_pct": SIGNATURE_TOL_PCT,
+            "borderline": [k for k, near in (("p50 gain at 0", abs(g50) < SIGNATURE_TOL_PCT),
+                                             ("p50 gain at 6", abs(g50 - 6.0) < SIGNATURE_TOL_PCT),
+                                             ("p99 against p50", abs(g99 - g50) < SIGNATURE_TOL_PCT)) if near]}
 
 
 def format_report(rep: dict[str, Any], label: str = "") -> str:
@@ -117,12 +132,12 @@ def format_report(rep: dict[str, Any], label: str = "") -> str:
     w = rep["weight_bytes"]
     head = f"{rep['path']}: weights {w / 1e9:.3f} GB" + (
         f" ({rep['weight_change_pct']:+.0f}% vs bf16)" if "weight_change_pct" in rep else "") + (f"  [{label}]" if label else "")
-    lines = [head, f"{'bucket':>14} {'KV':>4} {'FP8 hit':>7} {'fallb':>5} {'dq+rq/tok':>9} {'TTFT p50/p99 ms':>17} "
+    lines = [head, f"{'bucket':>14} {'KV':>4} {'FP8 hit':>7} {'fallb':>5} {'dq/tok':>6} {'rq/tok':>6} {'TTFT p50/p99 ms':>17} "
                    f"{'TPOT p50/p99 ms':>17} {'vs bf16 p50/p99':>16} {'ITL p99':>8}"]
     for r in rep["buckets"]:
         chg = (f"{r['tpot_p50_change_pct']:+5.0f}%/{r['tpot_p99_change_pct']:+4.0f}%" if "tpot_p50_change_pct" in r else "")
         lines.append(f"{'ctx ' + str(r['ctx']) + ' x' + str(r['batch']):>14} {'fp8' if r['kv_fp8'] else 'bf16':>4} "
-                     f"{r['fp8_hit_pct']:6.0f}% {r['fallback_gemms']:5d} {r['dq_rq_per_token']:9.1f} "
+                     f"{r['fp8_hit_pct']:6.0f}% {r['fallback_gemms']:5d} {r['dq_per_token']:6.2f} {r['rq_per_token']:6.2f} "
                      f"{r['ttft_ms_p50']:8.2f}/{r['ttft_ms_p99']:<8.2f} {r['tpot_ms_p50']:8.3f}/{r['tpot_ms_p99']:<8.3f} "
                      f"{chg:>16} {r['itl_ms_p99']:8.2f}")
     if not all(r["ttft_device_only"] for r in rep["buckets"]):

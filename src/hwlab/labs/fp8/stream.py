@@ -18,8 +18,7 @@ one final synchronise; before the stream the full batch is replayed for
 prefilled once untimed (a first call of a shape pays one-off host costs). A timed prefill is
 preceded by a GPU sleep longer than the host needs to enqueue it (:class:`_HostLead`), so its
 events time the device's work, not Python's launches (without it, the host's time to enqueue
-a few hundred eager kernels lands inside a prefill's events; ``benchmarks/LAB04_NOTES.md`` has
-the recorded difference). On a CPU each operation runs
+a few hundred eager kernels lands inside a prefill's events). On a CPU each operation runs
 eagerly under ``time.perf_counter`` (labelled; CPU times say nothing about a GPU). Moving a
 slot when a request finishes with the queue empty (compaction) is host bookkeeping plus a
 copy a paged cache would not make: it is left off the clock and said so.
@@ -59,14 +58,15 @@ class StreamSpec:
         return self.ctx + self.out_tokens[1]
 
 
-def default_streams(device) -> list[StreamSpec]:
-    """One stream per context bucket of :func:`.run.default_buckets`: 3 x the batch of
-    requests, so the batch is full for most of the stream and drains at the end; sized so the
-    three streams of three paths fit the refresh's ~2 minutes of device time for them."""
+def default_streams(device, long: bool = False) -> list[StreamSpec]:
+    """Two context buckets, as a service sees them: many short requests served 16 at a time (the
+    decode step mostly reads weights) and a few long-context ones served 4 at a time (mostly KV
+    cache). Twice the requests of a batch, so each stream runs full, then drains; sized so four
+    paths fit a notebook's minute and a half on an H200. ``long``: three times the requests."""
+    k = 3 if long else 1
     if torch.device(device).type == "cuda":
-        return [StreamSpec(512, 16, 48, (16, 128), seed=1), StreamSpec(4096, 16, 48, (16, 128), seed=2),
-                StreamSpec(32768, 4, 12, (16, 128), seed=3)]
-    return [StreamSpec(32, 2, 5, (2, 6), seed=1), StreamSpec(128, 2, 5, (2, 6), seed=2)]
+        return [StreamSpec(1024, 16, 32 * k, (16, 64), seed=1), StreamSpec(16384, 4, 8 * k, (16, 64), seed=2)]
+    return [StreamSpec(32, 16, 20 * k, (2, 5), seed=1), StreamSpec(128, 4, 5 * k, (2, 5), seed=2)]
 
 
 @dataclass(frozen=True)

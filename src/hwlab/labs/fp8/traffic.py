@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hwlab.labs.fp8.model import PATHS, Decoder, ModelConfig
+from hwlab.labs.fp8.model import layer_mode
 
 
 def memory_report(models: dict[str, Decoder], batch: int, ctx: int) -> dict[str, dict[str, int]]:
@@ -37,13 +38,24 @@ def step_bytes(cfg: ModelConfig, path: dict[str, Any], n_rows: int, kv_positions
     """:func:`decode_bytes_for` for a continuous-batching step: ``n_rows`` live requests whose
     attention reads ``kv_positions`` cache positions in all (summed over rows, this step's
     included), from a cache stored in FP8 or not (the stream's cache, not the row's length,
-    decides). With every row at ``ctx + 1`` positions it equals :func:`decode_bytes_for`."""
+    decides). With every row at ``ctx + 1`` positions it equals :func:`decode_bytes_for`.
+    An ``out`` projection with no FP8 kernel at ``n_rows`` (``out_rows_multiple``) counts as a
+    dequantized weight."""
+    p = {**PATHS["bf16"], **path}
     d = cfg.d_model
-    sizes = {"connector": d * d, "main": cfg.n_layers * (3 * d * d + d * d + 2 * d * cfg.d_ff), "head": cfg.vocab * d}
+    per_layer = {"qkv": 3 * d * d, "out": d * d, "up": d * cfg.d_ff, "down": d * cfg.d_ff}
     n = n_rows * d * 2
-    for group, elems in sizes.items():
-        mode = path[group]
-        n += elems * (1 if promised and mode == "fp8_dequant" else BYTES_PER_WEIGHT[mode])
+
+    def weight(mode: str, elems: int) -> int:
+        return elems * (1 if promised and mode == "fp8_dequant" else BYTES_PER_WEIGHT[mode])
+
+    n += weight(p["connector"], d * d) + weight(p["head"], cfg.vocab * d)
+    m = p["out_rows_multiple"]
+    for i in range(cfg.n_layers):
+        mode = layer_mode(p, cfg, i)
+        for name, elems in per_layer.items():
+            fb = name == "out" and mode in ("fp8_mm", "fp8_static") and m is not None and n_rows % m != 0
+            n += weight("fp8_dequant" if fb else mode, elems)
     return n + 2 * cfg.n_layers * cfg.n_heads * kv_positions * cfg.d_head * (1 if kv_fp8 else 2)
 
 
@@ -58,7 +70,7 @@ def memory_needed_bytes(cfg: ModelConfig, buckets, paths=tuple(PATHS)) -> int:
         pc = PATHS[p]
         n_main = linear - d * d
         weights += 2 * cfg.vocab * d  # embedding, bf16 on every path
-        weights += sum(n * (2 if pc[g] == "bf16" else 1)
+        weights += sum(n * (2 if pc[g] == "bf16" or g == "main" else 1)  # a trunk's bf16 edge layers: counted at 2 B
                        for g, n in (("main", n_main), ("connector", d * d), ("head", cfg.vocab * d)))
     draw = 4 * max(cfg.vocab * d, d * cfg.d_ff)
     per_bucket = []

@@ -91,8 +91,13 @@ def bucket_evidence(cfg: ModelConfig, path: dict[str, Any], bucket: dict[str, An
         "slowdown_vs_floor": spread_of([kernel_us / floor_us] + [k / floor_us for k in kernel_us_repeats],
                                        "profiled kernel sums of this bucket"),
         "e2e_slowdown": spread_of([s["t_ms"] / p for s, p in zip(steps, predicted)], "stream steps")}.items() if v}
+    totals = prof["breakdown"].get("total_us_of_profiles") or [kernel_us]
     return {
         "slowdown_vs_floor": slowdown, "dram_pct_estimated": 100.0 / slowdown,
+        # the spread of the profiles' kernel sums carried into B and D (D's prediction scales with B)
+        "slowdown_vs_floor_range": [min(totals) / floor_us, max(totals) / floor_us],
+        "e2e_slowdown_range": [st["tpot_ms_p50"] / pred_p50 * kernel_us / max(totals),
+                               st["tpot_ms_p50"] / pred_p50 * kernel_us / min(totals)],
         "e2e_slowdown": st["tpot_ms_p50"] / pred_p50,
         "rank_tail_pct": tail, "n_ranks": 1,
         "fp8_fallback_rate_pct": prof["fallback_rate_pct"], "fp8_hit_rate_pct": prof["hit_rate_pct"],

@@ -19,8 +19,8 @@ def zeroed(device, name: str, n: int, dtype: torch.dtype) -> torch.Tensor:
     """A zeroed ``dtype`` buffer of at least ``n`` elements named ``name`` on ``device``; the same
     tensor on every call unless it must grow (RuntimeError if that happens inside a CUDA-graph
     capture: run the call once eagerly before capturing it). A grown buffer's old tensor is kept
-    (:data:`_RETIRED`): graphs captured before still use it (round 8b's sweep, whose graphs of
-    ever larger split-K slabs crashed on a freed one before this)."""
+    (:data:`_RETIRED`): graphs captured before still use it (a sweep whose graphs captured ever
+    larger split-K slabs would otherwise replay on a freed one)."""
     key = (str(device), name)
     buf = _BUFFERS.get(key)
     if buf is None or buf.numel() < n:
