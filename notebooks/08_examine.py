@@ -77,7 +77,7 @@ nb.show_mermaid(ex.diagnosis.mermaid())
 # Eight functions written apart from the labs, each with the leaf its cause predicts: the unfused chain
 # and a shuffled gather (**G**), an fp32 GEMM without TF32 and a bf16 GEMM with K = 8191 (**I**), a Python
 # loop of tiny kernels and a Triton tile that spills (**J**), and a cuBLAS bf16 GEMM and a
-# `torch.compile`d chain (**OK**). `benchmarks/record_examine.py` examined each through the API, and two
+# `torch.compile`d chain (**OK**). `tools/record_examine.py` examined each through the API, and two
 # through the command line.
 
 # %%
@@ -91,7 +91,7 @@ if rec_path.exists():
         print(f"command line: {c['command']} -> leaf {c.get('leaf')}, exit code {c['rc']}")
     plot_slowdowns(rows, rec.label)
 else:
-    print("examine.json has not been recorded on the H200 yet (benchmarks/record_examine.py on a GPU); "
+    print("examine.json has not been recorded on the H200 yet (tools/record_examine.py on a GPU); "
           "showing this machine's live examination instead")
     plot_slowdowns(table([{"name": "unfused_chain", "leaf": ex.leaf_id, "expected_leaf": "G",
                            "path": ex.diagnosis.path, "evidence": ex.evidence}]), ex.label)
@@ -183,7 +183,7 @@ if parts_path.exists():
         f"{ncu_ev.get('sector_amplification', float('nan')):.2f}, DRAM {ncu_ev.get('dram_pct_of_peak', float('nan')):.1f}% "
         f"of peak)."))
 else:
-    print("examine_parts.json has not been recorded on the H200 yet (benchmarks/record_examine.py --parts)")
+    print("examine_parts.json has not been recorded on the H200 yet (tools/record_examine.py --parts)")
 
 # %% [markdown]
 # Reading the gather: there is no matmul in it, so the Tensor-Core question is answered *not applicable*

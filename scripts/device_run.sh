@@ -21,7 +21,7 @@ PY=python3; [ -x .venv/bin/python ] && PY=.venv/bin/python
 rc=0
 if [ -z "${SKIP_REFRESH:-}" ]; then
   nvidia-smi topo -m > "$OUTDIR/topo.txt" 2>&1
-  $PY benchmarks/refresh_gpu_evidence.py --out "$OUTDIR" --keep-going ${PARTS:+--only $PARTS} 2>&1 \
+  $PY tools/refresh_gpu_evidence.py --out "$OUTDIR" --keep-going ${PARTS:+--only $PARTS} 2>&1 \
     | grep -v "Warning\|warnings.warn\|_warn_once" | tee -a "$OUTDIR/refresh.log"
   rc=${PIPESTATUS[0]}
 fi
@@ -31,7 +31,7 @@ if [ -n "${SKIP_NOTEBOOKS:-}" ]; then pack; exit $rc; fi
 mkdir -p "$OUTDIR/recorded/h200" && cp -r src/hwlab/recorded/. "$OUTDIR/recorded/"
 cp "$OUTDIR"/*.json "$OUTDIR/recorded/h200/" 2>/dev/null
 export HWLAB_RECORDED_DIR=$OUTDIR/recorded
-$PY benchmarks/execute_notebooks.py --out "$OUTDIR/nb" ${NOTEBOOKS:+--only $NOTEBOOKS} 2>&1 | tee -a "$OUTDIR/notebooks.log"
+$PY tools/execute_notebooks.py --out "$OUTDIR/nb" ${NOTEBOOKS:+--only $NOTEBOOKS} 2>&1 | tee -a "$OUTDIR/notebooks.log"
 nbrc=${PIPESTATUS[0]}
 pack
 exit $(( rc || nbrc ))

@@ -9,7 +9,7 @@ an older one is brought up to date by the same migrations :func:`hwlab.core.evid
 rewritten atomically in place (:func:`hwlab.core.store.write_json_atomic`). ``--check`` writes
 nothing: it lists the records that are not current and exits 1 if there are any.
 
-``benchmarks/results/`` keeps earlier runs as they were recorded; they are migrated when loaded,
+``tools/results/`` keeps earlier runs as they were recorded; they are migrated when loaded,
 and rewritten only if named here.
 """
 from __future__ import annotations

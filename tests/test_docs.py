@@ -15,8 +15,8 @@ PACK = ["LEARNING_PATH.md", "INSTRUCTOR.md", "RUNBOOK.md", "GLOSSARY.md"]
 
 
 def _bench_module(name: str):
-    """A script under benchmarks/ (not a package) loaded as a module."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    """A script under tools/ (not a package) loaded as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
     return m
@@ -31,14 +31,14 @@ def test_time_table_is_rendered_from_the_recorded_file():
     times = json.loads((DOCS / "notebook_times.json").read_text())
     doc = (DOCS / "LEARNING_PATH.md").read_text()
     block = doc[doc.index(nt.BEGIN):doc.index(nt.END) + len(nt.END)]
-    assert block == nt.render(times), "re-render with: python benchmarks/notebook_times.py --render"
+    assert block == nt.render(times), "re-render with: python tools/notebook_times.py --render"
     # H200 figures are the executed copies' own (latest run wins), CPU figures a real run's summary
-    assert times["h200"]["runs"] == nt.h200_times(), "run: python benchmarks/notebook_times.py --refresh-h200"
+    assert times["h200"]["runs"] == nt.h200_times(), "run: python tools/notebook_times.py --refresh-h200"
     assert times["cpu"]["runs"] and all(r["seconds"] > 0 for r in times["cpu"]["runs"].values())
     lab_nbs = [f"notebooks/{p.name}" for p in sorted((ROOT / "notebooks").glob("*.ipynb"))]
     new = set(lab_nbs) - set(times["cpu"]["runs"])
     assert not new and set(lab_nbs) <= set(times["notebooks"]), \
-        f"{sorted(new)} never timed on a CPU: see benchmarks/notebook_times.py (--merge)"
+        f"{sorted(new)} never timed on a CPU: see tools/notebook_times.py (--merge)"
     for nb in lab_nbs:
         assert f"| `{nb}` |" in block
 
@@ -72,7 +72,7 @@ def test_h200_copies_older_than_their_source_are_named_in_the_readme():
     ec = _copies_module()
     text = (DOCS / "executed-h200" / "README.md").read_text()
     block = text[text.index(ec.BEGIN):text.index(ec.END) + len(ec.END)]
-    assert block == ec.render(ec.status()), "re-render with: python benchmarks/executed_copies.py --render"
+    assert block == ec.render(ec.status()), "re-render with: python tools/executed_copies.py --render"
 
 
 def test_an_edited_notebook_makes_its_copy_older(tmp_path):

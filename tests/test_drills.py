@@ -2,7 +2,7 @@
 measured, fixes re-run and re-measured, files sealed whole.
 
 Recorded-mode tests read ``recorded/h200/drills.json`` (its ``runs``: each (scenario, case)
-measured on the H200 by benchmarks/refresh_gpu_evidence.py --only drills); the CPU-live tests
+measured on the H200 by tools/refresh_gpu_evidence.py --only drills); the CPU-live tests
 run the scenarios here at small sizes."""
 import copy
 import dataclasses
@@ -274,7 +274,7 @@ def test_an_undecided_fix_re_measure_is_not_a_working_fix(monkeypatch):
     """A real H200 re-measure (the strided drill's coalesced fix, first drills run of 2026-12-03's
     third session) read 1.74x over its floor at 58% of copy: the walk stops at H for lack of a
     tensor metric. That is not the slowdown gone, so the grade must not say the fix works."""
-    first = json.loads((ROOT / "benchmarks" / "results" / "refresh_h200_issue16"
+    first = json.loads((ROOT / "tests" / "data" / "drill_undecided_fix"
                         / "drills_call2_first_run.json").read_text())
     row = next(r for r in first["extra"]["drills"] if r["fault"] == "strided_layout")
     noisy = row["right"]["fix_evidence"]

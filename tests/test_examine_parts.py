@@ -307,7 +307,7 @@ def test_the_transformers_example_when_that_library_is_installed(cpu_ceilings):
 # ------------------------------------------------------------ the H200 recording, re-derived on a CPU
 RECORDED_PARTS = ROOT / "src" / "hwlab" / "recorded" / "h200" / "examine_parts.json"
 needs_record = pytest.mark.skipif(not RECORDED_PARTS.exists(), reason="examine_parts.json not recorded on the "
-                                  "H200 yet (benchmarks/record_examine.py --parts)")
+                                  "H200 yet (tools/record_examine.py --parts)")
 
 
 def _rec():

@@ -16,7 +16,7 @@ from hwlab.diagnosis.flowchart import diagnose
 from hwlab.core.measure import rel_error
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tools"))
 import record_examine  # noqa: E402
 
 RECORDED = ROOT / "src" / "hwlab" / "recorded" / "h200" / "examine.json"
@@ -89,7 +89,7 @@ def test_record_script_runs_end_to_end_on_cpu(tmp_path):
 
 
 @pytest.mark.skipif(not RECORDED.exists(), reason="examine.json not recorded on the H200 yet "
-                    "(benchmarks/record_examine.py, see its docstring)")
+                    "(tools/record_examine.py, see its docstring)")
 def test_recorded_h200_examinations_land_on_the_expected_leaf_from_measured_answers():
     ev = evidence.load(RECORDED)
     assert ev.is_gpu and "H200" in ev.device and ev.extra["on_gpu"] and not ev.extra["tiny"]

@@ -1,4 +1,4 @@
-"""Lab 4's recorded H200 run (benchmarks/refresh_gpu_evidence.py --only lab04), re-derived.
+"""Lab 4's recorded H200 run (tools/refresh_gpu_evidence.py --only lab04), re-derived.
 
 The issue's bands, recomputed from the recorded per-step times and profiles (not from the
 record's own summary): the seed's ``mixed`` path holds 30-40% less weight memory than bf16, its

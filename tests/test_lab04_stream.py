@@ -228,7 +228,7 @@ def test_memory_guard_counts_the_stream_before_allocating():
 
 
 def test_refresh_part_lab04_records_the_stream_end_to_end_on_cpu(tmp_path):
-    """The device command's own code path (benchmarks/refresh_gpu_evidence.py, part lab04), run
+    """The device command's own code path (tools/refresh_gpu_evidence.py, part lab04), run
     here at the lab's CPU sizes: the record carries the stream, the reports, the signature and
     the walk, and they re-derive from it."""
     import importlib.util
@@ -238,7 +238,7 @@ def test_refresh_part_lab04_records_the_stream_end_to_end_on_cpu(tmp_path):
     from hwlab.core.evidence import load
 
     spec = importlib.util.spec_from_file_location(
-        "refresh_gpu_evidence", Path(__file__).parents[1] / "benchmarks" / "refresh_gpu_evidence.py")
+        "refresh_gpu_evidence", Path(__file__).parents[1] / "tools" / "refresh_gpu_evidence.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     summary: list[str] = []

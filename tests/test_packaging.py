@@ -137,13 +137,13 @@ def test_wheel_installs_non_editable_and_replays_recorded_evidence(tmp_path):
 
 def test_readme_download_size_is_the_recorded_pypi_resolution():
     """The README's CPU download figure is the one pip's PyPI-alone dry-run measured
-    (benchmarks/results/install/pypi_cpu_resolution.json), re-derived from its wheel list."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    (tools/results/install/pypi_cpu_resolution.json), re-derived from its wheel list."""
+    sys.path.insert(0, str(ROOT / "tools"))
     try:
         import install_size
     finally:
         sys.path.pop(0)
-    rec = json.loads((ROOT / "benchmarks" / "results" / "install" / "pypi_cpu_resolution.json").read_text())
+    rec = json.loads((ROOT / "tools" / "results" / "install" / "pypi_cpu_resolution.json").read_text())
     s = install_size.summary(rec["wheels_mb"])
     assert s["n_wheels"] == rec["n_wheels"] and s["total_mb"] == rec["total_mb"]
     assert any(k.startswith("torch-") for k in rec["wheels_mb"])

@@ -103,7 +103,7 @@ RECORDED_NCCL = ROOT / "src" / "hwlab" / "recorded" / "runs" / "straggler_nccl_h
 
 
 @pytest.mark.skipif(not RECORDED_NCCL.is_dir(), reason="the NCCL run on the H200 is not recorded yet "
-                    "(benchmarks/record_straggler_nccl.sh; see docs/RUNBOOK.md)")
+                    "(tools/record_straggler_nccl.sh; see docs/RUNBOOK.md)")
 def test_recorded_nccl_run_on_gpus():
     """The same example over NCCL on the lent H200s: GPU ordinals from NVML, CUDA-event clock."""
     rep = ranks.report(RECORDED_NCCL)

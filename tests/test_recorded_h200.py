@@ -1,6 +1,6 @@
 """The acceptance figures of the recorded H200 runs, re-derived from raw timings.
 
-These read committed evidence (recorded on the H200 by benchmarks/refresh_gpu_evidence.py);
+These read committed evidence (recorded on the H200 by tools/refresh_gpu_evidence.py);
 ratios are recomputed from the stored medians, not trusted from stored summaries.
 """
 import pytest

@@ -2,7 +2,7 @@
 now), a quick launch probe and a health verdict; and its evidence record.
 
 One module for both users: ``hwlab doctor`` (:mod:`hwlab.cli.cmd_doctor` prints and saves it) and
-``benchmarks/refresh_gpu_evidence.py`` (records it as ``doctor.json``). A verdict is unhealthy
+``tools/refresh_gpu_evidence.py`` (records it as ``doctor.json``). A verdict is unhealthy
 when NVML reports a throttle reason or ECC/remap warnings, or the measured copy rate is under
 ``ceilings.SLOW_CARD_PCT`` of the datasheet's (:func:`hwlab.core.ceilings.datasheet_check`).
 """

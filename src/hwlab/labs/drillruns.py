@@ -384,7 +384,7 @@ def recorded_run(scenario: str, case: str) -> tuple[dict[str, Any], str]:
     key = f"{scenario}/{case}"
     if key not in runs:
         raise EvidenceError(f"recorded drills ({ev.label}) hold no measured run of {key}: "
-                            "re-record them with benchmarks/refresh_gpu_evidence.py --only drills")
+                            "re-record them with tools/refresh_gpu_evidence.py --only drills")
     r = runs[key]
     src = r.get("source") or ev.label
     if src.startswith("measured live on "):  # live on the machine that recorded it, not here

@@ -3,7 +3,7 @@ measurement: each run's counts are recomputed from the NVML state it holds again
 recorded baseline (:func:`hwlab.labs.drillruns.rederive_card_state`), then the drill rows are
 re-sealed under a key made for this step (not kept, like the refresh's) and graded again.
 
-    python benchmarks/rederive_drills.py src/hwlab/recorded/h200/drills.json
+    python tools/rederive_drills.py src/hwlab/recorded/h200/drills.json
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 https://pypi.org/simple -c constraints-cpu.txt -e '.[dev,lab]'`` (pip downloads each wheel to
 read its metadata where the index offers no separate metadata, and names its size).
 
-    python benchmarks/install_size.py PIP_LOG OUT.json
+    python tools/install_size.py PIP_LOG OUT.json
 
 Measured on a CPU machine, not a GPU run. The README's download figure is rendered from OUT
 (tests/test_packaging.py re-derives it).

@@ -1,6 +1,6 @@
 """Record the CPU-only runs the notebooks show when they cannot run them live (labelled CPU).
 
-    sudo .venv/bin/python benchmarks/record_cpu_evidence.py --out src/hwlab/recorded/cpu [--only NAME,...]
+    sudo .venv/bin/python tools/record_cpu_evidence.py --out src/hwlab/recorded/cpu [--only NAME,...]
 
 Both need root + iproute2 (a rate-limited veth in a network namespace):
 

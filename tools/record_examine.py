@@ -1,8 +1,8 @@
 """Record ``hwlab examine`` on every function in ``examples/`` (through the API, and through
 the CLI in a subprocess for the ones in CLI_TARGETS), as one evidence record.
 
-    PYTHONPATH=src python3 benchmarks/record_examine.py --out DIR [--only a,b] [--tiny]
-    PYTHONPATH=src python3 benchmarks/record_examine.py --out DIR --parts [--tiny]
+    PYTHONPATH=src python3 tools/record_examine.py --out DIR [--only a,b] [--tiny]
+    PYTHONPATH=src python3 tools/record_examine.py --out DIR --parts [--tiny]
 
 Writes ``DIR/examine.json`` (kind ``examine``; never over an existing file): per function the
 measurement, the evidence and where each metric came from, the walk, the leaf it landed on and

@@ -3,7 +3,7 @@
 # (nvidia-smi topo -m, rank -> GPU by PCI bus id through NVML, NUMA, affinity, NCCL's route log,
 # a probe baseline per GPU) and CUDA-event step logs, then `hwlab ranks` on the run directory.
 #
-#   PYTHONPATH=src bash benchmarks/record_straggler_nccl.sh OUT   # NPROC, SIZE, STEPS override (CPU check: SIZE=256)
+#   PYTHONPATH=src bash tools/record_straggler_nccl.sh OUT   # NPROC, SIZE, STEPS override (CPU check: SIZE=256)
 #
 # Writes OUT/straggler_nccl/ (the run directory) and OUT/straggler_nccl_report.json.
 set -euo pipefail

@@ -1,6 +1,6 @@
 """Execute every notebook (notebooks/, solutions/, exercises/) with nbclient on this machine.
 
-    python benchmarks/execute_notebooks.py --out OUTDIR [--only 04_fp8,notebooks/07,exercises/01]
+    python tools/execute_notebooks.py --out OUTDIR [--only 04_fp8,notebooks/07,exercises/01]
 
 Writes the executed copies to OUTDIR (``<folder>__<name>.ipynb``) and a JSON summary of what
 ran, how long, and which raised. On a GPU machine the executed copies are the "outputs recorded

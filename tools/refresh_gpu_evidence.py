@@ -1,6 +1,6 @@
 """Refresh every recorded GPU figure hwlab shows, in one run on a GPU machine.
 
-    python benchmarks/refresh_gpu_evidence.py --out OUTDIR [--only doctor,probe_vs_torch,lab01] [--keep-going]
+    python tools/refresh_gpu_evidence.py --out OUTDIR [--only doctor,probe_vs_torch,lab01] [--keep-going]
 
 Writes one evidence record per part into OUTDIR (never over an existing file); copy them to
 ``src/hwlab/recorded/<device>/`` to commit them. Prints a short summary table last.
