@@ -39,20 +39,17 @@ from hwlab.labs.fp8 import kernels as K
 from hwlab.labs.fp8.kernels import DEFAULT_TILE, AttnTile
 from hwlab.labs.fp8.grader import grade_path
 from hwlab.labs.fp8.model import (
-    DEQUANT_MARK, FP8, FP8_MAX, H200_SIZE, LOGIT_ERROR_BOUND, MAIN, PATHS, QUANT_MARK, TINY, Decoder,
-    KVCache, ModelConfig, QLinear, dequantize_fp8, logit_error, make_models, quantize_fp8)
+    DEQUANT_MARK, FP8, FP8_MAX, H200_SIZE, KV_FP8_FROM_CTX, LOGIT_ERROR_BOUND, MAIN, PATH_DEFAULTS, PATHS,
+    QUANT_MARK, TINY, Decoder, KVCache, ModelConfig, QLinear, dequantize_fp8, layer_mode, logit_error,
+    make_models, quantize_fp8)
 from hwlab.labs.fp8.profile import BREAKDOWN_CATEGORIES, bucket_profile, decode_breakdown, decode_profile
 from hwlab.labs.fp8.report import (
-    CLASSES, SERVING_PATHS, format_report, performance_report, plot_reports, run_stream, seed_signature)
-from hwlab.labs.fp8.run import (
-    attention_vs_sdpa, bucket_table, default_buckets, gemms_vs_bf16, path_table, run, time_prefill_decode)
-from hwlab.labs.fp8.targets import (
-    PCT_OF_COPY_TARGET, byte_floor_targets, floor_shares, format_floor_shares, format_targets)
+    CLASSES, SERVING_PATHS, format_report, performance_report, plot_reports, run_stream, seed_signature,
+    service_tpot)
+from hwlab.labs.fp8.run import attention_vs_sdpa, run, time_prefill_decode
 from hwlab.labs.fp8.stream import Request, StreamSpec, default_streams, make_requests, percentile, serve
 from hwlab.labs.fp8.traffic import (
     BYTES_PER_WEIGHT, decode_bytes, decode_bytes_for, memory_needed_bytes, memory_report, step_bytes)
 from hwlab.labs.fp8.walk import bucket_evidence, flowchart_evidence, rank_tail_pct
-from hwlab.labs.fp8.model import KV_FP8_FROM_CTX, PATH_DEFAULTS, layer_mode
-from hwlab.labs.fp8.report import service_tpot
 
 __all__ = [n for n in dir() if not n.startswith("_") and n != "annotations"]

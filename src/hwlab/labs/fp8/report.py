@@ -18,8 +18,7 @@ import torch
 
 from hwlab.labs.fp8.model import H200_SIZE, TINY, Decoder, ModelConfig
 from hwlab.labs.fp8.profile import bucket_profile
-from hwlab.labs.fp8.stream import StreamSpec, default_streams, serve
-from hwlab.labs.fp8.stream import percentile
+from hwlab.labs.fp8.stream import StreamSpec, default_streams, percentile, serve
 
 #: the paths a serving stream compares: the baseline, the seed's path, its GEMM fixes, all its fixes
 SERVING_PATHS = ("bf16", "mixed", "gemms_fixed", "fixed")

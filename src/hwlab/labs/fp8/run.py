@@ -10,18 +10,13 @@ import torch.nn.functional as F
 
 from hwlab.core.measure import require_memory, time_fn
 from hwlab.core.measure_graph import graph_time
-from hwlab.labs.fp8 import decode_gemm
-from hwlab.labs.fp8 import floor
 from hwlab.labs.fp8 import kernels as K
-from hwlab.labs.fp8.quant import pdl_enabled, set_pdl
 from hwlab.labs.fp8.kernels import DEFAULT_TILE, AttnTile
 from hwlab.labs.fp8.model import (
-    H200_SIZE, LOGIT_ERROR_BOUND, MAIN, TINY, Decoder, ModelConfig, logit_error, make_models)
-from hwlab.labs.fp8.profile import decode_breakdown, decode_profile
+    H200_SIZE, LOGIT_ERROR_BOUND, PATHS, TINY, Decoder, ModelConfig, logit_error, make_models)
 from hwlab.labs.fp8.report import SERVING_PATHS, run_stream
 from hwlab.labs.fp8.stream import StreamSpec, default_streams
-from hwlab.labs.fp8.traffic import decode_bytes, memory_needed_bytes
-from hwlab.labs.fp8.model import PATHS
+from hwlab.labs.fp8.traffic import memory_needed_bytes
 
 
 # ---------------------------------------------------------------- timing: TTFT and TPOT per bucket

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hwlab.labs.fp8.model import PATHS, Decoder, ModelConfig
-from hwlab.labs.fp8.model import layer_mode
+from hwlab.labs.fp8.model import PATHS, Decoder, ModelConfig, layer_mode
 
 
 def memory_report(models: dict[str, Decoder], batch: int, ctx: int) -> dict[str, dict[str, int]]:
