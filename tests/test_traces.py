@@ -256,3 +256,37 @@ def test_h200_one_rank_report_and_nvml_samples():
     nv = rep["nvml"]["0"]
     assert nv["available"] and nv["gpus"]["0"]["nvlink"] == "absent"  # a one-GPU machine
     assert nv["gpus"]["0"]["pcie_tx_mbps"]["n"] >= 2
+
+
+# ------------------------------------------------------------------ the kit's rate-limited link
+def test_rate_limited_link_is_named_and_its_bus_bandwidth_matches_the_shaped_rate():
+    """Recorded with examples/profiled_slowlink.py --rate 100mbit (ranks 2-3 behind a tbf-shaped veth,
+    root + netns): every all-reduce crosses the link. The bus bandwidth the report derives from the
+    collective's bytes and the last arriver's time must come out at the rate tc was given."""
+    rep = R.report(DATA / "slow_link_tbf")
+    f = rep["finding"]
+    assert f["kind"] == "slow_link" and rep["tail_ranks"] == [] and "link" in f["names"]
+    shaped_gbps = 100e6 / 8 / 1e9  # 100 Mbit/s
+    assert 0.5 * shaped_gbps <= f["busbw_gbps"] <= 1.05 * shaped_gbps
+    assert R.report(DATA / "slow_link_tbf", link_gbps=shaped_gbps)["finding"]["verdict"].startswith(
+        "communication-bound")  # the link runs at its (low) rate
+    assert R.report(DATA / "slow_link_tbf", link_gbps=1.0)["finding"]["verdict"] == "slow link"
+
+
+def _netns_ok():
+    import shutil as sh
+    return hasattr(os, "geteuid") and os.geteuid() == 0 and bool(sh.which("ip") and sh.which("tc"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _netns_ok(), reason="the rate-limited link needs root and iproute2")
+def test_live_rate_limited_link_names_the_link(tmp_path):
+    d = tmp_path / "tr"
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "profiled_slowlink.py"), "--trace-dir", str(d),
+                        "--rate", "100mbit", "--", "--numel", "262144", "--steps", "6"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = _cli("--traces", d, "--json")
+    rep = json.loads(r.stdout)
+    assert r.returncode == 1 and rep["finding"]["kind"] == "slow_link" and rep["tail_ranks"] == []
