@@ -290,3 +290,15 @@ def test_live_rate_limited_link_names_the_link(tmp_path):
     r = _cli("--traces", d, "--json")
     rep = json.loads(r.stdout)
     assert r.returncode == 1 and rep["finding"]["kind"] == "slow_link" and rep["tail_ranks"] == []
+
+
+def test_spreads_over_steps_and_the_borderline_rule():
+    def row(step, own, step_ms=10.0):
+        return {"step": step, "own_ms": own, "step_ms": step_ms}
+    # rank 1 is the slowest; its own time over rank 0's, per step, in % of a 10 ms median step: 0, 10, 20
+    rows = {0: [row(1, 2.0), row(2, 2.0), row(3, 2.0)], 1: [row(1, 2.0), row(2, 3.0), row(3, 4.0)]}
+    sp = R._spreads(rows, 1, 10.0)
+    assert sp["rank_tail_pct"]["n_steps"] == 3
+    assert sp["rank_tail_pct"]["p10"] == pytest.approx(2.0) and sp["rank_tail_pct"]["p90"] == pytest.approx(18.0)
+    # e2e per step: median step over the median own time: 10/2, 10/2.5, 10/3
+    assert sp["e2e_slowdown"]["p90"] == pytest.approx(5.0 - 0.2 * (5.0 - 4.0))

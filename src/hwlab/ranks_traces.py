@@ -348,6 +348,12 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
     if floor_pct is not None:
         ev["collective_floor_pct"] = floor_pct
     d = flowchart.diagnose(ev)
+    spreads = _spreads(rows_by, slowest if len(ranks) > 1 else None, step_med)
+    for metric, thr in (("rank_tail_pct", RANK_TAIL_PCT), ("e2e_slowdown", 1.2)):
+        sp = spreads.get(metric)
+        if sp and ev.get(metric) is not None and sp["p10"] < thr <= sp["p90"]:
+            notes.append(f"borderline: {metric} {ev[metric]:.3g} (median), p10-p90 over steps {sp['p10']:.3g}-"
+                         f"{sp['p90']:.3g} spans the threshold {thr:g}: a re-run may answer the other way")
     n_of = f"{len(ranks)} of {world} ranks" if world and world != len(ranks) else f"{len(ranks)} ranks"
     rep: dict[str, Any] = {
         "source": "profiler traces", "run_dir": str(folder), "traces_dir": str(folder), "n_ranks": len(ranks),
@@ -357,13 +363,35 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
         "collectives": {"matched": n_m, "match_by": match_by, "one_clock": one_clock,
                         "last_by_start_agrees_pct": 100.0 * agree / n_m if one_clock and n_m else None,
                         "per_collective": colls_out[:200], "link_ms_per_step": link_per_step},
-        "link_gbps": link_gbps, "mapping_warnings": [],
+        "link_gbps": link_gbps, "mapping_warnings": [], "spreads": spreads,
         "flowchart": {"evidence": ev, "path": d.path, "leaf": d.leaf_id,
                       "unmeasured": {k: v for k, v in unmeasured.items() if v}, "explain": d.explain()},
         "notes": notes, "problems": problems}
     rep["nvml"] = nvml_by_rank(sorted(folder.glob("nvml-rank-*.json")) + sorted(folder.glob("*/nvml-rank-*.json")))
     rep["incident_draft"] = _incident(_for_incident(rep), d, {}, {})
     return rep
+
+
+def _spreads(rows_by: dict[int, list[dict[str, Any]]], slowest: int | None, step_med: float) -> dict[str, Any]:
+    """p10-p90 over steps of the walk's per-step metrics: the slowest rank's own time over the others'
+    median (in % of the median step), and the median step over the median own time."""
+    ids = set.intersection(*({r["step"] for r in rows} for rows in rows_by.values()))
+    by = {rk: {r["step"]: r for r in rows} for rk, rows in rows_by.items()}
+    tail, e2e = [], []
+    for i in sorted(ids):
+        own = {rk: by[rk][i]["own_ms"] for rk in by}
+        step = statistics.median(by[rk][i]["step_ms"] for rk in by)
+        if slowest is not None and len(own) > 1 and step_med > 0:
+            others = [v for rk, v in own.items() if rk != slowest]
+            tail.append(100.0 * (own[slowest] - statistics.median(others)) / step_med)
+        m = statistics.median(own.values())
+        if m > 0:
+            e2e.append(step / m)
+    out = {}
+    for k, xs in (("rank_tail_pct", tail), ("e2e_slowdown", e2e)):
+        if xs:
+            out[k] = {"p10": quantile(xs, 0.1), "p90": quantile(xs, 0.9), "n_steps": len(xs)}
+    return out
 
 
 def _for_incident(rep: dict[str, Any]) -> dict[str, Any]:
@@ -414,6 +442,10 @@ def render(rep: dict[str, Any]) -> str:
         out.append(f"no rank named: {f['why']}")
     else:
         out.append(f"no slow rank and no slow link (own-time spread {rep['rank_tail_pct']:.0f}%)")
+    sp = rep.get("spreads") or {}
+    if sp:
+        out.append("spread over steps (p10-p90): " + "; ".join(
+            f"{k} {v['p10']:.3g}-{v['p90']:.3g}" for k, v in sp.items()))
     out += render_nvml(rep.get("nvml", {}))
     fc = rep["flowchart"]
     out.append("flowchart (measured values only):")
