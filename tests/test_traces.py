@@ -302,3 +302,13 @@ def test_spreads_over_steps_and_the_borderline_rule():
     assert sp["rank_tail_pct"]["p10"] == pytest.approx(2.0) and sp["rank_tail_pct"]["p90"] == pytest.approx(18.0)
     # e2e per step: median step over the median own time: 10/2, 10/2.5, 10/3
     assert sp["e2e_slowdown"]["p90"] == pytest.approx(5.0 - 0.2 * (5.0 - 4.0))
+
+
+def test_draft_incident_is_worded_for_what_the_traces_found(tmp_path):
+    from hwlab import incident
+    rank = R.report(DATA / "slow_rank")["incident_draft"]["record"]
+    link = R.report(DATA / "slow_link_tbf")["incident_draft"]["record"]
+    assert "rank 2" in rank["title"] and "arrived last" in rank["symptom"] and rank["diagnosis_path"][-1] == "L"
+    assert "link" in link["title"] and "rank" not in link["title"] and "no rank arrives late" in link["symptom"]
+    md, js = incident.save(incident.Incident(**link), tmp_path)  # the record round-trips through the writer
+    assert json.loads(js.read_text())["title"] == link["title"]

@@ -47,13 +47,14 @@ from __future__ import annotations
 import statistics
 import sys
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from . import flowchart, kineto
+from . import flowchart, incident, kineto
 from .errors import UserInputError
 from .measure import quantile
-from .ranks import _incident, nvml_by_rank, render_nvml
+from .ranks import nvml_by_rank, render_nvml
 from .tails import TAIL_JUMP, tail_split
 
 RANK_TAIL_PCT = 10.0      # = the flowchart's K threshold on rank_tail_pct
@@ -267,11 +268,6 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
     for r in ranks:
         per_rank[str(r)]["pct_arrived_last"] = 100.0 * last_count[r] / n_m if n_m else None
         per_rank[str(r)]["total_wait_ms"] = wait_ms[r] if n_m else None
-    # for the StepLog report's incident wording
-    for r in ranks:
-        s = per_rank[str(r)]
-        s["compute_ms"], s["arrival_ms"], s["clock"] = s["own_ms"], s["own_ms"], "profiler trace"
-        s["coll_ms"] = {"all collectives": s["comm_ms"]}
     step_med = statistics.median(per_rank[str(r)]["step_ms"] for r in ranks)
     own = {r: per_rank[str(r)]["own_ms"] for r in ranks}
     tail = tail_split(own)[0] if len(ranks) > 1 else []
@@ -368,7 +364,7 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
                       "unmeasured": {k: v for k, v in unmeasured.items() if v}, "explain": d.explain()},
         "notes": notes, "problems": problems}
     rep["nvml"] = nvml_by_rank(sorted(folder.glob("nvml-rank-*.json")) + sorted(folder.glob("*/nvml-rank-*.json")))
-    rep["incident_draft"] = _incident(_for_incident(rep), d, {}, {})
+    rep["incident_draft"] = _incident_draft(rep, d)
     return rep
 
 
@@ -394,12 +390,41 @@ def _spreads(rows_by: dict[int, list[dict[str, Any]]], slowest: int | None, step
     return out
 
 
-def _for_incident(rep: dict[str, Any]) -> dict[str, Any]:
-    r = dict(rep)
-    f = rep["finding"]
-    if f["kind"] == "slow_link":
-        r["mapping_warnings"] = [f"{f['verdict']} on {f['names']}: {f['why']}"]
-    return r
+def _incident_draft(rep: dict[str, Any], d: flowchart.Diagnosis) -> dict[str, Any]:
+    """The seed's incident record (:func:`hwlab.incident.from_diagnosis`, as the StepLog report
+    drafts it), its symptom, fix and re-verification worded for what the traces found."""
+    f, n = rep["finding"], rep["ranks_present"]
+    if f["kind"] == "slow_rank":
+        title = f"slow rank {f['rank']} in {Path(rep['traces_dir']).name}"
+        symptom = (f"rank {f['rank']} arrived last at {f['pct_arrived_last']:.0f}% of the collectives, its own time "
+                   f"{rep['rank_tail_pct']:.0f}% of the step over the others' ({n}, profiler traces)")
+        fix = f"draft: {f['single_device_branch']}"
+        reverify = "re-profile the same steps; `hwlab ranks --traces` names no rank (exit 0)"
+    elif f["kind"] == "slow_link":
+        title = f"collectives held by the link in {Path(rep['traces_dir']).name}"
+        symptom = (f"every rank waits inside the collectives: the last arriver's time inside is "
+                   f"{f['collective_floor_pct']:.0f}% of the step; no rank arrives late ({n}, profiler traces)")
+        fix = f"draft: {f['verdict']} on {f['names']}: {f['why']}; " + (d.leaf.actions[0] if d.leaf else "")
+        reverify = "re-profile after the change; `hwlab ranks --traces --link-gbps G` names no link (exit 0)"
+    else:
+        title = f"ranks of {Path(rep['traces_dir']).name}"
+        symptom = f"no slow rank and no link finding over {n} (profiler traces)" + (
+            f"; {f['why']}" if f.get("why") else "")
+        fix = "draft: " + (d.leaf.actions[0] if d.leaf else "measure what the walk lacks first")
+        reverify = "re-profile; `hwlab ranks --traces` exits 0"
+    lines = []
+    for r, s in rep["per_rank"].items():
+        last = "-" if s["pct_arrived_last"] is None else f"{s['pct_arrived_last']:.0f}%"
+        lines.append(f"rank {r}: median step {s['step_ms']:.2f} ms, busy {s['busy_ms']:.2f} ms, communication "
+                     f"{s['comm_ms']:.2f} ms (exposed {s['exposed_comm_ms']:.2f}), idle {s['idle_ms']:.2f} ms, "
+                     f"arrived last {last} [profiler trace]")
+    lines += [f"not measured ({q}): {why}" for q, why in rep["flowchart"]["unmeasured"].items()] + rep["notes"]
+    waits = {r: s["total_wait_ms"] for r, s in rep["per_rank"].items() if s["total_wait_ms"] is not None}
+    inc = incident.from_diagnosis(title, None, d, symptom_scope="multi-GPU", symptom=symptom, fix=fix,
+                                  reverify=reverify, rank_mapping=", ".join(
+                                      f"{r}->{s['host']} ({s['rank_source']})" for r, s in rep["per_rank"].items()),
+                                  extra_evidence=lines, collective_wait_ms=waits or None)
+    return {"markdown": inc.to_markdown(), "record": asdict(inc)}
 
 
 def progress_printer(stream=sys.stderr) -> Callable[[str, int, int], None]:
