@@ -312,3 +312,26 @@ def test_draft_incident_is_worded_for_what_the_traces_found(tmp_path):
     assert "link" in link["title"] and "rank" not in link["title"] and "no rank arrives late" in link["symptom"]
     md, js = incident.save(incident.Incident(**link), tmp_path)  # the record round-trips through the writer
     assert json.loads(js.read_text())["title"] == link["title"]
+
+
+def test_reader_memory_stays_bounded_on_a_large_trace(tmp_path, monkeypatch):
+    """A trace padded with many events the analysis does not keep (CUDA runtime calls, as real traces
+    hold millions of): the reader's peak allocation stays near its chunk buffer, far under the file."""
+    import tracemalloc
+    raw = _load(_files("slow_rank")[0])
+    pad = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 1.0,
+           "dur": 1.0, "args": {"External id": 1, "cbid": 211, "correlation": 12345}}
+    p = tmp_path / "big.pt.trace.json"
+    with open(p, "w") as f:
+        f.write('{"distributedInfo": ' + json.dumps(raw["distributedInfo"]) + ', "traceEvents": [')
+        f.write(",".join(json.dumps(e) for e in raw["traceEvents"]))
+        f.write(("," + json.dumps(pad)) * 40_000)
+        f.write("]}")
+    size = p.stat().st_size
+    monkeypatch.setattr(kineto, "CHUNK_CHARS", 1 << 16)
+    tracemalloc.start()
+    t = kineto.read_trace(p)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert size > 5e6 and t.n_events == len(raw["traceEvents"]) + 40_000 and t.rank == raw["distributedInfo"]["rank"]
+    assert peak < size / 5, (peak, size)
