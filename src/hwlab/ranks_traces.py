@@ -168,6 +168,34 @@ def _match(traces: dict[int, kineto.RankTrace]) -> tuple[list[dict[int, kineto.C
         ("process group + sequence number" if by_seq else "order of each collective per process group"), notes
 
 
+def _topology_link(folder: Path, ranks: list[int]) -> dict[str, Any] | None:
+    """The slowest link between the ranks' GPUs from a startup capture (``hwlab.capture``) in the
+    folder or its parent, and its bus bandwidth by the kit's link model -- an estimate (a lead per
+    link class, :data:`hwlab.mapping.LINK_MODEL`), not a measurement. None without a capture, with
+    ranks on several hosts, or with a rank's GPU unknown."""
+    from .capture import Topology, load_run
+    from .mapping import link_gbps_us
+    for d in (folder, folder.parent):
+        caps, nodes, _ = load_run(d)
+        if not caps:
+            continue
+        by = {c["rank"]: c for c in caps}
+        if not all(r in by and by[r]["device"].get("gpu") for r in ranks):
+            return None
+        hosts = {by[r]["host"] for r in ranks}
+        node = nodes.get(next(iter(hosts))) if len(hosts) == 1 else None
+        if not node or not node.get("topology"):
+            return None
+        gpus = [by[r]["device"]["gpu"] for r in ranks]
+        cell = Topology.from_dict(node["topology"]).slowest_link(gpus)
+        gbps = link_gbps_us(cell)[0]
+        if not gbps < float("inf"):
+            return None
+        return {"cell": cell, "gpus": gpus, "gbps": gbps,
+                "source": f"estimate: the kit's link model for {cell} (hwlab.mapping.LINK_MODEL), from the capture in {d}"}
+    return None
+
+
 def _busbw_gbps(c: kineto.Collective, n_ranks: int, t_us: float) -> float | None:
     if not c.n_bytes or t_us <= 0:
         return None
@@ -301,16 +329,23 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
                            f"but the rank arriving last most often is {last_rank} "
                            f"({100 * last_share:.0f}% of {n_m} collectives; named at >= {100 * need_share:.0f}% "
                            f"of at least {MIN_MATCHED})")}
-    elif floor_pct is not None and floor_pct >= LINK_FLOOR_PCT:
+    link_src = "given (--link-gbps)" if link_gbps else None
+    topo_link = _topology_link(folder, ranks) if not link_gbps else None
+    if topo_link:
+        link_gbps, link_src = topo_link["gbps"], topo_link["source"]
+    if floor_pct is not None and floor_pct >= LINK_FLOOR_PCT and finding["kind"] == "clean":
         bws = [c["busbw_gbps"] for c in colls_out if c["busbw_gbps"]]
         bw = statistics.median(bws) if bws else None
         skews = [c["skew_ms"] for c in colls_out]
         link_name = (f"the {'/'.join(backends) or 'collective'} link between ranks {ranks[0]}-{ranks[-1]} on "
-                     + (f"host {hosts[0]}" if len(hosts) == 1 else f"hosts {', '.join(hosts)}"))
+                     + (f"host {hosts[0]}" if len(hosts) == 1 else f"hosts {', '.join(hosts)}")
+                     + (f" (slowest topology link {topo_link['cell']} between GPUs {topo_link['gpus']})"
+                        if topo_link else ""))
         if link_gbps and bw is not None:
             slow = bw < SLOW_LINK_FRACTION * link_gbps
             verdict = ("slow link" if slow else "communication-bound (the link runs near its rate)")
-            why = f"bus bandwidth {bw:.2f} GB/s = {100 * bw / link_gbps:.0f}% of the link's {link_gbps:g} GB/s"
+            why = (f"bus bandwidth {bw:.3g} GB/s = {100 * bw / link_gbps:.0f}% of the link's {link_gbps:g} GB/s "
+                   f"[{link_src}]")
         else:
             verdict = "link-bound: slow link or payload too large, not separated"
             why = (f"bus bandwidth {bw:.3g} GB/s" if bw else "collective sizes not recorded (profile with "
@@ -359,7 +394,7 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
         "collectives": {"matched": n_m, "match_by": match_by, "one_clock": one_clock,
                         "last_by_start_agrees_pct": 100.0 * agree / n_m if one_clock and n_m else None,
                         "per_collective": colls_out[:200], "link_ms_per_step": link_per_step},
-        "link_gbps": link_gbps, "mapping_warnings": [], "spreads": spreads,
+        "link_gbps": link_gbps, "link_gbps_source": link_src, "mapping_warnings": [], "spreads": spreads,
         "flowchart": {"evidence": ev, "path": d.path, "leaf": d.leaf_id,
                       "unmeasured": {k: v for k, v in unmeasured.items() if v}, "explain": d.explain()},
         "notes": notes, "problems": problems}
