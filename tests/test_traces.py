@@ -221,7 +221,7 @@ H200 = DATA / "h200_nccl_one_rank"
 
 
 def test_h200_one_rank_nccl_trace_kernels_and_collective_metadata():
-    """Recorded on the H200 (scripts/device_traces_h200.sh: world size 1, nccl backend, three sum
+    """Recorded on the H200 (benchmarks/record_traces_h200.sh: world size 1, nccl backend, three sum
     all-reduces, one averaging all-reduce, an all-gather and a broadcast per step). A one-rank
     communicator launches a kernel only for the averaging all-reduce (NCCL's one-rank kernel); the
     metadata torch tags on it is read from the raw trace here and compared with the reader's."""
