@@ -131,8 +131,8 @@ nb.show_mermaid(flowchart.diagnose(exp["naive"]["flowchart_evidence"]).mermaid()
 # (`tensorboard_trace_handler`). `hwlab ranks --traces DIR` reads them streaming and asks, per collective,
 # which rank arrived last: the last arriver waits least, so its time inside the collective is the shortest,
 # and no common clock is needed. Three recorded runs of `examples/profiled_torchrun.py` (four gloo ranks on
-# a CPU machine): one rank slowed before its all-reduce, a payload large enough that every rank waits inside
-# the collective (a stand-in for a slow link where the shaped veth cannot be built), and a clean run. Beside
+# a CPU machine): one rank slowed before its all-reduce; two ranks behind the shaped veth of section 2
+# (`examples/profiled_slowlink.py`), so every all-reduce crosses the slow link; and a clean run. Beside
 # them, the step-log view of section 2: the same split into own work and waiting, from the other source.
 
 # %%
@@ -143,7 +143,7 @@ from IPython.display import Markdown, display
 
 TRACES = Path(nb.__file__).resolve().parents[2] / "tests" / "data" / "traces"
 if TRACES.is_dir():
-    tr = {k: ranks_traces.report(TRACES / k) for k in ("slow_rank", "slow_link", "clean")}
+    tr = {k: ranks_traces.report(TRACES / k) for k in ("slow_rank", "slow_link_tbf", "clean")}
     src_tr = "recorded on a CPU machine: torch.profiler traces of 4 gloo ranks under torchrun"
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6), sharey=False)
     for ax, (name, rep) in zip(axes, tr.items()):
@@ -171,15 +171,15 @@ if TRACES.is_dir():
         last = {r: s["pct_arrived_last"] for r, s in rep["per_rank"].items()}
         print(f"{name}: arrived last (% of {rep['collectives']['matched']} collectives) {last}; "
               f"walk {' -> '.join(rep['flowchart']['path'])}; exit {1 if ranks_traces.has_finding(rep) else 0} [{src_tr}]")
-    sr, sl = tr["slow_rank"], tr["slow_link"]
+    sr, sl = tr["slow_rank"], tr["slow_link_tbf"]
     f1, f2 = sr["finding"], sl["finding"]
     display(Markdown(
         f"From the traces ({src_tr}): in the slowed run **rank {f1['rank']}** arrived last in "
         f"{f1['pct_arrived_last']:.0f}% of the collectives while every rank's step lasted about as long "
         f"({min(s['step_ms'] for s in sr['per_rank'].values()):.1f}-{max(s['step_ms'] for s in sr['per_rank'].values()):.1f} ms): "
         f"the collective is a barrier, so only arrival tells the ranks apart. Its busy time is "
-        f"{f1['busy_over_peers']:.2f}x the others' (the single-device check): not its device. In the large-payload "
-        f"run no rank is named; the last arriver still spends {f2['collective_floor_pct']:.0f}% of the step inside "
+        f"{f1['busy_over_peers']:.2f}x the others' (the single-device check): not its device. Behind the shaped "
+        f"link no rank is named; the last arriver still spends {f2['collective_floor_pct']:.0f}% of the step inside "
         f"the collective, so the report names {f2['names']} ({f2['why']}). Section 2's step log names ranks "
         f"{exp['naive']['report']['tail_ranks']} by their late finish [{src}]."))
 else:

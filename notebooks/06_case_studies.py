@@ -84,7 +84,7 @@ TRACES = Path(nb.__file__).resolve().parents[2] / "tests" / "data" / "traces"
 if TRACES.is_dir():
     src_tr = "recorded on a CPU machine: torch.profiler traces of 4 gloo ranks under torchrun"
     rows = []
-    for name in ("slow_rank", "slow_link", "clean"):
+    for name in ("slow_rank", "slow_link_tbf", "clean"):
         rep = ranks_traces.report(TRACES / name)
         f = rep["finding"]
         worst = max(rep["per_rank"].values(), key=lambda s: s["pct_arrived_last"] or 0)
@@ -206,7 +206,7 @@ TRACES = Path(nb.__file__).resolve().parents[2] / "tests" / "data" / "traces"
 if TRACES.is_dir():
     src_tr = "recorded on a CPU machine: torch.profiler traces of 4 gloo ranks under torchrun"
     rows = []
-    for name in ("slow_rank", "slow_link", "clean"):
+    for name in ("slow_rank", "slow_link_tbf", "clean"):
         rep = ranks_traces.report(TRACES / name)
         f = rep["finding"]
         worst = max(rep["per_rank"].values(), key=lambda s: s["pct_arrived_last"] or 0)

@@ -222,7 +222,7 @@ H200 = DATA / "h200_nccl_one_rank"
 
 
 def test_h200_one_rank_nccl_trace_kernels_and_collective_metadata():
-    """Recorded on the H200 (scripts/device_traces_h200.sh: world size 1, nccl backend, three sum
+    """Recorded on the H200 (tools/record_traces_h200.sh: world size 1, nccl backend, three sum
     all-reduces, one averaging all-reduce, an all-gather and a broadcast per step). A one-rank
     communicator launches a kernel only for the averaging all-reduce (NCCL's one-rank kernel); the
     metadata torch tags on it is read from the raw trace here and compared with the reader's."""
@@ -257,3 +257,103 @@ def test_h200_one_rank_report_and_nvml_samples():
     nv = rep["nvml"]["0"]
     assert nv["available"] and nv["gpus"]["0"]["nvlink"] == "absent"  # a one-GPU machine
     assert nv["gpus"]["0"]["pcie_tx_mbps"]["n"] >= 2
+
+
+# ------------------------------------------------------------------ the kit's rate-limited link
+def test_rate_limited_link_is_named_and_its_bus_bandwidth_matches_the_shaped_rate():
+    """Recorded with examples/profiled_slowlink.py --rate 100mbit (ranks 2-3 behind a tbf-shaped veth,
+    root + netns): every all-reduce crosses the link. The bus bandwidth the report derives from the
+    collective's bytes and the last arriver's time must come out at the rate tc was given."""
+    rep = R.report(DATA / "slow_link_tbf")
+    f = rep["finding"]
+    assert f["kind"] == "slow_link" and rep["tail_ranks"] == [] and "link" in f["names"]
+    shaped_gbps = 100e6 / 8 / 1e9  # 100 Mbit/s
+    assert 0.5 * shaped_gbps <= f["busbw_gbps"] <= 1.05 * shaped_gbps
+    assert R.report(DATA / "slow_link_tbf", link_gbps=shaped_gbps)["finding"]["verdict"].startswith(
+        "communication-bound")  # the link runs at its (low) rate
+    assert R.report(DATA / "slow_link_tbf", link_gbps=1.0)["finding"]["verdict"] == "slow link"
+
+
+def _netns_ok():
+    import shutil as sh
+    return hasattr(os, "geteuid") and os.geteuid() == 0 and bool(sh.which("ip") and sh.which("tc"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _netns_ok(), reason="the rate-limited link needs root and iproute2")
+def test_live_rate_limited_link_names_the_link(tmp_path):
+    d = tmp_path / "tr"
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "profiled_slowlink.py"), "--trace-dir", str(d),
+                        "--rate", "100mbit", "--", "--numel", "262144", "--steps", "6"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = _cli("--traces", d, "--json")
+    rep = json.loads(r.stdout)
+    assert r.returncode == 1 and rep["finding"]["kind"] == "slow_link" and rep["tail_ranks"] == []
+
+
+def test_spreads_over_steps_and_the_borderline_rule():
+    def row(step, own, step_ms=10.0):
+        return {"step": step, "own_ms": own, "step_ms": step_ms}
+    # rank 1 is the slowest; its own time over rank 0's, per step, in % of a 10 ms median step: 0, 10, 20
+    rows = {0: [row(1, 2.0), row(2, 2.0), row(3, 2.0)], 1: [row(1, 2.0), row(2, 3.0), row(3, 4.0)]}
+    sp = R._spreads(rows, 1, 10.0)
+    assert sp["rank_tail_pct"]["n_steps"] == 3
+    assert sp["rank_tail_pct"]["p10"] == pytest.approx(2.0) and sp["rank_tail_pct"]["p90"] == pytest.approx(18.0)
+    # e2e per step: median step over the median own time: 10/2, 10/2.5, 10/3
+    assert sp["e2e_slowdown"]["p90"] == pytest.approx(5.0 - 0.2 * (5.0 - 4.0))
+
+
+def test_draft_incident_is_worded_for_what_the_traces_found(tmp_path):
+    from hwlab.diagnosis import incident
+    rank = R.report(DATA / "slow_rank")["incident_draft"]["record"]
+    link = R.report(DATA / "slow_link_tbf")["incident_draft"]["record"]
+    assert "rank 2" in rank["title"] and "arrived last" in rank["symptom"] and rank["diagnosis_path"][-1] == "L"
+    assert "link" in link["title"] and "rank" not in link["title"] and "no rank arrives late" in link["symptom"]
+    md, js = incident.save(incident.Incident(**link), tmp_path)  # the record round-trips through the writer
+    assert json.loads(js.read_text())["title"] == link["title"]
+
+
+def test_reader_memory_stays_bounded_on_a_large_trace(tmp_path, monkeypatch):
+    """A trace padded with many events the analysis does not keep (CUDA runtime calls, as real traces
+    hold millions of): the reader's peak allocation stays near its chunk buffer, far under the file."""
+    import tracemalloc
+    raw = _load(_files("slow_rank")[0])
+    pad = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 1.0,
+           "dur": 1.0, "args": {"External id": 1, "cbid": 211, "correlation": 12345}}
+    p = tmp_path / "big.pt.trace.json"
+    with open(p, "w") as f:
+        f.write('{"distributedInfo": ' + json.dumps(raw["distributedInfo"]) + ', "traceEvents": [')
+        f.write(",".join(json.dumps(e) for e in raw["traceEvents"]))
+        f.write(("," + json.dumps(pad)) * 30_000)
+        f.write("]}")
+    size = p.stat().st_size
+    monkeypatch.setattr(kineto, "CHUNK_CHARS", 1 << 16)
+    tracemalloc.start()
+    t = kineto.read_trace(p)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert size > 4e6 and t.n_events == len(raw["traceEvents"]) + 30_000 and t.rank == raw["distributedInfo"]["rank"]
+    assert peak < size / 5, (peak, size)
+
+
+def test_the_topology_link_from_a_startup_capture_judges_the_bus_bandwidth(tmp_path, monkeypatch):
+    """Traces beside a real startup capture (hwlab.core.capture, one record per rank, the recorded 2-socket
+    PCIe box injected as topology): the link the ranks span comes from the topology, and its rate is
+    the kit's link model for that class, labelled an estimate; the shaped link falls far under it."""
+    from hwlab.core import capture, mapping, topology
+    topo_file = ROOT / "src" / "hwlab" / "recorded" / "topology" / "pcie4_2socket_pix_sys.txt"
+    for p in _files("slow_link_tbf"):
+        shutil.copy(p, tmp_path)
+    for r in range(4):
+        monkeypatch.setenv("RANK", str(r))
+        monkeypatch.setenv("LOCAL_RANK", str(r))
+        monkeypatch.setenv("WORLD_SIZE", "4")
+        capture.capture(tmp_path, tp_groups=[[0, 1, 2, 3]], topo_file=topo_file, quiet=True)
+    rep = R.report(tmp_path)
+    f = rep["finding"]
+    cell = topology.parse_topo_matrix(topo_file.read_text()).slowest_link(["GPU0", "GPU1", "GPU2", "GPU3"])
+    assert cell in f["names"] and rep["link_gbps"] == mapping.link_gbps_us(cell)[0]
+    assert rep["link_gbps_source"].startswith("estimate") and f["verdict"] == "slow link"
+    assert R.report(tmp_path, link_gbps=f["busbw_gbps"])["link_gbps_source"] == "given (--link-gbps)"

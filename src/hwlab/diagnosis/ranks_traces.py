@@ -47,14 +47,15 @@ from __future__ import annotations
 import statistics
 import sys
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from hwlab.diagnosis import flowchart
+from hwlab.diagnosis import flowchart, incident
 from hwlab.core import kineto
 from hwlab.errors import UserInputError
 from hwlab.core.measure import quantile
-from hwlab.diagnosis.ranks import _incident, nvml_by_rank, render_nvml
+from hwlab.diagnosis.ranks import nvml_by_rank, render_nvml
 from hwlab.core.tails import TAIL_JUMP, tail_split
 
 RANK_TAIL_PCT = 10.0      # = the flowchart's K threshold on rank_tail_pct
@@ -168,6 +169,34 @@ def _match(traces: dict[int, kineto.RankTrace]) -> tuple[list[dict[int, kineto.C
         ("process group + sequence number" if by_seq else "order of each collective per process group"), notes
 
 
+def _topology_link(folder: Path, ranks: list[int]) -> dict[str, Any] | None:
+    """The slowest link between the ranks' GPUs from a startup capture (``hwlab.capture``) in the
+    folder or its parent, and its bus bandwidth by the kit's link model -- an estimate (a lead per
+    link class, :data:`hwlab.core.mapping.LINK_MODEL`), not a measurement. None without a capture, with
+    ranks on several hosts, or with a rank's GPU unknown."""
+    from hwlab.core.capture import Topology, load_run
+    from hwlab.core.mapping import link_gbps_us
+    for d in (folder, folder.parent):
+        caps, nodes, _ = load_run(d)
+        if not caps:
+            continue
+        by = {c["rank"]: c for c in caps}
+        if not all(r in by and by[r]["device"].get("gpu") for r in ranks):
+            return None
+        hosts = {by[r]["host"] for r in ranks}
+        node = nodes.get(next(iter(hosts))) if len(hosts) == 1 else None
+        if not node or not node.get("topology"):
+            return None
+        gpus = [by[r]["device"]["gpu"] for r in ranks]
+        cell = Topology.from_dict(node["topology"]).slowest_link(gpus)
+        gbps = link_gbps_us(cell)[0]
+        if not gbps < float("inf"):
+            return None
+        return {"cell": cell, "gpus": gpus, "gbps": gbps,
+                "source": f"estimate: the kit's link model for {cell} (hwlab.core.mapping.LINK_MODEL), from the capture in {d}"}
+    return None
+
+
 def _busbw_gbps(c: kineto.Collective, n_ranks: int, t_us: float) -> float | None:
     if not c.n_bytes or t_us <= 0:
         return None
@@ -268,11 +297,6 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
     for r in ranks:
         per_rank[str(r)]["pct_arrived_last"] = 100.0 * last_count[r] / n_m if n_m else None
         per_rank[str(r)]["total_wait_ms"] = wait_ms[r] if n_m else None
-    # for the StepLog report's incident wording
-    for r in ranks:
-        s = per_rank[str(r)]
-        s["compute_ms"], s["arrival_ms"], s["clock"] = s["own_ms"], s["own_ms"], "profiler trace"
-        s["coll_ms"] = {"all collectives": s["comm_ms"]}
     step_med = statistics.median(per_rank[str(r)]["step_ms"] for r in ranks)
     own = {r: per_rank[str(r)]["own_ms"] for r in ranks}
     tail = tail_split(own)[0] if len(ranks) > 1 else []
@@ -306,16 +330,23 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
                            f"but the rank arriving last most often is {last_rank} "
                            f"({100 * last_share:.0f}% of {n_m} collectives; named at >= {100 * need_share:.0f}% "
                            f"of at least {MIN_MATCHED})")}
-    elif floor_pct is not None and floor_pct >= LINK_FLOOR_PCT:
+    link_src = "given (--link-gbps)" if link_gbps else None
+    topo_link = _topology_link(folder, ranks) if not link_gbps else None
+    if topo_link:
+        link_gbps, link_src = topo_link["gbps"], topo_link["source"]
+    if floor_pct is not None and floor_pct >= LINK_FLOOR_PCT and finding["kind"] == "clean":
         bws = [c["busbw_gbps"] for c in colls_out if c["busbw_gbps"]]
         bw = statistics.median(bws) if bws else None
         skews = [c["skew_ms"] for c in colls_out]
         link_name = (f"the {'/'.join(backends) or 'collective'} link between ranks {ranks[0]}-{ranks[-1]} on "
-                     + (f"host {hosts[0]}" if len(hosts) == 1 else f"hosts {', '.join(hosts)}"))
+                     + (f"host {hosts[0]}" if len(hosts) == 1 else f"hosts {', '.join(hosts)}")
+                     + (f" (slowest topology link {topo_link['cell']} between GPUs {topo_link['gpus']})"
+                        if topo_link else ""))
         if link_gbps and bw is not None:
             slow = bw < SLOW_LINK_FRACTION * link_gbps
             verdict = ("slow link" if slow else "communication-bound (the link runs near its rate)")
-            why = f"bus bandwidth {bw:.2f} GB/s = {100 * bw / link_gbps:.0f}% of the link's {link_gbps:g} GB/s"
+            why = (f"bus bandwidth {bw:.3g} GB/s = {100 * bw / link_gbps:.0f}% of the link's {link_gbps:g} GB/s "
+                   f"[{link_src}]")
         else:
             verdict = "link-bound: slow link or payload too large, not separated"
             why = (f"bus bandwidth {bw:.3g} GB/s" if bw else "collective sizes not recorded (profile with "
@@ -349,6 +380,12 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
     if floor_pct is not None:
         ev["collective_floor_pct"] = floor_pct
     d = flowchart.diagnose(ev)
+    spreads = _spreads(rows_by, slowest if len(ranks) > 1 else None, step_med)
+    for metric, thr in (("rank_tail_pct", RANK_TAIL_PCT), ("e2e_slowdown", 1.2)):
+        sp = spreads.get(metric)
+        if sp and ev.get(metric) is not None and sp["p10"] < thr <= sp["p90"]:
+            notes.append(f"borderline: {metric} {ev[metric]:.3g} (median), p10-p90 over steps {sp['p10']:.3g}-"
+                         f"{sp['p90']:.3g} spans the threshold {thr:g}: a re-run may answer the other way")
     n_of = f"{len(ranks)} of {world} ranks" if world and world != len(ranks) else f"{len(ranks)} ranks"
     rep: dict[str, Any] = {
         "source": "profiler traces", "run_dir": str(folder), "traces_dir": str(folder), "n_ranks": len(ranks),
@@ -358,21 +395,72 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
         "collectives": {"matched": n_m, "match_by": match_by, "one_clock": one_clock,
                         "last_by_start_agrees_pct": 100.0 * agree / n_m if one_clock and n_m else None,
                         "per_collective": colls_out[:200], "link_ms_per_step": link_per_step},
-        "link_gbps": link_gbps, "mapping_warnings": [],
+        "link_gbps": link_gbps, "link_gbps_source": link_src, "mapping_warnings": [], "spreads": spreads,
         "flowchart": {"evidence": ev, "path": d.path, "leaf": d.leaf_id,
                       "unmeasured": {k: v for k, v in unmeasured.items() if v}, "explain": d.explain()},
         "notes": notes, "problems": problems}
     rep["nvml"] = nvml_by_rank(sorted(folder.glob("nvml-rank-*.json")) + sorted(folder.glob("*/nvml-rank-*.json")))
-    rep["incident_draft"] = _incident(_for_incident(rep), d, {}, {})
+    rep["incident_draft"] = _incident_draft(rep, d)
     return rep
 
 
-def _for_incident(rep: dict[str, Any]) -> dict[str, Any]:
-    r = dict(rep)
-    f = rep["finding"]
-    if f["kind"] == "slow_link":
-        r["mapping_warnings"] = [f"{f['verdict']} on {f['names']}: {f['why']}"]
-    return r
+def _spreads(rows_by: dict[int, list[dict[str, Any]]], slowest: int | None, step_med: float) -> dict[str, Any]:
+    """p10-p90 over steps of the walk's per-step metrics: the slowest rank's own time over the others'
+    median (in % of the median step), and the median step over the median own time."""
+    ids = set.intersection(*({r["step"] for r in rows} for rows in rows_by.values()))
+    by = {rk: {r["step"]: r for r in rows} for rk, rows in rows_by.items()}
+    tail, e2e = [], []
+    for i in sorted(ids):
+        own = {rk: by[rk][i]["own_ms"] for rk in by}
+        step = statistics.median(by[rk][i]["step_ms"] for rk in by)
+        if slowest is not None and len(own) > 1 and step_med > 0:
+            others = [v for rk, v in own.items() if rk != slowest]
+            tail.append(100.0 * (own[slowest] - statistics.median(others)) / step_med)
+        m = statistics.median(own.values())
+        if m > 0:
+            e2e.append(step / m)
+    out = {}
+    for k, xs in (("rank_tail_pct", tail), ("e2e_slowdown", e2e)):
+        if xs:
+            out[k] = {"p10": quantile(xs, 0.1), "p90": quantile(xs, 0.9), "n_steps": len(xs)}
+    return out
+
+
+def _incident_draft(rep: dict[str, Any], d: flowchart.Diagnosis) -> dict[str, Any]:
+    """The seed's incident record (:func:`hwlab.diagnosis.incident.from_diagnosis`, as the StepLog report
+    drafts it), its symptom, fix and re-verification worded for what the traces found."""
+    f, n = rep["finding"], rep["ranks_present"]
+    if f["kind"] == "slow_rank":
+        title = f"slow rank {f['rank']} in {Path(rep['traces_dir']).name}"
+        symptom = (f"rank {f['rank']} arrived last at {f['pct_arrived_last']:.0f}% of the collectives, its own time "
+                   f"{rep['rank_tail_pct']:.0f}% of the step over the others' ({n}, profiler traces)")
+        fix = f"draft: {f['single_device_branch']}"
+        reverify = "re-profile the same steps; `hwlab ranks --traces` names no rank (exit 0)"
+    elif f["kind"] == "slow_link":
+        title = f"collectives held by the link in {Path(rep['traces_dir']).name}"
+        symptom = (f"every rank waits inside the collectives: the last arriver's time inside is "
+                   f"{f['collective_floor_pct']:.0f}% of the step; no rank arrives late ({n}, profiler traces)")
+        fix = f"draft: {f['verdict']} on {f['names']}: {f['why']}; " + (d.leaf.actions[0] if d.leaf else "")
+        reverify = "re-profile after the change; `hwlab ranks --traces --link-gbps G` names no link (exit 0)"
+    else:
+        title = f"ranks of {Path(rep['traces_dir']).name}"
+        symptom = f"no slow rank and no link finding over {n} (profiler traces)" + (
+            f"; {f['why']}" if f.get("why") else "")
+        fix = "draft: " + (d.leaf.actions[0] if d.leaf else "measure what the walk lacks first")
+        reverify = "re-profile; `hwlab ranks --traces` exits 0"
+    lines = []
+    for r, s in rep["per_rank"].items():
+        last = "-" if s["pct_arrived_last"] is None else f"{s['pct_arrived_last']:.0f}%"
+        lines.append(f"rank {r}: median step {s['step_ms']:.2f} ms, busy {s['busy_ms']:.2f} ms, communication "
+                     f"{s['comm_ms']:.2f} ms (exposed {s['exposed_comm_ms']:.2f}), idle {s['idle_ms']:.2f} ms, "
+                     f"arrived last {last} [profiler trace]")
+    lines += [f"not measured ({q}): {why}" for q, why in rep["flowchart"]["unmeasured"].items()] + rep["notes"]
+    waits = {r: s["total_wait_ms"] for r, s in rep["per_rank"].items() if s["total_wait_ms"] is not None}
+    inc = incident.from_diagnosis(title, None, d, symptom_scope="multi-GPU", symptom=symptom, fix=fix,
+                                  reverify=reverify, rank_mapping=", ".join(
+                                      f"{r}->{s['host']} ({s['rank_source']})" for r, s in rep["per_rank"].items()),
+                                  extra_evidence=lines, collective_wait_ms=waits or None)
+    return {"markdown": inc.to_markdown(), "record": asdict(inc)}
 
 
 def progress_printer(stream=sys.stderr) -> Callable[[str, int, int], None]:
@@ -415,6 +503,10 @@ def render(rep: dict[str, Any]) -> str:
         out.append(f"no rank named: {f['why']}")
     else:
         out.append(f"no slow rank and no slow link (own-time spread {rep['rank_tail_pct']:.0f}%)")
+    sp = rep.get("spreads") or {}
+    if sp:
+        out.append("spread over steps (p10-p90): " + "; ".join(
+            f"{k} {v['p10']:.3g}-{v['p90']:.3g}" for k, v in sp.items()))
     out += render_nvml(rep.get("nvml", {}))
     fc = rep["flowchart"]
     out.append("flowchart (measured values only):")

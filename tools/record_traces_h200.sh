@@ -1,5 +1,5 @@
 # One device call (issue 39): a single-rank NCCL trace on the H200, the NVML sampler, hwlab bundle.
-# Run from the repository root after scripts/device_preamble.sh; writes under $OUT.
+# Run from the repository root with PYTHONPATH=src (no Jupyter stack needed); writes under $OUT.
 set -u
 mkdir -p $OUT/tr
 python3 -m torch.distributed.run --standalone --nproc-per-node 1 examples/profiled_torchrun.py \
