@@ -69,7 +69,11 @@ for r in rows:
           f"TPOT p50 {r['tpot_p50_change_pct']:+.1f}% / p99 {r['tpot_p99_change_pct']:+.1f}% vs bf16")
 
 # %% tags=["learner"]
-# the lowest hit rate, and the kind in its list that no other bucket's list has
+# the lowest hit rate, and the kind in its list that no other bucket's list has.
+# Why the tail does not move: the long bucket's step is mostly KV-cache reads in BF16, which FP8 weights do
+# not touch, and its small batch has no FP8 kernel for `out`, so that layer reads a dequantized copy. Its
+# steps are the service's longest, so they make the P99. Fix 2 (every trunk shape on FP8) removes the
+# fallback; fix 3 (an FP8 KV cache for the long bucket) halves the bytes that dominate it.
 low = min(rows, key=lambda r: r["fp8_hit_pct"])
 MY_BUCKET = low["ctx"]
 MY_MODULE = next(iter(set(low["fell_back"]).difference(*[r["fell_back"] for r in rows if r is not low])))
@@ -77,8 +81,3 @@ MY_MODULE = next(iter(set(low["fell_back"]).difference(*[r["fell_back"] for r in
 # %%
 exercise_checks.check_fallback_bucket(MY_BUCKET, MY_MODULE)
 
-# %% [markdown]
-# Why the tail does not move: the long bucket's step is mostly KV-cache reads in BF16, which FP8 weights do
-# not touch, and its small batch has no FP8 kernel for `out`, so that layer reads a dequantized copy. Its
-# steps are the service's longest, so they make the P99. Fix 2 (every trunk shape on FP8) removes the
-# fallback; fix 3 (an FP8 KV cache for the long bucket) halves the bytes that dominate it.
