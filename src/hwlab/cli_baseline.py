@@ -1,7 +1,8 @@
 """``hwlab baseline record|compare``: measure this node's health baseline, or compare against one.
 
 Exit codes: 0 recorded, or within tolerance or within both runs' spread (borderline changes are
-listed); 1 a deviation beyond spread (a finding); 2 bad input, or runs
+listed; on a CPU baseline, changes with the host's load are listed too); 1 a deviation beyond
+spread (a finding); 2 bad input, or runs
 that are not comparable (different GPU, count, driver/CUDA major, probe sizes), or a write that
 failed after measuring (the result is kept in the rescue folder); 3 internal error.
 """
