@@ -158,9 +158,11 @@ def test_a_partners_coinciding_jitter_leaves_a_ranks_spikes_local():
 @pytest.mark.slow
 def test_a_healthy_run_has_no_tail_and_no_spikes(tmp_path):
     """The same job without --slow-rank: every rank does the same work, so the report names no
-    tail rank and no spike pattern (a busy host's odd preempted step is a rank's own tail), exit 0."""
+    tail rank and no spike pattern (a busy host's odd preempted step is a rank's own tail, and
+    preemptions every rank sees are the host's), exit 0. Steps of tens of ms (--size 512), long
+    against the host's scheduler slice as a real job's steps are."""
     d = tmp_path / "healthy"
-    _torchrun(d)
+    _torchrun(d, "--size", "512")
     r = _ranks_cli(d, "--json")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr
     rep = json.loads(r.stdout)
