@@ -18,8 +18,7 @@ what to check next. Tolerances (why):
   the frequency governor move: a change beyond spread there is a ``host`` change with advice
   for a host, never GPU node advice ("drain and swap"). It is listed but does not fail the
   comparison (exit 0): two records of one shared CPU host minutes apart differ beyond their
-  spread whenever the load changed between them (seen: a host copy 5x slower in every repeat
-  of one record), which says nothing about the machine's health;
+  spread whenever the load changed between them, which says nothing about the machine's health;
 * temperature more than ``TOL_TEMP_C`` (10 C) hotter, any new throttle reason, any increase
   of uncorrected ECC errors or pending row remaps: hardware;
 * any change of link class, PCIe width/generation or NUMA affinity: topology (a different GPU
