@@ -40,10 +40,10 @@ def test_unchanged_rerun_matches(live, tmp_path):
 
 def _inject(ev, kind):
     ev = copy.deepcopy(ev)
-    if kind == "hardware":
+    if kind == "hardware":  # a slower card is slower in every repeat: the whole band moves
         for m in ev.results:
             if m.name.startswith("gemm"):
-                m.t_ms *= 1.25
+                m.t_ms, m.t_p10_ms, m.t_p90_ms = m.t_ms * 1.25, m.t_p10_ms * 1.25, m.t_p90_ms * 1.25
     elif kind == "topology":
         ev.extra["topology"] = ev.extra.get("topology") or {}
         ev.extra["topology"]["numa_affinity"] = {"GPU0": 7}
@@ -70,12 +70,14 @@ def test_recorded_h200_baseline_and_rerun_agree():
 
 
 def test_latency_rise_is_flagged_and_missing_parts_reported(live):
-    now = copy.deepcopy(live)
+    base = recorded("baseline")
+    now = copy.deepcopy(base)
     for m in now.results:
-        if m.name == "launch_overhead":
+        if m.name == "launch_overhead":  # every launch 2.5x slower
             m.params["us_per_launch"] *= 2.5
+            m.t_ms, m.t_p10_ms, m.t_p90_ms = m.t_ms * 2.5, m.t_p10_ms * 2.5, m.t_p90_ms * 2.5
     now.results = [m for m in now.results if not m.name.startswith("rmsnorm")]
-    c = B.compare(live, now)
+    c = B.compare(base, now)
     assert any(d.what.startswith("launch_overhead") and d.category == "hardware" for d in c.deviations)
     assert any(d.category == "missing" and d.what.startswith("rmsnorm") for d in c.deviations)
     with pytest.raises(ValueError, match="two baseline records"):
@@ -89,11 +91,20 @@ def test_one_process_per_node_records(monkeypatch):
     assert B.should_record_on_this_rank()
 
 
-def test_fleet_table(live, tmp_path):
-    p1 = live.save(tmp_path / "n1.json")
-    p2 = _inject(live, "hardware").save(tmp_path / "n2.json")
-    rows = B.fleet_table([p1, p2], live)
+def test_fleet_table(tmp_path):
+    base = recorded("baseline")
+    p1 = copy.deepcopy(base).save(tmp_path / "n1.json")
+    p2 = _inject(base, "hardware").save(tmp_path / "n2.json")
+    rows = B.fleet_table([p1, p2], base)
     assert [r["verdict"] for r in rows] == ["ok", "hardware"]
+
+
+def test_an_injected_cpu_slowdown_is_never_gpu_node_advice(live):
+    """The same injection into this machine's own CPU record: never a hardware verdict or
+    "drain and swap"; a CPU baseline says so."""
+    c = B.compare(live, _inject(live, "hardware"))
+    assert c.cpu and "hardware" not in c.categories() and "drain" not in c.summary()
+    assert c.summary().startswith("CPU baseline")
 
 
 def test_hit_rate_counting_on_gpu_kernel_names():

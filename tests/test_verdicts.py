@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from hwlab.diagnosis import flowchart as F
-from hwlab import flowchart_checks as FC
+from hwlab.diagnosis import flowchart_checks as FC
 from hwlab.core.evidence import recorded
 from hwlab.labs import crosslink as C
 from hwlab.labs.fp8.traffic import step_bytes

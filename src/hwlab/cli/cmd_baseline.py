@@ -1,6 +1,8 @@
 """``hwlab baseline record|compare``: measure this node's health baseline, or compare against one.
 
-Exit codes: 0 recorded, or within tolerance; 1 a deviation (a finding); 2 bad input, or runs
+Exit codes: 0 recorded, or within tolerance or within both runs' spread (borderline changes are
+listed; on a CPU baseline, changes with the host's load are listed too); 1 a deviation beyond
+spread (a finding); 2 bad input, or runs
 that are not comparable (different GPU, count, driver/CUDA major, probe sizes), or a write that
 failed after measuring (the result is kept in the rescue folder); 3 internal error.
 """
@@ -72,8 +74,9 @@ def _record(a) -> int:
 
 def add_parser(sub) -> None:
     b = sub.add_parser("baseline", help="node health baseline: record, or compare against one",
-                       description="record: measure this node. compare: exit 0 within tolerance, "
-                       "1 a deviation, 2 not comparable (different GPU, count, driver/CUDA major, "
+                       description="record: measure this node. compare: exit 0 within tolerance "
+                       "or within both runs' p10-p90 spread (borderline), 1 a deviation beyond spread, "
+                       "2 not comparable (different GPU, count, driver/CUDA major, "
                        "probe sizes) or bad input.")
     b.add_argument("action", choices=["record", "compare"])
     b.add_argument("paths", nargs="*", help="compare: BASELINE.json NEW.json [more NEW for a fleet table]")

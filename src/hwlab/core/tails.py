@@ -15,9 +15,8 @@ Thresholds, and why:
   beyond what CPU scheduling noise gives a healthy step; spikes are *periodic* when there are
   at least three and their spacing varies by under :data:`PERIODIC_CV` (25%, the coefficient of
   variation of the gaps): a checkpoint, GC or data-loader rhythm rather than random preemption.
-  Spikes are judged against the series' own spread: a busy shared host preempts one step in
-  ten to one in five now and then (seen with 4 CPU ranks on 2 busy cores: up to 4 of 21 steps),
-  and such uneven excursions are the series' own tail, already visible in its p90. They
+  Spikes are judged against the series' own spread: a busy shared host preempts a step now and
+  then, and such uneven excursions are the series' own tail, already visible in its p90. They
   *recur* (``recurring``, what a report calls spikes) when they are periodic, or on more than
   :data:`OWN_TAIL_FRAC` (a quarter) of the steps, where they lift the series' upper quartile
   itself over the threshold: then they are its usual behaviour, not its tail (:func:`recurring`).

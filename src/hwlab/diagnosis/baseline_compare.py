@@ -15,8 +15,10 @@ what to check next. Tolerances (why):
   inside that spread is *within spread (borderline)*: reported, never a hardware verdict,
   and it does not make the comparison fail (exit 0);
 * a **CPU baseline** (no GPU in the record) times this host's CPU, which other processes and
-  the frequency governor move: a change beyond spread there is a ``host`` deviation with
-  advice for a host, never GPU node advice ("drain and swap");
+  the frequency governor move: a change beyond spread there is a ``host`` change with advice
+  for a host, never GPU node advice ("drain and swap"). It is listed but does not fail the
+  comparison (exit 0): two records of one shared CPU host minutes apart differ beyond their
+  spread whenever the load changed between them, which says nothing about the machine's health;
 * temperature more than ``TOL_TEMP_C`` (10 C) hotter, any new throttle reason, any increase
   of uncorrected ECC errors or pending row remaps: hardware;
 * any change of link class, PCIe width/generation or NUMA affinity: topology (a different GPU
@@ -98,11 +100,13 @@ class Comparison:
             return ("NOT COMPARABLE: " + "; ".join(self.not_comparable) + ". No node advice: compare "
                     "a record with a baseline of the same GPU model and count, driver/CUDA major "
                     "and probe sizes (record both with or both without --quick).")
-        head = ["CPU baseline (no GPU in these records): the probes timed this host's CPU; no GPU "
-                "node advice applies."] if self.cpu else []
+        head = ["CPU baseline (no GPU in these records): the probes timed this host's CPU, so a change "
+                "is the host's load, not a fault; no GPU node advice applies."] if self.cpu else []
         if self.ok:
             soft = [str(d) for d in self.deviations]
-            return "\n".join(head + ["matches the baseline within tolerance or within spread (" + ", ".join(self.checked)
+            return "\n".join(head + ["matches the baseline within tolerance or within spread" +
+                                     (", or changed with the host's load" if "host" in self.categories() else "")
+                                     + " (" + ", ".join(self.checked)
                                      + "). If the service is still slow, the difference is in the workload: "
                                      "shape buckets, caches, fallbacks."] + soft)
         return "\n".join(head + [str(d) for d in self.deviations])
@@ -163,8 +167,8 @@ def comparability(base: Evidence, now: Evidence) -> list[str]:
 
 
 LATENCY_PROBES = {"launch_overhead"}
-#: categories reported but not failing the comparison (exit 0)
-NOT_FAILURES = {"missing", "borderline"}
+#: categories reported but not failing the comparison (exit 0); ``host`` only exists on a CPU baseline
+NOT_FAILURES = {"missing", "borderline", "host"}
 NEXT = {
     "host": "a CPU baseline times this host: check its load (top), the CPU frequency governor and "
             "other tenants, then re-record both on an idle host",

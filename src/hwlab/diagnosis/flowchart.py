@@ -22,7 +22,7 @@ typed (the questions' ``bool_metric``, used only when no metric is present). Pri
 show it per step, and a walk with a by-hand answer ends in a NOTE saying so
 (:attr:`Diagnosis.by_hand`, :attr:`Diagnosis.fully_measured`).
 
-Three checks sit beside each measured answer (:mod:`hwlab.flowchart_checks` holds the rules):
+Three checks sit beside each measured answer (:mod:`hwlab.diagnosis.flowchart_checks` holds the rules):
 
 * **validity first**: each metric has a physical range (:data:`PHYSICAL_RANGES`, e.g. a DRAM share
   at most 100% of the reachable copy rate, a sector amplification at least 1); a value outside it
@@ -36,7 +36,7 @@ Three checks sit beside each measured answer (:mod:`hwlab.flowchart_checks` hold
   (``*_estimated``, or listed in the evidence's ``metric_estimated``) is shown as estimated, and
   a walk that used one never says "every answer was measured".
 
-After the leaf, lenses add what the leaf alone hides (:func:`hwlab.flowchart_checks.lenses`): the
+After the leaf, lenses add what the leaf alone hides (:func:`hwlab.diagnosis.flowchart_checks.lenses`): the
 overlap a slow link allowed, and the floor of lower-byte alternatives near a step's own floor.
 """
 from __future__ import annotations
@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hwlab.core.roofline import evidence_from_measurement  # noqa: F401  (re-exported: built on the core floor)
-from hwlab import flowchart_checks as checks
-from hwlab.flowchart_checks import PHYSICAL_RANGES  # noqa: F401  (re-exported)
+from hwlab.diagnosis import flowchart_checks as checks
+from hwlab.diagnosis.flowchart_checks import PHYSICAL_RANGES  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
@@ -282,7 +282,7 @@ class Diagnosis:
     steps: list[Step] = field(default_factory=list)
     leaf: Leaf | None = None
     undecided: Question | None = None
-    #: metrics present but outside their physical range: not used as evidence (:class:`~hwlab.flowchart_checks.Invalid`)
+    #: metrics present but outside their physical range: not used as evidence (:class:`~hwlab.diagnosis.flowchart_checks.Invalid`)
     invalid: list = field(default_factory=list)
     #: lines the lenses add after the leaf (overlap against what could hide, fewer bytes)
     lens_notes: list[str] = field(default_factory=list)

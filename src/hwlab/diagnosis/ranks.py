@@ -17,7 +17,10 @@ What it reports, and the rule behind each part:
   collective time), judged against the rank's own spread: they count only when they recur
   (periodic, or more than ``tails.OWN_TAIL_FRAC`` of its steps; fewer uneven ones are the
   rank's own tail, :func:`hwlab.core.tails.recurring`). Over-threshold steps on more than half
-  the ranks at the same step are called global when such steps recur by the same rule
+  the ranks at the same step are called global when such steps recur by the same rule. A
+  rank's own (local) spikes must also rise more than ``SPIKE_OVER_HOST`` (2x) higher than the
+  other ranks' excursions: ranks sharing a busy host are each preempted by about one
+  scheduler slice at different steps, which is the host's jitter, not that rank's pattern
   (checkpoint, garbage collection, data loading: events that reach most ranks), others local to
   the rank. Half is not enough: on a busy host a rank whose compute is short jitters past 1.5x
   its median now and then, and one such rank coinciding with a slow rank's own spikes would
@@ -73,6 +76,9 @@ def _rank_stats(steps: list[dict[str, Any]], skip: int) -> dict[str, Any] | None
     hit, period = [ids[i] for i in sp["at"]], sp["period_steps"]
     # the rank's own tail (a few uneven excursions, tails.OWN_TAIL_FRAC) is no spike pattern
     spike_steps = hit if sp["recurring"] else []
+    series = compute if has_colls else step_ms
+    med = statistics.median(series)
+    excess = [series[i] - med for i in sp["at"]]  # how far each over-threshold step went
     return {"n_steps": len(steps), "clock": "CUDA events" if gpu else "host clock",
             "step_ms": statistics.median(step_ms), "step_p10_ms": quantile(step_ms, 0.1),
             "step_p90_ms": quantile(step_ms, 0.9), "compute_ms": statistics.median(compute),
@@ -80,6 +86,7 @@ def _rank_stats(steps: list[dict[str, Any]], skip: int) -> dict[str, Any] | None
             "arrival_p10_ms": quantile(arrival, 0.1), "arrival_p90_ms": quantile(arrival, 0.9),
             "arrival_ms": statistics.median(arrival), "coll_ms": per_coll, "has_colls": has_colls,
             "spike_steps": spike_steps, "spike_period": period, "spike_candidates": hit,
+            "spike_excess_ms": excess,
             "t_first_start_s": steps[0]["t_start_s"]}
 
 
@@ -259,6 +266,22 @@ def _split_beyond_spread(stats: dict[int, dict[str, Any]], basis: str, notes: li
     return [], pct
 
 
+#: a rank's spikes are its own when they rise this many times higher than the other ranks' excursions
+SPIKE_OVER_HOST = 2.0
+
+
+def _stands_out(rank: int, stats: dict[int, dict[str, Any]]) -> bool:
+    """True when ``rank``'s over-threshold steps rise more than :data:`SPIKE_OVER_HOST` times
+    the median excursion of the other ranks' over-threshold steps (or the others have none).
+    Ranks that share a busy host are each preempted now and then by about one scheduler slice;
+    excursions every rank shows at different steps are the host's, not one rank's pattern."""
+    own = stats[rank].get("spike_excess_ms")
+    others = [x for r, st in stats.items() if r != rank for x in st.get("spike_excess_ms", [])]
+    if not own or not others:
+        return True
+    return statistics.median(own) > SPIKE_OVER_HOST * statistics.median(others)
+
+
 def _spike_summary(stats: dict[int, dict[str, Any]]) -> dict[str, Any]:
     n = len(stats)
     # global: most ranks over their threshold at one step, each rank's excursions counted
@@ -268,10 +291,11 @@ def _spike_summary(stats: dict[int, dict[str, Any]]) -> dict[str, Any]:
     if n_steps and not recurring(len(global_steps), n_steps, False):
         global_steps = []  # as rare as one rank's own tail: a host hiccup, not the job's pattern
     local = {str(r): {"steps": st["spike_steps"], "period": st["spike_period"]} for r, st in stats.items()
-             if len([s for s in st["spike_steps"] if s not in global_steps]) >= 2}
+             if len([s for s in st["spike_steps"] if s not in global_steps]) >= 2 and _stands_out(r, stats)}
     return {"global_steps": global_steps, "local": local,
             "rule": (f"> {SPIKE_OVER_MEDIAN}x the rank's median, on more than {OWN_TAIL_FRAC:.0%} of its steps "
-                     "or periodic (fewer, uneven ones are the rank's own tail)")}
+                     f"or periodic (fewer, uneven ones are the rank's own tail), and > {SPIKE_OVER_HOST:g}x "
+                     "the other ranks' excursions (smaller ones are the shared host's)")}
 
 
 def _incident(rep: dict[str, Any], d: flowchart.Diagnosis, caps: dict[int, dict[str, Any]],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hwlab.flowchart_checks import check_range
+from hwlab.diagnosis.flowchart_checks import check_range
 
 
 def _b(n: float | None) -> str:
@@ -111,7 +111,7 @@ def plot_slowdowns(rows: list[dict[str, Any]], source: str, ax=None):
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The rows of :func:`table` as fixed-width text; '-' where a metric was not measured, 'invalid'
-    where it is outside its physical range (not evidence: :mod:`hwlab.flowchart_checks`)."""
+    where it is outside its physical range (not evidence: :mod:`hwlab.diagnosis.flowchart_checks`)."""
     def f(v: Any, spec: str, unit: str = "", metric: str = "") -> str:
         if v is None:
             return "-"
