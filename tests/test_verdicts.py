@@ -338,3 +338,14 @@ def test_every_drill_shows_measurements_that_do_not_decide_it(tmp_path, monkeypa
         off_path = [k for k, v in d.observations.items() if k not in F.META_KEYS and k not in used
                     and isinstance(v, (int, float)) and not isinstance(v, bool)]
         assert off_path, name
+
+
+def test_incident_reverification_says_when_it_passed_inside_its_spread():
+    from hwlab import incident
+    rec = recorded("lab03_linksweep", "cpu")
+    exp = rec.extra["calibrated"]
+    after = F.diagnose(exp["aware"]["flowchart_evidence"])
+    inc = incident.from_diagnosis("t", rec, F.diagnose(exp["naive"]["flowchart_evidence"]), symptom_scope="multi-GPU",
+                                  symptom="s", fix="f", reverify="r", reverify_evidence=exp["aware"]["flowchart_evidence"])
+    assert len(inc.reverify_result["borderline"]) == len(after.borderline)
+    assert ("BORDERLINE at" in inc.to_markdown()) == bool(after.borderline)
