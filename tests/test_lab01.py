@@ -86,7 +86,7 @@ def test_run_on_cpu_measures_d_and_k_for_every_case():
         assert svc["service_predicted_ms"] == pytest.approx(svc["service_calls"] * m.t_ms)
         assert ev["e2e_slowdown"] == pytest.approx(svc["service_step_ms"] / svc["service_predicted_ms"])
         assert ev["rank_tail_pct"] == 0.0 and ev["n_ranks"] == 1
-        assert set(ev["metric_sources"]) == set(ev) - {"metric_sources", "n_ranks"}
+        assert set(ev["metric_sources"]) == set(ev) - {"metric_sources", "n_ranks", "metric_spreads"}
         walk = diagnose(ev)
         assert walk.path[:2] == ["B", "D"] and walk.fully_measured, walk.explain()
         assert "every answer on this walk was measured" in walk.explain()

@@ -192,7 +192,7 @@ def test_config_evidence_measures_d_and_k(reports):
     assert ev["e2e_slowdown"] == pytest.approx(s["service_step_ms"] / s["service_predicted_ms"])
     assert ev["rank_tail_pct"] == 0.0 and ev["n_ranks"] == 1 and ev["n_spills"] == 0
     assert not set(BY_HAND) & set(ev)
-    assert set(ev["metric_sources"]) == set(ev) - {"metric_sources", "n_ranks"}
+    assert set(ev["metric_sources"]) == set(ev) - {"metric_sources", "n_ranks", "metric_spreads"}
     walk = diagnose(ev)
     assert walk.path[:2] == ["B", "D"] and walk.fully_measured, walk.explain()
     assert r.to_dict()["service"] == s

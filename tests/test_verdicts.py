@@ -324,3 +324,28 @@ def test_new_drills_grade_from_the_record(tmp_path, monkeypatch):
         d = drills.new(seed=3, fault=name, live=False)
         g = drills.grade(d, f.leaf)
         assert g.passed and g.fix_removes_slowdown is True, g.explanation
+
+
+def test_every_drill_shows_measurements_that_do_not_decide_it(tmp_path, monkeypatch):
+    """Distractors: each drill's observations hold measured metrics its walk never reads, so the
+    learner must pick the deciding ones; none of them is typed in (each has a source or is a
+    flowchart metric the run measured)."""
+    from hwlab.diagnosis import drills
+    monkeypatch.setenv("HWLAB_DRILL_KEY_FILE", str(tmp_path / "k"))
+    for name in drills.FAULTS:
+        d = drills.new(seed=5, fault=name, live=False)
+        used = {s.metric for s in F.diagnose(d.observations).steps}
+        off_path = [k for k, v in d.observations.items() if k not in F.META_KEYS and k not in used
+                    and isinstance(v, (int, float)) and not isinstance(v, bool)]
+        assert off_path, name
+
+
+def test_incident_reverification_says_when_it_passed_inside_its_spread():
+    from hwlab.diagnosis import incident
+    rec = recorded("lab03_linksweep", "cpu")
+    exp = rec.extra["calibrated"]
+    after = F.diagnose(exp["aware"]["flowchart_evidence"])
+    inc = incident.from_diagnosis("t", rec, F.diagnose(exp["naive"]["flowchart_evidence"]), symptom_scope="multi-GPU",
+                                  symptom="s", fix="f", reverify="r", reverify_evidence=exp["aware"]["flowchart_evidence"])
+    assert len(inc.reverify_result["borderline"]) == len(after.borderline)
+    assert ("BORDERLINE at" in inc.to_markdown()) == bool(after.borderline)

@@ -31,6 +31,7 @@ import os
 import sys
 import time
 import traceback
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -340,7 +341,8 @@ def part_drills(out: Path, summary: list[str]) -> None:
                            else f.fixed(live=True))  # the right leaf was missed: still record the fixed run
         runs.setdefault(f"{f.scenario}/{f.fixed_case}", {"evidence": fix_ev, "source": fix_src})
         walk = flowchart.diagnose(d.observations)
-        rows.append({"fault": name, "leaf": f.leaf, "scenario": f.scenario, "case": f.case,
+        rows.append({"recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                     "fault": name, "leaf": f.leaf, "scenario": f.scenario, "case": f.case,
                      "fixed_case": f.fixed_case, "drill": asdict(d),
                      "observed_leaf": walk.leaf_id, "fully_measured": walk.fully_measured,
                      "right": asdict(right), "wrong": asdict(wrong)})

@@ -100,7 +100,7 @@ def check_range(question: str, metric: str, value: Any,
     """An :class:`Invalid` when ``value`` is outside ``metric``'s physical range (or not a finite
     number), else None; a metric without a stated range is taken as given. With a measured
     ``spread`` that reaches into the range, a value just past a bound is that bound within its
-    own noise (e.g. a hidden share of 108% whose repeats reach 90%), not an invalid metric."""
+    own noise (a share just past 100% whose repeats reach below it), not an invalid metric."""
     try:
         v = float(value)
     except (TypeError, ValueError):

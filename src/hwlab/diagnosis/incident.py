@@ -69,7 +69,8 @@ class Incident:
         if self.reverify_result:
             r = self.reverify_result
             rv += (f"; re-measured with {r['probe']}: " + ", ".join(f"{k} = {_fmt(v)}" for k, v in r["measured"].items())
-                   + f" -> {r['leaf']} ({' -> '.join(r['path'])})")
+                   + f" -> {r['leaf']} ({' -> '.join(r['path'])})"
+                   + ("; BORDERLINE at " + "; ".join(r["borderline"]) if r.get("borderline") else ""))
         return (f"# Incident: {self.title}\n\nopened {self.opened_at} · status: **{status}**\n\n"
                 f"| field | content |\n|---|---|\n"
                 f"| machine and topology | {m.get('gpu_model', m.get('device', '?'))} on {m.get('host', '?')}, "
@@ -216,7 +217,10 @@ def from_diagnosis(title: str, evidence: Evidence | None, diagnosis: Diagnosis, 
     if reverify_evidence is not None:
         after = diagnose(reverify_evidence)
         result = {"probe": reverify_probe or reverify, "measured": after.measured(), "path": after.path,
-                  "leaf": after.leaf_id, "fully_measured": after.fully_measured}
+                  "leaf": after.leaf_id, "fully_measured": after.fully_measured,
+                  # a re-check inside its own spread of a threshold is one re-run from failing
+                  "borderline": [f"{x.question} ({x.metric} = {_fmt(x.value)}{x.spread_text()})"
+                                 for x in after.borderline]}
         if reverified is None:
             reverified = after.leaf_id is not None and after.leaf_id != diagnosis.leaf_id
     return Incident(title, machine, topology or topo, rank_mapping or mapping, symptom_scope, symptom, lines,

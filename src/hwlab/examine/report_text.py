@@ -57,7 +57,8 @@ def render(ex) -> str:
         lines += ["", f"Nsight Compute ({ex.ncu['n_kernels']} kernels, counted)"]
         lines += [f"  {k} = {_v(v)}" for k, v in ex.ncu["evidence"].items()]
     lines += ["", "evidence (measured, or estimated where the source says so; source of each)"]
-    lines += [f"  {k} = {_v(v)}   [{ex.evidence_sources.get(k, '?')}]" for k, v in ex.evidence.items()]
+    lines += [f"  {k} = {_v(v)}   [{ex.evidence_sources.get(k, '?')}]" for k, v in ex.evidence.items()
+              if k != "metric_spreads"]  # the walk shows each spread beside its step
     lines += ["", "walk (the whole function, aggregate metrics)"] + \
         ["  " + s for s in ex.diagnosis.explain().splitlines()]
     if ex.parts is not None:

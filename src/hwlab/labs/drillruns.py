@@ -240,9 +240,9 @@ BAD_CARD_FIELDS = {"clock_event_reasons": ["hw_slowdown", "sw_thermal_slowdown"]
 
 def _bad_card_reasons() -> frozenset[str]:
     """Clock-event reasons that are signs of a bad card: every throttle reason but the software
-    power cap. A card at its power limit under load holds its clocks down by design (a healthy
-    H200 read right after a heavy kernel reports it); a slowdown from the hardware or from heat
-    is not part of normal operation."""
+    power cap. A card at its power limit under load holds its clocks down by design, and an idle
+    baseline never shows it; a slowdown from the hardware or from heat is not part of normal
+    operation."""
     from hwlab.core.system import THROTTLE_REASONS
     return frozenset(THROTTLE_REASONS - {"sw_power_cap"})
 
