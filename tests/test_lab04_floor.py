@@ -102,6 +102,7 @@ def test_fastest_read_checks_each_read_and_keeps_the_fastest():
     assert FL.fastest_read({}, 1, 1, torch.device("cpu")) is None
 
 
+@pytest.mark.slow
 def test_the_labs_attention_comparison_reads_its_own_bytes_for_the_floor():
     from hwlab.labs.fp8.run import attention_vs_sdpa
     a = attention_vs_sdpa(L.TINY, 2, 256, "cpu")
@@ -136,6 +137,7 @@ def test_targets_carry_the_floor_and_mark_the_read_ceiling():
     assert "asks 102.3% of it (past the read ceiling" in past and past.endswith("1 of the rest at the read ceiling")
 
 
+@pytest.mark.slow
 def test_a_failing_read_is_recorded_beside_the_run_not_raised(monkeypatch):
     """A read that fails to build or reads wrong bytes costs the run its floor, not its measurements."""
     from hwlab.labs.fp8.run import attention_vs_sdpa

@@ -47,6 +47,7 @@ def test_memory_accounting(models):
     assert short["fixed"]["kv_bytes"] == short["bf16"]["kv_bytes"]  # bf16 KV below 4k context
 
 
+@pytest.mark.slow
 def test_every_path_agrees_with_bf16_within_its_bound(models):
     err = L.logit_error(models)
     assert err["bf16"] == 0.0
@@ -55,6 +56,7 @@ def test_every_path_agrees_with_bf16_within_its_bound(models):
     assert err["mixed"] > 0  # FP8 is not free: the error is real and measured
 
 
+@pytest.mark.slow
 def test_hit_rate_and_dequant_counting_from_the_profiler(models):
     r = {p: L.decode_profile(m) for p, m in models.items()}
     n_gemm = L.TINY.n_layers * 4 + 2
@@ -75,6 +77,7 @@ def test_bad_path():
         L.QLinear(torch.randn(4, 4), "fp4")
 
 
+@pytest.mark.slow
 def test_run_reports_every_path_and_bucket_on_cpu():
     r = L.run(buckets=[(16, 2)], n_rep=2, device="cpu", stream=False)  # the stream: test_lab04_stream.py
     assert set(r["paths"]) == set(L.PATHS)
@@ -84,6 +87,7 @@ def test_run_reports_every_path_and_bucket_on_cpu():
     assert r["paths"]["mixed"]["weight_mem_change_pct"] < -30  # FP8 weights: memory falls
 
 
+@pytest.mark.slow
 def test_grader():
     assert L.grade_path(None).status == "not done yet"
     assert L.grade_path(dict(L.PATHS["mixed"])).status == "wrong"
@@ -92,6 +96,7 @@ def test_grader():
     assert "custom path" in L.grade_path({"main": "int4"}).message
 
 
+@pytest.mark.slow
 def test_decode_breakdown_accounts_for_every_gemm(models):
     n_gemm = L.TINY.n_layers * 4 + 2
     for p, m in models.items():
@@ -199,6 +204,7 @@ def test_byte_floor_targets_decide_each_row_from_its_figure():
     assert [r["met"] for r in cpu] == [False] and "logit" in cpu[0]["target"]
 
 
+@pytest.mark.slow
 def test_gemm_and_attention_comparisons_check_and_label_on_a_cpu():
     """The lab's GEMM comparison on a CPU: every layer and batch size, each way checked against
     the float32 product of its operands, swap-AB's plain order timed beside it, eager labelled."""

@@ -10,6 +10,7 @@ import hwlab  # noqa: F401  (interpreter before triton)
 from hwlab.labs.fp8 import kernels as K
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_self_check_on_fresh_data(seed):
     c = K.self_check("cpu", torch.float16, seed=seed)
@@ -62,6 +63,7 @@ def test_decoder_passes_its_tile_to_the_kernel(monkeypatch):
     assert seen == [K.DEFAULT_TILE] * L.TINY.n_layers
 
 
+@pytest.mark.slow
 def test_decode_attention_split_boundaries_and_poisoned_tail():
     g = torch.Generator().manual_seed(3)
     B, H, T, D = 1, 2, 600, 32
@@ -136,6 +138,7 @@ def _rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
+@pytest.mark.slow
 def test_decode_attention_strided_query_small_tile_and_poisoned_tail():
     g = torch.Generator().manual_seed(6)
     B, H, T, D = 2, 3, 600, 32
@@ -212,6 +215,7 @@ def test_kv_store_writes_one_position_and_quantizes():
         K.kv_store(k, v, kc, vc, s, T, use_triton=True)
 
 
+@pytest.mark.slow
 def test_static_register_report_of_the_tuned_tiles(tmp_path):
     """The sm_90a compile behind LAB04_NOTES round 1, run here (no GPU): the old attention tile
     sits at the register limit and spills, the tuned one does not."""
@@ -252,6 +256,7 @@ def test_static_register_report_of_the_tuned_tiles(tmp_path):
         assert mm[f"no K mask, {n} stages"]["regs"] < mm["K masked, 4 stages"]["regs"]
 
 
+@pytest.mark.slow
 def test_combine_writes_fp8_with_the_next_gemms_scale():
     """The out projection's requant fused into the combine (interpreter): FP8 out, within one
     e4m3 step of the float32 attention quantized with the same scale; q's dtype without it."""
