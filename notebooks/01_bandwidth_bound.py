@@ -141,9 +141,14 @@ nb.show_mermaid(result.diagnoses["unfused"].mermaid())
 
 # %% [markdown]
 # ## Fix, and re-verify with the same probe
-# One Triton kernel reads `x` and `residual` once and writes `y` once (`hwlab.labs.bandwidth.fused_chain`);
-# the layout fix walks rows so a warp's lanes read consecutive addresses. The same probe, the same
-# flowchart: both fixed runs leave the bandwidth leaf.
+# One Triton kernel reads `x` and `residual` once and writes `y` once (`hwlab.labs.bandwidth.fused_chain`,
+# shown above); the layout fix walks rows so a warp's lanes read consecutive addresses. The layout kernel
+# below does both walks: look at how `row` and `col` come from the lane index `idx` in each branch, and at
+# the one `tl.load` and one `tl.store` whose addresses they set. The same probe, the same flowchart: both
+# fixed runs leave the bandwidth leaf.
+
+# %%
+nb.show_kernel(lab._scale_kernel)
 
 # %%
 for case in ("fused", "coalesced"):

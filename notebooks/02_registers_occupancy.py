@@ -142,6 +142,11 @@ nb.show_mermaid(flowchart.diagnose(ev[spill]).mermaid())
 # (BN = N = 512): 64 × 512 fp32 values on 128 threads, 256 registers each before anything else. Split into a
 # GEMM with a sane tile and a softmax kernel, nothing spills. `lab.overfusion()` compiles both (guarded),
 # checks both against float64, then times them; without a GPU the times are the H200's, recorded.
+# Look at the over-fused kernel's tile: `BN` spans the whole row (`rn = tl.arange(0, BN)`), so the fp32
+# `acc` of the GEMM loop and the softmax's `e` and `p` after it are all `BM × N` values held in registers.
+
+# %%
+nb.show_kernel(lab.matmul_softmax_kernel, lab.reference_matmul_softmax)
 
 # %%
 if GPU:

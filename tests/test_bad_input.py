@@ -207,6 +207,7 @@ def test_bad_drill_submission_with_a_real_drill(area, capsys):
     assert _snapshot(area) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv,message", [
     (["doctor", "--quick", "--save", "existing.json"], "already exists"),
     (["probe", "gemm", "-p", "size=-1"], "integer 1.."),

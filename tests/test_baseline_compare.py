@@ -80,6 +80,7 @@ def test_measured_launch_time_is_not_a_parameter(base):
     assert baseline.compare(base, now).comparable
 
 
+@pytest.mark.slow
 def test_cli_exit_codes_and_json(base, tmp_path):
     b = _save(copy.deepcopy(base), tmp_path / "base.json")
     other = _save(_variant(base, c=lambda v: v.machine.update(device="NVIDIA A100-SXM4-80GB")),

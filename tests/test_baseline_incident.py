@@ -18,6 +18,7 @@ def live():
     return B.record(quick=True)
 
 
+@pytest.mark.slow
 def test_record_has_every_part_or_says_why(live):
     names = {m.name.split("[")[0] for m in live.results}
     assert {"hbm_copy", "gemm", "attention", "rmsnorm", "kv_cache_read", "launch_overhead"} <= names
@@ -32,6 +33,7 @@ def test_record_has_every_part_or_says_why(live):
             live.extra["missing"]["p2p"] == "no GPU"
 
 
+@pytest.mark.slow
 def test_unchanged_rerun_matches(live, tmp_path):
     p = live.save(tmp_path / "b.json")
     c = B.compare(load(p), load(p))
@@ -69,6 +71,7 @@ def test_recorded_h200_baseline_and_rerun_agree():
     assert base.extra["runtime_path"]["hit_rate_pct"] == pytest.approx(80.0)
 
 
+@pytest.mark.slow
 def test_latency_rise_is_flagged_and_missing_parts_reported(live):
     base = recorded("baseline")
     now = copy.deepcopy(base)
@@ -210,6 +213,7 @@ def test_incident_multi_rank_wait_per_rank(tmp_path):
     assert incident.load(js).collective_wait_ms == {"0": 4.9, "2": 87.2}
 
 
+@pytest.mark.slow
 def test_cli_baseline_and_incident(tmp_path, monkeypatch):
     import subprocess
     import sys
@@ -230,6 +234,7 @@ def test_cli_baseline_and_incident(tmp_path, monkeypatch):
         assert v and "unknown" not in v.lower()
 
 
+@pytest.mark.slow
 def test_scenarios_on_cpu_measure_every_answer():
     d = scenarios.dtype_path(size=128, copy_gbps=10.0)
     assert set(d["flowchart_evidence"]) == {"fp32", "bf16", "bf16_unaligned"}

@@ -85,6 +85,7 @@ def test_checkers_write_results_and_summary_counts_them(class_dir, monkeypatch, 
     assert drill["first_wrong_branches"] == {"K: answered NO": 1, "B: answered YES": 1}
 
 
+@pytest.mark.slow
 def test_cli_summary_table_plot_and_malformed_files(class_dir, monkeypatch, tmp_path):
     _as(monkeypatch, "ana")
     exercise.check_value("flowchart leaf", "J", "G", "why")
@@ -112,6 +113,7 @@ def test_cli_summary_table_plot_and_malformed_files(class_dir, monkeypatch, tmp_
     assert again.returncode == 2 and "already exists" in again.stderr  # never overwritten silently
 
 
+@pytest.mark.slow
 def test_cli_summary_of_an_empty_or_missing_folder(tmp_path):
     for d in (tmp_path / "missing", tmp_path):
         r = subprocess.run([str(BIN / "hwlab"), "class", "summary", str(d)], capture_output=True, text=True,
@@ -119,6 +121,7 @@ def test_cli_summary_of_an_empty_or_missing_folder(tmp_path):
         assert r.returncode == 2 and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_drill_submit_writes_to_the_class_dir(tmp_path, monkeypatch):
     monkeypatch.delenv(classroom.ENV_DIR, raising=False)
     hw = str(BIN / "hwlab")

@@ -16,6 +16,7 @@ def hwlab(*args, env=None):
                           text=True, env=e, timeout=600)
 
 
+@pytest.mark.slow
 def test_doctor_json_on_cpu(tmp_path):
     r = hwlab("doctor", "--json", "--quick", env={"HWLAB_CACHE": str(tmp_path)})
     assert r.returncode == 0, r.stderr
@@ -32,6 +33,7 @@ def test_doctor_json_on_cpu(tmp_path):
     assert again["ceilings"] == rep["ceilings"]
 
 
+@pytest.mark.slow
 def test_doctor_human_and_save_never_overwrites(tmp_path):
     out = tmp_path / "doctor.json"
     r = hwlab("doctor", "--quick", "--save", str(out), env={"HWLAB_CACHE": str(tmp_path)})
@@ -46,6 +48,7 @@ def test_doctor_human_and_save_never_overwrites(tmp_path):
     assert shown.returncode == 0 and "RECORDED ON" in shown.stdout
 
 
+@pytest.mark.slow
 def test_probe_commands():
     r = hwlab("probe", "gemm", "-p", "size=64", "-p", "dtype=fp32", "--json")
     assert r.returncode == 0, r.stderr
@@ -58,6 +61,7 @@ def test_probe_commands():
     assert huge.returncode == 2 and "choose a smaller size" in huge.stderr
 
 
+@pytest.mark.slow
 def test_topo_from_file_and_malformed(tmp_path):
     from hwlab.core import topology
     cap = next((topology.__file__ and
@@ -71,6 +75,7 @@ def test_topo_from_file_and_malformed(tmp_path):
     assert r.returncode == 2 and "line 3" in r.stderr and "'NVX'" in r.stderr
 
 
+@pytest.mark.slow
 def test_version_and_one_line_usage_errors():
     r = hwlab("--version")
     assert r.returncode == 0 and r.stdout.startswith("hwlab ")
@@ -78,6 +83,7 @@ def test_version_and_one_line_usage_errors():
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_probe_help_lists_the_schema():
     from hwlab.core.probes import PARAMS
 
@@ -124,6 +130,7 @@ def test_json_output_is_strict(capsys):
     assert "arithmetic_intensity" in next(iter(d["null_reasons"]))
 
 
+@pytest.mark.slow
 def test_doctor_labels_cached_ceilings_with_their_age(tmp_path):
     env = {"HWLAB_CACHE": str(tmp_path)}
     first = json.loads(hwlab("doctor", "--json", "--quick", env=env).stdout)
@@ -134,6 +141,7 @@ def test_doctor_labels_cached_ceilings_with_their_age(tmp_path):
     assert again["ceilings_status"]["cached"] is True and again["ceilings_status"]["age_s"] >= 0
 
 
+@pytest.mark.slow
 def test_evidence_show_is_labelled_recorded():
     r = hwlab("evidence", "show", "lab01_bandwidth")
     assert r.returncode == 0
@@ -144,6 +152,7 @@ def test_evidence_show_is_labelled_recorded():
     assert corrupt.returncode == 2 and "does not exist" in corrupt.stderr
 
 
+@pytest.mark.slow
 def test_lab_dry_run():
     r = hwlab("lab", "--dry-run", "--no-browser")
     assert r.returncode == 0 and "jupyter" in r.stdout and "00_start_here.ipynb" in r.stdout
@@ -151,6 +160,7 @@ def test_lab_dry_run():
     assert ("--allow-root" in r.stdout) == (os.geteuid() == 0)
 
 
+@pytest.mark.slow
 def test_lab_takes_the_next_free_port_and_says_so():
     import socket
 
@@ -163,6 +173,7 @@ def test_lab_takes_the_next_free_port_and_says_so():
     assert f"port {taken} is taken" in r.stdout and f":{taken}/lab" not in r.stdout
 
 
+@pytest.mark.slow
 def test_lab_serves_as_this_user_with_the_venvs_kernel(tmp_path):
     """Start JupyterLab for real (as root where the tests run as root), fetch the printed URL,
     and check the kernel the notebooks name runs this venv's Python; then stop it."""

@@ -42,6 +42,7 @@ def cpu_runs():
     return {(s, c): drillruns.observe(s, c, live=True, device="cpu") for s, c in CPU_CASES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(D.FAULTS))
 def test_observations_do_not_depend_on_the_fault_label(name, cpu_runs, monkeypatch):
     """The same run gives the same observations whatever the fault is called or where it is
@@ -73,6 +74,7 @@ def test_observations_do_not_depend_on_the_fault_label(name, cpu_runs, monkeypat
         assert f'"{other.name}"' not in src and f"'{other.name}'" not in src  # no fault name as data
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", CPU_CASES, ids=lambda k: "/".join(k))
 def test_cpu_runs_answer_every_question_by_measurement(key, cpu_runs):
     ev, src = cpu_runs[key]
@@ -87,6 +89,7 @@ def test_cpu_runs_answer_every_question_by_measurement(key, cpu_runs):
         assert d.steps and not d.by_hand, d.explain()
 
 
+@pytest.mark.slow
 def test_fix_is_rerun_not_assumed(monkeypatch):
     """Grading the right leaf runs the fixed configuration again; a wrong leaf runs nothing."""
     f = D.FAULTS["untuned_bucket"]
@@ -104,6 +107,7 @@ def test_fix_is_rerun_not_assumed(monkeypatch):
 
 
 # ---------------------------------------------------------------- sealing
+@pytest.mark.slow
 def test_sealed_whole_any_edit_is_refused(tmp_path):
     d = D.new(seed=3, fault="untuned_bucket", live=True, device="cpu")
     p = d.save(tmp_path)
@@ -134,6 +138,7 @@ def test_sealed_whole_any_edit_is_refused(tmp_path):
         D.grade(d, "M")
 
 
+@pytest.mark.slow
 def test_seal_needs_the_key(tmp_path, monkeypatch):
     d = D.new(seed=42, fault="untuned_bucket", live=True, device="cpu")
     p = d.save(tmp_path)
@@ -160,6 +165,7 @@ def test_load_refuses_non_drills(tmp_path):
 
 
 # ---------------------------------------------------------------- grading (CPU-live runs)
+@pytest.mark.slow
 def test_evidence_must_match_the_probes():
     d = D.new(seed=1, fault="untuned_bucket", live=True, device="cpu")
     leaf = flowchart.diagnose(d.observations).leaf_id
@@ -190,6 +196,7 @@ def test_slow_link_drill_is_measured_and_its_fix_rerun():
     assert flowchart.diagnose(g.fix_evidence).fully_measured
 
 
+@pytest.mark.slow
 def test_cli_round_trip(tmp_path):
     run = lambda *a: subprocess.run([sys.executable, "-m", "hwlab", "drill", *a, "--dir", str(tmp_path)],  # noqa: E731
                                     capture_output=True, text=True)

@@ -107,6 +107,7 @@ def test_the_kits_recorded_files_are_in_the_current_version():
     assert not old, f"run scripts/migrate_evidence.py on: {', '.join(old)}"
 
 
+@pytest.mark.slow
 def test_the_migration_script_rewrites_old_records_and_leaves_current_ones(tmp_path):
     import os
     import shutil

@@ -179,6 +179,7 @@ def test_examine_on_cpu_is_labelled_measured_and_rederivable(cpu_ceilings):
     assert m.params["n_rotating_sets"] == 1  # no L2 model on a CPU
 
 
+@pytest.mark.slow
 def test_caller_counts_win_and_the_gemm_floor_follows_the_dtype(cpu_ceilings):
     a, b = torch.randn(128, 128), torch.randn(128, 128)
     ex = examine(lambda p, q: p @ q, a, b, n_bytes=10**6, n_flops=2 * 128**3, ceilings=cpu_ceilings)
@@ -237,6 +238,7 @@ def _hwlab(*args, cwd=ROOT):
                            *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_cli_examine_json_and_exit_code(tmp_path, monkeypatch):
     out = tmp_path / "ex.json"
     r = _hwlab("examine", "examples/unfused_chain.py:unfused_chain", "--json", "--out", str(out))
@@ -252,6 +254,7 @@ def test_cli_examine_json_and_exit_code(tmp_path, monkeypatch):
     assert r2.returncode == 2 and "already exists" in r2.stderr and len(r2.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target,match", [
     ("examples/unfused_chain.py", "MODULE:FUNC"),
     ("examples/nope.py:f", "is not a file"),
@@ -263,6 +266,7 @@ def test_cli_bad_targets_exit_2_with_one_line(target, match):
     assert r.returncode == 2 and match in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+@pytest.mark.slow
 def test_cli_without_inputs_says_what_to_pass(tmp_path):
     (tmp_path / "mine.py").write_text("def f(x):\n    return x * 2\n")
     r = _hwlab("examine", f"{tmp_path / 'mine.py'}:f")
@@ -358,6 +362,7 @@ def test_ncu_rows_become_time_weighted_counted_evidence():
     assert s["registers_per_thread_max"] == 128.0 and s["n_kernels"] == 2
 
 
+@pytest.mark.slow
 def test_a_compiled_function_is_timed_compiled_and_stays_compiled(cpu_ceilings):
     """Counting runs a function under dispatch modes; a torch.compile'd function called under one
     runs eagerly from then on. examine counts last and holds compiled code eager while counting."""
@@ -428,6 +433,7 @@ def test_dominating_ops_carry_their_dtypes(cpu_ceilings):
     assert ex.counts["by_op"]["aten::mm"]["count"] == 1
 
 
+@pytest.mark.slow
 def test_import_hwlab_loads_examine_only_when_used():
     code = ("import sys, hwlab; assert 'hwlab.examine' not in sys.modules; f = hwlab.examine; "
             "assert callable(f) and 'hwlab.examine' in sys.modules; from hwlab.examine import Examination")

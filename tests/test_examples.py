@@ -51,6 +51,7 @@ def test_each_example_computes_what_it_says(name):
     assert rel_error(fn(*args), REFERENCES[name](*args)) <= TOL.get(name, 1e-5)
 
 
+@pytest.mark.slow
 def test_the_compiled_chain_matches_the_unfused_one():
     fn, mod = _example("compiled_chain")
     (x,) = mod.inputs()
@@ -69,6 +70,7 @@ def test_every_example_has_an_expected_leaf_and_inputs():
     assert sorted(record_examine.EXPECTED.values()) == sorted(["G", "G", "I", "I", "J", "J", "OK", "OK"])
 
 
+@pytest.mark.slow
 def test_record_script_runs_end_to_end_on_cpu(tmp_path):
     names = "unfused_chain,shuffled_gather,gemm_fp32,tiny_kernels"
     assert record_examine.main(["--out", str(tmp_path), "--tiny", "--only", names]) == 0

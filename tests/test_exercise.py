@@ -88,6 +88,7 @@ def test_01_own_kernel_passes_and_kit_or_torch_answers_fail():
     assert half.status == "wrong" and "aten::mul" in half.message
 
 
+@pytest.mark.slow
 def test_02_wrong_limiter_fails_right_one_passes():
     cfg = TileConfig(64, 64, 32, 4, 2)  # 59 registers, 16 KiB shared: registers bind (8 blocks/SM)
     w = C.check_limiter(cfg, "shared memory", "small tile")
@@ -109,6 +110,7 @@ def test_02_wrong_limiter_fails_right_one_passes():
     assert C.check_limiter(cfg, None, "x").status == "not done yet"
 
 
+@pytest.mark.slow
 def test_04_fp8_head_fails_with_the_seeds_reason_and_kv_is_graded_per_bucket():
     fix = {"main": "fp8_mm", "connector": "fp8_mm", "head": "bf16", "kv_fp8_from_ctx": 4096}
     h = C.check_fp8_path(dict(fix, head="fp8_mm"))

@@ -61,6 +61,7 @@ def reports():
     return {c: R.compile_guarded("matmul", c, timeout_s=300) for c in (R.SANE, R.SPILL)}
 
 
+@pytest.mark.slow
 def test_static_report_sane_tile_does_not_spill(reports):
     r = reports[R.SANE]
     assert r.skipped is None, r.skipped
@@ -68,12 +69,14 @@ def test_static_report_sane_tile_does_not_spill(reports):
     assert 128 < r.n_regs <= 255 and r.shared_bytes == 3 * (128 * 64 + 64 * 128) * 2
 
 
+@pytest.mark.slow
 def test_static_report_oversized_tile_spills(reports):
     r = reports[R.SPILL]
     assert r.n_regs == 255 and r.n_spills > 0 and r.spill_store_bytes > 0
     assert r.occupancy(R.SPILL.warps).blocks_per_sm == 1
 
 
+@pytest.mark.slow
 def test_overfusion_measured_fused_spills_split_does_not():
     """The over-fusion measurement the notebook calls live (and the refresh records): both paths
     checked against float64 before timing (interpreter, small size), each with the compile
@@ -98,6 +101,7 @@ def test_overfusion_reports_a_compile_past_its_limit():
     assert of.fused is None and of.split is None and "compile exceeded" in of.skipped
 
 
+@pytest.mark.slow
 def test_ncu_without_a_gpu_is_unavailable_and_records_nothing(reports):
     why = R.ncu_unavailable()
     assert why and why.startswith("ncu unavailable")
@@ -121,6 +125,7 @@ def test_the_child_ncu_profiles_accepts_its_arguments():
     assert (a.compile, a.mode, a.ncu_launch, R.TileConfig.parse(a.config)) == ("matmul", "gpu", True, R.SPILL)
 
 
+@pytest.mark.slow
 def test_compile_guard_skips_a_config_that_takes_too_long():
     r = R.compile_guarded("wide_block", block=32768, warps=1, timeout_s=3)
     assert r.skipped == "compile exceeded 3 s" and r.n_regs is None
@@ -174,6 +179,7 @@ def test_launch_bound_on_cpu_is_honest():
 BY_HAND = ("single_gpu_slow", "multi_gpu_or_service_slow", "rank_tail")
 
 
+@pytest.mark.slow
 def test_config_evidence_measures_d_and_k(reports):
     """A GEMM config's evidence, built from a real (interpreted) timing, its sm_90a compile report
     and its service step (the kernel called back to back as one step): D and K are measured, and
@@ -201,6 +207,7 @@ def test_config_evidence_measures_d_and_k(reports):
     assert "e2e_slowdown" not in bare and diagnose(bare).undecided.id == "D"
 
 
+@pytest.mark.slow
 def test_grader(tmp_path, monkeypatch):
     """The lab's grader builds the core's result type, and the class folder still gets it."""
     from hwlab.diagnosis import classroom

@@ -164,6 +164,7 @@ def test_parse_groups():
         C.parse_groups("0,1;1,2")
 
 
+@pytest.mark.slow
 def test_tp_block_over_real_gloo_groups_is_correct():
     res = C.launch(4, [[0, 1], [2, 3]], steps=3, hidden=128, ffn=256, batch=32)
     assert [r["rank"] for r in res] == [0, 1, 2, 3]
@@ -171,6 +172,7 @@ def test_tp_block_over_real_gloo_groups_is_correct():
         assert r["rel_err"] < 1e-5 and len(r["step_ms"]) == 3 and r["group"] in ([0, 1], [2, 3])
 
 
+@pytest.mark.slow
 def test_interleaved_phases_over_real_gloo_are_correct():
     """Every phase kind in one launch: plain, overlapped (async all-reduce per micro-batch) and
     regressed, each checked against the unsharded block before timing."""
@@ -192,6 +194,7 @@ def test_interleaved_phases_over_real_gloo_are_correct():
         C.launch_phases(2, {"a": [[0, 1]]}, ["step:z"], steps=1)
 
 
+@pytest.mark.slow
 def test_gloo_collectives_busbw():
     out = C.collectives(2, sizes=(1 << 16, 1 << 20))
     rows = {(r["op"], r["bytes"]): r for r in out["rows"]}
@@ -352,6 +355,7 @@ def _netns_list():
     return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
 
 
+@pytest.mark.slow
 @pytest.mark.netns
 @pytest.mark.skipif(not NETNS_OK, reason="needs root and iproute2 (ip, tc) to build a rate-limited veth")
 def test_real_slow_link_calibrated_case_short():
@@ -377,6 +381,7 @@ def test_real_slow_link_calibrated_case_short():
     assert _netns_list() == before, "the test's namespace was not removed"
 
 
+@pytest.mark.slow
 @pytest.mark.netns
 @pytest.mark.skipif(not NETNS_OK, reason="needs root and iproute2 (ip, tc) to build a rate-limited veth")
 def test_real_slow_link_diagnosis_holds_beside_a_cpu_hog():

@@ -15,6 +15,7 @@ def _rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("swap,split_k,serial", [(False, 1, False), (True, 1, False), (False, 3, False),
                                                 (True, 2, False), (False, 3, True), (True, 4, True)])
 def test_decode_mm_matches_reference_and_leaves_split_k_workspace_clean(swap, split_k, serial):

@@ -51,6 +51,7 @@ def test_memory_accounting(models):
     assert mem["mixed"]["weight_bytes"] < mem["fixed"]["weight_bytes"] < mem["bf16"]["weight_bytes"]
 
 
+@pytest.mark.slow
 def test_every_path_agrees_with_bf16_within_its_bound(models):
     err = L.logit_error(models)
     assert err["bf16"] == 0.0
@@ -59,6 +60,7 @@ def test_every_path_agrees_with_bf16_within_its_bound(models):
     assert err["mixed"] > 0  # FP8 is not free: the error is real and measured
 
 
+@pytest.mark.slow
 def test_hit_rate_and_dequant_counting_from_the_profiler(models):
     r = {p: L.decode_profile(m) for p, m in models.items()}  # 2 rows: no FP8 kernel for mixed's out
     cfg = L.TINY
@@ -105,6 +107,7 @@ def test_grader():
     assert "custom path" in L.grade_path({"main": "int4"}).message
 
 
+@pytest.mark.slow
 def test_decode_breakdown_accounts_for_every_gemm(models):
     n_gemm = L.TINY.n_layers * 4 + 2
     for p, m in models.items():

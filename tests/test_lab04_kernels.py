@@ -9,6 +9,7 @@ import hwlab  # noqa: F401  (interpreter before triton)
 from hwlab.labs.fp8 import kernels as K
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_self_check_on_fresh_data(seed):
     c = K.self_check("cpu", torch.float16, seed=seed)
@@ -61,6 +62,7 @@ def test_decoder_passes_its_tile_to_the_kernel(monkeypatch):
     assert seen == [K.DEFAULT_TILE] * L.TINY.n_layers
 
 
+@pytest.mark.slow
 def test_decode_attention_split_boundaries_and_poisoned_tail():
     g = torch.Generator().manual_seed(3)
     B, H, T, D = 1, 2, 600, 32
@@ -135,6 +137,7 @@ def _rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
+@pytest.mark.slow
 def test_decode_attention_strided_query_small_tile_and_poisoned_tail():
     g = torch.Generator().manual_seed(6)
     B, H, T, D = 2, 3, 600, 32

@@ -59,6 +59,7 @@ def test_per_row_kv_store_writes_each_row_at_its_position():
 
 
 # ---------------------------------------------------------------- the stream, live on the CPU
+@pytest.mark.slow
 @pytest.mark.parametrize("path", L.SERVING_PATHS)
 def test_continuous_batching_matches_decoding_each_request_alone(path):
     m = L.Decoder(L.TINY, path, device="cpu")
@@ -66,6 +67,7 @@ def test_continuous_batching_matches_decoding_each_request_alone(path):
     assert L.stream.check_rows_step(m, L.KV_FP8_FROM_CTX) <= L.stream.ROWS_CHECK_TOL_FP8_ACT  # fixed: FP8 KV cache
 
 
+@pytest.mark.slow
 def test_the_check_fails_when_rows_read_the_wrong_length(monkeypatch):
     rows = L.KVCache.rows
 
@@ -91,6 +93,7 @@ def cpu_stream():
     return L.run_stream(L.TINY, SMALL, device="cpu")
 
 
+@pytest.mark.slow
 def test_stream_schedule_batches_change_and_every_token_is_served(cpu_stream):
     reqs = L.make_requests(SMALL[0])
     assert len({r.prompt_len for r in reqs}) > 1 and len({r.out_len for r in reqs}) > 1  # mixed lengths
@@ -146,6 +149,7 @@ def _check_report(res, copy_gbps):
     return walk
 
 
+@pytest.mark.slow
 def test_report_and_walk_rederive_from_a_cpu_run(cpu_stream):
     walk = _check_report(cpu_stream, copy_gbps=10.0)
     # mixed dequantizes its connector and head: more bytes than its FP8 weights promise
@@ -227,6 +231,7 @@ def test_memory_guard_counts_the_stream_before_allocating():
         L.run(cfg=L.TINY, streams=[L.StreamSpec(2**34, 64, 1)], device="cpu")
 
 
+@pytest.mark.slow
 def test_refresh_part_lab04_records_the_stream_end_to_end_on_cpu(tmp_path):
     """The device command's own code path (tools/refresh_gpu_evidence.py, part lab04), run
     here at the lab's CPU sizes: the record carries the stream, the reports, the signature and

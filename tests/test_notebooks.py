@@ -34,6 +34,7 @@ def _text(nb) -> str:
     return "\n".join(parts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_executes(path):
     nb = _execute(path)

@@ -7,6 +7,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -85,6 +87,7 @@ def _recorded_replay_cell() -> str:
     return "\n".join(imports) + "\n" + cell
 
 
+@pytest.mark.slow
 def test_wheel_installs_non_editable_and_replays_recorded_evidence(tmp_path):
     """Build the wheel from a copy of the tree, install it (not editable) into a fresh venv
     whose only other packages are this venv's (a .pth, `--no-index`: pip resolves the

@@ -37,6 +37,7 @@ def crosslink_run(tmp_path_factory):
     return d, r
 
 
+@pytest.mark.slow
 def test_names_exactly_the_slow_rank_and_walks_to_the_mapping_leaf(crosslink_run):
     d, run = crosslink_run
     assert "crosses SYS" in run.stderr  # the capture warned at startup
@@ -63,6 +64,7 @@ def test_names_exactly_the_slow_rank_and_walks_to_the_mapping_leaf(crosslink_run
     assert [r["device"]["gpu"] for r in mapping["ranks"]] == ["GPU0", "GPU1", "GPU2", "GPU3"]
 
 
+@pytest.mark.slow
 def test_text_report_and_saved_incident(crosslink_run, tmp_path):
     d, _ = crosslink_run
     r = _ranks_cli(d, "--save-incident", tmp_path / "inc")
@@ -72,6 +74,7 @@ def test_text_report_and_saved_incident(crosslink_run, tmp_path):
     assert len(saved) == 1 and "rank tail" in saved[0].read_text()
 
 
+@pytest.mark.slow
 def test_without_the_capture_says_so_and_does_not_guess_b(tmp_path):
     d = tmp_path / "nocap"
     _torchrun(d, "--slow-rank", "1", "--no-capture")
@@ -85,6 +88,7 @@ def test_without_the_capture_says_so_and_does_not_guess_b(tmp_path):
     assert "capture MISSING" in text and "B not measured" in text
 
 
+@pytest.mark.slow
 def test_bad_run_dir_is_a_usage_error(tmp_path):
     assert _ranks_cli(tmp_path / "nope").returncode == 2
     (tmp_path / "empty").mkdir()
@@ -123,6 +127,7 @@ vm:1234:1300 [1] NCCL INFO Connected all rings
 """
 
 
+@pytest.mark.slow
 def test_nccl_route_lines_are_attributed_to_their_rank(crosslink_run, tmp_path):
     import shutil
     d = tmp_path / "run"

@@ -8,10 +8,13 @@ The chain is what a transformer block runs after a linear layer, op by op in eag
     y  = t3 * scale        # read t3 (N), write y (N)
 
 Bytes moved: 5 reads + 4 writes of N elements = ``9 N`` items. Bytes *required*: read x
-and residual, write y = ``3 N`` items. Each op does about one FLOP per byte-pair: the chain
-sits at ~0.5 FLOP/byte, two to three orders of magnitude under the ridge point of any
-modern GPU. So the unfused chain is bandwidth-bound, and its floor is set by the 9N it
-moves; one fused kernel moves 3N, **a 3x predicted speed-up** before anything is measured.
+and residual, write y = ``3 N`` items. The chain does ``CHAIN_FLOPS_PER_ELEMENT`` FLOPs per
+element on the 3 items it must move: in fp16 that is 11 FLOPs on 6 bytes, under 2 FLOP/byte
+(and under 1 on the 18 bytes the unfused chain moves), about two orders of magnitude under
+the ridge point of any modern GPU. So the unfused chain is bandwidth-bound, and its floor is
+set by the 9N it moves; one fused kernel moves 3N, **a 3x predicted speed-up** from bytes
+alone before anything is measured (each extra pass also costs a launch and a ramp, so the
+measured gain can exceed it).
 
 The layout case does the same work (``y = x * scale`` on a row-major matrix) two ways:
 consecutive lanes walking along a row (coalesced: a warp's 32 x 4-byte loads hit 4
