@@ -13,8 +13,6 @@
 #
 # **Needs:** a CUDA GPU for times; without one, every register/spill figure is still real: the kernels
 # are compiled for sm_90 (Hopper) on this CPU and `ptxas -v` reports them. Speed figures then come from
-# the H200 run this kit recorded, labelled. Set `FULL = True` to add the heavily spilling tile, whose
-# compile alone takes minutes.
 # the H200 run this kit recorded, labelled. **Takes:** the run times measured on the H200 and on a CPU are
 # in the table of `docs/LEARNING_PATH.md` (most of it is compiling the sweep).
 #
@@ -34,7 +32,7 @@ from hwlab.labs import registers as lab
 from hwlab.labs.registers.occupancy import HOPPER, occupancy
 
 GPU = nb.has_gpu()
-FULL = False  # True: also the heavily spilling 256x256 tile on 4 warps (a compile of minutes)
+FULL = False  # True: also the heavily spilling 256x256 tile on 4 warps (its compile alone takes minutes)
 print(nb.live_label())
 
 # %% [markdown]
@@ -77,9 +75,6 @@ for r in rows:
 
 # %% [markdown]
 # ## Occupancy: which limit binds
-# `hwlab.labs.registers.occupancy` turns registers, shared memory and warps into blocks per SM under each limit
-# (Hopper: 65536 registers, 228 KiB shared memory, 64 warps, 32 blocks per SM). Recorded on the H200,
-# Nsight Compute's `launch__occupancy_limit_*` reads the same limits: compare them below.
 # `hwlab.labs.registers.occupancy` turns registers, shared memory and warps into blocks per SM under each limit
 # (Hopper's limits, printed below from `HOPPER` with their source). Recorded on the H200, Nsight
 # Compute's `launch__occupancy_limit_*` reads the same limits: compare them below.

@@ -46,8 +46,6 @@ nb.md(f"The seed's figures: throughput **1.0x → {lab.SEED_RATIO}x** after the 
 # ## 1. The topology decides which groups are cheap
 # A TP group is as fast as its slowest link. For each real capture: the topology-unaware mapping (consecutive
 # ordinals, or ordinals reordered after a swap) against the one `hwlab.core.mapping.choose_tp_groups` picks, with
-# the predicted all-reduce time of a 32 MiB message (ring, latency-bandwidth model per link class).
-# ordinals, or ordinals reordered after a swap) against the one `hwlab.core.mapping.choose_tp_groups` picks, with
 # the predicted all-reduce time of one message (ring, latency-bandwidth model per link class; the size is
 # `mapping.evaluate`'s default, printed below).
 
@@ -348,6 +346,7 @@ print("NCCL collectives:", lab.collectives(2, nccl=True).get("skipped", "measure
 
 # %%
 import ipywidgets as W
+from IPython.display import display
 
 machines = sorted(p.name for p in (evidence.RECORDED_DIR / "topology").glob("*.txt"))
 mw = W.Dropdown(options=machines, value="pcie4_2socket_pix_sys.txt", description="machine")

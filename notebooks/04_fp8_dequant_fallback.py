@@ -35,10 +35,9 @@
 # %%
 from IPython.display import Markdown, display
 import matplotlib.pyplot as plt
-from hwlab.core import evidence
+from hwlab.core import evidence, probes
 from hwlab.diagnosis import flowchart
 from hwlab import nb
-from hwlab.core import probes
 from hwlab.labs import fp8 as lab
 
 GPU = nb.has_gpu()

@@ -200,7 +200,10 @@ print(f"{k4} vs bf16, one step's kernel time by class (ms): " + ", ".join(
 # rank). Shown from the recorded CPU traces of `examples/profiled_torchrun.py` beside the step-log view above.
 
 # %%
+from pathlib import Path
 
+from hwlab.diagnosis import ranks_traces
+from IPython.display import Markdown, display
 
 TRACES = Path(nb.__file__).resolve().parents[2] / "tests" / "data" / "traces"
 if TRACES.is_dir():

@@ -11,7 +11,7 @@
 # %% [markdown]
 # # Solution 04 · Find the fallback, fix the path
 #
-# **Needs:** nothing special (the checker profiles the decoder where it runs). **Takes:** 15 min.
+# **Needs:** nothing special (the checker profiles the decoder where it runs). **Takes:** see the agendas in `docs/INSTRUCTOR.md`.
 #
 # The seed's `mixed` path is profiled below. Find which modules fall back (their FP8 weights are
 # dequantized every step) and write a path with **no fallback GEMMs**, a high **FP8 hit rate** (the
@@ -55,7 +55,7 @@ exercise_checks.check_fp8_path(MY_PATH)
 # %% [markdown]
 # ## Part 2 · Which bucket falls back, and why does the tail not move?
 #
-# **Takes:** 5 min. The seed's first fix is to count the FP8 kernel hit rate *per bucket*. Below is the
+# The seed's first fix is to count the FP8 kernel hit rate *per bucket*. Below is the
 # `mixed` path's profiled decode step per context bucket of Lab 4's recorded H200 service. Find the bucket
 # where the FP8 hit rate is lowest and the layer kind that falls back **only** there. Then say to yourself
 # why that bucket's TPOT gains the least of the service's: which bytes dominate its step, and which of
