@@ -87,11 +87,11 @@ def bucket_evidence(cfg: ModelConfig, path: dict[str, Any], bucket: dict[str, An
     weights = [s["n"] for s in steps]
     pred_p50 = percentile(predicted, 50, weights)
     tail = rank_tail_pct({0: [s["t_ms"] for s in steps]})
+    totals = prof["breakdown"].get("total_us_of_profiles") or [kernel_us]
     spreads = {k: v for k, v in {
-        "slowdown_vs_floor": spread_of([kernel_us / floor_us] + [k / floor_us for k in kernel_us_repeats],
+        "slowdown_vs_floor": spread_of([t / floor_us for t in totals] + [k / floor_us for k in kernel_us_repeats],
                                        "profiled kernel sums of this bucket"),
         "e2e_slowdown": spread_of([s["t_ms"] / p for s, p in zip(steps, predicted)], "stream steps")}.items() if v}
-    totals = prof["breakdown"].get("total_us_of_profiles") or [kernel_us]
     return {
         "slowdown_vs_floor": slowdown, "dram_pct_estimated": 100.0 / slowdown,
         # the spread of the profiles' kernel sums carried into B and D (D's prediction scales with B)
