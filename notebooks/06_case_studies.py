@@ -130,17 +130,15 @@ print(md.read_text())
 
 # %% [markdown]
 # ## Case 2: FP8 weights, memory down, TPOT barely moves
-# **Symptom.** BF16 → FP8 weights: memory down by a third, TPOT barely better, P99 slightly worse (the
-# seed's figures are printed first below). Some GEMMs hit FP8
-# kernels; the connector and output head dequantize back to BF16 every step; the KV cache is still BF16.
+# **Symptom.** BF16 → FP8 weights: memory down by about a third, TPOT barely better, P99 slightly worse (the
+# seed's figures are printed first below). Some GEMMs hit FP8 kernels; the connector and output head
+# dequantize back to BF16 every step; the KV cache is still BF16.
 #
-# **Measure.** Lab 4's decoder (8 layers, d 4096, 128k-vocabulary head) on four precision paths: weight
-# memory, TTFT and TPOT per context bucket, FP8 hit rate and dequant counts from `torch.profiler`, logit
-# error against BF16; then, as the seed's fix asks, a request stream per context bucket (mixed prompt and
-# output lengths, continuous batching) served by BF16, the seed's path and the fix, with one performance
-# report per path: hit rate and dequant/requant per token **per bucket**, the step's time by kernel class,
-# TTFT and TPOT **p50 and p99**. The full run takes minutes on an H200, so this case shows Lab 4's recorded
-# H200 run; on a GPU it also re-profiles the seed's path and the fixed one live (a few seconds).
+# **Measure.** Lab 4's decoder (its size printed below) served by a request stream per context bucket
+# (continuous batching) on BF16, the seed's `mixed` path and its two fixes, with one performance report per
+# path: FP8 hit rate and dequant/requant per token **per bucket**, the step's time by kernel class, TPOT
+# **p50 and p99**. Notebook 04 runs this live; here the recorded H200 run is read (on a GPU the seed's path
+# and the fixed one are also re-profiled live, a few seconds).
 
 # %%
 from hwlab.labs import fp8
@@ -150,117 +148,57 @@ nb.md(f"The seed's figures: memory **{SEED_FP8['memory_pct']:+d}%**, TPOT **{SEE
       "P99 slightly worse. _[the seed's report, quoted]_")
 rec4 = evidence.recorded("lab04_fp8")
 run4 = rec4.extra["run"]
-paths = {r["path"]: r for r in fp8.path_table(run4)}
-tpot = {(r["path"], r["ctx"]): r for r in fp8.bucket_table(run4, rec4.ceilings["copy_gbps"])}
-for p in ("bf16", "mixed", "fixed"):
-    r = paths[p]
-    print(f"{p:>6}: weights {r['weight_gb']:.2f} GB ({r['weight_change_pct']:+.0f}%), FP8 hit {r['fp8_hit_pct']:.0f}%, "
-          f"fallback GEMMs {r['fallback_gemms']}, TPOT vs bf16 "
-          + ", ".join(f"ctx {c}: {tpot[(p, c)]['tpot_change_pct']:+.0f}%" for c in (512, 4096, 32768))
-          + f"  [{rec4.label}]")
+s4, s4src, s4copy = run4["stream"], rec4.label, rec4.ceilings["copy_gbps"]
+print("Lab 4's decoder:", run4["config"], f"[{s4src}]")
+sig = fp8.seed_signature(run4)
+nb.md(f"Lab 4's `mixed` path against BF16 over the whole service: weights **{sig['memory_change_pct']:+.1f}%**, "
+      f"TPOT p50 **{sig['gain_p50_pct']:+.1f}%** faster, p99 **{sig['gain_p99_pct']:+.1f}%**"
+      + (f" (borderline: {', '.join(sig['borderline'])})" if sig["borderline"] else "") + f" _[{s4src}]_")
 if GPU:
     for p in ("mixed", "fixed"):
         pr = fp8.decode_profile(fp8.Decoder(fp8.H200_SIZE, p))
         print(f"{p:>6} live profile: {pr['fp8_hits']}/{pr['gemm_calls']} GEMMs on FP8 kernels, "
               f"{pr['fallback_gemms']} fallbacks  [{nb.live_label()}]")
-# the serving stream per bucket: hit rate, fallbacks and dequant/requant per token per bucket, TTFT and TPOT p50/p99
-if "stream" in run4:
-    s4, s4src, s4copy = run4["stream"], rec4.label, rec4.ceilings["copy_gbps"]
-else:  # recorded before the stream existed: a small stream served live here, labelled as such
-    from hwlab.core import probes
-    s4 = fp8.run_stream(streams=[fp8.StreamSpec(48, 2, 4, (2, 6), seed=1)])
-    s4src = f"{nb.live_label()}; the recorded H200 run has no stream yet"
-    s4copy = probes.hbm_copy(size_mib=64, impl="torch").gbps
 for p in fp8.SERVING_PATHS:
     print(fp8.format_report(fp8.performance_report(s4, p), s4src), end="\n\n")
-for x in fp8.seed_signature(s4):  # the seed: TPOT barely better, P99 slightly worse
-    print(f"mixed vs bf16 ctx {x['ctx']}: TPOT gain p50 {x['gain_p50_pct']:+.1f}% ({x['delta_p50_ms']:+.3f} ms), "
-          f"p99 {x['gain_p99_pct']:+.1f}% ({x['delta_p99_ms']:+.3f} ms); p99 not better than bf16: "
-          f"{x['p99_not_better']}, p99 gain not above p50's: {x['p99_gain_not_above_p50']}  [{s4src}]")
-# the chart, every answer measured: B = one decode step's kernels alone against this machine's byte floor,
-# D = the stream's TPOT p50 over what those kernels predict for the FP8 promise, K = the one serving
-# process's steps (1 rank); the profile's fallback rate names the leaf's cause
+# the chart, every answer measured: B = one decode step's kernels against this machine's byte floor,
+# D = the stream's TPOT p50 over what those kernels predict, K = the one serving process's steps
 fe4 = fp8.flowchart_evidence(s4, s4copy)
-k4 = "mixed ctx 4096 x16" if "mixed ctx 4096 x16" in fe4 else next(k for k in fe4 if k.startswith("mixed"))
+long_ctx = max(b["profile"]["ctx"] for b in s4["paths"]["mixed"]["buckets"])
+k4 = next(k for k in fe4 if k.startswith(f"mixed ctx {long_ctx} "))
 d2 = flowchart.diagnose(fe4[k4])
 nb.show_walk(d2, f"{k4}; {s4src}")
-# the seed's judgement, in one step's kernel time: where mixed spends it against bf16 (KV reads, format
-# conversion, the bf16 GEMMs that read dequantized copies, the FP8 GEMMs that were meant to save it)
+# the seed's judgement, in one step's kernel time: where mixed spends it against bf16
 by = {p: next(b["profile"]["breakdown"]["us"] for b in s4["paths"][p]["buckets"] if k4.endswith(
     f"ctx {b['profile']['ctx']} x{b['profile']['batch']}")) for p in ("bf16", "mixed")}
 print(f"{k4} vs bf16, one step's kernel time by class (ms): " + ", ".join(
-    f"{fp8.CLASSES[c]} {by['mixed'][c] / 1e3:.3f} ({(by['mixed'][c] - by['bf16'][c]) / 1e3:+.3f})" for c in fp8.CLASSES)
-    + f"  [{s4src}]")
+    f"{fp8.CLASSES[c]} {by['mixed'][c] / 1e3:.3f} ({(by['mixed'][c] - by['bf16'][c]) / 1e3:+.3f})"
+    for c in fp8.CLASSES if c in by["mixed"] and c in by["bf16"]) + f"  [{s4src}]")
 
 # %% [markdown]
-# **The same case from profiler traces.** An on-call engineer usually has a `torch.profiler` trace per
-# rank rather than a step log. `hwlab ranks --traces` reads them and tells the two shapes of this incident
-# apart by arrival at each collective: a *slow rank* (one rank arrives last, the others wait for it) and
-# a *slow link* (every rank arrives together and waits inside the collective; the link is named, not a
-# rank). Shown from the recorded CPU traces of `examples/profiled_torchrun.py` beside the step-log view above.
+# **Fix and re-verify.** The seed's list, as Lab 4's paths: `gemms_fixed` keeps the sensitive head in BF16
+# on purpose and puts every trunk matmul on an FP8 kernel; `fixed` adds an FP8 KV cache for the long-context
+# bucket. Re-verified with the same probes (the same stream, the same report, the same walk).
 
 # %%
-from pathlib import Path
-
-from hwlab.diagnosis import ranks_traces
-from IPython.display import Markdown, display
-
-TRACES = Path(nb.__file__).resolve().parents[2] / "tests" / "data" / "traces"
-if TRACES.is_dir():
-    src_tr = "recorded on a CPU machine: torch.profiler traces of 4 gloo ranks under torchrun"
-    rows = []
-    for name in ("slow_rank", "slow_link_tbf", "clean"):
-        rep = ranks_traces.report(TRACES / name)
-        f = rep["finding"]
-        worst = max(rep["per_rank"].values(), key=lambda s: s["pct_arrived_last"] or 0)
-        rows.append(f"| {name} | {f['names'] or 'nothing'} | {worst['pct_arrived_last']:.0f}% | "
-                    f"{rep['flowchart']['evidence'].get('rank_tail_pct', float('nan')):.0f}% | "
-                    f"{rep['flowchart']['evidence'].get('collective_floor_pct', float('nan')):.0f}% | "
-                    f"{' -> '.join(rep['flowchart']['path'])} |")
-    step_log = exp["naive"]["report"]
-    display(Markdown(
-        f"Traces ({src_tr}):\n\n| run | named | most often last | rank tail (% of step) | last arriver inside "
-        f"collectives (% of step) | walk |\n|---|---|---|---|---|---|\n" + "\n".join(rows) +
-        f"\n\nStep log of the calibrated case above: tail ranks {step_log['tail_ranks']}, "
-        f"{step_log['tail_ms']:.1f} ms late per step [{rec.label}]."))
-else:
-    print("the recorded traces (tests/data/traces in the repository) are not here: record your own with "
-          "examples/profiled_torchrun.py and run `hwlab ranks --traces DIR`")
-
-# %% [markdown]
-# **Fix and re-verify.** The seed's list, as Lab 4's `fixed` path: sensitive head kept in BF16 on purpose,
-# main matmuls confirmed on FP8 kernels, FP8 KV cache for the long-context buckets (read by an attention
-# kernel that reads FP8), dequant/requant counted per token. Re-verified with the same probes: zero
-# fallbacks, logit error in bound, and TPOT per bucket against the bytes the fix removes (printed first
-# below). Where a gain falls short of its byte promise, the GB/s columns say why: the fixed step moves its
-# bytes at a different rate than bf16's. The incident record says which buckets meet the target.
-
-# %%
-lines = []
-for c in (512, 4096, 32768):
-    b, f = tpot[("bf16", c)], tpot[("fixed", c)]
-    lines.append(f"- ctx {c}: TPOT **{f['tpot_change_pct']:+.1f}%**; its bytes promise "
-                 f"{100 * (f['decode_bytes'] / b['decode_bytes'] - 1):+.1f}%; decode at {f['decode_gbps']:,.0f} GB/s "
-                 f"against bf16's {b['decode_gbps']:,.0f} GB/s ({f['pct_of_copy']:.0f}% / {b['pct_of_copy']:.0f}% of copy)")
-nb.md(f"**The fixed path against bf16** _[{rec4.label}]_\n\n" + "\n".join(lines))
-fx = paths["fixed"]
-gain = {c: -tpot[("fixed", c)]["tpot_change_pct"] for c in (512, 4096, 32768)}
-# the issue's target: >= 25% in the memory-bound buckets (bf16 decode at >= 90% of the copy ceiling)
-bound = [c for c in gain if tpot[("bf16", c)]["pct_of_copy"] >= 90]
+for p in ("gemms_fixed", "fixed"):
+    sp = fp8.seed_signature(run4, p)
+    walks = {k: flowchart.diagnose(ev).leaf_id for k, ev in fe4.items() if k.startswith(p + " ")}
+    nb.md(f"`{p}` against BF16: weights **{sp['memory_change_pct']:+.1f}%**, TPOT p50 **{sp['gain_p50_pct']:+.1f}%** "
+          f"faster, p99 **{sp['gain_p99_pct']:+.1f}%**; walks " + ", ".join(f"{k}: {v}" for k, v in walks.items())
+          + f" _[{s4src}]_")
+kf = k4.replace("mixed", "fixed")
+fixed_walk = flowchart.diagnose(fe4[kf])
+sf = fp8.seed_signature(run4, "fixed")
 inc2 = incident.from_diagnosis(
-    "FP8 weights: memory -40%, decode TPOT not better", rec4, d2, symptom_scope="inference",
-    symptom=f"weights {paths['mixed']['weight_change_pct']:+.0f}%, decode TPOT "
-            + "/".join(f"{tpot[('mixed', c)]['tpot_change_pct']:+.0f}%" for c in (512, 4096, 32768))
-            + " at ctx 512/4k/32k against bf16",
-    fix="head kept bf16 on purpose, connector and main GEMMs on FP8 kernels, FP8 KV cache from 4k context",
-    reverify=f"Lab 4 profile: {fx['fallback_gemms']} fallback GEMMs, logit error {fx['logit_error']:.3f}; TPOT "
-             + "/".join(f"-{g:.0f}%" for g in gain.values()) + " at ctx 512/4k/32k; target -25% in the "
-             + "memory-bound buckets (" + ", ".join(str(c) for c in bound) + ")",
-    extra_evidence=[f"mixed: {paths['mixed']['fallback_gemms']} GEMMs fed by dequantized FP8 weights (connector, head)",
-                    f"FP8 KV dequantized before attention: {tpot[('fixed', 32768)]['tpot_kv_dequant_ms']:.0f} ms/step at 32k"],
-    reverify_evidence=fe4.get(k4.replace("mixed", "fixed")),
-    reverify_probe=f"Lab 4 serving stream, {k4.replace('mixed', 'fixed')} [{s4src}]",
-    reverified=bool(bound) and min(gain[c] for c in bound) >= 25)
+    "FP8 weights: memory down, decode TPOT barely better", rec4, d2, symptom_scope="inference",
+    symptom=f"mixed weights {sig['memory_change_pct']:+.0f}%, service TPOT p50 {sig['gain_p50_pct']:+.1f}% / "
+            f"p99 {sig['gain_p99_pct']:+.1f}% against bf16",
+    fix="head kept bf16 on purpose, every trunk GEMM on an FP8 kernel, FP8 KV cache for the long bucket",
+    reverify=f"Lab 4 serving stream, fixed path: TPOT p50 {sf['gain_p50_pct']:+.1f}% / p99 {sf['gain_p99_pct']:+.1f}% "
+             f"against bf16; walk {kf}: {fixed_walk.leaf_id}",
+    reverify_evidence=fe4[kf], reverify_probe=f"Lab 4 serving stream, {kf} [{s4src}]",
+    reverified=fixed_walk.leaf_id == "OK")
 md2, _ = incident.save(inc2, folder)
 print(md2.read_text())
 
