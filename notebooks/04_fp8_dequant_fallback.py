@@ -71,6 +71,20 @@ for spec in lab.default_streams("cuda"):
 # back at its small batch, so its steps gain nothing: the service's P99, made of long-context steps, should
 # be no better than BF16's while its median gains a little.
 #
+# ## The kernel behind a fallback
+# A module that falls back keeps its FP8 weight and, every step, writes a BF16 copy of it before a BF16 GEMM
+# reads that copy. This is the kernel that writes it, beside its torch reference. Look at the load (one
+# byte per weight), the multiply by the row's scale in fp32, and the store (two bytes per weight): per step
+# it moves three times the bytes the FP8 weight was meant to save, before the GEMM reads the copy again.
+
+# %%
+from hwlab.labs.fp8 import quant
+
+nb.show_kernel(quant._dequant_rows_kernel, quant.dequant_rows_ref,
+               note="A grid of (row, block of `BLOCK` columns); one scale per row (or one for the tensor). The reference is what the fallback "
+                    "computes; the lab's tests check the kernel against it in Triton's interpreter.")
+
+# %% [markdown]
 # ## Measure: the service on each path
 # Every path runs the same weights. Per bucket a seeded stream of requests is served with continuous
 # batching (a freed slot is refilled at once, every step serves the live requests at their own lengths,

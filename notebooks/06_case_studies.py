@@ -27,6 +27,7 @@ from hwlab import nb
 from hwlab.labs import scenarios
 
 GPU = nb.has_gpu()
+LIVE = False  # True on a GPU: re-measure leaves I and M and re-profile the FP8 paths live (about a minute)
 print(nb.live_label())
 
 # %% [markdown]
@@ -137,8 +138,8 @@ print(md.read_text())
 # **Measure.** Lab 4's decoder (its size printed below) served by a request stream per context bucket
 # (continuous batching) on BF16, the seed's `mixed` path and its two fixes, with one performance report per
 # path: FP8 hit rate and dequant/requant per token **per bucket**, the step's time by kernel class, TPOT
-# **p50 and p99**. Notebook 04 runs this live; here the recorded H200 run is read (on a GPU the seed's path
-# and the fixed one are also re-profiled live, a few seconds).
+# **p50 and p99**. Notebook 04 runs this live; here the recorded H200 run is read (with `LIVE = True` on a
+# GPU the seed's path and the fixed one are also re-profiled live).
 
 # %%
 from hwlab.labs import fp8
@@ -154,7 +155,7 @@ sig = fp8.seed_signature(run4)
 nb.md(f"Lab 4's `mixed` path against BF16 over the whole service: weights **{sig['memory_change_pct']:+.1f}%**, "
       f"TPOT p50 **{sig['gain_p50_pct']:+.1f}%** faster, p99 **{sig['gain_p99_pct']:+.1f}%**"
       + (f" (borderline: {', '.join(sig['borderline'])})" if sig["borderline"] else "") + f" _[{s4src}]_")
-if GPU:
+if GPU and LIVE:
     for p in ("mixed", "fixed"):
         pr = fp8.decode_profile(fp8.Decoder(fp8.H200_SIZE, p))
         print(f"{p:>6} live profile: {pr['fp8_hits']}/{pr['gemm_calls']} GEMMs on FP8 kernels, "
@@ -207,7 +208,7 @@ print(md2.read_text())
 # The same 8192³ GEMM in fp32 with TF32 off, in TF32, and in bf16, plus bf16 with K not a multiple of 8.
 
 # %%
-if GPU:
+if GPU and LIVE:
     dp, src = scenarios.dtype_path(), nb.live_label()
     ms, fe = dp["measurements"], dp["flowchart_evidence"]
 else:
@@ -232,7 +233,7 @@ for k in ("fp32", "bf16"):
 # tuned shape predicts it badly; measuring each bucket predicts it.
 
 # %%
-if GPU:
+if GPU and LIVE:
     w, src = scenarios.workload_mix(), nb.live_label()
     W = {k: w[k] for k in ("measured_step_ms", "predicted_from_tuned_ms", "predicted_from_buckets_ms",
                            "flowchart_evidence")}
