@@ -435,7 +435,7 @@ def test_first_contact_fifo_from_a_shell_does_not_hang(fc_area, argv):
     """As a user runs it: a FIFO nobody writes to is refused at once (a timeout, not a hang,
     if that ever regresses)."""
     before = _snapshot(fc_area)
-    r = subprocess.run([sys.executable, "-m", "hwlab.cli", *argv], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "hwlab", *argv], capture_output=True, text=True,
                        timeout=60, env=dict(os.environ, HWLAB_CACHE=str(fc_area / "cache")))
     assert r.returncode == 2 and r.stdout == "", r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "FIFO" in r.stderr, r.stderr
