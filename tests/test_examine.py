@@ -257,7 +257,7 @@ def test_cli_examine_json_and_exit_code(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("target,match", [
     ("examples/unfused_chain.py", "MODULE:FUNC"),
-    ("examples/nope.py:f", "is not a file"),
+    ("examples/nope.py:f", "does not exist"),
     ("examples/unfused_chain.py:nope", "has no 'nope'"),
     ("no_such_module_hwlab:f", "cannot import"),
 ])

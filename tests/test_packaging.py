@@ -83,7 +83,7 @@ def _recorded_replay_cell() -> str:
     nb = jupytext.read(ROOT / "notebooks" / "05_node_baseline.py")
     code = [c.source for c in nb.cells if c.cell_type == "code"]
     cell = next(c for c in code if 'evidence.recorded("baseline")' in c)
-    imports = [ln for c in code for ln in c.splitlines() if ln.startswith(("from hwlab import", "import "))]
+    imports = [ln for c in code for ln in c.splitlines() if ln.startswith(("from hwlab", "import "))]
     return "\n".join(imports) + "\n" + cell
 
 
