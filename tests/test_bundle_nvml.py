@@ -56,6 +56,9 @@ def test_bundle_writes_the_archive_with_its_manifest_and_no_secret(tmp_path, mon
     assert json.loads(files["env.json"])["env"]["NCCL_SOCKET_IFNAME"] == "eth0"
     assert json.loads(files["nccl.json"])["nccl_env"] == {"NCCL_SOCKET_IFNAME": "eth0"}
     assert json.loads(files["MANIFEST.json"]) == json.loads(json.dumps(man))
+    # one manifest format wherever it is written: the same schema as the bundle recorded on the H200
+    h200 = json.loads((Path(bundle.__file__).parents[1] / "recorded" / "runs" / "bundle_h200" / "MANIFEST.json").read_text())
+    assert man["schema"] == h200["schema"]
     st = {p["part"]: p for p in man["parts"]}
     traces = [k for k in files if k.startswith("run/") and k.endswith(".gz")]
     assert len(traces) == 4 and st["trace: big.pt.trace.json"]["status"] == "listed"

@@ -184,7 +184,7 @@ def build(out: str | os.PathLike, *, run_dir: str | os.PathLike | None = None, d
         missing("NCCL debug log with topology", "no --run-dir given", NCCL_HOWTO)
     missing("benchmark command and output, good and bad configuration", "not something the kit can know",
             "add the command line and output of the good and the bad run to the report")
-    manifest = {"schema": "hwlab.cli.bundle/1", "written_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    manifest = {"schema": "hwlab.bundle/1", "written_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "host": snap.get("host"), "run_dir": str(run) if run else None, "archive": str(out),
                 "env_prefixes": list(ENV_PREFIXES), "parts": parts}
     files["MANIFEST.json"] = dumps_strict(manifest, reasons_key=None).encode()
