@@ -27,7 +27,6 @@ file is never replaced silently.
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
 import subprocess
@@ -40,7 +39,7 @@ from typing import Any, Callable
 
 from hwlab.core import system
 from hwlab.errors import UserInputError
-from hwlab.core.store import DestinationError, RecordExistsError, check_destination, dumps_strict
+from hwlab.core.store import DestinationError, check_destination, dumps_strict, publish
 
 ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "HWLAB_")
 SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "API_KEY", "ACCESS_KEY", "PRIVATE")
@@ -204,14 +203,7 @@ def _write_tar(out: Path, files: dict[str, bytes], force: bool) -> None:
                 info.size, info.mtime, info.mode = len(data), now, 0o644
                 tar.addfile(info, io.BytesIO(data))
         os.chmod(tmp, 0o644)
-        if force:
-            os.replace(tmp, out)
-        else:
-            try:
-                os.link(tmp, out)
-            except FileExistsError:
-                raise RecordExistsError(f"{out} appeared while writing; left untouched") from None
-            os.unlink(tmp)
+        publish(tmp, out, overwrite=force)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

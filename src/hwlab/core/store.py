@@ -325,20 +325,26 @@ def write_text_atomic(path: str | os.PathLike, text: str, *, overwrite: bool = F
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            # link() fails if the name appeared meanwhile: no silent overwrite even in a race
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                raise RecordExistsError(f"{path} appeared while writing; left untouched") from None
-            os.unlink(tmp)
+        publish(tmp, path, overwrite=overwrite)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     return path
+
+
+def publish(tmp: str | os.PathLike, path: str | os.PathLike, *, overwrite: bool = False) -> None:
+    """Give the finished temporary file ``tmp`` (in ``path``'s folder) its name in one step.
+    Without ``overwrite``, link() fails if the name appeared meanwhile: no silent overwrite even
+    in a race; the caller removes ``tmp`` if this raises."""
+    if overwrite:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise RecordExistsError(f"{path} appeared while writing; left untouched") from None
+    os.unlink(tmp)
 
 
 def _umask() -> int:

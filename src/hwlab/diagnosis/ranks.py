@@ -368,14 +368,18 @@ def render(rep: dict[str, Any]) -> str:
     for path, v in rep["nccl_routes"].items():
         out.append(f"NCCL routes (rank {v['rank']}): "
                    f"{v.get('unreadable') or v['routes'] or 'no route lines'} [{path}]")
-    out += render_nvml(rep.get("nvml", {}))
-    fc = rep["flowchart"]
-    out.append("flowchart (measured values only):")
-    out += ["  " + ln for ln in fc["explain"].splitlines()]
-    for q, why in fc["unmeasured"].items():
-        out.append(f"  {q} not measured in this run directory: {why}")
-    out += [f"note: {n}" for n in rep["notes"]] + [f"skipped: {p}" for p in rep["problems"]]
+    out += render_tail(rep, "in this run directory")
     return "\n".join(out)
+
+
+def render_tail(rep: dict[str, Any], where: str) -> list[str]:
+    """The lines every rank report ends with (step logs and traces alike): NVML per rank, the
+    flowchart walk, what it could not measure ``where``, notes and skipped inputs."""
+    fc = rep["flowchart"]
+    out = render_nvml(rep.get("nvml", {})) + ["flowchart (measured values only):"]
+    out += ["  " + ln for ln in fc["explain"].splitlines()]
+    out += [f"  {q} not measured {where}: {why}" for q, why in fc["unmeasured"].items()]
+    return out + [f"note: {n}" for n in rep["notes"]] + [f"skipped: {p}" for p in rep["problems"]]
 
 
 def has_finding(rep: dict[str, Any]) -> bool:

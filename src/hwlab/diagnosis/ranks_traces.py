@@ -55,7 +55,7 @@ from hwlab.diagnosis import flowchart, incident
 from hwlab.core import kineto
 from hwlab.errors import UserInputError
 from hwlab.core.measure import quantile
-from hwlab.diagnosis.ranks import nvml_by_rank, render_nvml
+from hwlab.diagnosis.ranks import nvml_by_rank, render_tail
 from hwlab.core.tails import TAIL_JUMP, tail_split
 
 RANK_TAIL_PCT = 10.0      # = the flowchart's K threshold on rank_tail_pct
@@ -507,13 +507,7 @@ def render(rep: dict[str, Any]) -> str:
     if sp:
         out.append("spread over steps (p10-p90): " + "; ".join(
             f"{k} {v['p10']:.3g}-{v['p90']:.3g}" for k, v in sp.items()))
-    out += render_nvml(rep.get("nvml", {}))
-    fc = rep["flowchart"]
-    out.append("flowchart (measured values only):")
-    out += ["  " + ln for ln in fc["explain"].splitlines()]
-    for q, why in fc["unmeasured"].items():
-        out.append(f"  {q} not measured from these traces: {why}")
-    out += [f"note: {n}" for n in rep["notes"]] + [f"skipped: {p}" for p in rep["problems"]]
+    out += render_tail(rep, "from these traces")
     return "\n".join(out)
 
 
