@@ -176,7 +176,7 @@ print(flowchart.diagnose(rec.extra["flowchart_evidence"]["launch-bound step"]).e
 # %% [markdown]
 # ## Knobs: tile, warps, stages
 # Change a knob and the config is recompiled (guarded): registers, spills, shared memory and occupancy,
-# plus the time on a GPU.
+# plus the time on a GPU. It opens on the sweep's own row for the starting config (measured above).
 
 # %%
 import ipywidgets as W
@@ -190,21 +190,27 @@ stages = W.Dropdown(options=[2, 3, 4], value=3, description="stages")
 out = W.Output()
 
 
+def show(r):
+    print(r.report.to_dict())
+    print("occupancy:", r.occupancy)
+    if r.measurement:
+        print(r.measurement.summary())
+
+
 def recompile(_=None):
     out.clear_output()
     cfg = lab.TileConfig(bm.value, bn.value, bk.value, warps.value, stages.value)
     with out:
-        r = lab.sweep([cfg], n_rep=10, timeout_s=120)[0]
-        print(r.report.to_dict())
-        print("occupancy:", r.occupancy)
-        if r.measurement:
-            print(r.measurement.summary())
+        show(lab.sweep([cfg], n_rep=10, timeout_s=120)[0])
 
 
 for w in (bm, bn, bk, warps, stages):
     w.observe(recompile, names="value")
 display(W.VBox([W.HBox([bm, bn, bk]), W.HBox([warps, stages]), out]))
-recompile()
+start = lab.TileConfig(bm.value, bn.value, bk.value, warps.value, stages.value)
+with out:
+    print(f"{start.label}: the sweep's row above (change a knob to recompile)")
+    show(next(r for r in rows if r.config == start))
 
 # %% [markdown]
 # ## Summary

@@ -58,7 +58,22 @@ def test_tile_config_parse():
 # ---- static compile for sm_90 without a GPU
 @pytest.fixture(scope="module")
 def reports():
-    return {c: R.compile_guarded("matmul", c, timeout_s=300) for c in (R.SANE, R.SPILL)}
+    # both at once, the spilling one first: each report comes back in its job's place
+    spill, sane = R.compile_guarded_many([("matmul", R.SPILL), ("matmul", R.SANE)], timeout_s=300)
+    return {R.SPILL: spill, R.SANE: sane}
+
+
+@pytest.mark.slow
+def test_a_static_report_is_compiled_once_per_process(reports, monkeypatch):
+    def no_child(*a, **k):
+        raise AssertionError("compiled again")
+    monkeypatch.setattr(R.compile_guard.subprocess, "run", no_child)
+    again = R.compile_guarded("matmul", R.SANE, timeout_s=300)
+    assert again == reports[R.SANE] and again is not reports[R.SANE]
+    again.n_regs = -1  # a caller's change does not reach the next caller
+    assert R.compile_guarded("matmul", R.SANE, timeout_s=300).n_regs == reports[R.SANE].n_regs
+    with pytest.raises(AssertionError, match="compiled again"):  # another dtype is another compile
+        R.compile_guarded("matmul", R.SANE, dtype="fp16", timeout_s=300)
 
 
 @pytest.mark.slow
@@ -96,7 +111,8 @@ def test_overfusion_measured_fused_spills_split_does_not():
     assert of.split_speedup == pytest.approx(of.fused.t_ms / of.split.t_ms)
 
 
-def test_overfusion_reports_a_compile_past_its_limit():
+def test_overfusion_reports_a_compile_past_its_limit(monkeypatch):
+    monkeypatch.setattr(R.compile_guard, "_STATIC_REPORTS", {})  # none made yet in this process
     of = R.overfusion(timeout_s=0.01, n_rep=1)
     assert of.fused is None and of.split is None and "compile exceeded" in of.skipped
 

@@ -45,6 +45,18 @@ def test_rel_error_and_check_close():
         M.rel_error(r[:10], r)
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 1000, 4096])
+def test_rel_error_by_chunks_equals_the_whole_sum(chunk):
+    # the path a GPU takes (sums on the device, a chunk at a time), run here on CPU tensors
+    r = torch.randn(40, 25, dtype=torch.bfloat16)
+    out = (r.double() + 1e-2 * torch.randn(40, 25, dtype=torch.float64)).to(torch.bfloat16)
+    assert M.rel_error_chunked(out, r, chunk) == pytest.approx(M.rel_error(out, r), rel=1e-12)
+    bad = out.clone()
+    bad[39, 24] = float("inf")  # in the last chunk
+    assert M.rel_error_chunked(bad, r, chunk) == math.inf
+    assert M.rel_error_chunked(torch.zeros(3), torch.zeros(3), chunk) == 0.0
+
+
 def test_refuses_zero_inputs_but_accepts_poisoned_outputs():
     with pytest.raises(M.InputError, match="constant"):
         M.refuse_constant_inputs([torch.randn(10), torch.zeros(100)])

@@ -80,8 +80,8 @@ def unfused_chain(x, bias, residual, scale: float = 0.5):
 
 
 def reference_chain(x, bias, residual, scale: float = 0.5):
-    """float64 reference of the chain (on the CPU)."""
-    xd, bd, rd = (t.detach().double().cpu() for t in (x, bias, residual))
+    """float64 reference of the chain, on the inputs' device."""
+    xd, bd, rd = (t.detach().double() for t in (x, bias, residual))
     return (torch.nn.functional.gelu(xd + bd, approximate="tanh") + rd) * scale
 
 

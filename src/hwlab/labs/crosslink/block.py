@@ -28,10 +28,13 @@ from hwlab.core import probes
 KERNELS = ("healthy", "regressed")
 
 
-def make_weights(hidden: int, ffn: int, seed: int = 0, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    w1 = torch.randn(hidden, ffn, generator=g, dtype=torch.float32) / hidden ** 0.5
-    w2 = torch.randn(ffn, hidden, generator=g, dtype=torch.float32) / ffn ** 0.5
+def make_weights(hidden: int, ffn: int, seed: int = 0, dtype=torch.float32, device=None):
+    """The block's two weights from ``seed``. On the CPU (default) every rank draws the same
+    values; ``device`` draws them there instead (seeded too, other values: for one process that
+    needs them on its GPU and would wait seconds for the host to draw a few GiB)."""
+    g = torch.Generator(device=device or "cpu").manual_seed(seed)
+    w1 = torch.randn(hidden, ffn, generator=g, dtype=torch.float32, device=device) / hidden ** 0.5
+    w2 = torch.randn(ffn, hidden, generator=g, dtype=torch.float32, device=device) / ffn ** 0.5
     return w1.to(dtype), w2.to(dtype)
 
 

@@ -78,8 +78,8 @@ def single_gpu_tp_step(tp: int = 2, hidden: int = 8192, ffn: int = 32768, batch:
     Measurement of the whole step; ``params['allreduce_bytes']`` is what crossed the host link."""
     dev = device_of(device)
     dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    w1, w2 = make_weights(hidden, ffn, seed=0, dtype=dt)
-    shards = [tuple(t.to(dev) for t in shard(w1, w2, r, tp)) for r in range(tp)]
+    w1, w2 = make_weights(hidden, ffn, seed=0, dtype=dt, device=dev)
+    shards = [shard(w1, w2, r, tp) for r in range(tp)]
     pin = dev.type == "cuda"
     host_bufs = [torch.empty(batch, hidden, dtype=dt, pin_memory=pin) for _ in range(tp)]
     back = [torch.empty(batch, hidden, dtype=dt, device=dev) for _ in range(tp)]
@@ -96,8 +96,8 @@ def single_gpu_tp_step(tp: int = 2, hidden: int = 8192, ffn: int = 32768, batch:
             out += p.float()
         return out
 
-    def ref(x):
-        return block_reference(x.float().cpu(), w1.float(), w2.float())
+    def ref(x):  # float64, on the step's own device
+        return block_reference(x, w1, w2)
 
     n_ar = batch * hidden * torch.tensor([], dtype=dt).element_size() * tp
     flops = 2 * 2 * batch * hidden * ffn

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from hwlab.core.measure import InputError  # noqa: F401  (raised by the launchers on bad shapes)
 from hwlab.labs.registers.compile_guard import (
-    COMPILE_TIMEOUT_S, CompileReport, compile_guarded, gpu_report, ptxas_sm90, runtime_report,
-    static_report)
+    COMPILE_TIMEOUT_S, CompileReport, compile_guarded, compile_guarded_many, gpu_report, ptxas_sm90,
+    runtime_report, static_report)
 from hwlab.labs.registers.counters import NVTX_RANGE, NcuRows, collect_ncu, ncu_occupancy, ncu_unavailable  # noqa: F401
 from hwlab.labs.registers.grader import MIN_PCT_OF_CUBLAS, grade_config  # noqa: F401
 from hwlab.labs.registers.kernels import (

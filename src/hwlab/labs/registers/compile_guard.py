@@ -11,6 +11,10 @@ Two sources, one report (:class:`CompileReport`):
 Every compile of the lab goes through :func:`compile_guarded`: a child process
 (``python -m hwlab.labs.registers --compile ...``) under a time limit, because a spilling tile
 can take minutes to compile; a config past the limit is reported as skipped, never hung on.
+:func:`compile_guarded_many` runs several such children at once (each compile is one CPU core's
+work and nothing is timed while they run), so a sweep waits for its slowest compile, not their sum.
+A static report depends only on the kernel, the config and the toolchain, so one process keeps
+each it has made and does not compile the same config for sm_90a twice.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -208,9 +213,12 @@ def compile_guarded(kernel_name: str, cfg: TileConfig | None = None, *, dtype: s
     ``static=True``: the child compiles for sm_90a and returns the ptxas report (CPU or GPU
     machine). ``static=False`` (GPU): the child compiles for this GPU (:func:`gpu_report`),
     filling Triton's on-disk cache so that the parent's launch of the same config then loads
-    instantly.
+    instantly. A static report this process already made is returned at once (a copy).
     """
     label = cfg.label if cfg else f"BLOCK={block} w{warps or 1}"
+    key = (kernel_name, cfg, dtype, block, warps)
+    if static and key in _STATIC_REPORTS:
+        return CompileReport(**asdict(_STATIC_REPORTS[key]))
     args = [sys.executable, "-m", "hwlab.labs.registers", "--compile", kernel_name,
             "--dtype", dtype, "--mode", "static" if static else "gpu"]
     args += ["--config", cfg.cli_arg] if cfg else ["--block", str(block), "--warps", str(warps or 1)]
@@ -226,4 +234,22 @@ def compile_guarded(kernel_name: str, cfg: TileConfig | None = None, *, dtype: s
         return CompileReport(kernel_name, label, source="skipped",
                              skipped=f"compile failed: {r.stderr.strip().splitlines()[-1:]}")
     d = json.loads(r.stdout.strip().splitlines()[-1])
-    return CompileReport(**d)
+    rep = CompileReport(**d)
+    if static:
+        _STATIC_REPORTS[key] = CompileReport(**d)
+    return rep
+
+
+#: static reports this process has made, by (kernel, config, dtype, block, warps)
+_STATIC_REPORTS: dict[tuple, CompileReport] = {}
+
+
+def compile_guarded_many(jobs, *, timeout_s: float = COMPILE_TIMEOUT_S, static: bool = True,
+                         max_workers: int | None = None) -> list[CompileReport]:
+    """:func:`compile_guarded` for every ``(kernel_name, config)`` in ``jobs`` at once, one child
+    each (at most ``max_workers``, default the CPU count), reports in the order given. Each
+    keeps its own ``timeout_s``; a config past it is skipped as with one."""
+    jobs = list(jobs)
+    workers = max(1, min(len(jobs), max_workers or os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda j: compile_guarded(j[0], j[1], timeout_s=timeout_s, static=static), jobs))

@@ -20,7 +20,7 @@ import torch
 
 from hwlab.core.measure import Measurement, bench, device_of
 from hwlab.labs.registers.compile_guard import (
-    COMPILE_TIMEOUT_S, CompileReport, compile_guarded, runtime_report)
+    COMPILE_TIMEOUT_S, CompileReport, compile_guarded_many, runtime_report)
 from hwlab.labs.registers.kernels import matmul, matmul_softmax_fused, matmul_softmax_split
 from hwlab.labs.registers.gemm_sweep import gemm_dtype
 from hwlab.labs.registers.tiles import FUSED, SANE, TileConfig
@@ -63,8 +63,8 @@ def overfusion(m: int | None = None, k: int | None = None, fused: TileConfig = F
     gpu = dev.type == "cuda"
     m, k = (m or (GPU_MK if gpu else CPU_MK)[0]), (k or (GPU_MK if gpu else CPU_MK)[1])
     n = fused.bn
-    rep_f = compile_guarded("matmul_softmax", fused, timeout_s=timeout_s, static=not gpu)
-    rep_s = compile_guarded("matmul", split, timeout_s=timeout_s, static=not gpu)
+    rep_f, rep_s = compile_guarded_many([("matmul_softmax", fused), ("matmul", split)],
+                                        timeout_s=timeout_s, static=not gpu)
     bad = [f"{r.kernel} {r.config}: {r.skipped}" for r in (rep_f, rep_s) if r.skipped]
     if bad:
         return OverfusionResult(rep_f, rep_s, skipped="; ".join(bad))

@@ -17,7 +17,7 @@ from hwlab.core.measure import TOL_BY_DTYPE, Measurement, bench, device_of
 from hwlab.core.probes import gemm
 from hwlab.labs import scenarios
 from hwlab.labs.registers.compile_guard import (
-    COMPILE_TIMEOUT_S, CompileReport, compile_guarded, runtime_report)
+    COMPILE_TIMEOUT_S, CompileReport, compile_guarded_many, runtime_report)
 from hwlab.labs.registers.kernels import matmul
 from hwlab.labs.registers.tiles import SWEEP, TileConfig
 
@@ -64,7 +64,8 @@ def tile_service(cfg: TileConfig, size: int, kernel_ms: float, device=None,
 def sweep(configs=SWEEP, size: int | None = None, device=None, n_rep: int = 20,
           timeout_s: float = COMPILE_TIMEOUT_S, ceiling_tflops: float | None = None,
           progress=None, service: bool = True) -> list[ConfigResult]:
-    """For each config: compile (guarded, ``timeout_s`` seconds), registers/spills/shared,
+    """For each config: compile (guarded, ``timeout_s`` seconds; all configs at once, before
+    anything is timed), registers/spills/shared,
     occupancy, and on a GPU the time and TFLOP/s against ``ceiling_tflops`` (cuBLAS bf16
     measured in the same run) and, with ``service``, the one-process service step of
     :func:`tile_service` (D and K). On a CPU, the static report only."""
@@ -72,11 +73,12 @@ def sweep(configs=SWEEP, size: int | None = None, device=None, n_rep: int = 20,
     gpu = dev.type == "cuda"
     size = size or (GPU_SIZE if gpu else CPU_SIZE)
     dt = gemm_dtype(dev)
+    configs = list(configs)
+    if progress:
+        progress(", ".join(c.label for c in configs))
+    reps = compile_guarded_many([("matmul", c) for c in configs], timeout_s=timeout_s, static=not gpu)
     out = []
-    for cfg in configs:
-        if progress:
-            progress(cfg.label)
-        rep = compile_guarded("matmul", cfg, timeout_s=timeout_s, static=not gpu)
+    for cfg, rep in zip(configs, reps):
         res = ConfigResult(cfg, rep)
         if rep.skipped:
             out.append(res)
