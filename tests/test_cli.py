@@ -225,8 +225,22 @@ def test_readme_documents_every_command_and_exit_code():
     assert set(core) <= set(sub.choices)
     for name in core:  # commands registered from cli_<name> modules are documented by their owners
         assert f"hwlab {name}" in section, f"README's CLI section does not show `hwlab {name}`"
-    for code in "01234":
+    for code in ("0", "1", "2", "3", "4", "141"):
         assert f"| {code} |" in section
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [("flowchart",), ("evidence", "list", "--json")])
+def test_a_reader_that_goes_away_ends_it_silently_with_141(args):
+    """`hwlab ... | head`: the pipe's read end closed before hwlab writes, as after head's last line."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run([sys.executable, "-m", "hwlab", *args], stdout=w, stderr=subprocess.PIPE,
+                           text=True, timeout=600)
+    finally:
+        os.close(w)
+    assert p.returncode == 141 and p.stderr == "", p.stderr
 
 
 def test_every_reporting_command_prints_strict_json(tmp_path, monkeypatch, capsys):

@@ -10,6 +10,7 @@ EXIT_FINDING = 1   # ran, found something: unhealthy verdict, deviation, failed 
 EXIT_USAGE = 2     # bad input or usage: nothing was measured or written
 EXIT_INTERNAL = 3  # a bug in hwlab: please report it with the traceback
 EXIT_UNDECIDED = 4  # ran, but the flowchart walk stopped at a question its evidence cannot answer
+EXIT_BROKEN_PIPE = 141  # the reader of stdout went away (``| head``): 128 + SIGPIPE, as a C tool ends
 
 
 class UserInputError(ValueError):

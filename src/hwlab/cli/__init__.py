@@ -31,7 +31,7 @@ from hwlab.cli import (
     cmd_flowchart as cli_flowchart, cmd_incident as cli_incident, cmd_ranks as cli_ranks, lablaunch)
 from hwlab.core import evidence, probes, topology
 from hwlab.cli.console import Steps, print_json, stderr_is_terminal, whole_number
-from hwlab.errors import EXIT_FINDING, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, UserInputError
+from hwlab.errors import EXIT_BROKEN_PIPE, EXIT_FINDING, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, UserInputError
 from hwlab.core.measure import CorrectnessError, InputError, InsufficientMemoryError
 from hwlab.core.specs import UnknownGPUError
 from hwlab.core.store import read_user_text
@@ -234,7 +234,14 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     debug = a.debug or os.environ.get("HWLAB_DEBUG") not in (None, "", "0")
     try:
-        return a.fn(a)
+        rc = a.fn(a)
+        sys.stdout.flush()  # a reader gone early (``| head``) shows here, not at interpreter exit
+        return rc
+    except BrokenPipeError:
+        # like a C tool killed by SIGPIPE: silent, 128 + 13; stdout now points at /dev/null so the
+        # interpreter's own flush at exit finds nothing to complain about
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         print(f"hwlab {a.cmd}: interrupted", file=sys.stderr)
         return 130
