@@ -186,3 +186,18 @@ def test_the_spread_rule_on_its_own(n_rep, p10, p90, status):
     now = Band(1.3, 1.3 * p10, 1.3 * p90, n_rep)
     assert judge_rise(base, now, 10.0).status == status
     assert judge_rise(base, Band(1.05, 1.04, 1.06, n_rep), 10.0).status == "ok"  # under tolerance
+
+
+@pytest.mark.parametrize("reasons,category,fails", [
+    (["sw_power_cap"], "note", False),  # a healthy card under load reads it
+    (["sw_power_cap", "hw_thermal_slowdown"], "hardware", True),
+    (["hw_slowdown"], "hardware", True),
+])
+def test_a_new_power_cap_alone_is_a_note_a_slowdown_is_hardware(base, reasons, category, fails):
+    now = _variant(evidence.recorded("baseline_rerun"),
+                   c=lambda v: v.snapshot["gpus"][0].update(clock_event_reasons=reasons))
+    c = baseline.compare(base, now)
+    clock = [d for d in c.deviations if d.what.endswith("clock event reasons")]
+    assert [d.category for d in clock] == [category] and clock[0].now == sorted(reasons)
+    assert c.ok is not fails and (c.verdict == "hardware") is fails
+    assert ("drain" in c.summary()) is fails

@@ -39,6 +39,10 @@ _CLOCK_REASONS = {
 #: reasons that mean the clock is held down by power/thermal limits, not by idleness
 THROTTLE_REASONS = {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown",
                     "hw_thermal_slowdown", "hw_power_brake_slowdown"}
+#: the throttle reasons that are signs of a sick card: all but the software power cap. A card at its
+#: power limit under load holds its clocks down by design (a healthy card reads it under load, and an
+#: idle record never shows it); a slowdown from the hardware or from heat is not normal operation
+BAD_CARD_REASONS = frozenset(THROTTLE_REASONS - {"sw_power_cap"})
 
 
 def decode_clock_reasons(mask: int) -> list[str]:

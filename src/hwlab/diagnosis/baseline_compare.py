@@ -19,8 +19,10 @@ what to check next. Tolerances (why):
   for a host, never GPU node advice ("drain and swap"). It is listed but does not fail the
   comparison (exit 0): two records of one shared CPU host minutes apart differ beyond their
   spread whenever the load changed between them, which says nothing about the machine's health;
-* temperature more than ``TOL_TEMP_C`` (10 C) hotter, any new throttle reason, any increase
-  of uncorrected ECC errors or pending row remaps: hardware;
+* temperature more than ``TOL_TEMP_C`` (10 C) hotter, any new throttle reason but the power
+  cap (:data:`hwlab.core.system.BAD_CARD_REASONS`), any increase of uncorrected ECC errors or
+  pending row remaps: hardware. A new power cap alone is a *note*: a healthy card under load
+  reads it; it does not fail the comparison;
 * any change of link class, PCIe width/generation or NUMA affinity: topology (a different GPU
   count makes the records not comparable, below);
 * any change of driver, CUDA, torch, triton or NCCL version, or of FP8 hit / fallback rate by
@@ -46,7 +48,7 @@ from hwlab.errors import UserInputError
 from hwlab.core.evidence import Evidence, load
 from hwlab.core.measure import Measurement
 from hwlab.core.spread import BEYOND, BORDERLINE, Band, judge_rise
-from hwlab.core.system import THROTTLE_REASONS
+from hwlab.core.system import BAD_CARD_REASONS, THROTTLE_REASONS
 
 TOL_RATE_PCT = 10.0
 TOL_LATENCY_PCT = 100.0
@@ -58,7 +60,7 @@ BASELINE_KIND = "baseline"
 # ---------------------------------------------------------------- compare
 @dataclass
 class Deviation:
-    category: str  # hardware | host | topology | runtime | missing | borderline
+    category: str  # hardware | host | topology | runtime | missing | borderline | note
     what: str
     baseline: Any
     now: Any
@@ -168,8 +170,10 @@ def comparability(base: Evidence, now: Evidence) -> list[str]:
 
 LATENCY_PROBES = {"launch_overhead"}
 #: categories reported but not failing the comparison (exit 0); ``host`` only exists on a CPU baseline
-NOT_FAILURES = {"missing", "borderline", "host"}
+NOT_FAILURES = {"missing", "borderline", "host", "note"}
 NEXT = {
+    "note": "if the probes also fell beyond their spread, look for another job on the card (nvidia-smi) "
+            "and re-record when it is idle",
     "host": "a CPU baseline times this host: check its load (top), the CPU frequency governor and "
             "other tenants, then re-record both on an idle host",
     "borderline": "re-run both records (more repeats, an idle machine) before reading it as a change",
@@ -238,9 +242,12 @@ def compare(base: Evidence, now: Evidence) -> Comparison:
             c.deviations.append(Deviation("hardware", f"{tag} temperature C", t0, t1, f"> +{TOL_TEMP_C:.0f} C", NEXT["hardware"]))
         r0 = set(g0.get("clock_event_reasons") or []) if isinstance(g0.get("clock_event_reasons"), list) else set()
         r1 = set(g1.get("clock_event_reasons") or []) if isinstance(g1.get("clock_event_reasons"), list) else set()
-        if (r1 - r0) & THROTTLE_REASONS:
+        if (r1 - r0) & BAD_CARD_REASONS:
             c.deviations.append(Deviation("hardware", f"{tag} clock event reasons", sorted(r0), sorted(r1),
                                           "new throttle reason", NEXT["hardware"]))
+        elif (r1 - r0) & THROTTLE_REASONS:  # the power cap alone: normal under load, said, not failed
+            c.deviations.append(Deviation("note", f"{tag} clock event reasons", sorted(r0), sorted(r1),
+                                          "power cap: a healthy card under load reads it", NEXT["note"]))
         e0, e1 = g0.get("ecc_errors_volatile"), g1.get("ecc_errors_volatile")
         if isinstance(e0, dict) and isinstance(e1, dict) and e1.get("uncorrected", 0) > e0.get("uncorrected", 0):
             c.deviations.append(Deviation("hardware", f"{tag} uncorrected ECC", e0["uncorrected"], e1["uncorrected"],

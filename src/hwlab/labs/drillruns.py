@@ -238,22 +238,14 @@ BAD_CARD_FIELDS = {"clock_event_reasons": ["hw_slowdown", "sw_thermal_slowdown"]
                    "ecc_uncorrected_added": 2, "remapped_rows_pending": 1}
 
 
-def _bad_card_reasons() -> frozenset[str]:
-    """Clock-event reasons that are signs of a bad card: every throttle reason but the software
-    power cap. A card at its power limit under load holds its clocks down by design, and an idle
-    baseline never shows it; a slowdown from the hardware or from heat is not part of normal
-    operation."""
-    from hwlab.core.system import THROTTLE_REASONS
-    return frozenset(THROTTLE_REASONS - {"sw_power_cap"})
-
-
 def card_state_vs_baseline(gpu: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     """The hardware signs of a bad card in one GPU's NVML state against the node's baseline
     state of the same card: throttle reasons not in the baseline (the power cap excepted:
-    :func:`_bad_card_reasons`), uncorrected ECC errors added, pending or failed row remaps."""
+    :data:`hwlab.core.system.BAD_CARD_REASONS`), uncorrected ECC errors added, pending or failed row remaps."""
+    from hwlab.core.system import BAD_CARD_REASONS
     r0 = set(base.get("clock_event_reasons") or []) if isinstance(base.get("clock_event_reasons"), list) else set()
     r1 = set(gpu.get("clock_event_reasons") or []) if isinstance(gpu.get("clock_event_reasons"), list) else set()
-    new_thr = sorted((r1 - r0) & _bad_card_reasons())
+    new_thr = sorted((r1 - r0) & BAD_CARD_REASONS)
     e0 = (base.get("ecc_errors_volatile") or {}).get("uncorrected", 0) if isinstance(base.get("ecc_errors_volatile"), dict) else 0
     e1 = (gpu.get("ecc_errors_volatile") or {}).get("uncorrected", 0) if isinstance(gpu.get("ecc_errors_volatile"), dict) else 0
     rr = gpu.get("remapped_rows") if isinstance(gpu.get("remapped_rows"), dict) else {}
