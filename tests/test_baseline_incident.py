@@ -270,6 +270,7 @@ def test_every_leaf_has_a_recorded_scenario():
 
 
 def test_walkthrough_widget_follows_the_evidence_and_hand_answers():
+    pytest.importorskip("ipywidgets", reason="ipywidgets missing: pip install -e '.[lab]'")
     ev = recorded("lab01_bandwidth").extra["flowchart_evidence"]["unfused"]
     w = nb.flowchart_walkthrough(ev, "recorded")
     w.children[2].children[2].click()  # "Hint": one measured answer, the walk does not move

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -45,6 +47,7 @@ def test_refresh_keep_going_runs_the_parts_after_a_failure(tmp_path, monkeypatch
 
 
 def test_execute_notebooks_selects_by_folder_and_name(tmp_path, monkeypatch):
+    pytest.importorskip("nbclient", reason="nbclient missing: pip install -e '.[dev,lab]'")
     mod = _load("execute_notebooks")
     seen = []
 
