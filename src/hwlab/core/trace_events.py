@@ -84,7 +84,7 @@ def read_spans(path: str | os.PathLike) -> TraceSpans:
     if not stat.S_ISREG(st.st_mode):
         raise UserInputError(f"{p} is not a regular file: pass a saved trace file")
     if st.st_size > MAX_TRACE_BYTES:
-        raise UserInputError(f"{p} is {st.st_size >> 20} MiB, over {MAX_TRACE_BYTES >> 20} MiB: read it "
+        raise UserInputError(f"{p} is {st.st_size:,} bytes, over {MAX_TRACE_BYTES:,}: read it "
                              "streaming with hwlab.core.kineto.read_trace (or `hwlab ranks --traces`)")
     opener = gzip.open if p.name.endswith(".gz") else open
     try:

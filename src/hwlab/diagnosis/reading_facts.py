@@ -68,6 +68,12 @@ def gpu_trace_facts(path: str | Path) -> dict[str, Any]:
             "device_rows": sorted({s.row for s in dev})}
 
 
+def trace_label(path: str | Path) -> str:
+    """Where a trace was recorded, from its own ``deviceProperties`` (none: a CPU run)."""
+    devs = kineto.read_trace(path).devices
+    return f"recorded on {devs[0]['name']}" if devs and devs[0].get("name") else "recorded on CPU"
+
+
 def _host_spans(t: trace_events.TraceSpans, row: str) -> list[trace_events.Span]:
     """What a viewer shows on a host thread: its operators and runtime calls, not the step marker."""
     return [s for s in t.spans if s.row == row and not s.name.startswith("ProfilerStep#")
@@ -190,6 +196,34 @@ def ncu_lab02(config: str) -> dict[str, Any]:
             "spills": c["report"]["n_spills"], "spills_source": c["report"]["source"],
             "theoretical_occupancy_pct": c["occupancy"]["occupancy_pct"],
             "kit_binding": c["occupancy"]["binding"]}
+
+
+def ncu_lab01_text(case: str) -> str:
+    """Lab 1's recorded ncu readings for ``case`` and the kit's estimate, as the evidence stores them
+    (no verdict): what a learner reads before answering."""
+    f = ncu_lab01(case)
+    lines = [f"Nsight Compute, Lab 1 case {case!r} ({f['label']}; ncu via labs/bandwidth.counters_with_ncu)",
+             *(f"  kernel: {k[:96]}" for k in f["kernels"]),
+             f"  dram__throughput.avg.pct_of_peak_sustained_elapsed (duration-weighted) {f['dram_pct']:10.2f}",
+             f"  l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum x 32 B / bytes the case must load {f['sector_amplification']:6.2f}",
+             f"  sm__pipe_tensor_op_hmma_cycles_active (% of peak, max over kernels)   {f['tensor_pipe_pct']:10.2f}",
+             "the kit's estimate (traffic model over the measured time):",
+             f"  dram_pct_estimated, % of the copy ceiling measured in the run          {f['dram_pct_estimated_of_ceiling']:10.2f}",
+             f"  copy ceiling measured in the run (GB/s)                                {f['copy_ceiling_gbps']:10.1f}",
+             f"  datasheet HBM peak (GB/s, core/specs.py)                               {f['peak_gbps']:10.1f}"]
+    return "\n".join(lines)
+
+
+def ncu_lab02_text(config: str) -> str:
+    """Lab 2's recorded ncu row for tile ``config`` and its compile report, as stored (no verdict)."""
+    f = ncu_lab02(config)
+    ev = evidence.recorded("lab02_registers")
+    rep = next(c["report"] for c in ev.extra["configs"] if c["report"]["config"] == config)
+    lines = [f"Nsight Compute, Lab 2 GEMM tile {config} ({f['label']}; ncu via labs/registers/counters.py)"]
+    lines += [f"  {k:<55s} {v:>10}" for k, v in f["ncu"].items()]
+    lines += [f"compile report ({rep['source']}): {rep['n_regs']} registers/thread, {rep['n_spills']} spills, "
+              f"{rep['shared_bytes']} B shared memory per block"]
+    return "\n".join(lines)
 
 
 #: where ncu's raw CSV reports of Lab 1 and Lab 2 live once recorded on the H200, and the command that records them
