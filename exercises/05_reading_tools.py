@@ -11,7 +11,7 @@
 # %% [markdown]
 # # Exercise 05 · Read the raw outputs of another run
 #
-# **Needs:** nothing (recorded outputs). **Takes:** see the agendas in `docs/INSTRUCTOR.md`.
+# **Needs:** nothing (recorded outputs). **Takes:** reading time; it executes in seconds (`docs/LEARNING_PATH.md`).
 #
 # Notebook 09's questions, on recordings it does not show: four ranks of another job, another Lab 1 case,
 # another Lab 2 tile and another machine's topology. Read each output (in Perfetto too: drag a
