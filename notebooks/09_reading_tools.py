@@ -43,7 +43,7 @@ RANKS = TRACES / "slow_rank"
 # slice shows its arguments, and dragging over a range sums what lies under it.
 #
 # The file below is a one-rank NCCL job on the H200 (`tools/record_traces_h200.sh`): each step runs four
-# GEMMs, waits on the host, then a few collectives. The plot draws one step the way Perfetto does.
+# GEMMs, then a few collectives. The plot draws one step the way Perfetto does.
 
 # %%
 gpu = trace_events.read_spans(GPU_TRACE)

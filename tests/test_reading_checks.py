@@ -236,3 +236,47 @@ def test_notebook_09_answered_right_passes_every_check(tmp_path):
                     for c in nb.cells for o in c.get("outputs", []))
     assert "Traceback" not in out and ": wrong." not in out and "not done yet" not in out
     assert out.count(": passed.") == 6
+
+
+# ---------------------------------------------------------------- opt-in: other projects' real traces
+FOREIGN = os.environ.get("HWLAB_FOREIGN_TRACES")
+
+
+@pytest.mark.skipif(not FOREIGN, reason="set HWLAB_FOREIGN_TRACES to HolisticTraceAnalysis' tests/data to run")
+def test_sync_points_and_streams_on_foreign_traces():
+    """HolisticTraceAnalysis' CUDA-event-sync traces (read locally, never committed): every blocking
+    call in the raw file is found, every stream with kernels is a device row."""
+    found = 0
+    for p in sorted(Path(FOREIGN).glob("critical_path/cuda_event_sync*/*.json.gz")):
+        raw = [e for e in _raw(p) if e.get("ph") == "X"]
+        f = F.gpu_trace_facts(p)
+        assert set(f["sync_calls"]) == {e["name"] for e in raw if e["name"] in trace_events.SYNC_CALLS}
+        assert set(f["device_rows"]) == {f"GPU {e['pid']} stream {e['tid']}" for e in raw if e.get("cat") == "kernel"}
+        found += 1
+    assert found, f"no critical_path/cuda_event_sync*/ traces under {FOREIGN}"
+
+
+# ---------------------------------------------------------------- the recording that waits
+def _tool():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("record_ncu_h200", ROOT / "tools" / "record_ncu_h200.py")
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+def test_ncu_recording_tool_profiles_the_recorded_cases_and_refuses_before_running(tmp_path, monkeypatch):
+    from hwlab.labs.bandwidth import LOADS_PER_ELEMENT
+    from hwlab.labs.registers.tiles import TileConfig
+    tool = _tool()
+    ev = json.loads((evidence.RECORDED_DIR / "h200" / "lab02_registers.json").read_text())
+    # the raw reports pair with the recorded summaries: the same Lab 1 cases and Lab 2 tiles
+    assert set(tool.LAB01_CASES) == set(LOADS_PER_ELEMENT)
+    assert {TileConfig.parse(c).label for c in tool.LAB02_CONFIGS} == {c["report"]["config"] for c in ev["extra"]["configs"]}
+    assert all(a[a.index("-m") + 1] in ("hwlab.labs.bandwidth", "hwlab.labs.registers") for _, a in tool.targets())
+    (tmp_path / "ncu").mkdir()
+    (tmp_path / "ncu" / "lab01_strided.csv").write_text("kept")
+    assert tool.main(["--out", str(tmp_path)]) == 2  # never replaces a report silently
+    assert (tmp_path / "ncu" / "lab01_strided.csv").read_text() == "kept"
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ncu here
+    assert tool.main(["--out", str(tmp_path / "fresh")]) == 2 and not (tmp_path / "fresh" / "ncu" / "MANIFEST.json").exists()
