@@ -280,3 +280,25 @@ def test_ncu_recording_tool_profiles_the_recorded_cases_and_refuses_before_runni
     assert (tmp_path / "ncu" / "lab01_strided.csv").read_text() == "kept"
     monkeypatch.setenv("PATH", str(tmp_path))  # no ncu here
     assert tool.main(["--out", str(tmp_path / "fresh")]) == 2 and not (tmp_path / "fresh" / "ncu" / "MANIFEST.json").exists()
+
+
+@pytest.mark.parametrize("rel", ["notebooks/09_reading_tools.py", "exercises/05_reading_tools.py"])
+def test_each_answer_cell_precedes_the_check_that_shows_the_kits_reading(rel):
+    """The kit's reading is in the check's result: every check reads MY_* names that a learner cell
+    (tagged, marked `# YOUR CODE HERE`) set earlier in the notebook, none set anywhere else."""
+    jupytext = pytest.importorskip("jupytext")
+    cells = jupytext.read(ROOT / rel).cells
+    answered, checks = set(), 0
+    for c in cells:
+        if c.cell_type != "code":
+            continue
+        names = set(re.findall(r"\b(MY_[A-Z0-9_]+)\b", c.source))
+        if "learner" in c.metadata.get("tags", []):
+            assert "# YOUR CODE HERE" in c.source and " = None" in c.source
+            answered |= set(re.findall(r"^(MY_[A-Z0-9_]+) = None", c.source, re.M))
+        elif "check_" in c.source:
+            checks += len(re.findall(r"check\.check_\w+\(", c.source))
+            assert names and names <= answered, f"{rel}: a check reads {names - answered} before its answer cell"
+        else:
+            assert not names, f"{rel}: {names} used outside an answer or check cell"
+    assert checks >= 5
