@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -274,6 +275,12 @@ def test_ncu_recording_tool_profiles_the_recorded_cases_and_refuses_before_runni
     assert set(tool.LAB01_CASES) == set(LOADS_PER_ELEMENT)
     assert {TileConfig.parse(c).label for c in tool.LAB02_CONFIGS} == {c["report"]["config"] for c in ev["extra"]["configs"]}
     assert all(a[a.index("-m") + 1] in ("hwlab.labs.bandwidth", "hwlab.labs.registers") for _, a in tool.targets())
+    from hwlab.core import ncu
+    name, args = tool.targets()[0]
+    cmd = ncu.command(args, ncu.REPORT_METRICS, tool.NVTX_RANGE)
+    assert cmd[:4] == ["ncu", "--clock-control", "none", "--csv"]  # the card's clocks are left alone
+    assert cmd[-len(args) - 1:] == [sys.executable, *args] and f"{tool.NVTX_RANGE}/" in cmd
+    assert set(ncu.MEMORY_METRICS + ncu.LOCAL_METRICS + ncu.OCCUPANCY_METRICS) <= set(cmd[cmd.index("--metrics") + 1].split(","))
     (tmp_path / "ncu").mkdir()
     (tmp_path / "ncu" / "lab01_strided.csv").write_text("kept")
     assert tool.main(["--out", str(tmp_path)]) == 2  # never replaces a report silently

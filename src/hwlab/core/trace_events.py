@@ -138,7 +138,7 @@ def timeline_figure(rows: dict[str, Iterable[Span]], *, t0_us: float | None = No
             if window_us and (s.end_us < window_us[0] or s.ts_us > window_us[1]):
                 continue
             ax.broken_barh([((s.ts_us - t0) / 1e3, max(s.dur_us, 0.5) / 1e3)], (i - 0.4, 0.8),
-                           color=(colour_of or colour)(s))
+                           color=(colour_of or colour)(s), edgecolor="white", linewidth=0.4)
     ax.set_yticks(range(len(keys)), keys)
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
