@@ -52,6 +52,33 @@ here = ceilings.get(quick=True)  # this machine's ceilings (cached after the fir
 print("ceilings:", here.label)
 
 # %% [markdown]
+# ## First, read an examination yourself
+# Before the kit walks anything here, read one examination the kit recorded on the H200: the function, its
+# measured time, and the metrics the flowchart reads from it.
+
+# %%
+from hwlab.diagnosis import flowchart
+
+rec_path = evidence.RECORDED_DIR / "h200" / "examine.json"
+rec = evidence.load(rec_path)
+first = next(e for e in rec.extra["entries"] if e["name"] == "gemm_fp32")
+print(f"{first['name']}: {first['target']}")
+print(next(m for m in rec.results if m.name == first["measurement"]).summary())
+nb.show_evidence(first["evidence"], f"{first['name']}; {rec.label}")
+
+# %% [markdown]
+# **Checkpoint: your diagnosis first.** Fill in the leaf, the metric that decides the last question before
+# it and its value as the table shows it. The kit's walk (computed now from the same evidence) shows once
+# this passes.
+
+# %%
+ANSWER = nb.answer("08", leaf=None, metric=None, value=None, evidence=first["evidence"])
+CP = nb.checkpoint("08", ANSWER, flowchart.diagnose(first["evidence"]), first["evidence"], source=rec.label)
+
+# %%
+print(f"{first['name']} [{rec.label}]: {CP.walk()}")
+
+# %% [markdown]
 # ## One of the examples, live
 #
 # `examples/unfused_chain.py` is an activation chain written op by op: six elementwise kernels, each
@@ -81,7 +108,6 @@ nb.show_mermaid(ex.diagnosis.mermaid())
 # through the command line.
 
 # %%
-rec_path = evidence.RECORDED_DIR / "h200" / "examine.json"
 if rec_path.exists():
     rec = evidence.load(rec_path)
     nb.banner("hwlab examine on the example functions", rec.label)
