@@ -164,9 +164,9 @@ if CP.passed:
 # Reading the walks: the unfused chain is far from its floor (B), and its DRAM throughput is over F's
 # threshold (Nsight Compute's DRAM share of the peak, or, without counters, the moved bytes over the
 # measured copy rate): by F's rule the memory path is saturated → **bandwidth / layout / fusion**. The
-# strided case is also slow, but its DRAM throughput is under that threshold; what answers F is the
-# sector amplification (each 2-byte lane drags a whole 32-byte sector): the memory system is saturated on
-# waste → the same leaf.
+# strided case is also slow, but its DRAM throughput is under that threshold; what answers F is its
+# other rule, the sector amplification over F's threshold (each 2-byte lane drags a whole 32-byte sector):
+# wasted traffic → the same leaf.
 
 # %% [markdown]
 # ## Fix, and re-verify with the same probe
@@ -208,7 +208,7 @@ def remeasure(_=None):
         mm = r.measurements[case.value]
         print(f"{mm.summary()}\n[{nb.live_label()}]")
         if case.value in r.diagnoses:
-            print("flowchart:", " -> ".join(r.diagnoses[case.value].path))
+            print("flowchart:", r.diagnoses[case.value].compact())
 
 
 for w in (size, dtype, case):

@@ -169,7 +169,8 @@ leaves = {k: flowchart.diagnose(e).leaf_id for k, e in fe.items()}
 print(f"{key} [{src}]: {CP.walk(full=DETAILS)}")
 if CP.passed:
     for k, e in fe.items():
-        print(f"{k:>24}: {flowchart.diagnose(e).render(full=DETAILS)}  [{src}]")
+        if k != key:
+            print(f"{k:>24}: {flowchart.diagnose(e).render(full=DETAILS)}  [{src}]")
 
 # %% [markdown]
 # A walk that ends on **M** (shape bucket / cache / fallback) is named by the profile: the per-bucket table

@@ -62,9 +62,10 @@ from hwlab.diagnosis import flowchart
 rec_path = evidence.RECORDED_DIR / "h200" / "examine.json"
 rec = evidence.load(rec_path)
 first = next(e for e in rec.extra["entries"] if e["name"] == "gemm_fp32")
+ev_first = {**first["evidence"], "metric_sources": first["evidence_sources"]}
 print(f"{first['name']}: {first['target']}")
 print(next(m for m in rec.results if m.name == first["measurement"]).summary())
-nb.show_evidence(first["evidence"], f"{first['name']}; {rec.label}")
+nb.show_evidence(ev_first, f"{first['name']}; {rec.label}")
 
 # %% [markdown]
 # **Checkpoint: your diagnosis first.** Fill in the leaf, the metric that decides the last question before
@@ -72,8 +73,8 @@ nb.show_evidence(first["evidence"], f"{first['name']}; {rec.label}")
 # this passes.
 
 # %%
-ANSWER = nb.answer("08", leaf=None, metric=None, value=None, evidence=first["evidence"])
-CP = nb.checkpoint("08", ANSWER, flowchart.diagnose(first["evidence"]), first["evidence"], source=rec.label)
+ANSWER = nb.answer("08", leaf=None, metric=None, value=None, evidence=ev_first)
+CP = nb.checkpoint("08", ANSWER, flowchart.diagnose(ev_first), ev_first, source=rec.label)
 
 # %%
 print(f"{first['name']} [{rec.label}]: {CP.walk()}")

@@ -23,13 +23,21 @@ CHECKPOINT_ANSWERS = ROOT / "solutions" / "checkpoints.json"
 CHECKPOINTED = ("01", "02", "03", "04", "08")
 
 
-def _execute(path: Path) -> nbformat.NotebookNode:
+def _execute(path: Path, checkpoint_answers: Path | None = CHECKPOINT_ANSWERS) -> nbformat.NotebookNode:
+    """Execute ``path``; the kernel inherits ``HWLAB_CHECKPOINT_ANSWERS`` (None: a learner's blanks)."""
     import os
 
-    os.environ["HWLAB_CHECKPOINT_ANSWERS"] = str(CHECKPOINT_ANSWERS)  # the kernel inherits it
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=900, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    old = os.environ.pop("HWLAB_CHECKPOINT_ANSWERS", None)
+    if checkpoint_answers is not None:
+        os.environ["HWLAB_CHECKPOINT_ANSWERS"] = str(checkpoint_answers)
+    try:
+        NotebookClient(nb, timeout=900, kernel_name="python3",
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+    finally:
+        os.environ.pop("HWLAB_CHECKPOINT_ANSWERS", None)
+        if old is not None:
+            os.environ["HWLAB_CHECKPOINT_ANSWERS"] = old
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, ARTIFACTS / f"{path.parent.name}__{path.name}")
     return nb
@@ -71,6 +79,18 @@ def test_executes(path):
         rec = evidence.recorded("lab04_fp8")
         sig = fp8.seed_signature(rec.extra["run"])
         assert f"({sig['gain_p50_pct']:+.1f}% faster)" in out and f"{sig['memory_change_pct']:+.1f}%" in out
+
+
+@pytest.mark.slow
+def test_a_learners_blank_checkpoint_says_fill_in_and_run_all_goes_on():
+    """Without the solutions file (a learner's kernel) the answer cell is blank: the checkpoint asks to
+    fill it in, the walk stays hidden, and every later cell still runs (no exception stops Run All)."""
+    nb = _execute(ROOT / "notebooks" / "01_bandwidth_bound.ipynb", checkpoint_answers=None)
+    out = _text(nb)
+    assert "Traceback" not in out and "checkpoint 01: fill in your answer" in out and "still blank: leaf" in out
+    assert "walk hidden until checkpoint 01 passes" in out and "checkpoint 01: passed" not in out
+    assert "F YES" not in out  # neither the unfused nor the strided walk was shown
+    assert all(c.get("execution_count") for c in nb.cells if c.cell_type == "code")  # every cell ran
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")

@@ -12,15 +12,18 @@ What: exercises (every :class:`hwlab.core.grading.ExerciseResult` built is passe
 :func:`record_exercise`, registered in ``hwlab/__init__.py``; "not done yet" is not recorded): the checker's status, and for a flowchart question the leaf given
 and the right one. Drills (:func:`record_drill`, after :func:`hwlab.diagnosis.drills.grade`): the fault,
 the leaf submitted and the fault's leaf, whether the evidence supported it and whether the
-fix removed the slowdown.
+fix removed the slowdown. Checkpoints (:func:`record_checkpoint`, from
+:func:`hwlab.diagnosis.checkpoint.check`; blanks are not recorded): the checkpoint, the leaf, metric, value
+and prediction given, pass or not, and the walk's leaf.
 
 The **first wrong branch** of a wrong leaf: walking the flowchart's tree from its start
 toward the right leaf, the first question whose right branch cannot reach the submitted
 leaf; the learner answered that question the other way. It is read from the chart's
 structure alone, so exercises and drills count it the same way.
 
-:func:`summary` groups results per exercise or fault: attempts, learners, pass rate, the
-common wrong leaves and first wrong branches; :func:`load_results` reports malformed files
+:func:`summary` groups results per exercise, fault or checkpoint: attempts, learners, pass rate, the
+common wrong leaves and first wrong branches, and for a checkpoint every leaf picked and every metric
+cited (the misconception map); :func:`load_results` reports malformed files
 and skips them.
 """
 from __future__ import annotations
