@@ -92,7 +92,13 @@ print(f"{first['name']} [{rec.label}]: {CP.walk()}")
 # %%
 fn, mod = load(f"{ROOT / 'examples' / 'unfused_chain.py'}:unfused_chain")
 ex = hwlab.examine(fn, make_inputs=mod.inputs, ceilings=here, name="unfused_chain")
-print(ex.report())
+DETAILS = False  # True: the whole report, as `hwlab examine` prints it (counts, profile, every step's rule)
+if DETAILS:
+    print(ex.report())
+else:
+    print(ex.measurement.summary())
+    nb.show_evidence({**ex.evidence, "metric_sources": ex.evidence_sources}, ex.label)
+    print(f"walk: {ex.diagnosis.compact()}")
 nb.show_mermaid(ex.diagnosis.mermaid())
 
 # %% [markdown]
@@ -148,7 +154,11 @@ from hwlab.examine.target import load_model
 tf = ROOT / "examples" / "small_transformer.py"
 module, args, make = load_model(f"{tf}:model")
 mixed = hwlab.examine(module, *args, make_inputs=make, ceilings=here, name="small_transformer (GELU op by op)")
-print("\n".join(mixed.parts.render()))
+lines = mixed.parts.render()
+print("\n".join(lines if DETAILS else [ln for ln in lines if not ln.startswith("       ")]))
+if not DETAILS:  # one line per part's walk; DETAILS = True prints each step
+    for p in mixed.parts.ranked:
+        print(f"  walk of {p.name}: {p.walk.compact()}")
 plot_parts(mixed.parts.to_dict(), f"time per part, {mixed.label}")
 h = mixed.headline
 display(Markdown(
@@ -250,7 +260,8 @@ def my_inputs():
 
 
 mine = hwlab.examine(my_layer_norm, make_inputs=my_inputs, ceilings=here)
-print(mine.report())
+print(mine.report() if DETAILS else f"{mine.measurement.summary()}\nwalk: {mine.diagnosis.compact()}\n"
+      "(print(mine.report()) for the whole report: counts, profile, sources, every step's rule)")
 
 # %% [markdown]
 # ## Summary

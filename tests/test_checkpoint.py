@@ -147,6 +147,18 @@ def test_a_wrong_leaf_names_the_contradicting_evidence_never_the_right_leaf():
     assert n >= 5 * 12
 
 
+def test_a_borderline_step_is_named_in_the_wrong_leaf_message_and_the_pass():
+    cp = _cp(_lab03("aware"))                          # D NO with a spread that contains D's threshold
+    d = cp.walk.steps[1]
+    assert d.question == "D" and d.borderline
+    res = C.check(cp, C.Answer("L", d.metric, float(d.value)))
+    assert res.status == C.WRONG and "BORDERLINE" in res.messages[0] and "may answer it YES" in res.messages[0]
+    assert not re.search(rf"\b{cp.walk.leaf_id}\b", res.messages[0])
+    ok = C.check(cp, _right(cp))
+    assert ok.passed and "BORDERLINE at D" in ok.messages[0]
+    assert "BORDERLINE" not in C.check(_cp(_lab03()), _right(_cp(_lab03()))).messages[0]
+
+
 def test_a_non_leaf_and_a_lower_case_leaf():
     cp = _cp(_lab03())
     s = cp.asked()
@@ -189,6 +201,10 @@ def test_evidence_table_lists_what_the_walk_reads_without_a_verdict():
     for s in flowchart.diagnose(ev).steps:
         assert s.metric in text
     assert "->" not in text and "YES" not in text and "leaf" not in text.lower()
+    assert "OUTSIDE" not in text
+    bad = C.render_evidence({"slowdown_vs_floor": 0.56, "dram_pct_estimated": 1160.0})
+    assert "OUTSIDE its physical range" in next(ln for ln in bad.splitlines() if "dram_pct_estimated" in ln)
+    assert "OUTSIDE" not in next(ln for ln in bad.splitlines() if "slowdown_vs_floor" in ln)
 
 
 # ---- class folder: each graded answer kept, summary per leaf and metric ---------------------------

@@ -158,8 +158,11 @@ def _contradiction(s: flowchart.Step, leaf: str) -> str:
         got = f"{s.metric} = {_fmt(s.value)} ({s.criterion}) answers it NO before its own rule is read"
     else:
         got = f"{s.metric} = {_fmt(s.value)} (rule {s.criterion}{_spread_text(s)}) answers it {s.answer.upper()}"
+    border = (f" That step is BORDERLINE (its measured spread contains the threshold): a re-run may answer it "
+              f"{want}, but this run's evidence answers it {'NO' if want == 'YES' else 'YES'}; re-run with more "
+              "repeats before acting on either." if s.borderline else "")
     return (f"leaf {leaf} needs {s.question} ({s.text}) answered {want}, but in the evidence above {got}. "
-            "Read that row again and follow the chart from there.")
+            "Read that row again and follow the chart from there." + border)
 
 
 def value_bounds(s: flowchart.Step) -> tuple[float, float]:
@@ -204,7 +207,9 @@ def check(cp: Checkpoint, answer: Answer | None, *, record: bool = True, learner
             s = cp.asked()
             res.messages = [f"leaf, metric ({s.metric} at {s.question}) and value agree with the evidence"
                             + (f"; prediction {_fmt(a.prediction)}{cp.prediction.unit} against "
-                               f"{_fmt(cp.prediction.actual)}{cp.prediction.unit} measured" if cp.prediction else "")]
+                               f"{_fmt(cp.prediction.actual)}{cp.prediction.unit} from this run" if cp.prediction else "")
+                            + (f"; BORDERLINE at {', '.join(b.question for b in cp.walk.borderline)}: the measured "
+                               "spread contains the threshold, one re-run from the other branch" if cp.walk.borderline else "")]
     if record and res.status in (PASSED, WRONG):
         classroom.record_checkpoint(cp, res, learner=learner)
     return res
@@ -254,24 +259,27 @@ def _grade_reading(cp: Checkpoint, a: Answer) -> list[str]:
 
 def evidence_rows(evidence: dict[str, Any]) -> list[dict[str, Any]]:
     """The metrics of ``evidence`` the chart reads (every question's rules), each with its spread,
-    source and whether it is an estimate, in the chart's order: what the learner reads, no verdict."""
+    source, whether it is an estimate and whether it lies outside its physical range (then it is not
+    evidence: :data:`hwlab.diagnosis.flowchart_checks.PHYSICAL_RANGES`), in the chart's order: what the
+    learner reads, no verdict."""
     spreads = checks.spreads_of(evidence)
     est = checks.estimated_metrics(evidence)
     sources = evidence.get("metric_sources") or {}
-    names: list[str] = []
+    names: dict[str, str] = {}  # metric -> the question that reads it
     for q in flowchart.QUESTIONS.values():
         for c in (*q.criteria, *q.overrides_no, *q.not_applicable):
-            if c.metric not in names:
-                names.append(c.metric)
-        if q.bool_metric and q.bool_metric not in names:
-            names.append(q.bool_metric)
+            names.setdefault(c.metric, q.id)
+        if q.bool_metric:
+            names.setdefault(q.bool_metric, q.id)
     rows = []
-    for m in names:
+    for m, qid in names.items():
         if evidence.get(m) is None:
             continue
         sp = spreads.get(m, (None, ""))
+        bad = None if isinstance(evidence[m], bool) else checks.check_range(qid, m, evidence[m], sp[0])
         rows.append({"metric": m, "value": evidence[m], "spread": list(sp[0]) if sp[0] else None,
-                     "spread_what": sp[1] or None, "estimated": m in est, "source": sources.get(m)})
+                     "spread_what": sp[1] or None, "estimated": m in est, "source": sources.get(m),
+                     "outside_physical_range": bad is not None})
     return rows
 
 
@@ -280,7 +288,8 @@ def render_evidence(evidence: dict[str, Any], source: str = "") -> str:
     lines = [f"evidence the walk will read [{source}]" if source else "evidence the walk will read"]
     for r in evidence_rows(evidence):
         sp = f"{_fmt(r['spread'][0])}-{_fmt(r['spread'][1])}" if r["spread"] else "not recorded"
-        kind = "estimated" if r["estimated"] else "measured"
+        kind = ("OUTSIDE its physical range, not evidence; " if r["outside_physical_range"] else "") + (
+            "estimated" if r["estimated"] else "measured")
         lines.append(f"  {r['metric']:<28} {_fmt(r['value']):>10}  spread {sp:<20} {kind}"
                      + (f"; {r['source']}" if r["source"] else ""))
     return "\n".join(lines)
