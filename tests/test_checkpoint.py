@@ -177,7 +177,7 @@ def test_blank_answer_prints_fill_in_and_raises_nothing(capsys, monkeypatch):
     assert res.status == C.FILL_IN and "fill in your answer" in capsys.readouterr().out
 
 
-def test_solutions_fill_only_blank_answers_and_pass_through_the_checker(monkeypatch, capsys):
+def test_solutions_fill_only_blank_answers_and_pass_through_the_checker(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv(nb.ENV_CHECKPOINT_ANSWERS, str(SOLUTIONS))
     ev1, speedup = _lab01()
     cases = {"01": (ev1, None, C.Prediction("fused speed-up", speedup, "x", band_pct=40)),
@@ -189,10 +189,17 @@ def test_solutions_fill_only_blank_answers_and_pass_through_the_checker(monkeypa
     for cid, (ev, step, pred) in cases.items():
         res = nb.checkpoint(cid, nb.answer(cid, evidence=ev), flowchart.diagnose(ev), ev, step=step, prediction=pred)
         assert res.passed, (cid, res.messages)
+    # the solutions' answers are not kept in a class folder as anybody's; a learner's are
+    d = tmp_path / "class"
+    monkeypatch.setenv(classroom.ENV_DIR, str(d))
+    ev3 = _lab03()
+    assert nb.checkpoint("03", nb.answer("03", evidence=ev3), flowchart.diagnose(ev3), ev3).passed
+    assert not d.exists() or not list(d.iterdir())
     # a learner's own answer is graded as given, even with the solutions file set
     mine = nb.answer("03", leaf="M", metric="rank_tail_pct", value=1.0, evidence=_lab03())
     assert mine == C.Answer("M", "rank_tail_pct", 1.0)
     assert not nb.checkpoint("03", mine, flowchart.diagnose(_lab03()), _lab03()).passed
+    assert [r["leaf"] for r in classroom.load_results(d)[0]] == ["M"]
 
 
 def test_evidence_table_lists_what_the_walk_reads_without_a_verdict():

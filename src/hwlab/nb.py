@@ -5,6 +5,7 @@ or *recorded* (from :mod:`hwlab.evidence`); :func:`banner` prints which, every t
 """
 from __future__ import annotations
 
+import functools
 from typing import Iterable
 
 import torch
@@ -206,6 +207,18 @@ def _prefix(answers: dict[str, str]) -> dict:
 ENV_CHECKPOINT_ANSWERS = "HWLAB_CHECKPOINT_ANSWERS"
 
 
+@functools.lru_cache(maxsize=None)
+def _filled_answer_type():
+    """The answer type of a solutions-file answer (one class, made on first use: the checker's module
+    is imported only by notebooks that grade)."""
+    from hwlab.diagnosis.checkpoint import Answer
+
+    class FilledAnswer(Answer):
+        """An answer taken from the solutions file: graded like any other, never kept as a learner's."""
+
+    return FilledAnswer
+
+
 class ReadOff(str):
     """A solution's value that says "read this metric off the evidence shown" (a live run's value
     differs per machine): :func:`checkpoint` reads it from the same evidence the learner saw."""
@@ -231,8 +244,8 @@ def answer(checkpoint_id: str, leaf=None, metric=None, value=None, prediction=No
     metric = sol.get("metric")
     if isinstance(metric, list):  # the first of the chart's metrics for that rule that this evidence holds
         metric = next((m for m in metric if m in (evidence or {})), metric[0])
-    return Answer(sol.get("leaf"), metric, ReadOff(metric) if v == "read off the evidence" else v,
-                  sol.get("prediction"))
+    return _filled_answer_type()(sol.get("leaf"), metric, ReadOff(metric) if v == "read off the evidence" else v,
+                                 sol.get("prediction"))
 
 
 def checkpoint(checkpoint_id: str, ans, walk, ev: dict, *, step: str | None = None, prediction=None,
@@ -245,9 +258,11 @@ def checkpoint(checkpoint_id: str, ans, walk, ev: dict, *, step: str | None = No
 
     from hwlab.diagnosis import checkpoint as C
 
+    filled = isinstance(ans, _filled_answer_type())  # from the solutions file: not a learner's answer to keep
     if isinstance(ans.value, ReadOff):
         ans = replace(ans, value=ev.get(str(ans.value)))
-    res = C.check(C.Checkpoint(checkpoint_id, walk, ev, step=step, prediction=prediction, source=source), ans)
+    res = C.check(C.Checkpoint(checkpoint_id, walk, ev, step=step, prediction=prediction, source=source), ans,
+                  record=not filled)
     print(res)
     return res
 
