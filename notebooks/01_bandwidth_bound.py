@@ -113,6 +113,7 @@ nb.show_evidence(result.evidence["unfused"], f"unfused; {source}")
 # (from your byte count above). The kit's walk shows once this passes.
 
 # %%
+# replace each None: leaf="<a leaf letter>", metric="<a metric name from the table>", value=<its value>, prediction=<a number>
 ANSWER = nb.answer("01", leaf=None, metric=None, value=None, prediction=None, evidence=result.evidence["unfused"])
 CP = nb.checkpoint("01", ANSWER, result.diagnoses["unfused"], result.evidence["unfused"], source=source,
                    prediction=Prediction("the fused kernel's speed-up over the unfused chain",

@@ -117,6 +117,7 @@ occ_spill = next((r.occupancy for r in rows if r.config.label == spill and r.occ
     c["occupancy"] for c in rec.extra["configs"] if c["report"]["config"] == spill)
 
 # %%
+# replace each None: leaf="<a leaf letter>", metric="<a metric name from the table>", value=<its value>, prediction=<a number>
 ANSWER = nb.answer("02", leaf=None, metric=None, value=None, prediction=None, evidence=ev[spill])
 CP = nb.checkpoint("02", ANSWER, flowchart.diagnose(ev[spill]), ev[spill], source=src,
                    prediction=Prediction(f"blocks per SM of {spill}", occ_spill["blocks_per_sm"], band_abs=0,

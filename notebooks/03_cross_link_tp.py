@@ -126,6 +126,7 @@ nb.show_evidence(ev_naive, f"naive; {src}")
 # it and its value as the table shows it. The kit's walks show once this passes.
 
 # %%
+# replace each None: leaf="<a leaf letter>", metric="<a metric name from the table>", value=<its value>
 ANSWER = nb.answer("03", leaf=None, metric=None, value=None, evidence=ev_naive)
 CP = nb.checkpoint("03", ANSWER, flowchart.diagnose(ev_naive), ev_naive, source=src)
 

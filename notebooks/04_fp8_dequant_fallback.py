@@ -160,6 +160,7 @@ nb.show_evidence(fe[key], f"{key}; {src}")
 # service?) and its value as the table shows it. The kit's walks show once this passes.
 
 # %%
+# replace each None: leaf="<a leaf letter>", metric="<a metric name from the table>", value=<its value>
 ANSWER = nb.answer("04", leaf=None, metric=None, value=None, evidence=fe[key])
 CP = nb.checkpoint("04", ANSWER, flowchart.diagnose(fe[key]), fe[key], step="D", source=src)
 

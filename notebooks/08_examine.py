@@ -73,6 +73,7 @@ nb.show_evidence(ev_first, f"{first['name']}; {rec.label}")
 # this passes.
 
 # %%
+# replace each None: leaf="<a leaf letter>", metric="<a metric name from the table>", value=<its value>
 ANSWER = nb.answer("08", leaf=None, metric=None, value=None, evidence=ev_first)
 CP = nb.checkpoint("08", ANSWER, flowchart.diagnose(ev_first), ev_first, source=rec.label)
 

@@ -159,6 +159,14 @@ def test_a_borderline_step_is_named_in_the_wrong_leaf_message_and_the_pass():
     assert "BORDERLINE" not in C.check(_cp(_lab03()), _right(_cp(_lab03()))).messages[0]
 
 
+def test_an_undecided_walk_grades_nothing_and_shows_what_to_measure():
+    ev = {"slowdown_vs_floor": 3.0}                        # F has no metric: the walk stops there
+    cp = _cp(ev)
+    res = C.check(cp, C.Answer("G", "slowdown_vs_floor", 3.0))
+    assert res.status == C.UNDECIDED and not res.passed
+    assert res.walk() == "B YES 3x -> ? at F (not measured)" and "run" in res.walk(full=True)
+
+
 def test_a_non_leaf_and_a_lower_case_leaf():
     cp = _cp(_lab03())
     s = cp.asked()

@@ -119,9 +119,10 @@ class Result:
         return "\n".join([head[self.status].format(id=self.checkpoint)] + [f"  {m}" for m in self.messages])
 
     def walk(self, full: bool = False) -> str:
-        """The kit's walk (one line, or the full text with ``full``) once this answer passed; before
-        that, a line saying the walk waits for the checkpoint."""
-        if self.passed and self._walk is not None:
+        """The kit's walk (one line, or the full text with ``full``) once this answer passed, or at once
+        where the walk reaches no leaf (nothing to grade; it names what to measure); before that, a line
+        saying the walk waits for the checkpoint."""
+        if (self.passed or self.status == UNDECIDED) and self._walk is not None:  # undecided: it says what to measure
             return self._walk.render(full=full)
         return (f"[walk hidden until checkpoint {self.checkpoint} passes: {self.status}; "
                 "answer in the cell above and run it again]")
@@ -173,7 +174,7 @@ def value_bounds(s: flowchart.Step) -> tuple[float, float]:
 
 
 def _missing(cp: Checkpoint, a: Answer) -> list[str]:
-    need = [("leaf", "the leaf: a letter of the chart (G, I, J, L, M or OK)"),
+    need = [("leaf", f"the leaf: one of the chart's leaves ({', '.join(flowchart.LEAVES)})"),
             ("metric", "the metric that decides the asked step, as it is named in the evidence table"),
             ("value", "that metric's value, read off the evidence table")]
     if cp.prediction is not None:
