@@ -264,7 +264,7 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def render(s: dict[str, Any]) -> str:
     """The summary as a table for the terminal."""
-    lines = [f"{'exercise / fault':<44} {'tries':>5} {'pass %':>7} {'people':>6}  wrong leaves; first wrong branch"]
+    lines = [f"{'exercise / fault / checkpoint':<44} {'tries':>5} {'pass %':>7} {'people':>6}  wrong leaves; first wrong branch"]
     for k, r in s["items"].items():
         wl = ", ".join(f"{leaf} x{n}" for leaf, n in r["wrong_leaves"].items()) or "-"
         fb = ", ".join(f"{b} x{n}" for b, n in r["first_wrong_branches"].items()) or "-"
