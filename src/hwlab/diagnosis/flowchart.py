@@ -267,6 +267,20 @@ class Step:
                 f"({self.metric} = {_fmt(self.value)}; rule {self.criterion}) {self.provenance()}"
                 f"{self.spread_text()}")
 
+    def compact(self) -> str:
+        """The step in a few characters: ``F YES 60.8%``, ``H NO (n_spills 178)``, ``H N/A``."""
+        if self.answer == NOT_APPLICABLE:
+            return f"{self.question} N/A"
+        if self.by_hand:
+            return f"{self.question} {self.answer.upper()} (by hand)"
+        unit = self.criterion.split(" ", 3)[3] if self.criterion.count(" ") >= 3 else ""
+        unit = "x" if unit.startswith("x") else "%" if unit.startswith("%") else ""
+        val = ("~" if self.estimated else "") + _fmt(self.value) + unit
+        head = (f"{self.question} NO ({self.metric} {val})" if self.overridden
+                else f"{self.question} {self.answer.upper()} {val}" if unit
+                else f"{self.question} {self.answer.upper()} ({self.metric} {val})")
+        return head + (" BORDERLINE" if self.borderline else "")
+
     def to_dict(self) -> dict[str, Any]:
         return {"question": self.question, "answer": self.answer, "metric": self.metric,
                 "value": self.value, "rule": self.criterion, "overridden": self.overridden,
@@ -371,6 +385,26 @@ class Diagnosis:
                 "lens_notes": list(self.lens_notes), "explain": self.explain()}
 
     __str__ = explain
+
+    def compact(self) -> str:
+        """The walk on one line, e.g. ``B YES 4.23x -> F YES 60.8% -> G``: per step its answer and the
+        value that decided it (``~`` an estimate, ``by hand`` a typed answer), ``BORDERLINE`` where the
+        measured spread contains the threshold, ``INVALID`` where a metric was outside its physical
+        range; ``explain()`` (or ``render(full=True)``) gives the full text."""
+        parts = []
+        for s in self.steps:
+            bad = [iv.metric for iv in self.invalid if iv.question == s.question]
+            parts.append(s.compact() + (f" (INVALID {', '.join(bad)})" if bad else ""))
+        if self.leaf:
+            parts.append(self.leaf.id)
+        elif self.undecided:
+            bad = [iv.metric for iv in self.invalid if iv.question == self.undecided.id]
+            parts.append(f"? at {self.undecided.id} (" + (f"INVALID {', '.join(bad)}" if bad else "not measured") + ")")
+        return " -> ".join(parts)
+
+    def render(self, full: bool = False) -> str:
+        """One line (:meth:`compact`), or with ``full`` the whole walk (:meth:`explain`)."""
+        return self.explain() if full else self.compact()
 
     def mermaid(self) -> str:
         return render_mermaid(self.path)
