@@ -87,7 +87,7 @@ _HOST_COLL = re.compile(r"^(?:nccl|gloo|c10d)::?|^record_param_comms$")
 PEEK_CHARS = 1 << 16  # characters read from the start of a file to tell a profiler trace from anything else
 TRACE_MARKERS = ('"traceEvents"', '"schemaVersion"', '"deviceProperties"')
 EPOCH_US_MIN = 1e15  # a timestamp past this (2001 in microseconds since 1970) is on the Unix-epoch clock
-_TB_NAME = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.(?P<ns>\d+)\.pt\.trace\.json(?:\.gz)?$")
+_TB_NAME = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.(?P<ns>\d{10,})\.pt\.trace\.json(?:\.gz)?$")
 
 
 class TraceError(UserInputError):
@@ -112,6 +112,7 @@ class Collective:
     on: str                   # "gpu" (an NCCL kernel) or "cpu" (a gloo worker span)
     stream: Any = None        # the CUDA stream (NCCL) or the worker thread id (gloo)
     n_bytes: int | None = None
+    n_bytes_out: int | None = None  # the output's bytes (``Out msg nelems``), when recorded
     pg: str | None = None     # process group name, when recorded
     seq: int | None = None    # the collective's sequence number in its group, when recorded
     group_size: int | None = None
@@ -356,6 +357,8 @@ def _comms_meta(args: dict[str, Any]) -> dict[str, Any]:
         size = DTYPE_BYTES.get(str(dt)) or DTYPE_BYTES.get(str(dt).split(".")[-1])
         if size:
             out["n_bytes"] = nel * size
+            if isinstance(args.get("Out msg nelems"), int):
+                out["n_bytes_out"] = args["Out msg nelems"] * size
     for key, k in (("Process Group Name", "pg"), ("Process Group Description", "pg_desc")):
         if args.get(key) not in (None, ""):
             out[k] = str(args[key])
@@ -473,6 +476,7 @@ def _take(ev: dict[str, Any], rt: RankTrace, ops: list, metas: list, main_tids: 
             if meta:
                 c.name = meta.get("name", c.name)
                 c.n_bytes, c.pg, c.seq = meta.get("n_bytes"), meta.get("pg"), meta.get("seq")
+                c.n_bytes_out = meta.get("n_bytes_out")
                 c.group_size, c.meta_source = meta.get("group_size"), "kernel args"
             rt.collectives.append(c)
             ctx.coll_corr[id(c)] = (corr, args.get("External id"))
@@ -545,6 +549,7 @@ def _identify(rt: RankTrace, ctx: _Ctx) -> None:
                 m = ctx.rpc_by_ext[ext]
                 c.name = m.get("name", c.name)
                 c.n_bytes, c.pg, c.seq = m.get("n_bytes"), m.get("pg"), m.get("seq")
+                c.n_bytes_out = m.get("n_bytes_out")
                 c.group_size, c.meta_source = m.get("group_size"), "record_param_comms (External id)"
             continue
         c.launch_us = launch[0]
@@ -560,6 +565,7 @@ def _identify(rt: RankTrace, ctx: _Ctx) -> None:
             m = rpc[-1]
             c.name = m.get("name") or (coll_key(named[-1][3]) if named else c.name)
             c.n_bytes, c.pg, c.seq = m.get("n_bytes"), m.get("pg"), m.get("seq")
+            c.n_bytes_out = m.get("n_bytes_out")
             c.group_size, c.meta_source = m.get("group_size"), "record_param_comms (by correlation id)"
         elif named:
             c.name, c.meta_source = coll_key(named[-1][3]), f"host op {named[-1][3]} (by correlation id)"
@@ -599,5 +605,6 @@ def _finish(rt: RankTrace, ops: list, metas: list, main_tids: set, ctx: _Ctx | N
         if i < len(lst):
             m = lst[i]
             c.n_bytes, c.pg, c.seq = m.get("n_bytes"), m.get("pg"), m.get("seq")
+            c.n_bytes_out = m.get("n_bytes_out")
             c.group_size, c.meta_source = m.get("group_size"), "record_param_comms (in launch order: no correlation id)"
         seen[c.name] = i + 1
