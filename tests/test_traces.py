@@ -357,3 +357,181 @@ def test_the_topology_link_from_a_startup_capture_judges_the_bus_bandwidth(tmp_p
     assert cell in f["names"] and rep["link_gbps"] == mapping.link_gbps_us(cell)[0]
     assert rep["link_gbps_source"].startswith("estimate") and f["verdict"] == "slow link"
     assert R.report(tmp_path, link_gbps=f["busbw_gbps"])["link_gbps_source"] == "given (--link-gbps)"
+
+
+# ------------------------------------------------------------------ partial and foreign traces (issue 44)
+SENDRECV = DATA / "sendrecv_identity"
+
+
+def test_truncated_second_rank_makes_the_answer_undecided_naming_the_rank_and_file():
+    rep = R.report(DATA / "truncated_rank")
+    assert rep["missing_ranks"] == [1] and R.is_undecided(rep)
+    assert "ranks 1 of world size 2" in rep["undecided"] and "rank-1.Dec_05_00_20_00.1102" in rep["undecided"]
+    assert [Path(u["file"]).name for u in rep["unreadable"]] == ["rank-1.Dec_05_00_20_00.1102.pt.trace.json.gz"]
+    text = R.render(rep)
+    assert "UNDECIDED" in text and "no slow rank and no slow link" not in text
+    assert "undecided" in rep["incident_draft"]["record"]["title"]
+
+
+def test_discovery_reads_traces_by_content_and_lists_what_it_skipped():
+    d = DATA / "named_by_others"
+    traces, skipped = kineto.discover_traces(d)
+    assert sorted(p.name for p in traces) == ["control.json.gz", "rank-0.Jul_15_10_52_41.1074.pt.trace.json.gz"]
+    why = {p.name: w for p, w in skipped}
+    assert set(why) == {"empty_trace.json.gz", "model_et.json", "rank-00000.json", "steps-rank-00000.jsonl"}
+    assert "empty" in why["empty_trace.json.gz"] and "execution trace" in why["model_et.json"]
+    assert "hwlab.capture" in why["rank-00000.json"] and ".json" in why["steps-rank-00000.jsonl"]
+    rep = R.report(d)
+    assert rep["n_ranks"] == 2 and sorted(s["file"] for s in rep["per_rank"].values()) == sorted(p.name for p in traces)
+    assert {Path(s["file"]).name for s in rep["skipped"]} == set(why)
+    text = R.render(rep)
+    assert all(f"not a trace: {Path(s['file'])}" in text for s in rep["skipped"])
+    # a name with a date is not read as a tensorboard host_pid name
+    assert kineto.read_trace(traces[1]).host is None
+
+
+def _waits(rep):
+    return sorted((c["name"], c["seq"], c["last"], round(c["skew_ms"], 3)) for c in rep["collectives"]["per_collective"])
+
+
+def test_sendrecv_kernels_are_matched_by_process_group_and_sequence_number():
+    """Every NCCL kernel is named SendRecv; the host ops around each launch say all_to_all,
+    all_reduce, all_gather, and the two ranks issue them in different orders. The fixture's waits:
+    rank 0 waits 32 ms in each all_to_all, rank 1 0.25 ms in each all_reduce, rank 0 2 ms in each
+    all_gather (make_fixtures.ORDER / ENDS)."""
+    rep = R.report(SENDRECV)
+    c = rep["collectives"]
+    assert c["methods"] == {R.BY_ID: 6} and c["unmatched"] == {"0": 0, "1": 0}
+    assert _waits(rep) == [("allgather", 2, 1, 2.0), ("allgather", 4, 1, 2.0), ("allreduce", 1, 0, 0.25),
+                           ("allreduce", 2, 0, 0.25), ("alltoall", 1, 1, 32.0), ("alltoall", 3, 1, 32.0)]
+    t = kineto.read_trace(next(SENDRECV.glob("rank-0*")))
+    assert {x.meta_source for x in t.collectives} == {"record_param_comms (by correlation id)"}
+    assert {x.host_op for x in t.collectives} == {"nccl:all_to_all", "nccl:all_reduce", "nccl:all_gather"}
+
+
+def test_without_sequence_numbers_pairs_must_overlap_and_the_rest_are_counted(tmp_path):
+    """Sequence numbers stripped (older torch) and rank 1's first all_reduce kernel dropped (a sampled
+    trace): pairing is by name and order, kept only where the two ranks overlap on one clock; the
+    all_reduce without a partner is counted unmatched, not paired with the next one."""
+    for p in sorted(SENDRECV.glob("*.gz")):
+        raw = _load(p)
+        r = raw["distributedInfo"]["rank"]
+        drop = None
+        for e in raw["traceEvents"]:
+            e.get("args", {}).pop("Seq", None)
+            if r == 1 and e["name"] == "nccl:all_reduce" and drop is None:
+                drop = (e["ts"], e["ts"] + 40.0)
+        if drop:
+            corr = {e["args"]["correlation"] for e in raw["traceEvents"] if e["cat"] == "cuda_runtime"
+                    and drop[0] <= e["ts"] <= drop[1]}
+            raw["traceEvents"] = [e for e in raw["traceEvents"] if not (e["cat"] == "kernel" and
+                                                                          e["args"].get("correlation") in corr)]
+        _write(raw, tmp_path / p.name)
+    rep = R.report(tmp_path)
+    c = rep["collectives"]
+    assert c["methods"] == {R.BY_OVERLAP: 5} and c["unmatched"] == {"0": 1, "1": 0}
+    assert ("allreduce", None, 0, 0.25) in _waits(rep) and len(_waits(rep)) == 5
+    assert {w[3] for w in _waits(rep) if w[0] == "alltoall"} == {32.0}
+    assert any("left unmatched" in n for n in rep["notes"])
+
+
+def test_a_folder_mixing_jobs_is_refused_naming_the_files(tmp_path):
+    with pytest.raises(kineto.UserInputError, match="world size 2: trace_a.json.gz; world size 8: trace_b.json.gz"):
+        R.report(DATA / "mixed_jobs")
+    # the same world size, recorded 8.5 days apart
+    a, b = (_load(p) for p in sorted((DATA / "mixed_jobs").glob("*.gz")))
+    b["distributedInfo"]["world_size"], b["distributedInfo"]["rank"] = 2, 1
+    _write(a, tmp_path / "a.json.gz")
+    _write(b, tmp_path / "b.json.gz")
+    with pytest.raises(kineto.UserInputError, match=r"8\.5 days apart.*a\.json\.gz.*b\.json\.gz"):
+        R.report(tmp_path)
+    b["baseTimeNanoseconds"] = a["baseTimeNanoseconds"] + 30 * 10**9  # 30 s apart: one job
+    _write(b, tmp_path / "b.json.gz")
+    assert R.report(tmp_path)["n_ranks"] == 2
+
+
+def test_device_work_after_the_step_is_counted_in_the_step_that_launched_it():
+    """The device runs behind the host (make_fixtures: each step launches 8 kernels of 2.5 ms in a
+    10 ms host step): each step's busy time is the 20 ms its launches caused, by correlation id,
+    summed here independently from the raw JSON; the share that ran after the last step is noted."""
+    p = next((DATA / "device_lag").glob("*.gz"))
+    raw = _load(p)["traceEvents"]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in raw if e["name"].startswith("ProfilerStep#")]
+    launch = {e["args"]["correlation"]: e["ts"] for e in raw if e["cat"] == "cuda_runtime"}
+    kern = [e for e in raw if e["cat"] == "kernel"]
+    per_step = [sum(k["dur"] for k in kern if lo <= launch[k["args"]["correlation"]] < hi) / 1e3 for lo, hi in steps]
+    after = sum(max(0.0, k["ts"] + k["dur"] - max(max(k["ts"], steps[-1][1]), steps[-1][1])) for k in kern)
+    after_pct = 100 * sum(max(0.0, k["ts"] + k["dur"] - max(k["ts"], steps[-1][1])) for k in kern) / sum(
+        k["dur"] for k in kern)
+    rep = R.report(DATA / "device_lag")
+    s = rep["per_rank"]["0"]
+    assert s["busy_ms"] == pytest.approx(statistics_median(per_step)) and per_step == [20.0, 20.0]
+    assert s["device_outside_steps"]["after_last_step_pct"] == pytest.approx(after_pct) and after > 0
+    assert s["idle_ms"] == pytest.approx(0.0, abs=1e-6)  # the device never waited: no idle artefact
+    assert any("ran outside the host's ProfilerStep windows" in n for n in rep["notes"])
+
+
+def statistics_median(xs):
+    import statistics
+    return statistics.median(xs)
+
+
+def test_training_traces_get_training_actions_and_the_traces_machine():
+    rep = R.report(DATA / "training_two_ranks")
+    assert rep["workload"] == "training" and rep["flowchart"]["path"] == ["B", "D", "K", "M"]
+    text = R.render(rep)
+    assert "prefill" not in text and "KV" not in text and "TORCH_LOGS=recompiles" in text
+    m = rep["incident_draft"]["record"]["machine"]
+    assert m["device"] == "NVIDIA H100 80GB HBM3" and m["host"] == "trainnode3"
+    assert "prefill" not in rep["incident_draft"]["markdown"]
+    # the same walk for a job that shows no backward op keeps the seed's serving actions
+    d = flowchart.diagnose({**rep["flowchart"]["evidence"], "workload": "inference"})
+    assert d.leaf_id == "M" and "prefill" in " ".join(d.leaf.actions)
+
+
+def test_one_ranks_collectives_are_listed_with_bus_bandwidth(tmp_path):
+    shutil.copy(next(SENDRECV.glob("rank-0*")), tmp_path)
+    rep = R.report(tmp_path)
+    rows = {x["name"]: x for x in rep["collectives_by_rank"]["0"]}
+    # make_fixtures: all_to_all of 2^20 floats, 39 ms inside, twice; all_reduce 2^22 floats, 10 ms; group size 2
+    a2a, ar = rows["alltoall"], rows["allreduce"]
+    assert a2a["count"] == 2 and a2a["n_bytes"] == 4 << 20 and a2a["total_ms"] == pytest.approx(78.0)
+    assert a2a["busbw_gbps"] == pytest.approx((4 << 20) / 39e-3 / 1e9 * (2 - 1) / 2)
+    assert ar["busbw_gbps"] == pytest.approx((16 << 20) / 10e-3 / 1e9 * 2 * (2 - 1) / 2)
+    ag = rows["allgather"]  # nccl-tests counts an all-gather's output bytes
+    assert ag["algbw_gbps"] == pytest.approx((1 << 18) * 4 / 19e-3 / 1e9)
+    text = R.render(rep)
+    assert "rank 0 collectives" in text and "nothing to match" not in text
+    one = R.report(H200)["collectives_by_rank"]["0"]  # recorded on the H200, world size 1
+    assert one and all(x["busbw_gbps"] is None and "one rank" in x["busbw_note"] for x in one)
+
+
+@pytest.mark.slow
+def test_live_traces_named_by_other_tools_and_a_missing_rank(tmp_path):
+    """Real torch.profiler traces (tensorboard_trace_handler, 2 gloo ranks under torchrun): renamed
+    as Kineto's on-demand traces are named, they are all read; with one removed, exit 4 names it."""
+    d = tmp_path / "tr"
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(EXAMPLE), "--trace-dir", str(d),
+           "--steps", "4"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    files = sorted(d.glob("*.pt.trace.json*"))
+    assert len(files) == 2
+    for p in files:
+        rank = kineto.read_trace(p).rank
+        p.rename(d / f"rank-{rank}.Dec_05_00_20_00.{1100 + rank}.pt.trace.json.gz" if p.name.endswith(".gz")
+                 else d / f"rank-{rank}.Dec_05_00_20_00.{1100 + rank}.pt.trace.json")
+    r = _cli("--traces", d, "--json")
+    rep = json.loads(r.stdout)
+    assert rep["n_ranks"] == 2 and rep["missing_ranks"] == [] and r.returncode in (0, 1)
+    next(d.glob("rank-1.*")).unlink()
+    r = _cli("--traces", d)
+    assert r.returncode == 4 and "UNDECIDED: ranks 1 of world size 2" in r.stdout
+
+
+@pytest.mark.slow
+def test_cli_undecided_and_mixed_jobs_exit_codes():
+    r = _cli("--traces", DATA / "truncated_rank", "--json")
+    assert r.returncode == 4 and json.loads(r.stdout)["missing_ranks"] == [1]
+    r = _cli("--traces", DATA / "mixed_jobs")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "trace_b.json.gz" in r.stderr

@@ -495,7 +495,7 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
     matched = [m for m, _ in mres["matched"]]
     how_by = [h for _, h in mres["matched"]]
     match_by = ("; ".join(f"{k}: {v}" for k, v in mres["methods"].items()) or "no collective on every rank") \
-        if len(ranks) > 1 else "one rank: its collectives are listed, nothing to match"
+        if len(ranks) > 1 else "one rank: its collectives are listed per rank"
     notes += mres["notes"]
     colls_out, last_count, wait_ms = [], Counter(), {r: 0.0 for r in ranks}
     agree = 0
@@ -747,7 +747,8 @@ def render(rep: dict[str, Any]) -> str:
                       + f"busbw -- ({x['busbw_note']})")
                 out.append(f"  {x['name']:<14} pg {x['pg'] or '?':<4} {_fmt_bytes(x['n_bytes']):>9} x{x['count']:<4} "
                            f"{x['total_ms']:.3f} ms (median {x['median_ms']:.3f}); {bw} [{x['meta_source']}]")
-    line = f"collectives matched on every rank: {c['matched']} (by {c['match_by']})"
+    line = (f"collectives matched on every rank: {c['matched']} (by {c['match_by']})" if len(rep["per_rank"]) > 1
+            else "one rank's trace: its collectives are listed above, no other rank to pair them with")
     if c.get("unmatched") and any(c["unmatched"].values()):
         line += "; unmatched " + ", ".join(f"rank {r}: {n}" for r, n in c["unmatched"].items())
     if c["last_by_start_agrees_pct"] is not None:
