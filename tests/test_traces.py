@@ -363,13 +363,25 @@ def test_the_topology_link_from_a_startup_capture_judges_the_bus_bandwidth(tmp_p
 SENDRECV = DATA / "sendrecv_identity"
 
 
-def test_truncated_second_rank_makes_the_answer_undecided_naming_the_rank_and_file():
-    rep = R.report(DATA / "truncated_rank")
-    assert rep["missing_ranks"] == [1] and R.is_undecided(rep)
-    assert "ranks 1 of world size 2" in rep["undecided"] and "rank-1.Dec_05_00_20_00.1102" in rep["undecided"]
-    assert [Path(u["file"]).name for u in rep["unreadable"]] == ["rank-1.Dec_05_00_20_00.1102.pt.trace.json.gz"]
+def _tb_named(src, dst):
+    """The fixture's traces copied under tensorboard_trace_handler names (host_pid.ns.pt.trace.json.gz),
+    so that what a test checks is the analysis, not the discovery by content."""
+    dst = Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    for i, p in enumerate(sorted(Path(src).glob("*.gz"))):
+        shutil.copy(p, dst / f"gpuhost_{4000 + i}.1733357000000000000.pt.trace.json.gz")
+    return dst
+
+
+def test_truncated_second_rank_makes_the_answer_undecided_naming_the_rank_and_file(tmp_path):
+    rep = R.report(_tb_named(DATA / "truncated_rank", tmp_path))
     text = R.render(rep)
     assert "UNDECIDED" in text and "no slow rank and no slow link" not in text
+    assert rep["missing_ranks"] == [1] and R.is_undecided(rep)
+    assert "ranks 1 of world size 2" in rep["undecided"] and "gpuhost_4001" in rep["undecided"]
+    assert [Path(u["file"]).name for u in rep["unreadable"]] == ["gpuhost_4001.1733357000000000000.pt.trace.json.gz"]
+    rep = R.report(DATA / "truncated_rank")  # as Kineto names them
+    assert rep["missing_ranks"] == [1] and "rank-1.Dec_05_00_20_00.1102" in rep["undecided"]
     assert "undecided" in rep["incident_draft"]["record"]["title"]
 
 
@@ -394,16 +406,16 @@ def _waits(rep):
     return sorted((c["name"], c["seq"], c["last"], round(c["skew_ms"], 3)) for c in rep["collectives"]["per_collective"])
 
 
-def test_sendrecv_kernels_are_matched_by_process_group_and_sequence_number():
+def test_sendrecv_kernels_are_matched_by_process_group_and_sequence_number(tmp_path):
     """Every NCCL kernel is named SendRecv; the host ops around each launch say all_to_all,
     all_reduce, all_gather, and the two ranks issue them in different orders. The fixture's waits:
     rank 0 waits 32 ms in each all_to_all, rank 1 0.25 ms in each all_reduce, rank 0 2 ms in each
     all_gather (make_fixtures.ORDER / ENDS)."""
-    rep = R.report(SENDRECV)
-    c = rep["collectives"]
-    assert c["methods"] == {R.BY_ID: 6} and c["unmatched"] == {"0": 0, "1": 0}
+    rep = R.report(_tb_named(SENDRECV, tmp_path))
     assert _waits(rep) == [("allgather", 2, 1, 2.0), ("allgather", 4, 1, 2.0), ("allreduce", 1, 0, 0.25),
                            ("allreduce", 2, 0, 0.25), ("alltoall", 1, 1, 32.0), ("alltoall", 3, 1, 32.0)]
+    c = rep["collectives"]
+    assert c["methods"] == {R.BY_ID: 6} and c["unmatched"] == {"0": 0, "1": 0}
     t = kineto.read_trace(next(SENDRECV.glob("rank-0*")))
     assert {x.meta_source for x in t.collectives} == {"record_param_comms (by correlation id)"}
     assert {x.host_op for x in t.collectives} == {"nccl:all_to_all", "nccl:all_reduce", "nccl:all_gather"}
@@ -426,12 +438,12 @@ def test_without_sequence_numbers_pairs_must_overlap_and_the_rest_are_counted(tm
                     and drop[0] <= e["ts"] <= drop[1]}
             raw["traceEvents"] = [e for e in raw["traceEvents"] if not (e["cat"] == "kernel" and
                                                                           e["args"].get("correlation") in corr)]
-        _write(raw, tmp_path / p.name)
+        _write(raw, tmp_path / f"gpuhost_{4000 + r}.1733357000000000000.pt.trace.json.gz")
     rep = R.report(tmp_path)
+    assert {w[3] for w in _waits(rep) if w[0] == "alltoall"} == {32.0}
+    assert ("allreduce", None, 0, 0.25) in _waits(rep) and len(_waits(rep)) == 5
     c = rep["collectives"]
     assert c["methods"] == {R.BY_OVERLAP: 5} and c["unmatched"] == {"0": 1, "1": 0}
-    assert ("allreduce", None, 0, 0.25) in _waits(rep) and len(_waits(rep)) == 5
-    assert {w[3] for w in _waits(rep) if w[0] == "alltoall"} == {32.0}
     assert any("left unmatched" in n for n in rep["notes"])
 
 
@@ -450,7 +462,7 @@ def test_a_folder_mixing_jobs_is_refused_naming_the_files(tmp_path):
     assert R.report(tmp_path)["n_ranks"] == 2
 
 
-def test_device_work_after_the_step_is_counted_in_the_step_that_launched_it():
+def test_device_work_after_the_step_is_counted_in_the_step_that_launched_it(tmp_path):
     """The device runs behind the host (make_fixtures: each step launches 8 kernels of 2.5 ms in a
     10 ms host step): each step's busy time is the 20 ms its launches caused, by correlation id,
     summed here independently from the raw JSON; the share that ran after the last step is noted."""
@@ -460,10 +472,9 @@ def test_device_work_after_the_step_is_counted_in_the_step_that_launched_it():
     launch = {e["args"]["correlation"]: e["ts"] for e in raw if e["cat"] == "cuda_runtime"}
     kern = [e for e in raw if e["cat"] == "kernel"]
     per_step = [sum(k["dur"] for k in kern if lo <= launch[k["args"]["correlation"]] < hi) / 1e3 for lo, hi in steps]
-    after = sum(max(0.0, k["ts"] + k["dur"] - max(max(k["ts"], steps[-1][1]), steps[-1][1])) for k in kern)
-    after_pct = 100 * sum(max(0.0, k["ts"] + k["dur"] - max(k["ts"], steps[-1][1])) for k in kern) / sum(
-        k["dur"] for k in kern)
-    rep = R.report(DATA / "device_lag")
+    after = sum(max(0.0, k["ts"] + k["dur"] - max(k["ts"], steps[-1][1])) for k in kern)
+    after_pct = 100 * after / sum(k["dur"] for k in kern)
+    rep = R.report(_tb_named(DATA / "device_lag", tmp_path))
     s = rep["per_rank"]["0"]
     assert s["busy_ms"] == pytest.approx(statistics_median(per_step)) and per_step == [20.0, 20.0]
     assert s["device_outside_steps"]["after_last_step_pct"] == pytest.approx(after_pct) and after > 0
@@ -478,9 +489,10 @@ def statistics_median(xs):
 
 def test_training_traces_get_training_actions_and_the_traces_machine():
     rep = R.report(DATA / "training_two_ranks")
-    assert rep["workload"] == "training" and rep["flowchart"]["path"] == ["B", "D", "K", "M"]
+    assert rep["flowchart"]["path"] == ["B", "D", "K", "M"]
     text = R.render(rep)
     assert "prefill" not in text and "KV" not in text and "TORCH_LOGS=recompiles" in text
+    assert rep["workload"] == "training"
     m = rep["incident_draft"]["record"]["machine"]
     assert m["device"] == "NVIDIA H100 80GB HBM3" and m["host"] == "trainnode3"
     assert "prefill" not in rep["incident_draft"]["markdown"]
@@ -490,8 +502,10 @@ def test_training_traces_get_training_actions_and_the_traces_machine():
 
 
 def test_one_ranks_collectives_are_listed_with_bus_bandwidth(tmp_path):
-    shutil.copy(next(SENDRECV.glob("rank-0*")), tmp_path)
+    shutil.copy(next(SENDRECV.glob("rank-0*")), tmp_path / "gpuhost_4000.1733357000000000000.pt.trace.json.gz")
     rep = R.report(tmp_path)
+    text = R.render(rep)
+    assert "rank 0 collectives" in text and "nothing to match" not in text
     rows = {x["name"]: x for x in rep["collectives_by_rank"]["0"]}
     # make_fixtures: all_to_all of 2^20 floats, 39 ms inside, twice; all_reduce 2^22 floats, 10 ms; group size 2
     a2a, ar = rows["alltoall"], rows["allreduce"]
@@ -500,8 +514,6 @@ def test_one_ranks_collectives_are_listed_with_bus_bandwidth(tmp_path):
     assert ar["busbw_gbps"] == pytest.approx((16 << 20) / 10e-3 / 1e9 * 2 * (2 - 1) / 2)
     ag = rows["allgather"]  # nccl-tests counts an all-gather's output bytes
     assert ag["algbw_gbps"] == pytest.approx((1 << 18) * 4 / 19e-3 / 1e9)
-    text = R.render(rep)
-    assert "rank 0 collectives" in text and "nothing to match" not in text
     one = R.report(H200)["collectives_by_rank"]["0"]  # recorded on the H200, world size 1
     assert one and all(x["busbw_gbps"] is None and "one rank" in x["busbw_note"] for x in one)
 
