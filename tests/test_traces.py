@@ -547,3 +547,117 @@ def test_cli_undecided_and_mixed_jobs_exit_codes():
     assert r.returncode == 4 and json.loads(r.stdout)["missing_ranks"] == [1]
     r = _cli("--traces", DATA / "mixed_jobs")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "trace_b.json.gz" in r.stderr
+
+
+# ------------------------------------------------------------------ opt-in: traces other tools and jobs wrote
+FOREIGN = os.environ.get("HWLAB_FOREIGN_TRACES")
+_RUNTIME = ("cuda_runtime", "cuda_driver", "Runtime")
+
+
+def _raw_per_step(path):
+    """An independent reading of one trace: the whole JSON loaded at once (no streaming, no kineto
+    module), per ProfilerStep the union of non-NCCL kernel time and of NCCL kernel time, each kernel
+    counted in the step whose window holds its runtime launch (correlation id), or clipped to the
+    window it ran in when it has no launch event; the whole trace is one step when it has none."""
+    op = gzip.open if open(path, "rb").read(2) == b"\x1f\x8b" else open
+    with op(path, "rt") as f:
+        d = json.load(f)
+    ev = [e for e in d["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e]
+    steps = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in ev
+             if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation"]
+    launch = {e["args"]["correlation"]: float(e["ts"]) for e in ev if e.get("cat") in _RUNTIME
+              and "aunch" in e["name"] and "correlation" in (e.get("args") or {})}
+    kern = [e for e in ev if e.get("cat") in ("kernel", "Kernel")]
+    gloo = [e for e in ev if str(e.get("name", "")).startswith("gloo:") and e.get("cat") in ("user_annotation", "cpu_op")]
+
+    def is_nccl(e):
+        n, a = e["name"], e.get("args") or {}
+        return n.startswith(("ncclKernel_", "ncclDevKernel_")) or "Collective name" in a or "_onerank_cu_" in n
+
+    if not steps:
+        spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in
+                 kern + gloo + [e for e in ev if e.get("cat") == "cpu_op"]]
+        if not spans:
+            return None
+        steps = [(min(a for a, _ in spans), max(b for _, b in spans))]
+
+    def union_ms(iv):
+        tot, end = 0.0, None
+        for a, b in sorted(iv):
+            if end is None or a > end:
+                tot += b - a
+                end = b
+            elif b > end:
+                tot += b - end
+                end = b
+        return tot / 1e3
+
+    rows = []
+    for lo, hi in sorted(steps):
+        busy, comm = [], []
+        for k in kern:
+            a, b = float(k["ts"]), float(k["ts"]) + float(k.get("dur", 0))
+            la = launch.get((k.get("args") or {}).get("correlation"))
+            if la is not None:
+                part = [(a, b)] if lo <= la < hi else []
+            else:
+                part = [(max(a, lo), min(b, hi))] if b > lo and a < hi else []
+            (comm if is_nccl(k) else busy).extend(part)
+        for g in gloo:
+            a, b = float(g["ts"]), float(g["ts"]) + float(g.get("dur", 0))
+            if b > lo and a < hi:
+                comm.append((max(a, lo), min(b, hi)))
+        rows.append({"busy_ms": union_ms(busy), "comm_ms": union_ms(comm), "on_gpu": bool(kern)})
+    return rows
+
+
+@pytest.mark.skipif(not FOREIGN, reason="set HWLAB_FOREIGN_TRACES to a folder of traces other tools wrote "
+                    "(e.g. HolisticTraceAnalysis' tests/data) to run this check")
+def test_foreign_traces_are_all_read_and_per_rank_figures_equal_a_raw_sum(tmp_path):
+    """Every file under HWLAB_FOREIGN_TRACES is either read as a trace or listed as skipped with a
+    reason; each trace read alone gives per-rank busy and communication medians equal to the
+    independent raw-JSON reading above; each folder is analysed as one job or refused naming its files."""
+    import statistics
+    root = Path(FOREIGN)
+    folders = sorted({p.parent for p in root.rglob("*") if p.is_file()})
+    n_read = n_checked = 0
+    for folder in folders:
+        traces, skipped = kineto.discover_traces(folder, depth=0)
+        files = sorted(p for p in folder.iterdir() if p.is_file())
+        assert sorted(traces + [p for p, _ in skipped]) == files and all(w for _, w in skipped)
+        for p in traces:
+            one = tmp_path / f"{n_read}-{folder.name}-{p.name}"
+            one.mkdir()
+            shutil.copy(p, one / p.name)
+            try:
+                rep = R.report(one)
+            except kineto.UserInputError as e:  # a truncated or malformed file: one line naming it
+                assert p.name in str(e) and "\n" not in str(e)
+                n_read += 1
+                continue
+            n_read += 1
+            raw = _raw_per_step(p)
+            if raw is None:
+                continue
+            (s,) = rep["per_rank"].values()
+            assert s["n_steps"] == len(raw), p
+            assert s["comm_ms"] == pytest.approx(statistics.median(r["comm_ms"] for r in raw), rel=1e-6, abs=1e-6), p
+            if raw[0]["on_gpu"]:
+                assert s["busy_ms"] == pytest.approx(statistics.median(r["busy_ms"] for r in raw), rel=1e-6, abs=1e-6), p
+            n_checked += 1
+        if len(traces) > 1:  # the folder as one job: analysed, or refused in one line naming files
+            try:
+                rep = R.report(folder)
+            except kineto.UserInputError as e:
+                assert "\n" not in str(e)
+                assert "no usable trace" in str(e) or any(p.name in str(e) for p in traces), str(e)
+                print(f"{folder.relative_to(root)}: refused: {e}")
+                continue
+            assert rep["n_ranks"] + len(rep["unreadable"]) + len(rep["problems"]) >= len(traces)
+            c = rep["collectives"]
+            n_gpu = sum(1 for t in map(kineto.read_trace, traces) for x in t.collectives if x.on == "gpu")
+            assert sum(c["methods"].values()) * rep["n_ranks"] + sum(c["unmatched"].values()) == n_gpu
+            assert R.BY_ORDER not in c["methods"]  # one clock here: every pair checked for overlap
+            print(f"{folder.relative_to(root)}: {rep['ranks_present']}, matched {c['methods']}, "
+                  f"unmatched {c['unmatched']}, undecided: {rep['undecided']}")
+    assert n_read >= 3 and n_checked >= 3

@@ -193,7 +193,9 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "overlap_hidden_pct": 100.0 * hidden / comm if comm > 0 else None}
 
 
-CLOCK_SLACK_US = 100.0  # two ranks' intervals of one collective share a moment within this, on one clock
+#: on one clock the ranks' intervals of one collective share a moment (every rank is inside it when the last
+#: one arrives); no slack: kernels that merely abut (one ends 15 us before the other starts) are not one collective
+CLOCK_SLACK_US = 0.0
 BY_ID = "process group + sequence number"
 BY_OVERLAP = "name and order, overlapping on one clock"
 BY_ORDER = "name and order (no shared clock to check overlap)"
@@ -209,7 +211,7 @@ def _shared_clock(traces: dict[int, kineto.RankTrace]) -> bool:
 
 
 def _overlap(cs: list[kineto.Collective]) -> bool:
-    return max(c.ts_us for c in cs) <= min(c.ts_us + c.dur_us for c in cs) + CLOCK_SLACK_US
+    return max(c.ts_us for c in cs) < min(c.ts_us + c.dur_us for c in cs) + CLOCK_SLACK_US
 
 
 def _match(traces: dict[int, kineto.RankTrace], one_clock: bool = False) -> dict[str, Any]:
