@@ -458,8 +458,14 @@ def test_a_folder_mixing_jobs_is_refused_naming_the_files(tmp_path):
     with pytest.raises(kineto.UserInputError, match=r"8\.5 days apart.*a\.json\.gz.*b\.json\.gz"):
         R.report(tmp_path)
     b["baseTimeNanoseconds"] = a["baseTimeNanoseconds"] + 30 * 10**9  # 30 s apart: one job
+    b["distributedInfo"]["pg_config"] = b["distributedInfo"]["pg_config"][:1] + [
+        {"pg_name": "7", "pg_desc": "tp", "pg_size": 2, "ranks": [0, 1]}]  # a group only rank 1 lists: fine
     _write(b, tmp_path / "b.json.gz")
     assert R.report(tmp_path)["n_ranks"] == 2
+    b["distributedInfo"]["pg_config"][0]["ranks"] = [0, 1, 2, 3]  # the default group of another job
+    _write(b, tmp_path / "b.json.gz")
+    with pytest.raises(kineto.UserInputError, match="process group 0 differs.*a.json.gz.*b.json.gz"):
+        R.report(tmp_path)
 
 
 def test_device_work_after_the_step_is_counted_in_the_step_that_launched_it(tmp_path):

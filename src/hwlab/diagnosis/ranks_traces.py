@@ -379,14 +379,21 @@ def _one_job(read: list[kineto.RankTrace]) -> None:
             worlds.setdefault(t.world_size, []).append(name(t))
     if len(worlds) > 1:
         refuse("world sizes", {f"world size {k}": v for k, v in worlds.items()})
-    pgs: dict[str, list[str]] = {}
+    # one job's ranks may each list only the groups they belong to; a contradiction is the same
+    # process group named with a different description or size in two traces
+    seen: dict[str, tuple[Any, ...]] = {}
+    where: dict[str, str] = {}
     for t in read:
-        if t.pg_config:
-            key = json.dumps(sorted((str(g.get("pg_name")), str(g.get("pg_desc")), len(g.get("ranks") or []))
-                                    for g in t.pg_config if isinstance(g, dict)))
-            pgs.setdefault(key, []).append(name(t))
-    if len(pgs) > 1:
-        refuse("process-group configurations", {f"configuration {i + 1}": v for i, v in enumerate(pgs.values())})
+        for g in t.pg_config:
+            if not isinstance(g, dict) or g.get("pg_name") is None:
+                continue
+            k = str(g["pg_name"])
+            v = (g.get("pg_desc"), g.get("pg_size") or len(g.get("ranks") or []))
+            if k in seen and seen[k] != v:
+                refuse(f"process group {k} differs", {f"{seen[k][0]} of {seen[k][1]} ranks": [where[k]],
+                                                      f"{v[0]} of {v[1]} ranks": [name(t)]})
+            seen.setdefault(k, v)
+            where.setdefault(k, name(t))
     when = sorted((t.recorded_unix_s, name(t)) for t in read if t.recorded_unix_s)
     if len(when) > 1 and when[-1][0] - when[0][0] > JOB_SPAN_S:
         import datetime as _dt
