@@ -195,6 +195,8 @@ def name_rank(path: str | os.PathLike) -> tuple[int | None, str | None, dict[str
 
 
 def is_trace_name(path: str | os.PathLike) -> bool:
+    """A guess from the name alone (kept for callers that list files cheaply); which files are
+    traces is decided by content (:func:`discover_traces`)."""
     n = Path(path).name
     if not n.endswith(TRACE_SUFFIXES) or n.startswith(NOT_TRACES):
         return False

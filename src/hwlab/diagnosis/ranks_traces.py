@@ -482,6 +482,8 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
                   "device": "GPU kernels" if t.on_gpu else "host (CPU ranks)",
                   "device_names": t.device_names, "workload": t.workload,
                   "n_collectives": len(t.collectives), "n_kernels": len(t.kernels),
+                  "collective_identity": dict(Counter(c.meta_source or ("kernel name only" if c.on == "gpu" else
+                                                                        "gloo span name") for c in t.collectives)),
                   "device_outside_steps": _device_outside(t)})
         per_rank[str(r)] = s
         out = s["device_outside_steps"]
@@ -756,6 +758,11 @@ def render(rep: dict[str, Any]) -> str:
                       + f"busbw -- ({x['busbw_note']})")
                 out.append(f"  {x['name']:<14} pg {x['pg'] or '?':<4} {_fmt_bytes(x['n_bytes']):>9} x{x['count']:<4} "
                            f"{x['total_ms']:.3f} ms (median {x['median_ms']:.3f}); {bw} [{x['meta_source']}]")
+    ident = Counter()
+    for s in rep["per_rank"].values():
+        ident.update(s.get("collective_identity") or {})
+    if ident:
+        out.append("collective names and sizes from: " + "; ".join(f"{k}: {v}" for k, v in ident.most_common()))
     line = (f"collectives matched on every rank: {c['matched']} (by {c['match_by']})" if len(rep["per_rank"]) > 1
             else "one rank's trace: its collectives are listed above, no other rank to pair them with")
     if c.get("unmatched") and any(c["unmatched"].values()):
