@@ -631,6 +631,8 @@ def test_foreign_traces_are_all_read_and_per_rank_figures_equal_a_raw_sum(tmp_pa
         traces, skipped = kineto.discover_traces(folder, depth=0)
         files = sorted(p for p in folder.iterdir() if p.is_file())
         assert sorted(traces + [p for p, _ in skipped]) == files and all(w for _, w in skipped)
+        for p, w in skipped:
+            print(f"skipped {p.relative_to(root)}: {w}")
         for p in traces:
             one = tmp_path / f"{n_read}-{folder.name}-{p.name}"
             one.mkdir()
@@ -666,4 +668,15 @@ def test_foreign_traces_are_all_read_and_per_rank_figures_equal_a_raw_sum(tmp_pa
             assert R.BY_ORDER not in c["methods"]  # one clock here: every pair checked for overlap
             print(f"{folder.relative_to(root)}: {rep['ranks_present']}, matched {c['methods']}, "
                   f"unmatched {c['unmatched']}, undecided: {rep['undecided']}")
+    print(f"foreign traces: {n_read} read, {n_checked} checked against the raw-JSON sum")
+    # two jobs' traces in one folder (HolisticTraceAnalysis' trace_diff pair, when present): refused
+    pair = [root / "trace_diff" / "control" / "control.json.gz", root / "trace_diff" / "test" / "test.json.gz"]
+    if all(p.is_file() and p.stat().st_size for p in pair):
+        mixed = tmp_path / "mixed"
+        mixed.mkdir()
+        for p in pair:
+            shutil.copy(p, mixed / p.name)
+        with pytest.raises(kineto.UserInputError, match="different jobs.*control.json.gz.*test.json.gz|"
+                                                         "different jobs.*test.json.gz.*control.json.gz"):
+            R.report(mixed)
     assert n_read >= 3 and n_checked >= 3
