@@ -8,11 +8,22 @@ rule behind each part:
   communication time (NCCL kernels, or gloo's worker spans); *exposed* communication (not under
   busy time); idle (neither); *own* time = step minus exposed communication (what the rank's own
   work costs it, the StepLog report's "compute"). Medians over steps, p10-p90 beside the step.
-  Steps are the host's ``ProfilerStep`` windows; kernels count in the window they ran in, so a
-  job that never waits for the GPU shifts its kernels into later windows (a loop that reads a loss
-  or runs a blocking collective each step does wait).
-* **Per collective**, matched across ranks by process group and sequence number when every
-  rank's trace carries them, else by order of the same collective. Host clocks of several hosts
+  Steps are the host's ``ProfilerStep`` windows; on a GPU each kernel counts in the step whose
+  window holds its host launch (correlation id), so a device that runs behind the host is not
+  read as idle; the share of device time outside the windows is noted (over
+  :data:`DEVICE_OUTSIDE_NOTE_PCT`), and kernels without a launch event count in the window they
+  ran in. A trace without ``ProfilerStep`` spans is read as one step, said.
+* **Which files, which job**: traces are found by content (:func:`hwlab.core.kineto.discover_traces`),
+  every other file listed with why. A folder whose traces disagree on the world size, name one
+  process group with different sizes, or were recorded more than :data:`JOB_SPAN_S` apart is
+  refused, naming the files. Ranks missing against the world size (absent or unreadable) make
+  the answer undecided (the CLI exits 4), naming them.
+* **Per collective**, matched across ranks by process group and sequence number where every
+  rank recorded them; the rest by name and process group in order, a pair kept only when the
+  ranks' intervals overlap on one clock (one host, the same steps overlapping); without a shared
+  clock by order alone, said. Unmatched collectives are counted, never paired by guess. NCCL
+  kernels are named by the host op around their launch (:mod:`hwlab.core.kineto`). With one
+  rank, its collectives are listed (:func:`collective_table`). Host clocks of several hosts
   may disagree, so arrival is read from each rank's time *inside* the collective, which needs no
   common clock: the last rank to arrive waits least, so its time inside is the shortest; each
   rank's wait is its time inside minus that shortest time, and the skew is the largest wait.
@@ -38,6 +49,8 @@ rule behind each part:
   the overlap figure says how much was hidden. Without ``link_gbps`` the two are not separated
   and the report says so. The link is named (backend, hosts, ranks), never a rank.
 * **Clean**: no slow rank and no link finding: nothing is named; the CLI exits 0.
+* **Machine and workload** from the traces (``deviceProperties``, host names; backward ops and
+  optimizer steps make it a training job, whose M actions differ: :data:`hwlab.diagnosis.flowchart.LEAF_VARIANTS`).
 * **Flowchart** on measured values only: B ``slowdown_vs_floor`` (peer floor, above); D
   ``e2e_slowdown`` = median step over the median rank's own time; K ``rank_tail_pct`` (own-time
   tail) and ``collective_floor_pct``.
