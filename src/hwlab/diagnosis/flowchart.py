@@ -194,6 +194,18 @@ LEAVES: dict[str, Leaf] = {l.id: l for l in [
         "re-check the symptom: compare with the node baseline"), ""),
 ]}
 
+#: a leaf's actions for the workload kind the evidence states (``evidence["workload"]``, e.g. from
+#: the backward ops and optimizer steps a profiler trace holds); the seed's M actions are a
+#: service's (prefill/decode, KV cache), a training job's shape, compile and input questions differ
+LEAF_VARIANTS: dict[tuple[str, str], Leaf] = {
+    ("M", "training"): Leaf("M", "shape bucket / cache / fallback (training job)", (
+        "benchmark the real batch / sequence-length mix; pad or bucket shapes so compiled graphs and "
+        "autotuned kernels are reused (count recompiles: TORCH_LOGS=recompiles)",
+        "count fallback / dequant kernels per step in forward and backward (kernel hit rate)",
+        "check the input pipeline between steps: dataloader workers, pinned memory, host-to-device copies",
+        "check caches (autotune, compile) hit across steps, not only in the first"), "04_fp8_dequant_fallback"),
+}
+
 START = "B"
 
 
@@ -466,7 +478,7 @@ def diagnose(evidence: dict[str, Any]) -> Diagnosis:
     node = START
     for _ in range(len(QUESTIONS) + 1):
         if node in LEAVES:
-            d.leaf = LEAVES[node]
+            d.leaf = LEAF_VARIANTS.get((node, str(evidence.get("workload"))), LEAVES[node])
             d.lens_notes = checks.lenses(d, evidence)
             return d
         q = QUESTIONS[node]
