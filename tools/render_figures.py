@@ -200,6 +200,28 @@ def _baseline() -> str:
             f"decode-shaped step: {rp['fp8_hits']} of {rp['gemm_calls']} GEMMs")
 
 
+@figure("h200.examine")
+def _examine() -> str:
+    """Each example's leaf, walked now on its recorded evidence, against the leaf its cause predicts."""
+    from hwlab.diagnosis import flowchart
+
+    entries = _rec("h200/examine.json")["extra"]["entries"]
+    leaf = {e["name"]: flowchart.diagnose(e["evidence"]).leaf_id for e in entries}
+    hit = sum(leaf[e["name"]] == e["expected_leaf"] for e in entries)
+    by_leaf: dict[str, list[str]] = {}
+    for e in entries:
+        by_leaf.setdefault(leaf[e["name"]], []).append(e["name"])
+    return (f"{hit} of {len(entries)} land on the leaf their cause predicts ("
+            + "; ".join(f"{', '.join(n)} → {leaf}" for leaf, n in sorted(by_leaf.items())) + ")")
+
+
+@figure("h200.drills_first_run")
+def _drills_first() -> str:
+    d = json.loads((ROOT / "tests" / "data" / "drill_undecided_fix" / "drills_call2_first_run.json").read_text())
+    r = next(x for x in d["extra"]["drills"] if x["fault"] == "strided_layout")
+    return f"{r['right']['fix_evidence']['slowdown_vs_floor']:.2f}x"
+
+
 # ---------------------------------------------------------------- CPU records (Lab 3's link)
 def _cpu_lab03():
     return _rec("cpu/lab03_slowlink.json"), _rec("cpu/lab03_linksweep.json")
