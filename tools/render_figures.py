@@ -107,6 +107,14 @@ def _lab01() -> str:
             f"{r['strided']['t_ms'] / r['coalesced']['t_ms']:.0f}x faster than strided")
 
 
+@figure("h200.lab01_walks")
+def _lab01_walks() -> str:
+    from hwlab.diagnosis import flowchart
+
+    fe = _rec("h200/lab01_bandwidth.json")["extra"]["flowchart_evidence"]
+    return "; ".join(f"{k} walks {' → '.join(flowchart.diagnose(v).path)}" for k, v in fe.items())
+
+
 @figure("h200.lab02")
 def _lab02() -> str:
     rec = _rec("h200/lab02_registers.json")
@@ -225,6 +233,18 @@ def _drills_first() -> str:
 # ---------------------------------------------------------------- CPU records (Lab 3's link)
 def _cpu_lab03():
     return _rec("cpu/lab03_slowlink.json"), _rec("cpu/lab03_linksweep.json")
+
+
+@figure("cpu.lab03_mapping")
+def _lab03_mapping() -> str:
+    from hwlab.diagnosis import flowchart
+
+    e = _cpu_lab03()[0]["extra"]["experiment"]
+    walk = lambda ev: " → ".join(flowchart.diagnose(ev).path)  # noqa: E731
+    return (f"at {e['rate_mbit']} Mbit/s the reordered mapping runs at {e['throughput_naive_over_aware']:.2f}x "
+            f"of the chooser's, ranks {_ranks(e['naive']['report']['tail_ranks'])} the tail, "
+            f"{e['naive']['report']['tail_ms']:.0f} ms late per step (walk {walk(e['naive']['flowchart_evidence'])}); "
+            f"the chooser's mapping walks {walk(e['aware']['flowchart_evidence'])}")
 
 
 @figure("cpu.lab03")
