@@ -68,40 +68,44 @@ def _nbgrader(args, cwd):
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("nbgrader") is None,
                     reason="needs nbgrader (pip install '.[grade]'); CI installs .[dev,lab] only")
-def test_generate_assignment_and_autograde_on_the_course(tmp_path, monkeypatch):
-    """Exercise 03 (recorded data only: seconds on a CPU) through nbgrader for real: the release
-    holds no solution and no hidden test; autograde gives the solution full marks, the blank
-    release none, and a wrong straggler answer loses exactly that cell's point."""
+@pytest.mark.parametrize("name", ["ex03_cross_link_tp", "ex04_fp8_dequant_fallback"])
+def test_generate_assignment_and_autograde_on_the_course(tmp_path, monkeypatch, name):
+    """Through nbgrader for real: the release holds no solution and no hidden test; autograde gives
+    the solution full marks and the blank release none. Exercise 03 (recorded data only): a wrong
+    straggler answer loses exactly that cell's point. Exercise 04 profiles a decoder, and torch's
+    profiler writes to stderr from C++, which nbgrader scores as a failure unless moved."""
     from nbgrader.api import Gradebook
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
-    name = "ex03_cross_link_tp"
     course = tmp_path / "course"
     assert nc.build(course, only=[name]) == [name]
     _nbgrader(["generate_assignment", name, "--force"], course)
-    src = course / "source" / name / "03_cross_link_tp.ipynb"
-    rel = course / "release" / name / "03_cross_link_tp.ipynb"
+    src = next((course / "source" / name).glob("*.ipynb"))
+    rel = course / "release" / name / src.name
     released = rel.read_text()
     assert nc.BEGIN_SOL not in released and nc.BEGIN_HID not in released and "_hw_seen" not in released
     solved = json.loads(src.read_text())
     answers = [c for c in solved["cells"] if c["metadata"].get("nbgrader", {}).get("solution")]
     assert answers and all(("".join(c["source"]).split(nc.BEGIN_SOL)[1].split(nc.END_SOL)[0].strip()
                             not in released) for c in answers)
-
-    wrong = json.loads(released)
-    for c in wrong["cells"]:  # the solution's answers, except the straggler: ranks 0 and 1
-        gid = c["metadata"].get("nbgrader", {}).get("grade_id")
-        if gid and gid.startswith("answer_"):
-            sol = next(s for s in answers if s["metadata"]["nbgrader"]["grade_id"] == gid)
-            c["source"] = "TAIL_RANKS = [0, 1]" if gid == "answer_1" else "".join(sol["source"])
-    for student, nb in (("good", solved), ("blank", json.loads(released)), ("wrong", wrong)):
+    students = {"good": solved, "blank": json.loads(released)}
+    if name.startswith("ex03"):
+        wrong = json.loads(released)
+        for c in wrong["cells"]:  # the solution's answers, except the straggler: ranks 0 and 1
+            gid = c["metadata"].get("nbgrader", {}).get("grade_id")
+            if gid and gid.startswith("answer_"):
+                sol = next(s for s in answers if s["metadata"]["nbgrader"]["grade_id"] == gid)
+                c["source"] = "TAIL_RANKS = [0, 1]" if gid == "answer_1" else "".join(sol["source"])
+        students["wrong"] = wrong
+    for student, nb in students.items():
         d = course / "submitted" / student / name
         d.mkdir(parents=True)
         (d / rel.name).write_text(json.dumps(nb))
     _nbgrader(["autograde", name, "--create", "--force"], course)
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
-        score = {s: gb.find_submission(name, s).score for s in ("good", "blank", "wrong")}
+        score = {s: gb.find_submission(name, s).score for s in students}
         top = gb.find_submission(name, "good").max_score
-    assert top >= 3 and score["good"] == top and score["blank"] == 0
-    assert score["wrong"] == top - 1, score
+    assert top >= 2 and score["good"] == top and score["blank"] == 0, score
+    if "wrong" in score:
+        assert score["wrong"] == top - 1, score
     shutil.rmtree(course / "autograded")

@@ -18,7 +18,9 @@ exercise, ``source/exNN_<name>/NN_<name>.ipynb``, built from ``solutions/NN_<nam
   (an :class:`hwlab.core.grading.ExerciseResult`: the kit's checkers). Each becomes an nbgrader
   test cell worth one point per result it builds, with hidden tests around the visible checker:
   every result the cell builds (collected through :func:`hwlab.core.grading.on_graded`) must
-  have passed. A cell that builds no result is not graded. Which cells build a result is found
+  have passed. nbgrader gives no credit to a cell that wrote to stderr; torch's profiler logs there
+  from C++, so the hidden code moves the cell's stderr (file descriptor 2 and ``sys.stderr``) into
+  its printed output, where the instructor still reads it, and only the checks decide the grade. A cell that builds no result is not graded. Which cells build a result is found
   by running the solution once (``find_graded``), not by reading cell text, so checkers may
   change without this file changing.
 
@@ -42,12 +44,35 @@ BEGIN_HID, END_HID = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 COURSE_ID = "hwlab"
 
 #: the hidden code around a graded cell: collect the results it builds, then require them passed
-HIDDEN_BEFORE = """from hwlab.core import grading as _hw_grading
+HIDDEN_BEFORE = """import io as _hw_io, os as _hw_os, sys as _hw_sys, tempfile as _hw_tf
+from hwlab.core import grading as _hw_grading
 if "_hw_seen" not in globals():
     _hw_seen = []
     _hw_grading.on_graded(_hw_seen.append)
+
+    def _hw_restore():  # stderr back where it was; what the cell wrote there, as text
+        global _hw_redirect
+        if not _hw_redirect:
+            return ""
+        fd2, saved_fd, pyerr, buf = _hw_redirect
+        _hw_redirect = None
+        text = _hw_sys.stderr.getvalue()
+        _hw_sys.stderr = pyerr
+        _hw_os.dup2(saved_fd, 2)
+        _hw_os.close(saved_fd)
+        fd2.seek(0)
+        return text + fd2.read().decode(errors="replace")
+    _hw_redirect = None
+_hw_restore()  # a cell that raised before its tests ran left stderr redirected
+_hw_fd2 = _hw_tf.TemporaryFile()
+_hw_redirect = (_hw_fd2, _hw_os.dup(2), _hw_sys.stderr, None)
+_hw_os.dup2(_hw_fd2.fileno(), 2)
+_hw_sys.stderr = _hw_io.StringIO()
 _hw_mark = len(_hw_seen)"""
-HIDDEN_AFTER = """_hw_new = [r for r in _hw_seen[_hw_mark:]]
+HIDDEN_AFTER = """_hw_text = _hw_restore()
+if _hw_text.strip():
+    print("[this cell's stderr, shown here: only the checks below decide its grade]\\n" + _hw_text)
+_hw_new = [r for r in _hw_seen[_hw_mark:]]
 assert _hw_new, "this cell built no grade: run the answer cells above first"
 assert all(r.passed for r in _hw_new), "; ".join(str(r) for r in _hw_new if not r.passed)"""
 
