@@ -164,13 +164,21 @@ def _gain(svc, path, q):
     return 100 * (1 - svc[path][f"tpot_ms_{q}"] / svc["bf16"][f"tpot_ms_{q}"])
 
 
-def _leaves(ex, path) -> str:
-    """The leaves the flowchart walks to on the record's evidence for ``path``'s buckets."""
+def _leaves(path: str) -> str:
+    """The leaves the flowchart walks to on the record's evidence for ``path``'s buckets, with the
+    steps whose value sits inside its own spread of the threshold (borderline)."""
     from hwlab.diagnosis import flowchart
 
-    got = sorted({flowchart.diagnose(v).leaf_id for k, v in ex["flowchart_evidence"].items()
-                  if k.startswith(path + " ")})
-    return " and ".join(got)
+    from hwlab.labs.fp8 import flowchart_evidence
+
+    rec = _rec("h200/lab04_fp8.json")  # the evidence as notebooks 04 and 06 derive it from the run
+    got, flags = set(), []
+    for k, v in flowchart_evidence(rec["extra"]["run"]["stream"], rec["ceilings"]["copy_gbps"]).items():
+        if k.startswith(path + " "):
+            d = flowchart.diagnose(v)
+            got.add(d.leaf_id)
+            flags += [f"{s.question} ({s.metric}) in {k[len(path) + 1:]}" for s in d.borderline]
+    return " and ".join(sorted(got)) + (f", borderline at {'; '.join(flags)}" if flags else "")
 
 
 @figure("h200.lab04")
@@ -183,9 +191,9 @@ def _lab04_readme() -> str:
     return (f"`mixed` path holds {-sig['memory_change_pct']:.1f}% less weight memory than bf16 and its service "
             f"TPOT is {_faster(sig['gain_p50_pct'])} at p50 and {_faster(sig['gain_p99_pct'])} at p99{bl}; its "
             f"FP8 hit rate is {hits[short]:.0f}% in the short bucket (ctx {short}) and {hits[long_]:.0f}% in the "
-            f"long one (ctx {long_}); its walks land on {_leaves(ex, 'mixed')}. With the seed's fixes, `fixed` is "
+            f"long one (ctx {long_}); its walks land on {_leaves('mixed')}. With the seed's fixes, `fixed` is "
             f"{_faster(_gain(svc, 'fixed', 'p50'))} at p50 and {_faster(_gain(svc, 'fixed', 'p99'))} at p99, with "
-            f"{fb or 'no'} fallback GEMMs and its walks on {_leaves(ex, 'fixed')}")
+            f"{fb or 'no'} fallback GEMMs and its walks on {_leaves('fixed')}")
 
 
 @figure("h200.lab04_instructor")
