@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from hwlab.diagnosis import baseline
+from hwlab.diagnosis import baseline_compare  # comparing reads records: no torch
 from hwlab.core import evidence
 from hwlab.cli.console import Steps, print_json
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UserInputError
@@ -26,7 +26,7 @@ def cmd_baseline(a) -> int:
         raise UserInputError("compare needs BASELINE.json NEW.json [NEW2.json ...]")
     base = evidence.load(a.paths[0])
     if len(a.paths) > 2:
-        rows = baseline.fleet_table(a.paths[1:], base)
+        rows = baseline_compare.fleet_table(a.paths[1:], base)
         if a.json:
             print_json(rows)
         else:
@@ -35,7 +35,7 @@ def cmd_baseline(a) -> int:
         return (EXIT_USAGE if any(r.get("verdict") == "not comparable" for r in rows)
                 else EXIT_FINDING if any(r.get("verdict") not in (None, "ok") for r in rows)
                 else EXIT_OK)
-    c = baseline.compare(base, evidence.load(a.paths[1]))
+    c = baseline_compare.compare(base, evidence.load(a.paths[1]))
     if a.json:
         print_json(c.to_dict())
     else:
@@ -46,6 +46,8 @@ def cmd_baseline(a) -> int:
 
 
 def _record(a) -> int:
+    from hwlab.diagnosis import baseline  # measures (torch): loaded only to record
+
     if a.paths:
         raise UserInputError("baseline record takes no paths: use --out FILE.json or --out FOLDER")
     out = Path(a.out) if a.out else None
