@@ -13,12 +13,20 @@ __version__ = "0.1.0"
 import sys as _sys
 
 from hwlab.core import grading  # noqa: E402
-from hwlab.diagnosis import classroom  # noqa: E402
+
+
+def _record_exercise(result, *args, **kwargs):
+    """:func:`hwlab.diagnosis.classroom.record_exercise`, loaded at the first graded result (the
+    class folder reads the flowchart; commands that grade nothing need not load it)."""
+    from hwlab.diagnosis import classroom
+
+    return classroom.record_exercise(result, *args, **kwargs)
+
 
 # every graded result, whichever floor's grader built it, goes to the class folder when one is
 # set (HWLAB_CLASS_DIR); registered here at the top because the core's result type cannot
 # import classroom (it reads the flowchart, a floor above)
-grading.on_graded(classroom.record_exercise)
+grading.on_graded(_record_exercise)
 
 
 class _TritonFirst:
@@ -40,10 +48,14 @@ class _TritonFirst:
         return None
 
 
-if "triton" in _sys.modules or "torch" in _sys.modules:
-    from hwlab.core import tritonenv  # noqa: E402,F401  (torch is loaded already: costs nothing)
-else:
-    _sys.meta_path.insert(0, _TritonFirst)
+def _triton_first() -> None:
+    if "triton" in _sys.modules or "torch" in _sys.modules:
+        from hwlab.core import tritonenv  # noqa: F401  (torch is loaded already: costs nothing)
+    else:
+        _sys.meta_path.insert(0, _TritonFirst)
+
+
+_triton_first()
 
 
 def __getattr__(name: str):

@@ -12,8 +12,6 @@ import json
 import sys
 from pathlib import Path
 
-from hwlab.diagnosis import baseline_compare  # comparing reads records: no torch
-from hwlab.core import evidence
 from hwlab.cli.console import Steps, print_json
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UserInputError
 from hwlab.core.store import check_destination, check_folder, write_or_rescue
@@ -22,6 +20,9 @@ from hwlab.core.store import check_destination, check_folder, write_or_rescue
 def cmd_baseline(a) -> int:
     if a.action == "record":
         return _record(a)
+    from hwlab.core import evidence  # loaded by the command that runs (start-up of the others)
+    from hwlab.diagnosis import baseline_compare  # comparing reads records: no torch
+
     if not a.paths or len(a.paths) < 2:
         raise UserInputError("compare needs BASELINE.json NEW.json [NEW2.json ...]")
     base = evidence.load(a.paths[0])
