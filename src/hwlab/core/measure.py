@@ -441,7 +441,15 @@ class Measurement:
         return cls(**{k: v for k, v in d.items() if k in names})
 
     def summary(self) -> str:
-        parts = [f"{self.name}: {self.t_ms:.4g} ms (p10-p90 {self.t_p10_ms:.4g}-{self.t_p90_ms:.4g})"]
+        n = self.params.get("n_launches")
+        if isinstance(self.params.get("us_per_launch"), (int, float)) and isinstance(n, int) and n > 0:
+            # launches timed as one batch: the headline is one launch, the batch's time named as such
+            us = self.params["us_per_launch"]
+            parts = [f"{self.name}: {us:.3g} us per launch (p10-p90 {self.t_p10_ms * 1e3 / n:.3g}-"
+                     f"{self.t_p90_ms * 1e3 / n:.3g} us; {n:,} launches timed together, {self.t_ms:.4g} ms "
+                     "per batch)"]
+        else:
+            parts = [f"{self.name}: {self.t_ms:.4g} ms (p10-p90 {self.t_p10_ms:.4g}-{self.t_p90_ms:.4g})"]
         if self.n_bytes:
             s = f"{self.gbps:,.1f} GB/s"
             if self.pct_of_bw_ceiling is not None:
