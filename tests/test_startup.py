@@ -212,7 +212,8 @@ def test_version_help_and_the_text_forms_run_without_torch():
 
 
 @pytest.mark.slow
-def test_drills_grades_class_and_incident_without_torch(tmp_path):
+def test_drills_grades_class_and_incident_without_torch(tmp_path, monkeypatch):
+    monkeypatch.setenv("HWLAB_DRILL_KEY_FILE", str(tmp_path / "drill.key"))  # the subprocesses inherit it
     d = drills.new(seed=5, live=False)  # its observations are the recorded runs: nothing measured
     f = d.save(tmp_path / "drills")
     r = no_torch("drill", "reveal", f)

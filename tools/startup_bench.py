@@ -137,9 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H%M%SZ")
     stem = out / f"{stamp}-{socket.gethostname()}-cpu"
-    env = _env()
     rows = []
     tmp = Path(tempfile.mkdtemp(prefix="hwlab-startup-"))
+    os.environ["HWLAB_DRILL_KEY_FILE"] = str(tmp / "drill.key")  # the drill here and its commands: not the user's key
+    env = _env()
     try:
         load_before = os.getloadavg()
         floor = [run_python_floor(env) for _ in range(a.runs)]
