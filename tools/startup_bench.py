@@ -6,7 +6,7 @@ Each command runs ``--runs`` times (after one uncounted warm-up) as its own proc
 ``python -m hwlab ...`` with this checkout's ``src`` first on the path, on real inputs: the kit's
 recorded evidence, the committed trace folders under ``tests/data/traces``, the committed step-log
 run, a drill made here with its recorded observations, grades and an incident written into a
-temporary folder. Per command: the median, p10 and p90 wall time of the whole process (start to
+temporary folder; ``examine --trace`` on a committed trace where this hwlab's examine has it. Per command: the median, p10 and p90 wall time of the whole process (start to
 exit, from a monotonic clock around the child), and its peak resident memory (the kernel's own
 account of the finished child, ``wait4``). The median is the figure: a shared machine's slow runs
 land in the p90.
@@ -82,6 +82,10 @@ def commands(tmp: Path) -> list[tuple[str, Any]]:
     traces = ROOT / "tests" / "data" / "traces" / "slow_rank"
     steplogs = ROOT / "src" / "hwlab" / "recorded" / "runs" / "straggler_nccl_h200"
     base = ROOT / "tests" / "data"
+    examine_help = subprocess.run([sys.executable, "-m", "hwlab", "examine", "--help"], cwd=ROOT, env=_env(),
+                                  capture_output=True, text=True).stdout
+    trace = ([("examine --trace", ["examine", "--trace", str(traces / sorted(os.listdir(traces))[0])])]
+             if "--trace" in examine_help else [])  # reading a recorded trace, where this hwlab has it
     return [
         ("--version", ["--version"]),
         ("--help", ["--help"]),
@@ -93,6 +97,7 @@ def commands(tmp: Path) -> list[tuple[str, Any]]:
         ("ranks (step logs)", ["ranks", str(steplogs)]),
         ("ranks --traces", ["ranks", "--traces", str(traces)]),
         ("examine --help", ["examine", "--help"]),
+        *trace,
         ("drill reveal", ["drill", "reveal", str(dfile)]),
         ("drill submit", lambda i: ["drill", "submit", str(dfile), "--leaf", drill.fault().leaf, "--dir",
                                     str(tmp / "grades"), "--class-dir", str(tmp / "class"),
