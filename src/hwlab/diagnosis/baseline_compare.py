@@ -142,7 +142,7 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "comparable": self.comparable, "ok": self.ok, "cpu_baseline": self.cpu,
-                "not_comparable": self.not_comparable, "checked": self.checked, "missing": self.missing,
+                "not_comparable": self.not_comparable, "checked": self.checked, "probes_compared": self.probes_compared, "missing": self.missing,
                 "deviations": [d.__dict__ for d in self.deviations]}
 
 

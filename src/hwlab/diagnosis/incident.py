@@ -168,7 +168,7 @@ def machine_facts(evidence: Evidence | None = None) -> tuple[dict[str, Any], str
         names = sorted({g["name"] for g in gpus if g.get("name")}) or [machine.get("device")]
         out["gpu_model"] = ", ".join(f"{n} x{sum(1 for g in gpus if g.get('name') == n) or 1}" for n in names)
         out["driver"] = versions.get("driver") or f"not in {source} (no NVML snapshot)"
-        out["cuda"] = versions.get("cuda_runtime")
+        out["cuda"] = versions.get("cuda_runtime") or versions.get("cuda_not_queried")
         topo_text = _topology_text(topo) or (f"1 GPU ({gpus[0].get('pci_bus_id', 'GPU0')}): no peer links"
                                              if len(gpus) == 1 else f"not in {source}")
         mapping = ("1 process: rank 0 -> GPU0" + (f" ({gpus[0]['pci_bus_id']})" if gpus and gpus[0].get("pci_bus_id") else "")
