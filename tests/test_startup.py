@@ -252,3 +252,21 @@ def test_bundle_without_doctor_gathers_without_torch(tmp_path):
         names = {Path(n).name for n in t.getnames()}
         vers = json.loads(t.extractfile(next(m for m in t.getmembers() if m.name.endswith("versions.json"))).read())
     assert "versions.json" in names and vers["torch"] is None  # said absent, not invented
+
+
+@pytest.mark.slow
+def test_examine_trace_reads_a_recorded_trace_without_torch(monkeypatch):
+    """`examine --trace` (issue 45) reads a trace where torch is not installed, with the answer it
+    gives where torch is: same exit code, same headline leaf."""
+    monkeypatch.chdir(ROOT)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
+        main(["examine", "--help"])
+    if "--trace" not in buf.getvalue():
+        pytest.skip("this hwlab's examine has no --trace yet")
+    trace = sorted((ROOT / "tests" / "data" / "traces" / "slow_rank").glob("*.json.gz"))[0]
+    args = ["examine", "--trace", str(trace), "--json"]
+    r = no_torch(*args)
+    rc, out = here(*args)
+    assert r.returncode == rc, r.stderr
+    assert json.loads(r.stdout).get("leaf") == json.loads(out).get("leaf")
