@@ -201,3 +201,47 @@ def test_a_new_power_cap_alone_is_a_note_a_slowdown_is_hardware(base, reasons, c
     assert [d.category for d in clock] == [category] and clock[0].now == sorted(reasons)
     assert c.ok is not fails and (c.verdict == "hardware") is fails
     assert ("drain" in c.summary()) is fails
+
+
+# ---------------------------------------------------------------- nothing compared is not a match
+def _cli(capsys, *args):
+    from hwlab.cli import main
+
+    rc = main(["baseline", "compare", *map(str, args)])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.mark.parametrize("empty_side", ["new", "base"])
+def test_a_record_with_no_probe_results_is_not_comparable(base, tmp_path, capsys, empty_side):
+    """An empty record on either side leaves nothing to compare: not a match (exit 0 was), but not
+    comparable, exit 2 (the baseline command's code for records that cannot be compared), saying
+    what to do."""
+    full = _save(copy.deepcopy(base), tmp_path / "full.json")
+    empty = _save(_variant(base, c=lambda v: v.results.clear()), tmp_path / "empty.json")
+    pair = (full, empty) if empty_side == "new" else (empty, full)
+    rc, out, _ = _cli(capsys, *pair)
+    assert rc == 2 and "matches the baseline" not in out
+    assert "NOT COMPARABLE" in out and "no probe in common" in out and "hwlab baseline record" in out
+    rc, out, _ = _cli(capsys, *pair, "--json")
+    j = json.loads(out)
+    assert rc == 2 and j["verdict"] == "not comparable" and not j["ok"]
+    assert _cli(capsys, empty, empty)[0] == 2
+
+
+def test_missing_probes_are_listed_and_leave_the_comparison_undecided(base, tmp_path, capsys):
+    """Two of seven probes absent from the new record: the five compared match, the two are named
+    with the record's reason, the verdict is not 'matches' and the exit code is 4 (undecided)."""
+    def drop(v):
+        v.results[:] = [m for m in v.results if not m.name.startswith(("rmsnorm", "gemm"))]
+        v.extra.setdefault("missing", {})["gemm[bf16]"] = "RuntimeError: cuBLAS failed"
+    b = _save(copy.deepcopy(base), tmp_path / "base.json")
+    part = _save(_variant(base, c=drop), tmp_path / "part.json")
+    c = baseline.compare(evidence.load(b), evidence.load(part))
+    assert c.comparable and not c.ok and c.undecided and c.verdict == "incomplete"
+    assert sorted(c.missing) == ["gemm[bf16]", "rmsnorm[eager]"]
+    rc, out, _ = _cli(capsys, b, part)
+    assert rc == 4 and "matches the baseline" not in out
+    assert "2 of 7" in out and "gemm[bf16] (RuntimeError: cuBLAS failed)" in out and "rmsnorm[eager]" in out
+    rows = [json.loads(x) for x in _cli(capsys, b, b, part)[1].splitlines()]
+    assert [x["verdict"] for x in rows] == ["ok", "incomplete"] and _cli(capsys, b, b, part)[0] == 4

@@ -2,6 +2,7 @@
 incident record (never overwrites), the small scenarios, and the flowchart walkthrough widget."""
 import copy
 import json
+from pathlib import Path
 
 import pytest
 
@@ -299,3 +300,50 @@ def test_walkthrough_widget_follows_the_evidence_and_hand_answers():
     for b in (0, 1, 1):  # yes (slow), no (memory), no (tensor core) -> J
         w2.children[2].children[b].click()
     assert "Leaf J" in w2.children[0].value and "B:yes" in w2.children[4].value
+
+
+# ---------------------------------------------------------------- typed observations are given, not measured
+def _incident(tmp_path, capsys, obs):
+    from hwlab.cli import main
+
+    f = tmp_path / "obs.json"
+    f.write_text(json.dumps(obs))
+    rc = main(["incident", "--title", "t", "--scope", "single-card", "--symptom", "slow", "--fix", "fuse",
+               "--reverify", "examine", "--observations", str(f), "--out", str(tmp_path / "inc"), "--json"])
+    return rc, capsys.readouterr()
+
+
+def test_typed_observations_are_labelled_as_given_not_measured(tmp_path, capsys):
+    rc, out = _incident(tmp_path, capsys, {"slowdown_vs_floor": 3.2, "dram_pct_of_peak": 85.0,
+                                           "metric_sources": {"dram_pct_of_peak": "ncu on node 7"}})
+    assert rc == 0, out.err
+    j = json.loads(out.out)
+    rec = json.loads(Path(j["json"]).read_text())
+    md = Path(j["markdown"]).read_text()
+    assert j["path"] == ["B", "F", "G"]
+    walk = [e for e in rec["key_evidence"] if e.startswith(("B:", "F:"))]
+    assert len(walk) == 2 and all("[GIVEN by the user" in e and "[measured" not in e for e in walk), walk
+    assert "ncu on node 7" in walk[1]  # the user's own word on what measured it is kept
+    assert {v["how"] for v in rec["measured"].values()} == {"given"}
+    for text in (md, j["explanation"]):
+        assert "every answer on this walk was measured" not in text and "[measured" not in text
+        assert "given by the user, not measured by hwlab, at B (slowdown_vs_floor), F (dram_pct_of_peak)" in text
+
+
+def test_unknown_observation_names_are_refused_in_one_line(tmp_path, capsys):
+    rc, out = _incident(tmp_path, capsys, {"slowdown_vs_floor": 3.2, "dram_pct": 85.0, "tail": 1})
+    assert rc == 2 and out.out == ""
+    line = out.err.strip()
+    assert "\n" not in line and "'dram_pct', 'tail'" in line
+    assert "dram_pct_of_peak" in line and "rank_tail_pct" in line  # the known names, listed
+    assert not (tmp_path / "inc").exists()  # refused before anything was written
+
+
+def test_measured_evidence_still_reads_measured():
+    """The label follows the evidence's own word: a walk on a probe's evidence stays measured."""
+    from hwlab.diagnosis import flowchart
+
+    d = flowchart.diagnose({"slowdown_vs_floor": 3.2, "dram_pct_of_peak": 85.0})
+    assert all(s.how == "measured" for s in d.steps) and "every answer on this walk was measured" in d.explain()
+    g = flowchart.diagnose({"slowdown_vs_floor": 3.2, "dram_pct_of_peak": 85.0, "metric_given": ["dram_pct_of_peak"]})
+    assert [s.how for s in g.steps] == ["measured", "given"] and not g.fully_measured

@@ -290,3 +290,22 @@ def test_an_undecided_fix_re_measure_is_not_a_working_fix(monkeypatch):
     g = D.grade(D.new(seed=4, fault="strided_layout"), "G")
     assert g.correct_leaf and g.fix_removes_slowdown is False and not g.passed
     assert "not shown to work" in g.explanation and "B -> F -> H" in g.explanation
+
+
+@pytest.mark.parametrize("bad", ["NaN", "Infinity", "-Infinity"])
+def test_a_non_finite_number_written_into_a_sealed_drill_reads_as_edited(tmp_path, capsys, bad):
+    """Drills are sealed over strict JSON; a NaN typed into one is an edit (was a ValueError, exit 3)."""
+    from hwlab.cli import main
+
+    d = D.new(seed=3, live=False)
+    p = d.save(tmp_path)
+    raw = json.loads(p.read_text())
+    metric = next(k for k, v in raw["observations"].items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+    raw["observations"][metric] = "__BAD__"
+    p.write_text(json.dumps(raw).replace('"__BAD__"', bad))
+    with pytest.raises(UserInputError, match="edited after it was made"):
+        D.Drill.from_dict(json.loads(p.read_text()))
+    for args in (["drill", "reveal", str(p)], ["drill", "submit", str(p), "--leaf", "G", "--dir", str(tmp_path)]):
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "edited after it was made" in err, err

@@ -138,3 +138,39 @@ def test_rescue_never_overwrites(tmp_path, monkeypatch):
     monkeypatch.setenv("HWLAB_RESCUE_DIR", str(tmp_path))
     a, b = rescue_json({"a": 1}, "doctor"), rescue_json({"a": 2}, "doctor")
     assert a != b and json.loads(a.read_text()) == {"a": 1} and json.loads(b.read_text()) == {"a": 2}
+
+
+# ---------------------------------------------------------------- what `evidence show` prints
+def _show(capsys, *args):
+    from hwlab.cli import main
+
+    rc = main(["evidence", "show", *args])
+    return rc, capsys.readouterr().out.splitlines()
+
+
+def test_launch_overhead_shows_the_per_launch_figure_with_its_unit(capsys):
+    """The probe times n_launches together; the headline is one launch's cost in us (the batch's
+    ms beside it, named as the batch), not the batch time read as if it were one launch."""
+    m = E.recorded("doctor").result("launch_overhead")
+    us, n = m.params["us_per_launch"], m.params["n_launches"]
+    rc, lines = _show(capsys, "doctor")
+    line = next(x for x in lines if x.strip().startswith("launch_overhead"))
+    assert rc == 0 and line.strip().startswith(f"launch_overhead: {us:.3g} us per launch"), line
+    lo, hi = m.t_p10_ms * 1e3 / n, m.t_p90_ms * 1e3 / n
+    assert f"p10-p90 {lo:.3g}-{hi:.3g} us" in line and f"{n:,} launches timed together" in line
+    assert f"{m.t_ms:.4g} ms per batch" in line
+
+
+@pytest.mark.parametrize("kind", ["lab01_bandwidth", "lab04_fp8", "doctor"])
+def test_ceilings_line_names_only_the_ceilings_the_record_holds(capsys, kind):
+    c = E.recorded(kind).ceilings
+    rc, lines = _show(capsys, kind)
+    line = next(x for x in lines if x.strip().startswith("ceilings:"))
+    assert rc == 0 and f"copy {c['copy_gbps']:,.0f} GB/s" in line
+    assert not line.rstrip().endswith(("GEMM", ";", ",")), line
+    if c.get("gemm_tflops"):
+        assert all(f"{k} {v:,.1f} TFLOP/s" in line for k, v in c["gemm_tflops"].items())
+    else:
+        assert "GEMM" not in line
+    if c.get("source"):
+        assert c["source"] in line

@@ -62,3 +62,25 @@ def test_the_callers_error_class_is_raised(files):
         with pytest.raises(EvidenceError):
             read_user_json(files / name, "evidence file", HINT, error=EvidenceError)
     assert read_user_text(files / "ok.json", "x", HINT) == '{"a": [1, 2]}'
+
+
+# ---------------------------------------------------------------- JSON nested past any record
+@pytest.mark.parametrize("depth", [100_000, 500])
+@pytest.mark.parametrize("cmd", [["evidence", "show", "--json"], ["baseline", "compare"]])
+def test_json_nested_too_deep_is_one_line_exit_2(tmp_path, capsys, depth, cmd):
+    """A baseline record with one field nested ``depth`` deep: 100k levels exhaust the parser's
+    recursion, 500 parse and then exhaust the recursive walks that print a record (both were exit
+    3, RecursionError). Refused where the file is read: one line, exit 2."""
+    import json
+
+    from hwlab.cli import main
+    from hwlab.core.evidence import RECORDED_DIR
+
+    text = (RECORDED_DIR / "h200" / "baseline.json").read_text()
+    d = json.loads(text)
+    d["extra"]["deep"] = "DEEP"
+    f = tmp_path / "deep.json"
+    f.write_text(json.dumps(d).replace('"DEEP"', "[" * depth + "]" * depth))
+    rc = main([*cmd[:2], str(f)] + ([str(f)] if cmd[0] == "baseline" else []) + cmd[2:])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "nested deeper than" in err and str(f) in err, err

@@ -119,9 +119,10 @@ def cmd_evidence(a) -> int:
     print(f"{ev.kind}: {ev.label.upper()} (not measured on this machine)")
     if ev.ceilings:
         c = ev.ceilings
-        if isinstance(c.get("copy_gbps"), (int, float)):  # a doctor's ceilings
-            print(f"  ceilings: copy {c['copy_gbps']:,.0f} GB/s; GEMM " +
-                  ", ".join(f"{k} {v:,.1f} TFLOP/s" for k, v in (c.get("gemm_tflops") or {}).items()))
+        if isinstance(c.get("copy_gbps"), (int, float)):  # a doctor's ceilings, or a lab's copy ceiling
+            gemm = ", ".join(f"{k} {v:,.1f} TFLOP/s" for k, v in (c.get("gemm_tflops") or {}).items())
+            print(f"  ceilings: copy {c['copy_gbps']:,.0f} GB/s" + (f"; GEMM {gemm}" if gemm else "")
+                  + (f" ({c['source']})" if c.get("source") else ""))
         else:  # a lab's own ceilings, named by their keys (units in the names)
             print("  ceilings:\n" + "\n".join(_outline(c, indent=4)))
     for r in ev.results:

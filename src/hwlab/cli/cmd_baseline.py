@@ -3,8 +3,10 @@
 Exit codes: 0 recorded, or within tolerance or within both runs' spread (borderline changes are
 listed; on a CPU baseline, changes with the host's load are listed too); 1 a deviation beyond
 spread (a finding); 2 bad input, or runs
-that are not comparable (different GPU, count, driver/CUDA major, probe sizes), or a write that
-failed after measuring (the result is kept in the rescue folder); 3 internal error.
+that are not comparable (different GPU, count, driver/CUDA major, probe sizes, no probe in common:
+an empty record), or a write that failed after measuring (the result is kept in the rescue folder);
+3 internal error; 4 undecided: nothing failed, but baseline probes missing from the new record were
+not compared (they are listed; nothing compared is not a match).
 """
 from __future__ import annotations
 
@@ -12,40 +14,46 @@ import json
 import sys
 from pathlib import Path
 
-from hwlab.diagnosis import baseline
-from hwlab.core import evidence
 from hwlab.cli.console import Steps, print_json
-from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UserInputError
+from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_UNDECIDED, EXIT_USAGE, UserInputError
 from hwlab.core.store import check_destination, check_folder, write_or_rescue
 
 
 def cmd_baseline(a) -> int:
     if a.action == "record":
         return _record(a)
+    from hwlab.core import evidence  # loaded by the command that runs (start-up of the others)
+    from hwlab.diagnosis import baseline_compare  # comparing reads records: no torch
+
     if not a.paths or len(a.paths) < 2:
         raise UserInputError("compare needs BASELINE.json NEW.json [NEW2.json ...]")
     base = evidence.load(a.paths[0])
     if len(a.paths) > 2:
-        rows = baseline.fleet_table(a.paths[1:], base)
+        rows = baseline_compare.fleet_table(a.paths[1:], base)
         if a.json:
             print_json(rows)
         else:
             for row in rows:
                 print(json.dumps(row))
-        return (EXIT_USAGE if any(r.get("verdict") == "not comparable" for r in rows)
-                else EXIT_FINDING if any(r.get("verdict") not in (None, "ok") for r in rows)
-                else EXIT_OK)
-    c = baseline.compare(base, evidence.load(a.paths[1]))
+        verdicts = {r.get("verdict") for r in rows} - {None}
+        return (EXIT_USAGE if "not comparable" in verdicts
+                else EXIT_FINDING if verdicts - {"ok", "incomplete"}
+                else EXIT_UNDECIDED if "incomplete" in verdicts else EXIT_OK)
+    c = baseline_compare.compare(base, evidence.load(a.paths[1]))
     if a.json:
         print_json(c.to_dict())
     else:
         print(c.summary())
     if not c.comparable:
         return EXIT_USAGE
+    if c.undecided:  # some baseline probes were not measured now: no verdict on them
+        return EXIT_UNDECIDED
     return EXIT_OK if c.ok else EXIT_FINDING
 
 
 def _record(a) -> int:
+    from hwlab.diagnosis import baseline  # measures (torch): loaded only to record
+
     if a.paths:
         raise UserInputError("baseline record takes no paths: use --out FILE.json or --out FOLDER")
     out = Path(a.out) if a.out else None
@@ -77,7 +85,8 @@ def add_parser(sub) -> None:
                        description="record: measure this node. compare: exit 0 within tolerance "
                        "or within both runs' p10-p90 spread (borderline), 1 a deviation beyond spread, "
                        "2 not comparable (different GPU, count, driver/CUDA major, "
-                       "probe sizes) or bad input.")
+                       "probe sizes, no probe in common) or bad input, 4 undecided (baseline probes "
+                       "missing from the new record, listed).")
     b.add_argument("action", choices=["record", "compare"])
     b.add_argument("paths", nargs="*", help="compare: BASELINE.json NEW.json [more NEW for a fleet table]")
     b.add_argument("--out", help="record: a .json path or a folder (default: ./baseline-<host>-<time>.json)")

@@ -17,7 +17,6 @@ from typing import Any
 from hwlab.core import ceilings as ceil_mod
 from hwlab.cli.console import Steps, print_json
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE
-from hwlab.diagnosis.doctor import doctor_evidence, doctor_report, n_ceiling_steps
 from hwlab.core.store import check_destination, rescue_json
 from hwlab.core.store import rescue
 
@@ -77,6 +76,8 @@ def _print_doctor(rep: dict[str, Any], console) -> None:
 
 def cmd_doctor(a) -> int:
     from rich.console import Console
+
+    from hwlab.diagnosis.doctor import doctor_evidence, doctor_report, n_ceiling_steps  # measures: torch
 
     if a.save:
         check_destination(a.save, overwrite=a.force)  # before anything is measured

@@ -24,7 +24,13 @@ def _observations(path: str) -> dict[str, Any]:
     if not isinstance(obs, dict):
         raise UserInputError(f"observations file {path} should hold a JSON object of metric -> "
                              f"value, not a {type(obs).__name__}")
-    return validate.observations(obs, where=f"observations file {path}: ")  # type, finite, range
+    obs = validate.observations(obs, where=f"observations file {path}: ")  # type, finite, range
+    unknown = sorted(k for k in obs if k not in flowchart.metric_names())
+    if unknown:  # a typo would otherwise be dropped without a word, and its question left unanswered
+        raise UserInputError(f"observations file {path}: unknown metric name(s) {', '.join(map(repr, unknown))}; "
+                             f"the flowchart reads: {', '.join(n for n in flowchart.metric_names() if n not in flowchart.META_KEYS)}")
+    # typed by the user: shown as given, never as measured (the file's metric_sources say by what)
+    return {**obs, "metric_given": [k for k in obs if k not in flowchart.META_KEYS]}
 
 
 def cmd_incident(a) -> int:

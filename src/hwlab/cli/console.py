@@ -19,10 +19,6 @@ import sys
 import time
 from typing import Any
 
-from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn)
-
 from hwlab.core.store import dumps_strict
 
 
@@ -44,6 +40,11 @@ class Steps:
 
     def __enter__(self) -> "Steps":
         if self.enabled and self.terminal:
+            # rich loads here, in a terminal only: the commands' start-up does not pay for it
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                                       TimeElapsedColumn, TimeRemainingColumn)
+
             self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                                  MofNCompleteColumn(), TimeElapsedColumn(),
                                  TextColumn("eta"), TimeRemainingColumn(),

@@ -39,9 +39,8 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
-
+# torch is imported where a rank captures (its device, its process group): reading a run's capture
+# (`hwlab ranks`) needs no torch
 from hwlab.core import mapping, probes, system, topology
 from hwlab.errors import UserInputError
 from hwlab.core.store import RecordExistsError, write_json_atomic, write_text_atomic
@@ -118,6 +117,7 @@ def _norm_bus(b: str) -> str:
 def device_of_rank(local_rank: int, snap: dict[str, Any], topo: Topology | None, cuda_index: int | None,
                    env: dict[str, str]) -> dict[str, Any]:
     """The GPU this rank drives, named by nvidia-smi's ordinal, and how that was established."""
+    import torch
     d: dict[str, Any] = {"cuda_index": cuda_index, "gpu": None, "gpu_source": None, "pci_bus_id": None,
                          "name": None}
     if cuda_index is not None:
@@ -168,6 +168,7 @@ def numa_binding(affinity: set[int], gpu_local_cpus: str | None) -> str:
 
 def infer_tp_group(rank: int, world: int) -> list[int] | None:
     """The smallest process group holding this rank with more than one and fewer than all ranks."""
+    import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()):
         return None
     groups = [sorted(ranks) for ranks in dist.distributed_c10d._world.pg_group_ranks.values()
@@ -226,6 +227,7 @@ def mapping_findings(ranks: list[dict[str, Any]], topos: dict[str, Topology | No
 def _probe_baseline(cuda_index: int | None, dtype: str | None = None) -> list[dict[str, Any]]:
     """One GEMM (``dtype``: bf16 on a GPU, fp32 on a CPU by default; use your job's) and one copy
     on this rank's device (small: well under a second each on a GPU)."""
+    import torch
     dev = torch.device("cuda", cuda_index) if cuda_index is not None else torch.device("cpu")
     gpu = dev.type == "cuda"
     g = probes.gemm(size=4096 if gpu else 256, dtype=dtype or ("bf16" if gpu else "fp32"), device=dev, n_rep=20)
@@ -251,6 +253,8 @@ def capture(run_dir: str | os.PathLike, *, tp_groups: list[list[int]] | None = N
     (:mod:`hwlab.core.nvml_sampler`), kept as ``rec["nvml_during_probe"]``: what utilisation, SM activity
     and PCIe/NVLink counters read on a known load, or why NVML is absent.
     """
+    import torch
+    import torch.distributed as dist
     info = rank_env()
     rank, local_rank, world = info["rank"], info["local_rank"], info["world_size"]
     host = socket.gethostname()

@@ -20,8 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import torch
-
+# torch is imported by the probes that run collectives; the log and table readers need none
 from hwlab.core.measure import time_fn
 
 #: NCCL transport prefixes, and what each means for the data's path
@@ -49,6 +48,7 @@ def nccl_routes(log: str) -> dict[str, int]:
 
 def needs_gpus(n: int) -> str | None:
     """None when this machine has ``n`` GPUs, else the sentence saying why a probe cannot run."""
+    import torch
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return None if have >= n else f"needs >= {n} GPUs (this machine has {have})"
 
@@ -75,6 +75,7 @@ def busbw_table(rank_results: list[dict[str, Any]], world: int) -> list[dict[str
 
 def p2p_matrix_gbps(size_mib: int = 256) -> dict[str, Any]:
     """GPU-to-GPU copy bandwidth for every ordered pair (GB/s), or why it cannot run."""
+    import torch
     why = needs_gpus(2)
     if why:
         return {"skipped": why}

@@ -52,7 +52,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-import torch
+# torch is imported inside the functions that touch tensors, so the result type, the percentile and
+# the errors load without it (commands that only read records start fast and run without torch)
 
 #: relative-error tolerances by compute dtype, for ||out-ref||/||ref|| against float64
 TOL_BY_DTYPE = {
@@ -88,12 +89,14 @@ class InsufficientMemoryError(MemoryError):
 
 def device_of(device: str | torch.device | None = None) -> torch.device:
     """The device to measure on: the given one, else CUDA when present, else CPU."""
+    import torch
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
 
 
 def device_name(device: torch.device) -> str:
+    import torch
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
@@ -101,6 +104,7 @@ def device_name(device: torch.device) -> str:
 
 def free_bytes(device: torch.device) -> int:
     """Free memory on ``device`` in bytes (CUDA: driver's view; CPU: available RAM)."""
+    import torch
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
@@ -129,12 +133,14 @@ def require_memory(n_bytes: int, device: torch.device, what: str = "this probe",
 
 
 def synchronize(device: torch.device) -> None:
+    import torch
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def refuse_constant_inputs(tensors: Sequence[Any]) -> None:
     """Raise :class:`InputError` if any floating input is constant (e.g. all zeros)."""
+    import torch
     for i, t in enumerate(tensors):
         if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 1:
             sample = t.flatten()[: 1 << 16].float()
@@ -153,6 +159,7 @@ REL_ERROR_CHUNK = 1 << 24
 def rel_error_chunked(out: torch.Tensor, ref: torch.Tensor, chunk: int = REL_ERROR_CHUNK) -> float:
     """:func:`rel_error` where the tensors are (same shape, same device), ``chunk`` elements at a
     time in float64; one host sync at the end."""
+    import torch
     o, r = out.detach().reshape(-1), ref.detach().reshape(-1)
     diff2 = torch.zeros((), dtype=torch.float64, device=o.device)
     ref2 = torch.zeros((), dtype=torch.float64, device=o.device)
@@ -190,6 +197,7 @@ def check_close(out: torch.Tensor, ref: torch.Tensor, tol: float, what: str = "o
 
 def poison_(t: torch.Tensor) -> torch.Tensor:
     """Fill an output buffer with NaN (or the int max) so unwritten elements are caught."""
+    import torch
     if t.is_floating_point():
         return t.fill_(float("nan"))
     return t.fill_(torch.iinfo(t.dtype).max)
@@ -209,6 +217,7 @@ def n_rotating_sets(bytes_per_set: int, l2_bytes: int | None,
 
 
 def l2_bytes_of(device: torch.device) -> int | None:
+    import torch
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).L2_cache_size)
     return None
@@ -304,6 +313,7 @@ def time_fn(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]],
     CPU: ``perf_counter`` around each call. ``max_total_s`` stops early (keeping at least 3
     samples) so a slow configuration in a sweep cannot hang a lab.
     """
+    import torch
     if not arg_sets:
         raise InputError("time_fn needs at least one argument set")
     gpu = device.type == "cuda"
@@ -431,7 +441,15 @@ class Measurement:
         return cls(**{k: v for k, v in d.items() if k in names})
 
     def summary(self) -> str:
-        parts = [f"{self.name}: {self.t_ms:.4g} ms (p10-p90 {self.t_p10_ms:.4g}-{self.t_p90_ms:.4g})"]
+        n = self.params.get("n_launches")
+        if isinstance(self.params.get("us_per_launch"), (int, float)) and isinstance(n, int) and n > 0:
+            # launches timed as one batch: the headline is one launch, the batch's time named as such
+            us = self.params["us_per_launch"]
+            parts = [f"{self.name}: {us:.3g} us per launch (p10-p90 {self.t_p10_ms * 1e3 / n:.3g}-"
+                     f"{self.t_p90_ms * 1e3 / n:.3g} us; {n:,} launches timed together, {self.t_ms:.4g} ms "
+                     "per batch)"]
+        else:
+            parts = [f"{self.name}: {self.t_ms:.4g} ms (p10-p90 {self.t_p10_ms:.4g}-{self.t_p90_ms:.4g})"]
         if self.n_bytes:
             s = f"{self.gbps:,.1f} GB/s"
             if self.pct_of_bw_ceiling is not None:
@@ -464,6 +482,7 @@ def bench(name: str, fn: Callable[..., Any], make_inputs: Callable[[], Sequence[
     once for the correctness check and once per rotating set. ``reference`` (optional only
     for pure data movement whose correctness the caller checks) returns what ``fn`` should.
     """
+    import torch
     dev = device_of(device)
     check_args = tuple(make_inputs())
     refuse_constant_inputs(check_args)

@@ -20,8 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
-
+# torch is imported inside each probe: `hwlab --help` lists PARAMS without paying for it
 from hwlab.errors import UserInputError
 from hwlab.core.measure import (
     TOL_BY_DTYPE, InputError, Measurement, bench, device_name, device_of, poison_, require_memory,
@@ -138,6 +137,7 @@ _COPY_KERNEL = None
 def _triton_copy():
     """hwlab's streaming copy kernel, autotuned over block size / warps on first use."""
     global _COPY_KERNEL
+    import torch
     if _COPY_KERNEL is not None:
         return _COPY_KERNEL
     from hwlab.core import tritonenv  # noqa: F401
@@ -178,6 +178,7 @@ def hbm_copy(size_mib: int = 1024, device=None, impl: str = "auto", n_rep: int =
     ``impl``: 'triton' (hwlab's own streaming kernel; default on GPU) or 'torch'
     (``Tensor.copy_``; default on CPU, where the Triton interpreter is no speed reference).
     """
+    import torch
     dev = device_of(device)
     n = size_mib * 2**20 // 4
     if n <= 0:
@@ -211,6 +212,7 @@ def host_link(size_mib: int = 256, direction: str = "h2d", pinned: bool = True,
     than pinned. On a CPU machine there is no device link: the probe copies between two
     host buffers and names itself ``host_memcpy`` so nobody reads it as PCIe.
     """
+    import torch
     dev = device_of(device)
     if direction not in ("h2d", "d2h"):
         raise ValueError(f"direction must be 'h2d' or 'd2h', not {direction!r}")
@@ -248,6 +250,7 @@ GEMM_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
 def fp8_supported(device: torch.device) -> bool:
     """FP8 tensor cores: compute capability >= 8.9 (Ada, Hopper, Blackwell); CPU emulates."""
+    import torch
     if device.type != "cuda":
         return hasattr(torch, "float8_e4m3fn")
     return torch.cuda.get_device_capability(device) >= (8, 9)
@@ -258,6 +261,7 @@ def matmul_at(dtype: str, M: int, N: int, K: int, dev) -> tuple[Callable, Callab
     draws fresh random operands, ``fn`` multiplies them with torch's float32 matmul precision
     set for the call only ("high" = TF32 for tf32, "highest" otherwise), so one probe's setting
     never leaks into the next measurement."""
+    import torch
     tdt = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
            "fp16": torch.float16}[dtype]
     precision = "high" if dtype == "tf32" else "highest"
@@ -284,6 +288,7 @@ def gemm(size: int | None = None, dtype: str = "bf16", device=None, n_rep: int =
     unit scales through ``torch._scaled_mm`` (bf16 output). Default size: 8192 on a GPU
     (fills an H100/H200), 512 on a CPU.
     """
+    import torch
     dev = device_of(device)
     if dtype not in GEMM_DTYPES:
         raise ValueError(f"dtype must be one of {GEMM_DTYPES}, not {dtype!r}")
@@ -332,6 +337,7 @@ def launch_overhead(n_launches: int = 2000, device=None, n_rep: int = 10) -> Mea
     driver). On CPU it is the dispatch overhead of one ATen op. The measured median
     ``t_ms`` covers the whole batch.
     """
+    import torch
     dev = device_of(device)
     if n_launches < 1:
         raise InputError("n_launches must be >= 1")

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-import numpy as np
-
 from hwlab.core.ceilings import Ceilings
 from hwlab.core.measure import Measurement
 
@@ -60,6 +58,7 @@ def plot(c: Ceilings, points: Iterable[Measurement] = (), dtypes=("bf16", "fp32"
          ax=None, title: str | None = None, label: str | None = None):
     """Log-log roofline of ``c`` with measured points; returns the matplotlib Axes."""
     import matplotlib.pyplot as plt  # deferred on purpose: only plots need it, and it costs ~0.5 s
+    import numpy as np  # deferred too: the flowchart imports this module and reads no arrays
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4.5))

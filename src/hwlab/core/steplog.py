@@ -43,8 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-import torch
-
+# torch is imported by StepLog (a job's own loop); reading a log (`hwlab ranks`) needs no torch
 from hwlab.core.capture import rank_env
 from hwlab.errors import UserInputError
 from hwlab.core.store import check_input_file
@@ -67,6 +66,7 @@ class StepLog:
     def __init__(self, run_dir: str | os.PathLike, *, rank: int | None = None, n_flops: int = 0,
                  n_bytes: int = 0, cuda_events: bool = False, flush_every: int = 20,
                  nvml_sample_s: float | None = None):
+        import torch
         self.rank = rank_env()["rank"] if rank is None else rank
         self.path = log_path(run_dir, self.rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -210,11 +210,35 @@ def read_user_json(path: str | os.PathLike, what: str, hint: str, *,
     """:func:`read_user_text` parsed as JSON; invalid JSON (often a truncated write) is refused
     with the line and column where parsing stopped."""
     text = read_user_text(path, what, hint, error=error)
+    deep = (f"{what} {Path(path)} is nested deeper than {MAX_JSON_DEPTH} levels: no file hwlab reads "
+            f"nests so deep (is it the right file?): {hint}")
     try:
-        return json.loads(text)
+        obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise error(f"{what} {Path(path)} is not valid JSON (line {e.lineno}, column {e.colno}: "
                     f"{e.msg}); it may be truncated: {hint}") from None
+    except RecursionError:  # nested past the parser's own stack
+        raise error(deep) from None
+    if _depth_over(obj, MAX_JSON_DEPTH):
+        raise error(deep)
+    return obj
+
+
+#: nesting of JSON the readers accept: the kit's records nest at most about a dozen levels, and the
+#: recursive walks that print, copy and migrate a record exhaust Python's stack near a thousand
+MAX_JSON_DEPTH = 64
+
+
+def _depth_over(obj: Any, limit: int) -> bool:
+    """Whether ``obj`` nests containers more than ``limit`` deep (walked without recursion)."""
+    todo = [(obj, 1)]
+    while todo:
+        x, d = todo.pop()
+        if isinstance(x, (dict, list)):
+            if d > limit:
+                return True
+            todo.extend((v, d + 1) for v in (x.values() if isinstance(x, dict) else x))
+    return False
 
 
 def write_or_rescue(write: Callable[[], Path], obj: Any, stem: str,

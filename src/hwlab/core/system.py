@@ -19,6 +19,7 @@ import contextlib
 import os
 import platform
 import socket
+import sys
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator
 
@@ -66,9 +67,25 @@ def _s(v: Any) -> Any:
     return v.decode() if isinstance(v, bytes) else v
 
 
-def versions() -> dict[str, Any]:
-    """Python, torch, CUDA, triton, NCCL, driver versions (what is importable here)."""
+def versions(load_torch: bool = True) -> dict[str, Any]:
+    """Python, torch, CUDA, triton, NCCL, driver versions (what is importable here).
+
+    ``load_torch=False`` (commands that read records, which must start fast and run where torch
+    is not installed): torch and triton are not imported for this; their versions come from the
+    installed packages' metadata, and the CUDA facts only from a torch this process already loaded
+    (else ``cuda_runtime`` is None and ``cuda_not_queried`` says why)."""
     out: dict[str, Any] = {"python": platform.python_version()}
+    if not load_torch and "torch" not in sys.modules:
+        from importlib import metadata
+
+        for pkg in ("torch", "triton"):
+            try:
+                out[pkg] = metadata.version(pkg)
+            except metadata.PackageNotFoundError:
+                out[pkg] = None
+        out["cuda_runtime"] = None
+        out["cuda_not_queried"] = "torch was not loaded by this command (it reads records only)"
+        return out
     try:
         import torch
 
@@ -185,18 +202,19 @@ def _gpu_state(pynvml: Any, i: int) -> dict[str, Any]:
     return g
 
 
-def snapshot(pynvml: Any | None = None) -> dict[str, Any]:
+def snapshot(pynvml: Any | None = None, *, load_torch: bool = True) -> dict[str, Any]:
     """Everything NVML and the Python stack say about this machine, now.
 
     ``pynvml`` may be injected (tests pass a partial fake); by default the real module is
-    imported. Never raises for a missing driver or an unsupported query.
+    imported. Never raises for a missing driver or an unsupported query. ``load_torch``: see
+    :func:`versions`.
     """
     snap: dict[str, Any] = {
         "taken_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
-        "versions": versions(),
+        "versions": versions(load_torch),
         "gpus": [],
     }
     with nvml_session(pynvml) as (nvml, why):

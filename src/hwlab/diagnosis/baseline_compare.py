@@ -79,14 +79,30 @@ class Comparison:
     cpu: bool = False
     #: why the two records cannot be compared (empty: comparable); see :func:`comparability`
     not_comparable: list[str] = field(default_factory=list)
+    #: the probes both records measured (compared)
+    probes_compared: list[str] = field(default_factory=list)
 
     @property
     def comparable(self) -> bool:
         return not self.not_comparable
 
     @property
+    def missing(self) -> list[str]:
+        """The baseline's probes the new record did not measure: not compared, so not matched."""
+        return [d.what for d in self.deviations if d.category == "missing"]
+
+    @property
+    def failed(self) -> bool:
+        return self.comparable and bool([d for d in self.deviations if d.category not in NOT_FAILURES])
+
+    @property
+    def undecided(self) -> bool:
+        """Nothing failed, but some baseline probes were not measured now: no verdict on those."""
+        return self.comparable and not self.failed and bool(self.missing)
+
+    @property
     def ok(self) -> bool:
-        return self.comparable and not [d for d in self.deviations if d.category not in NOT_FAILURES]
+        return self.comparable and not self.failed and not self.missing
 
     def categories(self) -> set[str]:
         return {d.category for d in self.deviations}
@@ -95,6 +111,8 @@ class Comparison:
     def verdict(self) -> str:
         if not self.comparable:
             return "not comparable"
+        if self.undecided:
+            return "incomplete"
         return "ok" if self.ok else ",".join(sorted(self.categories() - NOT_FAILURES))
 
     def summary(self) -> str:
@@ -104,6 +122,15 @@ class Comparison:
                     "and probe sizes (record both with or both without --quick).")
         head = ["CPU baseline (no GPU in these records): the probes timed this host's CPU, so a change "
                 "is the host's load, not a fault; no GPU node advice applies."] if self.cpu else []
+        if self.undecided:
+            gone = [d for d in self.deviations if d.category == "missing"]
+            n_base = len(gone) + len(self.probes_compared)
+            return "\n".join(head + [
+                f"NOT A FULL MATCH: {len(gone)} of {n_base} baseline probes were not measured now, so they "
+                "were not compared: " + ", ".join(f"{d.what} ({d.next_step})" for d in gone) + ". The "
+                f"{len(self.probes_compared)} compared ({', '.join(self.probes_compared)}) match within "
+                "tolerance or within spread. Re-record the new run with every probe to decide."]
+                + [str(d) for d in self.deviations if d.category != "missing"])
         if self.ok:
             soft = [str(d) for d in self.deviations]
             return "\n".join(head + ["matches the baseline within tolerance or within spread" +
@@ -115,7 +142,7 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "comparable": self.comparable, "ok": self.ok, "cpu_baseline": self.cpu,
-                "not_comparable": self.not_comparable, "checked": self.checked,
+                "not_comparable": self.not_comparable, "checked": self.checked, "probes_compared": self.probes_compared, "missing": self.missing,
                 "deviations": [d.__dict__ for d in self.deviations]}
 
 
@@ -155,6 +182,12 @@ def comparability(base: Evidence, now: Evidence) -> list[str]:
     a, b = base.versions.get("cuda_driver"), now.versions.get("cuda_driver")
     if isinstance(a, int) and isinstance(b, int) and a // 1000 != b // 1000:
         why.append(f"CUDA driver API major version differs: {a // 1000} vs {b // 1000}")
+    names0, names1 = [m.name for m in base.results], [m.name for m in now.results]
+    if not set(names0) & set(names1):  # nothing to compare is not a match
+        def held(names: list[str]) -> str:
+            return f"{len(names)} ({', '.join(names)})" if names else "none"
+        why.append(f"no probe in common: the baseline holds {held(names0)}, the new record {held(names1)}; "
+                   "re-record the empty or partial one with `hwlab baseline record`")
     bm = {m.name: m for m in base.results}
     for m in now.results:
         if m.name not in bm:
@@ -216,6 +249,7 @@ def compare(base: Evidence, now: Evidence) -> Comparison:
         b, unit = _probe_value(bm[m.name])
         v, _ = _probe_value(m)
         c.checked.append(m.name)
+        c.probes_compared.append(m.name)
         latency = m.name in LATENCY_PROBES
         tol = TOL_LATENCY_PCT if latency else TOL_RATE_PCT
         j = judge_rise(_band(bm[m.name]), _band(m), tol)
@@ -229,7 +263,7 @@ def compare(base: Evidence, now: Evidence) -> Comparison:
         what = "rise" if latency else "drop"
         c.deviations.append(Deviation(cat, f"{m.name} ({unit})", round(b, 3), round(v, 3),
                                       f"{what} > {tol:.0f}%; {j.reason}", nxt))
-    for name in set(bm) - {m.name for m in now.results}:
+    for name in sorted(set(bm) - {m.name for m in now.results}):
         c.deviations.append(Deviation("missing", name, "recorded", "absent", "part not measured now",
                                       now.extra.get("missing", {}).get(name, "re-run hwlab baseline record")))
     # hardware: system state

@@ -45,7 +45,6 @@ from typing import Any
 
 from hwlab.diagnosis import flowchart
 from hwlab.errors import UserInputError
-from hwlab.labs import drillruns
 from hwlab.core.store import read_user_json, write_json_atomic
 from hwlab.core.store import check_input_file
 
@@ -69,13 +68,19 @@ class Fault:
 
     def observe(self, live: bool = False, device=None) -> tuple[dict[str, Any], str]:
         """Run (or read the recorded run of) the faulty configuration."""
+        from hwlab.labs import drillruns  # runs torch kernels: loaded only to observe
+
         return drillruns.observe(self.scenario, self.case, live=live, device=device)
 
     def fixed(self, live: bool = False, device=None) -> tuple[dict[str, Any], str]:
         """Run (or read the recorded run of) the configuration with the fix applied."""
+        from hwlab.labs import drillruns  # runs torch kernels: loaded only to observe
+
         return drillruns.observe(self.scenario, self.fixed_case, live=live, device=device)
 
     def can_run_live(self, device=None) -> bool:
+        from hwlab.labs import drillruns
+
         return drillruns.can_run_live(self.scenario, device)
 
 
@@ -164,7 +169,11 @@ class Drill:
         return self
 
     def verify(self) -> None:
-        if not self.mac or not hmac.compare_digest(self.mac, _mac(canonical(asdict(self)))):
+        try:
+            body = canonical(asdict(self))
+        except ValueError:  # NaN or infinity: a sealed drill is strict JSON, so it was typed in
+            body = None
+        if not self.mac or body is None or not hmac.compare_digest(self.mac, _mac(body)):
             raise UserInputError("this drill file was edited after it was made (its seal does not match "
                                  "its contents): draw a new drill with `hwlab drill new`")
 

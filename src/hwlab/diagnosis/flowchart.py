@@ -211,6 +211,9 @@ START = "B"
 
 #: how a question was answered: from a metric a probe measured, or by a person
 MEASURED, BY_HAND = "measured", "by hand"
+#: a number a person typed (an observations file, listed in the evidence's ``metric_given``): not
+#: measured by hwlab, so shown as given and never counted as measured
+GIVEN = "given"
 #: the answer of a question whose ``not_applicable`` evidence all holds (walk takes ``no``)
 NOT_APPLICABLE = "not applicable"
 
@@ -225,7 +228,8 @@ class Step:
     criterion: str
     reason: str
     overridden: bool = False
-    #: "measured" (a numeric metric a probe produced) or "by hand" (a yes/no someone typed)
+    #: "measured" (a numeric metric a probe produced), "by hand" (a yes/no someone typed) or
+    #: "given" (a number someone typed)
     how: str = MEASURED
     #: what measured it, from the evidence's ``metric_sources`` (None: not stated)
     source: str | None = None
@@ -242,9 +246,12 @@ class Step:
 
     @property
     def by_hand(self) -> bool:
-        return self.how == BY_HAND
+        """Answered by a person (a yes/no, or a number they typed), not by a measurement."""
+        return self.how in (BY_HAND, GIVEN)
 
     def provenance(self) -> str:
+        if self.how == GIVEN:
+            return "[GIVEN by the user, not measured by hwlab" + (f": {self.source}" if self.source else "") + "]"
         if self.by_hand:
             return "[BY HAND: not measured]"
         extra = [self.source] if self.source else []
@@ -374,10 +381,17 @@ class Diagnosis:
             qs = ", ".join(f"{s.question} ({s.metric})" for s in self.borderline)
             lines.append(f"BORDERLINE at {qs}: the measured spread contains the threshold, so this leaf is one "
                          "re-run from the other branch; re-run with more repeats or a longer input before acting")
-        if self.by_hand:
-            qs = ", ".join(f"{s.question} ({s.metric})" for s in self.by_hand)
+        given = [s for s in self.by_hand if s.how == GIVEN]
+        if given:
+            qs = ", ".join(f"{s.question} ({s.metric})" for s in given)
+            lines.append(f"NOTE: given by the user, not measured by hwlab, at {qs}: this walk is only as "
+                         "good as those numbers; run the probes named above to measure them.")
+        if len(given) < len(self.by_hand):
+            qs = ", ".join(f"{s.question} ({s.metric})" for s in self.by_hand if s.how != GIVEN)
             lines.append(f"NOTE: answered by hand, not measured, at {qs}: this walk is only as good "
                          "as those answers; run the probes named above to measure them.")
+        if self.by_hand:  # said above: no claim that the walk was measured
+            pass
         elif self.estimated:
             qs = ", ".join(f"{s.question} ({s.metric})" for s in self.estimated)
             lines.append(f"every answer on this walk was measured except the estimate at {qs}: a model's "
@@ -428,7 +442,17 @@ def _fmt(v: Any) -> str:
 
 #: evidence keys that are not metrics: where each metric came from, over how many ranks, each
 #: metric's measured spread, which metrics are estimates, the lower-byte alternatives' floors
-META_KEYS = ("metric_sources", "n_ranks", "metric_spreads", "metric_estimated", "alt_floors_us")
+META_KEYS = ("metric_sources", "n_ranks", "metric_spreads", "metric_estimated", "alt_floors_us", "metric_given")
+
+
+def metric_names() -> list[str]:
+    """Every name the chart reads from evidence: the questions' metrics and by-hand answers, the
+    metrics with a physical range, the lenses' inputs and the keys that describe the others."""
+    names = set(PHYSICAL_RANGES) | set(checks.LENS_METRICS) | set(META_KEYS)
+    for q in QUESTIONS.values():
+        names |= {c.metric for c in (*q.criteria, *q.overrides_no, *q.not_applicable)}
+        names |= {q.bool_metric} if q.bool_metric else set()
+    return sorted(names)
 
 
 def diagnose(evidence: dict[str, Any]) -> Diagnosis:
@@ -442,6 +466,7 @@ def diagnose(evidence: dict[str, Any]) -> Diagnosis:
     (the ranks behind ``rank_tail_pct``) are shown beside the steps they answer.
     """
     sources = evidence.get("metric_sources") or {}
+    given = set(evidence.get("metric_given") or ())
     n_ranks = evidence.get("n_ranks")
     spreads = checks.spreads_of(evidence)
     estimated = checks.estimated_metrics(evidence)
@@ -458,7 +483,7 @@ def diagnose(evidence: dict[str, Any]) -> Diagnosis:
                     n_ranks=n_ranks if c.metric == "rank_tail_pct" else None,
                     spread=sp, spread_what=what, borderline=border,
                     other_branch=f"{'NO' if ans == 'yes' else 'YES'} -> {other}",
-                    estimated=c.metric in estimated)
+                    estimated=c.metric in estimated, how=GIVEN if c.metric in given else MEASURED)
 
     def valid(q: Question, crits: tuple[Criterion, ...]) -> list[tuple[Criterion, Any]]:
         out = []
@@ -489,7 +514,8 @@ def diagnose(evidence: dict[str, Any]) -> Diagnosis:
             c, v = na[0]
             d.steps.append(Step(q.id, q.text, NOT_APPLICABLE, c.metric, v,
                                 " and ".join(f"{c2.describe()} (= {_fmt(v2)})" for c2, v2 in na),
-                                " ".join(c2.reason for c2, _ in na), source=sources.get(c.metric)))
+                                " ".join(c2.reason for c2, _ in na), source=sources.get(c.metric),
+                                how=GIVEN if c.metric in given else MEASURED))
             node = q.no
             continue
         if forced:

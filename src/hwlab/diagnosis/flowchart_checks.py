@@ -207,6 +207,10 @@ def fewer_bytes_lens(evidence: dict[str, Any]) -> list[str]:
     return out
 
 
+#: what the lenses read beyond the questions' metrics
+LENS_METRICS = ("overlap_comm_alone_ms", "overlap_compute_alone_ms", "kernel_us", "alt_floors_us")
+
+
 def lenses(diagnosis, evidence: dict[str, Any]) -> list[str]:
     """Lines a walk adds after its leaf (module doc)."""
     return overlap_lens(evidence, diagnosis.leaf_id) + fewer_bytes_lens(evidence)

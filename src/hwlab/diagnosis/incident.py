@@ -22,6 +22,7 @@ record is never overwritten.
 from __future__ import annotations
 
 import platform
+import sys
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -100,6 +101,13 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unnamed CPU"
 
 
+def _machine_from_nvml(snap: dict[str, Any]) -> dict[str, Any]:
+    """:func:`hwlab.core.evidence.machine_info`'s fields from an NVML snapshot (no torch)."""
+    names = sorted({g["name"] for g in snap.get("gpus") or [] if isinstance(g.get("name"), str)})
+    return {"device": ", ".join(names) if names else f"CPU ({cpu_model()}, {snap.get('cpu_count')} cores)",
+            "is_gpu": bool(names), "host": snap.get("host")}
+
+
 def _doctor_for(ev: Evidence) -> Evidence | None:
     """The kit's doctor record of the same host and GPU as ``ev`` (next to it, or recorded)."""
     cands = []
@@ -135,8 +143,10 @@ def _topology_text(topo: dict[str, Any] | None) -> str | None:
 def machine_facts(evidence: Evidence | None = None) -> tuple[dict[str, Any], str, str, list[dict[str, Any]]]:
     """(machine, topology, default rank mapping, GPU state) from the record, else this machine now."""
     if evidence is None:
-        snap = system.snapshot()
-        machine = machine_info()
+        # a draft from records (ranks, incident) loads no torch for this machine's facts: NVML names
+        # the GPUs; torch describes the device only where the command loaded it already (it measured)
+        snap = system.snapshot(load_torch=False)
+        machine = machine_info() if "torch" in sys.modules else _machine_from_nvml(snap)
         t = topology.from_nvml()
         topo = t.to_dict() if t is not None else None
         source = f"this machine, {snap['taken_at']}"
@@ -160,7 +170,7 @@ def machine_facts(evidence: Evidence | None = None) -> tuple[dict[str, Any], str
         names = sorted({g["name"] for g in gpus if g.get("name")}) or [machine.get("device")]
         out["gpu_model"] = ", ".join(f"{n} x{sum(1 for g in gpus if g.get('name') == n) or 1}" for n in names)
         out["driver"] = versions.get("driver") or f"not in {source} (no NVML snapshot)"
-        out["cuda"] = versions.get("cuda_runtime")
+        out["cuda"] = versions.get("cuda_runtime") or versions.get("cuda_not_queried")
         topo_text = _topology_text(topo) or (f"1 GPU ({gpus[0].get('pci_bus_id', 'GPU0')}): no peer links"
                                              if len(gpus) == 1 else f"not in {source}")
         mapping = ("1 process: rank 0 -> GPU0" + (f" ({gpus[0]['pci_bus_id']})" if gpus and gpus[0].get("pci_bus_id") else "")

@@ -48,17 +48,13 @@ import sys
 import time
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable
 
 from hwlab.core import ceilings as ceilings_mod
 from hwlab.diagnosis import incident as incident_mod
 from hwlab.errors import UserInputError
 from hwlab.core.evidence import Evidence, machine_info
-from hwlab.examine.estimate import Traffic, count_flops, count_traffic, required_bytes, tensors_of
 from hwlab.examine.walk_metrics import METRIC_SOURCES, build_evidence, flop_bound  # noqa: F401 (re-exported)
-from hwlab.examine.inputs import call, check_inputs, fingerprint, make
 from hwlab.examine.ncu_counters import collect as ncu_collect
 from hwlab.examine.torch_profile import ProfileSummary, profile_calls
 from hwlab.diagnosis.flowchart import LEAVES, Diagnosis, diagnose
@@ -70,6 +66,11 @@ from hwlab.core.system import versions
 from hwlab.core import validate
 from hwlab.examine.ncu_counters import MAX_KERNELS
 from hwlab.examine.parts import Part, Parts, build_parts
+
+# torch, the counting modes (estimate) and the input checks (inputs) load when a function is examined:
+# the package itself, its report and its trace readers import without torch (commands that only read)
+if TYPE_CHECKING:
+    from hwlab.examine.estimate import Traffic
 
 #: torch dtype of the matmul inputs -> the measured GEMM ceiling that is its floor. fp32 data
 #: can take the TF32 MMA path, so its floor is the TF32 rate (pass dtype_peak="fp32" when the
@@ -171,6 +172,10 @@ def _count(fn: Callable[..., Any], args: tuple, kwargs: dict, want_flops: bool,
            notes: list[str]) -> tuple[Traffic, int, str]:
     """The traffic model and the FLOP count of one call each, under ``force_eager`` where torch
     has it (so counting never changes how a compiled function runs afterwards)."""
+    import torch
+
+    from hwlab.examine.estimate import Traffic, count_flops, count_traffic
+
     stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
     guard = stance("force_eager") if stance else contextlib.nullcontext()
     flops, src = 0, ("estimated: torch.utils.flop_counter (matmul family only; none inside Triton or "
@@ -192,6 +197,8 @@ def _count(fn: Callable[..., Any], args: tuple, kwargs: dict, want_flops: bool,
 
 def _peak_dtype(traffic: Traffic, args: tuple, dtype_peak: str | None, c, gpu: bool,
                 notes: list[str]) -> str | None:
+    from hwlab.examine.estimate import tensors_of
+
     if dtype_peak:
         if c.gemm(dtype_peak) is None:
             raise UserInputError(f"dtype_peak={dtype_peak!r} has no measured ceiling here (have: "
@@ -228,6 +235,11 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     Compute counters where ``ncu`` exists. The keyword names above are examine's own; every
     other keyword goes to ``fn``.
     """
+    import torch
+
+    from hwlab.examine.estimate import required_bytes, tensors_of
+    from hwlab.examine.inputs import call, check_inputs, fingerprint, make
+
     if not callable(fn):
         raise UserInputError(f"{fn!r} is not callable: pass a function (MODULE:FUNC on the command line)")
     name = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
@@ -392,6 +404,8 @@ def as_inference(fn: Callable[..., Any]) -> Callable[..., Any]:
     """An ``nn.Module`` (or a bound method of one, e.g. a decode step) put in eval mode and
     called under ``torch.no_grad``: examined as it serves, weights read once per call (they
     are captured tensors, each storage counted once). Anything else is returned as is."""
+    import torch
+
     owner = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
     if not isinstance(owner, torch.nn.Module):
         return fn

@@ -28,9 +28,8 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-import torch
-from torch.profiler import ProfilerActivity, profile, record_function
-
+# torch is imported by profile_calls, which runs it: the summary type and the trace readers load
+# without it (a recorded trace is read where torch is not installed)
 from hwlab.core.profiling import KIT_RANGE_PREFIX, event_device, kernel_class
 from hwlab.core.profiling import trace_call_us, trace_calls
 
@@ -144,6 +143,9 @@ def _busy_us(intervals: list[tuple[float, float]]) -> float:
 def profile_calls(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], kwargs: dict,
                   device: torch.device, n_calls: int = 3) -> ProfileSummary:
     """Profile ``n_calls`` calls (after the caller's warm-up) and summarise them."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
     gpu = device.type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     with profile(activities=acts) as prof:

@@ -40,15 +40,13 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import torch
-from torch.profiler import ProfilerActivity, profile
-
 from hwlab.core.ceilings import get as get_ceilings
 from hwlab.core.evidence import EvidenceError, recorded
 from hwlab.core.measure import device_name, device_of, time_fn
-from hwlab.core.measure_graph import capture_graph
 from hwlab.core.probes import hbm_copy
-from hwlab.labs import bandwidth, fp8, registers, scenarios
+
+# torch, its profiler and the labs (Triton kernels) are imported by the live runs that use them:
+# a recorded run (a drill graded on a machine that cannot run it live) is read without them
 
 #: the by-hand answers a lab's evidence may still carry: dropped, the run measures them
 BY_HAND_KEYS = ("single_gpu_slow", "multi_gpu_or_service_slow", "rank_tail")
@@ -74,6 +72,10 @@ def _copy_gbps(dev) -> float:
 
 
 def _chain(case: str, dev) -> dict[str, Any]:
+    import torch
+
+    from hwlab.labs import bandwidth, scenarios
+
     n_rows, n_cols = bandwidth.default_size(dev)
     dtype = torch.float16
     copy = _copy_gbps(dev)
@@ -101,11 +103,17 @@ def _chain(case: str, dev) -> dict[str, Any]:
 
 
 def _service(fn, make, kernel_ms: float, dev) -> dict[str, Any]:
+    from hwlab.labs import scenarios
+
     svc = scenarios.one_gpu_service(fn, make, kernel_ms, dev)
     return {k: svc[k] for k in ("e2e_slowdown", "rank_tail_pct", "n_ranks")}
 
 
 def _tile(case: str, dev) -> dict[str, Any]:
+    import torch
+
+    from hwlab.labs import registers, scenarios
+
     cfg = next(c for c in registers.SWEEP if c.label == case)
     cublas = registers.cublas_bf16(device=dev)
     r = registers.sweep([cfg], ceiling_tflops=cublas.tflops, device=dev)[0]
@@ -129,6 +137,9 @@ def _tile(case: str, dev) -> dict[str, Any]:
 def _kernel_busy_ms(step: Callable[[], Any]) -> float:
     """Device time of one step's kernels (sum of kernel durations, torch.profiler): the floor
     of a launch-bound step, what it would take with no gap between launches."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
     step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -142,6 +153,11 @@ def _kernel_busy_ms(step: Callable[[], Any]) -> float:
 
 
 def _launch(case: str, dev) -> dict[str, Any]:
+    import torch
+
+    from hwlab.core.measure_graph import capture_graph
+    from hwlab.labs import registers, scenarios
+
     n_layers, hidden = 64, 4096
     weights = [torch.randn(2, hidden, device=dev) for _ in range(n_layers)]
     x = torch.randn(hidden, device=dev)
@@ -174,6 +190,10 @@ SYNC_HOST_OVER_GPU = 1.2
 def _syncpoint(case: str, dev) -> dict[str, Any]:
     """A step of bf16 GEMMs, a per-step ``.item()`` (``item``) or none (``async``), then the
     host's own work (module doc); B, the launch gap and D/K measured, the host's step time beside."""
+    import torch
+
+    from hwlab.labs import scenarios
+
     import time
     size, n_mm = (4096, 8) if dev.type == "cuda" else (128, 4)
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -320,11 +340,15 @@ def _badcard(case: str, dev) -> dict[str, Any]:
 
 
 def _dtype(case: str, dev) -> dict[str, Any]:
+    from hwlab.labs import scenarios
+
     d = scenarios.dtype_path(device=dev, copy_gbps=_copy_gbps(dev), cases=(case,))
     return d["flowchart_evidence"][case]
 
 
 def _workload(case: str, dev) -> dict[str, Any]:
+    from hwlab.labs import scenarios
+
     w = scenarios.workload_mix(device=dev, ceilings=get_ceilings(dev, quick=True))
     return w["flowchart_evidence"][case]
 
@@ -333,6 +357,8 @@ def _fp8(case: str, dev) -> dict[str, Any]:
     """Lab 4's decoder on the ``case`` path (``mixed``: the seed's fallback; ``fixed``) serving
     one context bucket's stream (4k context on a GPU, where KV bytes matter; the tiny stream
     on a CPU); evidence from Lab 4's own :func:`fp8.flowchart_evidence` (B, D, K measured)."""
+    from hwlab.labs import fp8
+
     spec = fp8.default_streams(dev)[1 if dev.type == "cuda" else 0]
     res = fp8.run_stream(streams=[spec], paths=(case,), device=dev)
     fe = fp8.flowchart_evidence(res, _copy_gbps(dev))
@@ -361,11 +387,12 @@ def observe(scenario: str, case: str, *, live: bool = True, device=None) -> tupl
     that (scenario, case) (the slow link: its recorded CPU run)."""
     if scenario not in LIVE and scenario not in RECORDED_ONLY:
         raise ValueError(f"no drill scenario {scenario!r}")
-    dev = device_of(device)
     if scenario == "slowlink":
         return _slowlink(case)
-    if live and can_run_live(scenario, dev):
-        return LIVE[scenario](case, dev), live_label(dev)
+    if live:
+        dev = device_of(device)
+        if can_run_live(scenario, dev):
+            return LIVE[scenario](case, dev), live_label(dev)
     return recorded_run(scenario, case)
 
 
