@@ -354,8 +354,9 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
                          "parts": split, "headline": head})
     busy = [w for w in works if w.items]
     if not busy:
-        raise UserInputError(f"{path}: no timed work in the selected step(s) (no device kernels, no host ops): "
-                             "pass a trace of a profiled run, or another --step")
+        raise UserInputError(f"{path}: the selected step(s) hold no device kernel and no host op on the step's "
+                             "thread (work on other threads only, e.g. gloo workers: read those with hwlab ranks "
+                             "--traces); pass another --step or a trace of the step's own work")
     if len(busy) < len(works):
         notes.append(f"step(s) {', '.join(str(w.step) for w in works if not w.items)} ran no timed work (all "
                      "idle): in the per-step table, left out of the means")
