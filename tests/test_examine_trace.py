@@ -231,7 +231,8 @@ def test_cpu_trace_recorded_with_shapes(tmp_path):
     mm = [p for p in ex.parts.parts if p.name == "gemm float32"]
     assert mm and mm[0].flops == 2 * 96 ** 3  # from the recorded shapes of aten::mm
     cc = [p for p in ex.parts.parts if p.name == "copy/concat"]
-    assert cc and cc[0].floor_ms is None  # cat's tensor list: said, not floored
+    # cat's tensor list records dims only: its members take the dtype of relu's output of that size
+    assert cc and cc[0].moved_bytes == 3 * (1 << 14) * 4 and cc[0].floor_ms is None  # no --baseline: no ceiling
 
 
 # ------------------------------------------------------------------ the annotated copy
@@ -428,3 +429,19 @@ def _launch_ts(raw, e):
         _LAUNCH_CACHE[key] = {x["args"]["correlation"]: x["ts"] for x in raw if x.get("ph") == "X"
                               and x.get("cat") not in DEVICE_CATS and "correlation" in x.get("args", {})}
     return _LAUNCH_CACHE[key].get(e["args"].get("correlation"), -1)
+
+
+def test_a_folder_needs_the_rank_and_finds_it_by_name_or_content(tmp_path):
+    from hwlab.core.trace_ops import find_trace
+
+    t = _load(FIXTURE)
+    (tmp_path / "job_rank0.json").write_text(json.dumps(t))
+    with gzip.open(tmp_path / "worker-b.pt.trace.json.gz", "wt") as f:  # rank only in its content
+        json.dump({**t, "distributedInfo": {"rank": 3, "world_size": 4}}, f)
+    assert find_trace(tmp_path, 0).name == "job_rank0.json"
+    assert find_trace(tmp_path, 3).name == "worker-b.pt.trace.json.gz"
+    with pytest.raises(Exception, match="--rank"):
+        find_trace(tmp_path)
+    with pytest.raises(Exception, match="rank 7"):
+        find_trace(tmp_path, 7)
+    assert examine_trace(find_trace(tmp_path, 3)).ot.rank == 3

@@ -21,7 +21,10 @@ live traffic model (:mod:`hwlab.examine.estimate`) keeps for an op, with the sam
 * **gathers** read the rows they return (the output's size from the source, plus the index),
   not the whole source; no sector amplification is estimated (no index values in a trace).
 
-A tensor whose dtype or dims the trace did not record makes the op's record ``shapes=False``:
+A tensor list (``cat``, ``stack``) records dims but no dtype: each member takes the dtype of
+the latest earlier output of its element count in the step (the identity estimate again); with
+no such output, and for a tensor whose dtype or dims the trace did not record, the op's record
+is ``shapes=False``:
 its part is then walked only on what the trace measures.
 """
 from __future__ import annotations
@@ -146,7 +149,13 @@ def tensors(args: dict[str, Any]) -> tuple[list[tuple[int, list[int], list[int] 
                  "MemoryFormat", "Generator", "str", "bool_list"):
             continue
         if t == "TensorList" or (isinstance(d, list) and d and isinstance(d[0], list)):
-            complete = False  # a list of tensors: dtypes not recorded per tensor
+            # a list of tensors: dims per tensor, no dtype (the shape model looks for the producer)
+            if isinstance(d, list) and all(isinstance(x, list) and all(isinstance(y, int) for y in x) for x in d):
+                sts = st if isinstance(st, list) and len(st) == len(d) else [None] * len(d)
+                out.extend((i, x, sx if isinstance(sx, list) and sx and isinstance(sx[0], int) else None, None)
+                           for x, sx in zip(d, sts))
+            else:
+                complete = False
             continue
         dt = DTYPE_NAMES.get(t) or (t if t in ITEM_BYTES else None)
         if dt is None and t in DTYPE_BYTES:
@@ -209,8 +218,14 @@ def out_shape(name: str, ts: list[tuple[int, list[int], Any, str]], concrete: li
         red = {d % len(x) for d in dims} if x else set()
         return [1 if i in red else s for i, s in enumerate(x) if keep or i not in red], \
             ("int64" if base.startswith("arg") else dt0)
-    if name in ("aten::cat", "aten::stack", "aten::concat"):
-        return None  # inputs are a tensor list: handled as incomplete
+    if name in ("aten::cat", "aten::concat", "aten::stack") and all(dt for *_, dt in ts):
+        d = (_concrete_ints(c(1)) or [0])[0]
+        if name == "aten::stack":
+            d %= len(shapes[0]) + 1
+            return shapes[0][:d] + [len(shapes)] + shapes[0][d:], dt0
+        live = [x for x in shapes if x != [0]]  # cat skips empty 1-d inputs
+        d %= max(1, len(live[0]))
+        return live[0][:d] + [sum(x[d] for x in live)] + live[0][d + 1:], dt0
     if name in ("aten::embedding",) and len(shapes) >= 2:
         return shapes[1] + shapes[0][1:], dt0
     if name == "aten::index_select" and len(shapes) >= 2:
@@ -262,6 +277,7 @@ class ShapeModel:
     def __init__(self) -> None:
         self.n = 0
         self.latest: dict[tuple[int, str], tuple] = {}  # (numel, dtype) -> key of the latest output
+        self.dtype_of: dict[int, str] = {}  # numel -> dtype of the latest output of that size
 
     def _new(self) -> tuple:
         self.n += 1
@@ -272,10 +288,14 @@ class ShapeModel:
         if name in VIEW_OPS:
             return None
         ts, complete = tensors(args)
+        if any(dt is None for *_, dt in ts):  # tensor-list members: the dtype of their producer in this step
+            found = [(i, d, st, self.dtype_of.get(prod(d))) for i, d, st, dt in ts]
+            complete = complete and all(dt for *_, dt in found)
+            ts = found
         concrete = args.get("Concrete Inputs") or []
         out = out_shape(name, ts, concrete) if complete else None
         if not complete or out is None or not ts:
-            return TraceOpRecord(name, 0, 0, [t for _, _, _, t in ts], [], shapes=False, ext=ext)
+            return TraceOpRecord(name, 0, 0, [t for _, _, _, t in ts if t], [], shapes=False, ext=ext)
         reads = []
         in_keys = []
         for _, d, st, dt in ts:
@@ -297,7 +317,12 @@ class ShapeModel:
             okey = in_keys[0]
         else:
             okey = self._new()
+        merged: dict = {}
+        for k, b in reads:  # one storage read twice (cat([z, z])) is read once, as the live model's span
+            merged[k] = max(merged.get(k, 0), b)
+        reads = list(merged.items())
         writes = [(okey, o_b)] if o_b else []
         self.latest[(prod(odims), odt)] = okey
+        self.dtype_of[prod(odims)] = odt
         return TraceOpRecord(name, sum(b for _, b in reads), o_b, [t for _, _, _, t in ts], [odt],
                              flops=flops_of(name, ts, odims), reads=reads, writes=writes, ext=ext)
