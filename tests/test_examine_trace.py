@@ -89,6 +89,8 @@ def test_gpu_fixture_parts_add_up_and_use_the_shapes_and_the_datasheet():
     assert g["moved_bytes"] == (64 * 128 + 128 * 256 + 64 * 256) * 2
     assert g["floor_ms"] == pytest.approx(g["floor_bytes"] / (d["ceilings"]["copy_gbps"] * 1e6))
     assert g["tensor_core_kernels"] == 1
+    assert "datasheet" in g["floor_source"] and "measured" not in g["floor_source"].replace("not measured", "")
+    assert all("datasheet" in v for k, v in g["evidence_sources"].items() if "ceiling" in v)
     cc = parts["copy/concat"]  # the cat (a tensor list: no usable shapes) is not floored, and says why
     assert cc["floor_ms"] is None and any("no input shapes" in n for n in cc["notes"])
     # the unlaunched copy kernel is classed by its name (copy), not dropped into idle

@@ -309,7 +309,26 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings) -> tu
                         gemm_tflops_for=gemm_for, whole_floor_ms=whole_floor,
                         whole_slowdown=ev.get("slowdown_vs_floor"), e2e_slowdown=None, out_keys=set(),
                         lab_for=leaf_lab)
+    if c.source == "datasheet":
+        _relabel(parts, src)
     return parts, ev, src, whole_floor
+
+
+def _relabel(parts: Parts, src: dict[str, str]) -> None:
+    """Datasheet ceilings are not measured: every floor and rate that used them says so (the
+    walks are re-run with the corrected sources; sources never change an answer)."""
+    tag = " (datasheet peak, not measured)"
+    for p in parts.parts:
+        if "ceiling" in p.floor_source:
+            p.floor_source = p.floor_source.replace("the measured ", "the datasheet ") + tag
+        for k, v in list(p.sources.items()):
+            if "ceiling" in v and not v.endswith(tag):
+                p.sources[k] = v.replace("the measured ", "the datasheet ") + tag
+        if p.walk is not None:
+            p.walk = diagnose({**p.evidence, "metric_sources": p.sources})
+    for k, v in list(src.items()):
+        if "ceiling" in v and not v.endswith(tag):
+            src[k] = v + tag
 
 
 def _tc(name: str) -> bool:
