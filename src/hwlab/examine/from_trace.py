@@ -11,8 +11,9 @@ floors, walks and expected gains, so one reader serves both reports.
   ``gpu idle`` is the window minus the union of its device intervals; on a CPU trace a step's
   time is its host range and ``host outside ops`` is the part of it outside aten ops. The
   headline parts are over all selected steps (per-step means, op records of the first selected
-  step, as the live examination floors one call); each step is also split on its own and must
-  add up (:data:`STEP_SUM_TOL_PCT`).
+  step, as the live examination floors one call; on a CPU trace the mean shares applied to the
+  median step, as live examine applies them to its measured median); each step is also split on
+  its own and must add up (:data:`STEP_SUM_TOL_PCT`).
 * **Ceilings** (:func:`ceilings_for`): a node record given with ``--baseline`` (measured, said
   so), else the datasheet of the GPU the trace's ``deviceProperties`` names
   (:mod:`hwlab.core.specs`, said to be a datasheet peak: a floor on peaks is lower than on
@@ -32,6 +33,7 @@ import gzip
 import json
 import math
 import os
+import statistics
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,6 +267,8 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings) -> tu
     evidence for the aggregate walk."""
     n = len(works)
     t_ms = sum(w.window_us for w in works) / n / 1e3
+    if not gpu:  # as live: the shares of the profiled steps applied to the median step (robust to one slow step)
+        t_ms = statistics.median(w.window_us for w in works) / 1e3
     prof = _Profile(calls=[w.items for w in works], call_us=[w.host_dur_us for w in works],
                     busy_ms_per_call=sum(w.busy_us for w in works) / n / 1e3)
     # the whole step's floor: every op as if fused, FLOPs at the ceiling of its matmul dtype
@@ -382,8 +386,8 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
     recs0 = _records(busy[0])
     parts, ev, src, _ = _split(busy, recs0, gpu, c)
     parts.notes = [n if not n.startswith("CPU: part times are shares") else
-                   "CPU trace: part times are aten op self times inside each step's host range (means over "
-                   "the steps)" for n in parts.notes]
+                   f"CPU trace: part times are the steps' shares of aten op self time applied to the median step "
+                   f"({parts.t_ms:.4g} ms)" for n in parts.notes]
     works_all, works = works, busy
     if len(works) > 1:
         notes.append(f"parts are means over {len(works)} steps; floors from the ops of step {works[0].step} "
@@ -407,7 +411,9 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
     elif c.source == "none":
         notes.append(c.label)
     if not gpu:
-        notes.append("CPU trace: aten op self times; no GPU kernels, no launch-gap figure; the walk is indicative")
+        notes.append("CPU trace: aten op self times; no GPU kernels, no launch-gap figure; the walk is indicative. "
+                     "They include the profiler's own per-op cost (recording shapes adds to it): ops of a few "
+                     "microseconds read slower than they run unprofiled (a GPU trace's kernel times do not)")
     diag = diagnose({**ev, "metric_sources": src})
     return TraceExamination(path=str(path), ot=ot, works=works_all, ceilings=c, parts=parts, per_step=per_step,
                             evidence=ev, evidence_sources=src, diagnosis=diag, notes=notes)
