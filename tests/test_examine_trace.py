@@ -172,7 +172,8 @@ def test_flops_of_linear_conv_and_attention_equal_torch():
         out = torch.nn.functional.conv2d(xi, wi, stride=2, padding=1)
     r = trace_shapes.ShapeModel().record("aten::convolution", {
         "Input Dims": [[2, 3, 17, 19], [8, 3, 3, 5], [], [], [], [], [], [], []],
-        "Input type": ["float", "float", "", "ScalarList", "ScalarList", "ScalarList", "Scalar", "ScalarList", "Scalar"],
+        "Input type": ["float", "float", "", "ScalarList", "ScalarList", "ScalarList", "Scalar", "ScalarList",
+                       "Scalar"],
         "Concrete Inputs": ["", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"]})
     assert r.flops == fc.get_total_flops() and r.written_bytes == out.numel() * 4
     from torch.utils.flop_counter import sdpa_flop_count  # the formula torch registers for the GPU kernels

@@ -295,7 +295,8 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings) -> tu
         pct = 100.0 * moved / (t_ms * 1e6) / c.copy_gbps if t_ms > 0 else None
         if pct is not None and pct <= 100.0:
             ev["dram_pct_estimated"] = pct
-            src["dram_pct_estimated"] = "each op's recorded input and inferred output bytes / step time vs the copy ceiling"
+            src["dram_pct_estimated"] = ("each op's recorded input and inferred output bytes / step time vs the "
+                                         "copy ceiling")
         if flops and tf and whole_floor and flops / (tf * 1e9) >= floor_b / (c.copy_gbps * 1e6):
             ev["tensor_pct_of_peak"] = 100.0 * flops / (t_ms * 1e9) / tf
             src["tensor_pct_of_peak"] = "FLOPs from shapes / step time vs the GEMM ceiling at its dtype"
