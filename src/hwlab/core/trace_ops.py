@@ -16,9 +16,10 @@ either, the whole trace is one step, and the result says so.
 A device event is joined to its launch: the runtime or driver event (``cudaLaunchKernel``,
 ``cuLaunchKernel``, ``hipLaunchKernel``, ``hipExtModuleLaunchKernel``, ``cudaMemcpyAsync``, ...)
 whose ``args.correlation`` equals the kernel's; the ops above the launch are the host events
-that enclose its start on the same process and thread (time nesting). A device event with no launch record is kept, marked
-``unlaunched``, and assigned to the last step that started at or before it. One launched before
-the first step or between steps belongs to no step and is left out of every step.
+that enclose its start on the same process and thread (time nesting). A device event with no
+launch record is kept, marked ``unlaunched``, and assigned to the last step that started at or
+before it. One launched before the first step or between steps belongs to no step and is left
+out of every step.
 
 **Step window.** A step starts where its host range starts and ends at the later of its host
 end and the end of the last device event it launched: work still running after the step's
