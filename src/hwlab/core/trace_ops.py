@@ -108,6 +108,8 @@ class OpTrace:
     launches: dict[Any, tuple[float, Any, Any, str]] = field(default_factory=dict)  # corr -> (ts, pid, tid, name)
     steps: list[dict[str, Any]] = field(default_factory=list)       # {step, ts, dur, pid, tid, mark}
     step_source: str = ""
+    tops: list[HostOp] | None = field(default=None, repr=False)  # outermost aten ops, by start (cache)
+    tops_ts: list[float] = field(default_factory=list, repr=False)
 
     @property
     def on_gpu(self) -> bool:
@@ -364,20 +366,25 @@ def step_items(ot: OpTrace) -> list[StepWork]:
 def _top_ops(ot: OpTrace, lo: float, hi: float) -> list[HostOp]:
     """Outermost aten ops (no aten op above them on their thread) that start inside [lo, hi],
     in start order: the ops a dispatch-mode traffic model would see first."""
-    out = []
-    for ops in ot.host.values():
-        for o in ops:
-            if o.cat != "cpu_op" or not o.name.startswith("aten::") or not (lo <= o.ts <= hi):
-                continue
-            p, above = o.parent, False
-            while p >= 0:
-                if ops[p].cat == "cpu_op" and ops[p].name.startswith("aten::"):
-                    above = True
-                    break
-                p = ops[p].parent
-            if not above:
-                out.append(o)
-    return sorted(out, key=lambda o: o.ts)
+    tops = ot.tops
+    if tops is None:  # once per trace, then a bisect per step
+        tops = []
+        for ops in ot.host.values():
+            for o in ops:
+                if o.cat != "cpu_op" or not o.name.startswith("aten::"):
+                    continue
+                p, above = o.parent, False
+                while p >= 0:
+                    if ops[p].cat == "cpu_op" and ops[p].name.startswith("aten::"):
+                        above = True
+                        break
+                    p = ops[p].parent
+                if not above:
+                    tops.append(o)
+        tops.sort(key=lambda o: o.ts)
+        ot.tops, ot.tops_ts = tops, [o.ts for o in tops]
+    ts = ot.tops_ts
+    return tops[bisect.bisect_left(ts, lo):bisect.bisect_right(ts, hi)]
 
 
 def _cpu_items(ot: OpTrace, s: dict[str, Any], starts) -> list[dict[str, Any]]:
