@@ -97,8 +97,9 @@ def ceilings_for(ot: OpTrace, baseline: str | None) -> TraceCeilings:
         return TraceCeilings(None, {}, "none", f"no datasheet entry for {names[0]!r} and no --baseline: "
                              "parts get shares but no floors (pass --baseline with this node's doctor or "
                              "baseline record)")
-    return TraceCeilings(None, {}, "none", ("a CPU trace has no datasheet" if not ot.on_gpu else
-                                            "the trace names no device") +
+    what = ("the trace names no device" if ot.on_gpu else "no device kernels in the trace (host op times): no "
+            "datasheet applies" if ot.launches or names else "a CPU trace has no datasheet")
+    return TraceCeilings(None, {}, "none", what +
                          ": parts get shares but no floors (pass --baseline with the recording machine's "
                          "doctor, baseline or examine record)")
 
@@ -202,8 +203,10 @@ class TraceExamination:
     def label(self) -> str:
         dev = ", ".join(sorted({str(d.get("name")) for d in self.ot.devices if d.get("name")})) or \
             ("a GPU the trace does not name" if self.on_gpu else "a CPU")
+        kind = "GPU" if self.on_gpu else ("host ops only: no device kernels recorded" if
+                                          self.ot.launches or self.ot.devices else "CPU")
         return (f"read from the profiler trace {Path(self.path).name} (recorded on {dev}; nothing re-run here) "
-                f"[{'GPU' if self.on_gpu else 'CPU'}; ceilings: {self.ceilings.source}]")
+                f"[{kind}; ceilings: {self.ceilings.source}]")
 
     def to_dict(self) -> dict[str, Any]:
         d = self.diagnosis
@@ -411,6 +414,9 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
                      "each gain an upper bound; pass --baseline with the node's measured record")
     elif c.source == "none":
         notes.append(c.label)
+    if not gpu and (ot.launches or any(d.get("name") for d in ot.devices)):
+        notes.append("the trace names a GPU (or holds its runtime calls) but recorded no device kernels: these parts "
+                     "are host op times, not GPU time; record with ProfilerActivity.CUDA for the device's parts")
     if not gpu:
         notes.append("CPU trace: aten op self times; no GPU kernels, no launch-gap figure; the walk is indicative. "
                      "They include the profiler's own per-op cost (recording shapes adds to it): ops of a few "
