@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from hwlab.core.kineto import TraceError, _Stream, name_rank
+from hwlab.core.kineto import TraceError, _Stream, discover_traces, name_rank
 from hwlab.core.profiling import COMPILED_TRACE_MARKS, KERNEL_OCCUPANCY_ARGS, TRACE_KERNEL_CATS
 from hwlab.errors import UserInputError
 
@@ -418,18 +418,19 @@ def _cpu_items(ot: OpTrace, s: dict[str, Any], starts) -> list[dict[str, Any]]:
 
 
 def find_trace(path: str | os.PathLike, rank: int | None = None) -> Path:
-    """The trace file to read: ``path`` itself, or in a folder the one trace (``*.json``,
-    ``*.json.gz``, one level of sub-folders too), or the one of ``rank`` (by its distributedInfo,
-    else its file name)."""
+    """The trace file to read: ``path`` itself, or in a folder (one level of sub-folders too) the
+    one trace found by content (:func:`hwlab.core.kineto.discover_traces`), or the one of ``rank``
+    (by its file name, else its distributedInfo)."""
     p = Path(path)
     if not p.exists():
         raise UserInputError(f"{p}: no such file or folder: pass a profiler trace (.json / .json.gz) or its folder")
     if p.is_file() or not p.is_dir():
         return p
-    files = sorted(f for pat in ("*", "*/*") for f in p.glob(pat)
-                   if f.is_file() and f.name.endswith((".json", ".json.gz")))
+    files, skipped = discover_traces(p)  # by content, whatever the names (kineto)
     if not files:
-        raise UserInputError(f"no .json / .json.gz file in {p}: pass the folder the profiler wrote its traces to")
+        why = "; ".join(f"{f.name}: {w}" for f, w in skipped[:3])
+        raise UserInputError(f"no profiler trace in {p}" + (f" ({why})" if why else "") +
+                             ": pass the folder the profiler wrote its traces to, or one trace file")
     if rank is None:
         if len(files) == 1:
             return files[0]
