@@ -339,11 +339,13 @@ def test_cli_trace_json_out_and_bad_input(tmp_path):
     d = json.loads(r.stdout)
     assert d["source"] == "trace" and d["parts"]["parts"] and json.loads(out.read_text()) == d
     assert (tmp_path / "x.annotated.trace.json.gz").is_file()
+    rank3 = tmp_path / "r.json"
+    rank3.write_text(json.dumps({**_load(FIXTURE), "distributedInfo": {"rank": 3}}))
     again = _cli("--trace", str(FIXTURE), "--out", str(out))
     assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1
     for bad in (["examples/unfused_chain.py:unfused_chain", "--trace", str(FIXTURE)],
                 ["--trace", str(FIXTURE), "--step", "9"], ["--trace", str(tmp_path / "missing.json")],
-                ["--trace", str(FIXTURE), "--ncu"]):
+                ["--trace", str(FIXTURE), "--ncu"], ["--trace", str(rank3), "--rank", "1"]):
         r = _cli(*bad)
         assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, (bad, r.stderr)
     trunc = tmp_path / "trunc.json"

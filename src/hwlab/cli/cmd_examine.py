@@ -161,6 +161,9 @@ def cmd_examine_trace(a) -> int:
         print(f"reading {path.name}: {done / 1e6:,.0f} of {total / 1e6:,.0f} MB", file=sys.stderr)
 
     ex = examine_trace(path, step=a.step, baseline=a.baseline, progress=progress)
+    if a.rank is not None and ex.ot.rank is not None and ex.ot.rank != a.rank:
+        raise UserInputError(f"--rank {a.rank}: {path.name} is rank {ex.ot.rank}'s trace; pass its folder or "
+                             "the rank's own file")
     save_err = None
     if out is not None:
         try:
