@@ -1,4 +1,7 @@
 """``hwlab examine MODULE:FUNC``: measure a function of your own and walk the flowchart on it.
+``hwlab examine --trace FILE_OR_DIR [--rank R] [--step N] [--baseline RECORD]``: the same parts
+and walks read from a profiler trace instead (:mod:`hwlab.examine.from_trace`); with ``--out X.json``
+the annotated trace goes to ``X.annotated.trace.json.gz``; same exit codes.
 
 Inputs: ``--inputs MODULE:FUNC`` returns the argument tuple (called again for fresh sets to
 rotate past L2); without it, a function named ``inputs`` in the target's module is used, and
@@ -30,7 +33,16 @@ def add_parser(sub) -> None:
                        description="Measure MODULE:FUNC and walk the flowchart on it. Exit codes: 0 the "
                        "walk lands on OK, 1 another leaf (a finding), 2 bad input, 3 internal error, "
                        "4 undecided (a question's metric was not measured; the report says which).")
-    e.add_argument("target", metavar="MODULE:FUNC", help="a dotted module or a .py path, then :FUNC")
+    e.add_argument("target", metavar="MODULE:FUNC", nargs="?",
+                   help="a dotted module or a .py path, then :FUNC (or --trace instead)")
+    e.add_argument("--trace", metavar="FILE_OR_DIR",
+                   help="examine a profiler trace (.json / .json.gz, or its folder) instead of running a "
+                   "function: parts, floors and walks from what the trace recorded (needs no torch)")
+    e.add_argument("--rank", type=int, metavar="R", help="with --trace on a folder: the rank's trace")
+    e.add_argument("--step", type=int, metavar="N", help="with --trace: only ProfilerStep#N")
+    e.add_argument("--baseline", metavar="RECORD",
+                   help="with --trace: measured ceilings from a doctor, baseline or examine record "
+                   "(default: the datasheet of the GPU the trace names)")
     e.add_argument("--inputs", metavar="MODULE:FUNC",
                    help="returns the argument tuple (default: the target module's `inputs`, if any)")
     e.add_argument("--model", action="store_true",
@@ -49,6 +61,11 @@ def add_parser(sub) -> None:
 
 
 def cmd_examine(a) -> int:
+    if a.trace is not None or a.target is None:
+        return cmd_examine_trace(a)
+    for flag in ("rank", "step", "baseline"):
+        if getattr(a, flag) is not None:
+            raise UserInputError(f"--{flag} goes with --trace: leave it out when examining MODULE:FUNC")
     from hwlab.examine import examine
     from hwlab.examine.target import load
     from hwlab.core.store import check_destination, rescue, write_text_atomic
@@ -116,3 +133,49 @@ def _examine_function(a):
                  ncu_target=spec if a.ncu else None, name=a.target)
     ex.notes.append(f"inputs from {inputs_spec}")
     return ex
+
+
+def cmd_examine_trace(a) -> int:
+    """``hwlab examine --trace``: no torch is imported on this path (a laptop without it reads traces)."""
+    from hwlab.core.store import check_destination, rescue, write_text_atomic
+
+    if a.trace is None:
+        raise UserInputError("give MODULE:FUNC to examine a function, or --trace FILE_OR_DIR to examine a trace")
+    if a.target is not None:
+        raise UserInputError(f"give either MODULE:FUNC ({a.target}) or --trace, not both")
+    for flag in ("inputs", "ncu", "n_bytes", "n_flops", "dtype_peak"):
+        if getattr(a, flag):
+            raise UserInputError(f"--{flag.replace('_', '-')} needs a function run: leave it out with --trace")
+    if a.model:
+        raise UserInputError("--model needs a function run: leave it out with --trace")
+    from hwlab.core.trace_ops import find_trace
+    from hwlab.examine.from_trace import annotated_path, examine_trace, write_annotated
+
+    out = check_destination(a.out, overwrite=a.force) if a.out else None  # before reading
+    if out is not None and out.suffix != ".json":
+        raise UserInputError(f"--out {a.out}: give a .json file name")
+    ann = check_destination(annotated_path(out), overwrite=a.force) if out is not None else None
+    path = find_trace(a.trace, a.rank)
+
+    def progress(done: int, total: int) -> None:
+        print(f"reading {path.name}: {done / 1e6:,.0f} of {total / 1e6:,.0f} MB", file=sys.stderr)
+
+    ex = examine_trace(path, step=a.step, baseline=a.baseline, progress=progress)
+    if a.rank is not None and ex.ot.rank is not None and ex.ot.rank != a.rank:
+        raise UserInputError(f"--rank {a.rank}: {path.name} is rank {ex.ot.rank}'s trace; pass its folder or "
+                             "the rank's own file")
+    save_err = None
+    if out is not None:
+        try:
+            write_annotated(ex, ann, overwrite=a.force)
+            write_text_atomic(out, ex.to_json() + "\n", overwrite=a.force)
+            print(f"examination written to {out}, annotated trace to {ann}", file=sys.stderr)
+        except OSError as e:
+            save_err = rescue(json.loads(ex.to_json()), "examination", out, e)
+    print(ex.to_json() if a.json else ex.report())
+    if save_err:
+        print(f"hwlab examine: {save_err}", file=sys.stderr)
+        return EXIT_USAGE
+    if ex.leaf_id is None:
+        return EXIT_UNDECIDED
+    return EXIT_OK if ex.leaf_id == "OK" else EXIT_FINDING

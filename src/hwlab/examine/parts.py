@@ -403,8 +403,10 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
     for cls, g in groups.items():
         t = items_ms[cls] * scale
         recs = [ops[i] for i in sorted(g["recs"])]
+        # a record read from a trace without its input shapes (hwlab.core.trace_shapes) has no bytes
+        shapeless = [o for o in recs if getattr(o, "shapes", True) is False]
         p = Part(name=cls, t_ms=t, share_pct=100.0 * t / total_ref, n_items=g["n"] / n,
-                 attributable=bool(recs) and cls != "triton/compiled",
+                 attributable=bool(recs) and not shapeless and cls != "triton/compiled",
                  top=[k[:120] for k, _ in sorted(g["kernels"].items(), key=lambda kv: -kv[1])[:3]])
         if gpu:
             p.n_tc = sum(1 for k in g["kernel_list"] if _is_tc(k)) / n
@@ -437,6 +439,9 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
             p.floor_source = "the function's floor: this part is the whole function's device time"
             p.notes.append("bytes inside Triton / compiled kernels are not attributable; this part holds "
                            f"at least {WHOLE_PCT:.0f}% of the kernel time, so the function's floor is its floor")
+        elif shapeless:
+            p.notes.append(f"no input shapes recorded for {len(shapeless)} of its ops (a trace without "
+                           "record_shapes, or a tensor list): no floor; walked only on what the trace measures")
         else:
             p.notes.append("bytes not attributable: kernels ran outside aten ops (Triton / torch.compile); "
                            "with --ncu their DRAM traffic is counted")

@@ -148,7 +148,7 @@ def profile_calls(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], kwa
 
     gpu = device.type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
-    with profile(activities=acts) as prof:
+    with profile(activities=acts, record_shapes=True) as prof:  # shapes: the trace can be examined alone
         for i in range(n_calls):
             with record_function(CALL_MARK):
                 fn(*arg_sets[i % len(arg_sets)], **kwargs)

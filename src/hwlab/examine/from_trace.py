@@ -1,0 +1,518 @@
+"""``hwlab examine --trace``: a profiler trace in, the parts and their walks out, no re-run.
+
+During an incident the engineer holds a trace, not the code and inputs. This module reads one
+Kineto / Chrome trace (:mod:`hwlab.core.trace_ops`, streaming, no torch), rebuilds each step's
+op records from the recorded input shapes (:mod:`hwlab.core.trace_shapes`) and splits the step
+with the live examination's own code (:func:`hwlab.examine.parts.build_parts`): the same parts,
+floors, walks and expected gains, so one reader serves both reports.
+
+* **Steps.** Every ``ProfilerStep#N`` (or ``--step N`` alone). On a GPU trace a step's time is
+  its window (its host range, extended to the end of the last device work it launched) and
+  ``gpu idle`` is the window minus the union of its device intervals; on a CPU trace a step's
+  time is its host range and ``host outside ops`` is the part of it outside aten ops. The
+  headline parts are over all selected steps (per-step means, op records of the first selected
+  step, as the live examination floors one call; on a CPU trace the mean shares applied to the
+  median step, as live examine applies them to its measured median); each step is also split on
+  its own and must add up (:data:`STEP_SUM_TOL_PCT`).
+* **Ceilings** (:func:`ceilings_for`): a node record given with ``--baseline`` (measured, said
+  so), else the datasheet of the GPU the trace's ``deviceProperties`` names
+  (:mod:`hwlab.core.specs`, said to be a datasheet peak: a floor on peaks is lower than on
+  measured ceilings, so gains are upper bounds). A CPU trace, or a GPU the datasheet table does
+  not know, has no ceiling without ``--baseline``: its parts get shares and no floors.
+* **Parts without shapes** (a trace recorded without ``record_shapes``, an op with a tensor
+  list): no floor; walked on what the trace measures (share, launch gaps, idle), which stops at
+  B undecided: the report says so and names the recording that would decide it.
+* **The annotated copy** (:func:`write_annotated`): the original events, unchanged, plus one
+  ``X`` range per part per step on a track of its own (own pid and tid, named by ``M``
+  metadata), laid end to end from the step's start, each as long as the part's time; the
+  headline part's range is named ``... [headline]``. :func:`read_annotations` reads them back.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from hwlab.core import specs
+from hwlab.core.kineto import TraceError
+from hwlab.core.profiling import kernel_class
+from hwlab.core.trace_ops import OpTrace, StepWork, iter_trace, read_ops, step_items
+from hwlab.core.trace_shapes import ShapeModel
+from hwlab.diagnosis.flowchart import LEAVES, diagnose
+from hwlab.errors import UserInputError
+from hwlab.examine.parts import Parts, build_parts, fused_floor_bytes
+
+#: each step's parts must add up to its time within this (the split keeps every item)
+STEP_SUM_TOL_PCT = 5.0
+#: the input dtype of a matmul -> the GEMM ceiling of its floor (the live examination's
+#: PEAK_FOR_DTYPE: fp32 data can take the TF32 path; fp16 runs at the bf16 rate)
+PEAK_FOR_DTYPE = {"float32": "tf32", "bfloat16": "bf16", "float16": "bf16",
+                  "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}
+#: labs that teach a leaf whose flowchart entry names none (the live examination's LAB_FALLBACK)
+LAB_FALLBACK = {"I": "06_case_studies (the dtype / MMA-path scenario)"}
+#: the annotation track's names and category
+TRACK_PROCESS = "hwlab examine: parts"
+TRACK_THREAD = "parts per step (headline marked)"
+ANNOTATION_CAT = "hwlab_part"
+HEADLINE_MARK = " [headline]"
+
+
+def leaf_lab(leaf_id: str) -> str:
+    leaf = LEAVES.get(leaf_id)
+    return (leaf.lab if leaf else "") or LAB_FALLBACK.get(leaf_id, "")
+
+
+@dataclass
+class TraceCeilings:
+    """The ceilings a trace's floors use, and what they are."""
+    copy_gbps: float | None
+    gemm_tflops: dict[str, float]
+    source: str  # "measured" | "datasheet" | "none"
+    label: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"copy_gbps": self.copy_gbps, "gemm_tflops": self.gemm_tflops, "source": self.source,
+                "label": self.label}
+
+
+def ceilings_for(ot: OpTrace, baseline: str | None) -> TraceCeilings:
+    """--baseline's measured ceilings, else the datasheet of the trace's GPU, else none (module doc)."""
+    if baseline:
+        return _baseline_ceilings(baseline)
+    names = [str(d.get("name")) for d in ot.devices if d.get("name")]
+    if ot.on_gpu and names:
+        spec = specs.try_lookup(names[0])
+        if spec is not None:
+            gemm = {k: v for k in ("fp32", "tf32", "bf16", "fp8") if (v := spec.peak_tflops(k))}
+            return TraceCeilings(spec.hbm_gbps, gemm, "datasheet",
+                                 f"datasheet peaks of the {spec.name} (the trace's deviceProperties name "
+                                 f"{names[0]!r}; not measured: floors are lower and gains upper bounds; "
+                                 "pass --baseline with the node's measured record for measured ceilings)")
+        return TraceCeilings(None, {}, "none", f"no datasheet entry for {names[0]!r} and no --baseline: "
+                             "parts get shares but no floors (pass --baseline with this node's doctor or "
+                             "baseline record)")
+    what = ("the trace names no device" if ot.on_gpu else "no device kernels in the trace (host op times): no "
+            "datasheet applies" if ot.launches or names else "a CPU trace has no datasheet")
+    return TraceCeilings(None, {}, "none", what +
+                         ": parts get shares but no floors (pass --baseline with the recording machine's "
+                         "doctor, baseline or examine record)")
+
+
+def _baseline_ceilings(path: str) -> TraceCeilings:
+    from hwlab.core.store import read_user_json
+
+    d = read_user_json(Path(path), "--baseline record", "pass a doctor, baseline or examine JSON "
+                       "(hwlab doctor --out / hwlab baseline record / hwlab examine --out)")
+    c = d.get("ceilings") if isinstance(d, dict) else None
+    copy, gemm = None, {}
+    if isinstance(c, dict) and _pos(c.get("copy_gbps")):
+        copy = float(c["copy_gbps"])
+        gemm = {k: float(v) for k, v in (c.get("gemm_tflops") or {}).items() if _pos(v)}
+    elif isinstance(d, dict) and isinstance(d.get("results"), list):  # a baseline: its probes
+        for r in d["results"]:
+            if not isinstance(r, dict) or not _pos(r.get("t_ms")):
+                continue
+            name = str(r.get("name", ""))
+            if name.startswith("hbm_copy") and _pos(r.get("n_bytes")):
+                copy = r["n_bytes"] / (r["t_ms"] * 1e6)
+            elif name.startswith("gemm[") and _pos(r.get("n_flops")):
+                gemm[name[5:].split("]")[0]] = r["n_flops"] / (r["t_ms"] * 1e9)
+    if copy is None:
+        raise UserInputError(f"--baseline {path}: no measured copy ceiling in it (no 'ceilings.copy_gbps', no "
+                             "hbm_copy probe): pass a doctor, baseline or examine record")
+    dev = (d.get("machine") or {}).get("device") if isinstance(d.get("machine"), dict) else None
+    dev = dev or (c or {}).get("device") or "?"
+    return TraceCeilings(copy, gemm, "measured", f"measured on {dev} (from --baseline {Path(path).name})")
+
+
+def _pos(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+@dataclass
+class _Profile:
+    """What :func:`build_parts` reads of a live profile, from the trace."""
+    calls: list
+    call_us: list
+    busy_ms_per_call: float
+    error: str | None = None
+    n_spills: int | None = None
+
+
+@dataclass
+class _Traffic:
+    ops: list
+
+
+def _records(work: StepWork) -> list:
+    """The step's op records in the order their work first appears (so the k-th instance of an
+    op name among the items is the k-th record of that name), then ops that launched nothing."""
+    model = ShapeModel()
+    recs: dict[int, Any] = {}
+    for o in work.top_ops:  # shapes in op order: the identity estimate follows program order
+        r = model.record(o.name, o.args, ext=id(o))
+        if r is not None:
+            recs[id(o)] = r
+    order: list = []
+    seen: set[int] = set()
+    for it in sorted(work.items, key=lambda x: x["ts"]):
+        top = it.get("top_op")
+        if top is not None and id(top) in recs and id(top) not in seen:
+            seen.add(id(top))
+            order.append(recs[id(top)])
+    order += [r for k, r in recs.items() if k not in seen]
+    return order
+
+
+@dataclass
+class TraceExamination:
+    """The result of :func:`examine_trace` (its ``to_dict`` keeps live examine's keys where the
+    meaning is the same)."""
+    path: str
+    ot: OpTrace
+    works: list[StepWork]
+    ceilings: TraceCeilings
+    parts: Parts
+    per_step: list[dict[str, Any]]
+    evidence: dict[str, Any]
+    evidence_sources: dict[str, str]
+    diagnosis: Any
+    notes: list[str] = field(default_factory=list)
+    annotated: str | None = None
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.ot.on_gpu
+
+    @property
+    def headline(self):
+        return self.parts.headline
+
+    @property
+    def leaf_id(self) -> str | None:
+        h = self.headline
+        return h.leaf_id if h is not None else self.diagnosis.leaf_id
+
+    @property
+    def label(self) -> str:
+        dev = ", ".join(sorted({str(d.get("name")) for d in self.ot.devices if d.get("name")})) or \
+            ("a GPU the trace does not name" if self.on_gpu else "a CPU")
+        kind = "GPU" if self.on_gpu else ("host ops only: no device kernels recorded" if
+                                          self.ot.launches or self.ot.devices else "CPU")
+        return (f"read from the profiler trace {Path(self.path).name} (recorded on {dev}; nothing re-run here) "
+                f"[{kind}; ceilings: {self.ceilings.source}]")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.diagnosis
+        ot = self.ot
+        n_items = sum(len(w.items) for w in self.works)
+        return {
+            "name": Path(self.path).name, "label": self.label, "on_gpu": self.on_gpu, "source": "trace",
+            "trace": {"path": self.path, "n_events": ot.n_events, "rank": ot.rank, "step_source": ot.step_source,
+                      "steps": [w.step for w in self.works], "devices": [d.get("name") for d in ot.devices],
+                      "record_shapes": ot.record_shapes,
+                      "device_events": sum(len(w.items) for w in self.works) if ot.on_gpu else 0,
+                      "unlaunched_device_events": sum(w.n_unlaunched for w in self.works),
+                      "items": n_items, "annotated": self.annotated},
+            "ceilings": {**self.ceilings.to_dict()},
+            "evidence": self.evidence, "evidence_sources": self.evidence_sources,
+            "walk": {"path": d.path, "leaf": d.leaf_id, "undecided_at": d.undecided.id if d.undecided else None,
+                     "steps": [{"question": s.question, "answer": s.answer, "metric": s.metric, "value": s.value,
+                                "rule": s.criterion, "overridden": s.overridden, "how": s.how,
+                                "source": self.evidence_sources.get(s.metric, "by hand")} for s in d.steps],
+                     "explain": d.explain(), "actions": list(d.leaf.actions) if d.leaf else [],
+                     "lab": leaf_lab(d.leaf_id) if d.leaf_id else ""},
+            "notes": self.notes, "leaf": self.leaf_id, "whole_function_leaf": d.leaf_id,
+            "parts": self.parts.to_dict(), "steps": self.per_step,
+        }
+
+    def to_json(self) -> str:
+        from hwlab.core.store import dumps_strict
+
+        return dumps_strict(self.to_dict())
+
+    def report(self) -> str:
+        ot = self.ot
+        lines = [f"hwlab examine --trace: {Path(self.path).name}", f"  {self.label}",
+                 f"  ceilings: {self.ceilings.label}" + (
+                     f": copy {self.ceilings.copy_gbps:,.0f} GB/s, GEMM " + ", ".join(
+                         f"{k} {v:,.1f}" for k, v in self.ceilings.gemm_tflops.items()) + " TFLOP/s"
+                     if self.ceilings.copy_gbps else ""),
+                 f"  steps from {ot.step_source}; {ot.n_events} events read"
+                 + (f"; rank {ot.rank}" if ot.rank is not None else ""),
+                 "", f"  {'step':>6s} {'ms':>10s} {'parts sum':>9s} {'items':>6s} {'unlaunched':>10s} {'shapes':>7s}"]
+        for s in self.per_step:
+            lines.append(f"  {s['step']:>6} {s['t_ms']:10.4g} {s['parts_sum_pct']:8.1f}% {s['n_items']:6d} "
+                         f"{s['n_unlaunched']:10d} {s['ops_with_shapes_pct']:6.0f}%")
+        lines += ["", "evidence of the whole step (source of each)"]
+        lines += [f"  {k} = {v:.3g}   [{self.evidence_sources.get(k, '?')}]" if isinstance(v, float) else
+                  f"  {k} = {v}   [{self.evidence_sources.get(k, '?')}]" for k, v in self.evidence.items()]
+        lines += ["", "walk (the whole step, aggregate metrics)"] + \
+            ["  " + s for s in self.diagnosis.explain().splitlines()]
+        lines += [""] + self.parts.render()
+        if self.leaf_id and leaf_lab(self.leaf_id):
+            lines.append(f"  lab that teaches the headline leaf ({self.leaf_id}): notebooks/{leaf_lab(self.leaf_id)}")
+        if self.annotated:
+            lines.append(f"  annotated trace (parts on their own track, open in Perfetto): {self.annotated}")
+        if self.notes:
+            lines += ["", "notes"] + [f"  - {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings) -> tuple[Parts, dict, dict, float | None]:
+    """build_parts over ``works`` with ``recs`` (one step's records), and the whole step's
+    evidence for the aggregate walk."""
+    n = len(works)
+    t_ms = sum(w.window_us for w in works) / n / 1e3
+    if not gpu:  # as live: the shares of the profiled steps applied to the median step (robust to one slow step)
+        t_ms = statistics.median(w.window_us for w in works) / 1e3
+    prof = _Profile(calls=[w.items for w in works], call_us=[w.host_dur_us for w in works],
+                    busy_ms_per_call=sum(w.busy_us for w in works) / n / 1e3)
+    # the whole step's floor: every op as if fused, FLOPs at the ceiling of its matmul dtype
+    shaped = all(getattr(r, "shapes", True) for r in recs)
+    flops = sum(r.flops for r in recs)
+    mm_dt = next((r.in_dtypes[0] for r in recs if r.kind == "matmul" and r.in_dtypes), None)
+
+    def gemm_for(dt: str | None) -> float | None:
+        return c.gemm_tflops.get(PEAK_FOR_DTYPE.get(dt or "", "bf16") if gpu else "fp32")
+
+    whole_floor = None
+    ev: dict[str, Any] = {}
+    src: dict[str, str] = {}
+    if shaped and recs and c.copy_gbps:
+        floor_b = fused_floor_bytes(recs, recs, set())
+        tf = gemm_for(mm_dt) if flops else None
+        cand = [floor_b / (c.copy_gbps * 1e6)] + ([flops / (tf * 1e9)] if tf else [])
+        whole_floor = max(cand)
+        if whole_floor > 0:
+            ev["slowdown_vs_floor"] = t_ms / whole_floor
+            src["slowdown_vs_floor"] = (f"step time / max(its ops' bytes as if fused / copy ceiling, FLOPs / GEMM "
+                                        f"ceiling), from recorded shapes ({c.source} ceilings)")
+        moved = sum(r.moved_bytes for r in recs)
+        pct = 100.0 * moved / (t_ms * 1e6) / c.copy_gbps if t_ms > 0 else None
+        if pct is not None and pct <= 100.0:
+            ev["dram_pct_estimated"] = pct
+            src["dram_pct_estimated"] = ("each op's recorded input and inferred output bytes / step time vs the "
+                                         "copy ceiling")
+        if flops and tf and whole_floor and flops / (tf * 1e9) >= floor_b / (c.copy_gbps * 1e6):
+            ev["tensor_pct_of_peak"] = 100.0 * flops / (t_ms * 1e9) / tf
+            src["tensor_pct_of_peak"] = "FLOPs from shapes / step time vs the GEMM ceiling at its dtype"
+    if gpu and t_ms > 0:
+        ev["launch_gap_pct"] = max(0.0, min(100.0, 100.0 * (1 - prof.busy_ms_per_call / t_ms)))
+        src["launch_gap_pct"] = "the step window minus its device busy time (union of kernel intervals), as a share"
+    if shaped and recs:
+        ev["matmul_flops"] = int(flops)
+        src["matmul_flops"] = "torch.utils.flop_counter's formulas over the recorded shapes"
+        n_tc = sum(1 for w in works for it in w.items if it["kernel"] and _tc(it["kernel"])) / n
+        ev["tensor_core_kernels"] = n_tc if gpu else 0
+        src["tensor_core_kernels"] = ("tensor-core GEMM kernels per step (profiler names)" if gpu else
+                                      "CPU: no tensor cores")
+    parts = build_parts(prof=prof, traffic=_Traffic(recs), t_ms=t_ms, gpu=gpu, copy_gbps=c.copy_gbps,
+                        gemm_tflops_for=gemm_for, whole_floor_ms=whole_floor,
+                        whole_slowdown=ev.get("slowdown_vs_floor"), e2e_slowdown=None, out_keys=set(),
+                        lab_for=leaf_lab)
+    if c.source == "datasheet":
+        _relabel(parts, src)
+    return parts, ev, src, whole_floor
+
+
+def _relabel(parts: Parts, src: dict[str, str]) -> None:
+    """Datasheet ceilings are not measured: every floor and rate that used them says so (the
+    walks are re-run with the corrected sources; sources never change an answer)."""
+    tag = " (datasheet peak, not measured)"
+    for p in parts.parts:
+        if "ceiling" in p.floor_source:
+            p.floor_source = p.floor_source.replace("the measured ", "the datasheet ") + tag
+        for k, v in list(p.sources.items()):
+            if "ceiling" in v and not v.endswith(tag):
+                p.sources[k] = v.replace("the measured ", "the datasheet ") + tag
+        if p.walk is not None:
+            p.walk = diagnose({**p.evidence, "metric_sources": p.sources})
+    for k, v in list(src.items()):
+        if "ceiling" in v and not v.endswith(tag):
+            src[k] = v + tag
+
+
+def _tc(name: str) -> bool:
+    cls, tc = kernel_class(name)
+    return bool(tc) and cls in ("gemm", "fp8-gemm")
+
+
+def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline: str | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> TraceExamination:
+    """Read one trace and split its steps into parts (module doc)."""
+    ot = read_ops(path, progress)
+    works = step_items(ot)
+    if step is not None:
+        works = [w for w in works if w.step == step]
+        if not works:
+            raise UserInputError(f"--step {step}: the trace has steps {', '.join(str(s['step']) for s in ot.steps)}; "
+                                 "pass one of them")
+    works = [w for w in works if w.window_us > 0]
+    if not works:
+        raise UserInputError(f"{path}: no step with any time in it: pass a trace of a profiled run")
+    c = ceilings_for(ot, baseline)
+    gpu = ot.on_gpu
+    notes = [f"steps from {ot.step_source}"]
+    per_step = []
+    for w in works:
+        recs = _records(w)
+        if w.items:
+            p1, _, _, _ = _split([w], recs, gpu, c)
+            split = {p.name: {"t_ms": p.t_ms, "share_pct": p.share_pct} for p in p1.parts}
+            head = p1.headline.name if p1.headline else None
+        else:  # no timed work: the whole step is the rest part
+            split = {"gpu idle" if gpu else "host outside ops": {"t_ms": w.window_us / 1e3, "share_pct": 100.0}}
+            head = None
+        n_top = len(recs)
+        n_shaped = sum(1 for r in recs if r.shapes)
+        total = sum(v["t_ms"] for v in split.values())
+        per_step.append({"step": w.step, "t_ms": w.window_us / 1e3, "host_ms": w.host_dur_us / 1e3,
+                         "busy_ms": w.busy_us / 1e3 if gpu else None, "n_items": len(w.items),
+                         "n_unlaunched": w.n_unlaunched, "ops": n_top,
+                         "ops_with_shapes_pct": 100.0 * n_shaped / n_top if n_top else 0.0,
+                         "parts_sum_ms": total, "parts_sum_pct": 100.0 * total * 1e3 / w.window_us,
+                         "parts": split, "headline": head})
+    busy = [w for w in works if w.items]
+    if not busy:
+        raise UserInputError(f"{path}: the selected step(s) hold no device kernel and no host op on the step's "
+                             "thread (work on other threads only, e.g. gloo workers: read those with hwlab ranks "
+                             "--traces); pass another --step or a trace of the step's own work")
+    if len(busy) < len(works):
+        notes.append(f"step(s) {', '.join(str(w.step) for w in works if not w.items)} ran no timed work (all "
+                     "idle): in the per-step table, left out of the means")
+    recs0 = _records(busy[0])
+    parts, ev, src, _ = _split(busy, recs0, gpu, c)
+    parts.notes = [n if not n.startswith("CPU: part times are shares") else
+                   f"CPU trace: part times are the steps' shares of aten op self time applied to the median step "
+                   f"({parts.t_ms:.4g} ms)" for n in parts.notes]
+    works_all, works = works, busy
+    if len(works) > 1:
+        notes.append(f"parts are means over {len(works)} steps; floors from the ops of step {works[0].step} "
+                     "(as a live examination floors one call)")
+    if not any(r.shapes for r in recs0):
+        notes.append("no input shapes in this trace: no floors, so B (slow against the floor?) stays undecided; "
+                     "record with torch.profiler(record_shapes=True) to floor each part")
+    elif not all(r.shapes for r in recs0):
+        notes.append(f"{sum(1 for r in recs0 if not r.shapes)} of {len(recs0)} ops have no usable shapes (tensor "
+                     "lists, unknown types): the parts holding them are not floored")
+    if any(r.shapes for r in recs0):
+        notes.append("tensor identity is not in a trace: an op's input is taken to be the latest earlier output of "
+                     "the same element count and dtype (the fused floors are estimates)")
+    n_un = sum(w.n_unlaunched for w in works)
+    if n_un:
+        notes.append(f"{n_un} device events have no launch record in the trace: kept, classed by kernel name "
+                     "and counted in the step whose window holds their start")
+    if c.source == "datasheet":
+        notes.append("ceilings are datasheet peaks, not measured: each floor is lower than on measured ceilings, "
+                     "each gain an upper bound; pass --baseline with the node's measured record")
+    elif c.source == "none":
+        notes.append(c.label)
+    if not gpu and (ot.launches or any(d.get("name") for d in ot.devices)):
+        notes.append("the trace names a GPU (or holds its runtime calls) but recorded no device kernels: these parts "
+                     "are host op times, not GPU time; record with ProfilerActivity.CUDA for the device's parts")
+    if not gpu:
+        notes.append("CPU trace: aten op self times; no GPU kernels, no launch-gap figure; the walk is indicative. "
+                     "They include the profiler's own per-op cost (recording shapes adds to it): ops of a few "
+                     "microseconds read slower than they run unprofiled (a GPU trace's kernel times do not)")
+    diag = diagnose({**ev, "metric_sources": src})
+    return TraceExamination(path=str(path), ot=ot, works=works_all, ceilings=c, parts=parts, per_step=per_step,
+                            evidence=ev, evidence_sources=src, diagnosis=diag, notes=notes)
+
+
+# ------------------------------------------------------------------ the annotated copy
+def annotation_events(ex: TraceExamination) -> list[dict[str, Any]]:
+    """The added events: track metadata, then one X range per part per step (module doc)."""
+    pids = [k[0] for k in ex.ot.host if isinstance(k[0], int)] + \
+        [d.device for d in ex.ot.device if isinstance(d.device, int)]
+    pid = max(pids + [0]) + 1  # a process id no original event uses: the track is its own
+    evs: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": TRACK_PROCESS}},
+        {"ph": "M", "name": "thread_name", "pid": pid, "tid": 0, "args": {"name": TRACK_THREAD}},
+        {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": -1}}]
+    by_step = {s["step"]: s for s in ex.per_step}
+    agg = {p.name: p for p in ex.parts.parts}
+    head = ex.parts.headline.name if ex.parts.headline else None
+    for w in ex.works:
+        s = by_step[w.step]
+        t = w.ts
+        for name, v in sorted(s["parts"].items(), key=lambda kv: -kv[1]["t_ms"]):
+            if v["t_ms"] <= 0:
+                continue
+            p = agg.get(name)
+            dur = v["t_ms"] * 1e3
+            evs.append({"ph": "X", "cat": ANNOTATION_CAT, "name": name + (HEADLINE_MARK if name == head else ""),
+                        "pid": pid, "tid": 0, "ts": t, "dur": dur,
+                        "args": {"part": name, "step": w.step, "share_pct": round(v["share_pct"], 3),
+                                 "t_ms": v["t_ms"], "headline": name == head,
+                                 "leaf": p.leaf_id if p else None,
+                                 "floor_ms": p.floor_ms if p else None,
+                                 "expected_gain_ms": p.saved_ms if p else None}})
+            t += dur
+    return evs
+
+
+def annotated_path(out: Path) -> Path:
+    """``X.json`` -> ``X.annotated.trace.json.gz`` beside it."""
+    stem = out.name[:-5] if out.name.endswith(".json") else out.name
+    return out.with_name(stem + ".annotated.trace.json.gz")
+
+
+def write_annotated(ex: TraceExamination, dest: Path, overwrite: bool = False) -> Path:
+    """Stream the original trace into ``dest`` (gzip), every event unchanged, plus the added
+    ones; atomically (a temporary file in the same folder, then renamed)."""
+    from hwlab.core.store import check_destination
+
+    dest = check_destination(dest, overwrite=overwrite)
+    added = annotation_events(ex)
+    fd, tmp = tempfile.mkstemp(prefix=".hwlab_", suffix=".tmp", dir=str(dest.parent))
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
+                meta: list[tuple[str, Any]] = []
+                gz.write(b'{"traceEvents":[')
+                first = True
+                for key, v in iter_trace(ex.path):
+                    if key != "event":
+                        meta.append((key, v))  # the other top-level keys follow the events
+                        continue
+                    gz.write((("" if first else ",") + json.dumps(v, separators=(",", ":"))).encode())
+                    first = False
+                for e in added:
+                    gz.write((("" if first else ",") + json.dumps(e, separators=(",", ":"))).encode())
+                    first = False
+                gz.write(b"]")
+                for key, v in meta:
+                    gz.write(("," + json.dumps(key) + ":" + json.dumps(v, separators=(",", ":"))).encode())
+                gz.write(b"}")
+            raw.flush()
+            os.fsync(raw.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as a plain open() would create it (mkstemp makes it private)
+        if dest.exists() and not overwrite:
+            raise UserInputError(f"{dest} appeared while writing: not replaced (pass --force)")
+        os.replace(tmp, dest)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    ex.annotated = str(dest)
+    return dest
+
+
+def read_annotations(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The ranges :func:`write_annotated` added to a trace (the kit's reader reads them back)."""
+    try:
+        return [v for k, v in iter_trace(path) if k == "event" and isinstance(v, dict)
+                and v.get("cat") == ANNOTATION_CAT and v.get("ph") == "X"]
+    except TraceError:
+        raise
