@@ -207,9 +207,17 @@ MAIN = ("qkv", "out", "up", "down")
 #: ``bf16_edge_layers``: how many layers at each end of the trunk keep bf16 weights whatever ``main``
 #: says (FP8 recipes keep the first and last blocks in high precision); ``out_rows_multiple``: the
 #: ``out`` projection's FP8 kernel exists only for row counts that are a multiple of this (None: every
-#: row count), any other batch falls back to dequant + bf16 GEMM (:class:`QLinear`'s ``rows_multiple``)
+#: row count), any other batch falls back to dequant + bf16 GEMM (:class:`QLinear`'s ``rows_multiple``);
+#: ``fp8_rows_multiple``: the same per trunk layer kind (``{"down": 4}``), for kinds other than ``out``
 PATH_DEFAULTS: dict[str, Any] = {"main": "bf16", "connector": "bf16", "head": "bf16", "kv_fp8_from_ctx": None,
-                                 "bf16_edge_layers": 0, "out_rows_multiple": None}
+                                 "bf16_edge_layers": 0, "out_rows_multiple": None, "fp8_rows_multiple": None}
+
+
+def rows_multiples(path: dict[str, Any]) -> dict[str, int]:
+    """Per trunk layer kind, the row multiple its FP8 kernel needs (kinds without one left out)."""
+    out = {"out": path.get("out_rows_multiple")}
+    out.update(path.get("fp8_rows_multiple") or {})
+    return {k: v for k, v in out.items() if v is not None}
 #: the context length from which the fixed path stores the KV cache in FP8: the long bucket only
 KV_FP8_FROM_CTX = 8192
 PATHS: dict[str, dict[str, Any]] = {
@@ -407,7 +415,8 @@ class Decoder(torch.nn.Module):
                 "up": QLinear(w(cfg.d_ff, d), mode), "down": QLinear(w(d, cfg.d_ff), mode)})
             for name in SWAP_AB_LAYERS:
                 layer[name].swap_ab = layer[name].mode == "fp8_static"
-            layer["out"].rows_multiple = p["out_rows_multiple"]
+            for name, mult in rows_multiples(p).items():
+                layer[name].rows_multiple = mult
             self.layers.append(layer)
         self.head = QLinear(w(cfg.vocab, d), p["head"])
         self.device = dev
