@@ -270,11 +270,12 @@ def test_04_notebook_04s_answers_fail_the_solution_passes():
 @pytest.mark.slow
 def test_04_the_batch_fix_is_reprofiled():
     fix = _answers("04", 1)["MY_BATCHES"]
-    still = C.check_case_batches({**fix, 256: 7})
+    ctx = _answers("04", 0)["MY_BUCKET"]
+    still = C.check_case_batches({**fix, ctx: 7})
     assert still.status == "wrong" and "dequant" in still.message
-    padded = C.check_case_batches({**fix, 256: 12})
+    padded = C.check_case_batches({**fix, ctx: 12})
     assert padded.status == "wrong" and "padding" in padded.message
-    assert C.check_case_batches({**fix, 256: 4}).status == "wrong"  # fewer rows than the bucket serves
+    assert C.check_case_batches({**fix, ctx: 4}).status == "wrong"  # fewer rows than the bucket serves
 
 
 def test_04_a_rows_multiple_on_down_falls_back_and_counts_as_dequantized_bytes():

@@ -24,7 +24,7 @@ CASE_DOWN_ROWS_MULTIPLE = 4
 CASE_PATH: dict[str, Any] = {"main": "fp8_static", "connector": "fp8_static", "head": "bf16",
                              "bf16_edge_layers": 1, "fp8_rows_multiple": {"down": CASE_DOWN_ROWS_MULTIPLE}}
 #: (context, batch) per bucket of the service
-CASE_BUCKETS = ((64, 8), (256, 6), (512, 4))
+CASE_BUCKETS = ((64, 8), (128, 6), (256, 4))
 #: profiler rows a learner reads for GEMMs and the quant/dequant ranges
 TABLE_OPS = ("aten::linear", "aten::_scaled_mm", DEQUANT_MARK, QUANT_MARK)
 

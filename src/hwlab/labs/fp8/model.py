@@ -207,10 +207,12 @@ MAIN = ("qkv", "out", "up", "down")
 #: ``bf16_edge_layers``: how many layers at each end of the trunk keep bf16 weights whatever ``main``
 #: says (FP8 recipes keep the first and last blocks in high precision); ``out_rows_multiple``: the
 #: ``out`` projection's FP8 kernel exists only for row counts that are a multiple of this (None: every
-#: row count), any other batch falls back to dequant + bf16 GEMM (:class:`QLinear`'s ``rows_multiple``);
-#: ``fp8_rows_multiple``: the same per trunk layer kind (``{"down": 4}``), for kinds other than ``out``
+#: row count), any other batch falls back to dequant + bf16 GEMM (:class:`QLinear`'s ``rows_multiple``)
 PATH_DEFAULTS: dict[str, Any] = {"main": "bf16", "connector": "bf16", "head": "bf16", "kv_fp8_from_ctx": None,
-                                 "bf16_edge_layers": 0, "out_rows_multiple": None, "fp8_rows_multiple": None}
+                                 "bf16_edge_layers": 0, "out_rows_multiple": None}
+#: keys a custom path may add: ``fp8_rows_multiple``, ``out_rows_multiple`` per trunk layer kind
+#: (``{"down": 4}``): that kind's FP8 kernel exists only for row counts that are a multiple of it
+OPTIONAL_PATH_KEYS = frozenset({"fp8_rows_multiple"})
 
 
 def rows_multiples(path: dict[str, Any]) -> dict[str, int]:
@@ -388,7 +390,7 @@ class Decoder(torch.nn.Module):
         if isinstance(path, dict):
             p = {**PATH_DEFAULTS, **path}
             bad = {k: p[k] for k in ("main", "connector", "head") if p[k] not in QLinear.MODES}
-            if bad or set(p) != set(PATH_DEFAULTS):
+            if bad or set(p) - OPTIONAL_PATH_KEYS != set(PATH_DEFAULTS):
                 raise ValueError(f"a custom path maps main/connector/head to one of {QLinear.MODES} "
                                  f"and kv_fp8_from_ctx to a context length or None; got {path!r}")
             self.path_cfg, self.path = p, "custom"
