@@ -61,8 +61,8 @@ nb.md(f"Bands: bytes moved **≤ {exercise_checks.TRANSPOSED_MAX_BYTES_X:.2f}x**
 
 # %% tags=["learner"]
 @triton.jit
-def my_transposed_kernel(x_ptr, b_ptr, y_ptr, n_rows, n_cols, scale, shift, BR: tl.constexpr, BC: tl.constexpr):
-    # YOUR CODE HERE
+def my_transposed_kernel(x_ptr, b_ptr, y_ptr, n_rows, n_cols, scale, shift, BLOCK: tl.constexpr):
+    # YOUR CODE HERE (the signature is yours to change: your function below is what launches it)
     pass
 
 

@@ -53,8 +53,9 @@ print(rep.skipped or f"BLOCK={SHORT}, 1 warp: {rep.n_regs} registers/thread, {re
 MY_BLOCKS_PER_SM = None  # YOUR ANSWER HERE: blocks of this kernel (BLOCK=256, 1 warp) per SM
 MY_LIMITER = None        # YOUR ANSWER HERE: "registers", "shared memory", "warps" or "block slots"
 ### BEGIN SOLUTION
-# registers: 23 -> 24 per thread x 32 = 768 per warp; 65536 // 768 = 85 warps = 85 one-warp blocks;
-# shared memory: (0 + 1024 reserved) -> 233472 // 1024 = 228; warps: 64 // 1 = 64; block slots: 32.
+# each limit from the report's registers and shared memory and the SM's figures; with so few registers and
+# one warp per block, the register file, the shared memory and the warp limit each hold more blocks than
+# the SM has block slots
 MY_BLOCKS_PER_SM = min(HOPPER.regs_per_sm // (((rep.n_regs + 7) // 8 * 8 * 32 + 255) // 256 * 256),
                        HOPPER.smem_per_sm // ((rep.shared_bytes + 127) // 128 * 128 + 1024),
                        HOPPER.max_warps_per_sm, HOPPER.max_blocks_per_sm)
