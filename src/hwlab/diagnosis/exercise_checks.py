@@ -1,27 +1,33 @@
-"""Exercise checkers that grade what each exercise is about (01, 02, 04), and tell a broken
-toolchain apart from a wrong answer.
+"""Exercise checkers that grade what each exercise is about, and tell a broken toolchain apart
+from a wrong answer. Each exercise works on an instance of its lab's failure that no notebook
+shows, and each checker recomputes its answer from that instance's own evidence; a wrong answer
+is told the evidence that contradicts it, never the right answer.
 
-* **01 (write the fused kernel)**: the answer must run *the learner's* Triton kernel. The
-  checker watches the call: every Triton kernel launched (``JITFunction.run`` /
-  the interpreter's ``InterpretedFunction.run``) and every torch compute op dispatched
-  (``TorchDispatchMode``). It refuses an answer that launches a kernel defined in hwlab,
-  torch or triton (the kit's fused kernel, a ``torch.compile`` kernel), that launches none
-  of the learner's kernels, or whose arithmetic ran as torch ops (the eager chain the
-  exercise replaces): those answers say nothing about whether the learner can fuse.
-  Allocation and copies (``empty``, ``empty_like``, ``copy_``; the interpreter's own) are allowed.
-* **02 (remove the spill)**: the learner names the limiter (registers, shared memory, warps,
-  or spills) and the checker compiles the chosen config for sm_90a (the static ``ptxas -v``
-  report of :mod:`hwlab.labs.registers`), computes its occupancy (:mod:`hwlab.labs.registers.occupancy`)
-  and compares: the named limiter must be one that binds (a tie names either).
-* **04 (fix the FP8 path)**: the head stays high-precision (the seed's fix: 先保留敏感头高精,
-  keep the sensitive head in high precision first); the FP8 KV cache is graded per bucket
-  (FP8 KV where the KV cache is at least :data:`KV_SHARE_PAYS_PCT` % of the bytes a decode
-  step moves, by the bytes the H200 run recorded, and nowhere else); no fallback GEMM, FP8
-  hit rate and logit error (Lab 4's own checker); on a GPU, decode TPOT at Lab 4's short bucket
-  must be at most :data:`TPOT_BAND` x this machine's bf16 TPOT measured in the same run.
-  Its second part (:func:`check_fallback_bucket`): the learner names the bucket where the
-  recorded ``mixed`` path hits FP8 least and the layer kind that falls back only there (the
-  checker recomputes both from the record's profiles).
+* **01 (the transposed chain, :mod:`hwlab.labs.bandwidth.transposed`)**: the learner predicts the
+  bytes the eager version moves over the floor (:func:`check_bytes_prediction`, against the access
+  meter's count, :mod:`hwlab.core.access_meter`), then writes the kernel
+  (:func:`check_transposed_kernel`): it must run *the learner's* Triton kernel. The checker watches
+  the call: every Triton kernel launched (``JITFunction.run`` / the interpreter's
+  ``InterpretedFunction.run``) and every torch compute op dispatched (``TorchDispatchMode``). It
+  refuses an answer that launches a kernel defined in hwlab, torch or triton, that launches none
+  of the learner's kernels, or whose arithmetic ran as torch ops. Allocation and copies (``empty``,
+  ``empty_like``, ``copy_``, ``clone``) are allowed, and then counted: in the interpreter the bytes
+  the call moves must be within :data:`TRANSPOSED_MAX_BYTES_X` of the floor and its warp requests
+  must use :data:`TRANSPOSED_MIN_SECTOR_USE` of the sectors they touch; on a GPU, the speed band.
+* **02 (the row softmax's occupancy)**: blocks per SM and the binding limit of Lab 2's row softmax
+  at a short row (:func:`check_occupancy_prediction`), and the warps count that fills the SM at a
+  long one (:func:`check_warps_choice`), both from the static sm_90a ``ptxas -v`` report and
+  :mod:`hwlab.labs.registers.occupancy`.
+* **03 (a job's rank map)**: on a recorded capture, the rank groups whose GPUs are not linked by
+  NVLink, the matrix cells that show it and the leaf (:func:`check_crossing`), and better groups
+  over the job's own GPUs (:func:`check_job_mapping`).
+* **04 (another layer falls back, :mod:`hwlab.labs.fp8.bucket_case`)**: the bucket, layer kind,
+  dequant count and GEMM shape, from a live profile of each bucket (:func:`check_case_fallback`),
+  and a bucket mix with no fallback (:func:`check_case_batches`), re-profiled.
+
+The first versions' checkers stay (:func:`check_own_kernel`, :func:`check_limiter`,
+:func:`check_fp8_path`, :func:`check_fallback_bucket`): the head-precision and per-bucket FP8 KV
+rules of :func:`check_fp8_path` are graded on Lab 4's recorded H200 bytes.
 
 A toolchain problem (Triton missing or outside the versions the kit uses, its bundled ptxas
 missing or failing) is reported as ``"environment problem"`` with the fix, never as a wrong
@@ -463,7 +469,8 @@ def check_occupancy_prediction(block: int, warps: int, blocks_per_sm, limiter) -
                               answer=limiter)
     return ExerciseResult(name, "passed", f"{facts}: {occ.blocks_per_sm} per SM, bound by "
                           f"{' and '.join(_LIMIT_WORDS[k] for k in occ.binding)} ({occ.occupancy_pct:.0f}% "
-                          "occupancy); a block this small fills its slots before it fills the register file.")
+                          "occupancy)" + ("; a block this small runs out of slots before the register file fills."
+                                          if "blocks" in occ.binding else "."))
 
 
 def check_warps_choice(block: int, warps) -> ExerciseResult:
