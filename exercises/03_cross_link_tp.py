@@ -30,7 +30,7 @@ from hwlab.core import evidence, topology
 from hwlab.diagnosis import exercise_checks, flowchart
 
 capture = evidence.RECORDED_DIR / "topology" / "dgx1_v100_hybrid_cube_mesh.txt"
-print(capture.read_text().splitlines()[0].lstrip("# "))
+print("[recorded capture]", " | ".join(l.lstrip("# ") for l in capture.read_text().splitlines()[:2]))
 topo = topology.parse_topo_matrix(capture.read_text())
 print(topo.render())
 DEVICES = [0, 5, 1, 4, 2, 3]  # the launcher's device list: rank r -> GPU DEVICES[r]
