@@ -87,9 +87,13 @@ if not GPU:
           "interpreter's, not a GPU's, so no diagnosis is drawn from them. The GPU evidence follows.")
 
 # %% [markdown]
-# ## The evidence that decides (recorded on the H200 when there is no GPU here)
+# ## The evidence the flowchart will read (recorded on the H200 when there is no GPU here)
+# Read it yourself before the kit walks it: the unfused chain's metrics, each with its spread and what
+# measured it, and (recorded) the Nsight Compute counters of every case.
 
 # %%
+from hwlab.diagnosis.checkpoint import Prediction
+
 if GPU:
     result, source = live, nb.live_label()
 else:
@@ -99,6 +103,25 @@ else:
     for k, c in rec.extra["counters"].items():
         print(f"  {k:>10}: DRAM {c['dram_pct_of_peak']:.0f}% of peak, sector amplification "
               f"{c['sector_amplification']:.1f}x, tensor pipe {c['tensor_pipe_pct']:.0f}%")
+nb.show_evidence(result.evidence["unfused"], f"unfused; {source}")
+
+# %% [markdown]
+# ## Checkpoint: your diagnosis first
+# Walk the chart on the table above (`nb.show_mermaid(flowchart.render_mermaid())` draws it; each rule is
+# in `flowchart.QUESTIONS`). Fill in the leaf, the metric that decides the last question before it and
+# its value as the table shows it, and your predicted speed-up of the fused kernel over the unfused chain
+# (from your byte count above). The kit's walk shows once this passes.
+
+# %%
+# replace each None: leaf="<a leaf letter>", metric="<a metric name from the table>", value=<its value>, prediction=<a number>
+ANSWER = nb.answer("01", leaf=None, metric=None, value=None, prediction=None, evidence=result.evidence["unfused"])
+CP = nb.checkpoint("01", ANSWER, result.diagnoses["unfused"], result.evidence["unfused"], source=source,
+                   prediction=Prediction("the fused kernel's speed-up over the unfused chain",
+                                         result.speedup("unfused", "fused"), "x", band_pct=40.0,
+                                         why_band="the byte ratio is its floor; each pass fused away also "
+                                                  "saves its own launch and ramp, which a byte count leaves out"))
+
+# %%
 m = result.measurements
 moved = {k: v.params.get("bytes_moved", v.n_bytes) for k, v in m.items()}
 fig, axes = plt.subplots(1, 2, figsize=(13, 4))
@@ -127,17 +150,24 @@ nb.md(f"**Measured:** the fused kernel is **{speedup:.2f}x** faster; the byte ra
 # below the rate of one long, specialised kernel; which of these weighs most is not measured here (a
 # profile of the four kernels would say). Fusion removes passes *and* their per-pass costs.
 #
-# ## Place it on the flowchart
-# The unfused chain is far from its floor (slow), and the bytes it really moves run near the copy
-# ceiling: DRAM is saturated → **bandwidth / layout / fusion**. The strided case is also slow, but its
-# DRAM throughput is low; what gives it away is the sector amplification (each 2-byte lane drags a whole
-# 32-byte sector): the memory system is saturated on waste → the same leaf.
+# ## The kit's walk
+# One line per walk (`~` marks an estimate, `BORDERLINE` a threshold inside the measured spread); set
+# `DETAILS = True` for every step's rule, spread and source.
 
 # %%
-for case in ("unfused", "strided"):
-    d = result.diagnoses[case]
-    print(f"--- {case} [{source}]\n{d.explain()}\n")
-nb.show_mermaid(result.diagnoses["unfused"].mermaid())
+DETAILS = False
+print(f"unfused [{source}]: {CP.walk(full=DETAILS)}")
+if CP.passed:
+    print(f"strided [{source}]: {result.diagnoses['strided'].render(full=DETAILS)}")
+    nb.show_mermaid(result.diagnoses["unfused"].mermaid())
+
+# %% [markdown]
+# Reading the walks: the unfused chain is far from its floor (B), and its DRAM throughput is over F's
+# threshold (Nsight Compute's DRAM share of the peak, or, without counters, the moved bytes over the
+# measured copy rate): by F's rule the memory path is saturated → **bandwidth / layout / fusion**. The
+# strided case is also slow, but its DRAM throughput is under that threshold; what answers F is its
+# other rule, the sector amplification over F's threshold (each 2-byte lane drags a whole 32-byte sector):
+# wasted traffic → the same leaf.
 
 # %% [markdown]
 # ## Fix, and re-verify with the same probe
@@ -153,9 +183,7 @@ nb.show_kernel(lab._scale_kernel)
 # %%
 for case in ("fused", "coalesced"):
     d = result.diagnoses[case]
-    print(f"--- {case} [{source}]: {d.leaf.id if d.leaf else 'undecided'} "
-          f"({d.leaf.title if d.leaf else ''})")
-    print(d.explain())
+    print(f"{case} [{source}]: {d.render(full=DETAILS)}  ({d.leaf.title if d.leaf else 'undecided'})")
 
 # %% [markdown]
 # ## Knobs: size, dtype, layout, fused/unfused
@@ -181,7 +209,7 @@ def remeasure(_=None):
         mm = r.measurements[case.value]
         print(f"{mm.summary()}\n[{nb.live_label()}]")
         if case.value in r.diagnoses:
-            print("flowchart:", " -> ".join(r.diagnoses[case.value].path))
+            print("flowchart:", r.diagnoses[case.value].compact())
 
 
 for w in (size, dtype, case):

@@ -71,31 +71,13 @@ for r in rows:
     rep = r.report
     occ = r.occupancy
     print(f"{r.config.label:>20}: {rep.n_regs} regs, {rep.n_spills} spill slots, {rep.shared_bytes} B smem"
-          + (f", {occ['blocks_per_sm']} block(s)/SM bound by {occ['binding']}" if occ else f" [{rep.skipped}]"))
-
-# %% [markdown]
-# ## Occupancy: which limit binds
-# `hwlab.labs.registers.occupancy` turns registers, shared memory and warps into blocks per SM under each limit
-# (Hopper's limits, printed below from `HOPPER` with their source). Recorded on the H200, Nsight
-# Compute's `launch__occupancy_limit_*` reads the same limits: compare them below.
-
-# %%
-nb.md(f"Hopper per SM: {HOPPER.regs_per_sm:,} registers, {HOPPER.smem_per_sm / 1024:.0f} KiB shared memory, "
-      f"{HOPPER.max_warps_per_sm} warps, {HOPPER.max_blocks_per_sm} blocks _[{HOPPER.source}]_")
-rec = evidence.recorded("lab02_registers")
-nb.banner("Occupancy: hwlab's calculation vs Nsight Compute", rec.label)
-for c in rec.extra["configs"]:
-    if not c["occupancy"]:
-        continue
-    ours = c["occupancy"]["blocks_by_limit"]
-    ncu = c["ncu"] or {}
-    theirs = {k: ncu.get(f"launch__occupancy_limit_{k}") for k in ours}
-    print(f"{c['report']['config']:>20}: hwlab {ours}\n{'':>20}  ncu   {theirs}")
+          + ("" if occ else f" [{rep.skipped}]"))
 
 # %% [markdown]
 # ## Time against cuBLAS (same run, same card)
 
 # %%
+rec = evidence.recorded("lab02_registers")
 if GPU:
     src, ms = nb.live_label(), [r.measurement for r in rows if r.measurement]
     cublas = ms[0].ceiling_tflops
@@ -118,18 +100,67 @@ for m in ms:
     print(f"{m.params['config']:>20}: {m.t_ms:.2f} ms, {m.tflops:,.0f} TFLOP/s = {m.pct_of_flops_ceiling:.0f}% of cuBLAS [{src}]")
 
 # %% [markdown]
-# ## Place it on the flowchart
-# The spilling config is far from its floor, DRAM is not saturated, and Tensor-Core use is low — but the
-# compiler report shows spills. The chart's override: a spilling kernel starves its tensor cores, so
-# registers are the cause → **launch / occupancy / registers**. The best config leaves the chart slow branch.
+# ## Checkpoint: your diagnosis first
+# The evidence the flowchart reads for the first spilling tile is below. Fill in the leaf, the metric that
+# decides the last question before it and its value as the table shows it, and your prediction of that
+# tile's **blocks per SM**: from its registers and shared memory in the compile report and its warps,
+# against Hopper's limits (printed with the table). Then the occupancy table and the kit's walk.
 
 # %%
+from hwlab.diagnosis.checkpoint import Prediction
+
 spill = next(k for k, v in ev.items() if (v.get("n_spills") or 0) > 0)
+nb.show_evidence(ev[spill], f"{spill}; {src}")
+nb.md(f"Hopper per SM: {HOPPER.regs_per_sm:,} registers, {HOPPER.smem_per_sm / 1024:.0f} KiB shared memory, "
+      f"{HOPPER.max_warps_per_sm} warps, {HOPPER.max_blocks_per_sm} blocks _[{HOPPER.source}]_")
+occ_spill = next((r.occupancy for r in rows if r.config.label == spill and r.occupancy), None) or next(
+    c["occupancy"] for c in rec.extra["configs"] if c["report"]["config"] == spill)
+
+# %%
+# replace each None: leaf="<a leaf letter>", metric="<a metric name from the table>", value=<its value>, prediction=<a number>
+ANSWER = nb.answer("02", leaf=None, metric=None, value=None, prediction=None, evidence=ev[spill])
+CP = nb.checkpoint("02", ANSWER, flowchart.diagnose(ev[spill]), ev[spill], source=src,
+                   prediction=Prediction(f"blocks per SM of {spill}", occ_spill["blocks_per_sm"], band_abs=0,
+                                         why_band="occupancy is a whole number of blocks, set by the tightest limit"))
+
+# %% [markdown]
+# ## Occupancy: which limit binds
+# `hwlab.labs.registers.occupancy` turns registers, shared memory and warps into blocks per SM under each limit
+# (Hopper's limits, printed above from `HOPPER` with their source). Recorded on the H200, Nsight
+# Compute's `launch__occupancy_limit_*` reads the same limits: compare them below.
+
+# %%
+nb.banner("Occupancy: hwlab's calculation vs Nsight Compute", rec.label)
+for c in rec.extra["configs"]:
+    if not c["occupancy"]:
+        continue
+    ours = c["occupancy"]["blocks_by_limit"]
+    ncu = c["ncu"] or {}
+    theirs = {k: ncu.get(f"launch__occupancy_limit_{k}") for k in ours}
+    print(f"{c['report']['config']:>20}: hwlab {ours}\n{'':>20}  ncu   {theirs}")
+for r in rows:
+    if r.occupancy:
+        print(f"{r.config.label:>20}: {r.occupancy['blocks_per_sm']} block(s)/SM bound by {r.occupancy['binding']} "
+              f"[{r.report.source}]")
+
+# %% [markdown]
+# ## The kit's walk
+# One line per walk; `DETAILS = True` prints every step's rule, spread and source.
+
+# %%
+DETAILS = False
 best = max((k for k in ev if (ev[k].get("n_spills") or 0) == 0 and "slowdown_vs_floor" in ev[k]),
            key=lambda k: -ev[k]["slowdown_vs_floor"])
-for k in (spill, best):
-    print(f"--- {k} [{src}]\n{flowchart.diagnose(ev[k]).explain()}\n")
-nb.show_mermaid(flowchart.diagnose(ev[spill]).mermaid())
+print(f"{spill} [{src}]: {CP.walk(full=DETAILS)}")
+if CP.passed:
+    print(f"{best} [{src}]: {flowchart.diagnose(ev[best]).render(full=DETAILS)}")
+    nb.show_mermaid(flowchart.diagnose(ev[spill]).mermaid())
+
+# %% [markdown]
+# Reading the walk: the spilling config is far from its floor (B) and DRAM is not saturated (F). H asks
+# whether Tensor-Core use is low, and its override answers first: the compiler report shows spills, and a
+# spilling kernel starves its tensor cores, so the walk takes H's NO branch (registers are the cause, not
+# the MMA path) → **launch / occupancy / registers**. The best config leaves the chart's slow branch.
 
 # %% [markdown]
 # ## Over-fusion: softmax fused into the GEMM
@@ -171,7 +202,7 @@ print(f"live: eager {lb.eager.t_ms:.3f} ms for {lb.n_kernels} kernels = {lb.us_p
 L = rec.extra["launch"]
 print(f"{rec.label}: eager {L['eager']['t_ms']:.3f} ms, graph {L['graph']['t_ms']:.3f} ms -> {L['speedup']:.1f}x; "
       f"{L['us_per_launch_eager']:.2f} us per kernel eager, GPU idle {L['gpu_idle_pct_eager']:.0f}%")
-print(flowchart.diagnose(rec.extra["flowchart_evidence"]["launch-bound step"]).explain())
+print("launch-bound step:", flowchart.diagnose(rec.extra["flowchart_evidence"]["launch-bound step"]).compact())
 
 # %% [markdown]
 # ## Knobs: tile, warps, stages

@@ -115,13 +115,31 @@ print(f"throughput naive / aware: {exp['throughput_naive_over_aware']:.2f}x at {
 # ## 3. Place it on the flowchart: every answer measured
 # B: one rank's block compute alone in one process against this machine's floor (measured copy and GEMM
 # ceilings, one thread: one rank's "device" on a CPU). D: the multi-rank step over the devices-alone step of
-# the same rounds. K: the per-rank tail. After the fix the same probe shows no tail and no slowdown.
+# the same rounds. K: the per-rank tail. The naive mapping's evidence, as the walk will read it:
 
 # %%
-for name in ("naive", "aware"):
-    d = flowchart.diagnose(exp[name]["flowchart_evidence"])
-    print(f"--- {name} [{src}]\n{d.explain()}\n")
-nb.show_mermaid(flowchart.diagnose(exp["naive"]["flowchart_evidence"]).mermaid())
+ev_naive = exp["naive"]["flowchart_evidence"]
+nb.show_evidence(ev_naive, f"naive; {src}")
+
+# %% [markdown]
+# **Checkpoint: your diagnosis first.** Fill in the leaf, the metric that decides the last question before
+# it and its value as the table shows it. The kit's walks show once this passes.
+
+# %%
+# replace each None: leaf="<a leaf letter>", metric="<a metric name from the table>", value=<its value>
+ANSWER = nb.answer("03", leaf=None, metric=None, value=None, evidence=ev_naive)
+CP = nb.checkpoint("03", ANSWER, flowchart.diagnose(ev_naive), ev_naive, source=src)
+
+# %%
+DETAILS = False  # True: every step's rule, spread and source
+print(f"naive [{src}]: {CP.walk(full=DETAILS)}")
+if CP.passed:
+    print(f"aware [{src}]: {flowchart.diagnose(exp['aware']['flowchart_evidence']).render(full=DETAILS)}")
+    nb.show_mermaid(flowchart.diagnose(ev_naive).mermaid())
+
+# %% [markdown]
+# After the fix the same probe walks the aware mapping: the line above says whether its tail and slowdown
+# are gone, and marks a step whose spread straddles its threshold as borderline.
 
 # %% [markdown]
 # ## 3b. The same question from the job's own profiler traces
@@ -251,7 +269,7 @@ print("periodic spikes: " + (f"yes, every {sp['period_steps']} steps" if sp["per
       f"no ({sp['n']} steps over {lab.SPIKE_OVER_MEDIAN}x the median, not periodic): the seed's "
       "periodic decode spikes come from its serving loop, which this block does not have"))
 for name in ("naive", "aware"):
-    print(f"--- {name}\n{flowchart.diagnose(cal[name]['flowchart_evidence']).explain()}")
+    print(f"{name} [{sw.label}]: {flowchart.diagnose(cal[name]['flowchart_evidence']).render(full=DETAILS)}")
 
 # %% [markdown]
 # ## 5. Rule 3c: did the overlap really happen?
@@ -293,7 +311,7 @@ print(f"rule 3c: under {lab.OVERLAP_FAILED_PCT:.0f}% of what could hide, the ove
 for case, src_, name in ((first.extra["experiment"], first.label, "naive"), (first.extra["experiment"], first.label, "aware"),
                          (cal, sw.label, "naive")):
     d = flowchart.diagnose(case[name]["flowchart_evidence"])
-    print(f"--- {case['rate']} {name}: {' -> '.join(d.path)}  [{src_}]")
+    print(f"{case['rate']} {name}: {d.compact()}  [{src_}]")
     print("\n".join(d.lens_notes))
 
 # %% [markdown]
@@ -312,7 +330,7 @@ for row in cal["signature"]:
     leaf = flowchart.diagnose(cal[key]["flowchart_evidence"]).leaf_id
     print(f"{row['case']:34}" + "".join(f"{row[c]:>21.2f}" if isinstance(row[c], float) else f"{str(row[c]):>21}"
                                         for c in cols) + f"{leaf:>6}")
-print(f"--- regressed kernel\n{flowchart.diagnose(cal['regressed']['flowchart_evidence']).explain()}")
+print(f"regressed kernel [{sw.label}]: {flowchart.diagnose(cal['regressed']['flowchart_evidence']).render(full=DETAILS)}")
 
 # %% [markdown]
 # ## 7. One GPU: the all-reduce in device memory vs staged through host memory

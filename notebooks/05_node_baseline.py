@@ -102,7 +102,10 @@ for kind in ("hardware", "topology"):
           f"{c.summary()}\n")
 
 # %% [markdown]
-# ## This machine against the H200 (expect many deviations: a different machine, not a fault)
+# ## This machine against the H200 baseline
+# On the H200 this compare is a re-check of the same machine type; on any other machine the two runs
+# are not comparable (another GPU model or none) or differ in many probes, which says the machine differs,
+# not that it is faulty. The compare below says which case this is.
 
 # %%
 print(baseline.compare(h200, live).summary()[:2000])

@@ -115,7 +115,8 @@ for r in rec.extra["drills"]:
           f"{'; its NVML snapshot CONSTRUCTED from a real one' if built else ''}): probes -> {walk.leaf_id} "
           f"({'has BY-HAND answers' if walk.by_hand else 'every answer measured'}), right answer "
           f"{'passed' if r['right']['correct_leaf'] and r['right']['evidence_supports'] else 'FAILED'}, "
-          f"fixed run re-measured -> {fix.leaf_id}  [recorded on {rec.device}, {r.get('recorded_at', rec.recorded_at)[:10]}]")
+          f"fixed run re-measured -> {fix.leaf_id}  "
+          f"[{r['drill']['source'] if not r['drill']['live'] else f'recorded on {rec.device}, ' + r.get('recorded_at', rec.recorded_at)[:10]}]")
 r0 = rec.extra["drills"][0]
 print(f"\na wrong answer ({r0['wrong']['submitted_leaf']} for {r0['fault']}), graded now on the recorded observations: "
       + drills.contradiction(r0["drill"]["observations"], r0["wrong"]["submitted_leaf"]))

@@ -52,6 +52,35 @@ here = ceilings.get(quick=True)  # this machine's ceilings (cached after the fir
 print("ceilings:", here.label)
 
 # %% [markdown]
+# ## First, read an examination yourself
+# Before the kit walks anything here, read one examination the kit recorded on the H200: the function, its
+# measured time, and the metrics the flowchart reads from it.
+
+# %%
+from hwlab.diagnosis import flowchart
+
+rec_path = evidence.RECORDED_DIR / "h200" / "examine.json"
+rec = evidence.load(rec_path)
+first = next(e for e in rec.extra["entries"] if e["name"] == "gemm_fp32")
+ev_first = {**first["evidence"], "metric_sources": first["evidence_sources"]}
+print(f"{first['name']}: {first['target']}")
+print(next(m for m in rec.results if m.name == first["measurement"]).summary())
+nb.show_evidence(ev_first, f"{first['name']}; {rec.label}")
+
+# %% [markdown]
+# **Checkpoint: your diagnosis first.** Fill in the leaf, the metric that decides the last question before
+# it and its value as the table shows it. The kit's walk (computed now from the same evidence) shows once
+# this passes.
+
+# %%
+# replace each None: leaf="<a leaf letter>", metric="<a metric name from the table>", value=<its value>
+ANSWER = nb.answer("08", leaf=None, metric=None, value=None, evidence=ev_first)
+CP = nb.checkpoint("08", ANSWER, flowchart.diagnose(ev_first), ev_first, source=rec.label)
+
+# %%
+print(f"{first['name']} [{rec.label}]: {CP.walk()}")
+
+# %% [markdown]
 # ## One of the examples, live
 #
 # `examples/unfused_chain.py` is an activation chain written op by op: six elementwise kernels, each
@@ -64,7 +93,13 @@ print("ceilings:", here.label)
 # %%
 fn, mod = load(f"{ROOT / 'examples' / 'unfused_chain.py'}:unfused_chain")
 ex = hwlab.examine(fn, make_inputs=mod.inputs, ceilings=here, name="unfused_chain")
-print(ex.report())
+DETAILS = False  # True: the whole report, as `hwlab examine` prints it (counts, profile, every step's rule)
+if DETAILS:
+    print(ex.report())
+else:
+    print(ex.measurement.summary())
+    nb.show_evidence({**ex.evidence, "metric_sources": ex.evidence_sources}, ex.label)
+    print(f"walk: {ex.diagnosis.compact()}")
 nb.show_mermaid(ex.diagnosis.mermaid())
 
 # %% [markdown]
@@ -81,7 +116,6 @@ nb.show_mermaid(ex.diagnosis.mermaid())
 # through the command line.
 
 # %%
-rec_path = evidence.RECORDED_DIR / "h200" / "examine.json"
 if rec_path.exists():
     rec = evidence.load(rec_path)
     nb.banner("hwlab examine on the example functions", rec.label)
@@ -121,7 +155,11 @@ from hwlab.examine.target import load_model
 tf = ROOT / "examples" / "small_transformer.py"
 module, args, make = load_model(f"{tf}:model")
 mixed = hwlab.examine(module, *args, make_inputs=make, ceilings=here, name="small_transformer (GELU op by op)")
-print("\n".join(mixed.parts.render()))
+lines = mixed.parts.render()
+print("\n".join(lines if DETAILS else [ln for ln in lines if not ln.startswith("       ")]))
+if not DETAILS:  # one line per part's walk; DETAILS = True prints each step
+    for p in mixed.parts.ranked:
+        print(f"  walk of {p.name}: {p.walk.compact()}")
 plot_parts(mixed.parts.to_dict(), f"time per part, {mixed.label}")
 h = mixed.headline
 display(Markdown(
@@ -223,7 +261,8 @@ def my_inputs():
 
 
 mine = hwlab.examine(my_layer_norm, make_inputs=my_inputs, ceilings=here)
-print(mine.report())
+print(mine.report() if DETAILS else f"{mine.measurement.summary()}\nwalk: {mine.diagnosis.compact()}\n"
+      "(print(mine.report()) for the whole report: counts, profile, sources, every step's rule)")
 
 # %% [markdown]
 # ## Summary

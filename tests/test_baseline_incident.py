@@ -201,6 +201,21 @@ def test_incident_from_a_recorded_gpu_run_fills_machine_from_its_snapshot():
     assert inc.reverified is True and "re-measured with Lab 4 stream, fixed" in inc.to_markdown()
 
 
+def test_a_borderline_recheck_is_not_called_recovered():
+    """Lab 3's recorded fix re-checks to OK only inside the spreads of B and D: the incident stays
+    open and says why, even when the caller claims the fix worked."""
+    exp = recorded("lab03_linksweep", "cpu").extra["calibrated"]
+    d = flowchart.diagnose(exp["naive"]["flowchart_evidence"])
+    after = exp["aware"]["flowchart_evidence"]
+    assert flowchart.diagnose(after).borderline
+    for claimed in (None, True):
+        inc = incident.from_diagnosis("t", None, d, symptom_scope="multi-GPU", symptom="s", fix="f", reverify="r",
+                                      reverify_evidence=after, reverified=claimed)
+        assert inc.reverified is None and inc.reverify_result["borderline"]
+        md = inc.to_markdown()
+        assert "recovered (re-verified)" not in md and "the re-check is borderline" in md
+
+
 def test_incident_multi_rank_wait_per_rank(tmp_path):
     d = flowchart.diagnose({"slowdown_vs_floor": 1.0, "e2e_slowdown": 3.6, "rank_tail_pct": 337.0, "n_ranks": 6})
     inc = incident.from_diagnosis("t", recorded("lab03_slowlink", "cpu"), d, symptom_scope="multi-GPU", symptom="s",

@@ -182,7 +182,8 @@ def test_lab_serves_as_this_user_with_the_venvs_kernel(tmp_path):
     import urllib.request
 
     pytest.importorskip("jupyterlab")
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"), JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"))
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"), JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"),
+               HWLAB_HOME=str(tmp_path / "home"))
     proc = subprocess.Popen([sys.executable, "-m", "hwlab", "lab", "--no-browser"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     try:

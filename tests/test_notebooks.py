@@ -17,10 +17,27 @@ NOTEBOOKS = sorted(p for d in ("notebooks", "solutions", "exercises")
                    for p in (ROOT / d).glob("*.ipynb"))
 
 
-def _execute(path: Path) -> nbformat.NotebookNode:
+#: the checkpoint answers CI fills in, graded by the checker like a learner's (hwlab.nb.answer)
+CHECKPOINT_ANSWERS = ROOT / "solutions" / "checkpoints.json"
+#: lab notebooks whose walk waits for a graded checkpoint
+CHECKPOINTED = ("01", "02", "03", "04", "08")
+
+
+def _execute(path: Path, checkpoint_answers: Path | None = CHECKPOINT_ANSWERS) -> nbformat.NotebookNode:
+    """Execute ``path``; the kernel inherits ``HWLAB_CHECKPOINT_ANSWERS`` (None: a learner's blanks)."""
+    import os
+
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=900, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    old = os.environ.pop("HWLAB_CHECKPOINT_ANSWERS", None)
+    if checkpoint_answers is not None:
+        os.environ["HWLAB_CHECKPOINT_ANSWERS"] = str(checkpoint_answers)
+    try:
+        NotebookClient(nb, timeout=900, kernel_name="python3",
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+    finally:
+        os.environ.pop("HWLAB_CHECKPOINT_ANSWERS", None)
+        if old is not None:
+            os.environ["HWLAB_CHECKPOINT_ANSWERS"] = old
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, ARTIFACTS / f"{path.parent.name}__{path.name}")
     return nb
@@ -53,6 +70,8 @@ def test_executes(path):
         assert "recorded on NVIDIA H200" in out or "measured live on" in out
         has_png = any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
         assert has_png, "each lab shows at least one plot"
+        if path.name[:2] in CHECKPOINTED:  # the solutions' answer passed the checker, so the walk is shown
+            assert f"checkpoint {path.name[:2]}: passed" in out and "walk hidden until" not in out
     if path.name == "04_fp8_dequant_fallback.ipynb" and path.parent.name == "notebooks" and not torch.cuda.is_available():
         # without a GPU the notebook reads the recorded H200 run: the seed's symptom, as the library derives it
         from hwlab.core import evidence
@@ -60,6 +79,18 @@ def test_executes(path):
         rec = evidence.recorded("lab04_fp8")
         sig = fp8.seed_signature(rec.extra["run"])
         assert f"({sig['gain_p50_pct']:+.1f}% faster)" in out and f"{sig['memory_change_pct']:+.1f}%" in out
+
+
+@pytest.mark.slow
+def test_a_learners_blank_checkpoint_says_fill_in_and_run_all_goes_on():
+    """Without the solutions file (a learner's kernel) the answer cell is blank: the checkpoint asks to
+    fill it in, the walk stays hidden, and every later cell still runs (no exception stops Run All)."""
+    nb = _execute(ROOT / "notebooks" / "01_bandwidth_bound.ipynb", checkpoint_answers=None)
+    out = _text(nb)
+    assert "Traceback" not in out and "checkpoint 01: fill in your answer" in out and "still blank: leaf" in out
+    assert "walk hidden until checkpoint 01 passes" in out and "checkpoint 01: passed" not in out
+    assert "F YES" not in out  # neither the unfused nor the strided walk was shown
+    assert all(c.get("execution_count") for c in nb.cells if c.cell_type == "code")  # every cell ran
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")

@@ -15,8 +15,8 @@ PCIE = ROOT / "src" / "hwlab" / "recorded" / "topology" / "pcie4_2socket_pix_sys
 BIN = Path(sys.executable).parent
 
 
-def _torchrun(run_dir, *args):
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "4", str(EXAMPLE),
+def _torchrun(run_dir, *args, n=4):
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(n), str(EXAMPLE),
            "--run-dir", str(run_dir), "--steps", "24", *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -212,3 +212,31 @@ def test_excursions_every_rank_shows_are_the_hosts_not_a_ranks_spikes():
     assert ranks._spike_summary(host)["local"] == {}
     host[2] = st([3, 7, 11, 15, 19, 23], 80.0)
     assert list(ranks._spike_summary(host)["local"]) == ["2"]
+
+
+@pytest.mark.slow
+def test_two_rank_straggler_walks_to_the_rank_tail(tmp_path):
+    """Two gloo ranks under torchrun, rank 0 slowed: B must not take the straggler's own stall as the
+    device's (a median over two ranks includes it), and the tail is a percent of the median step,
+    as K's rule reads (the on-time rank's own time is small: a ratio to it runs into thousands)."""
+    d = tmp_path / "two"
+    _torchrun(d, "--slow-rank", "0", n=2)
+    r = _ranks_cli(d, "--json")
+    rep = json.loads(r.stdout)
+    assert r.returncode == 1 and rep["tail_ranks"] == [0], r.stdout[-2000:]
+    fc = rep["flowchart"]
+    assert fc["path"] == ["B", "D", "K", "L"] and fc["leaf"] == "L"
+    pr = rep["per_rank"]
+    step = rep["median_step_ms"]
+    want = 100 * (pr["0"][f"{rep['basis']}_ms"] - pr["1"][f"{rep['basis']}_ms"]) / step
+    assert rep["rank_tail_pct"] == pytest.approx(want) and 10 <= rep["rank_tail_pct"] <= 100
+    assert fc["evidence"]["slowdown_vs_floor"] == pytest.approx(pr["1"]["slowdown_vs_floor"])  # the on-time rank
+
+
+def test_tail_pct_is_a_percent_of_the_median_step():
+    from hwlab.core import tails
+    own = {0: 41.7, 1: 1.6}  # the slow rank's own time; the other spends the step waiting for it
+    tail, pct = tails.tail_split(own)
+    assert tail == [0] and pct > 2000  # the split's own ratio: over the on-time rank's small own time
+    assert tails.tail_pct_of_step(own, tail, 46.0) == pytest.approx(100 * (41.7 - 1.6) / 46.0)
+    assert tails.tail_pct_of_step({0: 10.0, 1: 10.5, 2: 10.2}, [], 12.0) == pytest.approx(100 * 0.3 / 12.0)

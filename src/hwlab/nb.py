@@ -5,6 +5,7 @@ or *recorded* (from :mod:`hwlab.evidence`); :func:`banner` prints which, every t
 """
 from __future__ import annotations
 
+import functools
 from typing import Iterable
 
 import torch
@@ -199,3 +200,75 @@ def _prefix(answers: dict[str, str]) -> dict:
             miss = c.threshold - (1 if c.op in (">=", ">") else -1)
             out[c.metric] = hit if ans == "yes" else miss
     return out
+
+
+#: the file of checkpoint answers that executed copies and CI fill in (through the checker); set by
+#: tests/test_notebooks.py and tools/execute_notebooks.py, never in a learner's kernel
+ENV_CHECKPOINT_ANSWERS = "HWLAB_CHECKPOINT_ANSWERS"
+
+
+@functools.lru_cache(maxsize=None)
+def _filled_answer_type():
+    """The answer type of a solutions-file answer (one class, made on first use: the checker's module
+    is imported only by notebooks that grade)."""
+    from hwlab.diagnosis.checkpoint import Answer
+
+    class FilledAnswer(Answer):
+        """An answer taken from the solutions file: graded like any other, never kept as a learner's."""
+
+    return FilledAnswer
+
+
+class ReadOff(str):
+    """A solution's value that says "read this metric off the evidence shown" (a live run's value
+    differs per machine): :func:`checkpoint` reads it from the same evidence the learner saw."""
+
+
+def answer(checkpoint_id: str, leaf=None, metric=None, value=None, prediction=None, *, evidence=None):
+    """The learner's answer to a checkpoint. Blanks (``None``) stay blanks in a learner's kernel and
+    are graded "fill in"; only where ``$HWLAB_CHECKPOINT_ANSWERS`` names a solutions file (CI and the
+    executed copies) is an all-blank answer filled from it, and then graded like any other. ``evidence``
+    (the evidence shown) lets a solution that names several metrics take the one it holds."""
+    import json
+    import os
+
+    from hwlab.diagnosis.checkpoint import Answer
+
+    given = Answer(leaf, metric, value, prediction)
+    path = os.environ.get(ENV_CHECKPOINT_ANSWERS)
+    if given != Answer() or not path:
+        return given
+    sol = json.loads(open(path, encoding="utf-8").read())[checkpoint_id]
+    v = sol.get("value")
+    print(f"[checkpoint {checkpoint_id}: answer filled from {os.path.basename(path)} (executed copy), graded below]")
+    metric = sol.get("metric")
+    if isinstance(metric, list):  # the first of the chart's metrics for that rule that this evidence holds
+        metric = next((m for m in metric if m in (evidence or {})), metric[0])
+    return _filled_answer_type()(sol.get("leaf"), metric, ReadOff(metric) if v == "read off the evidence" else v,
+                                 sol.get("prediction"))
+
+
+def checkpoint(checkpoint_id: str, ans, walk, ev: dict, *, step: str | None = None, prediction=None,
+               source: str = ""):
+    """Grade ``ans`` against the kit's walk ``walk`` of ``ev`` (computed in this run), print the result
+    and return it; ``result.walk()`` shows the walk once the answer passed
+    (:mod:`hwlab.diagnosis.checkpoint`). A blank answer prints what to fill in; it raises nothing, so
+    Run All goes on through the rest of the notebook."""
+    from dataclasses import replace
+
+    from hwlab.diagnosis import checkpoint as C
+
+    filled = isinstance(ans, _filled_answer_type())  # from the solutions file: not a learner's answer to keep
+    if isinstance(ans.value, ReadOff):
+        ans = replace(ans, value=ev.get(str(ans.value)))
+    res = C.check(C.Checkpoint(checkpoint_id, walk, ev, step=step, prediction=prediction, source=source), ans,
+                  record=not filled)
+    print(res)
+    return res
+
+
+def show_evidence(ev: dict, source: str = "") -> None:
+    """Print the metrics of ``ev`` the flowchart reads, with spread and source, and no verdict."""
+    from hwlab.diagnosis.checkpoint import render_evidence
+
+    print(render_evidence(ev, source))

@@ -202,12 +202,15 @@ def build_parser() -> argparse.ArgumentParser:
     cli_baseline.add_parser(sub)
     cli_incident.add_parser(sub)
     cli_drill.add_parser(sub)
-    lab = sub.add_parser("lab", help="open the labs in JupyterLab")
+    lab = sub.add_parser("lab", help="open the labs in JupyterLab (your working copy, outside the checkout)")
     lab.add_argument("--dir", help="the notebooks/ folder")
     lab.add_argument("--port", type=_port, default=8888,
                      help="first port to try (default 8888; the next free one is taken)")
     lab.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     lab.add_argument("--no-browser", action="store_true")
+    lab.add_argument("--refresh", action="store_true",
+                     help="take the checkout's new notebook versions into your working copy (files you "
+                          "modified are kept; the new version goes beside them as NAME.kit-DATE.ipynb)")
     lab.add_argument("--dry-run", action="store_true", help="print the command, start nothing")
     lab.set_defaults(fn=cmd_lab)
     cli_ranks.add_parser(sub)

@@ -6,7 +6,8 @@ Exit codes: 0 no tail and no mapping warning (traces: no slow rank, no link find
 finding, 2 bad input (no such folder, no step logs or traces, an input that is not a regular
 file, a --save-incident folder that cannot be written) or a write that failed after the run was
 read (the report is printed, the record kept in the rescue folder and its path printed), 3
-internal error.
+internal error, 4 undecided (traces: ranks missing against the world size the traces state, or
+unreadable; the missing ranks and unreadable files are named).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import sys
 from hwlab.diagnosis import incident, ranks, ranks_traces
 from hwlab.cli.console import stderr_is_terminal
 from hwlab.core.store import check_folder, check_input_file, rescue
-from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UserInputError
+from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_UNDECIDED, EXIT_USAGE, UserInputError
 
 
 def cmd_ranks(a) -> int:
@@ -64,6 +65,8 @@ def cmd_ranks(a) -> int:
     if save_err:
         print(f"hwlab ranks: {save_err}", file=sys.stderr)
         return EXIT_USAGE
+    if getattr(mod, "is_undecided", None) and mod.is_undecided(rep):
+        return EXIT_UNDECIDED
     return EXIT_FINDING if mod.has_finding(rep) else EXIT_OK
 
 

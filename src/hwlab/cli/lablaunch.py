@@ -10,6 +10,15 @@ Top floor (talks to people). What it does beyond ``jupyter lab``, and why:
   switched off so it cannot move elsewhere.
 * **URL**: a token made here and passed to the server, so the full URL (token included) is
   printed before Jupyter's own log starts.
+* **a working copy**: it serves the learner's copy of the notebooks, outside the checkout
+  (:mod:`hwlab.cli.workcopy`: made on first start, never overwritten, ``--refresh`` on request),
+  so Run All + save never writes into the committed notebooks.
+* **no news pop-up**: JupyterLab's news fetch and update check are off for this server
+  (``--LabApp.news_url=None``, ``NeverCheckForUpdate``, and the ``fetchNews``/``checkForUpdates``
+  setting defaults in a config folder of the copy, on ``JUPYTER_CONFIG_PATH``).
+* **stopping**: SIGTERM or SIGHUP to ``hwlab lab`` stops its Jupyter server (SIGTERM, then
+  SIGKILL after 10 s) before it exits, and on Linux the server is also told to exit if
+  ``hwlab lab`` dies without a word (``PR_SET_PDEATHSIG``): no orphaned server keeps serving.
 * **kernel**: the notebooks run in this venv's Python. ``JUPYTER_PATH`` puts this venv's
   ``share/jupyter`` first for this server only, so its kernels (``python3``, which the notebooks
   name, and the kit's ``hwlab`` that ``scripts/setup.sh`` installs with ``--sys-prefix``) are the
@@ -20,11 +29,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from hwlab.cli import workcopy
 from hwlab.errors import EXIT_OK, UserInputError
 
 PORT_TRIES = 50
@@ -45,10 +56,12 @@ def free_port(ip: str, first: int, tries: int = PORT_TRIES) -> int:
 
 def command(root: Path, *, ip: str, port: int, token: str, no_browser: bool,
             as_root: bool) -> list[str]:
-    """The ``jupyter lab`` command line (arguments spelled for jupyter_server 2)."""
-    cmd = [sys.executable, "-m", "jupyter", "lab", f"--notebook-dir={root.parent}",
+    """The ``jupyter lab`` command line serving ``root`` (the working copy's ``notebooks/``;
+    arguments spelled for jupyter_server 2 and JupyterLab 4)."""
+    cmd = [sys.executable, "-m", "jupyter", "lab", f"--ServerApp.root_dir={root.parent}",
            f"--ServerApp.ip={ip}", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-           f"--IdentityProvider.token={token}"]
+           f"--IdentityProvider.token={token}", "--LabApp.news_url=None",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
     if no_browser:
         cmd.append("--no-browser")
     if as_root:
@@ -67,6 +80,62 @@ def find_notebooks() -> Path | None:
     return None
 
 
+def _die_with_parent() -> None:  # runs in the child before exec (Linux only)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def serve(cmd: list[str], cwd: Path, env: dict) -> int:
+    """Run the server; SIGTERM/SIGHUP to this process stop it first (see the module docstring)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env,
+                            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+
+    def stop(signum, _frame):
+        raise _Stop(signum)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return proc.wait()
+    except (KeyboardInterrupt, _Stop):
+        return EXIT_OK
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+class _Stop(Exception):
+    """A stop signal arrived."""
+
+
+def _say_copy(rep: workcopy.CopyReport, refresh: bool) -> None:
+    if rep.made:
+        print(f"your working copy (made now; the checkout is never written): {rep.root}")
+    else:
+        print(f"your working copy: {rep.root}")
+    if rep.copied and not rep.made:
+        print(f"  added from the checkout: {', '.join(rep.copied)}")
+    if rep.replaced:
+        print(f"  refreshed (you had not modified them): {', '.join(rep.replaced)}")
+    for rel, side in rep.kept.items():
+        print(f"  kept your {rel}; the kit's new version is beside it: {side}")
+    if rep.stale:
+        print(f"  changed in the checkout since your copy: {', '.join(rep.stale)} "
+              "(hwlab lab --refresh takes the new versions; files you modified are kept)")
+    elif refresh and not (rep.replaced or rep.kept or rep.copied):
+        print("  already up to date with the checkout")
+
+
 def run(a) -> int:
     root = Path(a.dir) if a.dir else find_notebooks()
     if root is None:
@@ -81,7 +150,16 @@ def run(a) -> int:
     as_root = hasattr(os, "geteuid") and os.geteuid() == 0
     port = free_port(a.ip, a.port)
     token = secrets.token_hex(24)
-    cmd = command(root, ip=a.ip, port=port, token=token, no_browser=a.no_browser, as_root=as_root)
+    checkout = root.parent
+    work = workcopy.copy_root(checkout)
+    cmd = command(work / "notebooks", ip=a.ip, port=port, token=token, no_browser=a.no_browser,
+                  as_root=as_root)
+    if a.dry_run:
+        print(f"would serve the working copy {work} "
+              f"({'exists' if (work / workcopy.MANIFEST).exists() else 'made on first start'})")
+    else:
+        rep = workcopy.prepare(checkout, refresh=a.refresh, root=work, kernel=workcopy.kit_kernel())
+        _say_copy(rep, a.refresh)
     if as_root:
         print("running as root: passing --allow-root to JupyterLab")
     if port != a.port:
@@ -96,7 +174,7 @@ def run(a) -> int:
     env["JUPYTER_PATH"] = os.pathsep.join(
         [str(Path(sys.prefix) / "share" / "jupyter")] +
         [x for x in env.get("JUPYTER_PATH", "").split(os.pathsep) if x])
-    try:
-        return subprocess.call(cmd, cwd=root.parent, env=env)
-    except KeyboardInterrupt:
-        return EXIT_OK
+    cfg = workcopy.news_off(work / ".hwlab" / "jupyter-config")
+    env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(
+        [str(cfg)] + [x for x in env.get("JUPYTER_CONFIG_PATH", "").split(os.pathsep) if x])
+    return serve(cmd, work, env)

@@ -28,6 +28,24 @@ What it extracts, as torch writes it:
   collective itself takes; the ``c10d::allreduce_`` operator on the main thread only enqueues it),
   with the bytes from ``Input Dims`` and ``Input type`` when the profiler recorded shapes.
 
+* Identity of each NCCL kernel from its own trace: the runtime launch (``cudaLaunchKernel``,
+  ``hipLaunchKernel``...) whose ``correlation`` equals the kernel's is found on the host, and the
+  host collective ops that enclose it on the same thread (``record_param_comms`` with its
+  metadata, ``nccl:<collective>``, ``c10d::<collective>_``) name it. Kernels NCCL names by its
+  transport (every kernel ``SendRecv`` in some versions) get their collective's name this way;
+  ``Collective.meta_source`` says which route each took. Launch order is the last resort, said.
+* Each kernel's host launch time (:attr:`RankTrace.kernel_launch_us`), so device work can be
+  attributed to the host step that launched it even when the device runs behind.
+* What kind of job: backward ops (``autograd::engine...``, ``*Backward*``) and optimizer steps
+  (``Optimizer.step#...``) are counted (:attr:`RankTrace.workload`).
+* When it was recorded (``baseTimeNanoseconds``, else the first event on a Unix-epoch clock) and
+  the device names (``deviceProperties``), to keep traces of different jobs apart.
+
+Which files are traces is decided by content, not by name (:func:`sniff`, :func:`discover_traces`):
+the start of the file must be a JSON object that names ``traceEvents``, ``schemaVersion`` or
+``deviceProperties``; the kit's own records (``"schema": "hwlab.*"``) and everything else are
+listed with the reason they were skipped.
+
 A truncated or malformed file raises :class:`TraceError` with the byte offset; a path that is
 not a regular file (a FIFO, a device) is refused before it is opened.
 """
@@ -63,7 +81,13 @@ _ONE_RANK = "_onerank_cu_"  # NCCL's kernel for a one-rank communicator (src/dev
 _NCCL_COLL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
 _TP_RANK = re.compile(r"-TP-(\d+)(?:[-.]|$)")
 _RANK = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)(?:[^0-9]|$)", re.I)
-_TB_NAME = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.(?P<ns>\d+)\.pt\.trace\.json(?:\.gz)?$")
+_LAUNCH = re.compile(r"Launch|launch")  # cudaLaunchKernel, cuLaunchKernel, hipLaunchKernel, hipExtModuleLaunchKernel
+_RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "Runtime", "hip_runtime", "cuda_runtime_api")
+_HOST_COLL = re.compile(r"^(?:nccl|gloo|c10d)::?|^record_param_comms$")
+PEEK_CHARS = 1 << 16  # characters read from the start of a file to tell a profiler trace from anything else
+TRACE_MARKERS = ('"traceEvents"', '"schemaVersion"', '"deviceProperties"')
+EPOCH_US_MIN = 1e15  # a timestamp past this (2001 in microseconds since 1970) is on the Unix-epoch clock
+_TB_NAME = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.(?P<ns>\d{10,})\.pt\.trace\.json(?:\.gz)?$")
 
 
 class TraceError(UserInputError):
@@ -88,11 +112,14 @@ class Collective:
     on: str                   # "gpu" (an NCCL kernel) or "cpu" (a gloo worker span)
     stream: Any = None        # the CUDA stream (NCCL) or the worker thread id (gloo)
     n_bytes: int | None = None
+    n_bytes_out: int | None = None  # the output's bytes (``Out msg nelems``), when recorded
     pg: str | None = None     # process group name, when recorded
     seq: int | None = None    # the collective's sequence number in its group, when recorded
     group_size: int | None = None
     meta_source: str | None = None  # where the size / group / seq came from
     kernel: str | None = None       # the NCCL kernel's name (GPU collectives)
+    launch_us: float | None = None  # the host time of its launch (GPU collectives, by correlation id)
+    host_op: str | None = None      # the host collective op its launch sits in (nccl:all_reduce ...)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -117,6 +144,33 @@ class RankTrace:
     n_bytes_file: int = 0
     devices: list[Any] = field(default_factory=list)
     schema_version: Any = None
+    #: the host launch time of each kernel in :attr:`kernels` (same order; None: no launch event)
+    kernel_launch_us: list[float | None] = field(default_factory=list)
+    base_time_ns: int | None = None   # ``baseTimeNanoseconds``: the trace's clock offset to Unix time
+    trace_name: str | None = None     # ``traceName``: where the profiler wrote it
+    t_first_us: float | None = None   # the earliest event, on the trace's own clock
+    n_backward_ops: int = 0           # autograd::engine / *Backward* ops on the host
+    n_optimizer_steps: int = 0        # Optimizer.step#... spans
+
+    @property
+    def recorded_unix_s(self) -> float | None:
+        """When the trace was recorded, in Unix seconds: ``baseTimeNanoseconds`` (whole seconds),
+        else the first event when the trace's clock is the Unix epoch; None when it cannot say."""
+        if self.base_time_ns:
+            return self.base_time_ns / 1e9
+        if self.t_first_us is not None and self.t_first_us > EPOCH_US_MIN:
+            return self.t_first_us / 1e6
+        return None
+
+    @property
+    def workload(self) -> str:
+        """``training`` (backward ops or optimizer steps in the trace) or ``inference`` (forward
+        ops only; an estimate from what the trace holds, no label)."""
+        return "training" if self.n_backward_ops or self.n_optimizer_steps else "inference"
+
+    @property
+    def device_names(self) -> list[str]:
+        return sorted({str(d.get("name")) for d in self.devices if d.get("name")})
 
     @property
     def on_gpu(self) -> bool:
@@ -141,10 +195,70 @@ def name_rank(path: str | os.PathLike) -> tuple[int | None, str | None, dict[str
 
 
 def is_trace_name(path: str | os.PathLike) -> bool:
+    """A guess from the name alone (kept for callers that list files cheaply); which files are
+    traces is decided by content (:func:`discover_traces`)."""
     n = Path(path).name
     if not n.endswith(TRACE_SUFFIXES) or n.startswith(NOT_TRACES):
         return False
     return "trace" in n or bool(_RANK.search(n))
+
+
+def sniff(path: str | os.PathLike) -> str | None:
+    """None when the file's start is a profiler trace (module docstring), else why it is not one."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a FIFO or device?)"
+    if st.st_size == 0:
+        return "empty file (0 bytes)"
+    try:
+        with open(p, "rb") as raw:
+            gz = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            inner = gzip.GzipFile(fileobj=raw) if gz else raw
+            head = inner.read(PEEK_CHARS).decode("utf-8", errors="replace")
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        return f"cannot be decompressed ({type(e).__name__}: {e})"
+    text = head.lstrip()
+    if not text:
+        return "empty (nothing but white space)"
+    if re.search(r'"schema"\s*:\s*"hwlab\.', text[:4096]):
+        m = re.search(r'"schema"\s*:\s*"(hwlab\.[a-z_]+)', text)
+        return f"the kit's own record ({m.group(1) if m else 'hwlab'}), not a profiler trace"
+    if text[0] != "{":
+        return ("a JSON array, not a profiler trace object" if text[0] == "[" else
+                "not a JSON object at its start")
+    if not any(k in head for k in TRACE_MARKERS):
+        if '"nodes"' in head and '"schema"' in head:
+            return "a PyTorch execution trace (nodes), not a profiler trace"
+        return f"no {', '.join(TRACE_MARKERS)} in its first {PEEK_CHARS // 1024} KiB: not a profiler trace"
+    return None
+
+
+def discover_traces(folder: str | os.PathLike, *, depth: int = 1) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """(traces, skipped with the reason) of every file in ``folder`` and ``depth`` levels of
+    sub-folders (jobs write per-host ones). A ``.json`` / ``.json.gz`` file is a trace when its
+    content starts like one (:func:`sniff`), whatever its name; every other file is listed as
+    skipped with why."""
+    d = Path(folder)
+    files: list[Path] = []
+    for level in range(depth + 1):
+        files += sorted(p for p in d.glob("/".join(["*"] * (level + 1))) if not p.is_dir())
+    traces: list[Path] = []
+    skipped: list[tuple[Path, str]] = []
+    for p in files:
+        if not p.name.endswith(TRACE_SUFFIXES):
+            skipped.append((p, "not .json / .json.gz"))
+            continue
+        why = sniff(p)
+        if why is None:
+            traces.append(p)
+        else:
+            skipped.append((p, why))
+    return traces, skipped
 
 
 class _Stream:
@@ -245,6 +359,8 @@ def _comms_meta(args: dict[str, Any]) -> dict[str, Any]:
         size = DTYPE_BYTES.get(str(dt)) or DTYPE_BYTES.get(str(dt).split(".")[-1])
         if size:
             out["n_bytes"] = nel * size
+            if isinstance(args.get("Out msg nelems"), int):
+                out["n_bytes_out"] = args["Out msg nelems"] * size
     for key, k in (("Process Group Name", "pg"), ("Process Group Description", "pg_desc")):
         if args.get(key) not in (None, ""):
             out[k] = str(args[key])
@@ -272,6 +388,7 @@ def read_trace(path: str | os.PathLike, *, progress: Callable[[int, int], None] 
     main_tids: set[Any] = set()
     ops: list[tuple[float, float, Any]] = []
     metas: list[tuple[float, dict[str, Any]]] = []
+    ctx = _Ctx()
     try:
         try:
             s.expect("{")
@@ -292,6 +409,10 @@ def read_trace(path: str | os.PathLike, *, progress: Callable[[int, int], None] 
                         rt.host = v
                     elif key == "schemaVersion":
                         rt.schema_version = v
+                    elif key == "baseTimeNanoseconds" and isinstance(v, int):
+                        rt.base_time_ns = v
+                    elif key == "traceName" and isinstance(v, str):
+                        rt.trace_name = v
                 else:
                     s.expect("[")
                     if s.skip_ws() == "]":
@@ -301,7 +422,7 @@ def read_trace(path: str | os.PathLike, *, progress: Callable[[int, int], None] 
                             ev = s.value()
                             rt.n_events += 1
                             if isinstance(ev, dict):
-                                _take(ev, rt, ops, metas, main_tids)
+                                _take(ev, rt, ops, metas, main_tids, ctx)
                             if s.expect(",]") == "]":
                                 break
                 if s.expect(",}") == "}":
@@ -310,7 +431,7 @@ def read_trace(path: str | os.PathLike, *, progress: Callable[[int, int], None] 
             raise s.error(f"cannot be decoded ({type(e).__name__}: {e})") from None
     finally:
         s.close()
-    _finish(rt, ops, metas, main_tids)
+    _finish(rt, ops, metas, main_tids, ctx)
     if rt.rank is not None:
         rt.rank_source = RANK_FROM_TRACE
     n_rank, how, extra = name_rank(p)
@@ -321,17 +442,34 @@ def read_trace(path: str | os.PathLike, *, progress: Callable[[int, int], None] 
     return rt
 
 
-def _take(ev: dict[str, Any], rt: RankTrace, ops: list, metas: list, main_tids: set) -> None:
+class _Ctx:
+    """What the reader keeps only until :func:`_finish`: launches by correlation id, host
+    collective ops, the correlation id of each kept kernel."""
+
+    def __init__(self) -> None:
+        self.launches: dict[Any, tuple[float, Any]] = {}      # correlation -> (host ts, tid)
+        self.host_colls: list[tuple[float, float, Any, str, dict[str, Any]]] = []  # ts, end, tid, name, meta
+        self.kernel_corr: list[Any] = []                       # parallel to rt.kernels
+        self.coll_corr: dict[int, Any] = {}                    # id(collective) -> correlation
+        self.rpc_by_ext: dict[Any, dict[str, Any]] = {}        # record_param_comms External id -> meta
+
+
+def _take(ev: dict[str, Any], rt: RankTrace, ops: list, metas: list, main_tids: set,
+          ctx: _Ctx | None = None) -> None:
     if ev.get("ph") != "X":
         return
+    ctx = ctx or _Ctx()
     name, cat = str(ev.get("name", "")), ev.get("cat")
     try:
         ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
     except (KeyError, TypeError, ValueError):
         return
+    if rt.t_first_us is None or ts < rt.t_first_us:
+        rt.t_first_us = ts
     args = ev.get("args") or {}
     if cat in ("kernel", "Kernel"):
         stream = args.get("stream")
+        corr = args.get("correlation")
         if _NCCL_KERNEL.match(name) or "Collective name" in args or _ONE_RANK in name:
             m = _NCCL_COLL.match(name)
             c = Collective(coll_key(m.group(1)) if m else "nccl", ts, dur, "gpu", stream)
@@ -340,11 +478,28 @@ def _take(ev: dict[str, Any], rt: RankTrace, ops: list, metas: list, main_tids: 
             if meta:
                 c.name = meta.get("name", c.name)
                 c.n_bytes, c.pg, c.seq = meta.get("n_bytes"), meta.get("pg"), meta.get("seq")
+                c.n_bytes_out = meta.get("n_bytes_out")
                 c.group_size, c.meta_source = meta.get("group_size"), "kernel args"
             rt.collectives.append(c)
+            ctx.coll_corr[id(c)] = (corr, args.get("External id"))
         else:
             rt.kernels.append((ts, dur, stream))
+            ctx.kernel_corr.append(corr)
         return
+    if cat in _RUNTIME_CATS:
+        corr = args.get("correlation")
+        if corr is not None and _LAUNCH.search(name):
+            ctx.launches[corr] = (ts, ev.get("tid"))
+        return
+    if cat in ("cpu_op", "user_annotation") and _HOST_COLL.match(name):
+        meta = _comms_meta(args) if name == "record_param_comms" else {}
+        ctx.host_colls.append((ts, ts + dur, ev.get("tid"), name, meta))
+        if meta and args.get("External id") is not None:
+            ctx.rpc_by_ext[args["External id"]] = meta
+    if cat == "cpu_op" and (name.startswith("autograd::engine") or "Backward" in name):
+        rt.n_backward_ops += 1
+    elif name.startswith("Optimizer.step#") and cat in ("cpu_op", "user_annotation"):
+        rt.n_optimizer_steps += 1
     if name.startswith("ProfilerStep#") and cat != "gpu_user_annotation":
         try:
             rt.steps.append((int(name.split("#", 1)[1]), ts, dur))
@@ -368,10 +523,66 @@ def _take(ev: dict[str, Any], rt: RankTrace, ops: list, metas: list, main_tids: 
         ops.append((ts, dur, ev.get("tid")))
 
 
-def _finish(rt: RankTrace, ops: list, metas: list, main_tids: set) -> None:
+def _enclosing(host: list, starts: list[float], ts: float, tid: Any) -> list[tuple]:
+    """The host collective ops on thread ``tid`` whose span holds ``ts`` (outermost first)."""
+    import bisect
+    out = []
+    for i in range(bisect.bisect_right(starts, ts) - 1, -1, -1):
+        h = host[i]
+        if h[1] >= ts and h[2] == tid:
+            out.append(h)
+        if ts - h[0] > 60e6:  # a collective op does not last a minute: stop looking back
+            break
+    return out[::-1]
+
+
+def _identify(rt: RankTrace, ctx: _Ctx) -> None:
+    """Name each NCCL kernel by the host ops around its launch (correlation id), and take the
+    size, process group and sequence number from ``record_param_comms`` there (module docstring)."""
+    host = sorted(ctx.host_colls, key=lambda h: h[0])
+    starts = [h[0] for h in host]
+    for c in rt.collectives:
+        if c.on != "gpu":
+            continue
+        corr, ext = ctx.coll_corr.get(id(c), (None, None))
+        launch = ctx.launches.get(corr) if corr is not None else None
+        if launch is None:
+            if c.meta_source is None and ext is not None and ext in ctx.rpc_by_ext:
+                m = ctx.rpc_by_ext[ext]
+                c.name = m.get("name", c.name)
+                c.n_bytes, c.pg, c.seq = m.get("n_bytes"), m.get("pg"), m.get("seq")
+                c.n_bytes_out = m.get("n_bytes_out")
+                c.group_size, c.meta_source = m.get("group_size"), "record_param_comms (External id)"
+            continue
+        c.launch_us = launch[0]
+        around = _enclosing(host, starts, launch[0], launch[1])
+        if not around:
+            continue
+        named = [h for h in around if h[3] != "record_param_comms"]
+        c.host_op = named[-1][3] if named else "record_param_comms"
+        rpc = [h[4] for h in around if h[4]]
+        if c.meta_source == "kernel args":
+            continue
+        if rpc:
+            m = rpc[-1]
+            c.name = m.get("name") or (coll_key(named[-1][3]) if named else c.name)
+            c.n_bytes, c.pg, c.seq = m.get("n_bytes"), m.get("pg"), m.get("seq")
+            c.n_bytes_out = m.get("n_bytes_out")
+            c.group_size, c.meta_source = m.get("group_size"), "record_param_comms (by correlation id)"
+        elif named:
+            c.name, c.meta_source = coll_key(named[-1][3]), f"host op {named[-1][3]} (by correlation id)"
+
+
+def _finish(rt: RankTrace, ops: list, metas: list, main_tids: set, ctx: _Ctx | None = None) -> None:
+    ctx = ctx or _Ctx()
     rt.steps.sort(key=lambda s: s[1])
-    rt.kernels.sort(key=lambda k: k[0])
+    launch = [ctx.launches.get(c)[0] if c is not None and c in ctx.launches else None for c in ctx.kernel_corr]
+    launch += [None] * (len(rt.kernels) - len(launch))
+    order = sorted(range(len(rt.kernels)), key=lambda i: rt.kernels[i][0])
+    rt.kernels = [rt.kernels[i] for i in order]
+    rt.kernel_launch_us = [launch[i] for i in order]
     rt.collectives.sort(key=lambda c: c.ts_us)
+    _identify(rt, ctx)
     # the main thread's top-level operators, not the collective enqueues
     top: list[tuple[float, float]] = []
     end = -1.0
@@ -396,5 +607,6 @@ def _finish(rt: RankTrace, ops: list, metas: list, main_tids: set) -> None:
         if i < len(lst):
             m = lst[i]
             c.n_bytes, c.pg, c.seq = m.get("n_bytes"), m.get("pg"), m.get("seq")
-            c.group_size, c.meta_source = m.get("group_size"), "record_param_comms (in launch order)"
+            c.n_bytes_out = m.get("n_bytes_out")
+            c.group_size, c.meta_source = m.get("group_size"), "record_param_comms (in launch order: no correlation id)"
         seen[c.name] = i + 1

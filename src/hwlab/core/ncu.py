@@ -25,6 +25,10 @@ OCCUPANCY_METRICS = [
     "launch__occupancy_limit_warps", "launch__occupancy_limit_blocks",
     "launch__registers_per_thread", "sm__warps_active.avg.pct_of_peak_sustained_active",
 ]
+#: local-memory (register spill) traffic: sectors loaded and stored from the thread's local memory
+LOCAL_METRICS = ["l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum", "l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum"]
+#: what a raw report for a reader keeps (tools/record_ncu_h200.py): memory, spills, occupancy
+REPORT_METRICS = MEMORY_METRICS + LOCAL_METRICS + OCCUPANCY_METRICS
 
 
 def available() -> bool:
@@ -47,14 +51,20 @@ def parse_csv(text: str) -> list[dict]:
     return list(by_id.values())
 
 
+def command(python_args: list[str], metrics: list[str], nvtx_range: str | None = None,
+            extra: list[str] | None = None) -> list[str]:
+    """The ncu command line that profiles ``python <python_args>`` (CSV on stdout)."""
+    cmd = ["ncu", "--clock-control", "none", "--csv", "--metrics", ",".join(metrics), *(extra or [])]
+    if nvtx_range:
+        cmd += ["--nvtx", "--nvtx-include", f"{nvtx_range}/"]
+    return cmd + [sys.executable, *python_args]
+
+
 def profile(python_args: list[str], metrics: list[str], nvtx_range: str | None = None,
             timeout_s: float = 300.0, extra: list[str] | None = None) -> list[dict]:
     """Profile ``python <python_args>`` under ncu; one dict per kernel in the NVTX range.
     ``extra``: further ncu options (e.g. ``-k regex:...`` to count only some kernels)."""
-    cmd = ["ncu", "--clock-control", "none", "--csv", "--metrics", ",".join(metrics), *(extra or [])]
-    if nvtx_range:
-        cmd += ["--nvtx", "--nvtx-include", f"{nvtx_range}/"]
-    cmd += [sys.executable, *python_args]
+    cmd = command(python_args, metrics, nvtx_range, extra)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if r.returncode != 0:
         raise RuntimeError(f"ncu failed ({r.returncode}): {r.stderr[-2000:]}")

@@ -9,8 +9,9 @@ Thresholds, and why:
   (Lab 3 takes a lower quartile over steps, ``hwlab ranks`` a median), while a tail that explains
   the seed's 0.72x throughput is 0.39 of a step, at most ~1.4x between on-time and tail ranks
   (less when ranks also wait for each other); 1.15x sits between. The tail % is the slowest
-  rank's figure over the median of the ranks below the jump; the flowchart's rank-tail
-  threshold (10%) applies to it.
+  rank's figure over the median of the ranks below the jump. The flowchart's rank-tail
+  threshold (10% of the median step) applies to :func:`tail_pct_of_step`: the same excess over
+  the median step, not over the on-time ranks' own time.
 * **Spikes** (:func:`spikes`): a step over :data:`SPIKE_OVER_MEDIAN` (1.5x) the series' median,
   beyond what CPU scheduling noise gives a healthy step; spikes are *periodic* when there are
   at least three and their spacing varies by under :data:`PERIODIC_CV` (25%, the coefficient of
@@ -50,6 +51,17 @@ def tail_split(values: dict[int, float]) -> tuple[list[int], float]:
         if ratio >= TAIL_JUMP:
             tail, base = sorted(order[i + 1:]), statistics.median(vals[:i + 1])
     return tail, (100.0 * (max(vals) - base) / base if base > 0 else 0.0)
+
+
+def tail_pct_of_step(values: dict[int, float], tail: list[int], step_ms: float) -> float:
+    """The tail in the flowchart's K unit, % of the median step: the slowest rank's ``values`` (ms)
+    minus the median of the ranks outside ``tail`` (all ranks when there is no tail), over
+    ``step_ms``. A ratio of per-rank times would explode when the on-time ranks' own time is small
+    (they spend the step waiting for the slow one); the step is what the job pays."""
+    if not values or step_ms <= 0:
+        return 0.0
+    rest = [v for r, v in values.items() if r not in tail] or list(values.values())
+    return 100.0 * (max(values.values()) - statistics.median(rest)) / step_ms
 
 
 def spikes(series_ms: list[float]) -> dict[str, Any]:

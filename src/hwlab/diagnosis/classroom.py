@@ -12,15 +12,18 @@ What: exercises (every :class:`hwlab.core.grading.ExerciseResult` built is passe
 :func:`record_exercise`, registered in ``hwlab/__init__.py``; "not done yet" is not recorded): the checker's status, and for a flowchart question the leaf given
 and the right one. Drills (:func:`record_drill`, after :func:`hwlab.diagnosis.drills.grade`): the fault,
 the leaf submitted and the fault's leaf, whether the evidence supported it and whether the
-fix removed the slowdown.
+fix removed the slowdown. Checkpoints (:func:`record_checkpoint`, from
+:func:`hwlab.diagnosis.checkpoint.check`; blanks are not recorded): the checkpoint, the leaf, metric, value
+and prediction given, pass or not, and the walk's leaf.
 
 The **first wrong branch** of a wrong leaf: walking the flowchart's tree from its start
 toward the right leaf, the first question whose right branch cannot reach the submitted
 leaf; the learner answered that question the other way. It is read from the chart's
 structure alone, so exercises and drills count it the same way.
 
-:func:`summary` groups results per exercise or fault: attempts, learners, pass rate, the
-common wrong leaves and first wrong branches; :func:`load_results` reports malformed files
+:func:`summary` groups results per exercise, fault or checkpoint: attempts, learners, pass rate, the
+common wrong leaves and first wrong branches, and for a checkpoint every leaf picked and every metric
+cited (the misconception map); :func:`load_results` reports malformed files
 and skips them.
 """
 from __future__ import annotations
@@ -40,7 +43,7 @@ from hwlab.core.store import read_user_json, rescue
 
 ENV_DIR, ENV_LEARNER = "HWLAB_CLASS_DIR", "HWLAB_LEARNER"
 SCHEMA, SCHEMA_VERSION = "hwlab.class_result", 1
-KINDS = ("exercise", "drill")
+KINDS = ("exercise", "drill", "checkpoint")
 _REQUIRED = {"schema": str, "kind": str, "item": str, "learner": str, "passed": bool, "at": str}
 
 
@@ -74,11 +77,12 @@ def _path_to(leaf: str) -> list[tuple[str, str]]:
     return walk(flowchart.START, []) or []
 
 
-def _leaves_under(node: str) -> set[str]:
+def leaves_under(node: str) -> set[str]:
+    """The leaves reachable from ``node`` (a question or a leaf) in the chart's tree."""
     if node in flowchart.LEAVES:
         return {node}
     q = flowchart.QUESTIONS[node]
-    return _leaves_under(q.yes) | _leaves_under(q.no)
+    return leaves_under(q.yes) | leaves_under(q.no)
 
 
 def first_wrong_branch(right_leaf: str, submitted_leaf: str) -> dict[str, str] | None:
@@ -88,7 +92,7 @@ def first_wrong_branch(right_leaf: str, submitted_leaf: str) -> dict[str, str] |
         return None
     for qid, branch in _path_to(right_leaf):
         q = flowchart.QUESTIONS[qid]
-        if submitted_leaf not in _leaves_under(q.yes if branch == "yes" else q.no):
+        if submitted_leaf not in leaves_under(q.yes if branch == "yes" else q.no):
             return {"question": qid, "text": q.text, "right": branch,
                     "taken": "no" if branch == "yes" else "yes"}
     return None
@@ -150,6 +154,37 @@ def record_drill(drill: Any, grade: Any, folder: str | os.PathLike | None = None
     return write_result(drill_record(drill, grade), folder)
 
 
+def record_checkpoint(cp: Any, res: Any, folder: str | os.PathLike | None = None,
+                      learner: str | None = None) -> Path | None:
+    """Record a graded checkpoint answer (:func:`hwlab.diagnosis.checkpoint.check`): the learner, the
+    checkpoint, the leaf, metric, value and prediction given, pass or not, and the first wrong branch of a
+    wrong leaf; None without a class folder."""
+    folder = class_dir(folder)
+    if folder is None:
+        return None
+    a, right = res.answer, cp.walk.leaf_id
+    leaf = str(a.leaf).strip().upper() if a.leaf is not None else None
+    rec = {"kind": "checkpoint", "item": cp.id, "notebook": _notebook(), "learner": learner_name(learner),
+           "passed": bool(res.passed), "status": res.status, "leaf": leaf, "metric": a.metric,
+           "value": _num(a.value), "prediction": _num(a.prediction), "right_leaf": right,
+           "wrong_leaf": leaf if right and leaf != right else None,
+           "first_wrong_branch": first_wrong_branch(right, leaf) if right and leaf else None,
+           "asked_step": getattr(cp.asked(), "question", None), "source": cp.source,
+           "message": "\n".join(res.messages)}
+    try:
+        return write_result(rec, folder)
+    except OSError as e:
+        raise OSError(e.errno, rescue(rec, "class-result", folder, e)) from None
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if f == f and abs(f) != float("inf") else None
+
+
 def drill_record(drill: Any, grade: Any) -> dict[str, Any]:
     """The class result of one graded drill (what :func:`record_drill` writes)."""
     fault = drill.fault()
@@ -209,6 +244,9 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
         r["learners"].add(d["learner"])
         if d.get("wrong_leaf"):
             r["wrong_leaves"][d["wrong_leaf"]] += 1
+        if d["kind"] == "checkpoint":
+            r.setdefault("leaves_picked", Counter())[str(d.get("leaf"))] += 1
+            r.setdefault("metrics_cited", Counter())[str(d.get("metric"))] += 1
         fb = d.get("first_wrong_branch")
         if isinstance(fb, dict) and {"question", "taken"} <= fb.keys():
             r["first_wrong_branches"][f"{fb['question']}: answered {str(fb['taken']).upper()}"] += 1
@@ -218,16 +256,22 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
         out[k] = {**r, "learners": len(r["learners"]), "pass_rate_pct": 100.0 * r["passed"] / r["attempts"],
                   "wrong_leaves": dict(r["wrong_leaves"].most_common()),
                   "first_wrong_branches": dict(r["first_wrong_branches"].most_common())}
+        for extra in ("leaves_picked", "metrics_cited"):
+            if extra in r:
+                out[k][extra] = dict(r[extra].most_common())
     return {"n_results": len(results), "items": out}
 
 
 def render(s: dict[str, Any]) -> str:
     """The summary as a table for the terminal."""
-    lines = [f"{'exercise / fault':<44} {'tries':>5} {'pass %':>7} {'people':>6}  wrong leaves; first wrong branch"]
+    lines = [f"{'exercise / fault / checkpoint':<44} {'tries':>5} {'pass %':>7} {'people':>6}  wrong leaves; first wrong branch"]
     for k, r in s["items"].items():
         wl = ", ".join(f"{leaf} x{n}" for leaf, n in r["wrong_leaves"].items()) or "-"
         fb = ", ".join(f"{b} x{n}" for b, n in r["first_wrong_branches"].items()) or "-"
         lines.append(f"{k[:44]:<44} {r['attempts']:>5} {r['pass_rate_pct']:>6.0f}% {r['learners']:>6}  {wl}; {fb}")
+        if "leaves_picked" in r:
+            lines.append(f"{'':<4}leaves picked: " + ", ".join(f"{leaf} x{n}" for leaf, n in r["leaves_picked"].items()))
+            lines.append(f"{'':<4}evidence cited: " + ", ".join(f"{m} x{n}" for m, n in r["metrics_cited"].items()))
     lines.append(f"{s['n_results']} results")
     return "\n".join(lines)
 

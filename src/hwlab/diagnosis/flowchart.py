@@ -194,6 +194,18 @@ LEAVES: dict[str, Leaf] = {l.id: l for l in [
         "re-check the symptom: compare with the node baseline"), ""),
 ]}
 
+#: a leaf's actions for the workload kind the evidence states (``evidence["workload"]``, e.g. from
+#: the backward ops and optimizer steps a profiler trace holds); the seed's M actions are a
+#: service's (prefill/decode, KV cache), a training job's shape, compile and input questions differ
+LEAF_VARIANTS: dict[tuple[str, str], Leaf] = {
+    ("M", "training"): Leaf("M", "shape bucket / cache / fallback (training job)", (
+        "benchmark the real batch / sequence-length mix; pad or bucket shapes so compiled graphs and "
+        "autotuned kernels are reused (count recompiles: TORCH_LOGS=recompiles)",
+        "count fallback / dequant kernels per step in forward and backward (kernel hit rate)",
+        "check the input pipeline between steps: dataloader workers, pinned memory, host-to-device copies",
+        "check caches (autotune, compile) hit across steps, not only in the first"), "04_fp8_dequant_fallback"),
+}
+
 START = "B"
 
 
@@ -266,6 +278,20 @@ class Step:
         return (f"{self.question}. {self.text} -> {self.answer.upper()} "
                 f"({self.metric} = {_fmt(self.value)}; rule {self.criterion}) {self.provenance()}"
                 f"{self.spread_text()}")
+
+    def compact(self) -> str:
+        """The step in a few characters: ``F YES 60.8%``, ``H NO (n_spills 178)``, ``H N/A``."""
+        if self.answer == NOT_APPLICABLE:
+            return f"{self.question} N/A"
+        if self.by_hand:
+            return f"{self.question} {self.answer.upper()} (by hand)"
+        unit = self.criterion.split(" ", 3)[3] if self.criterion.count(" ") >= 3 else ""
+        unit = "x" if unit.startswith("x") else "%" if unit.startswith("%") else ""
+        val = ("~" if self.estimated else "") + _fmt(self.value) + unit
+        head = (f"{self.question} NO ({self.metric} {val})" if self.overridden
+                else f"{self.question} {self.answer.upper()} {val}" if unit
+                else f"{self.question} {self.answer.upper()} ({self.metric} {val})")
+        return head + (" BORDERLINE" if self.borderline else "")
 
     def to_dict(self) -> dict[str, Any]:
         return {"question": self.question, "answer": self.answer, "metric": self.metric,
@@ -372,6 +398,26 @@ class Diagnosis:
 
     __str__ = explain
 
+    def compact(self) -> str:
+        """The walk on one line, e.g. ``B YES 4.23x -> F YES 60.8% -> G``: per step its answer and the
+        value that decided it (``~`` an estimate, ``by hand`` a typed answer), ``BORDERLINE`` where the
+        measured spread contains the threshold, ``INVALID`` where a metric was outside its physical
+        range; ``explain()`` (or ``render(full=True)``) gives the full text."""
+        parts = []
+        for s in self.steps:
+            bad = [iv.metric for iv in self.invalid if iv.question == s.question]
+            parts.append(s.compact() + (f" (INVALID {', '.join(bad)})" if bad else ""))
+        if self.leaf:
+            parts.append(self.leaf.id)
+        elif self.undecided:
+            bad = [iv.metric for iv in self.invalid if iv.question == self.undecided.id]
+            parts.append(f"? at {self.undecided.id} (" + (f"INVALID {', '.join(bad)}" if bad else "not measured") + ")")
+        return " -> ".join(parts)
+
+    def render(self, full: bool = False) -> str:
+        """One line (:meth:`compact`), or with ``full`` the whole walk (:meth:`explain`)."""
+        return self.explain() if full else self.compact()
+
     def mermaid(self) -> str:
         return render_mermaid(self.path)
 
@@ -432,7 +478,7 @@ def diagnose(evidence: dict[str, Any]) -> Diagnosis:
     node = START
     for _ in range(len(QUESTIONS) + 1):
         if node in LEAVES:
-            d.leaf = LEAVES[node]
+            d.leaf = LEAF_VARIANTS.get((node, str(evidence.get("workload"))), LEAVES[node])
             d.lens_notes = checks.lenses(d, evidence)
             return d
         q = QUESTIONS[node]

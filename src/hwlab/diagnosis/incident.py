@@ -64,6 +64,8 @@ class Incident:
     def to_markdown(self) -> str:
         ev = "\n".join(f"  - {e}" for e in self.key_evidence) or "  - (none attached)"
         status = {True: "recovered (re-verified)", False: "NOT recovered", None: "not yet re-verified"}[self.reverified]
+        if self.reverified is None and (self.reverify_result or {}).get("borderline"):
+            status = "not re-verified: the re-check is borderline (one re-run from the other branch)"
         m = self.machine
         rv = self.reverify
         if self.reverify_result:
@@ -198,7 +200,9 @@ def from_diagnosis(title: str, evidence: Evidence | None, diagnosis: Diagnosis, 
     :func:`machine_facts`), key evidence from the diagnosis steps and the record. Multi-rank
     runs pass ``collective_wait_ms`` (rank -> wait). ``reverify_evidence``: the flowchart
     evidence the probe re-measured after the fix (``reverify_probe`` names the probe); its walk
-    is stored, and ``reverified`` defaults to "it left the diagnosed leaf"."""
+    is stored, and ``reverified`` defaults to "it left the diagnosed leaf". A re-check whose walk is
+    borderline (a value inside its own spread of a threshold) re-verifies nothing: ``reverified``
+    is then None whatever was passed, and the record says the re-check is borderline."""
     if symptom_scope not in SCOPES:
         raise UserInputError(f"symptom_scope must be one of {SCOPES}, not {symptom_scope!r}")
     machine, topo, mapping, gpus = machine_facts(evidence)
@@ -223,6 +227,8 @@ def from_diagnosis(title: str, evidence: Evidence | None, diagnosis: Diagnosis, 
                                  for x in after.borderline]}
         if reverified is None:
             reverified = after.leaf_id is not None and after.leaf_id != diagnosis.leaf_id
+        if after.borderline and reverified:
+            reverified = None
     return Incident(title, machine, topology or topo, rank_mapping or mapping, symptom_scope, symptom, lines,
                     diagnosis.path, diagnosis.explain(), fix, reverify, reverified, measured=measured,
                     gpu_state=gpus, collective_wait_ms=waits, reverify_result=result)

@@ -32,7 +32,10 @@ What it reports, and the rule behind each part:
   takes at the rates its capture probe measured on that device. p10, not the median: B asks
   about the device, and a throttled card or a regressed kernel is slow in every step (its
   fastest tenth too), while host interference (preemption, a shared CPU) hits some steps only; D ``e2e_slowdown`` = the median step over the median
-  rank's compute (what the ranks' own work predicts); K ``rank_tail_pct`` from the tail split.
+  rank's compute (what the ranks' own work predicts); K ``rank_tail_pct``: the slowest rank's
+  figure minus the on-time ranks' median, in % of the median step (:func:`hwlab.core.tails.tail_pct_of_step`,
+  the rule's unit). B takes the on-time ranks only: with two ranks a median over ranks would
+  include the straggler itself and send a host stall down the single-device branch.
   A question whose metric the run directory cannot supply stops the walk, and the report
   says what was missing; nothing is answered by hand.
 * **Draft incident record** (:mod:`hwlab.diagnosis.incident`) from the walk and the capture.
@@ -53,7 +56,7 @@ from hwlab.core.evidence import Evidence
 from hwlab.core.comms import nccl_routes
 from hwlab.core.measure import quantile
 from hwlab.core.steplog import read_log
-from hwlab.core.tails import OWN_TAIL_FRAC, SPIKE_OVER_MEDIAN, TAIL_JUMP, recurring, spikes, tail_split
+from hwlab.core.tails import OWN_TAIL_FRAC, SPIKE_OVER_MEDIAN, TAIL_JUMP, recurring, spikes, tail_pct_of_step, tail_split
 from hwlab.core.store import check_input_folder, read_user_bytes
 
 DEFAULT_SKIP = 3
@@ -160,18 +163,24 @@ def report(run_dir: str | Path, *, skip: int = DEFAULT_SKIP, nccl_logs: list[str
         notes.append("no collective time recorded (log.collective()): in a loop that syncs every step each "
                      "rank's step lasts as long as the slowest rank's, so a tail may not show; D is not measured")
     # flowchart evidence: measured values only
+    step_med = statistics.median(s["step_ms"] for s in stats.values())
+    split_pct = tail_pct  # the tail split's own % (over the on-time ranks' figure), kept beside
+    tail_pct = tail_pct_of_step({r: st[f"{basis}_ms"] for r, st in stats.items()}, tail, step_med)
+    on_time = [r for r in ranks if r not in tail] or ranks
     ev: dict[str, Any] = {"rank_tail_pct": tail_pct, "n_ranks": len(ranks), "metric_sources": {
-        "slowdown_vs_floor": "median over ranks of each rank's p10 compute (step minus collectives) over its "
-                             "declared work at its capture probe's GEMM/copy rates",
+        "slowdown_vs_floor": "median over the on-time ranks (the tail ranks left out: a rank that stalls the "
+                             "others is K's question, not the device's) of each rank's p10 compute (step minus "
+                             "collectives) over its declared work at its capture probe's GEMM/copy rates",
         "e2e_slowdown": "median step over the median rank's compute (what the ranks' own work predicts)",
-        "rank_tail_pct": f"per-rank median {basis} time from the step logs"}}
+        "rank_tail_pct": f"the slowest rank's median {basis} time minus the on-time ranks' median, in % of the "
+                         "median step, from the step logs"}}
     unmeasured: dict[str, str] = {}
     floors = {r: _probe_floor_ms(caps.get(r), logs[r][0]) for r in ranks}
     slow = {r: stats[r]["compute_p10_ms"] / f for r, f in floors.items() if f}
     for r, v in slow.items():
         stats[r]["slowdown_vs_floor"] = v
     if len(slow) == len(ranks):
-        ev["slowdown_vs_floor"] = statistics.median(slow.values())
+        ev["slowdown_vs_floor"] = statistics.median(slow[r] for r in on_time)
     elif missing_caps:
         unmeasured["B"] = (f"capture missing for ranks {missing_caps}: no probe baseline to set a floor "
                            "(call hwlab.core.capture.capture(run_dir, probe=True) at startup)")
@@ -208,6 +217,7 @@ def report(run_dir: str | Path, *, skip: int = DEFAULT_SKIP, nccl_logs: list[str
     routes = _routes(run_dir, caps, [Path(x) for x in nccl_logs or []])
     rep = {"run_dir": str(run_dir), "n_ranks": len(ranks), "skip": skip, "basis": basis,
            "per_rank": {str(r): stats[r] for r in ranks}, "tail_ranks": tail, "rank_tail_pct": tail_pct,
+           "tail_over_on_time_pct": split_pct, "median_step_ms": step_med,
            "capture": {"missing_ranks": missing_caps, "present": bool(caps),
                        "topology": {h: n.get("topology_source") for h, n in nodes.items()}},
            "mapping_warnings": findings, "placement": {str(k): v for k, v in placement.items()},
@@ -318,7 +328,7 @@ def _incident(rep: dict[str, Any], d: flowchart.Diagnosis, caps: dict[int, dict[
     lines += rep["mapping_warnings"] + [f"not measured ({q}): {why}" for q, why in rep["flowchart"]["unmeasured"].items()]
     inc = incident.from_diagnosis(
         f"rank tail in {Path(rep['run_dir']).name}", ev, d, symptom_scope="multi-GPU",
-        symptom=(f"ranks {rep['tail_ranks']} finish {rep['rank_tail_pct']:.0f}% after the others "
+        symptom=(f"ranks {rep['tail_ranks']} take {rep['rank_tail_pct']:.0f}% of the median step longer than the others "
                  f"({rep['basis']} time) over {rep['n_ranks']} ranks") if rep["tail_ranks"] else
                 f"no tail rank over {rep['n_ranks']} ranks (spread {rep['rank_tail_pct']:.0f}%)",
         fix=fix, reverify="re-run with the same capture and step log; `hwlab ranks` reports rank_tail_pct < 10%",
@@ -337,7 +347,7 @@ def render(rep: dict[str, Any]) -> str:
                    f"{s['step_p10_ms']:>7.2f}-{s['step_p90_ms']:<7.2f} {s['compute_ms']:>9.2f} {s['arrival_ms']:>9.2f}  "
                    + ", ".join(f"{k} {v:.2f}" for k, v in s["coll_ms"].items()))
     if rep["tail_ranks"]:
-        out.append(f"TAIL: ranks {rep['tail_ranks']} ({rep['basis']} time {rep['rank_tail_pct']:.0f}% over the "
+        out.append(f"TAIL: ranks {rep['tail_ranks']} ({rep['basis']} time {rep['rank_tail_pct']:.0f}% of the median step over the "
                    f"others' median; split at a jump >= {TAIL_JUMP}x)")
     elif not (rep["spikes"]["global_steps"] or rep["spikes"]["local"]):
         out.append(f"no tail, no spikes (largest spread {rep['rank_tail_pct']:.0f}%, {rep['basis']} time; "

@@ -8,11 +8,22 @@ rule behind each part:
   communication time (NCCL kernels, or gloo's worker spans); *exposed* communication (not under
   busy time); idle (neither); *own* time = step minus exposed communication (what the rank's own
   work costs it, the StepLog report's "compute"). Medians over steps, p10-p90 beside the step.
-  Steps are the host's ``ProfilerStep`` windows; kernels count in the window they ran in, so a
-  job that never waits for the GPU shifts its kernels into later windows (a loop that reads a loss
-  or runs a blocking collective each step does wait).
-* **Per collective**, matched across ranks by process group and sequence number when every
-  rank's trace carries them, else by order of the same collective. Host clocks of several hosts
+  Steps are the host's ``ProfilerStep`` windows; on a GPU each kernel counts in the step whose
+  window holds its host launch (correlation id), so a device that runs behind the host is not
+  read as idle; the share of device time outside the windows is noted (over
+  :data:`DEVICE_OUTSIDE_NOTE_PCT`), and kernels without a launch event count in the window they
+  ran in. A trace without ``ProfilerStep`` spans is read as one step, said.
+* **Which files, which job**: traces are found by content (:func:`hwlab.core.kineto.discover_traces`),
+  every other file listed with why. A folder whose traces disagree on the world size, name one
+  process group with different sizes, or were recorded more than :data:`JOB_SPAN_S` apart is
+  refused, naming the files. Ranks missing against the world size (absent or unreadable) make
+  the answer undecided (the CLI exits 4), naming them.
+* **Per collective**, matched across ranks by process group and sequence number where every
+  rank recorded them; the rest by name and process group in order, a pair kept only when the
+  ranks' intervals overlap on one clock (one host, the same steps overlapping); without a shared
+  clock by order alone, said. Unmatched collectives are counted, never paired by guess. NCCL
+  kernels are named by the host op around their launch (:mod:`hwlab.core.kineto`). With one
+  rank, its collectives are listed (:func:`collective_table`). Host clocks of several hosts
   may disagree, so arrival is read from each rank's time *inside* the collective, which needs no
   common clock: the last rank to arrive waits least, so its time inside is the shortest; each
   rank's wait is its time inside minus that shortest time, and the skew is the largest wait.
@@ -38,12 +49,15 @@ rule behind each part:
   the overlap figure says how much was hidden. Without ``link_gbps`` the two are not separated
   and the report says so. The link is named (backend, hosts, ranks), never a rank.
 * **Clean**: no slow rank and no link finding: nothing is named; the CLI exits 0.
+* **Machine and workload** from the traces (``deviceProperties``, host names; backward ops and
+  optimizer steps make it a training job, whose M actions differ: :data:`hwlab.diagnosis.flowchart.LEAF_VARIANTS`).
 * **Flowchart** on measured values only: B ``slowdown_vs_floor`` (peer floor, above); D
   ``e2e_slowdown`` = median step over the median rank's own time; K ``rank_tail_pct`` (own-time
   tail) and ``collective_floor_pct``.
 """
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 from collections import Counter
@@ -65,16 +79,19 @@ MIN_MATCHED = 5           # ... of at least five matched collectives
 LINK_FLOOR_PCT = 25.0     # = the flowchart's K criterion on collective_floor_pct
 SLOW_LINK_FRACTION = 0.5  # bus bandwidth under half the link's: the link is slow
 SINGLE_DEVICE_SLOW = 1.5  # = the flowchart's B threshold
+DEVICE_OUTSIDE_NOTE_PCT = 10.0  # device time outside the host steps worth a note (the GPU runs behind)
 
+#: nccl-tests' bus-bandwidth factors (doc/PERFORMANCE.md there), by coll_key spelling
 _BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
-               "reducescatter": lambda n: (n - 1) / n}
+               "reducescatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
+               "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
+JOB_SPAN_S = 3600.0  # traces of one job are recorded within this of each other (one profiling window)
 
 
 def find_traces(folder: str | Path) -> list[Path]:
-    """Trace files under ``folder`` (one level of sub-folders too, as jobs write per-host ones)."""
-    d = Path(folder)
-    files = [p for pat in ("*", "*/*") for p in sorted(d.glob(pat)) if p.is_file() and kineto.is_trace_name(p)]
-    return files
+    """Trace files under ``folder`` (one level of sub-folders too, as jobs write per-host ones),
+    recognised by content (:func:`hwlab.core.kineto.discover_traces`, which also says what it skipped)."""
+    return kineto.discover_traces(folder)[0]
 
 
 def looks_like_traces(folder: str | Path) -> bool:
@@ -112,20 +129,70 @@ def _clip_all(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> lis
     return out
 
 
+def _in_step(launch: float | None, lo: float, hi: float, iv: tuple[float, float]) -> list[tuple[float, float]]:
+    """The part of device interval ``iv`` that belongs to the step [lo, hi): all of it when its host
+    launch lies in the step (attributed by correlation id), else (no launch event) the part that ran in
+    the step's window."""
+    if launch is not None:
+        return [iv] if lo <= launch < hi else []
+    return _clip([iv], lo, hi)
+
+
 def _rank_steps(t: kineto.RankTrace) -> list[dict[str, Any]]:
-    busy_src = [(ts, ts + d) for ts, d, _ in t.kernels] if t.on_gpu else [(ts, ts + d) for ts, d in t.host_ops]
-    comm_src = [(c.ts_us, c.ts_us + c.dur_us) for c in t.collectives]
+    """Per step: host step time; busy, communication, exposed communication and idle. On a GPU
+    trace device work counts in the step whose host window launched it (correlation id), so a
+    device that runs behind the host is not read as idle (and its lag is reported); the idle time
+    is then the gaps inside the step's own device work. Without a launch event a kernel counts in
+    the window it ran in."""
+    launches = t.kernel_launch_us or [None] * len(t.kernels)
+    if t.on_gpu:
+        busy_src = [(la, (ts, ts + d)) for (ts, d, _), la in zip(t.kernels, launches)]
+        comm_src = [(c.launch_us, (c.ts_us, c.ts_us + c.dur_us)) for c in t.collectives]
+    else:
+        busy_src = [(None, (ts, ts + d)) for ts, d in t.host_ops]
+        comm_src = [(None, (c.ts_us, c.ts_us + c.dur_us)) for c in t.collectives]
     rows = []
     for sid, ts, dur in t.steps:
         lo, hi = ts, ts + dur
-        busy, comm = _union(_clip(busy_src, lo, hi)), _union(_clip(comm_src, lo, hi))
+        busy = _union([x for la, iv in busy_src for x in _in_step(la, lo, hi, iv)])
+        comm = _union([x for la, iv in comm_src for x in _in_step(la, lo, hi, iv)])
         comm_us, busy_us = _length(comm), _length(busy)
         exposed_us = _minus(comm, busy)
-        both = _length(_union(busy + comm))
+        work = _union(busy + comm)
+        both = _length(work)
+        if t.on_gpu and work and work[-1][1] > hi:  # the device ran behind: idle = gaps in its own work
+            idle_us = (work[-1][1] - work[0][0]) - both
+            after_us = _length(_clip(work, hi, float("inf")))
+        else:
+            idle_us, after_us = dur - both, 0.0
         rows.append({"step": sid, "step_ms": dur / 1e3, "busy_ms": busy_us / 1e3, "comm_ms": comm_us / 1e3,
-                     "exposed_comm_ms": exposed_us / 1e3, "idle_ms": (dur - both) / 1e3,
-                     "own_ms": (dur - exposed_us) / 1e3})
+                     "exposed_comm_ms": exposed_us / 1e3, "idle_ms": idle_us / 1e3,
+                     "own_ms": (dur - exposed_us) / 1e3, "device_after_step_ms": after_us / 1e3,
+                     "device_lag_ms": max(0.0, (work[-1][1] - hi) / 1e3) if work else 0.0})
     return rows
+
+
+def _device_outside(t: kineto.RankTrace) -> dict[str, Any] | None:
+    """How much device time ran outside the host step windows, and how much of it the launch
+    correlation attributed to a step (the rest is unattributed: reported, not guessed)."""
+    if not t.on_gpu or not t.steps:
+        return None
+    wins = _union([(ts, ts + d) for _, ts, d in t.steps])
+    launches = t.kernel_launch_us or [None] * len(t.kernels)
+    items = [(la, ts, ts + d) for (ts, d, _), la in zip(t.kernels, launches)] + \
+        [(c.launch_us, c.ts_us, c.ts_us + c.dur_us) for c in t.collectives if c.on == "gpu"]
+    total = sum(b - a for _, a, b in items)
+    if total <= 0:
+        return None
+    inside = sum(_length(_clip(wins, a, b)) for _, a, b in items)
+    outside = total - inside
+    unattributed = sum((b - a) - _length(_clip(wins, a, b)) for la, a, b in items
+                       if la is None or not any(lo <= la < hi for lo, hi in wins))
+    last_end = wins[-1][1]
+    after_last = sum(_length(_clip([(a, b)], last_end, float("inf"))) for _, a, b in items)
+    return {"outside_steps_pct": 100.0 * outside / total, "after_last_step_pct": 100.0 * after_last / total,
+            "unattributed_pct": 100.0 * unattributed / total,
+            "n_launch_ids_pct": 100.0 * sum(la is not None for la, _, _ in items) / len(items)}
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -139,34 +206,114 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "overlap_hidden_pct": 100.0 * hidden / comm if comm > 0 else None}
 
 
-def _match(traces: dict[int, kineto.RankTrace]) -> tuple[list[dict[int, kineto.Collective]], str, list[str]]:
-    """Collectives present on every rank, keyed by (process group, sequence number) when all carry
-    them, else by (name, process group, k-th occurrence)."""
-    notes: list[str] = []
+#: on one clock the ranks' intervals of one collective share a moment (every rank is inside it when the last
+#: one arrives); no slack: kernels that merely abut (one ends 15 us before the other starts) are not one collective
+CLOCK_SLACK_US = 0.0
+BY_ID = "process group + sequence number"
+BY_OVERLAP = "name and order, overlapping on one clock"
+BY_ORDER = "name and order (no shared clock to check overlap)"
+
+
+def _shared_clock(traces: dict[int, kineto.RankTrace]) -> bool:
+    """True when the traces' clocks can be compared: every step number the ranks share overlaps in
+    time on every rank (each rank's ``ProfilerStep#N`` is the same step of one job)."""
+    wins = [{n: (ts, ts + d) for n, ts, d in t.steps} for t in traces.values()]
+    common = set.intersection(*(set(w) for w in wins)) if wins else set()
+    return bool(common) and all(max(w[n][0] for w in wins) <= min(w[n][1] for w in wins) + CLOCK_SLACK_US
+                                for n in common)
+
+
+def _overlap(cs: list[kineto.Collective]) -> bool:
+    return max(c.ts_us for c in cs) < min(c.ts_us + c.dur_us for c in cs) + CLOCK_SLACK_US
+
+
+def _match(traces: dict[int, kineto.RankTrace], one_clock: bool = False) -> dict[str, Any]:
+    """Collectives matched across ranks by the trace's own identity (module docstring): first by
+    process group and sequence number where every rank recorded them; the rest by name and process
+    group in order, a pair kept only when the ranks' intervals overlap on one clock (else left
+    unmatched and counted, never guessed); without a shared clock by order alone, said."""
     colls = {r: t.collectives for r, t in traces.items()}
-    by_seq = all(c.pg is not None and c.seq is not None for cs in colls.values() for c in cs) and \
-        all(colls.values())
-    keyed: dict[int, dict[tuple, kineto.Collective]] = {}
+    ranks = sorted(colls)
+    matched: list[tuple[dict[int, kineto.Collective], str]] = []
+    used: set[int] = set()
+    ids = {r: {(c.pg, c.seq): c for c in cs if c.pg is not None and c.seq is not None} for r, cs in colls.items()}
+    common = set.intersection(*(set(v) for v in ids.values())) if ids else set()
+    id_no_overlap = 0
+    for key in common:
+        m = {r: ids[r][key] for r in ranks}
+        if one_clock and not _overlap(list(m.values())):
+            id_no_overlap += 1
+        matched.append((m, BY_ID))
+        used.update(id(c) for c in m.values())
+    rest: dict[int, dict[tuple, list[kineto.Collective]]] = {}
     for r, cs in colls.items():
-        k: dict[tuple, kineto.Collective] = {}
-        seen: Counter = Counter()
+        g: dict[tuple, list[kineto.Collective]] = {}
         for c in cs:
-            if by_seq:
-                key = (c.pg, c.seq)
-            else:
-                key = (c.name, c.pg or "", seen[(c.name, c.pg)])
-                seen[(c.name, c.pg)] += 1
-            k[key] = c
-        keyed[r] = k
-    common = set.intersection(*(set(k) for k in keyed.values())) if keyed else set()
-    counts = {r: len(k) for r, k in keyed.items()}
-    if len(set(counts.values())) > 1:
-        notes.append(f"ranks recorded different numbers of collectives {counts}: matched the {len(common)} "
-                     "present on every rank")
-    first = min(traces)
-    order = sorted(common, key=lambda key: keyed[first][key].ts_us)
-    return [{r: keyed[r][key] for r in keyed} for key in order], \
-        ("process group + sequence number" if by_seq else "order of each collective per process group"), notes
+            if id(c) not in used:
+                g.setdefault((c.name, c.pg or ""), []).append(c)
+        rest[r] = g
+    keys = set.intersection(*(set(g) for g in rest.values())) if rest else set()
+    for key in sorted(keys):
+        lists = {r: rest[r][key] for r in ranks}
+        pos = {r: 0 for r in ranks}
+        while all(pos[r] < len(lists[r]) for r in ranks):
+            heads = {r: lists[r][pos[r]] for r in ranks}
+            if not one_clock:
+                matched.append((heads, BY_ORDER))
+            elif _overlap(list(heads.values())):
+                matched.append((heads, BY_OVERLAP))
+            else:  # the one that ends first has no partner on some rank: unmatched, counted
+                r0 = min(ranks, key=lambda r: heads[r].ts_us + heads[r].dur_us)
+                pos[r0] += 1
+                continue
+            for r in ranks:
+                pos[r] += 1
+    on_rank = Counter(r for m, _ in matched for r in m)
+    unmatched = {r: len(colls[r]) - on_rank[r] for r in ranks}
+    methods = Counter(how for _, how in matched)
+    first = min(ranks)
+    matched.sort(key=lambda mh: mh[0][first].ts_us)
+    notes = []
+    if any(unmatched.values()):
+        notes.append(f"collectives without a partner on every rank, left unmatched: "
+                     + ", ".join(f"rank {r} {n} of {len(colls[r])}" for r, n in unmatched.items()))
+    if id_no_overlap:
+        notes.append(f"{id_no_overlap} collectives matched by process group + sequence number do not overlap "
+                     "in time on the shared clock: the clocks or the recorded sequence numbers disagree")
+    if methods.get(BY_ORDER):
+        notes.append(f"{methods[BY_ORDER]} collectives matched by order only: the ranks share no clock to "
+                     "check that they overlap, and the trace records no sequence numbers")
+    return {"matched": matched, "methods": dict(methods), "unmatched": unmatched, "notes": notes}
+
+
+def _bus_factor(c: kineto.Collective, n: int) -> float:
+    return _BUS_FACTOR.get(c.name, lambda n: 1.0)(n)
+
+
+def collective_table(t: kineto.RankTrace, n_ranks: int) -> list[dict[str, Any]]:
+    """One rank's collectives, grouped by name, process group and size: count, time in them and
+    bus bandwidth by the nccl-tests formula (algbw = bytes / time, busbw = algbw x the collective's
+    factor for its group size; an all-gather's bytes are its output, as nccl-tests counts them).
+    The time is the rank's time inside the collective, waiting included: a lower bound on the
+    link's bandwidth when ranks arrive apart."""
+    groups: dict[tuple, list[kineto.Collective]] = {}
+    for c in t.collectives:
+        groups.setdefault((c.name, c.pg, c.n_bytes, c.group_size), []).append(c)
+    out = []
+    for (name, pg, nb, gs), cs in sorted(groups.items(), key=lambda kv: -sum(c.dur_us for c in kv[1])):
+        durs = [c.dur_us for c in cs]
+        med_us = statistics.median(durs)
+        size = cs[0].n_bytes_out if name == "allgather" and cs[0].n_bytes_out else nb
+        n = gs or n_ranks
+        alg = size / (med_us * 1e-6) / 1e9 if size and med_us > 0 else None
+        bus = alg * _bus_factor(cs[0], n) if alg is not None and n > 1 else None
+        out.append({"name": name, "pg": pg, "n_bytes": nb, "group_size": gs, "count": len(cs),
+                    "total_ms": sum(durs) / 1e3, "median_ms": med_us / 1e3, "algbw_gbps": alg, "busbw_gbps": bus,
+                    "busbw_note": None if bus is not None else (
+                        "size not recorded (profile with record_shapes=True, or a torch that records "
+                        "record_param_comms)" if not size else "one rank in the group: no bus traffic"),
+                    "on": cs[0].on, "meta_source": Counter(c.meta_source or "kernel name only" for c in cs).most_common(1)[0][0]})
+    return out
 
 
 def _topology_link(folder: Path, ranks: list[int]) -> dict[str, Any] | None:
@@ -181,7 +328,7 @@ def _topology_link(folder: Path, ranks: list[int]) -> dict[str, Any] | None:
         if not caps:
             continue
         by = {c["rank"]: c for c in caps}
-        if not all(r in by and by[r]["device"].get("gpu") for r in ranks):
+        if not all(r in by and (by[r].get("device") or {}).get("gpu") for r in ranks):
             return None
         hosts = {by[r]["host"] for r in ranks}
         node = nodes.get(next(iter(hosts))) if len(hosts) == 1 else None
@@ -204,38 +351,119 @@ def _busbw_gbps(c: kineto.Collective, n_ranks: int, t_us: float) -> float | None
     return c.n_bytes * f / (t_us * 1e-6) / 1e9
 
 
+def _ranges(rs: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    out, i = [], 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ", ".join(out[:20]) + (f" (+{len(out) - 20} more)" if len(out) > 20 else "")
+
+
+def _machine(traces: dict[int, kineto.RankTrace], hosts: list[str]) -> dict[str, Any]:
+    """The machine the traces were recorded on, from the traces themselves (``deviceProperties``,
+    host names in the trace or its file name), never the machine reading them."""
+    names = sorted({n for t in traces.values() for n in t.device_names})
+    on_gpu = any(t.on_gpu for t in traces.values())
+    n_dev = max((len(t.devices) for t in traces.values()), default=0)
+    device = ", ".join(names) if names else ("GPU (not named in the traces)" if on_gpu else
+                                             "no GPU (CPU ranks, gloo)")
+    return {"device": device, "is_gpu": on_gpu, "host": ", ".join(h for h in hosts if h != "?") or
+            "not in the traces (no host name in the trace or its file name)",
+            "devices_per_host": n_dev or None, "source": "the profiler traces (deviceProperties, host names)"}
+
+
+def _one_job(read: list[kineto.RankTrace]) -> None:
+    """Refuse traces of several jobs in one folder: different world sizes, different process-group
+    configurations, or recording times more than :data:`JOB_SPAN_S` apart (the files are named)."""
+    def name(t: kineto.RankTrace) -> str:
+        return Path(t.path).name
+
+    def refuse(what: str, groups: dict[Any, list[str]]) -> None:
+        raise UserInputError(f"these traces come from different jobs ({what}: " + "; ".join(
+            f"{k}: {', '.join(v)}" for k, v in groups.items()) + "): put each job's traces in a folder of its own")
+
+    worlds: dict[Any, list[str]] = {}
+    for t in read:
+        if t.world_size:
+            worlds.setdefault(t.world_size, []).append(name(t))
+    if len(worlds) > 1:
+        refuse("world sizes", {f"world size {k}": v for k, v in worlds.items()})
+    # one job's ranks may each list only the groups they belong to; a contradiction is the same
+    # process group named with a different description or size in two traces
+    seen: dict[str, tuple[Any, ...]] = {}
+    where: dict[str, str] = {}
+    for t in read:
+        for g in t.pg_config:
+            if not isinstance(g, dict) or g.get("pg_name") is None:
+                continue
+            k = str(g["pg_name"])
+            v = (g.get("pg_desc"), g.get("pg_size") or len(g.get("ranks") or []))
+            if k in seen and seen[k] != v:
+                refuse(f"process group {k} differs", {f"{seen[k][0]} of {seen[k][1]} ranks": [where[k]],
+                                                      f"{v[0]} of {v[1]} ranks": [name(t)]})
+            seen.setdefault(k, v)
+            where.setdefault(k, name(t))
+    when = sorted((t.recorded_unix_s, name(t)) for t in read if t.recorded_unix_s)
+    if len(when) > 1 and when[-1][0] - when[0][0] > JOB_SPAN_S:
+        import datetime as _dt
+
+        def day(x: float) -> str:
+            return _dt.datetime.fromtimestamp(x, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        refuse(f"recorded {(when[-1][0] - when[0][0]) / 86400:.1f} days apart, more than {JOB_SPAN_S / 3600:g} h",
+               {f"recorded {day(w)}": [n] for w, n in (when[0], when[-1])})
+
+
 def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
            progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
     """Read every trace under ``folder`` and analyse them together (module docstring)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise UserInputError(f"{folder} is not a folder: pass the folder your profiler wrote its traces to")
-    files = find_traces(folder)
+    files, skipped = kineto.discover_traces(folder)
+    skipped_out = [{"file": str(f), "why": why} for f, why in skipped]
     if not files:
-        raise UserInputError(f"no profiler traces (*.pt.trace.json[.gz], *trace.json[.gz]) in {folder}: "
-                             "profile with torch.profiler and tensorboard_trace_handler(DIR)")
+        raise UserInputError(f"no profiler traces in {folder} (no .json / .json.gz file starts like one; "
+                             f"{len(skipped)} other file(s) skipped): profile with torch.profiler and "
+                             "tensorboard_trace_handler(DIR)")
     if link_gbps is not None and not link_gbps > 0:
         raise UserInputError("--link-gbps must be a positive bus bandwidth in GB/s")
     problems: list[str] = []
+    unreadable: list[dict[str, str]] = []
     traces: dict[int, kineto.RankTrace] = {}
     unranked: list[kineto.RankTrace] = []
+    read: list[kineto.RankTrace] = []
+    notes: list[str] = []
     for f in files:
         cb = (lambda done, total, f=f: progress(str(f), done, total)) if progress else None
         try:
             t = kineto.read_trace(f, progress=cb)
         except kineto.TraceError as e:
             problems.append(str(e))
+            unreadable.append({"file": str(f), "why": str(e)})
             continue
+        read.append(t)
+    _one_job(read)
+    for t in read:
         if not t.steps:
-            problems.append(f"{f}: no ProfilerStep#N spans (profile with a schedule and call prof.step()), left out")
-            continue
+            ends = [ts + d for ts, d, _ in t.kernels] + [c.ts_us + c.dur_us for c in t.collectives] + \
+                [ts + d for ts, d in t.host_ops]
+            los = [ts for ts, _, _ in t.kernels] + [c.ts_us for c in t.collectives] + [ts for ts, _ in t.host_ops]
+            if not los:
+                problems.append(f"{t.path}: no ProfilerStep#N spans and no kernels, collectives or operators, left out")
+                continue
+            t.steps = [(0, min(los), max(ends) - min(los))]
+            notes.append(f"{Path(t.path).name}: no ProfilerStep#N spans (profile with a schedule and call "
+                         "prof.step()): the whole trace is read as one step")
         if t.rank is None:
             unranked.append(t)
         elif t.rank in traces:
-            problems.append(f"{f}: rank {t.rank} already read from {traces[t.rank].path}, left out")
+            problems.append(f"{t.path}: rank {t.rank} already read from {traces[t.rank].path}, left out")
         else:
             traces[t.rank] = t
-    notes: list[str] = []
     if unranked:
         free = (r for r in range(10 ** 6) if r not in traces)
         for t in unranked:
@@ -247,6 +475,7 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
     ranks = sorted(traces)
     worlds = {t.world_size for t in traces.values() if t.world_size}
     world = max(worlds) if worlds else None
+    missing = [r for r in range(world) if r not in traces] if world else []
     hosts = sorted({t.host or "?" for t in traces.values()})
     backends = sorted({t.backend for t in traces.values() if t.backend})
     if len(hosts) > 1:
@@ -264,18 +493,37 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
         s = _summary(rows)
         s.update({"host": t.host or "?", "pid": t.pid, "file": Path(t.path).name, "rank_source": t.rank_source,
                   "device": "GPU kernels" if t.on_gpu else "host (CPU ranks)",
-                  "n_collectives": len(t.collectives), "n_kernels": len(t.kernels)})
+                  "device_names": t.device_names, "workload": t.workload,
+                  "n_collectives": len(t.collectives), "n_kernels": len(t.kernels),
+                  "collective_identity": dict(Counter(c.meta_source or ("kernel name only" if c.on == "gpu" else
+                                                                        "gloo span name") for c in t.collectives)),
+                  "device_outside_steps": _device_outside(t)})
         per_rank[str(r)] = s
+        out = s["device_outside_steps"]
+        if out and out["outside_steps_pct"] >= DEVICE_OUTSIDE_NOTE_PCT:
+            notes.append(
+                f"rank {r}: {out['outside_steps_pct']:.0f}% of device time ran outside the host's ProfilerStep "
+                f"windows ({out['after_last_step_pct']:.0f}% after the last one ended; the device runs behind "
+                f"the host by up to {max(x['device_lag_ms'] for x in rows):.1f} ms): "
+                + (f"{out['unattributed_pct']:.0f}% has no launch event to attribute it and is left out of the "
+                   "steps" if out["unattributed_pct"] >= 1 else
+                   "each kernel is counted in the step that launched it (correlation id)"))
     ranks = sorted(rows_by)
     if not ranks:
         raise UserInputError(f"no trace in {folder} has more than {skip} steps")
     traces = {r: traces[r] for r in ranks}
-    matched, match_by, mnotes = _match(traces) if len(ranks) > 1 else ([], "one rank: nothing to match", [])
-    notes += mnotes
-    one_clock = len(hosts) == 1
+    # one clock: one host (or hosts unknown) and the same steps overlap in time on every rank
+    one_clock = len(hosts) == 1 and (_shared_clock(traces) if len(ranks) > 1 else True)
+    mres = _match(traces, one_clock) if len(ranks) > 1 else {"matched": [], "methods": {}, "unmatched": {},
+                                                             "notes": []}
+    matched = [m for m, _ in mres["matched"]]
+    how_by = [h for _, h in mres["matched"]]
+    match_by = ("; ".join(f"{k}: {v}" for k, v in mres["methods"].items()) or "no collective on every rank") \
+        if len(ranks) > 1 else "one rank: its collectives are listed per rank"
+    notes += mres["notes"]
     colls_out, last_count, wait_ms = [], Counter(), {r: 0.0 for r in ranks}
     agree = 0
-    for m in matched:
+    for m, how in zip(matched, how_by):
         durs = {r: c.dur_us for r, c in m.items()}
         last = min(durs, key=durs.get)
         floor_us = durs[last]
@@ -286,7 +534,8 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
         c0 = m[last]
         row = {"name": c0.name, "pg": c0.pg, "seq": c0.seq, "n_bytes": c0.n_bytes, "last": last,
                "skew_ms": max(waits.values()), "inside_ms": {str(r): d / 1e3 for r, d in durs.items()},
-               "link_ms": floor_us / 1e3, "busbw_gbps": _busbw_gbps(c0, len(ranks), floor_us)}
+               "link_ms": floor_us / 1e3, "busbw_gbps": _busbw_gbps(c0, len(ranks), floor_us),
+               "matched_by": how, "meta_source": c0.meta_source}
         if one_clock:
             starts = {r: c.ts_us for r, c in m.items()}
             row["last_by_start"] = max(starts, key=starts.get)
@@ -327,9 +576,11 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
     elif tail_pct >= RANK_TAIL_PCT:
         finding = {"kind": "tail_unconfirmed", "names": None,
                    "why": (f"rank {slowest} has the longest own time ({tail_pct:.0f}% of the step over the others') "
-                           f"but the rank arriving last most often is {last_rank} "
-                           f"({100 * last_share:.0f}% of {n_m} collectives; named at >= {100 * need_share:.0f}% "
-                           f"of at least {MIN_MATCHED})")}
+                           + (f"and arrives last in {100 * last_share:.0f}% of {n_m} matched collectives, "
+                              if last_rank == slowest else
+                              f"but the rank arriving last most often is {last_rank} "
+                              f"({100 * last_share:.0f}% of {n_m} matched collectives), ")
+                           + f"a rank is named at >= {100 * need_share:.0f}% of at least {MIN_MATCHED}")}
     link_src = "given (--link-gbps)" if link_gbps else None
     topo_link = _topology_link(folder, ranks) if not link_gbps else None
     if topo_link:
@@ -379,6 +630,11 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
         unmeasured["K"] = "one rank's trace: no tail to measure"
     if floor_pct is not None:
         ev["collective_floor_pct"] = floor_pct
+    kinds = {traces[r].workload for r in ranks}
+    workload = kinds.pop() if len(kinds) == 1 else "mixed"
+    ev["workload"] = workload
+    ev["metric_sources"]["workload"] = ("backward ops / optimizer steps in the traces" if workload == "training"
+                                        else "no backward op and no optimizer step in the traces")
     d = flowchart.diagnose(ev)
     spreads = _spreads(rows_by, slowest if len(ranks) > 1 else None, step_med)
     for metric, thr in (("rank_tail_pct", RANK_TAIL_PCT), ("e2e_slowdown", 1.2)):
@@ -387,14 +643,25 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
             notes.append(f"borderline: {metric} {ev[metric]:.3g} (median), p10-p90 over steps {sp['p10']:.3g}-"
                          f"{sp['p90']:.3g} spans the threshold {thr:g}: a re-run may answer the other way")
     n_of = f"{len(ranks)} of {world} ranks" if world and world != len(ranks) else f"{len(ranks)} ranks"
+    undecided = None
+    if missing:
+        undecided = (f"ranks {_ranges(missing)} of world size {world} have no readable trace"
+                     + (f" (unreadable: {', '.join(Path(u['file']).name for u in unreadable)})" if unreadable else "")
+                     + ": a missing rank may be the slow one, so no answer holds for the job"
+                     + (f"; among the {len(ranks)} present ranks: {finding['kind'].replace('_', ' ')}"))
+    tables = {str(r): collective_table(traces[r], world or len(ranks)) for r in ranks}
     rep: dict[str, Any] = {
         "source": "profiler traces", "run_dir": str(folder), "traces_dir": str(folder), "n_ranks": len(ranks),
         "world_size": world, "ranks_present": n_of, "hosts": hosts, "backends": backends, "skip": skip,
-        "basis": "own", "per_rank": per_rank, "tail_ranks": [finding["rank"]] if finding["kind"] == "slow_rank" else [],
+        "basis": "own", "per_rank": per_rank, "missing_ranks": missing,
+        "recorded_unix_s": [traces[r].recorded_unix_s for r in ranks], "undecided": undecided,
+        "skipped": skipped_out, "unreadable": unreadable, "workload": workload,
+        "machine": _machine(traces, hosts), "collectives_by_rank": tables, "tail_ranks": [finding["rank"]] if finding["kind"] == "slow_rank" else [],
         "own_time_tail": tail, "rank_tail_pct": tail_pct, "finding": finding,
         "collectives": {"matched": n_m, "match_by": match_by, "one_clock": one_clock,
                         "last_by_start_agrees_pct": 100.0 * agree / n_m if one_clock and n_m else None,
-                        "per_collective": colls_out[:200], "link_ms_per_step": link_per_step},
+                        "per_collective": colls_out[:200], "link_ms_per_step": link_per_step,
+                        "methods": mres["methods"], "unmatched": {str(k): v for k, v in mres["unmatched"].items()}},
         "link_gbps": link_gbps, "link_gbps_source": link_src, "mapping_warnings": [], "spreads": spreads,
         "flowchart": {"evidence": ev, "path": d.path, "leaf": d.leaf_id,
                       "unmeasured": {k: v for k, v in unmeasured.items() if v}, "explain": d.explain()},
@@ -456,7 +723,18 @@ def _incident_draft(rep: dict[str, Any], d: flowchart.Diagnosis) -> dict[str, An
                      f"arrived last {last} [profiler trace]")
     lines += [f"not measured ({q}): {why}" for q, why in rep["flowchart"]["unmeasured"].items()] + rep["notes"]
     waits = {r: s["total_wait_ms"] for r, s in rep["per_rank"].items() if s["total_wait_ms"] is not None}
-    inc = incident.from_diagnosis(title, None, d, symptom_scope="multi-GPU", symptom=symptom, fix=fix,
+    if rep.get("undecided"):
+        title = f"undecided: ranks missing in {Path(rep['traces_dir']).name}"
+        symptom = rep["undecided"]
+        fix = "draft: collect a complete trace from every rank (the missing ones named above), then re-run"
+    from hwlab.core.evidence import Evidence
+    m = rep["machine"]
+    when = [t for t in rep.get("recorded_unix_s", []) if t]
+    import datetime as _dt
+    ev = Evidence(kind="profiler_trace", machine={"device": m["device"], "host": m["host"], "is_gpu": m["is_gpu"]},
+                  recorded_at=_dt.datetime.fromtimestamp(min(when), _dt.timezone.utc).isoformat(timespec="seconds")
+                  if when else "unknown (the traces carry no Unix time)")
+    inc = incident.from_diagnosis(title, ev, d, symptom_scope="multi-GPU", symptom=symptom, fix=fix,
                                   reverify=reverify, rank_mapping=", ".join(
                                       f"{r}->{s['host']} ({s['rank_source']})" for r, s in rep["per_rank"].items()),
                                   extra_evidence=lines, collective_wait_ms=waits or None)
@@ -484,7 +762,24 @@ def render(rep: dict[str, Any]) -> str:
                    f"{s['busy_ms']:>8.2f} {s['comm_ms']:>8.2f} {s['exposed_comm_ms']:>8.2f} {s['idle_ms']:>8.2f} "
                    f"{s['own_ms']:>8.2f} {last:>6} {wait:>8}  {s['rank_source']}")
     c = rep["collectives"]
-    line = f"collectives matched on every rank: {c['matched']} (by {c['match_by']})"
+    for r, rows in rep.get("collectives_by_rank", {}).items():
+        if rows and (len(rep["per_rank"]) == 1 or not c["matched"]):
+            out.append(f"rank {r} collectives (time inside, waiting included; bus bandwidth by the nccl-tests formula):")
+            for x in rows[:12]:
+                bw = (f"algbw {x['algbw_gbps']:.3g} GB/s, busbw {x['busbw_gbps']:.3g} GB/s" if x["busbw_gbps"] is not None
+                      else (f"algbw {x['algbw_gbps']:.3g} GB/s, " if x["algbw_gbps"] is not None else "")
+                      + f"busbw -- ({x['busbw_note']})")
+                out.append(f"  {x['name']:<14} pg {x['pg'] or '?':<4} {_fmt_bytes(x['n_bytes']):>9} x{x['count']:<4} "
+                           f"{x['total_ms']:.3f} ms (median {x['median_ms']:.3f}); {bw} [{x['meta_source']}]")
+    ident = Counter()
+    for s in rep["per_rank"].values():
+        ident.update(s.get("collective_identity") or {})
+    if ident:
+        out.append("collective names and sizes from: " + "; ".join(f"{k}: {v}" for k, v in ident.most_common()))
+    line = (f"collectives matched on every rank: {c['matched']} (by {c['match_by']})" if len(rep["per_rank"]) > 1
+            else "one rank's trace: its collectives are listed above, no other rank to pair them with")
+    if c.get("unmatched") and any(c["unmatched"].values()):
+        line += "; unmatched " + ", ".join(f"rank {r}: {n}" for r, n in c["unmatched"].items())
     if c["last_by_start_agrees_pct"] is not None:
         line += f"; one host clock: start-time order agrees on the last arriver in {c['last_by_start_agrees_pct']:.0f}%"
     out.append(line)
@@ -501,14 +796,37 @@ def render(rep: dict[str, Any]) -> str:
                    f"{f['overlap_hidden_pct']:.0f}% of communication hidden under compute")
     elif f["kind"] == "tail_unconfirmed":
         out.append(f"no rank named: {f['why']}")
-    else:
+    elif not rep.get("undecided"):
         out.append(f"no slow rank and no slow link (own-time spread {rep['rank_tail_pct']:.0f}%)")
+    if rep.get("undecided"):
+        out.append(f"UNDECIDED: {rep['undecided']}")
     sp = rep.get("spreads") or {}
     if sp:
         out.append("spread over steps (p10-p90): " + "; ".join(
             f"{k} {v['p10']:.3g}-{v['p90']:.3g}" for k, v in sp.items()))
+    m = rep.get("machine") or {}
+    if m:
+        out.append(f"machine (from the traces): {m['device']}; host {m['host']}; workload: {rep['workload']} "
+                   "(backward ops / optimizer steps in the traces)" if rep["workload"] == "training" else
+                   f"machine (from the traces): {m['device']}; host {m['host']}; workload: {rep['workload']}")
     out += render_tail(rep, "from these traces")
+    for u in rep.get("skipped", []):
+        out.append(f"not a trace: {u['file']}: {u['why']}")
     return "\n".join(out)
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if not n:
+        return "? bytes"
+    for unit, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= f:
+            return f"{n / f:.3g} {unit}"
+    return f"{n} B"
+
+
+def is_undecided(rep: dict[str, Any]) -> bool:
+    """Ranks missing against the world size the traces state: the CLI exits 4 (undecided)."""
+    return bool(rep.get("undecided"))
 
 
 def has_finding(rep: dict[str, Any]) -> bool:

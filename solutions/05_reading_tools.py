@@ -1,0 +1,82 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Solution 05 · Read the raw outputs of another run
+#
+# **Needs:** nothing (recorded outputs). **Takes:** reading time; it executes in seconds (`docs/LEARNING_PATH.md`).
+#
+# Notebook 09's questions, on recordings it does not show: four ranks of another job, another Lab 1 case,
+# another Lab 2 tile and another machine's topology. Read each output (in Perfetto too: drag a
+# `.pt.trace.json.gz` onto <https://ui.perfetto.dev>), fill the cells marked `# YOUR CODE HERE`, and run the
+# checks at the end. Each check grades your numbers and the evidence you cite against the same recording.
+
+# %%
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from hwlab.core import evidence, trace_events
+from hwlab.diagnosis import reading_checks as check, reading_facts as facts
+
+ROOT = Path.cwd().parent if Path.cwd().name in ("exercises", "solutions") else Path.cwd()
+RANKS = ROOT / "tests" / "data" / "traces" / "slow_link_tbf"
+RANK0 = sorted(RANKS.glob("*.pt.trace.json.gz"))[0]
+print(f"{RANKS.name}: {facts.trace_label(RANK0)}, 4 gloo ranks; files:", sorted(p.name for p in RANKS.glob("*.json.gz")))
+rows, window = facts.ranks_timeline(RANKS)
+trace_events.timeline_figure(rows, window_us=window, t0_us=window[0], title="three steps, every rank")
+plt.show()
+
+# %% [markdown]
+# **1.** The late rank (or `"none"`), the time the ranks that arrived early spend inside the collective
+# (ms), and the span you timed. Then, on `RANK0`'s main thread, the longest gap between two top-level
+# operators inside a step (ms): time the host launched nothing.
+
+# %% tags=["learner"]
+# every rank sits in gloo:all_reduce for about as long (no rank waits least): no late rank, the link
+MY_RANKS = {"late_rank": "none", "wait_ms": 137, "span": "gloo:all_reduce"}
+# rank 0 main thread: the matmuls end, then nothing until the all-reduce is enqueued
+MY_GAP = {"gap_ms": 20.3}
+
+# %% [markdown]
+# **2.** Lab 1's strided walk and Lab 2's `256x256x64 w4 s2` tile under Nsight Compute (H200). Read the
+# counted DRAM %, the sector amplification, and the kit's estimate on ncu's denominator; then registers,
+# spills, achieved occupancy and the limit row that binds.
+
+# %%
+print(facts.ncu_lab01_text("strided"))
+print()
+print(facts.ncu_lab02_text("256x256x64 w4 s2"))
+
+# %% tags=["learner"]
+# estimate on the peak: 4.78 % of the ceiling x 4282.5 / 4800 GB/s
+MY_NCU_LAB1 = {"dram_pct": 4.68, "sector_amplification": 16.0, "estimate_pct_of_peak": 4.26}
+# shared memory allows 1 block per SM, registers 2: the smallest limit binds
+MY_NCU_LAB2 = {"registers": 255, "spills": 814, "achieved_occupancy_pct": 6.25,
+               "binding_metric": "launch__occupancy_limit_shared_mem"}
+
+# %% [markdown]
+# **3.** A four-GPU PCIe machine (public capture, `src/hwlab/recorded/topology/`): which pairs of the group
+# cross its slowest link, and which class is it?
+
+# %%
+TOPO = (evidence.RECORDED_DIR / "topology" / "pcie4_2socket_pix_sys.txt").read_text()
+GROUP = [1, 2, 3]
+print(TOPO)
+print("group:", GROUP)
+
+# %% tags=["learner"]
+MY_TOPO = {"pairs": [(1, 2), (1, 3)], "link": "SYS"}  # GPU1 sits on the other socket; GPU2-GPU3 share a switch (PIX)
+
+# %%
+for result in (check.check_rank_wait(RANKS, MY_RANKS), check.check_host_gap(RANK0, MY_GAP),
+               check.check_ncu_lab01("strided", MY_NCU_LAB1), check.check_ncu_lab02("256x256x64 w4 s2", MY_NCU_LAB2),
+               check.check_slow_pairs(TOPO, GROUP, MY_TOPO)):
+    display(result)

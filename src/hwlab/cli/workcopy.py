@@ -1,0 +1,183 @@
+"""The learner's working copy of the kit's notebooks, outside the checkout (``hwlab lab``).
+
+Top floor (serves people). Why a copy: Jupyter saves outputs into the notebook it serves, and the
+committed notebooks must stay output-free and paired with their ``.py`` (tests and ``git pull``
+depend on it). So ``hwlab lab`` serves a copy the learner owns:
+
+* **where**: ``$HWLAB_HOME/work/<checkout name>-<hash of its path>/``, ``$HWLAB_HOME`` defaulting
+  to ``${XDG_DATA_HOME:-~/.local/share}/hwlab``: one copy per checkout, so two clones never share
+  (or overwrite) a learner's work.
+* **what**: ``notebooks/`` and ``exercises/`` (``.ipynb`` only, not the paired ``.py``) and
+  ``examples/`` (notebook 08 examines them from the folder above its own). Not ``solutions/``: a
+  learner should meet the exercise before its answer; an instructor opens the checkout's.
+* **unpaired**: each copied notebook loses its ``jupytext.formats`` pairing, so no save in the
+  copy writes a ``.py`` anywhere, and names the kit's ``hwlab`` kernel where the venv has it.
+* **made once, never overwritten**: the first start copies; later starts copy only files that
+  are missing. ``refresh`` (``hwlab lab --refresh``) replaces only the files the learner has not
+  modified (their bytes still match what was copied) whose source changed in the checkout; where
+  the learner modified a file whose source changed, the kit's new version is written beside it as
+  ``NAME.kit-YYYYMMDD.ipynb`` and the learner's file is kept. A manifest
+  (``.hwlab-copy.json``) records what was copied, as SHA-256 of source and copy.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+#: folders copied, and the file names taken from each
+KIT_FILES = {"notebooks": "*.ipynb", "exercises": "*.ipynb", "examples": "*.py"}
+MANIFEST = ".hwlab-copy.json"
+KERNEL_NAME = "hwlab"
+
+
+@dataclass
+class CopyReport:
+    root: Path
+    made: bool = False                       # the copy was created by this call
+    copied: list[str] = field(default_factory=list)       # new in the copy
+    replaced: list[str] = field(default_factory=list)     # refreshed, not modified by the learner
+    kept: dict[str, str] = field(default_factory=dict)    # learner-modified -> where the kit's new version went
+    stale: list[str] = field(default_factory=list)        # changed in the checkout, not refreshed
+
+
+def hwlab_home() -> Path:
+    if os.environ.get("HWLAB_HOME"):
+        return Path(os.environ["HWLAB_HOME"]).expanduser()
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "hwlab"
+
+
+def copy_root(checkout: Path) -> Path:
+    """The working copy of ``checkout`` (the folder that holds ``notebooks/``)."""
+    real = checkout.resolve()
+    key = hashlib.sha256(str(real).encode()).hexdigest()[:12]
+    return hwlab_home() / "work" / f"{real.name}-{key}"
+
+
+def kit_kernel() -> dict | None:
+    """The kernelspec metadata of the kit's ``hwlab`` kernel in this venv, or None without one."""
+    spec = Path(sys.prefix) / "share" / "jupyter" / "kernels" / KERNEL_NAME / "kernel.json"
+    try:
+        k = json.loads(spec.read_text())
+    except (OSError, ValueError):
+        return None
+    return {"name": KERNEL_NAME, "display_name": k.get("display_name", KERNEL_NAME),
+            "language": k.get("language", "python")}
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def kit_files(checkout: Path) -> dict[str, Path]:
+    out = {}
+    for folder, pattern in KIT_FILES.items():
+        for p in sorted((checkout / folder).glob(pattern)):
+            if p.is_file():
+                out[f"{folder}/{p.name}"] = p
+    return out
+
+
+def learner_version(src: Path, kernel: dict | None) -> bytes:
+    """The bytes the copy gets for ``src``: a notebook unpaired and on the kit's kernel."""
+    data = src.read_bytes()
+    if src.suffix != ".ipynb":
+        return data
+    nb = json.loads(data)
+    meta = nb.setdefault("metadata", {})
+    jt = meta.get("jupytext")
+    if isinstance(jt, dict):
+        jt.pop("formats", None)
+        if not jt:
+            meta.pop("jupytext")
+    if kernel:
+        meta["kernelspec"] = dict(kernel)
+    return (json.dumps(nb, indent=1, ensure_ascii=False) + "\n").encode()
+
+
+def _write_new(path: Path, data: bytes, *, replace: bool = False) -> None:
+    """Write atomically; without ``replace`` an existing file is never touched."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # fails if path exists: no silent overwrite
+            os.unlink(tmp)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _beside(path: Path, day: str) -> Path:
+    cand = path.with_name(f"{path.stem}.kit-{day}{path.suffix}")
+    n = 2
+    while cand.exists():
+        cand = path.with_name(f"{path.stem}.kit-{day}-{n}{path.suffix}")
+        n += 1
+    return cand
+
+
+def prepare(checkout: Path, *, refresh: bool = False, root: Path | None = None,
+            kernel: dict | None = None) -> CopyReport:
+    """Make (first start), complete (missing files) or ``refresh`` the working copy; see the
+    module docstring for what is never overwritten."""
+    root = root or copy_root(checkout)
+    rep = CopyReport(root=root, made=not (root / MANIFEST).exists())
+    man_path = root / MANIFEST
+    man = json.loads(man_path.read_text()) if not rep.made else {"files": {}}
+    files = man.setdefault("files", {})
+    day = datetime.now(timezone.utc).strftime("%Y%m%d")
+    for rel, src in kit_files(checkout).items():
+        data = learner_version(src, kernel)
+        src_sha, dst = _sha(src.read_bytes()), root / rel
+        rec = files.get(rel)
+        if not dst.exists():
+            _write_new(dst, data)
+            files[rel] = {"source_sha256": src_sha, "copy_sha256": _sha(data)}
+            rep.copied.append(rel)
+            continue
+        if rec is None or rec.get("source_sha256") == src_sha:
+            continue  # the learner's own file of that name, or the source did not change
+        if not refresh:
+            rep.stale.append(rel)
+            continue
+        if _sha(dst.read_bytes()) == rec.get("copy_sha256"):
+            _write_new(dst, data, replace=True)
+            files[rel] = {"source_sha256": src_sha, "copy_sha256": _sha(data)}
+            rep.replaced.append(rel)
+        else:
+            side = _beside(dst, day)
+            _write_new(side, data)
+            rec["source_sha256"] = src_sha  # this version is delivered (beside); not stale again
+            rep.kept[rel] = str(side.relative_to(root))
+    if rep.made or rep.copied or rep.replaced or rep.kept:
+        man.update(checkout=str(checkout.resolve()),
+                   updated_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        man.setdefault("made_at", man["updated_at"])
+        _write_new(man_path, (json.dumps(man, indent=1, sort_keys=True) + "\n").encode(), replace=True)
+    return rep
+
+
+def news_off(config_dir: Path) -> Path:
+    """A Jupyter config folder whose ``labconfig/default_setting_overrides.json`` sets JupyterLab's
+    news fetch and update check off (``@jupyterlab/apputils-extension:notification``: with
+    ``fetchNews`` at its default "none" JupyterLab asks every new user whether to fetch news).
+    These are defaults: a choice the user saved in their own settings still wins."""
+    path = config_dir / "labconfig" / "default_setting_overrides.json"
+    want = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false",
+                                                           "checkForUpdates": False}}
+    data = (json.dumps(want, indent=1) + "\n").encode()
+    if not path.exists() or path.read_bytes() != data:
+        _write_new(path, data, replace=True)
+    return config_dir

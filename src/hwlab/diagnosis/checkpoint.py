@@ -1,0 +1,296 @@
+"""Checkpoints: the learner reads the evidence and names the diagnosis before the kit shows its walk.
+
+A :class:`Checkpoint` holds the kit's own walk of one piece of evidence, computed in the same run
+(never a leaf typed into the notebook), the step it asks about, and optionally a quantity the
+learner predicts. :func:`check` grades an :class:`Answer` in this order, and stops at the first miss:
+
+1. **the leaf**: the walk's leaf. A wrong leaf is answered with the first step of the walk whose
+   measured answer rules it out (metric, value, rule): the evidence that contradicts it, never the
+   right leaf's letter or title;
+2. **the metric**: the one that decided the asked step in this evidence (by default the step that
+   leads into the leaf; a checkpoint may ask about another step on the walk). Another metric of the
+   chart, even a true one, is not what decided there;
+3. **the value**: the decided metric's value as read off the evidence shown: inside its measured spread
+   (``metric_spreads``; p10-p90 or the repeats' range) widened by :data:`VALUE_TOL_PCT`, or within
+   :data:`VALUE_TOL_PCT` of the value where no spread was recorded. The tolerance covers a value
+   read from a table printed to three significant digits and rounded by the reader;
+4. **the prediction** (where the lesson has one): within the checkpoint's stated band of what the same
+   run measured (:class:`Prediction`).
+
+An answer with blanks (``None``) is not graded: :func:`check` returns status ``"fill in"`` naming
+what is missing, and nothing is recorded. Every graded answer (not the blanks) is kept in the class
+folder when ``HWLAB_CLASS_DIR`` is set (:func:`hwlab.diagnosis.classroom.record_checkpoint`).
+
+The walk is shown only after a pass: :meth:`Result.walk` returns the one-line walk (or the full text)
+once the answer passed, and otherwise says what is still to answer.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hwlab.diagnosis import classroom, flowchart
+from hwlab.diagnosis import flowchart_checks as checks
+
+#: relative tolerance on a value read off the evidence (the tables print three significant digits;
+#: a reader may round once more), applied to the spread's ends or, without a spread, to the value
+VALUE_TOL_PCT = 5.0
+#: absolute tolerance added to it, so a value of zero read as "0.0" or "0.01" is the same reading
+VALUE_TOL_ABS = 0.01
+
+FILL_IN, PASSED, WRONG, UNDECIDED = "fill in", "passed", "wrong", "undecided"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the learner commits: the leaf, the metric that decides the asked step, its value as read
+    off the evidence, and the predicted quantity (where the checkpoint asks for one)."""
+    leaf: str | None = None
+    metric: str | None = None
+    value: float | None = None
+    prediction: float | None = None
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A quantity the learner predicts and the value the same run measured, with its band: the
+    prediction passes when it lies within ``band_pct`` percent of ``actual`` (relative) or, with
+    ``band_abs``, within that many units (exact counts such as blocks per SM use ``band_abs=0``)."""
+    what: str
+    actual: float
+    unit: str = ""
+    band_pct: float | None = None
+    band_abs: float | None = None
+    why_band: str = ""
+
+    def bounds(self) -> tuple[float, float]:
+        if self.band_abs is not None:
+            return self.actual - self.band_abs, self.actual + self.band_abs
+        half = abs(self.actual) * (self.band_pct or 0.0) / 100.0
+        return self.actual - half, self.actual + half
+
+    def band_text(self) -> str:
+        if self.band_abs is not None:
+            return "exactly" if self.band_abs == 0 else f"within {self.band_abs:g}{self.unit}"
+        return f"within {self.band_pct:g}%"
+
+    def holds(self, p: float) -> bool:
+        lo, hi = self.bounds()
+        return lo - 1e-9 <= p <= hi + 1e-9
+
+
+@dataclass
+class Checkpoint:
+    """One graded question: ``walk`` is the kit's walk of ``evidence`` in this run."""
+    id: str
+    walk: flowchart.Diagnosis
+    evidence: dict[str, Any]
+    #: the question whose deciding metric is asked (None: the step leading into the leaf)
+    step: str | None = None
+    prediction: Prediction | None = None
+    source: str = ""
+
+    def asked(self) -> flowchart.Step | None:
+        steps = self.walk.steps
+        if self.step is not None:
+            on = [s for s in steps if s.question == self.step]
+            if on:
+                return on[0]
+        return steps[-1] if steps else None
+
+
+@dataclass
+class Result:
+    checkpoint: str
+    status: str
+    messages: list[str] = field(default_factory=list)
+    answer: Answer = field(default_factory=Answer)
+    #: the walk, kept to be shown once the answer passed
+    _walk: flowchart.Diagnosis | None = field(default=None, repr=False)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASSED
+
+    def __str__(self) -> str:
+        head = {PASSED: "checkpoint {id}: passed", FILL_IN: "checkpoint {id}: fill in your answer",
+                WRONG: "checkpoint {id}: not yet", UNDECIDED: "checkpoint {id}: the walk does not decide"}
+        return "\n".join([head[self.status].format(id=self.checkpoint)] + [f"  {m}" for m in self.messages])
+
+    def walk(self, full: bool = False) -> str:
+        """The kit's walk (one line, or the full text with ``full``) once this answer passed, or at once
+        where the walk reaches no leaf (nothing to grade; it names what to measure); before that, a line
+        saying the walk waits for the checkpoint."""
+        if (self.passed or self.status == UNDECIDED) and self._walk is not None:  # undecided: it says what to measure
+            return self._walk.render(full=full)
+        return (f"[walk hidden until checkpoint {self.checkpoint} passes: {self.status}; "
+                "answer in the cell above and run it again]")
+
+    def to_record(self) -> dict[str, Any]:
+        return {"checkpoint": self.checkpoint, "status": self.status, "passed": self.passed,
+                "messages": list(self.messages), **asdict(self.answer)}
+
+
+def _ruled_out_by(walk: flowchart.Diagnosis, leaf: str) -> flowchart.Step | None:
+    """The first step of ``walk`` whose measured branch cannot reach ``leaf``."""
+    for s in walk.steps:
+        q = flowchart.QUESTIONS[s.question]
+        took_yes = s.answer == "yes" and not s.overridden
+        if leaf not in classroom.leaves_under(q.yes if took_yes else q.no):
+            return s
+    return None
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def _spread_text(s: flowchart.Step) -> str:
+    return f", spread {_fmt(s.spread[0])}-{_fmt(s.spread[1])}" if s.spread else ""
+
+
+def _contradiction(s: flowchart.Step, leaf: str) -> str:
+    if s.answer == flowchart.NOT_APPLICABLE:
+        return (f"leaf {leaf} needs {s.question} ({s.text}) to apply, but the evidence above makes it not "
+                f"applicable: {s.criterion}. Read those rows again.")
+    want = "NO" if (s.answer == "yes" and not s.overridden) else "YES"
+    if s.overridden:
+        got = f"{s.metric} = {_fmt(s.value)} ({s.criterion}) answers it NO before its own rule is read"
+    else:
+        got = f"{s.metric} = {_fmt(s.value)} (rule {s.criterion}{_spread_text(s)}) answers it {s.answer.upper()}"
+    border = (f" That step is BORDERLINE (its measured spread contains the threshold): a re-run may answer it "
+              f"{want}, but this run's evidence answers it {'NO' if want == 'YES' else 'YES'}; re-run with more "
+              "repeats before acting on either." if s.borderline else "")
+    return (f"leaf {leaf} needs {s.question} ({s.text}) answered {want}, but in the evidence above {got}. "
+            "Read that row again and follow the chart from there." + border)
+
+
+def value_bounds(s: flowchart.Step) -> tuple[float, float]:
+    """The values accepted as read off the evidence for step ``s`` (module doc, item 3)."""
+    v = float(s.value)
+    lo, hi = (min(v, s.spread[0]), max(v, s.spread[1])) if s.spread else (v, v)
+    return (lo - abs(lo) * VALUE_TOL_PCT / 100 - VALUE_TOL_ABS, hi + abs(hi) * VALUE_TOL_PCT / 100 + VALUE_TOL_ABS)
+
+
+def _missing(cp: Checkpoint, a: Answer) -> list[str]:
+    need = [("leaf", f"the leaf: one of the chart's leaves ({', '.join(flowchart.LEAVES)})"),
+            ("metric", "the metric that decides the asked step, as it is named in the evidence table"),
+            ("value", "that metric's value, read off the evidence table")]
+    if cp.prediction is not None:
+        need.append(("prediction", f"your prediction: {cp.prediction.what}"))
+    return [f"{k} = ...  ({why})" for k, why in need if getattr(a, k) is None]
+
+
+def check(cp: Checkpoint, answer: Answer | None, *, record: bool = True, learner: str | None = None) -> Result:
+    """Grade ``answer`` on ``cp`` (module doc); record it in the class folder when one is set."""
+    a = answer or Answer()
+    res = Result(cp.id, FILL_IN, answer=a, _walk=cp.walk)
+    missing = _missing(cp, a)
+    if missing:
+        res.messages = ["still blank: " + m for m in missing]
+        return res
+    res.status = WRONG
+    leaf = str(a.leaf).strip().upper()
+    if cp.walk.leaf is None:
+        res.status = UNDECIDED
+        res.messages = ["this evidence does not reach a leaf (a question could not be measured); "
+                        "there is nothing to grade: re-measure as the walk says"]
+    elif leaf not in flowchart.LEAVES:
+        res.messages = [f"{a.leaf!r} is not a leaf of the chart: give one of its leaf letters"]
+    elif leaf != cp.walk.leaf_id:
+        s = _ruled_out_by(cp.walk, leaf)
+        res.messages = [_contradiction(s, leaf) if s else f"leaf {leaf} is not where this evidence leads"]
+    else:
+        res.messages = _grade_reading(cp, a)
+        res.status = WRONG if res.messages else PASSED
+        if res.passed:
+            s = cp.asked()
+            res.messages = [f"leaf, metric ({s.metric} at {s.question}) and value agree with the evidence"
+                            + (f"; prediction {_fmt(a.prediction)}{cp.prediction.unit} against "
+                               f"{_fmt(cp.prediction.actual)}{cp.prediction.unit} from this run" if cp.prediction else "")
+                            + (f"; BORDERLINE at {', '.join(b.question for b in cp.walk.borderline)}: the measured "
+                               "spread contains the threshold, one re-run from the other branch" if cp.walk.borderline else "")]
+    if record and res.status in (PASSED, WRONG):
+        classroom.record_checkpoint(cp, res, learner=learner)
+    return res
+
+
+def _grade_reading(cp: Checkpoint, a: Answer) -> list[str]:
+    s = cp.asked()
+    if s is None:
+        return ["the walk has no measured step to ask about"]
+    if s.by_hand:
+        return []  # a typed yes/no has no metric to read: the leaf is the answer
+    metric = str(a.metric).strip()
+    if metric != s.metric:
+        invalid = {iv.metric for iv in cp.walk.invalid}
+        on_walk = {x.metric: x.question for x in cp.walk.steps}
+        if metric in invalid:
+            why = "is outside its physical range here, so it is not evidence"
+        elif metric not in cp.evidence:
+            why = "is not in this evidence"
+        elif metric in on_walk:
+            why = f"decides {on_walk[metric]}, not {s.question} ({s.text})"
+        else:
+            why = f"is in the evidence, but it does not decide {s.question} ({s.text}) here"
+        return [f"{metric} {why}: which of the rows decides {s.question}? (the chart's rule for {s.question} "
+                "names its metrics)"]
+    try:
+        v = float(a.value)
+    except (TypeError, ValueError):
+        return [f"value {a.value!r} is not a number: read it off the evidence table"]
+    lo, hi = value_bounds(s)
+    if not (math.isfinite(v) and lo <= v <= hi):
+        return [f"{metric} = {_fmt(v)} is not what the evidence shows: accepted {_fmt(lo)}-{_fmt(hi)} "
+                f"(the measured spread, or the value, widened by {VALUE_TOL_PCT:g}% for rounding); read the row again"]
+    p = cp.prediction
+    if p is not None:
+        try:
+            pv = float(a.prediction)
+        except (TypeError, ValueError):
+            return [f"prediction {a.prediction!r} is not a number"]
+        if not p.holds(pv):
+            lo_p, hi_p = p.bounds()
+            return [f"prediction {_fmt(pv)}{p.unit} for {p.what} is outside the band: this run measured "
+                    f"{_fmt(p.actual)}{p.unit}; the band is {p.band_text()} ({_fmt(lo_p)}-{_fmt(hi_p)}{p.unit})"
+                    + (f": {p.why_band}" if p.why_band else "") + ". Work out what your count missed, then revise it."]
+    return []
+
+
+def evidence_rows(evidence: dict[str, Any]) -> list[dict[str, Any]]:
+    """The metrics of ``evidence`` the chart reads (every question's rules), each with its spread,
+    source, whether it is an estimate and whether it lies outside its physical range (then it is not
+    evidence: :data:`hwlab.diagnosis.flowchart_checks.PHYSICAL_RANGES`), in the chart's order: what the
+    learner reads, no verdict."""
+    spreads = checks.spreads_of(evidence)
+    est = checks.estimated_metrics(evidence)
+    sources = evidence.get("metric_sources") or {}
+    names: dict[str, str] = {}  # metric -> the question that reads it
+    for q in flowchart.QUESTIONS.values():
+        for c in (*q.criteria, *q.overrides_no, *q.not_applicable):
+            names.setdefault(c.metric, q.id)
+        if q.bool_metric:
+            names.setdefault(q.bool_metric, q.id)
+    rows = []
+    for m, qid in names.items():
+        if evidence.get(m) is None:
+            continue
+        sp = spreads.get(m, (None, ""))
+        bad = None if isinstance(evidence[m], bool) else checks.check_range(qid, m, evidence[m], sp[0])
+        rows.append({"metric": m, "value": evidence[m], "spread": list(sp[0]) if sp[0] else None,
+                     "spread_what": sp[1] or None, "estimated": m in est, "source": sources.get(m),
+                     "outside_physical_range": bad is not None})
+    return rows
+
+
+def render_evidence(evidence: dict[str, Any], source: str = "") -> str:
+    """:func:`evidence_rows` as a table (three significant digits), headed by where it comes from."""
+    lines = [f"evidence the walk will read [{source}]" if source else "evidence the walk will read"]
+    for r in evidence_rows(evidence):
+        sp = f"{_fmt(r['spread'][0])}-{_fmt(r['spread'][1])}" if r["spread"] else "not recorded"
+        kind = ("OUTSIDE its physical range, not evidence; " if r["outside_physical_range"] else "") + (
+            "estimated" if r["estimated"] else "measured")
+        lines.append(f"  {r['metric']:<28} {_fmt(r['value']):>10}  spread {sp:<20} {kind}"
+                     + (f"; {r['source']}" if r["source"] else ""))
+    return "\n".join(lines)
