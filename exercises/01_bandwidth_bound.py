@@ -9,90 +9,75 @@
 # ---
 
 # %% [markdown]
-# # Exercise 01 · Fuse the chain yourself
+# # Exercise 01 · The transposed chain: fuse it, keep it coalesced
 #
-# **Needs:** a GPU to be graded on speed; on a CPU your kernel runs in the Triton interpreter and is
-# graded on correctness only (the result says so). **Takes:** see the agendas in `docs/INSTRUCTOR.md`.
+# **Needs:** nothing beyond the kit. On a CPU your kernel runs in the Triton interpreter, which checks it
+# and counts the memory traffic of every load and store it issues (an estimate from the addresses,
+# labelled CPU); on a GPU the speed band against this machine's measured copy bandwidth is graded instead.
+# **Takes:** see the agendas in `docs/INSTRUCTOR.md`.
 #
-# Write one Triton kernel computing `y = (gelu_tanh(x + bias) + residual) * scale` for a row-major
-# `x (rows, cols)`, `bias (cols,)`, `residual (rows, cols)`. The checker tests it on fresh random inputs
-# against a float64 reference, then (on a GPU) asks for a share of **the copy bandwidth this machine
-# measured** (the pass band, `MIN_PCT`, is shown with the check), counting the 3N bytes the work requires.
+# Notebook 01 fused a chain that reads and writes in the same layout. Here a layer hands
+# `y = gelu_tanh(x + bias) * scale + shift` to a GEMM that wants it **transposed**: `x (rows, cols)` and
+# `y (cols, rows)`, both row-major, `bias (cols,)`, `scale` and `shift` two numbers. The model does it in
+# eager PyTorch today (printed below).
 #
-# Hints: one program per `BLOCK` of flattened elements; `bias` is indexed by `offs % cols`; compute in
-# fp32 and cast back on store; `0.5·t·(1 + tanh(u)) == t·sigmoid(2u)` with `u = √(2/π)(t + 0.044715 t³)`.
+# **Part 1.** Before anything is measured: how many times the bytes the work must move (read `x` and
+# `bias` once, write `y` once) does the eager version move? Count each op's reads and writes.
+#
+# **Part 2.** Write one Triton kernel, and the function that launches it, computing `y`. The checker
+# runs it on fresh random inputs against a float64 reference, then grades two figures the interpreter
+# counts: the bytes your call moves against that floor, and the share of each fetched 32-byte sector
+# your warps' loads and stores use (the bands are printed with the check). A warp's lanes read or write
+# consecutive addresses only along the axis where the pointer block is contiguous.
 
 # %%
+import inspect
+
 import torch
 from hwlab.core import ceilings  # first: without a GPU it switches on Triton's interpreter
-from hwlab.diagnosis import exercise, exercise_checks
+from hwlab.diagnosis import exercise_checks
 from hwlab import nb
-from hwlab.labs import bandwidth as lab
-from hwlab.core.measure import TOL_BY_DTYPE
+from hwlab.labs.bandwidth import transposed
 import triton
 import triton.language as tl
 
 GPU = nb.has_gpu()
 print(nb.live_label())
+print(inspect.getsource(transposed.eager))
+rows, cols = (8192, 8192) if GPU else (96, 160)
+dtype = torch.float16
+print(f"x: ({rows}, {cols}) {dtype}, bias: ({cols},), y: ({cols}, {rows})")
+
+# %% tags=["learner"]
+MY_BYTES_RATIO = None  # YOUR ANSWER HERE: bytes the eager version moves / bytes the work must move
+
+# %%
+exercise_checks.check_bytes_prediction(MY_BYTES_RATIO, 96, 160, dtype)
+
+# %%
+nb.md(f"Bands: bytes moved **≤ {exercise_checks.TRANSPOSED_MAX_BYTES_X:.2f}x** the floor and sectors used "
+      f"**≥ {100 * exercise_checks.TRANSPOSED_MIN_SECTOR_USE:.0f}%** (counted in the interpreter); on a GPU, "
+      f"**≥ {exercise_checks.TRANSPOSED_MIN_PCT:.0f}%** of this machine's measured copy bandwidth.")
 
 # %% tags=["learner"]
 @triton.jit
-def my_fused_kernel(x_ptr, b_ptr, r_ptr, y_ptr, n, n_cols, scale, BLOCK: tl.constexpr):
-    # YOUR CODE HERE: load x, bias and residual for this block, compute, store y
+def my_transposed_kernel(x_ptr, b_ptr, y_ptr, n_rows, n_cols, scale, shift, BLOCK: tl.constexpr):
+    # YOUR CODE HERE (the signature is yours to change: your function below is what launches it)
     pass
 
 
-def my_fused_chain(x, bias, residual, scale=0.5):
-    # YOUR CODE HERE: allocate y, launch my_fused_kernel over cdiv(numel, BLOCK) programs, return y
+def my_transposed_chain(x, bias, scale=transposed.SCALE, shift=transposed.SHIFT):
+    # YOUR CODE HERE: allocate y (cols, rows), launch my_transposed_kernel, return y
     raise NotImplementedError
+
 
 # %% [markdown]
 # ## Check
-# First that your function runs *your* kernel (an answer that calls the kit's fused kernel, a
-# `torch.compile` kernel, or lets torch do the arithmetic is refused: it would grade someone else's
-# kernel); then correctness on fresh random data; then the pass band relative to this machine's copy
-# ceiling. A missing or broken Triton is reported as an environment problem, with the fix.
+# First that your function runs *your* kernel (the kit's kernels, a `torch.compile` kernel or torch doing
+# the arithmetic are refused); then correctness on fresh random data; then the traffic bands (interpreter)
+# or the speed band (GPU). A missing or broken Triton is reported as an environment problem, with the fix.
 
 # %%
-rows, cols = (8192, 8192) if GPU else (48, 200)
-MIN_PCT = 70.0  # the pass band: a fused chain that streams its 3N bytes near the copy rate clears it
-nb.md(f"Pass band: **≥ {MIN_PCT:.0f}%** of this machine's measured copy bandwidth"
-      + ("." if GPU else " (not graded here: no GPU, correctness only)."))
-dtype = torch.float16
 c = ceilings.get(quick=True)
-res = exercise_checks.check_own_kernel(
-    "fused chain", my_fused_chain, [my_fused_kernel], lab.reference_chain,
-    lambda: lab.make_chain_inputs(rows, cols, dtype),
-    tol=TOL_BY_DTYPE["float16"], n_bytes=lab.chain_traffic(rows, cols, 2)["bytes_required"],
-    ceiling_gbps=c.copy_gbps if GPU else None, min_pct=MIN_PCT,
-    hint="Load each input once, compute in fp32, store once; BLOCK of 1024-4096 with 4-8 warps.")
-res
-
-# %% [markdown]
-# ## Question: where on the flowchart?
-# Below is the unfused chain's flowchart evidence from Lab 1's recorded run: each metric, its value and what
-# measured it. Walk the chart yourself, question by question (the rules are in `hwlab.diagnosis.flowchart.QUESTIONS`),
-# and answer with the leaf id (`"G"`, `"I"`, `"J"`, `"L"`, `"M"` or `"OK"`).
-
-# %%
-from hwlab.core import evidence
-from hwlab.diagnosis import flowchart
-
-rec = evidence.recorded("lab01_bandwidth")
-ev = rec.extra["flowchart_evidence"]["unfused"]
-print(f"unfused chain [{rec.label}]")
-for k, v in ev.items():
-    if k not in flowchart.META_KEYS:
-        print(f"  {k} = {v:.4g}" if isinstance(v, float) else f"  {k} = {v}",
-              f"  <- {(ev.get('metric_sources') or {}).get(k, '')}")
-for q in flowchart.QUESTIONS.values():
-    print(f"{q.id}. {q.text}  yes -> {q.yes}, no -> {q.no}; rules: " + "; ".join(c.describe() for c in q.criteria)
-          + ("; first, to NO: " + "; ".join(c.describe() for c in q.overrides_no) if q.overrides_no else ""))
-
-# %% tags=["learner"]
-leaf_answer = None  # YOUR ANSWER HERE, e.g. "J"
-
-# %%
-exercise.check_value("flowchart leaf", leaf_answer, flowchart.diagnose(ev).leaf_id,
-                     "walk it from B: at each question compare the metric printed above with the rule; "
-                     "the first rule that holds picks the branch.")
+exercise_checks.check_transposed_kernel(my_transposed_chain, [my_transposed_kernel], rows, cols, dtype,
+                                        ceiling_gbps=c.copy_gbps if GPU else None)

@@ -9,47 +9,65 @@
 # ---
 
 # %% [markdown]
-# # Exercise 02 · Remove the spill, keep the speed
+# # Exercise 02 · A row softmax: what fills the SM?
 #
-# **Needs:** a GPU for the speed band; on a CPU the config is compiled for sm_90 and graded on spills
-# only (the result says so). **Takes:** see the agendas in `docs/INSTRUCTOR.md`.
+# **Needs:** nothing beyond the kit: each config is compiled for sm_90a (the H200's architecture)
+# without a GPU, and registers, spills and shared memory are read from `ptxas -v`.
+# **Takes:** see the agendas in `docs/INSTRUCTOR.md`.
 #
-# The config `256x256x64, 8 warps, 3 stages` spills. Pick a `TileConfig(BM, BN, BK, warps, stages)`
-# that compiles **without spills** and, on a GPU, reaches **the speed band against cuBLAS bf16 measured
-# on this machine in the same run** (the band is shown below, from the grader). Name the limiter that binds its occupancy in `MY_LIMITER` (`"registers"`,
-# `"shared memory"`, `"warps"` or `"spills"`) and write one sentence saying why it does not spill (count the
-# accumulator registers per thread). The checker compiles your config for sm_90a, reads registers, spills
-# and shared memory from `ptxas -v`, computes the occupancy, and compares your limiter with the one that
-# binds. Your sentence in `MY_REASON` must name the limiting resource and quote its figure from the compile
-# report the cell after your config prints. A missing or broken Triton/ptxas is reported as an environment
-# problem, never as a wrong answer.
+# Notebook 02 tuned a GEMM tile. This kernel is different: a softmax over one row per program, the
+# whole row (`BLOCK` elements, fp32) in one block of `num_warps` warps. Its knobs are the row length and
+# the warps per program; it keeps no accumulator tile and almost no shared memory.
+#
+# How many blocks fit on one SM is the smallest of four limits (`hwlab.labs.registers.occupancy`):
+# - **registers**: round the registers per thread up to a multiple of the allocation unit per thread,
+#   times the warp size, rounded up to the allocation unit per warp; the register file holds
+#   `floor(regs_per_sm / per_warp)` warps, so `floor(that / warps_per_block)` blocks;
+# - **shared memory**: each block takes its shared memory rounded up to the allocation unit, plus the
+#   reserved amount per block; `floor(smem_per_sm / that)` blocks;
+# - **warps**: `floor(max_warps_per_sm / warps_per_block)`;
+# - **block slots**: at most `max_blocks_per_sm` resident blocks, whatever their size.
+#
+# The SM's figures are printed below (the H200's, from the CUDA programming guide).
+#
+# **Part 1.** For the row of the first compile report below, how many blocks fit per SM, and which limit
+# binds? **Part 2.** For a long row, pick the warps per program that gives the highest occupancy.
 
 # %%
+from dataclasses import asdict
+
 from hwlab.diagnosis import exercise_checks
 from hwlab import nb
 from hwlab.labs import registers as lab
-from hwlab.labs.registers import TileConfig
+from hwlab.labs.registers.occupancy import HOPPER
 
 print(nb.live_label())
-from hwlab.labs.registers import grader
-
-nb.md(f"Speed band (GPU only): **≥ {grader.MIN_PCT_OF_CUBLAS:.0f}% of cuBLAS bf16**, measured in the same run.")
-for cfg in (lab.SPILL, lab.SANE):
-    print(cfg.label, "-> accumulator registers/thread:", cfg.acc_regs_per_thread)
-
-# %% tags=["learner"]
-MY_CONFIG = None  # YOUR CODE HERE, e.g. TileConfig(BM, BN, BK, warps, stages)
-
-# %%
-# the compile report of your config (static sm_90a ptxas -v): the figures your reason quotes
-if MY_CONFIG is not None:
-    rep = lab.compile_guarded("matmul", MY_CONFIG, static=True)
-    print(rep.skipped or f"{MY_CONFIG.label}: {rep.n_regs} registers/thread, {rep.n_spills} spill slots, "
-          f"{rep.shared_bytes} B shared memory per block, {MY_CONFIG.warps} warps per block")
+nb.show_kernel(lab.wide_block_kernel)
+print({k: v for k, v in asdict(HOPPER).items()})
+SHORT, LONG = 256, 4096
+rep = exercise_checks.softmax_report(SHORT, 1)
+print(rep.skipped or f"BLOCK={SHORT}, 1 warp: {rep.n_regs} registers/thread, {rep.n_spills} spill slots, "
+      f"{rep.shared_bytes} B shared memory per block [{rep.source}]")
 
 # %% tags=["learner"]
-MY_LIMITER = None  # YOUR ANSWER HERE: "registers", "shared memory", "warps" or "spills"
-MY_REASON = ""    # YOUR ANSWER HERE: the limiting resource and its figure from the compile report above
+MY_BLOCKS_PER_SM = None  # YOUR ANSWER HERE: blocks of this kernel (BLOCK=256, 1 warp) per SM
+MY_LIMITER = None        # YOUR ANSWER HERE: "registers", "shared memory", "warps" or "block slots"
 
 # %%
-exercise_checks.check_limiter(MY_CONFIG, MY_LIMITER, MY_REASON)
+exercise_checks.check_occupancy_prediction(SHORT, 1, MY_BLOCKS_PER_SM, MY_LIMITER)
+
+# %% [markdown]
+# ## Part 2 · A long row
+# Now each row has `LONG` elements and one program still takes the whole row. Pick `MY_WARPS` among
+# the values printed below. The checker compiles every choice for sm_90a, refuses one that spills, and
+# passes the one with the highest theoretical occupancy. The cell after it prints your choice's compile
+# report, to check your reasoning against.
+
+# %%
+print(f"BLOCK = {LONG} fp32 per program; warps to choose from: {exercise_checks.SOFTMAX_WARPS}")
+
+# %% tags=["learner"]
+MY_WARPS = None  # YOUR ANSWER HERE: warps per program for BLOCK=4096
+
+# %%
+exercise_checks.check_warps_choice(LONG, MY_WARPS)

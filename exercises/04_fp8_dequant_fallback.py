@@ -9,66 +9,53 @@
 # ---
 
 # %% [markdown]
-# # Exercise 04 · Find the fallback, fix the path
+# # Exercise 04 · Another deployment, another fallback
 #
-# **Needs:** nothing special (the checker profiles the decoder where it runs). **Takes:** see the agendas in `docs/INSTRUCTOR.md`.
+# **Needs:** nothing special: the decoder below is profiled live on this machine (CPU is fine: the
+# profile counts calls and shapes, not speed). **Takes:** see the agendas in `docs/INSTRUCTOR.md`.
 #
-# The seed's `mixed` path is profiled below. Find which modules fall back (their FP8 weights are
-# dequantized every step) and write a path with **no fallback GEMMs**, a high **FP8 hit rate** (the
-# checker's `min_hit_pct`), and
-# logits within the FP8 bound of the BF16 model. The checker also grades what the seed's fix asks:
-# the sensitive output head stays high-precision (先保留敏感头高精), and the FP8 KV cache is used per
-# context bucket only where the KV bytes pay for it (`kv_fp8_from_ctx`: the shortest context that gets
-# an FP8 cache; the bytes per bucket come from the H200 run). On a GPU it times your path's decode
-# TPOT against this machine's bf16 TPOT in the same run. The modes are `lab.QLinear.MODES`; `fp8_static`
-# is the lab's FP8 GEMM with activation scales calibrated once.
+# A smaller decoder is served on an FP8 path: its trunk runs FP8 GEMMs (the lab's calibrated
+# `fp8_static`), its head and its first and last blocks stay bf16 on purpose. The service has three context
+# buckets, each with its own batch. The FP8 GEMM library this deployment ships does not have a kernel for
+# every shape: where a layer has none, its FP8 weight is dequantized to bf16 every step and a bf16 GEMM
+# reads the copy (the seed's partial fallback).
+#
+# Below, for each bucket, are the rows of `torch.profiler`'s table for one decode step, grouped by input
+# shape: the bf16 GEMMs (`aten::linear`: activation `(rows, 1, in_features)`, weight `(out_features,
+# in_features)`), the FP8 GEMMs (`aten::_scaled_mm`: activation `(rows, in_features)`, weight transposed)
+# and the lab's quant/dequant ranges. The layer kinds and their weight shapes come first.
+#
+# **Part 1.** Which bucket falls back, which layer kind, how many weights does that bucket's step dequantize,
+# and what is the shape `(rows, in_features, out_features)` of a bf16 GEMM that reads a dequantized copy?
+#
+# **Part 2.** The library will not change this release. Pick a batch per bucket (padding a batch with empty
+# rows is allowed) so that no bucket falls back, no bucket serves fewer rows than today, and no bucket
+# carries more padding than it needs. The checker re-profiles your mix.
 
 # %%
 from hwlab.diagnosis import exercise_checks
-from hwlab.labs import fp8 as lab
+from hwlab.labs.fp8 import bucket_case as case
 
-m = lab.Decoder(lab.TINY, "mixed", device="cpu")
-prof = lab.decode_profile(m)
-print(f"[measured live on this machine's CPU, tiny decoder: {prof['source']}]")
-print({k: v for k, v in prof.items() if k != "gemm_names"})
-print("GEMM kernels per decode step, by name:", prof["gemm_names"])
-print("the decoder's linear modules and their stored weight dtype (which of them fall back is yours to find):")
-print({name: str(mod.w.dtype).replace("torch.", "") for name, mod in m.named_modules() if isinstance(mod, lab.QLinear)})
-print("modes a module can take:", lab.QLinear.MODES)
-rows, label = exercise_checks.kv_buckets()
-print(f"the KV rule the checker grades: an FP8 KV cache pays in a bucket where the KV cache is at least "
-      f"{exercise_checks.KV_SHARE_PAYS_PCT:.0f}% of the bytes a decode step moves (an FP8 cache halves that part); "
-      "set kv_fp8_from_ctx to the shortest context that should get one (None: never)")
-print(f"per context bucket, the KV cache's share of the bytes a decode step moves ({label}, bf16 path):")
-for r in rows:
-    print(f"  ctx {r['ctx']:>6} x{r['batch']}: KV {r['kv_bytes'] / 1e9:.2f} GB of {r['decode_bytes'] / 1e9:.2f} GB "
-          f"per step ({r['kv_share_pct']:.0f}%)")
+buckets = exercise_checks.case_buckets()
+print(f"[profiled live on this machine's CPU] decoder {case.CASE_CONFIG}")
+print("layer kind -> weight (out_features, in_features):", case.layer_shapes(case.case_model("cpu")))
+for b in buckets:
+    print(f"\nbucket ctx {b['ctx']}, batch {b['batch']}: one decode step")
+    print(f"  {'op':<20} {'input shapes':<34} calls")
+    for r in b["table"]:
+        print(f"  {r['op']:<20} {str(r['input_shapes']):<34} {r['calls']}")
 
 # %% tags=["learner"]
-MY_PATH = None  # YOUR CODE HERE: {"main": ..., "connector": ..., "head": ..., "kv_fp8_from_ctx": ...}
+MY_BUCKET = None    # YOUR ANSWER HERE: the bucket's context length
+MY_MODULE = None    # YOUR ANSWER HERE: the layer kind, e.g. "qkv"
+MY_DEQUANTS = None  # YOUR ANSWER HERE: weights dequantized per decode step in that bucket
+MY_SHAPE = None     # YOUR ANSWER HERE: (rows, in_features, out_features) of a GEMM reading a dequantized copy
 
 # %%
-exercise_checks.check_fp8_path(MY_PATH)
-
-# %% [markdown]
-# ## Part 2 · Which bucket falls back, and why does the tail not move?
-#
-# The seed's first fix is to count the FP8 kernel hit rate *per bucket*. Below is the
-# `mixed` path's profiled decode step per context bucket of Lab 4's recorded H200 service. Find the bucket
-# where the FP8 hit rate is lowest and the layer kind that falls back **only** there. Then say to yourself
-# why that bucket's TPOT gains the least of the service's: which bytes dominate its step, and which of
-# the seed's fixes moves them?
-
-# %%
-rows, label = exercise_checks.fallback_buckets()
-print(f"mixed path per bucket ({label}):")
-for r in rows:
-    print(f"  ctx {r['ctx']:>6} x{r['batch']:<3}: FP8 hit {r['fp8_hit_pct']:.0f}%, fell back {r['fell_back']}, "
-          f"TPOT p50 {r['tpot_p50_change_pct']:+.1f}% / p99 {r['tpot_p99_change_pct']:+.1f}% vs bf16")
+exercise_checks.check_case_fallback(MY_BUCKET, MY_MODULE, MY_DEQUANTS, MY_SHAPE, buckets)
 
 # %% tags=["learner"]
-MY_BUCKET = None  # YOUR CODE HERE: the context length of that bucket, as printed
-MY_MODULE = None  # YOUR CODE HERE: the layer kind that falls back only there, e.g. "head"
+MY_BATCHES = None  # YOUR ANSWER HERE: {ctx: batch} for every bucket
 
 # %%
-exercise_checks.check_fallback_bucket(MY_BUCKET, MY_MODULE)
+exercise_checks.check_case_batches(MY_BATCHES)

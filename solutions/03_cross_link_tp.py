@@ -9,63 +9,57 @@
 # ---
 
 # %% [markdown]
-# # Solution 03 · Find the straggler, fix the mapping
+# # Solution 03 · A job's rank map on a hybrid cube-mesh
 #
-# **Needs:** nothing beyond the kit (recorded per-rank timings and real topology captures).
-# **Takes:** see the agendas in `docs/INSTRUCTOR.md`.
+# **Needs:** nothing beyond the kit (a real `nvidia-smi topo -m` capture). **Takes:** see the agendas in
+# `docs/INSTRUCTOR.md`.
 #
-# Part 1: below are the per-rank median times of the TP block after a GPU reorder (recorded on a CPU
-# machine with a real rate-limited link). Which ranks are the tail?
+# A training job got six GPUs of an eight-GPU server (the capture below) and was launched with the device
+# list printed under it: rank `r` runs on the `r`-th GPU of that list, and each tensor-parallel (TP) group
+# is consecutive ranks. Its step time has a rank tail.
 #
-# Part 2: a two-socket PCIe server (real capture). Propose TP groups of 2 that keep every TP all-reduce
-# on the fastest link this machine offers.
+# **Part 1.** Which TP groups (as lists of ranks) have a pair of GPUs that is not linked by NVLink? Cite,
+# for each such group, a GPU pair and its cell as the matrix prints it, and name the flowchart leaf
+# (`hwlab.diagnosis.flowchart.LEAVES`).
 #
-# Part 3: two slow six-rank runs measured in one launch (recorded on a CPU machine). For each, is the
-# mapping or the kernel to suspect first?
+# **Part 2.** Regroup the job's own six GPUs into TP groups whose slowest link is the fastest these six
+# allow (GPU ordinals, as the matrix names them).
 
 # %%
 from hwlab.core import evidence, topology
-from hwlab.labs import crosslink as lab
+from hwlab.diagnosis import exercise_checks, flowchart
 
-rec = evidence.recorded("lab03_slowlink", "cpu")
-report = rec.extra["experiment"]["naive"]["report"]
-print(rec.label)
-for r, v in sorted(report["per_rank"].items(), key=lambda kv: int(kv[0])):
-    print(f"rank {r}: compute {v['compute_ms']:.1f} ms, TP all-reduce {v['tp_allreduce_ms']:.1f} ms, "
-          f"DP sync {v['dp_sync_ms']:.1f} ms, step {v['step_ms']:.1f} ms")
-
-# %% tags=["learner"]
-# own work = compute + TP all-reduce; the ranks whose TP all-reduce crosses the shaped veth stand out
-own = {int(r): v["compute_ms"] + v["tp_allreduce_ms"] for r, v in report["per_rank"].items()}
-base = min(own.values())
-TAIL_RANKS = sorted(r for r, t in own.items() if t > 2 * base)
-
-# %%
-lab.grade_straggler(TAIL_RANKS, report)
-
-# %%
-topo = topology.parse_topo_matrix((evidence.RECORDED_DIR / "topology" / "pcie4_2socket_pix_sys.txt").read_text())
+capture = evidence.RECORDED_DIR / "topology" / "dgx1_v100_hybrid_cube_mesh.txt"
+print("[recorded capture]", " | ".join(l.lstrip("# ") for l in capture.read_text().splitlines()[:2]))
+topo = topology.parse_topo_matrix(capture.read_text())
 print(topo.render())
+DEVICES = [0, 5, 1, 4, 2, 3]  # the launcher's device list: rank r -> GPU DEVICES[r]
+TP = 2
+print(f"CUDA_VISIBLE_DEVICES={','.join(map(str, DEVICES))}  (ranks 0..{len(DEVICES) - 1}), TP size {TP}")
+print("leaves:", {k: v.title for k, v in flowchart.LEAVES.items()})
 
 # %% tags=["learner"]
-MY_GROUPS = [[0, 1], [2, 3]]  # each pair shares a PCIe switch (PIX); 0/1 and 2/3 sit on different sockets
+CROSSING = None  # YOUR ANSWER HERE: rank groups, e.g. [[0, 1]]
+EVIDENCE = None  # YOUR ANSWER HERE: {(gpu_a, gpu_b): "CELL"} for at least one pair of each group
+LEAF = None      # YOUR ANSWER HERE: a leaf id
+### BEGIN SOLUTION
+# ranks (0,1) -> GPUs 0,5; (2,3) -> GPUs 1,4; (4,5) -> GPUs 2,3. Row GPU0, column GPU5 reads SYS, as does
+# GPU1-GPU4: those all-reduces leave NVLink for PCIe and the inter-socket link. GPU2-GPU3 is NV2.
+CROSSING = [[0, 1], [2, 3]]
+EVIDENCE = {(0, 5): "SYS", (1, 4): "SYS"}
+LEAF = "L"
+### END SOLUTION
 
 # %%
-lab.grade_mapping(topo, MY_GROUPS, tp=2)
-
-# %%
-sw = evidence.recorded("lab03_linksweep", "cpu")
-sig = sw.extra["calibrated"]["signature"]
-print(sw.label)
-for i, row in enumerate(sig):
-    print(f"run {i}: tail ranks {row['tail_ranks']} ({row['rank_tail_pct']:.0f}% over the others), every rank "
-          f"~{row['comm_wait_ms_median']:.0f} ms per step in collectives, one rank's compute alone "
-          f"{row['slowdown_vs_floor']:.2f}x its floor, step {row['step_ms']:.0f} ms")
+exercise_checks.check_crossing(topo, DEVICES, TP, CROSSING, EVIDENCE, LEAF)
 
 # %% tags=["learner"]
-# a tail with a normal single-rank baseline points at the mapping; no tail with a slow baseline at the kernel
-SUSPECTS = ["mapping" if row["tail_ranks"] and row["slowdown_vs_floor"] < 1.5 else "kernel" for row in sig]
+MY_GROUPS = None  # YOUR ANSWER HERE: groups of GPU ordinals, e.g. [[0, 1], [2, 3], [4, 5]]
+### BEGIN SOLUTION
+# the NV2 (two bonded NVLinks) pairs among GPUs 0-5: 0-3, 0-4, 1-2, 1-5, 2-3. GPU4 pairs at NV2 only with
+# GPU0 and GPU5 only with GPU1, which leaves 2-3, also NV2.
+MY_GROUPS = [[0, 4], [1, 5], [2, 3]]
+### END SOLUTION
 
 # %%
-for row, ans in zip(sig, SUSPECTS):
-    print(lab.grade_suspect(ans, row))
+exercise_checks.check_job_mapping(topo, DEVICES, MY_GROUPS, TP)

@@ -27,6 +27,16 @@ def test_only_solution_lines_go_between_markers_and_the_exercise_hint_stays():
     assert nc.solution_region(so, so) is None
 
 
+def test_a_solution_that_marks_its_own_blocks_is_marked_once():
+    """scripts/make_exercises.py writes each exercise from a solution whose blocks carry nbgrader's
+    markers already: the course keeps one pair per block (nbgrader refuses nested markers)."""
+    ex = "A = None  # YOUR ANSWER HERE"
+    so = "A = None  # YOUR ANSWER HERE\n### BEGIN SOLUTION\nA = 4\n### END SOLUTION"
+    got = nc.solution_region(ex, so)
+    assert got.count(nc.BEGIN_SOL) == 1 and got.count(nc.END_SOL) == 1
+    assert got.split("\n") == ["A = None  # YOUR ANSWER HERE", nc.BEGIN_SOL, "A = 4", nc.END_SOL]
+
+
 def _nb(*cells):
     return {"cells": [dict(c, metadata=dict(c.get("metadata", {}))) for c in cells], "metadata": {},
             "nbformat": 4, "nbformat_minor": 5}
@@ -72,7 +82,7 @@ def _nbgrader(args, cwd):
 def test_generate_assignment_and_autograde_on_the_course(tmp_path, monkeypatch, name):
     """Through nbgrader for real: the release holds no solution and no hidden test; autograde gives
     the solution full marks and the blank release none. Exercise 03 (recorded data only): a wrong
-    straggler answer loses exactly that cell's point. Exercise 04 profiles a decoder, and torch's
+    answer on the groups crossing the slow link loses exactly that cell's point. Exercise 04 profiles a decoder, and torch's
     profiler writes to stderr from C++, which nbgrader scores as a failure unless moved."""
     from nbgrader.api import Gradebook
 
@@ -91,11 +101,12 @@ def test_generate_assignment_and_autograde_on_the_course(tmp_path, monkeypatch, 
     students = {"good": solved, "blank": json.loads(released)}
     if name.startswith("ex03"):
         wrong = json.loads(released)
-        for c in wrong["cells"]:  # the solution's answers, except the straggler: ranks 0 and 1
+        for c in wrong["cells"]:  # the solution's answers, except the groups on the slow link: a group on NVLink
             gid = c["metadata"].get("nbgrader", {}).get("grade_id")
             if gid and gid.startswith("answer_"):
                 sol = next(s for s in answers if s["metadata"]["nbgrader"]["grade_id"] == gid)
-                c["source"] = "TAIL_RANKS = [0, 1]" if gid == "answer_1" else "".join(sol["source"])
+                c["source"] = ('CROSSING = [[4, 5]]\nEVIDENCE = {(2, 3): "NV2"}\nLEAF = "L"' if gid == "answer_1"
+                               else "".join(sol["source"]))
         students["wrong"] = wrong
     for student, nb in students.items():
         d = course / "submitted" / student / name

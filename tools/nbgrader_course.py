@@ -93,7 +93,10 @@ def _is_learner(cell) -> bool:
 def solution_region(exercise: str, solution: str) -> str | None:
     """The solution's source with every run of solution-only lines between solution markers
     (indented as its first line); None when the two are alike."""
-    ex, so = exercise.split("\n"), solution.split("\n")
+    ex = exercise.split("\n")
+    # a solution may already mark its blocks (scripts/make_exercises.py writes the exercise from them):
+    # the markers go, and the lines they held are marked below like any solution-only lines
+    so = [x for x in solution.split("\n") if x.strip() not in (BEGIN_SOL, END_SOL)]
     if ex == so:
         return None
     out = []

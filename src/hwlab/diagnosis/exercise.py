@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import torch
+
 from hwlab.core.grading import ExerciseResult, not_done  # noqa: F401  (the result type lives in the core; re-exported)
 from hwlab.core.measure import CorrectnessError, bench, check_close, device_of
 
@@ -33,7 +35,11 @@ def check_kernel(name: str, learner_fn: Callable[..., Any], reference: Callable[
             out = learner_fn(*args)
             if out is None:
                 return not_done(name, hint)
-            check_close(out, reference(*args), tol, what=name)
+            ref = reference(*args)
+            if isinstance(out, torch.Tensor) and out.shape != ref.shape:
+                return ExerciseResult(name, "wrong", f"your output has shape {tuple(out.shape)}; the reference's "
+                                      f"is {tuple(ref.shape)}.")
+            check_close(out, ref, tol, what=name)
     except NotImplementedError:
         return not_done(name, hint)
     except CorrectnessError as e:

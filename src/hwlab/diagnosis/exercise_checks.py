@@ -1,27 +1,33 @@
-"""Exercise checkers that grade what each exercise is about (01, 02, 04), and tell a broken
-toolchain apart from a wrong answer.
+"""Exercise checkers that grade what each exercise is about, and tell a broken toolchain apart
+from a wrong answer. Each exercise works on an instance of its lab's failure that no notebook
+shows, and each checker recomputes its answer from that instance's own evidence; a wrong answer
+is told the evidence that contradicts it, never the right answer.
 
-* **01 (write the fused kernel)**: the answer must run *the learner's* Triton kernel. The
-  checker watches the call: every Triton kernel launched (``JITFunction.run`` /
-  the interpreter's ``InterpretedFunction.run``) and every torch compute op dispatched
-  (``TorchDispatchMode``). It refuses an answer that launches a kernel defined in hwlab,
-  torch or triton (the kit's fused kernel, a ``torch.compile`` kernel), that launches none
-  of the learner's kernels, or whose arithmetic ran as torch ops (the eager chain the
-  exercise replaces): those answers say nothing about whether the learner can fuse.
-  Allocation and copies (``empty``, ``empty_like``, ``copy_``; the interpreter's own) are allowed.
-* **02 (remove the spill)**: the learner names the limiter (registers, shared memory, warps,
-  or spills) and the checker compiles the chosen config for sm_90a (the static ``ptxas -v``
-  report of :mod:`hwlab.labs.registers`), computes its occupancy (:mod:`hwlab.labs.registers.occupancy`)
-  and compares: the named limiter must be one that binds (a tie names either).
-* **04 (fix the FP8 path)**: the head stays high-precision (the seed's fix: 先保留敏感头高精,
-  keep the sensitive head in high precision first); the FP8 KV cache is graded per bucket
-  (FP8 KV where the KV cache is at least :data:`KV_SHARE_PAYS_PCT` % of the bytes a decode
-  step moves, by the bytes the H200 run recorded, and nowhere else); no fallback GEMM, FP8
-  hit rate and logit error (Lab 4's own checker); on a GPU, decode TPOT at Lab 4's short bucket
-  must be at most :data:`TPOT_BAND` x this machine's bf16 TPOT measured in the same run.
-  Its second part (:func:`check_fallback_bucket`): the learner names the bucket where the
-  recorded ``mixed`` path hits FP8 least and the layer kind that falls back only there (the
-  checker recomputes both from the record's profiles).
+* **01 (the transposed chain, :mod:`hwlab.labs.bandwidth.transposed`)**: the learner predicts the
+  bytes the eager version moves over the floor (:func:`check_bytes_prediction`, against the access
+  meter's count, :mod:`hwlab.core.access_meter`), then writes the kernel
+  (:func:`check_transposed_kernel`): it must run *the learner's* Triton kernel. The checker watches
+  the call: every Triton kernel launched (``JITFunction.run`` / the interpreter's
+  ``InterpretedFunction.run``) and every torch compute op dispatched (``TorchDispatchMode``). It
+  refuses an answer that launches a kernel defined in hwlab, torch or triton, that launches none
+  of the learner's kernels, or whose arithmetic ran as torch ops. Allocation and copies (``empty``,
+  ``empty_like``, ``copy_``, ``clone``) are allowed, and then counted: in the interpreter the bytes
+  the call moves must be within :data:`TRANSPOSED_MAX_BYTES_X` of the floor and its warp requests
+  must use :data:`TRANSPOSED_MIN_SECTOR_USE` of the sectors they touch; on a GPU, the speed band.
+* **02 (the row softmax's occupancy)**: blocks per SM and the binding limit of Lab 2's row softmax
+  at a short row (:func:`check_occupancy_prediction`), and the warps count that fills the SM at a
+  long one (:func:`check_warps_choice`), both from the static sm_90a ``ptxas -v`` report and
+  :mod:`hwlab.labs.registers.occupancy`.
+* **03 (a job's rank map)**: on a recorded capture, the rank groups whose GPUs are not linked by
+  NVLink, the matrix cells that show it and the leaf (:func:`check_crossing`), and better groups
+  over the job's own GPUs (:func:`check_job_mapping`).
+* **04 (another layer falls back, :mod:`hwlab.labs.fp8.bucket_case`)**: the bucket, layer kind,
+  dequant count and GEMM shape, from a live profile of each bucket (:func:`check_case_fallback`),
+  and a bucket mix with no fallback (:func:`check_case_batches`), re-profiled.
+
+The first versions' checkers stay (:func:`check_own_kernel`, :func:`check_limiter`,
+:func:`check_fp8_path`, :func:`check_fallback_bucket`): the head-precision and per-bucket FP8 KV
+rules of :func:`check_fp8_path` are graded on Lab 4's recorded H200 bytes.
 
 A toolchain problem (Triton missing or outside the versions the kit uses, its bundled ptxas
 missing or failing) is reported as ``"environment problem"`` with the fix, never as a wrong
@@ -184,6 +190,108 @@ def check_own_kernel(name: str, learner_fn: Callable[..., Any], learner_kernels:
     return check_kernel(name, learner_fn, reference, make_inputs, **kw)
 
 
+# ---------------------------------------------------------------- 01: the transposed chain
+#: the fused kernel's bytes moved may exceed the floor by this factor (edge sectors of a tile,
+#: the bias read per tile); the eager chain moves several times the floor
+TRANSPOSED_MAX_BYTES_X = 1.1
+#: the share of every fetched sector's bytes the kernel must use: a tile whose rows span at least
+#: one sector uses all of them; lanes striding down a column use 2 bytes of 32 (fp16)
+TRANSPOSED_MIN_SECTOR_USE = 0.8
+#: a predicted bytes ratio passes within this relative distance of the measured one: counting
+#: passes gives the ratio to a few %, the bias vector being the only part that does not scale
+PREDICTION_REL_TOL = 0.1
+#: GPU pass band of the transposed chain, % of the measured copy bandwidth: below Lab 1's chain's
+#: 70% because a transpose goes through shared memory; a band set from the kit's reasoning, not yet
+#: from an H200 run of a learner's kernel
+TRANSPOSED_MIN_PCT = 60.0
+
+
+def _traffic_lines(tr) -> str:
+    parts = []
+    for row in tr.per_launch():
+        if "kernel" in row:
+            lu, su = row["load_sector_use"], row["store_sector_use"]
+            parts.append(f"kernel {row['kernel']}: {row['dram_bytes']:,} B, loads use "
+                         f"{'-' if lu is None else f'{100 * lu:.0f}%'} and stores "
+                         f"{'-' if su is None else f'{100 * su:.0f}%'} of their sectors' bytes")
+        else:
+            parts.append(f"torch op aten::{row['torch_op']}: {row['dram_bytes']:,} B")
+    return "; ".join(parts)
+
+
+def check_bytes_prediction(ratio, n_rows: int, n_cols: int, dtype=torch.float16) -> ExerciseResult:
+    """Exercise 01, part 1: the learner's predicted ratio of the bytes the eager transposed chain
+    moves to the floor, against the ratio the access meter counts (:mod:`hwlab.core.access_meter`)
+    on this machine, within :data:`PREDICTION_REL_TOL`. The message on a miss names the passes the
+    meter saw, never the ratio."""
+    from hwlab.core import access_meter
+    from hwlab.labs.bandwidth import transposed
+
+    name = "bytes the eager chain moves"
+    if ratio is None:
+        return not_done(name, "Set MY_BYTES_RATIO to your predicted (bytes moved) / (bytes required).")
+    try:
+        ratio = float(ratio)
+    except (TypeError, ValueError):
+        return ExerciseResult(name, "wrong", f"MY_BYTES_RATIO = {ratio!r}: give one number, e.g. 1.5")
+    args = transposed.make_inputs(n_rows, n_cols, dtype)
+    _, tr = access_meter.meter(transposed.eager, args)
+    floor = transposed.traffic(n_rows, n_cols, args[0].element_size())["bytes_required"]
+    measured = tr.dram_bytes / floor
+    if abs(ratio - measured) <= PREDICTION_REL_TOL * measured:
+        return ExerciseResult(name, "passed", f"you predicted {ratio:.2f}x; the eager chain moved {tr.dram_bytes:,} B "
+                              f"over a floor of {floor:,} B = {measured:.2f}x ({_traffic_lines(tr)}; counted "
+                              "on this machine's CPU by the access meter, an estimate from the tensors each op "
+                              "reads and writes).", answer=ratio, expected=round(measured, 3))
+    ops = ", ".join("aten::" + o.name for o in tr.torch_ops)
+    return ExerciseResult(name, "wrong", f"you predicted {ratio:.2f}x, more than {100 * PREDICTION_REL_TOL:.0f}% "
+                          f"off what the meter counted. The eager chain ran {len(tr.torch_ops)} ops ({ops}): "
+                          "count, for each, the tensors it reads and the tensor it writes, in elements "
+                          "(bias is cols, the rest rows x cols), and divide by what the work must read and write.",
+                          answer=ratio)
+
+
+def check_transposed_kernel(learner_fn, learner_kernels, n_rows: int, n_cols: int, dtype=torch.float16, *,
+                            ceiling_gbps: float | None = None, min_pct: float = TRANSPOSED_MIN_PCT,
+                            device=None) -> ExerciseResult:
+    """Exercise 01, part 2: the learner's own Triton kernel for ``gelu_tanh(x + bias).T``
+    (:mod:`hwlab.labs.bandwidth.transposed`): their kernel runs and nothing else computes
+    (:func:`check_own_kernel`), the output matches float64 on fresh data, then (interpreter)
+    the bytes it moves are within :data:`TRANSPOSED_MAX_BYTES_X` of the floor and its warp
+    requests use at least :data:`TRANSPOSED_MIN_SECTOR_USE` of the sectors they touch; on a GPU
+    the speed band against this machine's copy bandwidth instead."""
+    from hwlab.core import access_meter, tritonenv
+    from hwlab.core.measure import TOL_BY_DTYPE
+    from hwlab.labs.bandwidth import transposed
+
+    name = "transposed chain"
+    itemsize = torch.tensor([], dtype=dtype).element_size()
+    floor = transposed.traffic(n_rows, n_cols, itemsize)["bytes_required"]
+    res = check_own_kernel(name, learner_fn, learner_kernels, transposed.reference,
+                           lambda: transposed.make_inputs(n_rows, n_cols, dtype, device),
+                           tol=TOL_BY_DTYPE[str(dtype).replace("torch.", "")], n_bytes=floor,
+                           ceiling_gbps=ceiling_gbps, min_pct=min_pct, device=device,
+                           hint="y is (cols, rows); compute in fp32 and cast on store.")
+    if not res.passed or not tritonenv.INTERPRETED:
+        return res
+    _, tr = access_meter.meter(learner_fn, transposed.make_inputs(n_rows, n_cols, dtype))
+    moved_x, use = tr.dram_bytes / floor, tr.sector_use
+    facts = (f"bytes moved {tr.dram_bytes:,} over a floor of {floor:,} = {moved_x:.2f}x; {_traffic_lines(tr)} "
+             "[counted in the Triton interpreter on this machine's CPU: an estimate from the addresses]")
+    if moved_x > TRANSPOSED_MAX_BYTES_X:
+        return ExerciseResult(name, "wrong", f"correct, but it moves too many bytes: {facts}. The band is "
+                              f"<= {TRANSPOSED_MAX_BYTES_X:.2f}x: each pass beyond one writes an intermediate "
+                              "and reads it back.")
+    if use is None or use < TRANSPOSED_MIN_SECTOR_USE:
+        return ExerciseResult(name, "wrong", f"correct and one pass, but its warp requests use "
+                              f"{0 if use is None else 100 * use:.0f}% of the bytes of the sectors they touch "
+                              f"(band >= {100 * TRANSPOSED_MIN_SECTOR_USE:.0f}%): {facts}. A side under the band "
+                              "has lanes whose neighbours sit a whole row apart in memory.")
+    return ExerciseResult(name, "passed (correctness and traffic)",
+                          f"correct on fresh random inputs; {facts}. Speed is graded on a GPU (the "
+                          "interpreter is not a performance model).")
+
+
 # ---------------------------------------------------------------- 02: the limiter
 LIMITERS = {"registers": "registers", "register": "registers", "regs": "registers",
             "shared memory": "shared_mem", "shared_mem": "shared_mem", "smem": "shared_mem", "shared": "shared_mem",
@@ -289,6 +397,205 @@ def check_limiter(cfg, limiter: str | None, reason: str | None, device=None) -> 
     speed.name = name
     speed.message = f"limiter {key} matches the compile report ({binds} bind). " + speed.message
     return speed
+
+
+# ---------------------------------------------------------------- 02: the row softmax's occupancy
+#: exercise 02's names for the four limits of :func:`hwlab.labs.registers.occupancy.occupancy`
+SOFTMAX_LIMITS = {"registers": "registers", "register": "registers", "regs": "registers",
+                  "shared memory": "shared_mem", "shared_mem": "shared_mem", "smem": "shared_mem",
+                  "shared": "shared_mem", "warps": "warps", "warp": "warps", "threads": "warps",
+                  "block slots": "blocks", "blocks": "blocks", "block slot": "blocks", "max blocks": "blocks",
+                  "resident blocks": "blocks", "block limit": "blocks"}
+_LIMIT_WORDS = {"registers": "registers", "shared_mem": "shared memory", "warps": "warps",
+                "blocks": "block slots"}
+#: the warps counts exercise 02's second part may pick from (one program per row of the block)
+SOFTMAX_WARPS = (1, 2, 4, 8, 16)
+
+
+def softmax_report(block: int, warps: int):
+    """The static sm_90a compile report of Lab 2's row softmax (``wide_block_kernel``) at
+    ``block`` elements per program on ``warps`` warps (a time-limited child, cached per process)."""
+    from hwlab.labs import registers
+
+    return registers.compile_guarded("wide_block", block=block, warps=warps)
+
+
+def _report_problem(name: str, rep) -> ExerciseResult | None:
+    if rep.skipped:
+        if _toolchain_words(rep.skipped):
+            return environment_problem(name, f"the sm_90a compile could not run ({rep.skipped})")
+        return ExerciseResult(name, "wrong", f"{rep.config} did not compile for sm_90a: {rep.skipped}")
+    return None
+
+
+def check_occupancy_prediction(block: int, warps: int, blocks_per_sm, limiter) -> ExerciseResult:
+    """Exercise 02, part 1: the learner's blocks per SM and binding limit for the row softmax at
+    (``block``, ``warps``), against the occupancy calculator on the static compile report. A wrong
+    count is told which limits the learner's number contradicts (a limit that allows fewer, or
+    none that allows exactly it); a wrong limiter is told how many that limit alone allows. Neither
+    message names the right count or the limit that binds."""
+    name = "blocks per SM and the limit that binds"
+    if blocks_per_sm is None or not limiter:
+        return not_done(name, "Set MY_BLOCKS_PER_SM (a whole number) and MY_LIMITER (registers, shared "
+                              "memory, warps or block slots).")
+    key = SOFTMAX_LIMITS.get(str(limiter).strip().lower())
+    if key is None:
+        return ExerciseResult(name, "wrong", f"MY_LIMITER = {limiter!r}: name one of registers, shared memory, "
+                              "warps, block slots")
+    try:
+        n = int(blocks_per_sm)
+    except (TypeError, ValueError):
+        return ExerciseResult(name, "wrong", f"MY_BLOCKS_PER_SM = {blocks_per_sm!r}: give a whole number")
+    problem = toolchain_problem(static_compile=True)
+    if problem:
+        return environment_problem(name, problem)
+    rep = softmax_report(block, warps)
+    bad = _report_problem(name, rep)
+    if bad:
+        return bad
+    occ = rep.occupancy(warps)
+    facts = (f"BLOCK={block} on {warps} warp(s): {rep.n_regs} registers/thread, {rep.shared_bytes} B shared "
+             "memory per block (static sm_90a compile, ptxas -v)")
+    by = occ.blocks_by_limit
+    if n != occ.blocks_per_sm:
+        lower = [k for k, v in by.items() if v < n]
+        why = (f"{len(lower)} of the four limits allow{'s' if len(lower) == 1 else ''} fewer than {n}" if lower
+               else f"no limit stops at {n}: each allows more")
+        return ExerciseResult(name, "wrong", f"{n} per SM does not follow from {facts}: {why}. Work out all four "
+                              "limits (the rules in the markdown above) and take the smallest.", answer=n)
+    if key not in occ.binding:
+        return ExerciseResult(name, "wrong", f"your count is right, but {_LIMIT_WORDS[key]} alone would allow "
+                              f"{by[key]} per SM, more than your count: it is not the limit that binds ({facts}).",
+                              answer=limiter)
+    return ExerciseResult(name, "passed", f"{facts}: {occ.blocks_per_sm} per SM, bound by "
+                          f"{' and '.join(_LIMIT_WORDS[k] for k in occ.binding)} ({occ.occupancy_pct:.0f}% "
+                          "occupancy)" + ("; a block this small runs out of slots before the register file fills."
+                                          if "blocks" in occ.binding else "."))
+
+
+def check_warps_choice(block: int, warps) -> ExerciseResult:
+    """Exercise 02, part 2: the learner's warps count for the row softmax at ``block`` elements
+    per row must compile without spills and reach the highest theoretical occupancy of
+    :data:`SOFTMAX_WARPS` (each compiled for sm_90a and put through the occupancy calculator)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    name = "warps for the long row"
+    if warps is None:
+        return not_done(name, f"Set MY_WARPS to one of {SOFTMAX_WARPS}.")
+    if isinstance(warps, bool) or not isinstance(warps, int) or warps not in SOFTMAX_WARPS:
+        return ExerciseResult(name, "wrong", f"MY_WARPS = {warps!r}: this kernel's knob is the warps count per "
+                              f"program, one of {SOFTMAX_WARPS} (the block stays the row, {block} elements)")
+    problem = toolchain_problem(static_compile=True)
+    if problem:
+        return environment_problem(name, problem)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        reps = dict(zip(SOFTMAX_WARPS, pool.map(lambda w: softmax_report(block, w), SOFTMAX_WARPS)))
+    for rep in reps.values():
+        bad = _report_problem(name, rep)
+        if bad:
+            return bad
+    occ = {w: r.occupancy(w) for w, r in reps.items() if not r.n_spills}
+    mine = reps[warps]
+    facts = (f"{warps} warp(s): {mine.n_regs} registers/thread, {mine.n_spills} spill slots (static sm_90a "
+             "compile, ptxas -v)")
+    if mine.n_spills:
+        return ExerciseResult(name, "wrong", f"{facts}: it spills, so part of every row lives in local memory.")
+    best = max(o.occupancy_pct for o in occ.values())
+    o = occ[warps]
+    msg = (f"{facts}: {o.blocks_per_sm} per SM bound by {' and '.join(_LIMIT_WORDS[k] for k in o.binding)}, "
+           f"{o.active_warps} active warps = {o.occupancy_pct:.0f}% occupancy")
+    if o.occupancy_pct < best:
+        return ExerciseResult(name, "wrong", f"{msg}; another warps count reaches a higher occupancy. Each thread "
+                              f"holds {block // (32 * warps)} elements of the row here: what does that do to "
+                              "its registers, and the registers to the blocks that fit?", answer=warps)
+    return ExerciseResult(name, "passed", msg + ", the highest of the warps counts tried.", answer=warps)
+
+
+# ---------------------------------------------------------------- 03: a job's rank map
+#: the leaf a TP group that crosses a link other than NVLink answers (rank mapping)
+CROSSING_LEAF = "L"
+
+
+def check_crossing(topo, order: list[int], tp: int, crossing, evidence, leaf) -> ExerciseResult:
+    """Exercise 03, part 1: which rank groups of the job cross a link that is not NVLink, the
+    matrix cells that show it (``{(gpu_a, gpu_b): "CELL"}``, at least one pair of each crossing
+    group, each as the matrix prints it), and the flowchart leaf. Everything is recomputed from
+    the capture; a wrong answer is told which evidence contradicts it, never the right groups."""
+    from hwlab.core.topology import is_nvlink
+    from hwlab.diagnosis import flowchart
+    from hwlab.labs.crosslink.grader import crossing_groups
+
+    name = "groups on the slow link"
+    if crossing is None or evidence is None or leaf is None:
+        return not_done(name, "Set CROSSING (rank groups), EVIDENCE ({(gpu, gpu): 'cell'}) and LEAF.")
+    want = crossing_groups(topo, order, tp)
+    try:
+        mine = [sorted(int(r) for r in g) for g in crossing]
+    except TypeError:
+        return ExerciseResult(name, "wrong", "CROSSING is a list of rank groups, e.g. [[0, 1]]")
+    groups = {tuple(range(i, min(i + tp, len(order)))) for i in range(0, len(order), tp)}
+    for g in mine:
+        if tuple(g) not in groups:
+            return ExerciseResult(name, "wrong", f"ranks {g} are not one of the job's TP groups (consecutive ranks, "
+                                  f"{tp} per group)")
+    for g in mine:
+        if g not in want:
+            devs = [order[r] for r in g]
+            cells = ", ".join(f"GPU{a}-GPU{b} {topo.link(a, b)}" for j, a in enumerate(devs) for b in devs[j + 1:])
+            return ExerciseResult(name, "wrong", f"ranks {g} run on GPUs {devs}: the matrix links them by {cells}, "
+                                  "all NVLink. Map each rank to its GPU first (rank r runs on the r-th ordinal of "
+                                  "the device list).")
+    if len(mine) < len(want):
+        return ExerciseResult(name, "wrong", f"you named {len(mine)} group(s); another group's GPUs are linked by a "
+                              "path that is not NVLink. Read the matrix cell of every pair in every group.")
+    if not isinstance(evidence, dict) or not evidence:
+        return ExerciseResult(name, "wrong", "EVIDENCE is a dict {(gpu_a, gpu_b): 'CELL'} of matrix cells")
+    covered = set()
+    for pair, cell in evidence.items():
+        try:
+            a, b = (int(x) for x in pair)
+        except (TypeError, ValueError):
+            return ExerciseResult(name, "wrong", f"EVIDENCE key {pair!r}: give a pair of GPU ordinals, e.g. (0, 1)")
+        if not (0 <= a < topo.n_gpus and 0 <= b < topo.n_gpus) or a == b:
+            return ExerciseResult(name, "wrong", f"EVIDENCE key {pair!r}: not a pair of this machine's GPUs")
+        real = topo.link(a, b)
+        if str(cell).strip().upper() != real.upper():
+            return ExerciseResult(name, "wrong", f"the matrix does not print {cell!r} for GPU{a}-GPU{b}: read its "
+                                  f"row GPU{a}, column GPU{b} again")
+        if is_nvlink(real):
+            return ExerciseResult(name, "wrong", f"GPU{a}-GPU{b} is {real}, NVLink: it is not what makes a group slow")
+        covered |= {tuple(g) for g in want if {a, b} <= {order[r] for r in g}}
+    if len(covered) < len(want):
+        return ExerciseResult(name, "wrong", "cite at least one pair of each group you named, as GPU ordinals "
+                              "(a pair inside the group's devices)")
+    leaf_id = str(leaf).strip().upper()
+    if leaf_id not in flowchart.LEAVES:
+        return ExerciseResult(name, "wrong", f"LEAF = {leaf!r}: give a leaf id of the chart ({', '.join(flowchart.LEAVES)})")
+    if leaf_id != CROSSING_LEAF:
+        t = flowchart.LEAVES[leaf_id]
+        return ExerciseResult(name, "wrong", f"groups and evidence are right; leaf {leaf_id} ({t.title}) fixes what "
+                              "one GPU does on its own, and nothing you cited is on one GPU: it is the link between "
+                              "the GPUs of one TP group, which its all-reduce crosses every step.")
+    cells = "; ".join(f"GPU{int(a)}-GPU{int(b)} {c}" for (a, b), c in evidence.items())
+    return ExerciseResult(name, "passed", f"ranks {want} cross a link that is not NVLink ({cells}): leaf "
+                          f"{leaf_id}, {flowchart.LEAVES[leaf_id].title}.")
+
+
+def check_job_mapping(topo, devices: list[int], groups, tp: int) -> ExerciseResult:
+    """Exercise 03, part 2: TP groups over the job's own GPUs (``devices``) whose slowest link is
+    the best any partition of those GPUs reaches (Lab 3's :func:`~hwlab.labs.crosslink.grade_mapping`
+    on the part of the capture the job sees)."""
+    from hwlab.labs.crosslink.grader import grade_mapping, job_topology
+
+    if groups is not None:
+        try:
+            groups = [[int(str(g).upper().removeprefix("GPU")) for g in grp] for grp in groups]
+        except (TypeError, ValueError):
+            return ExerciseResult("mapping", "wrong", "MY_GROUPS is a list of groups of GPU ordinals")
+        extra = sorted({g for grp in groups for g in grp} - set(devices))
+        if extra:
+            return ExerciseResult("mapping", "wrong", f"GPU(s) {extra} are not this job's: it was given {devices}")
+    return grade_mapping(job_topology(topo, devices), groups, tp)
 
 
 # ---------------------------------------------------------------- 04: the FP8 path
@@ -424,3 +731,110 @@ def check_fp8_path(path: dict | None, device=None) -> ExerciseResult:
                               f"{base.message} {kv_msg}. TPOT is graded on a GPU against its bf16 TPOT.")
     ok, msg = _tpot_band(path)
     return ExerciseResult(name, "passed" if ok else "too slow", f"{base.message} {kv_msg}. {msg}.")
+
+
+# ---------------------------------------------------------------- 04 (the bucket case): another layer falls back
+def case_buckets(batches: dict[int, int] | None = None) -> list[dict[str, Any]]:
+    """Each bucket of Lab 4's second instance (:mod:`hwlab.labs.fp8.bucket_case`), profiled live
+    on this machine's CPU: its profiler rows and the step's own counts (which layers dequantized)."""
+    from hwlab.labs.fp8 import bucket_case as case
+
+    m = case.case_model("cpu")
+    out = []
+    for ctx, batch in case.CASE_BUCKETS:
+        b = (batches or {}).get(ctx, batch)
+        rows, hits = case.bucket_profile_table(m, b, ctx)
+        out.append({"ctx": ctx, "batch": b, "table": rows, "hits": hits,
+                    "fell_back": sorted({n.split(".")[-1] for n in hits["fallback_modules"]})})
+    return out
+
+
+def check_case_fallback(ctx, module, n_dequant, shape, buckets: list[dict[str, Any]] | None = None) -> ExerciseResult:
+    """Exercise 04, part 1: the bucket whose decode step falls back, the layer kind, how many weights
+    that step dequantizes and the shape (rows, in_features, out_features) of the bf16 GEMM that reads a
+    dequantized copy: all recomputed from a fresh profile of each bucket (the layers that dequantized
+    in the step), never from a label. A wrong answer is told what the profile of the bucket or layer it
+    named shows."""
+    from hwlab.labs.fp8 import bucket_case as case
+
+    name = "the bucket and the layer that fall back"
+    if ctx is None or module is None or n_dequant is None or shape is None:
+        return not_done(name, "Set MY_BUCKET, MY_MODULE, MY_DEQUANTS and MY_SHAPE.")
+    buckets = buckets or case_buckets()
+    by_ctx = {b["ctx"]: b for b in buckets}
+    if ctx not in by_ctx:
+        return ExerciseResult(name, "wrong", f"no bucket at context {ctx!r}: this service's buckets are "
+                              f"{sorted(by_ctx)}")
+    b = by_ctx[ctx]
+    n_deq = b["hits"]["dequant_ranges"]
+    if not b["fell_back"]:
+        return ExerciseResult(name, "wrong", f"ctx {ctx} x{b['batch']}: its profiled step has {n_deq} "
+                              f"{case.DEQUANT_MARK} range(s): no weight is dequantized there.", answer=ctx)
+    model = case.case_model("cpu")
+    shapes = case.layer_shapes(model)
+    mod = str(module).strip().lower()
+    if mod not in shapes:
+        return ExerciseResult(name, "wrong", f"MY_MODULE = {module!r}: name a layer kind, one of {sorted(shapes)}")
+    if mod not in b["fell_back"]:
+        o, i = shapes[mod]
+        return ExerciseResult(name, "wrong", f"a {mod} GEMM reads a ({o}, {i}) weight; in ctx {ctx}'s profile the "
+                              f"rows with that weight shape are as many as in the other buckets. Find the weight "
+                              "shape whose bf16 calls grow and whose FP8 row disappears there.", answer=mod)
+    if int(n_dequant) != n_deq:
+        return ExerciseResult(name, "wrong", f"MY_DEQUANTS = {n_dequant}: count the {case.DEQUANT_MARK} calls in "
+                              f"ctx {ctx}'s table again (one per weight dequantized in the step).", answer=n_dequant)
+    o, i = shapes[mod]
+    want = (b["batch"], i, o)
+    try:
+        got = tuple(int(x) for x in shape)
+    except (TypeError, ValueError):
+        return ExerciseResult(name, "wrong", "MY_SHAPE is (rows, in_features, out_features)")
+    if got != want:
+        return ExerciseResult(name, "wrong", f"MY_SHAPE = {got}: read the input shapes of the aten::linear row that "
+                              f"grew: the activation is (rows, 1, in_features) and the weight (out_features, "
+                              "in_features).", answer=got)
+    others = [x for x in buckets if x is not b]
+    ok_rows = sorted({x["batch"] for x in others if mod not in x["fell_back"]})
+    return ExerciseResult(name, "passed", f"ctx {ctx} x{b['batch']}: {n_deq} {mod} weights dequantized per step, "
+                          f"each read by a bf16 GEMM of {want[0]} rows x {want[1]} -> {want[2]}; at {ok_rows} rows "
+                          f"the same layer runs its FP8 kernel: its library has no kernel for {want[0]} rows "
+                          "[profiled live on this machine's CPU].")
+
+
+def check_case_batches(batches) -> ExerciseResult:
+    """Exercise 04, part 2: a batch per bucket (``{ctx: batch}``) that serves at least as many
+    rows as before, no fallback in any bucket's re-profiled step, and no bucket padded past the
+    smallest row count its profile says has an FP8 kernel (checked by profiling the next smaller
+    row count at or above the original batch)."""
+    from hwlab.labs.fp8 import bucket_case as case
+
+    name = "a bucket mix with no fallback"
+    if batches is None:
+        return not_done(name, "Set MY_BATCHES to {ctx: batch} for every bucket.")
+    want_ctx = [c for c, _ in case.CASE_BUCKETS]
+    if not isinstance(batches, dict) or sorted(batches) != sorted(want_ctx) or \
+            not all(isinstance(v, int) and not isinstance(v, bool) for v in batches.values()):
+        return ExerciseResult(name, "wrong", f"MY_BATCHES maps each bucket's context {want_ctx} to a whole batch size")
+    orig = dict(case.CASE_BUCKETS)
+    small = [c for c in want_ctx if batches[c] < orig[c]]
+    if small:
+        return ExerciseResult(name, "wrong", f"ctx {small}: fewer rows than the bucket serves today; the fix must "
+                              "keep every bucket's capacity.")
+    buckets = case_buckets(batches)
+    bad = [b for b in buckets if b["fell_back"]]
+    if bad:
+        return ExerciseResult(name, "wrong", "; ".join(f"ctx {b['ctx']} x{b['batch']}: its profiled step still has "
+                                                        f"{b['hits']['dequant_ranges']} {case.DEQUANT_MARK} range(s)"
+                                                        for b in bad))
+    m = case.case_model("cpu")
+    for c in want_ctx:
+        for smaller in range(orig[c], batches[c]):
+            _, hits = case.bucket_profile_table(m, smaller, c)
+            if not hits["fallback_modules"]:
+                return ExerciseResult(name, "wrong", f"ctx {c} x{batches[c]}: no fallback, but every step carries "
+                                      f"{batches[c] - orig[c]} padding row(s) more than needed: a smaller batch that "
+                                      "still keeps the bucket's capacity also profiles with no fallback.")
+    hits = ", ".join(f"ctx {b['ctx']} x{b['batch']}: FP8 on {b['hits']['fp8_hits']} of {b['hits']['gemm_calls']} GEMMs"
+                     for b in buckets)
+    return ExerciseResult(name, "passed", f"no fallback in any bucket ({hits}; the rest bf16 by choice: head and edge "
+                          "blocks) [profiled live on this machine's CPU].")

@@ -66,3 +66,31 @@ def grade_suspect(answer: str | None, signature_row: dict[str, Any]):
         return ExerciseResult("suspect", "passed", f"{want}: {why}.")
     return ExerciseResult("suspect", "wrong", f"not {answer}: {why}. Every rank waits in collectives in both "
                           "cases; the tail and the single-device baseline tell them apart.")
+
+
+# ---------------------------------------------------------------- exercise 03: a job's rank map
+def job_topology(topo, devices: list[int]):
+    """The part of ``topo`` a job sees: only the GPUs it was given (links between them kept)."""
+    from hwlab.core.topology import Topology
+
+    names = [topo._name(d) for d in devices]
+    links = {(a, b): c for (a, b), c in topo.links.items() if a in names and b in names}
+    return Topology(gpus=names, links=links, source=topo.source)
+
+
+def job_groups(order: list[int], tp: int) -> list[list[int]]:
+    """TP groups of consecutive ranks, as device ordinals: rank r runs on ``order[r]``."""
+    return [list(order[i:i + tp]) for i in range(0, len(order), tp)]
+
+
+def crossing_groups(topo, order: list[int], tp: int) -> list[list[int]]:
+    """Rank groups (lists of ranks) whose devices include a pair not linked by NVLink."""
+    from hwlab.core.topology import is_nvlink
+
+    out = []
+    for i in range(0, len(order), tp):
+        ranks = list(range(i, min(i + tp, len(order))))
+        devs = [order[r] for r in ranks]
+        if any(not is_nvlink(topo.link(a, b)) for j, a in enumerate(devs) for b in devs[j + 1:]):
+            out.append(ranks)
+    return out

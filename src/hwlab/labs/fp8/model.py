@@ -210,6 +210,16 @@ MAIN = ("qkv", "out", "up", "down")
 #: row count), any other batch falls back to dequant + bf16 GEMM (:class:`QLinear`'s ``rows_multiple``)
 PATH_DEFAULTS: dict[str, Any] = {"main": "bf16", "connector": "bf16", "head": "bf16", "kv_fp8_from_ctx": None,
                                  "bf16_edge_layers": 0, "out_rows_multiple": None}
+#: keys a custom path may add: ``fp8_rows_multiple``, ``out_rows_multiple`` per trunk layer kind
+#: (``{"down": 4}``): that kind's FP8 kernel exists only for row counts that are a multiple of it
+OPTIONAL_PATH_KEYS = frozenset({"fp8_rows_multiple"})
+
+
+def rows_multiples(path: dict[str, Any]) -> dict[str, int]:
+    """Per trunk layer kind, the row multiple its FP8 kernel needs (kinds without one left out)."""
+    out = {"out": path.get("out_rows_multiple")}
+    out.update(path.get("fp8_rows_multiple") or {})
+    return {k: v for k, v in out.items() if v is not None}
 #: the context length from which the fixed path stores the KV cache in FP8: the long bucket only
 KV_FP8_FROM_CTX = 8192
 PATHS: dict[str, dict[str, Any]] = {
@@ -380,7 +390,7 @@ class Decoder(torch.nn.Module):
         if isinstance(path, dict):
             p = {**PATH_DEFAULTS, **path}
             bad = {k: p[k] for k in ("main", "connector", "head") if p[k] not in QLinear.MODES}
-            if bad or set(p) != set(PATH_DEFAULTS):
+            if bad or set(p) - OPTIONAL_PATH_KEYS != set(PATH_DEFAULTS):
                 raise ValueError(f"a custom path maps main/connector/head to one of {QLinear.MODES} "
                                  f"and kv_fp8_from_ctx to a context length or None; got {path!r}")
             self.path_cfg, self.path = p, "custom"
@@ -407,7 +417,8 @@ class Decoder(torch.nn.Module):
                 "up": QLinear(w(cfg.d_ff, d), mode), "down": QLinear(w(d, cfg.d_ff), mode)})
             for name in SWAP_AB_LAYERS:
                 layer[name].swap_ab = layer[name].mode == "fp8_static"
-            layer["out"].rows_multiple = p["out_rows_multiple"]
+            for name, mult in rows_multiples(p).items():
+                layer[name].rows_multiple = mult
             self.layers.append(layer)
         self.head = QLinear(w(cfg.vocab, d), p["head"])
         self.device = dev

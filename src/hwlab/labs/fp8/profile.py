@@ -15,13 +15,14 @@ from hwlab.labs.fp8.model import DEQUANT_MARK, QUANT_MARK, Decoder, QLinear
 
 
 def _profile_decode_step(m: Decoder, batch: int, ctx: int, per_row: bool = False, max_len: int | None = None,
-                         n_profiles: int = 1):
+                         n_profiles: int = 1, record_shapes: bool = False):
     """torch.profiler over one decode step at position ``ctx`` (after a prefill and one
     unprofiled decode step: the first call of a shape compiles, and any autotuned kernel
     benchmarks itself, which would put thousands of benchmark launches into the profile).
     ``per_row``: the step the serving stream runs (:mod:`.stream`: per-row lengths, the kit's
     attention kernel for every cache) on a cache of ``max_len`` positions. ``n_profiles`` > 1:
-    that many profiles of the same step, returned as a list."""
+    that many profiles of the same step, returned as a list. ``record_shapes``: the profiler keeps
+    each op's input shapes (what a profiler table groups by)."""
     gpu = m.device.type == "cuda"
     cache = m.new_cache(batch, max_len or ctx + 1)
     toks = torch.randint(0, m.cfg.vocab, (batch, ctx + 1)).to(m.device)
@@ -38,7 +39,7 @@ def _profile_decode_step(m: Decoder, batch: int, ctx: int, per_row: bool = False
             cache.len = ctx
             if per_row:
                 cache.row_len.fill_(ctx)
-            with profile(activities=acts) as prof:
+            with profile(activities=acts, record_shapes=record_shapes) as prof:
                 m(toks[:, ctx:ctx + 1], step)
                 if gpu:
                     torch.cuda.synchronize()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hwlab.labs.fp8.model import PATHS, Decoder, ModelConfig, layer_mode
+from hwlab.labs.fp8.model import PATHS, Decoder, ModelConfig, layer_mode, rows_multiples
 
 
 def memory_report(models: dict[str, Decoder], batch: int, ctx: int) -> dict[str, dict[str, int]]:
@@ -38,8 +38,8 @@ def step_bytes(cfg: ModelConfig, path: dict[str, Any], n_rows: int, kv_positions
     attention reads ``kv_positions`` cache positions in all (summed over rows, this step's
     included), from a cache stored in FP8 or not (the stream's cache, not the row's length,
     decides). With every row at ``ctx + 1`` positions it equals :func:`decode_bytes_for`.
-    An ``out`` projection with no FP8 kernel at ``n_rows`` (``out_rows_multiple``) counts as a
-    dequantized weight."""
+    A layer with no FP8 kernel at ``n_rows`` (``out_rows_multiple``, ``fp8_rows_multiple``) counts
+    as a dequantized weight."""
     p = {**PATHS["bf16"], **path}
     d = cfg.d_model
     per_layer = {"qkv": 3 * d * d, "out": d * d, "up": d * cfg.d_ff, "down": d * cfg.d_ff}
@@ -49,11 +49,11 @@ def step_bytes(cfg: ModelConfig, path: dict[str, Any], n_rows: int, kv_positions
         return elems * (1 if promised and mode == "fp8_dequant" else BYTES_PER_WEIGHT[mode])
 
     n += weight(p["connector"], d * d) + weight(p["head"], cfg.vocab * d)
-    m = p["out_rows_multiple"]
+    mult = rows_multiples(p)
     for i in range(cfg.n_layers):
         mode = layer_mode(p, cfg, i)
         for name, elems in per_layer.items():
-            fb = name == "out" and mode in ("fp8_mm", "fp8_static") and m is not None and n_rows % m != 0
+            fb = mode in ("fp8_mm", "fp8_static") and name in mult and n_rows % mult[name] != 0
             n += weight("fp8_dequant" if fb else mode, elems)
     return n + 2 * cfg.n_layers * cfg.n_heads * kv_positions * cfg.d_head * (1 if kv_fp8 else 2)
 
