@@ -31,8 +31,18 @@ ROUTE_PATTERNS = [("P2P/IPC", "NVLink or PCIe peer-to-peer (IPC)"), ("P2P/CUMEM"
 FORCE_SLOW_ROUTE = {"NCCL_P2P_DISABLE": "1"}
 #: keep NVLink multicast off on shared multi-GPU hosts (the device tool's rule)
 NCCL_SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-#: nccl-tests' bus-bandwidth factor per collective, as a function of the rank count n
-BUSBW_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_to_all": lambda n: (n - 1) / n}
+#: nccl-tests' bus-bandwidth factor per collective (doc/PERFORMANCE.md there), as a function of the
+#: rank count n; keys without underscores (``allreduce``), as :func:`busbw_factor` normalises them
+BUSBW_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
+                "reducescatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
+                "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0, "sendrecv": lambda n: 1.0}
+
+
+def busbw_factor(op: str, n: int) -> float | None:
+    """nccl-tests' busbw / algbw factor of collective ``op`` (``all_reduce`` or ``allreduce``) over
+    ``n`` ranks; None for a collective nccl-tests defines no factor for (its busbw is not stated)."""
+    f = BUSBW_FACTOR.get(op.replace("_", "").lower())
+    return f(n) if f is not None else None
 
 
 def nccl_routes(log: str) -> dict[str, int]:
@@ -60,7 +70,7 @@ def busbw_table(rank_results: list[dict[str, Any]], world: int) -> list[dict[str
     ops = ("all_reduce", "all_to_all")
     sizes = sorted({int(s) for r in rank_results for op in ops for s in r[op]})
     for op in ops:
-        factor = BUSBW_FACTOR[op](world)
+        factor = busbw_factor(op, world)
         for size in sizes:
             vals = [r[op].get(str(size), r[op].get(size)) for r in rank_results]
             if any(v is None or isinstance(v, dict) for v in vals):

@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hwlab.diagnosis import flowchart, incident
-from hwlab.core import kineto
+from hwlab.core import comms, kineto
 from hwlab.errors import UserInputError
 from hwlab.core.measure import quantile
 from hwlab.diagnosis.ranks import nvml_by_rank, render_tail
@@ -81,10 +81,6 @@ SLOW_LINK_FRACTION = 0.5  # bus bandwidth under half the link's: the link is slo
 SINGLE_DEVICE_SLOW = 1.5  # = the flowchart's B threshold
 DEVICE_OUTSIDE_NOTE_PCT = 10.0  # device time outside the host steps worth a note (the GPU runs behind)
 
-#: nccl-tests' bus-bandwidth factors (doc/PERFORMANCE.md there), by coll_key spelling
-_BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
-               "reducescatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
-               "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
 JOB_SPAN_S = 3600.0  # traces of one job are recorded within this of each other (one profiling window)
 
 
@@ -286,10 +282,6 @@ def _match(traces: dict[int, kineto.RankTrace], one_clock: bool = False) -> dict
     return {"matched": matched, "methods": dict(methods), "unmatched": unmatched, "notes": notes}
 
 
-def _bus_factor(c: kineto.Collective, n: int) -> float:
-    return _BUS_FACTOR.get(c.name, lambda n: 1.0)(n)
-
-
 def collective_table(t: kineto.RankTrace, n_ranks: int) -> list[dict[str, Any]]:
     """One rank's collectives, grouped by name, process group and size: count, time in them and
     bus bandwidth by the nccl-tests formula (algbw = bytes / time, busbw = algbw x the collective's
@@ -306,7 +298,8 @@ def collective_table(t: kineto.RankTrace, n_ranks: int) -> list[dict[str, Any]]:
         size = cs[0].n_bytes_out if name == "allgather" and cs[0].n_bytes_out else nb
         n = gs or n_ranks
         alg = size / (med_us * 1e-6) / 1e9 if size and med_us > 0 else None
-        bus = alg * _bus_factor(cs[0], n) if alg is not None and n > 1 else None
+        f = comms.busbw_factor(cs[0].name, n)
+        bus = alg * f if alg is not None and f is not None and n > 1 else None
         out.append({"name": name, "pg": pg, "n_bytes": nb, "group_size": gs, "count": len(cs),
                     "total_ms": sum(durs) / 1e3, "median_ms": med_us / 1e3, "algbw_gbps": alg, "busbw_gbps": bus,
                     "busbw_note": None if bus is not None else (
@@ -347,8 +340,8 @@ def _topology_link(folder: Path, ranks: list[int]) -> dict[str, Any] | None:
 def _busbw_gbps(c: kineto.Collective, n_ranks: int, t_us: float) -> float | None:
     if not c.n_bytes or t_us <= 0:
         return None
-    f = _BUS_FACTOR.get(c.name, lambda n: 1.0)(c.group_size or n_ranks)
-    return c.n_bytes * f / (t_us * 1e-6) / 1e9
+    f = comms.busbw_factor(c.name, c.group_size or n_ranks)
+    return c.n_bytes * f / (t_us * 1e-6) / 1e9 if f is not None else None
 
 
 def _ranges(rs: list[int]) -> str:
