@@ -21,7 +21,8 @@ understates the spread (the next repeat falls outside it as often as not), so th
 also borderline when the value sits within the range's own width of the threshold.
 
 **Estimated**. A metric whose name ends in ``_estimated`` (bytes by a traffic model over a
-measured time) or that the evidence lists under ``metric_estimated`` is an estimate; walks say so.
+measured time), that the evidence lists under ``metric_estimated``, or whose source says
+"estimated..." is an estimate; walks say so.
 
 **Lenses** (:func:`lenses`): after the leaf,
 
@@ -146,8 +147,13 @@ def straddles(criterion, spread: tuple[float, float] | None) -> bool:
 
 
 def estimated_metrics(evidence: dict[str, Any]) -> set[str]:
+    """Metrics that are estimates: named ``*_estimated``, listed under ``metric_estimated``, or
+    whose stated source (``metric_sources``) begins "estimated" (a traffic model's sector
+    amplification is an estimate whatever its name)."""
     named = {k for k in evidence if k.endswith("_estimated")}
-    return named | set(evidence.get("metric_estimated") or ())
+    by_source = {k for k, src in (evidence.get("metric_sources") or {}).items()
+                 if isinstance(src, str) and src.strip().lower().startswith("estimated")}
+    return named | set(evidence.get("metric_estimated") or ()) | by_source
 
 
 def overlap_lens(evidence: dict[str, Any], leaf_id: str | None = None) -> list[str]:
