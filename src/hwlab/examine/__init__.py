@@ -84,6 +84,14 @@ LAB_FALLBACK = {"I": "06_case_studies (the dtype / MMA-path scenario)"}
 #: question D's back-to-back run: chunks (median taken) of about this many ms each
 E2E_CHUNKS = 15
 E2E_CHUNK_MS = 5.0
+#: the phases ``on_step`` announces, in order (progress on the command line's stderr)
+PHASES = ("checked call (runs, returns tensors, leaves its inputs unchanged)",
+          "ceilings of this machine (cached or measured)",
+          "warm-up and timing (device events, median and p10-p90)",
+          "back to back (question D)", "profiling (torch.profiler)",
+          "counting bytes and FLOPs (traffic model)", "parts and the walk")
+#: the first phase after every refusal of bad input (inputs, ceilings, given counts)
+ACCEPTED_PHASE = PHASES[3]
 
 
 @dataclass
@@ -217,7 +225,8 @@ def _peak_dtype(traffic: Traffic, args: tuple, dtype_peak: str | None, c, gpu: b
 def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_flops: int | None = None,
             dtype_peak: str | None = None, make_inputs: Callable[[], Any] | None = None,
             ceilings: Any = None, ncu_target: str | None = None, name: str | None = None,
-            max_total_s: float = 20.0, **kwargs: Any) -> Examination:
+            max_total_s: float = 20.0, on_step: Callable[[str], None] | None = None,
+            **kwargs: Any) -> Examination:
     """Measure ``fn(*args, **kwargs)`` under the kit's protocol and walk the flowchart on it.
 
     ``make_inputs()`` returns a fresh argument tuple per call (used instead of ``args``, and
@@ -225,9 +234,15 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     ``dtype_peak`` ("fp32", "tf32", "bf16", "fp8") picks the GEMM ceiling of the floor.
     ``ceilings`` (a :class:`hwlab.core.ceilings.Ceilings`) defaults to this machine's cached or
     freshly measured ones. ``ncu_target`` ("MODULE:FUNC[@MODULE:INPUTS]") adds Nsight
-    Compute counters where ``ncu`` exists. The keyword names above are examine's own; every
-    other keyword goes to ``fn``.
+    Compute counters where ``ncu`` exists. ``on_step(label)`` is called as each phase starts
+    (checked call, timing, back to back, profile, counting, ceilings, parts): the command line
+    shows it as progress on stderr (:data:`PHASES`). The keyword names above are examine's own;
+    every other keyword goes to ``fn``.
     """
+    def step(label: str) -> None:
+        if on_step is not None:
+            on_step(label)
+
     if not callable(fn):
         raise UserInputError(f"{fn!r} is not callable: pass a function (MODULE:FUNC on the command line)")
     name = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
@@ -248,6 +263,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     in_tensors = tensors_of((args, kwargs))
     before = fingerprint(in_tensors)
 
+    step(PHASES[0])
     t0 = time.perf_counter()
     out = call(fn, name, args, kwargs)
     synchronize(dev)
@@ -289,9 +305,24 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
         notes.append(f"inputs not rotated (no input factory): {read_b / 2**20:.1f} MiB read per call may be "
                      f"served from the {l2 / 2**20:.0f} MiB L2; pass an input factory (--inputs)")
     run = (lambda *a: fn(*a, **kwargs)) if kwargs else fn
+    # the ceilings before timing, so every refusal of input (a corrupt cache, a dtype_peak with no
+    # ceiling, a given count no device reaches) comes before the long phases
+    step(PHASES[1])
+    c = ceilings if ceilings is not None else ceilings_mod.get(
+        dev, quick=True, progress=(lambda s: step(f"ceiling: {s}")) if on_step else None)
+    if dtype_peak and c.gemm(dtype_peak) is None:
+        _peak_dtype(Traffic(), args, dtype_peak, c, gpu, notes)  # refuses it with its one line
+    step(PHASES[2])
     timing = time_fn(run, arg_sets, dev, n_warmup=3, n_rep=20, max_total_s=max_total_s)
+    if n_bytes is not None or n_flops is not None:  # a given count no device reaches: refused now
+        _check_given_counts(Measurement(
+            name=name, t_ms=timing.median_ms, t_p10_ms=timing.p10_ms, t_p90_ms=timing.p90_ms,
+            n_bytes=int(n_bytes or 0), n_flops=int(n_flops or 0), device=device_name(dev), timer=timing.timer,
+            n_rep=len(timing.samples_ms)), c, gpu, n_bytes is not None, n_flops is not None)
     # question D: the same calls back to back as a caller runs them (short chunks, see below)
+    step(PHASES[3])
     wall_ms = back_to_back_ms(run, arg_sets, dev, timing.median_ms)
+    step(PHASES[4])
     try:
         prof = profile_calls(fn, arg_sets, kwargs, dev)
     except Exception as e:  # the measurement stands without a profile; the walk says what is missing
@@ -301,6 +332,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
 
     # counting after timing and profiling, compiled functions held eager: a torch.compile'd
     # function called under a dispatch mode runs eagerly from then on (seen with torch 2.13)
+    step(PHASES[5])
     traffic, flops_est, flops_src = _count(fn, args, kwargs, n_flops is None, notes)
     by_op = traffic.by_op()
     for k in prof.top:  # the dtypes of each dominating kernel's op, from that op's real tensors
@@ -323,7 +355,6 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
         "n_flops_source": "given by the caller" if n_flops is not None else flops_src,
         "ops": traffic.counts(), "by_op": by_op, "first_call_s": first_call_s,
     }
-    c = ceilings if ceilings is not None else ceilings_mod.get(dev, quick=True)
     peak = _peak_dtype(traffic, args, dtype_peak, c, gpu, notes)
     m = Measurement(name=name, t_ms=timing.median_ms, t_p10_ms=timing.p10_ms, t_p90_ms=timing.p90_ms,
                     n_bytes=counts["n_bytes"], n_flops=counts["n_flops"], device=device_name(dev),
@@ -371,6 +402,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
             (c.gemm(peak) if peak else None)
 
     slow = ev.get("slowdown_vs_floor")
+    step(PHASES[6])
     try:
         parts = build_parts(prof=prof, traffic=traffic, t_ms=m.t_ms, gpu=gpu, copy_gbps=c.copy_gbps,
                             gemm_tflops_for=gemm_tflops_for, whole_floor_ms=m.t_ms / slow if slow else None,
