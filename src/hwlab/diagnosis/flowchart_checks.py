@@ -54,6 +54,8 @@ PHYSICAL_RANGES: dict[str, tuple[float, float, str]] = {
                                      "re-run ncu with dram__throughput.avg.pct_of_peak_sustained_elapsed"),
     "sector_amplification": (1.0, INF, "fewer sectors than the requested bytes need: sectors and requests were "
                                        "counted in different scopes; re-run ncu reading both from l1tex global loads"),
+    "traffic_ratio_estimated": (1.0, INF, "fewer bytes moved than the work requires: the traffic model missed "
+                                          "ops (Triton or compiled kernels); count the bytes with ncu"),
     "tensor_pipe_pct": (0.0, 100.0, "a pipe busier than every cycle: the counter was misread; re-run ncu"),
     "tensor_pct_of_peak": (0.0, INF, "a negative rate: the FLOP count or the time is wrong; re-measure"),
     "launch_gap_pct": (0.0, 100.0, "an idle share outside 0-100% of the step: the step and kernel times "

@@ -63,13 +63,14 @@ from hwlab.examine.ncu_counters import collect as ncu_collect
 from hwlab.examine.torch_profile import ProfileSummary, profile_calls
 from hwlab.diagnosis.flowchart import LEAVES, Diagnosis, diagnose
 from hwlab.core.measure import (
-    InsufficientMemoryError, Measurement, device_name, l2_bytes_of, n_rotating_sets, require_memory,
-    synchronize, time_fn)
+    InsufficientMemoryError, Measurement, device_name, l2_bytes_of, last_level_cache_bytes, n_rotating_sets,
+    require_memory, synchronize, time_fn)
 from hwlab.core.store import dumps_strict
 from hwlab.core.system import versions
 from hwlab.core import validate
 from hwlab.examine.ncu_counters import MAX_KERNELS
 from hwlab.examine.parts import Part, Parts, build_parts
+from hwlab.examine.rates import settle_copy, settle_gemm, traffic_ratio
 
 #: torch dtype of the matmul inputs -> the measured GEMM ceiling that is its floor. fp32 data
 #: can take the TF32 MMA path, so its floor is the TF32 rate (pass dtype_peak="fp32" when the
@@ -379,11 +380,32 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     counts["moved_bytes"] = moved
     counts["sector_amplification_estimated"] = amp
 
+    # a rate above a measured ceiling: the ceiling raised where the rate proves it low (examine.rates)
+    cache_b = last_level_cache_bytes(dev)
+    counts["cache_bytes"] = cache_b
+    s_copy = settle_copy(moved / (m.t_ms * 1e6) if m.t_ms > 0 else None, c.copy_gbps, counts["n_bytes"], cache_b)
+    s_gemm = settle_gemm(m.tflops if m.n_flops and m.t_ms > 0 else None, c.gemm(peak) if peak else None, peak)
+    counts["ceilings_raised"] = [x.note for x in (s_copy, s_gemm) if x.raised]
+    notes += [x.note for x in (s_copy, s_gemm) if x.note]
+    if s_copy.raised or s_gemm.raised:
+        label = c.label
+        c = ceilings_mod.Ceilings.from_dict(c.to_dict())
+        if s_copy.raised:
+            c.copy_gbps = s_copy.ceiling * (1 + 1e-9)  # the achieved rate reads 100%, not a rounding over it
+        if s_gemm.raised:
+            c.gemm_tflops[peak] = s_gemm.ceiling * (1 + 1e-9)
+        c.source = (f"{label}; RAISED for this examination to the achieved "
+                    + " and ".join(w for w, x in (("copy rate", s_copy), (f"{peak} GEMM rate", s_gemm)) if x.raised)
+                    + " (not re-measured, not cached)")
+        m = m.with_ceilings(gbps=c.copy_gbps, tflops=c.gemm(peak) if peak else None, source=c.label)
+    ratio = (traffic_ratio(moved, counts["n_bytes"], counts["n_bytes"], cache_b)
+             if counts["moved_bytes_source"].startswith("estimated") else None)
+
     many = prof.on_gpu and prof.kernels_per_call > MAX_KERNELS  # then count only the top kernels
     ncu = ncu_collect(ncu_target, notes, top_kernels=[k["name"] for k in prof.top] if many else None) \
         if ncu_target else None
     ev, sources = build_evidence(m, moved=moved, amp=amp, prof=prof, wall_ms=wall_ms,
-                                 flop_bound=flop_bound(m), ncu=ncu, on_gpu=gpu)
+                                 flop_bound=flop_bound(m), ncu=ncu, on_gpu=gpu, traffic_ratio=ratio)
     diag = diagnose({**ev, "metric_sources": sources})  # the walk prints what measured each answer
     if diag.undecided is not None and diag.undecided.id == "H" and not flop_bound(m):
         notes.append("H asks about Tensor-Core use, which applies to matmul work; this function's floor is "
@@ -407,7 +429,8 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
         parts = build_parts(prof=prof, traffic=traffic, t_ms=m.t_ms, gpu=gpu, copy_gbps=c.copy_gbps,
                             gemm_tflops_for=gemm_tflops_for, whole_floor_ms=m.t_ms / slow if slow else None,
                             whole_slowdown=slow, e2e_slowdown=ev.get("e2e_slowdown"),
-                            out_keys=traffic.out_keys, ncu=ncu, lab_for=leaf_lab)
+                            out_keys=traffic.out_keys, ncu=ncu, lab_for=leaf_lab, cache_bytes=cache_b,
+                            whole_leaf=diag.leaf_id)
     except Exception as e:  # the whole-function walk stands; the parts say why they are missing
         parts = Parts([], m.t_ms, "", None, error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
     if parts.headline is not None and parts.headline.leaf_id != diag.leaf_id:
