@@ -22,7 +22,9 @@ What happens, in order (each step refuses bad input with one line saying what to
 6. **Evidence and walk.** Only measured metrics enter :func:`hwlab.diagnosis.flowchart.diagnose` (the
    table in :data:`METRIC_SOURCES`); the walk names its leaf, the seed's actions, the lab.
    With no matmul FLOPs counted and no tensor-core kernel in the profile, the Tensor-Core
-   question is answered "not applicable" and the walk goes on to J.
+   question is answered "not applicable" and the walk goes on to J. A rate above a measured
+   ceiling raises that ceiling where the working set proves it low, and moved over required
+   bytes of 2 or more answers F (:mod:`hwlab.examine.rates`); the report says which was raised.
 7. **Parts** (:mod:`hwlab.examine.parts`): the measured time split by part (kernels joined to
    the aten ops that launched them, plus GPU idle), each part floored and walked on its own
    metrics; the headline (``leaf_id``) is the part with the largest expected gain, and the
