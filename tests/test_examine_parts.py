@@ -269,7 +269,8 @@ def test_parts_of_a_composed_function_match_the_parts_examined_alone(cpu_ceiling
         big, small = (G, E) if g.measurement.t_ms > c.measurement.t_ms else (E, G)
         alone = {G: g.measurement.t_ms, E: c.measurement.t_ms}
         assert alone[big] > 10 * alone[small], (n, m, alone)  # the mixes are built that far apart
-        assert w[big].t_ms > w[small].t_ms and w[big].share_pct >= 50.0, (n, m, alone, [(p.name, p.share_pct, p.n_items) for p in whole.parts.parts], whole.parts.notes)
+        assert w[big].t_ms > w[small].t_ms and w[big].share_pct >= 50.0, (
+            n, m, alone, [(p.name, p.share_pct, p.n_items) for p in whole.parts.parts], whole.parts.notes)
         assert abs(sum(p.share_pct for p in whole.parts.parts) - 100) <= COVERAGE_TOL_PCT
         gains = {G: ga.saved_ms or 0.0, E: ca.saved_ms or 0.0}
         bigger, smaller = sorted(gains, key=gains.get, reverse=True)

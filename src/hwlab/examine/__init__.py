@@ -151,7 +151,8 @@ class Examination:
                      "undecided_at": d.undecided.id if d.undecided else None,
                      "steps": [{"question": s.question, "answer": s.answer, "metric": s.metric,
                                 "value": s.value, "rule": s.criterion, "overridden": s.overridden,
-                                "how": "estimated" if s.estimated and not s.by_hand else s.how, "source": self.evidence_sources.get(s.metric, "by hand")}
+                                "how": "estimated" if s.estimated and not s.by_hand else s.how,
+                                "source": self.evidence_sources.get(s.metric, "by hand")}
                                for s in d.steps],
                      "explain": d.explain(),
                      "borderline": d.to_dict()["borderline"], "invalid": d.to_dict()["invalid"],
