@@ -186,3 +186,23 @@ def test_host_outside_ops_heads_only_beyond_its_spread_and_with_a_whole_walk_on_
     assert host_headline_refusal(0.2, [0.1, 0.5, 0.3], "J") is not None       # inside its spread
     assert host_headline_refusal(2.0, [1.9, 2.1, 2.0], "G") is not None       # the whole walk says G
     assert host_headline_refusal(2.0, [1.9, 2.1, 2.0], "J") is None
+
+
+def test_recorded_h200_model_gemm_above_its_gemm_ceiling_is_walked_not_undecided():
+    """The recorded H200 model's bf16 GEMM part (examine_parts.json) ran above the bf16 GEMM ceiling
+    of the same record: recorded "faster than its floor -> undecided at B". FLOPs do not come from a
+    cache, so the ceiling is raised to the achieved rate and the walk decides B at 1x its floor."""
+    from hwlab.core import evidence, specs
+    from hwlab.examine.parts import rewalk
+    rec = evidence.recorded("examine_parts")
+    entries = rec.extra["entries"]
+    entry = entries["model"] if isinstance(entries, dict) else next(e for e in entries if e["name"] == "model")
+    d = next(p for p in entry["parts"]["parts"] if p["name"] == "gemm bfloat16")
+    bf16 = rec.ceilings["gemm_tflops"]["bf16"]
+    assert d["tflops"] > bf16 and d["leaf"] is None  # the recorded case: above the ceiling, undecided
+    l2 = int(specs.lookup(rec.machine["device"]).l2_mib * 2**20)
+    p = rewalk(d, copy_gbps=rec.ceilings["copy_gbps"], gemm_tflops=bf16, cache_bytes=l2,
+               e2e_slowdown=entry["evidence"].get("e2e_slowdown"))
+    assert p.ceiling_tflops == pytest.approx(d["tflops"]) and "RAISED" in p.ceilings_raised[-1]
+    b = p.walk.steps[0]
+    assert b.question == "B" and b.value == pytest.approx(1.0) and p.leaf_id is not None, p.walk.explain()
