@@ -292,7 +292,7 @@ keys, names = ("t_compute_alone_ms", "t_comm_alone_ms", "t_overlapped_ms"), ("co
 fig, ax = plt.subplots(figsize=(8, 3.5))
 for i, side in enumerate(("fast", "slow")):
     ax.bar([x + 0.4 * i for x in range(3)], [o1[side][k] for k in keys], width=0.4,
-           label=f"{side}: {o1[side]['link']}, {o1[side]['hidden_pct']:.0f}% of what could hide")
+           label=f"{side}: {o1[side]['link']}, " + lab.overlap_shown(o1[side])["text"].split(":")[0])
 ax.set_xticks([x + 0.2 for x in range(3)], names)
 ax.set_ylabel("ms per step (pair's slower rank, median)")
 ax.set_title(f"Overlap of the micro-batched block's all-reduces ({first.label})", fontsize=9)
@@ -300,12 +300,13 @@ ax.legend(fontsize=8)
 plt.show()
 for side in ("fast", "slow"):
     o = o1[side]
-    print(f"{side} ({o['link']}): hidden {o['hidden_pct']:.0f}% of what could hide (median of "
-          f"{len(o['hidden_pct_repeats'])} launches: " + ", ".join(f"{h:.0f}%" for h in o["hidden_pct_repeats"])
+    print(f"{side} ({o['link']}): {lab.overlap_shown(o)['text']} (median of {len(o['hidden_pct_repeats'])} "
+          "launches: " + ", ".join(f"{h:.0f}%" + ("" if 0 <= h <= 100 else " invalid") for h in o["hidden_pct_repeats"])
           + f"); comm alone {o['t_comm_alone_ms']:.1f} ms, compute alone {o['t_compute_alone_ms']:.1f} ms  [{first.label}]")
 oc = cal["overlap"]["slow"]
-print(f"calibrated case ({oc['link']}): hidden {oc['hidden_pct']:.0f}% (launches: "
-      + ", ".join(f"{h:.0f}%" for h in oc["hidden_pct_repeats"]) + f")  [{sw.label}]")
+print(f"calibrated case ({oc['link']}): {lab.overlap_shown(oc)['text']} (launches: "
+      + ", ".join(f"{h:.0f}%" + ("" if 0 <= h <= 100 else " invalid") for h in oc["hidden_pct_repeats"])
+      + f")  [{sw.label}]")
 print(f"rule 3c: under {lab.OVERLAP_FAILED_PCT:.0f}% of what could hide, the overlap did not really happen; "
       "the walks' overlap lines say which case each link is:")
 for case, src_, name in ((first.extra["experiment"], first.label, "naive"), (first.extra["experiment"], first.label, "aware"),

@@ -41,9 +41,7 @@ def test_doctor_remeasure_holds_the_fresh_ceilings_against_the_cache(tmp_path, m
     """A cache whose copy ceiling is ten times this machine's, with a tight band at the sizes
     a quick re-measure uses: the re-measure says the cache was not today's."""
     monkeypatch.setenv("HWLAB_CACHE", str(tmp_path))
-    assert cli.main(["doctor", "--quick", "--json"]) == 0
-    capsys.readouterr()
-    p = ceilings.cache_path()
+    p = ceilings.save(ceilings.measure(quick=True))  # written as is: a busy host's band is tampered below
     d = json.loads(p.read_text())
     band = d["bands"]["copy"]
     t = band["t_ms"] / 10  # a ten times faster copy, every repeat
@@ -54,3 +52,57 @@ def test_doctor_remeasure_holds_the_fresh_ceilings_against_the_cache(tmp_path, m
     st = json.loads(capsys.readouterr().out)["ceilings_status"]
     copy = [x for x in st["drift_vs_previous_cache"] if x.startswith("copy")]
     assert len(copy) == 1 and ("CACHE NOT TODAY'S" in copy[0] or "borderline" in copy[0])
+
+
+def _m(name, t_ms, p10, p90, n_rep, n_bytes=0, n_flops=0, params=None):
+    from hwlab.core.measure import Measurement
+    return Measurement(name=name, t_ms=t_ms, t_p10_ms=p10, t_p90_ms=p90, n_bytes=n_bytes, n_flops=n_flops,
+                       device="CPU", timer="test", n_rep=n_rep, params=params or {})
+
+
+def _cached_stable(tmp_path, monkeypatch):
+    """A stable cache written by the kit's own writer: copy and fp32 GEMM with tight bands."""
+    monkeypatch.setenv("HWLAB_CACHE", str(tmp_path))
+    n = 2 * 256 ** 3
+    old = Ceilings(device="CPU", copy_gbps=40.0, gemm_tflops={"fp32": n / (0.2e-3) / 1e12},
+                   measured_at="2026-01-01T00:00:00+00:00",
+                   bands={"copy": {"t_ms": 3.3, "t_p10_ms": 3.2, "t_p90_ms": 3.4, "n_rep": 20, "params": PARAMS},
+                          "gemm fp32": {"t_ms": 0.2, "t_p10_ms": 0.19, "t_p90_ms": 0.21, "n_rep": 10,
+                                        "params": {"m": 256}}})
+    ceilings.save(old)
+    return old, n
+
+
+def _busy_probes(monkeypatch, n):
+    """The measuring seam: a steady copy, and a GEMM on a busy host, 16x slower with a band of
+    several times its median (the issue's poisoned case)."""
+    from hwlab.core import probes
+    monkeypatch.setattr(probes, "hbm_copy", lambda **k: _m("copy", 3.3, 3.25, 3.35, 20, n_bytes=150 * 10**6,
+                                                             params=PARAMS))
+    monkeypatch.setattr(probes, "gemm", lambda **k: _m("gemm", 3.2, 0.5, 9.0, 10, n_flops=n,
+                                                         params={"m": 256}))
+
+
+def test_remeasure_never_caches_an_unstable_ceiling_and_says_it_kept_the_old_one(tmp_path, monkeypatch, capsys):
+    old, n = _cached_stable(tmp_path, monkeypatch)
+    _busy_probes(monkeypatch, n)
+    assert cli.main(["doctor", "--quick", "--remeasure", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    cached = json.loads(ceilings.cache_path().read_text())
+    assert cached["gemm_tflops"]["fp32"] == old.gemm_tflops["fp32"]  # the cache kept its value
+    assert cached["bands"]["gemm fp32"]["t_p90_ms"] == 0.21
+    assert rep["ceilings"]["gemm_tflops"]["fp32"] == old.gemm_tflops["fp32"]  # and it is the one in use
+    kept = rep["ceilings_status"]["not_cached_unstable"]
+    assert [k["ceiling"] for k in kept] == ["gemm fp32"] and kept[0]["kept"] == old.gemm_tflops["fp32"]
+    assert "band" in kept[0]["why"] and "NOT cached" in rep["ceilings_status"]["label"]
+    assert cached["copy_gbps"] != old.copy_gbps  # a stable fresh ceiling still replaces the old one
+    assert cli.main(["doctor", "--quick", "--remeasure"]) == 0
+    assert "NOT cached" in capsys.readouterr().out
+
+
+def test_an_unstable_ceiling_with_nothing_to_keep_is_not_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("HWLAB_CACHE", str(tmp_path))
+    _busy_probes(monkeypatch, 2 * 256 ** 3)
+    c = ceilings.get("cpu", quick=True)
+    assert not ceilings.cache_path("cpu").exists()
+    assert "NOT cached" in c.label and "measures again" in c.label

@@ -219,9 +219,15 @@ def test_a_row_gather_on_cpu_lands_on_a_leaf_with_an_action_that_fits(cpu_ceilin
 @pytest.mark.slow
 def test_parts_of_a_composed_function_match_the_parts_examined_alone(cpu_ceilings):
     """A GEMM and an unfused chain: the composed function's parts against each examined alone, in
-    two mixes (chain-heavy, GEMM-heavy). Counted floors must match exactly; times only as ratios
-    within one run (a busy 2-core CPU moves absolute times between runs); the headline is the
-    part with the larger gain when the parts alone differ clearly."""
+    two mixes, one GEMM-heavy and one chain-heavy by two orders of magnitude of work. What is
+    counted must match exactly: ops per call, FLOPs, fused floor bytes, floors. Times are not
+    compared as fractions between runs: on a CPU the same ops run at different speeds composed and
+    alone (cache and allocator state, and the profiler's per-op overhead, which weighs on small
+    ops; a busy host moves one run against the other). One thread runs every op: on a busy host a
+    parallel op waits a whole time slice for its preempted thread, which decides nothing about the
+    split. What must hold is where the time goes:
+    the part that dominates alone (by more than 10x) holds most of the composed function's time.
+    The headline is the part with the larger gain when the parts alone differ clearly."""
     def gemm(a, b):
         return a @ b
 
@@ -236,21 +242,35 @@ def test_parts_of_a_composed_function_match_the_parts_examined_alone(cpu_ceiling
         return gemm(a, b), chain(x)
 
     G, E = "gemm float32", "elementwise/reduction"
-    for n, m in ((96, 1 << 22), (512, 1 << 12)):
+    def examined(n, m):
         ins = lambda: (torch.randn(n, n), torch.randn(n, n), torch.randn(m))  # noqa: E731
-        whole = examine(both, make_inputs=ins, ceilings=cpu_ceilings, max_total_s=1.0)
-        g = examine(gemm, make_inputs=lambda: ins()[:2], ceilings=cpu_ceilings, max_total_s=1.0)
-        c = examine(chain, make_inputs=lambda: ins()[2:], ceilings=cpu_ceilings, max_total_s=1.0)
+        return [examine(f, make_inputs=mk, ceilings=cpu_ceilings, max_total_s=1.0) for f, mk in (
+            (both, ins), (gemm, lambda: ins()[:2]), (chain, lambda: ins()[2:]))]
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a parallel op on a busy host waits a whole time slice for a preempted thread
+    try:
+        runs = [(n, m, *examined(n, m)) for n, m in ((1024, 1 << 16), (64, 1 << 21))]
+    finally:
+        torch.set_num_threads(threads)
+    for n, m, whole, g, c in runs:
         w = {p.name: p for p in whole.parts.parts}
         ga, ca = {p.name: p for p in g.parts.parts}[G], {p.name: p for p in c.parts.parts}[E]
-        # bytes and FLOPs attributed to each part are those of the part alone
+        # ops, bytes and FLOPs attributed to each part are those of the part alone
+        assert w[G].n_items == ga.n_items and w[E].n_items == ca.n_items
         assert w[G].flops == ga.flops == 2 * n ** 3 and w[E].flops == ca.flops == 0
-        assert w[G].floor_ms == pytest.approx(ga.floor_ms) and w[E].floor_ms == pytest.approx(ca.floor_ms)
+        for a, b in ((w[G], ga), (w[E], ca)):  # floors equal, unless a rate above a ceiling raised it (rates)
+            if a.ceilings_raised or b.ceilings_raised:  # then the floor follows a timed rate: within the ceiling
+                assert all(x.tflops <= x.ceiling_tflops * (1 + 1e-6) for x in (a, b) if x.tflops and x.ceiling_tflops)
+            else:
+                assert a.floor_ms == pytest.approx(b.floor_ms)
         assert w[E].floor_bytes == ca.floor_bytes == 2 * 4 * m
-        # the split of the measured time: the GEMM's fraction of the two parts, whole vs alone
-        frac_whole = w[G].t_ms / (w[G].t_ms + w[E].t_ms)
-        frac_alone = ga.t_ms / (ga.t_ms + ca.t_ms)
-        assert frac_whole == pytest.approx(frac_alone, abs=0.15), (n, m)
+        # where the time goes: the part dominating alone dominates the composed function
+        big, small = (G, E) if g.measurement.t_ms > c.measurement.t_ms else (E, G)
+        alone = {G: g.measurement.t_ms, E: c.measurement.t_ms}
+        assert alone[big] > 10 * alone[small], (n, m, alone)  # the mixes are built that far apart
+        assert w[big].t_ms > w[small].t_ms and w[big].share_pct >= 50.0, (
+            n, m, alone, [(p.name, p.share_pct, p.n_items) for p in whole.parts.parts], whole.parts.notes)
         assert abs(sum(p.share_pct for p in whole.parts.parts) - 100) <= COVERAGE_TOL_PCT
         gains = {G: ga.saved_ms or 0.0, E: ca.saved_ms or 0.0}
         bigger, smaller = sorted(gains, key=gains.get, reverse=True)

@@ -419,3 +419,31 @@ def test_grade_suspect_follows_the_measured_signature():
     assert C.grade_suspect(None, topo).status == "not done yet"
     assert C.grade_suspect("network", topo).status == "wrong"
     assert C.grade_suspect("kernel", {**topo, "slowdown_vs_floor": 3.0}).status == "wrong"  # mixed
+
+
+def test_an_overlap_share_above_its_whole_is_shown_invalid_with_why_it_overshot():
+    """Lab 3's recorded slow link reads over 100% hidden in some launches: not evidence. The walk
+    marks it invalid (not "within its spread"), and what the learner is shown says by how much
+    the overlapped step beat the all-reduces alone against the phases' own round-to-round
+    spread, re-derived from the raw per-rank series."""
+    from hwlab.diagnosis import flowchart
+    from hwlab.labs.crosslink.overlap import round_series
+    exp = recorded("lab03_slowlink", "cpu").extra["experiment"]
+    slow = exp["overlap"]["slow"]
+    over = [r for r in [slow] + slow["other_repeats"] if r["hidden_pct"] > 100]
+    assert over, "the recorded slow-link launches include shares over 100%"
+    for r in over:
+        s = C.overlap_shown(r)
+        assert not s["valid"] and "INVALID" in s["text"] and "%" not in s["text"].split("INVALID")[0]
+        longer = max(r["t_comm_alone_ms"], r["t_compute_alone_ms"])
+        assert s["overshoot_ms"] == pytest.approx(longer - r["t_overlapped_ms"])
+        ser = round_series(r["ranks_raw"], "pair", [0, 1])
+        comm_w = statistics.quantiles(ser["t_comm_alone_ms"], n=10, method="inclusive")
+        assert comm_w[-1] - comm_w[0] > s["overshoot_ms"] > 0  # the overshoot is inside the comm's own noise
+        assert "measured round-to-round noise" in s["text"]
+    ev = exp["naive"]["flowchart_evidence"]
+    if ev["overlap_hidden_pct"] > 100:
+        lens = "\n".join(flowchart.diagnose(ev).lens_notes)
+        assert "INVALID, not evidence" in lens and "reads as all" not in lens and "sooner than" in lens
+    for r in [exp["overlap"]["fast"]] + exp["overlap"]["fast"]["other_repeats"]:
+        assert C.overlap_shown(r)["text"] == f"hidden {r['hidden_pct']:.0f}% of what could hide"

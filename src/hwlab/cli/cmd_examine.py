@@ -10,6 +10,8 @@ the report says so. With ``--model`` the target is a factory returning ``(module
 or a function returning one), examined in eval mode under ``torch.no_grad``.
 ``--out X.json`` also writes the profiler's Chrome trace to ``X.trace.json`` (open it in
 Perfetto or chrome://tracing); both destinations are checked before anything is measured.
+Progress (import, checked call, timing, back to back, profile, counting, ceilings, parts) goes
+to stderr as each phase starts; stdout carries only the report (or strict JSON with --json).
 Exit codes: 0 the walk lands on OK, 1 it lands on another leaf (a finding), 2 bad input (one
 line, nothing printed or written; also a target that calls ``sys.exit`` on import, and a
 ``--n-bytes`` or ``--n-flops`` implying a rate no device reaches, refused once the timing shows
@@ -70,14 +72,19 @@ def cmd_examine(a) -> int:
     from hwlab.examine.target import load
     from hwlab.core.store import check_destination, rescue, write_text_atomic
 
+    from hwlab.cli.console import Steps
+    from hwlab.examine import ACCEPTED_PHASE, PHASES
+
     out = check_destination(a.out, overwrite=a.force) if a.out else None  # before measuring
     if out is not None and out.suffix != ".json":
         raise UserInputError(f"--out {a.out}: give a .json file name")
     trace_out = check_destination(trace_path_for(out), overwrite=a.force) if out is not None else None
-    if a.model:
-        ex = _examine_model(a)
-    else:
-        ex = _examine_function(a)
+    with Steps("hwlab examine", 1 + len(PHASES)) as st:  # progress on stderr only: stdout stays JSON
+        held = HeldSteps(st.step, ACCEPTED_PHASE)
+        try:
+            ex = _examine_model(a, held) if a.model else _examine_function(a, held)
+        finally:
+            held.stop()
     save_err = None
     if out is not None:  # checked before measuring; a write that still fails goes to the rescue folder
         try:
@@ -98,28 +105,69 @@ def cmd_examine(a) -> int:
     return EXIT_OK if ex.leaf_id == "OK" else EXIT_FINDING
 
 
+#: progress lines wait this long (s), or until the inputs are accepted, whichever comes first
+HOLD_S = 10.0
+
+
+class HeldSteps:
+    """Progress steps held back until ``release_at`` is announced (every refusal of bad input,
+    which must stay one line, comes before it) or :data:`HOLD_S` have passed (a long examination
+    shows where it is even while a slow first call or a ceiling measurement runs); then the held
+    steps are shown in order, and the later ones as they come."""
+
+    def __init__(self, step, release_at: str, hold_s: float = HOLD_S):
+        import threading
+
+        self._step, self._release_at = step, release_at
+        self._held: list[str] | None = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(hold_s, self._release)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _release(self) -> None:
+        with self._lock:
+            held, self._held = self._held, None
+            for label in held or []:
+                self._step(label)
+
+    def __call__(self, label: str) -> None:
+        with self._lock:
+            if self._held is not None and label != self._release_at:
+                self._held.append(label)
+                return
+        self._release()
+        with self._lock:
+            self._step(label)
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
 def trace_path_for(out: Path) -> Path:
     """``X.json`` -> ``X.trace.json``: the Chrome trace beside the examination."""
     return out.with_name(out.stem + ".trace.json")
 
 
-def _examine_model(a):
+def _examine_model(a, step):
     from hwlab.examine import examine
     from hwlab.examine.target import load_model
 
+    step(f"import {a.target} (the model factory)")
     module, args, make = load_model(a.target)
     if a.inputs:
         raise UserInputError("--model takes its inputs from the factory: leave out --inputs")
     ex = examine(module, *args, make_inputs=make, n_bytes=a.n_bytes, n_flops=a.n_flops, dtype_peak=a.dtype_peak,
-                 ncu_target=f"model={a.target}" if a.ncu else None, name=a.target)
+                 ncu_target=f"model={a.target}" if a.ncu else None, name=a.target, on_step=step)
     ex.notes.append(f"module and inputs from the factory {a.target}")
     return ex
 
 
-def _examine_function(a):
+def _examine_function(a, step):
     from hwlab.examine import examine
     from hwlab.examine.target import load
 
+    step(f"import {a.target} and its inputs")
     fn, mod = load(a.target)
     if a.inputs:
         make, inputs_spec = load(a.inputs, "input factory")[0], a.inputs
@@ -130,7 +178,7 @@ def _examine_function(a):
                              "tuple (or define `inputs()` in its module)")
     spec = f"{a.target}@{inputs_spec}"
     ex = examine(fn, make_inputs=make, n_bytes=a.n_bytes, n_flops=a.n_flops, dtype_peak=a.dtype_peak,
-                 ncu_target=spec if a.ncu else None, name=a.target)
+                 ncu_target=spec if a.ncu else None, name=a.target, on_step=step)
     ex.notes.append(f"inputs from {inputs_spec}")
     return ex
 

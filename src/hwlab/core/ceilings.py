@@ -15,6 +15,12 @@ fresh measurement can be held against the cache: :func:`drift` flags a ceiling w
 value differs from the cached one by more than both runs' spread (:mod:`hwlab.core.spread`'s rule,
 with ``DRIFT_TOL_PCT``, 10%, as the tolerance: the size of change that moves a "% of ceiling"
 verdict), and says when the change is within spread (borderline) instead.
+
+A fresh measurement is cached only where its own timing is stable (:func:`to_cache`, with
+:func:`hwlab.core.spread.unstable`: at least ``MIN_REPEATS`` repeats and a p10-p90 band at most
+``NOISY_SPREAD_PCT`` of its median). An unstable ceiling measured the host's load, and every later
+"% of ceiling" would be judged against it; the previous cached value is kept in its place (and said
+so), and with no previous value nothing is cached, so the next run measures again.
 """
 from __future__ import annotations
 
@@ -154,6 +160,65 @@ def drift(cached: Ceilings, fresh: Ceilings) -> list[str]:
     return out
 
 
+def value_of(c: Ceilings, key: str) -> float | None:
+    """The ceiling named by a ``bands`` key ("copy", "gemm fp32", "host link")."""
+    if key == "copy":
+        return c.copy_gbps
+    if key.startswith("gemm"):
+        return c.gemm_tflops.get(key.split()[-1])
+    return c.host_link_gbps if key == "host link" else None
+
+
+def _set_value(c: Ceilings, key: str, v: float) -> None:
+    if key == "copy":
+        c.copy_gbps = v
+    elif key.startswith("gemm"):
+        c.gemm_tflops[key.split()[-1]] = v
+    elif key == "host link":
+        c.host_link_gbps = v
+
+
+def to_cache(fresh: Ceilings, previous: Ceilings | None) -> tuple[Ceilings, bool, list[dict[str, Any]]]:
+    """The ceilings to use and cache after a measurement (module doc): ``(ceilings, cacheable,
+    kept)``. Each fresh ceiling whose own band is unstable is replaced by ``previous``'s value and
+    band where it has one; ``kept`` lists each unstable ceiling (``ceiling``, ``fresh``, ``kept``:
+    the value in use, None when no previous value existed, ``why``). ``cacheable`` is False when an
+    unstable ceiling had no previous value to keep: then nothing may be cached."""
+    from hwlab.core.spread import Band, unstable
+
+    out = Ceilings.from_dict(fresh.to_dict())
+    kept: list[dict[str, Any]] = []
+    cacheable = True
+    for key, b in fresh.bands.items():
+        why = unstable(Band(b["t_ms"], b["t_p10_ms"], b["t_p90_ms"], b["n_rep"]))
+        if why is None:
+            continue
+        old = value_of(previous, key) if previous is not None else None
+        if old is None:
+            cacheable = False
+        else:
+            _set_value(out, key, old)
+            if key in previous.bands:
+                out.bands[key] = previous.bands[key]
+            else:
+                out.bands.pop(key, None)
+        kept.append({"ceiling": key, "fresh": value_of(fresh, key), "kept": old, "why": why,
+                     "kept_measured_at": previous.measured_at if old is not None else None})
+    return out, cacheable, kept
+
+
+def kept_lines(kept: list[dict[str, Any]]) -> list[str]:
+    """One line per unstable fresh ceiling (:func:`to_cache`): what was measured, why it is not
+    cached, and which value is in use."""
+    out = []
+    for k in kept:
+        head = f"{k['ceiling']}: fresh {k['fresh']:,.4g} NOT cached, unstable ({k['why']})"
+        out.append(head + (f"; kept the previous {k['kept']:,.4g} (measured {str(k['kept_measured_at'])[:16]})"
+                           if k["kept"] is not None else "; no previous value to keep: nothing cached, "
+                           "the next run measures again"))
+    return out
+
+
 def save(c: Ceilings, device=None, *, overwrite: bool = False) -> Path:
     return write_json_atomic(cache_path(device), c.to_dict(), overwrite=overwrite)
 
@@ -174,13 +239,22 @@ def load_cached(device=None) -> Ceilings | None:
 
 
 def get(device=None, *, remeasure: bool = False, quick: bool = False, progress=None) -> Ceilings:
-    """Cached ceilings for this machine, measuring (and caching) them when absent."""
-    if not remeasure:
-        c = load_cached(device)
-        if c is not None:
-            return c
-    c = measure(device, quick=quick, progress=progress)
-    save(c, device, overwrite=True)  # a cache: re-measuring is the explicit request
+    """Cached ceilings for this machine, measuring (and caching) them when absent. An unstable
+    fresh ceiling is never cached (:func:`to_cache`); its ``source`` then says so."""
+    try:
+        previous = load_cached(device)
+    except InputError:
+        if not remeasure:
+            raise
+        previous = None  # an unreadable cache is replaced: re-measuring is the remedy it names
+    if not remeasure and previous is not None:
+        return previous
+    fresh = measure(device, quick=quick, progress=progress)
+    c, cacheable, kept = to_cache(fresh, previous)
+    if cacheable:
+        save(c, device, overwrite=True)  # a cache: re-measuring is the explicit request
+    if kept:
+        c.source = f"measured on {c.device}, {c.measured_at[:10]}; " + "; ".join(kept_lines(kept))
     return c
 
 

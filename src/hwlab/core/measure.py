@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 import os
 import platform
 import statistics
@@ -221,6 +222,28 @@ def l2_bytes_of(device: torch.device) -> int | None:
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).L2_cache_size)
     return None
+
+
+def last_level_cache_bytes(device: torch.device) -> int | None:
+    """The cache a working set is judged against: a GPU's L2 (device properties); on a CPU the
+    largest data or unified cache Linux reports for CPU 0 (``/sys/devices/system/cpu/cpu0/cache``,
+    the LLC, shared by the cores that run the ops). None where it cannot be read."""
+    if device.type == "cuda":
+        return l2_bytes_of(device)
+    sizes = []
+    for d in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if (d / "type").read_text().strip() == "Instruction":
+                continue
+            text = (d / "size").read_text().strip().upper()
+        except OSError:
+            continue
+        mult = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(text[-1:], 1)
+        try:
+            sizes.append(int(text.rstrip("KMG")) * mult)
+        except ValueError:
+            continue
+    return max(sizes) if sizes else None
 
 
 def quantile(values: Sequence[float], q: float, weights: Sequence[int] | None = None,

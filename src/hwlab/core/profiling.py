@@ -330,6 +330,8 @@ def _ext(e: dict) -> Any:
 
 
 def trace_call_us(trace: dict, call_mark: str) -> list[float]:
-    """Host duration (µs) of each ``call_mark`` range in a trace."""
-    return [float(e["dur"]) for e in trace.get("traceEvents", [])
-            if e.get("ph") == "X" and e.get("name") == call_mark and e.get("cat") == "user_annotation"]
+    """Host duration (µs) of each ``call_mark`` range in a trace, in call order (as :func:`trace_calls`)."""
+    return [float(e["dur"]) for e in sorted(
+        (e for e in trace.get("traceEvents", [])
+         if e.get("ph") == "X" and e.get("name") == call_mark and e.get("cat") == "user_annotation"),
+        key=lambda e: e["ts"])]

@@ -16,6 +16,10 @@ baseline, a fresh ceiling against its cache) asks this module, one rule for all.
   then put the two in the other order, so the change is *within spread (borderline)*.
 * Otherwise the change is **beyond spread**: even the slower run's fastest tenth is slower
   than the faster run's slowest tenth, in runs with enough repeats and sane bands.
+
+The first two rules also judge one run on its own (:func:`unstable`): a run with too few
+repeats or a noisy band is not a steady rate, so it is never kept as a reference (the
+ceiling cache keeps its previous value instead, :func:`hwlab.core.ceilings.to_cache`).
 """
 from __future__ import annotations
 
@@ -48,6 +52,17 @@ class Judgement:
     status: str  # OK | BORDERLINE | BEYOND
     change_pct: float  # (now / base - 1) in percent, of the medians
     reason: str
+
+
+def unstable(band: Band) -> str | None:
+    """Why one run's own spread says it measured no steady rate (too few repeats, or a p10-p90
+    band wider than :data:`NOISY_SPREAD_PCT` of its median), or None when it is stable."""
+    if band.n < MIN_REPEATS:
+        return (f"{band.n} repeats, fewer than {MIN_REPEATS}, give no usable p10-p90 band")
+    if not band.spread_pct <= NOISY_SPREAD_PCT:
+        return (f"its p10-p90 band is {band.spread_pct:.0f}% of its median (> {NOISY_SPREAD_PCT:g}%): it "
+                "measured host load, not a steady rate; re-record on an idle machine")
+    return None
 
 
 def judge_rise(base: Band, now: Band, tol_pct: float) -> Judgement:

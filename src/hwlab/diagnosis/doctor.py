@@ -87,16 +87,24 @@ def doctor_report(remeasure: bool = False, quick: bool = False, progress=None) -
             "label": f"cached, measured {c.measured_at[:16].replace('T', ' ')} UTC ({age}); "
                      "`hwlab doctor --remeasure` measures again"}
     else:
-        c = ceil_mod.measure(quick=quick, progress=lambda s: step(f"ceiling: {s}"))
+        fresh = ceil_mod.measure(quick=quick, progress=lambda s: step(f"ceiling: {s}"))
+        # an unstable fresh ceiling is never cached: the previous value stays (ceilings.to_cache)
+        c, cacheable, kept = ceil_mod.to_cache(fresh, previous)
         status = {"cached": False, "age_s": 0.0, "cache_file": str(ceil_mod.cache_path()),
-                  "label": f"measured now ({'quick' if quick else 'full'} sizes)"}
+                  "label": f"measured now ({'quick' if quick else 'full'} sizes)",
+                  "not_cached_unstable": kept}
+        if kept:
+            status["label"] += "; " + "; ".join(ceil_mod.kept_lines(kept))
         try:
-            ceil_mod.save(c, overwrite=True)  # a cache: re-measuring is the explicit request
+            if not cacheable:
+                status["cache_file"] = None
+            else:
+                ceil_mod.save(c, overwrite=True)  # a cache: re-measuring is the explicit request
         except OSError as e:  # the figures are still shown and saved with --save
             status["cache_file"] = None
             status["label"] += f"; not cached ({e.strerror or e})"
         if previous is not None:  # flag a cache that differed from today's by more than its spread
-            status["drift_vs_previous_cache"] = ceil_mod.drift(previous, c)
+            status["drift_vs_previous_cache"] = ceil_mod.drift(previous, fresh)
         report["ceilings_status"] = status
     report["ceilings"] = c.to_dict()
     step("probe: launch overhead")

@@ -115,7 +115,11 @@ QUESTIONS: dict[str, Question] = {q.id: q for q in [
         Criterion("sector_amplification", ">=", 2.0, "x sectors per request over ideal",
                   "uncoalesced access: each warp request touches more 32-byte sectors than "
                   "the bytes it needs (ideal 4 for 4-byte lanes); >= 2x means half or more of "
-                  "the memory transactions are waste: a layout problem."),),
+                  "the memory transactions are waste: a layout problem."),
+        Criterion("traffic_ratio_estimated", ">=", 2.0, "x moved over required bytes (estimated)",
+                  "bytes the ops move over the bytes the work requires, with a working set past the cache: "
+                  ">= 2x means half or more of the DRAM traffic re-reads intermediates, wasted as uncoalesced "
+                  "sectors are: fuse the chain so each byte crosses DRAM once."),),
         probe="ncu --metrics dram__throughput...,l1tex__t_sectors/requests (or the lab's traffic model)",
         yes="G", no="H"),
     Question("H", "Is Tensor-Core use low?", (

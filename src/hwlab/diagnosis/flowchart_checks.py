@@ -21,14 +21,16 @@ understates the spread (the next repeat falls outside it as often as not), so th
 also borderline when the value sits within the range's own width of the threshold.
 
 **Estimated**. A metric whose name ends in ``_estimated`` (bytes by a traffic model over a
-measured time) or that the evidence lists under ``metric_estimated`` is an estimate; walks say so.
+measured time), that the evidence lists under ``metric_estimated``, or whose source says
+"estimated..." is an estimate; walks say so.
 
 **Lenses** (:func:`lenses`): after the leaf,
 
 * *overlap against what could hide*: with ``overlap_hidden_pct`` and the two times alone
   (``overlap_comm_alone_ms``, ``overlap_compute_alone_ms``), the walk says whether overlap did
   not happen (under :data:`OVERLAP_DID_ITS_PART_PCT` of what could hide) or did what it could
-  while the link, whose all-reduce outlasts the compute, stays the limiter;
+  while the link, whose all-reduce outlasts the compute, stays the limiter; a share outside
+  0-100% is invalid, with how far the overlapped step overshot;
 * *fewer bytes*: a step within :data:`NEAR_FLOOR` of its own floor is "OK at its bytes"; with the
   floors of lower-byte alternatives (``alt_floors_us``: name -> µs, from a traffic model) and the
   step's kernel time (``kernel_us``), the walk reports each alternative's floor as a share of this
@@ -52,13 +54,20 @@ PHYSICAL_RANGES: dict[str, tuple[float, float, str]] = {
                                      "re-run ncu with dram__throughput.avg.pct_of_peak_sustained_elapsed"),
     "sector_amplification": (1.0, INF, "fewer sectors than the requested bytes need: sectors and requests were "
                                        "counted in different scopes; re-run ncu reading both from l1tex global loads"),
+    "traffic_ratio_estimated": (1.0, INF, "fewer bytes moved than the work requires: the traffic model missed "
+                                          "ops (Triton or compiled kernels); count the bytes with ncu"),
     "tensor_pipe_pct": (0.0, 100.0, "a pipe busier than every cycle: the counter was misread; re-run ncu"),
     "tensor_pct_of_peak": (0.0, INF, "a negative rate: the FLOP count or the time is wrong; re-measure"),
     "launch_gap_pct": (0.0, 100.0, "an idle share outside 0-100% of the step: the step and kernel times "
                                    "come from different runs; re-profile one step"),
-    "overlap_hidden_pct": (0.0, 100.0, "a hidden share outside 0-100% of what could hide (overlapping cost "
-                                       "time, or saved more than the shorter of the two alone): noise, not "
-                                       "overlap; re-measure the three times with more rounds in one launch"),
+    "overlap_hidden_pct": (0.0, 100.0, "a hidden share outside 0-100% of what could hide: the overlapped step "
+                                       "finished sooner than the longer of the two alone (over 100%) or later "
+                                       "than both one after the other (under 0%), which overlap cannot do. The "
+                                       "three times are medians of separate rounds; the all-reduce over a "
+                                       "loaded link and the compute on a shared host vary from round to round "
+                                       "by more than that, and the share divides their difference by the "
+                                       "shorter time, magnifying the noise; re-measure the three times with "
+                                       "more rounds in one launch on a quieter machine"),
     "n_spills": (0.0, INF, "a negative spill count: the compiler report was misread"),
     "slowdown_vs_floor": (0.0, INF, "a non-positive time or floor: re-measure"),
     "e2e_slowdown": (0.0, INF, "a non-positive step time or prediction: re-measure"),
@@ -146,25 +155,41 @@ def straddles(criterion, spread: tuple[float, float] | None) -> bool:
 
 
 def estimated_metrics(evidence: dict[str, Any]) -> set[str]:
+    """Metrics that are estimates: named ``*_estimated``, listed under ``metric_estimated``, or
+    whose stated source (``metric_sources``) begins "estimated" (a traffic model's sector
+    amplification is an estimate whatever its name)."""
     named = {k for k in evidence if k.endswith("_estimated")}
-    return named | set(evidence.get("metric_estimated") or ())
+    by_source = {k for k, src in (evidence.get("metric_sources") or {}).items()
+                 if isinstance(src, str) and src.strip().lower().startswith("estimated")}
+    return named | set(evidence.get("metric_estimated") or ()) | by_source
 
 
 def overlap_lens(evidence: dict[str, Any], leaf_id: str | None = None) -> list[str]:
-    """What the hidden share says once it is measured against what could hide."""
+    """What the hidden share says once it is measured against what could hide. A share outside
+    0-100% is not evidence (:data:`PHYSICAL_RANGES`), even where its launches' spread reaches back
+    inside: the lens says so, with how far the overlapped step overshot; what the two times alone
+    still say (an all-reduce that outlasts the compute leaves the link the limiter) stays."""
     hid = evidence.get("overlap_hidden_pct")
     if hid is None:
         return []
     comm, comp = evidence.get("overlap_comm_alone_ms"), evidence.get("overlap_compute_alone_ms")
     sp = spreads_of(evidence).get("overlap_hidden_pct")
-    bad = check_range("overlap", "overlap_hidden_pct", hid, sp[0] if sp else None)
+    bad = check_range("overlap", "overlap_hidden_pct", hid)
     if bad is not None:
-        return [f"OVERLAP: {str(bad).split('. ', 1)[1]}"]
-    at_limit = ""
-    if hid > 100.0 or hid < 0.0:
-        at_limit = (f"; {hid:.0f}% is past {'100' if hid > 100 else '0'}% within its own spread, so it reads as "
-                    f"{'all' if hid > 100 else 'none'} of what could hide")
-        hid = min(100.0, max(0.0, hid))
+        out = [f"OVERLAP: INVALID, not evidence: {str(bad).split('. ', 1)[1]}"]
+        if comm is not None and comp is not None and math.isfinite(float(hid)):
+            both = comm + comp - float(hid) / 100.0 * min(comm, comp)  # the overlapped step's median
+            if hid > 100.0:
+                out.append(f"   here the overlapped step ({both:.1f} ms) finished {max(comm, comp) - both:.1f} ms "
+                           f"sooner than the {'all-reduces' if comm >= comp else 'compute'} alone "
+                           f"({max(comm, comp):.1f} ms), against {min(comm, comp):.1f} ms that could hide")
+            else:
+                out.append(f"   here the overlapped step ({both:.1f} ms) took {both - comm - comp:.1f} ms longer "
+                           f"than both alone one after the other ({comm + comp:.1f} ms)")
+            if comm > comp:
+                out.append(f"   whatever the share, the all-reduce alone outlasts the compute by {comm - comp:.1f} ms, "
+                           "which no overlap can hide: the link is the limiter")
+        return out
     spread = ""
     if sp is not None:
         (lo, hi), what = sp
@@ -177,7 +202,7 @@ def overlap_lens(evidence: dict[str, Any], leaf_id: str | None = None) -> list[s
         return [f"OVERLAP: {hid:.0f}% hidden{spread}; the times alone are not in the evidence, so what "
                 "could hide is unknown"]
     hideable = min(comm, comp)
-    head = (f"OVERLAP: {hid:.0f}% of what could hide was hidden{spread}{at_limit}; hidden share = saved time / "
+    head = (f"OVERLAP: {hid:.0f}% of what could hide was hidden{spread}; hidden share = saved time / "
             f"min(comm alone {comm:.1f} ms, compute alone {comp:.1f} ms) = saved / {hideable:.1f} ms")
     if hid < OVERLAP_DID_ITS_PART_PCT:
         return [head, "   overlap did not really happen (rule 3c): most of what could hide stayed on the "

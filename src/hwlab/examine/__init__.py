@@ -22,7 +22,9 @@ What happens, in order (each step refuses bad input with one line saying what to
 6. **Evidence and walk.** Only measured metrics enter :func:`hwlab.diagnosis.flowchart.diagnose` (the
    table in :data:`METRIC_SOURCES`); the walk names its leaf, the seed's actions, the lab.
    With no matmul FLOPs counted and no tensor-core kernel in the profile, the Tensor-Core
-   question is answered "not applicable" and the walk goes on to J.
+   question is answered "not applicable" and the walk goes on to J. A rate above a measured
+   ceiling raises that ceiling where the working set proves it low, and moved over required
+   bytes of 2 or more answers F (:mod:`hwlab.examine.rates`); the report says which was raised.
 7. **Parts** (:mod:`hwlab.examine.parts`): the measured time split by part (kernels joined to
    the aten ops that launched them, plus GPU idle), each part floored and walked on its own
    metrics; the headline (``leaf_id``) is the part with the largest expected gain, and the
@@ -59,13 +61,14 @@ from hwlab.examine.ncu_counters import collect as ncu_collect
 from hwlab.examine.torch_profile import ProfileSummary, profile_calls
 from hwlab.diagnosis.flowchart import LEAVES, Diagnosis, diagnose
 from hwlab.core.measure import (
-    InsufficientMemoryError, Measurement, device_name, l2_bytes_of, n_rotating_sets, require_memory,
-    synchronize, time_fn)
+    InsufficientMemoryError, Measurement, device_name, l2_bytes_of, last_level_cache_bytes, n_rotating_sets,
+    require_memory, synchronize, time_fn)
 from hwlab.core.store import dumps_strict
 from hwlab.core.system import versions
 from hwlab.core import validate
 from hwlab.examine.ncu_counters import MAX_KERNELS
 from hwlab.examine.parts import Part, Parts, build_parts
+from hwlab.examine.rates import settle_copy, settle_gemm, traffic_ratio
 
 # torch, the counting modes (estimate) and the input checks (inputs) load when a function is examined:
 # the package itself, its report and its trace readers import without torch (commands that only read)
@@ -85,6 +88,14 @@ LAB_FALLBACK = {"I": "06_case_studies (the dtype / MMA-path scenario)"}
 #: question D's back-to-back run: chunks (median taken) of about this many ms each
 E2E_CHUNKS = 15
 E2E_CHUNK_MS = 5.0
+#: the phases ``on_step`` announces, in order (progress on the command line's stderr)
+PHASES = ("checked call (runs, returns tensors, leaves its inputs unchanged)",
+          "ceilings of this machine (cached or measured)",
+          "warm-up and timing (device events, median and p10-p90)",
+          "back to back (question D)", "profiling (torch.profiler)",
+          "counting bytes and FLOPs (traffic model)", "parts and the walk")
+#: the first phase after every refusal of bad input (inputs, ceilings, given counts)
+ACCEPTED_PHASE = PHASES[3]
 
 
 @dataclass
@@ -141,7 +152,8 @@ class Examination:
                      "undecided_at": d.undecided.id if d.undecided else None,
                      "steps": [{"question": s.question, "answer": s.answer, "metric": s.metric,
                                 "value": s.value, "rule": s.criterion, "overridden": s.overridden,
-                                "how": s.how, "source": self.evidence_sources.get(s.metric, "by hand")}
+                                "how": "estimated" if s.estimated and not s.by_hand else s.how,
+                                "source": self.evidence_sources.get(s.metric, "by hand")}
                                for s in d.steps],
                      "explain": d.explain(),
                      "borderline": d.to_dict()["borderline"], "invalid": d.to_dict()["invalid"],
@@ -224,7 +236,8 @@ def _peak_dtype(traffic: Traffic, args: tuple, dtype_peak: str | None, c, gpu: b
 def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_flops: int | None = None,
             dtype_peak: str | None = None, make_inputs: Callable[[], Any] | None = None,
             ceilings: Any = None, ncu_target: str | None = None, name: str | None = None,
-            max_total_s: float = 20.0, **kwargs: Any) -> Examination:
+            max_total_s: float = 20.0, on_step: Callable[[str], None] | None = None,
+            **kwargs: Any) -> Examination:
     """Measure ``fn(*args, **kwargs)`` under the kit's protocol and walk the flowchart on it.
 
     ``make_inputs()`` returns a fresh argument tuple per call (used instead of ``args``, and
@@ -232,13 +245,19 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     ``dtype_peak`` ("fp32", "tf32", "bf16", "fp8") picks the GEMM ceiling of the floor.
     ``ceilings`` (a :class:`hwlab.core.ceilings.Ceilings`) defaults to this machine's cached or
     freshly measured ones. ``ncu_target`` ("MODULE:FUNC[@MODULE:INPUTS]") adds Nsight
-    Compute counters where ``ncu`` exists. The keyword names above are examine's own; every
-    other keyword goes to ``fn``.
+    Compute counters where ``ncu`` exists. ``on_step(label)`` is called as each phase starts
+    (checked call, timing, back to back, profile, counting, ceilings, parts): the command line
+    shows it as progress on stderr (:data:`PHASES`). The keyword names above are examine's own;
+    every other keyword goes to ``fn``.
     """
     import torch
 
     from hwlab.examine.estimate import required_bytes, tensors_of
     from hwlab.examine.inputs import call, check_inputs, fingerprint, make
+
+    def step(label: str) -> None:
+        if on_step is not None:
+            on_step(label)
 
     if not callable(fn):
         raise UserInputError(f"{fn!r} is not callable: pass a function (MODULE:FUNC on the command line)")
@@ -260,6 +279,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     in_tensors = tensors_of((args, kwargs))
     before = fingerprint(in_tensors)
 
+    step(PHASES[0])
     t0 = time.perf_counter()
     out = call(fn, name, args, kwargs)
     synchronize(dev)
@@ -301,9 +321,24 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
         notes.append(f"inputs not rotated (no input factory): {read_b / 2**20:.1f} MiB read per call may be "
                      f"served from the {l2 / 2**20:.0f} MiB L2; pass an input factory (--inputs)")
     run = (lambda *a: fn(*a, **kwargs)) if kwargs else fn
+    # the ceilings before timing, so every refusal of input (a corrupt cache, a dtype_peak with no
+    # ceiling, a given count no device reaches) comes before the long phases
+    step(PHASES[1])
+    c = ceilings if ceilings is not None else ceilings_mod.get(
+        dev, quick=True, progress=(lambda s: step(f"ceiling: {s}")) if on_step else None)
+    if dtype_peak and c.gemm(dtype_peak) is None:
+        _peak_dtype(Traffic(), args, dtype_peak, c, gpu, notes)  # refuses it with its one line
+    step(PHASES[2])
     timing = time_fn(run, arg_sets, dev, n_warmup=3, n_rep=20, max_total_s=max_total_s)
+    if n_bytes is not None or n_flops is not None:  # a given count no device reaches: refused now
+        _check_given_counts(Measurement(
+            name=name, t_ms=timing.median_ms, t_p10_ms=timing.p10_ms, t_p90_ms=timing.p90_ms,
+            n_bytes=int(n_bytes or 0), n_flops=int(n_flops or 0), device=device_name(dev), timer=timing.timer,
+            n_rep=len(timing.samples_ms)), c, gpu, n_bytes is not None, n_flops is not None)
     # question D: the same calls back to back as a caller runs them (short chunks, see below)
+    step(PHASES[3])
     wall_ms = back_to_back_ms(run, arg_sets, dev, timing.median_ms)
+    step(PHASES[4])
     try:
         prof = profile_calls(fn, arg_sets, kwargs, dev)
     except Exception as e:  # the measurement stands without a profile; the walk says what is missing
@@ -313,6 +348,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
 
     # counting after timing and profiling, compiled functions held eager: a torch.compile'd
     # function called under a dispatch mode runs eagerly from then on (seen with torch 2.13)
+    step(PHASES[5])
     traffic, flops_est, flops_src = _count(fn, args, kwargs, n_flops is None, notes)
     by_op = traffic.by_op()
     for k in prof.top:  # the dtypes of each dominating kernel's op, from that op's real tensors
@@ -335,7 +371,6 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
         "n_flops_source": "given by the caller" if n_flops is not None else flops_src,
         "ops": traffic.counts(), "by_op": by_op, "first_call_s": first_call_s,
     }
-    c = ceilings if ceilings is not None else ceilings_mod.get(dev, quick=True)
     peak = _peak_dtype(traffic, args, dtype_peak, c, gpu, notes)
     m = Measurement(name=name, t_ms=timing.median_ms, t_p10_ms=timing.p10_ms, t_p90_ms=timing.p90_ms,
                     n_bytes=counts["n_bytes"], n_flops=counts["n_flops"], device=device_name(dev),
@@ -360,11 +395,32 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     counts["moved_bytes"] = moved
     counts["sector_amplification_estimated"] = amp
 
+    # a rate above a measured ceiling: the ceiling raised where the rate proves it low (examine.rates)
+    cache_b = last_level_cache_bytes(dev)
+    counts["cache_bytes"] = cache_b
+    s_copy = settle_copy(moved / (m.t_ms * 1e6) if m.t_ms > 0 else None, c.copy_gbps, counts["n_bytes"], cache_b)
+    s_gemm = settle_gemm(m.tflops if m.n_flops and m.t_ms > 0 else None, c.gemm(peak) if peak else None, peak)
+    counts["ceilings_raised"] = [x.note for x in (s_copy, s_gemm) if x.raised]
+    notes += [x.note for x in (s_copy, s_gemm) if x.note]
+    if s_copy.raised or s_gemm.raised:
+        label = c.label
+        c = ceilings_mod.Ceilings.from_dict(c.to_dict())
+        if s_copy.raised:
+            c.copy_gbps = s_copy.ceiling * (1 + 1e-9)  # the achieved rate reads 100%, not a rounding over it
+        if s_gemm.raised:
+            c.gemm_tflops[peak] = s_gemm.ceiling * (1 + 1e-9)
+        c.source = (f"{label}; RAISED for this examination to the achieved "
+                    + " and ".join(w for w, x in (("copy rate", s_copy), (f"{peak} GEMM rate", s_gemm)) if x.raised)
+                    + " (not re-measured, not cached)")
+        m = m.with_ceilings(gbps=c.copy_gbps, tflops=c.gemm(peak) if peak else None, source=c.label)
+    ratio = (traffic_ratio(moved, counts["n_bytes"], counts["n_bytes"], cache_b)
+             if counts["moved_bytes_source"].startswith("estimated") else None)
+
     many = prof.on_gpu and prof.kernels_per_call > MAX_KERNELS  # then count only the top kernels
     ncu = ncu_collect(ncu_target, notes, top_kernels=[k["name"] for k in prof.top] if many else None) \
         if ncu_target else None
     ev, sources = build_evidence(m, moved=moved, amp=amp, prof=prof, wall_ms=wall_ms,
-                                 flop_bound=flop_bound(m), ncu=ncu, on_gpu=gpu)
+                                 flop_bound=flop_bound(m), ncu=ncu, on_gpu=gpu, traffic_ratio=ratio)
     diag = diagnose({**ev, "metric_sources": sources})  # the walk prints what measured each answer
     if diag.undecided is not None and diag.undecided.id == "H" and not flop_bound(m):
         notes.append("H asks about Tensor-Core use, which applies to matmul work; this function's floor is "
@@ -383,11 +439,13 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
             (c.gemm(peak) if peak else None)
 
     slow = ev.get("slowdown_vs_floor")
+    step(PHASES[6])
     try:
         parts = build_parts(prof=prof, traffic=traffic, t_ms=m.t_ms, gpu=gpu, copy_gbps=c.copy_gbps,
                             gemm_tflops_for=gemm_tflops_for, whole_floor_ms=m.t_ms / slow if slow else None,
                             whole_slowdown=slow, e2e_slowdown=ev.get("e2e_slowdown"),
-                            out_keys=traffic.out_keys, ncu=ncu, lab_for=leaf_lab)
+                            out_keys=traffic.out_keys, ncu=ncu, lab_for=leaf_lab, cache_bytes=cache_b,
+                            whole_leaf=diag.leaf_id)
     except Exception as e:  # the whole-function walk stands; the parts say why they are missing
         parts = Parts([], m.t_ms, "", None, error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
     if parts.headline is not None and parts.headline.leaf_id != diag.leaf_id:

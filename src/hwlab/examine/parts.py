@@ -15,9 +15,11 @@ communication). Added to them:
 
 * on a GPU, **gpu idle**: the measured median minus the time kernels kept the GPU busy under
   the profiler (launch gaps, host work between launches);
-* on a CPU, **host outside ops**: each profiled call's duration minus its aten ops' self time
+* on a CPU, **host outside ops**: the profiled call's duration minus its aten ops' self time
   (Python between ops). On a CPU the parts are shares of the profiled call (CPU op self times),
-  and a part's ms is its share of the measured median.
+  and a part's ms is its share of the measured median. The call is the profiled call of median
+  duration: the first call under the profiler can carry the profiler's own start-up, and on a
+  busy host one call can be preempted for a whole time slice; either would skew a mean.
 
 Triton kernels and ``torch.compile``d graphs run outside aten ops: their part says its bytes
 are not attributable (the traffic model did not see them), unless it is the whole function,
@@ -33,12 +35,20 @@ measured time (100% = at the floor). **Expected gain**: the part's time minus it
 and the whole function's speed-up if only that part reached its floor (Amdahl:
 ``t / (t - saved)``). The idle part's floor is zero: its gain is an upper bound.
 
+On a CPU the profiler also inflates the call (its bookkeeping per op lands between ops): the
+profiled call's excess over the unprofiled median is taken out of the time outside ops first
+(it cannot be told apart from Python between ops), and the ops' parts share the rest of the
+median. Rates above a measured ceiling raise it where the part's working set proves it low,
+and moved over fused bytes of 2 or more answers F (:mod:`hwlab.examine.rates`).
+
 **The walk per part.** Every part holding at least :data:`WALK_SHARE_PCT` of the time is walked
 on its own metrics (slowdown over its floor, its estimated DRAM share, its sector
 amplification, its tensor-core share when its FLOPs set its floor, its matmul FLOPs and
 tensor-core kernels for H's applicability); the idle part answers F with no bytes moved and H
 with its own idle share. The **headline** is the walked part with the largest expected gain;
-the others follow in order of gain.
+the others follow in order of gain. The CPU's host-outside-ops part heads only by
+:func:`host_headline_refusal`'s rule (more than its spread across profiled calls, and the
+whole-function walk on J too).
 
 **J, in detail** (:func:`j_detail`): a part landing on J is told which of launch, occupancy,
 registers or memory latency it is, from measured figures: the idle share, the profiler's kernel
@@ -53,6 +63,7 @@ from typing import Any, Callable
 
 from hwlab.diagnosis.flowchart import LEAVES, Diagnosis, diagnose
 from hwlab.core.profiling import part_class
+from hwlab.examine.rates import settle_copy, settle_gemm, traffic_ratio
 
 #: parts at or above this share of the step are walked (a part under a tenth cannot win more
 #: than a tenth of the step, whatever its leaf)
@@ -132,6 +143,13 @@ class Part:
     sector_amplification: float | None = None
     ceiling_tflops: float | None = None
     n_tc: float | None = None  # tensor-core GEMM kernels per call (GPU)
+    #: the copy ceiling this part is judged against (raised where its rate proves the measured one low)
+    ceiling_gbps: float | None = None
+    ceilings_raised: list[str] = field(default_factory=list)
+    #: moved over fused-floor bytes, where its working set is past the cache (examine.rates)
+    traffic_ratio: float | None = None
+    #: why this part may not be the headline (None: it may), :func:`host_headline_refusal`
+    not_headline: str | None = None
 
     @property
     def leaf_id(self) -> str | None:
@@ -150,7 +168,9 @@ class Part:
                 "walk": w.explain() if w else None, "actions": self.actions, "lab": self.lab,
                 "j_detail": self.j, "top": self.top, "notes": self.notes,
                 "sector_amplification": self.sector_amplification, "ceiling_tflops": self.ceiling_tflops,
-                "tensor_core_kernels": self.n_tc}
+                "tensor_core_kernels": self.n_tc, "ceiling_gbps": self.ceiling_gbps,
+                "ceilings_raised": self.ceilings_raised, "traffic_ratio": self.traffic_ratio,
+                "not_headline": self.not_headline}
 
 
 @dataclass
@@ -176,7 +196,8 @@ class Parts:
 
     @property
     def headline(self) -> Part | None:
-        r = [p for p in self.ranked if p.leaf_id is not None]
+        """The walked part with the largest expected gain that may head (:func:`host_headline_refusal`)."""
+        r = [p for p in self.ranked if p.leaf_id is not None and not p.not_headline]
         return r[0] if r else None
 
     def to_dict(self) -> dict[str, Any]:
@@ -211,7 +232,8 @@ class Parts:
         for i, p in enumerate(self.ranked, 1):
             gain = "no gain figure" if p.saved_ms is None else f"expected gain {p.saved_ms:.4g} ms"
             lines.append(f"  {i}. {p.name}: leaf {p.leaf_id or '?'}, {gain}"
-                         + (f"; lab {p.lab}" if p.lab else ""))
+                         + (f"; lab {p.lab}" if p.lab else "")
+                         + (f"; NOT the headline: {p.not_headline}" if p.not_headline else ""))
             lines += [f"       {s}" for s in (p.walk.explain().splitlines() if p.walk else [])]
             generic = set(LEAVES[p.leaf_id].actions) if p.leaf_id else set()
             lines += [f"       fits this part: {a}" for a in p.actions if a not in generic]
@@ -340,13 +362,20 @@ def j_detail(part: Part, idle_pct: float | None, copy_gbps: float | None, n_spil
 def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | None,
                 gemm_tflops_for: Callable[[str | None], float | None], whole_floor_ms: float | None,
                 whole_slowdown: float | None, e2e_slowdown: float | None, out_keys: set,
-                ncu: dict[str, Any] | None = None, lab_for: Callable[[str], str] = lambda leaf: "") -> Parts:
+                ncu: dict[str, Any] | None = None, lab_for: Callable[[str], str] = lambda leaf: "",
+                cache_bytes: int | None = None, whole_leaf: str | None = None) -> Parts:
     """The parts of one examination (module doc). ``gemm_tflops_for(dtype)`` is the measured
     GEMM ceiling a matmul of that input dtype is floored at."""
     src = ("GPU kernel times from the profiler's Chrome trace, joined to the aten ops that launched them"
            if gpu else "CPU: aten op self times from the profiler's Chrome trace (no device kernels); "
            "shares of the profiled call")
-    calls = [c for c in (prof.calls or []) if c]
+    calls, call_us = list(prof.calls or []), list(prof.call_us or [])
+    outside_ms = ([(u - sum(i["us"] for i in c)) / 1e3 for c, u in zip(calls, call_us)]
+                  if not gpu and len(call_us) == len(calls) else [])  # host time outside ops, per profiled call
+    if not gpu and len(calls) > 1 and len(call_us) == len(calls):  # the call of median duration (module doc)
+        k = sorted(range(len(calls)), key=lambda i: call_us[i])[len(calls) // 2]
+        calls, call_us = [calls[k]], [call_us[k]]
+    calls = [c for c in calls if c]
     if not calls or t_ms <= 0:
         return Parts([], t_ms, src, None, error=prof.error or "the profiler's trace had no timed call")
     n = len(calls)
@@ -390,14 +419,17 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
         scale = 1.0
         total_ref = t_ms
     else:
-        call_ms = sum(prof.call_us) / len(prof.call_us) / 1e3 if prof.call_us else sum(items_ms.values())
+        ops_ms = sum(items_ms.values())
+        call_ms = sum(call_us) / len(call_us) / 1e3 if call_us else ops_ms
         rest_name = "host outside ops"
-        rest_raw = max(0.0, call_ms - sum(items_ms.values()))
-        scale = t_ms / call_ms if call_ms > 0 else 1.0  # shares of the profiled call, in measured ms
-        rest_ms = rest_raw * scale
+        rest_raw = max(0.0, call_ms - ops_ms)
+        inflation_ms = max(0.0, call_ms - t_ms)  # what the profiler added to the call (module doc)
+        rest_ms = max(0.0, rest_raw - inflation_ms)
+        scale = (t_ms - rest_ms) / ops_ms if ops_ms > 0 else 1.0  # op shares of the rest of the median
         total_ref = t_ms
-        notes.append(f"CPU: part times are shares of the profiled call ({call_ms:.4g} ms under the profiler) "
-                     f"applied to the measured median ({t_ms:.4g} ms)")
+        notes.append(f"CPU: part times are the ops' shares of the profiled call ({call_ms:.4g} ms under the "
+                     f"profiler) applied to the measured median ({t_ms:.4g} ms); time outside ops is counted net of "
+                     f"the profiler's own {inflation_ms:.4g} ms over the median ({rest_raw:.4g} -> {rest_ms:.4g} ms)")
     kernel_total_ms = sum(items_ms.values())
     parts: list[Part] = []
     for cls, g in groups.items():
@@ -418,21 +450,11 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
                 p.notes.append(f"{100 * g['unjoined_us'] / g['us']:.0f}% of this part's time ran in ops the "
                                "traffic model did not see (composite or host-only ops): their bytes are not counted")
             dtype = next((o.in_dtypes[0] for o in recs if o.kind == "matmul" and o.in_dtypes), None)
-            byte_ms = p.floor_bytes / (copy_gbps * 1e6) if copy_gbps else None
-            tf = gemm_tflops_for(dtype) if p.flops else None
-            p.ceiling_tflops = tf
             est = [o for o in recs if o.amplification is not None and o.read_bytes]
             if est:
                 p.sector_amplification = sum(o.read_bytes * o.amplification for o in est) / sum(
                     o.read_bytes for o in est)
-            flop_ms = p.flops / (tf * 1e9) if tf and p.flops else None
-            if byte_ms is not None:
-                if flop_ms is not None and flop_ms >= byte_ms:
-                    p.floor_ms, p.floor_source = flop_ms, f"FLOPs at the measured {dtype} GEMM ceiling"
-                else:
-                    p.floor_ms, p.floor_source = byte_ms, "bytes (as if its ops were fused) at the copy ceiling"
-            p.gbps = p.moved_bytes / (t * 1e6) if t > 0 else None
-            p.tflops = p.flops / (t * 1e9) if t > 0 and p.flops else None
+            floor_part(p, dtype, copy_gbps, gemm_tflops_for(dtype) if p.flops else None, cache_bytes)
         elif cls == "triton/compiled" and kernel_total_ms > 0 and \
                 100.0 * items_ms[cls] / kernel_total_ms >= WHOLE_PCT and whole_floor_ms:
             p.floor_ms = whole_floor_ms
@@ -451,6 +473,8 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
                 floor_source="none: no work runs in it", gbps=0.0,
                 gain_bound=" (an upper bound: launches never cost nothing)" if gpu else
                 " (an upper bound: some host work always remains)")
+    if not gpu:
+        rest.not_headline = host_headline_refusal(rest_ms, outside_ms, whole_leaf)
     parts.append(rest)
     coverage = 100.0 * sum(p.t_ms for p in parts) / t_ms
     if gpu and abs(coverage - 100.0) > COVERAGE_TOL_PCT:
@@ -458,15 +482,7 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
                      "or the profiled calls ran differently from the timed ones)")
     idle_pct = 100.0 * rest.t_ms / t_ms
     for p in parts:
-        if p.floor_ms is not None and p.t_ms > 0:
-            if p.floor_ms > p.t_ms * 1.0001 and p.floor_ms > 0:
-                p.notes.append(f"measured faster than its floor ({p.t_ms:.4g} < {p.floor_ms:.4g} ms): the "
-                               "counted bytes or FLOPs are too high for this part; no gain or verdict from them")
-                p.pct_of_floor, p.saved_ms = None, None
-            else:
-                p.pct_of_floor = 100.0 * p.floor_ms / p.t_ms
-                p.saved_ms = p.t_ms - p.floor_ms
-                p.speedup = t_ms / (t_ms - p.saved_ms) if t_ms > p.saved_ms else None
+        _gain(p, t_ms)
         _evidence(p, rest, copy_gbps, gpu, whole_slowdown, e2e_slowdown, prof, ncu)
         if p.share_pct >= WALK_SHARE_PCT:
             p.walk = diagnose({**p.evidence, "metric_sources": p.sources})
@@ -480,6 +496,79 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
                                    prof.n_spills if p.name == "triton/compiled" else None,
                                    ncu if _ncu_matches(p, ncu) else None, groups.get(p.name, {}).get("args", []))
     return Parts(parts, t_ms, src, coverage, notes)
+
+
+def floor_part(p: Part, dtype: str | None, copy_gbps: float | None, gemm_tflops: float | None,
+               cache_bytes: int | None) -> None:
+    """An attributable part's rates, the ceilings it is judged against (raised where its rate proves
+    the measured one low, :mod:`hwlab.examine.rates`), its traffic ratio and its floor."""
+    t = p.t_ms
+    p.gbps = p.moved_bytes / (t * 1e6) if t > 0 else None
+    p.tflops = p.flops / (t * 1e9) if t > 0 and p.flops else None
+    sc = settle_copy(p.gbps, copy_gbps, p.floor_bytes, cache_bytes, what=f"the part {p.name}")
+    p.ceiling_gbps = sc.ceiling if copy_gbps else None
+    sg = settle_gemm(p.tflops, gemm_tflops, dtype, what=f"the part {p.name}")
+    tf = sg.ceiling if gemm_tflops else None
+    p.ceilings_raised = [x.note for x in (sc, sg) if x.raised]
+    p.notes += p.ceilings_raised
+    p.traffic_ratio = traffic_ratio(p.moved_bytes, p.floor_bytes, p.floor_bytes, cache_bytes)
+    byte_ms = p.floor_bytes / (p.ceiling_gbps * 1e6) if p.ceiling_gbps else None
+    p.ceiling_tflops = tf
+    flop_ms = p.flops / (tf * 1e9) if tf and p.flops else None
+    if byte_ms is not None:
+        if flop_ms is not None and flop_ms >= byte_ms:
+            p.floor_ms, p.floor_source = flop_ms, f"FLOPs at the measured {dtype} GEMM ceiling"
+        else:
+            p.floor_ms, p.floor_source = byte_ms, "bytes (as if its ops were fused) at the copy ceiling"
+
+
+def _gain(p: Part, t_ms: float) -> None:
+    """% of floor, expected gain and the whole function's speed-up if this part reached its floor."""
+    if p.floor_ms is not None and p.t_ms > 0:
+        if p.floor_ms > p.t_ms * 1.0001 and p.floor_ms > 0:
+            p.notes.append(f"measured faster than its floor ({p.t_ms:.4g} < {p.floor_ms:.4g} ms): the "
+                           "counted bytes or FLOPs are too high for this part; no gain or verdict from them")
+            p.pct_of_floor, p.saved_ms = None, None
+        else:
+            p.pct_of_floor = 100.0 * p.floor_ms / p.t_ms
+            p.saved_ms = p.t_ms - p.floor_ms
+            p.speedup = t_ms / (t_ms - p.saved_ms) if t_ms > p.saved_ms else None
+
+
+def rewalk(d: dict[str, Any], *, copy_gbps: float, gemm_tflops: float | None = None, cache_bytes: int | None,
+           t_ms: float | None = None, e2e_slowdown: float | None = None, gpu: bool = True) -> Part:
+    """A recorded part (``Part.to_dict()``, e.g. from ``examine_parts.json``) floored and walked again
+    against the given ceilings and cache: the same rules as :func:`build_parts`, on recorded counts
+    and times (``t_ms``: the whole function's time, default the part's)."""
+    p = Part(name=d["name"], t_ms=d["t_ms"], share_pct=d["share_pct"], n_items=d.get("n_items", 0.0),
+             attributable=d["attributable"], moved_bytes=d["moved_bytes"], floor_bytes=d["floor_bytes"],
+             flops=d["flops"], sector_amplification=d.get("sector_amplification"),
+             n_tc=d.get("tensor_core_kernels"))
+    dtype = next((k.split()[-1] for k in [p.name] if k.startswith("gemm ")), None)
+    floor_part(p, dtype, copy_gbps, gemm_tflops if p.flops else None, cache_bytes)
+    _gain(p, t_ms or p.t_ms)
+    rest = Part(name="rest", t_ms=0.0, share_pct=0.0, n_items=0.0, attributable=False)
+    _evidence(p, rest, copy_gbps, gpu, None, e2e_slowdown, None, None)
+    p.walk = diagnose({**p.evidence, "metric_sources": p.sources})
+    return p
+
+
+def host_headline_refusal(net_ms: float, outside_ms_per_call: list[float], whole_leaf: str | None) -> str | None:
+    """Why the CPU's host-outside-ops part may not head the report, or None when it may.
+
+    Rule: it heads only when (1) its time, net of the profiler's own inflation of the call, is
+    larger than the spread (max - min) of the time outside ops across the profiled calls: a share
+    inside its own spread is noise, and time the profiler added is an artefact of measuring; and
+    (2) the whole-function walk, from the unprofiled median, lands on J too: a function whose
+    measured time walks elsewhere is not host-bound, whatever a profiled call shows."""
+    spread = (max(outside_ms_per_call) - min(outside_ms_per_call)) if len(outside_ms_per_call) > 1 else None
+    if spread is not None and net_ms <= spread:
+        return (f"its {net_ms:.4g} ms (net of the profiler's inflation of the call) is inside its own spread "
+                f"across the profiled calls ({spread:.4g} ms): profiler or host noise, not a finding")
+    if whole_leaf != "J":
+        return (f"the whole function, walked on its unprofiled median, lands on {whole_leaf or 'no leaf'}, not J: "
+                "the time outside ops is not what bounds it")
+    return None
 
 
 def _ncu_matches(p: Part, ncu: dict[str, Any] | None) -> bool:
@@ -515,8 +604,9 @@ def _evidence(p: Part, rest: Part, copy_gbps: float | None, gpu: bool, whole_slo
         if p.floor_ms and not below_floor:
             ev["slowdown_vs_floor"] = p.t_ms / p.floor_ms
             src["slowdown_vs_floor"] = f"part time / its floor ({p.floor_source})"
-        if p.moved_bytes is not None and copy_gbps and p.t_ms > 0:
-            pct = 100.0 * p.moved_bytes / (p.t_ms * 1e6) / copy_gbps
+        ceiling = p.ceiling_gbps or copy_gbps
+        if p.moved_bytes is not None and ceiling and p.t_ms > 0:
+            pct = 100.0 * p.moved_bytes / (p.t_ms * 1e6) / ceiling
             if pct <= 100.0:
                 ev["dram_pct_estimated"] = pct
                 src["dram_pct_estimated"] = "the part's moved bytes (traffic model) / its time vs the copy ceiling"
@@ -527,6 +617,10 @@ def _evidence(p: Part, rest: Part, copy_gbps: float | None, gpu: bool, whole_slo
         if p.sector_amplification is not None:
             ev["sector_amplification"] = p.sector_amplification
             src["sector_amplification"] = "estimated from the part's ops' strides and index values"
+        if p.traffic_ratio is not None:
+            ev["traffic_ratio_estimated"] = p.traffic_ratio
+            src["traffic_ratio_estimated"] = ("the part's moved bytes (traffic model) / its bytes as if fused, "
+                                              "working set past the cache")
         if p.floor_source.startswith("FLOPs") and p.tflops is not None and p.ceiling_tflops and not below_floor:
             ev["tensor_pct_of_peak"] = 100.0 * p.tflops / p.ceiling_tflops
             src["tensor_pct_of_peak"] = "part FLOPs / its time vs the measured GEMM ceiling at its dtype"

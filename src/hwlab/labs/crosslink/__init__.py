@@ -23,6 +23,7 @@ from hwlab.labs.crosslink.block import (
 from hwlab.labs.crosslink.staged import collectives, run_collectives, single_gpu_tp_step
 from hwlab.labs.crosslink.grader import grade_mapping, grade_straggler, grade_suspect
 from hwlab.labs.crosslink.overlap import OVERLAP_FAILED_PCT, hidden_pct, overlap_report
+from hwlab.labs.crosslink.overlap import shown as overlap_shown
 from hwlab.labs.crosslink.stragglers import (
     DP_SYNC_ELEMS, launch, launch_phases, parse_groups, phase_view, run_rank)
 from hwlab.labs.crosslink.report import (
