@@ -19,10 +19,11 @@ import pytest
 import torch
 
 from hwlab.core import trace_shapes
+from hwlab.core.profiling import KIT_UNPROFILED_MEDIAN_KEY
 from hwlab.core.trace_ops import UNLAUNCHED, read_ops, step_items
 from hwlab.examine.from_trace import (
     ANNOTATION_CAT, HEADLINE_MARK, STEP_SUM_TOL_PCT, TRACK_PROCESS, TRACK_THREAD, examine_trace,
-    read_annotations, write_annotated)
+    read_annotations, unprofiled_median_ms, write_annotated)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "data" / "examine_trace" / "gpu_steps_fixture.json"
@@ -322,6 +323,22 @@ def test_live_examination_and_its_trace_give_the_same_parts_and_leaves(tmp_path,
     assert (ex.parts.headline.name if ex.parts.headline else None) == \
         (tx.parts.headline.name if tx.parts.headline else None)
     assert ex.leaf_id == tx.leaf_id
+    # the live run's unprofiled median travels in its trace and is the step time the trace's parts share
+    assert _load(Path(ex.trace_path))[KIT_UNPROFILED_MEDIAN_KEY] == pytest.approx(ex.measurement.t_ms)
+    assert tx.parts.t_ms == pytest.approx(ex.measurement.t_ms)
+
+
+def test_only_the_kits_own_trace_gives_an_unprofiled_median(tmp_path):
+    """A ProfilerStep trace is read on its own step times even if it carries the kit's key: the
+    unprofiled median belongs to the kit's examine_call ranges only."""
+    f = tmp_path / "cpu.pt.trace.json"
+    _record_cpu_trace(f)
+    assert unprofiled_median_ms(read_ops(f)) is None
+    t = _load(f)
+    t[KIT_UNPROFILED_MEDIAN_KEY] = 0.001
+    f.write_text(json.dumps(t))
+    ex = examine_trace(f)
+    assert unprofiled_median_ms(ex.ot) is None and ex.parts.t_ms > 0.001
 
 
 # ------------------------------------------------------------------ the command

@@ -58,6 +58,9 @@ STEP_TIME_CLASSES = (
 )
 #: the kit's own ``record_function`` ranges start with this (mirrored on the GPU timeline)
 KIT_RANGE_PREFIX = "hwlab::"
+#: top-level key of the trace ``hwlab examine`` writes: the call's median measured without the
+#: profiler (ms), so an examination of the trace alone applies its shares to the same median
+KIT_UNPROFILED_MEDIAN_KEY = "hwlab_unprofiled_median_ms"
 
 
 def event_device(e) -> str:

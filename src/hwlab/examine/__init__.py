@@ -252,7 +252,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     """
     import torch
 
-    from hwlab.examine.estimate import required_bytes, tensors_of
+    from hwlab.examine.estimate import Traffic, required_bytes, tensors_of
     from hwlab.examine.inputs import call, check_inputs, fingerprint, make
 
     def step(label: str) -> None:
@@ -340,7 +340,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     wall_ms = back_to_back_ms(run, arg_sets, dev, timing.median_ms)
     step(PHASES[4])
     try:
-        prof = profile_calls(fn, arg_sets, kwargs, dev)
+        prof = profile_calls(fn, arg_sets, kwargs, dev, unprofiled_median_ms=timing.median_ms)
     except Exception as e:  # the measurement stands without a profile; the walk says what is missing
         prof = ProfileSummary(on_gpu=gpu, n_calls=0, kernels_per_call=0.0, busy_ms_per_call=0.0,
                               error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")

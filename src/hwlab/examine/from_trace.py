@@ -41,8 +41,8 @@ from typing import Any, Callable
 
 from hwlab.core import specs
 from hwlab.core.kineto import TraceError
-from hwlab.core.profiling import kernel_class
-from hwlab.core.trace_ops import OpTrace, StepWork, iter_trace, read_ops, step_items
+from hwlab.core.profiling import KIT_UNPROFILED_MEDIAN_KEY, kernel_class
+from hwlab.core.trace_ops import KIT_CALL_MARK, OpTrace, StepWork, iter_trace, read_ops, step_items
 from hwlab.core.trace_shapes import ShapeModel
 from hwlab.diagnosis.flowchart import LEAVES, diagnose
 from hwlab.errors import UserInputError
@@ -265,13 +265,15 @@ class TraceExamination:
         return "\n".join(lines)
 
 
-def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings) -> tuple[Parts, dict, dict, float | None]:
+def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings,
+           unprofiled_ms: float | None = None) -> tuple[Parts, dict, dict, float | None]:
     """build_parts over ``works`` with ``recs`` (one step's records), and the whole step's
-    evidence for the aggregate walk."""
+    evidence for the aggregate walk. ``unprofiled_ms``: on a CPU trace, the call's median measured
+    without the profiler, where the trace carries it (see :func:`unprofiled_median_ms`)."""
     n = len(works)
     t_ms = sum(w.window_us for w in works) / n / 1e3
     if not gpu:  # as live: the shares of the profiled steps applied to the median step (robust to one slow step)
-        t_ms = statistics.median(w.window_us for w in works) / 1e3
+        t_ms = unprofiled_ms or statistics.median(w.window_us for w in works) / 1e3
     prof = _Profile(calls=[w.items for w in works], call_us=[w.host_dur_us for w in works],
                     busy_ms_per_call=sum(w.busy_us for w in works) / n / 1e3)
     # the whole step's floor: every op as if fused, FLOPs at the ceiling of its matmul dtype
@@ -344,6 +346,16 @@ def _tc(name: str) -> bool:
     return bool(tc) and cls in ("gemm", "fp8-gemm")
 
 
+def unprofiled_median_ms(ot: OpTrace) -> float | None:
+    """The call's median measured without the profiler, from a trace ``hwlab examine`` wrote
+    (:data:`~hwlab.core.profiling.KIT_UNPROFILED_MEDIAN_KEY`, steps from its call ranges); None for
+    any other trace, whose step times are all there is (and carry the profiler's own cost)."""
+    v = ot.meta.get(KIT_UNPROFILED_MEDIAN_KEY)
+    if KIT_CALL_MARK not in ot.step_source or isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) and v > 0 else None
+
+
 def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline: str | None = None,
                   progress: Callable[[int, int], None] | None = None) -> TraceExamination:
     """Read one trace and split its steps into parts (module doc)."""
@@ -388,7 +400,11 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
         notes.append(f"step(s) {', '.join(str(w.step) for w in works if not w.items)} ran no timed work (all "
                      "idle): in the per-step table, left out of the means")
     recs0 = _records(busy[0])
-    parts, ev, src, _ = _split(busy, recs0, gpu, c)
+    unprofiled = None if gpu else unprofiled_median_ms(ot)
+    parts, ev, src, _ = _split(busy, recs0, gpu, c, unprofiled)
+    if unprofiled is not None:
+        notes.append(f"the call's median measured without the profiler ({unprofiled:.4g} ms), which the live "
+                     "examination wrote into this trace, is the step time the parts share (as live)")
     parts.notes = [n if not n.startswith("CPU: part times are shares") else
                    f"CPU trace: part times are the steps' shares of aten op self time applied to the median step "
                    f"({parts.t_ms:.4g} ms)" for n in parts.notes]
