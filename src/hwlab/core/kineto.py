@@ -59,7 +59,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from hwlab.errors import UserInputError
 
@@ -373,9 +373,13 @@ def _comms_meta(args: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_trace(path: str | os.PathLike, *, progress: Callable[[int, int], None] | None = None) -> RankTrace:
-    """Stream one trace file into a :class:`RankTrace` (module docstring). ``progress(bytes_read,
-    file_bytes)`` is called every :data:`PROGRESS_EVERY_BYTES` of file read."""
+def iter_trace(path: str | os.PathLike, progress: Callable[[int, int], None] | None = None
+               ) -> Iterator[tuple[str, Any]]:
+    """(key, value) of each top-level entry but ``traceEvents``, and ("event", ev) per event, in
+    file order, streaming (the file is never loaded whole). The one reader of the format: every
+    trace reader of the kit (:func:`read_trace`, :mod:`hwlab.core.trace_ops`,
+    :mod:`hwlab.core.trace_events`) walks it. A path that is not a regular file is refused before
+    it is opened; a truncated or malformed file raises :class:`TraceError` with the byte offset."""
     p = Path(path)
     try:
         st = p.stat()
@@ -383,12 +387,7 @@ def read_trace(path: str | os.PathLike, *, progress: Callable[[int, int], None] 
         raise UserInputError(f"{p}: cannot read ({e.strerror}): pass a trace file") from None
     if not stat.S_ISREG(st.st_mode):
         raise UserInputError(f"{p} is not a regular file (a FIFO or device?): pass a saved trace file")
-    rt = RankTrace(path=str(p), n_bytes_file=st.st_size)
     s = _Stream(p, progress)
-    main_tids: set[Any] = set()
-    ops: list[tuple[float, float, Any]] = []
-    metas: list[tuple[float, dict[str, Any]]] = []
-    ctx = _Ctx()
     try:
         try:
             s.expect("{")
@@ -398,31 +397,14 @@ def read_trace(path: str | os.PathLike, *, progress: Callable[[int, int], None] 
                 key = s.value()
                 s.expect(":")
                 if key != "traceEvents":
-                    v = s.value()
-                    if key == "distributedInfo" and isinstance(v, dict):
-                        rt.rank, rt.world_size = v.get("rank"), v.get("world_size")
-                        rt.backend, rt.pg_config = v.get("backend"), v.get("pg_config") or []
-                    elif key == "deviceProperties" and isinstance(v, list):
-                        rt.devices = [{k: d.get(k) for k in ("id", "name", "computeMajor", "computeMinor",
-                                                               "numSms", "totalGlobalMem")} for d in v]
-                    elif key in ("host_name", "hostname") and isinstance(v, str):
-                        rt.host = v
-                    elif key == "schemaVersion":
-                        rt.schema_version = v
-                    elif key == "baseTimeNanoseconds" and isinstance(v, int):
-                        rt.base_time_ns = v
-                    elif key == "traceName" and isinstance(v, str):
-                        rt.trace_name = v
+                    yield key, s.value()
                 else:
                     s.expect("[")
                     if s.skip_ws() == "]":
                         s.pos += 1
                     else:
                         while True:
-                            ev = s.value()
-                            rt.n_events += 1
-                            if isinstance(ev, dict):
-                                _take(ev, rt, ops, metas, main_tids, ctx)
+                            yield "event", s.value()
                             if s.expect(",]") == "]":
                                 break
                 if s.expect(",}") == "}":
@@ -431,6 +413,37 @@ def read_trace(path: str | os.PathLike, *, progress: Callable[[int, int], None] 
             raise s.error(f"cannot be decoded ({type(e).__name__}: {e})") from None
     finally:
         s.close()
+
+
+def read_trace(path: str | os.PathLike, *, progress: Callable[[int, int], None] | None = None) -> RankTrace:
+    """Stream one trace file into a :class:`RankTrace` (module docstring). ``progress(bytes_read,
+    file_bytes)`` is called every :data:`PROGRESS_EVERY_BYTES` of file read."""
+    p = Path(path)
+    rt = RankTrace(path=str(p))
+    main_tids: set[Any] = set()
+    ops: list[tuple[float, float, Any]] = []
+    metas: list[tuple[float, dict[str, Any]]] = []
+    ctx = _Ctx()
+    for key, v in iter_trace(p, progress):
+        if key == "event":
+            rt.n_events += 1
+            if isinstance(v, dict):
+                _take(v, rt, ops, metas, main_tids, ctx)
+        elif key == "distributedInfo" and isinstance(v, dict):
+            rt.rank, rt.world_size = v.get("rank"), v.get("world_size")
+            rt.backend, rt.pg_config = v.get("backend"), v.get("pg_config") or []
+        elif key == "deviceProperties" and isinstance(v, list):
+            rt.devices = [{k: d.get(k) for k in ("id", "name", "computeMajor", "computeMinor",
+                                                   "numSms", "totalGlobalMem")} for d in v if isinstance(d, dict)]
+        elif key in ("host_name", "hostname") and isinstance(v, str):
+            rt.host = v
+        elif key == "schemaVersion":
+            rt.schema_version = v
+        elif key == "baseTimeNanoseconds" and isinstance(v, int):
+            rt.base_time_ns = v
+        elif key == "traceName" and isinstance(v, str):
+            rt.trace_name = v
+    rt.n_bytes_file = p.stat().st_size
     _finish(rt, ops, metas, main_tids, ctx)
     if rt.rank is not None:
         rt.rank_source = RANK_FROM_TRACE

@@ -13,14 +13,13 @@ a list of spans here.
 """
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from hwlab.core.kineto import iter_trace
 from hwlab.errors import UserInputError
 
 #: larger traces are read streaming by :func:`hwlab.core.kineto.read_trace`, not loaded whole
@@ -86,24 +85,17 @@ def read_spans(path: str | os.PathLike) -> TraceSpans:
     if st.st_size > MAX_TRACE_BYTES:
         raise UserInputError(f"{p} is {st.st_size:,} bytes, over {MAX_TRACE_BYTES:,}: read it "
                              "streaming with hwlab.core.kineto.read_trace (or `hwlab ranks --traces`)")
-    opener = gzip.open if p.name.endswith(".gz") else open
-    try:
-        with opener(p, "rt", encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserInputError(f"{p}: not a readable Chrome trace ({type(e).__name__}: {e})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise UserInputError(f"{p}: no traceEvents array: pass a torch.profiler / Chrome trace")
-    spans = []
-    for ev in doc["traceEvents"]:
-        if not isinstance(ev, dict) or ev.get("ph") != "X":
+    spans, rank = [], None
+    for key, ev in iter_trace(p):
+        if key == "distributedInfo" and isinstance(ev, dict):
+            rank = ev.get("rank")
+        if key != "event" or not isinstance(ev, dict) or ev.get("ph") != "X":
             continue
         try:
             ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
         except (KeyError, TypeError, ValueError):
             continue
         spans.append(Span(_row(ev), str(ev.get("name", "")), str(ev.get("cat", "")), ts, dur))
-    rank = (doc.get("distributedInfo") or {}).get("rank")
     return TraceSpans(str(p), rank if isinstance(rank, int) else None, spans)
 
 

@@ -35,14 +35,12 @@ live examination's trace.
 from __future__ import annotations
 
 import bisect
-import gzip
 import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-from hwlab.core.kineto import TraceError, _Stream, discover_traces, name_rank
+from hwlab.core.kineto import TraceError, discover_traces, iter_trace, name_rank
 from hwlab.core.profiling import COMPILED_TRACE_MARKS, KERNEL_OCCUPANCY_ARGS, TRACE_KERNEL_CATS
 from hwlab.errors import UserInputError
 
@@ -114,45 +112,6 @@ class OpTrace:
     @property
     def on_gpu(self) -> bool:
         return bool(self.device)
-
-
-def iter_trace(path: str | os.PathLike, progress: Callable[[int, int], None] | None = None
-               ) -> Iterator[tuple[str, Any]]:
-    """(key, value) of each top-level entry but ``traceEvents``, and ("event", ev) per event,
-    streaming (kineto's reader: the file is never loaded whole)."""
-    p = Path(path)
-    try:
-        st = p.stat()
-    except OSError as e:
-        raise UserInputError(f"{p}: cannot read ({e.strerror}): pass a trace file") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise UserInputError(f"{p} is not a regular file (a FIFO or device?): pass a saved trace file")
-    s = _Stream(p, progress)
-    try:
-        try:
-            s.expect("{")
-            if s.skip_ws() == "}":
-                raise s.error("empty object, no traceEvents")
-            while True:
-                key = s.value()
-                s.expect(":")
-                if key != "traceEvents":
-                    yield key, s.value()
-                else:
-                    s.expect("[")
-                    if s.skip_ws() == "]":
-                        s.pos += 1
-                    else:
-                        while True:
-                            yield "event", s.value()
-                            if s.expect(",]") == "]":
-                                break
-                if s.expect(",}") == "}":
-                    break
-        except (UnicodeDecodeError, EOFError, gzip.BadGzipFile, OSError) as e:
-            raise s.error(f"cannot be decoded ({type(e).__name__}: {e})") from None
-    finally:
-        s.close()
 
 
 def read_ops(path: str | os.PathLike, progress: Callable[[int, int], None] | None = None) -> OpTrace:

@@ -57,7 +57,6 @@ rule behind each part:
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from collections import Counter
@@ -271,7 +270,7 @@ def _match(traces: dict[int, kineto.RankTrace], one_clock: bool = False) -> dict
     matched.sort(key=lambda mh: mh[0][first].ts_us)
     notes = []
     if any(unmatched.values()):
-        notes.append(f"collectives without a partner on every rank, left unmatched: "
+        notes.append("collectives without a partner on every rank, left unmatched: "
                      + ", ".join(f"rank {r} {n} of {len(colls[r])}" for r, n in unmatched.items()))
     if id_no_overlap:
         notes.append(f"{id_no_overlap} collectives matched by process group + sequence number do not overlap "
