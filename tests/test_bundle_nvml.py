@@ -44,6 +44,9 @@ def test_bundle_writes_the_archive_with_its_manifest_and_no_secret(tmp_path, mon
     run.mkdir()
     for p in sorted(TRACES.glob("*.gz")):
         (run / p.name).write_bytes(p.read_bytes())
+    # a trace named as another tool names it (not by rank or "trace"): found by its content
+    (run / "control.json.gz").write_bytes(sorted(TRACES.glob("*.gz"))[0].read_bytes())
+    (run / "notes.json").write_text('{"not": "a trace"}')
     big = run / "big.pt.trace.json"
     big.write_bytes(b" " * 10)  # replaced below by a sparse file over the per-file limit
     with open(big, "r+b") as f:
@@ -61,7 +64,8 @@ def test_bundle_writes_the_archive_with_its_manifest_and_no_secret(tmp_path, mon
     assert man["schema"] == h200["schema"]
     st = {p["part"]: p for p in man["parts"]}
     traces = [k for k in files if k.startswith("run/") and k.endswith(".gz")]
-    assert len(traces) == 4 and st["trace: big.pt.trace.json"]["status"] == "listed"
+    assert len(traces) == 5 and "run/control.json.gz" in traces and "run/notes.json" not in files
+    assert st["trace: big.pt.trace.json"]["status"] == "listed"
     assert st["trace: big.pt.trace.json"]["n_bytes"] == bundle.SMALL_FILE_BYTES + 1
     assert "run/big.pt.trace.json" not in files
     missing = {p["part"]: p for p in man["parts"] if p["status"] == "missing"}

@@ -74,8 +74,10 @@ def _topo_text() -> tuple[str | None, str | None]:
 
 
 def _run_files(run_dir: Path) -> list[tuple[str, Path]]:
-    """(kind, path) of the run's files worth sending."""
-    from hwlab.core.kineto import is_trace_name
+    """(kind, path) of the run's files worth sending. A trace is a file named like one (sent even
+    when it is truncated: that is often the bug) or a ``.json`` / ``.json.gz`` whose content starts
+    like one, whatever its name (``control.json.gz``: :func:`hwlab.core.kineto.sniff`)."""
+    from hwlab.core.kineto import TRACE_SUFFIXES, is_trace_name, sniff
     pats = [("capture", "*/rank-*.json"), ("capture", "*/node.json"), ("capture", "mapping.json"),
             ("nccl log", "*/nccl.*.log"), ("nccl log", "nccl*.log"), ("step log", "*/steps-rank-*.jsonl")]
     seen, out = set(), []
@@ -85,7 +87,8 @@ def _run_files(run_dir: Path) -> list[tuple[str, Path]]:
                 seen.add(p)
                 out.append((kind, p))
     for p in sorted(run_dir.rglob("*")):
-        if p.is_file() and p not in seen and is_trace_name(p):
+        if p.is_file() and p not in seen and (is_trace_name(p) or (p.name.endswith(TRACE_SUFFIXES)
+                                                                     and sniff(p) is None)):
             seen.add(p)
             out.append(("trace", p))
     return out

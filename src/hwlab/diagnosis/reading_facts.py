@@ -97,9 +97,7 @@ def ranks_timeline(folder: str | Path, steps: tuple[int, int] = (2, 5)) -> tuple
     on one host)."""
     rows: dict[str, list] = {}
     lo, hi = [], []
-    for p in sorted(Path(folder).iterdir()):
-        if not (p.is_file() and kineto.is_trace_name(p)):
-            continue
+    for p in kineto.discover_traces(folder, depth=0)[0]:  # by content, whatever the names
         t = trace_events.read_spans(p)
         st = t.steps()[steps[0]:steps[1]]
         main = st[0].row
@@ -114,12 +112,11 @@ def ranks_timeline(folder: str | Path, steps: tuple[int, int] = (2, 5)) -> tuple
 
 def rank_traces(folder: str | Path) -> dict[int, kineto.RankTrace]:
     traces = {}
-    for p in sorted(Path(folder).iterdir()):
-        if p.is_file() and kineto.is_trace_name(p):
-            rt = kineto.read_trace(p)
-            if rt.rank is None:
-                raise ValueError(f"{p}: no rank in the trace or its name")
-            traces[rt.rank] = rt
+    for p in kineto.discover_traces(folder, depth=0)[0]:  # by content, whatever the names
+        rt = kineto.read_trace(p)
+        if rt.rank is None:
+            raise ValueError(f"{p}: no rank in the trace or its name")
+        traces[rt.rank] = rt
     if len(traces) < 2:
         raise ValueError(f"{folder}: {len(traces)} rank trace(s); a collective wait needs two or more ranks")
     return traces
