@@ -89,6 +89,7 @@ def main(argv=None) -> int:
         res = sampler.stop()
         os.makedirs(a.trace_dir, exist_ok=True)
         write_json_atomic(os.path.join(a.trace_dir, f"nvml-rank-{rank}.json"), {"rank": rank, **res})
+    dist.barrier()  # no rank tears gloo down while another is still in a collective or writing its trace
     dist.destroy_process_group()
     return 0
 
