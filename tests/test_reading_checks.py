@@ -289,6 +289,15 @@ def test_ncu_recording_tool_profiles_the_recorded_cases_and_refuses_before_runni
     assert tool.main(["--out", str(tmp_path / "fresh")]) == 2 and not (tmp_path / "fresh" / "ncu" / "MANIFEST.json").exists()
 
 
+def test_every_ncu_target_runs_as_a_module():
+    """ncu launches each target as ``python -m MODULE``: a lab turned into a package needs its __main__."""
+    import subprocess
+    for mod in sorted({a[a.index("-m") + 1] for _, a in _tool().targets()}):
+        r = subprocess.run([sys.executable, "-m", mod, "--help"], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        assert r.returncode == 0 and "usage" in r.stdout, (mod, r.stderr[-500:])
+
+
 @pytest.mark.parametrize("rel", ["notebooks/09_reading_tools.py", "exercises/05_reading_tools.py"])
 def test_each_answer_cell_precedes_the_check_that_shows_the_kits_reading(rel):
     """The kit's reading is in the check's result: every check reads MY_* names that a learner cell
