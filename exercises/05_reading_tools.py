@@ -58,6 +58,20 @@ MY_NCU_LAB1 = None  # YOUR CODE HERE: {"dram_pct": ..., "sector_amplification": 
 MY_NCU_LAB2 = None  # YOUR CODE HERE: {"registers": ..., "spills": ..., "achieved_occupancy_pct": ..., "binding_metric": "<row>"}
 
 # %% [markdown]
+# **2b.** ncu's own rows (`ncu --csv`, H200): Lab 1's fused kernel, and two Lab 2 tiles of which one spills.
+# Read the fused kernel's sectors per request (global-load sectors over requests), which tile spills, and its
+# local-memory sectors (loads and stores together).
+
+# %%
+RAW_CASES = ("lab01_fused",)
+RAW_TILES = ("lab02_64x64x32x4x3", "lab02_256x256x64x4x2")
+for name in RAW_CASES + RAW_TILES:
+    print(facts.ncu_raw_text(name, ("global_op_ld", "local_op", "registers_per_thread")), end="\n\n")
+
+# %% tags=["learner"]
+MY_NCU_RAW = None  # YOUR CODE HERE: {"sectors_per_request": {"lab01_fused": ...}, "spilling_tile": "<report>", "local_sectors": ...}
+
+# %% [markdown]
 # **3.** A four-GPU PCIe machine (public capture, `src/hwlab/recorded/topology/`): which pairs of the group
 # cross its slowest link, and which class is it?
 
@@ -73,5 +87,6 @@ MY_TOPO = None  # YOUR CODE HERE: {"pairs": [(a, b), ...], "link": "<class>"}
 # %%
 for result in (check.check_rank_wait(RANKS, MY_RANKS), check.check_host_gap(RANK0, MY_GAP),
                check.check_ncu_lab01("strided", MY_NCU_LAB1), check.check_ncu_lab02("256x256x64 w4 s2", MY_NCU_LAB2),
+               check.check_ncu_raw(RAW_CASES, RAW_TILES, MY_NCU_RAW),
                check.check_slow_pairs(TOPO, GROUP, MY_TOPO)):
     display(result)

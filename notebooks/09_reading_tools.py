@@ -2,6 +2,11 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -115,8 +120,6 @@ check.check_rank_wait(RANKS, MY_RANKS)
 print(facts.ncu_lab01_text("unfused"))
 print()
 print(facts.ncu_lab02_text("128x128x64 w4 s3"))
-print()
-print("raw per-kernel report (sectors per request, spill traffic):", facts.ncu_report_waits() or "recorded")
 
 # %% tags=["learner"]
 MY_NCU_LAB1 = None  # YOUR CODE HERE: {"dram_pct": ..., "sector_amplification": ..., "estimate_pct_of_peak": ...}
@@ -125,6 +128,36 @@ MY_NCU_LAB2 = None  # YOUR CODE HERE: {"registers": ..., "spills": ..., "achieve
 # %%
 display(check.check_ncu_lab01("unfused", MY_NCU_LAB1))
 check.check_ncu_lab02("128x128x64 w4 s3", MY_NCU_LAB2)
+
+# %% [markdown]
+# ### ncu's own rows
+#
+# The readings above are the kit's summary of each run. On your cluster you get ncu's CSV instead: one row
+# per kernel and metric. Below, Lab 1's strided and coalesced cases and two of Lab 2's tiles, as `ncu --csv`
+# wrote them on the H200 (`tools/record_ncu_h200.py`; the kernel, metric, unit and value columns, and only the
+# memory rows).
+#
+# * **Sectors per request** is global-load sectors over global-load requests. A warp's request for 32 lanes of
+#   *w* bytes each needs at best 32·*w* / 32 = *w* sectors of 32 B: 2 for a scalar fp16 load, 16 for a 16-byte
+#   vector load. 32 means every lane touched a sector of its own.
+# * **Local-memory sectors** (loads and stores together) are register spills, moved through L1.
+
+# %%
+RAW_CASES = ("lab01_strided", "lab01_coalesced")
+RAW_TILES = ("lab02_128x128x64x4x3", "lab02_256x256x64x8x3")
+for name in RAW_CASES + RAW_TILES:
+    print(facts.ncu_raw_text(name, ("global_op_ld", "local_op", "registers_per_thread")), end="\n\n")
+
+# %% tags=["learner"]
+MY_NCU_RAW = None  # YOUR CODE HERE: {"sectors_per_request": {"lab01_strided": ..., "lab01_coalesced": ...}, "spilling_tile": "<report>", "local_sectors": ...}
+
+# %%
+check.check_ncu_raw(RAW_CASES, RAW_TILES, MY_NCU_RAW)
+
+# %% [markdown]
+# A strided read that takes a sector per lane fetches a whole sector to use one element of it: Lab 1's fix
+# changes the layout, not the kernel's arithmetic. Spill traffic shares L1 with the tile's own loads: Lab 2's
+# fix is a tile whose accumulators fit in registers.
 
 # %% [markdown]
 # ## 4 · The topology and NCCL's paths

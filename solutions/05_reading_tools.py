@@ -63,6 +63,22 @@ MY_NCU_LAB2 = {"registers": 255, "spills": 814, "achieved_occupancy_pct": 6.25,
                "binding_metric": "launch__occupancy_limit_shared_mem"}
 
 # %% [markdown]
+# **2b.** ncu's own rows (`ncu --csv`, H200): Lab 1's fused kernel, and two Lab 2 tiles of which one spills.
+# Read the fused kernel's sectors per request (global-load sectors over requests), which tile spills, and its
+# local-memory sectors (loads and stores together).
+
+# %%
+RAW_CASES = ("lab01_fused",)
+RAW_TILES = ("lab02_64x64x32x4x3", "lab02_256x256x64x4x2")
+for name in RAW_CASES + RAW_TILES:
+    print(facts.ncu_raw_text(name, ("global_op_ld", "local_op", "registers_per_thread")), end="\n\n")
+
+# %% tags=["learner"]
+# 12,582,912 sectors over 786,432 requests; the spilling tile's local loads 1,536,507,904 + stores 1,542,799,360
+MY_NCU_RAW = {"sectors_per_request": {"lab01_fused": 16.0}, "spilling_tile": "lab02_256x256x64x4x2",
+              "local_sectors": 3079307264}
+
+# %% [markdown]
 # **3.** A four-GPU PCIe machine (public capture, `src/hwlab/recorded/topology/`): which pairs of the group
 # cross its slowest link, and which class is it?
 
@@ -78,5 +94,6 @@ MY_TOPO = {"pairs": [(1, 2), (1, 3)], "link": "SYS"}  # GPU1 sits on the other s
 # %%
 for result in (check.check_rank_wait(RANKS, MY_RANKS), check.check_host_gap(RANK0, MY_GAP),
                check.check_ncu_lab01("strided", MY_NCU_LAB1), check.check_ncu_lab02("256x256x64 w4 s2", MY_NCU_LAB2),
+               check.check_ncu_raw(RAW_CASES, RAW_TILES, MY_NCU_RAW),
                check.check_slow_pairs(TOPO, GROUP, MY_TOPO)):
     display(result)

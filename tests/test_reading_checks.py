@@ -144,6 +144,61 @@ def test_ncu_lab02_binding_limit_is_the_smallest_limit_row():
     assert r.status == "wrong" and not any(k in r.message for k, v in limits.items() if v == low)
 
 
+def _raw_ncu_rows(name):
+    """metric -> value per kernel ID of a recorded raw report, read with the csv module alone."""
+    import csv
+    text = (evidence.RECORDED_DIR / "h200" / "ncu" / f"{name}.csv").read_text()
+    out = {}
+    for r in csv.DictReader([ln for ln in text.splitlines() if ln.startswith('"')]):
+        out.setdefault(r["ID"], {})[r["Metric Name"]] = float(r["Metric Value"].replace(",", ""))
+    return out
+
+
+RAW_CASES, RAW_TILES = ("lab01_strided", "lab01_coalesced"), ("lab02_128x128x64x4x3", "lab02_256x256x64x8x3")
+
+
+def _raw_right(cases=RAW_CASES, tiles=RAW_TILES):
+    """The right reading of the raw rows, from the CSV alone: sectors over requests, local loads + stores."""
+    first = {c: next(iter(_raw_ncu_rows(c).values())) for c in cases}
+    spr = {c: m["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"] / m["l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"]
+           for c, m in first.items()}
+    local = {t: sum(m["l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum"] + m["l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum"]
+                    for m in _raw_ncu_rows(t).values()) for t in tiles}
+    spilling = max(local, key=local.get)
+    return {"sectors_per_request": spr, "spilling_tile": spilling, "local_sectors": local[spilling]}
+
+
+def test_raw_ncu_rows_reading_passes_and_wrong_readings_fail_without_the_value():
+    right = _raw_right()
+    spilling, other = right["spilling_tile"], next(t for t in RAW_TILES if t != right["spilling_tile"])
+    assert C.check_ncu_raw(RAW_CASES, RAW_TILES, right).status == "passed"
+    assert C.check_ncu_raw(RAW_CASES, RAW_TILES, None).status == "not done yet"
+    loads_only = sum(m["l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum"] for m in _raw_ncu_rows(spilling).values())
+    values = [*right["sectors_per_request"].values(), right["local_sectors"]]
+    for wrong in ({**right, "local_sectors": loads_only},  # the store row missed
+                  {**right, "spilling_tile": other},
+                  {**right, "sectors_per_request": {c: v / 8 for c, v in right["sectors_per_request"].items()}}):
+        r = C.check_ncu_raw(RAW_CASES, RAW_TILES, wrong)
+        assert r.status == "wrong"
+        assert not any(_says(r.message, v) for v in values if v > 2)
+    with pytest.raises(ValueError):  # two tiles that both spill, or neither, make no question
+        C.check_ncu_raw(RAW_CASES, (other, other), right)
+
+
+def test_raw_ncu_text_keeps_ncus_own_values_and_only_the_rows_asked_for():
+    import csv
+    name = RAW_CASES[0]
+    text = F.ncu_raw_text(name, ("global_op_ld",))
+    raw = (evidence.RECORDED_DIR / "h200" / "ncu" / f"{name}.csv").read_text()
+    rows = list(csv.DictReader([ln for ln in raw.splitlines() if ln.startswith('"')]))
+    kept = [r for r in rows if "global_op_ld" in r["Metric Name"]]
+    assert kept and all(re.search(rf"{re.escape(r['Metric Name'])}\s.*\s{re.escape(r['Metric Value'])}$", text, re.M)
+                        for r in kept)
+    assert len(text.splitlines()) == 1 + len(kept) and "local_op" not in text
+    with pytest.raises(KeyError):
+        F.ncu_raw("lab03_nothing")
+
+
 def test_ncu_csv_reader_on_the_format_fixture():
     rows = F.ncu_report((ROOT / "tests/data/ncu_format/FORMAT_FIXTURE_ncu_csv.csv").read_text())
     assert [r["kernel"] for r in rows] == ["kernel_a", "kernel_b"]
@@ -223,6 +278,7 @@ def test_notebook_09_answered_right_passes_every_check(tmp_path):
                         "binding_metric": "launch__occupancy_limit_shared_mem"},
         "MY_TOPO": {"pairs": [(0, 5), (1, 4)], "link": "SYS"},
         "MY_NCCL": {"gbps": float(gbps), "type": typ},
+        "MY_NCU_RAW": _raw_right(),
     }
     nb = nbformat.read(ROOT / "notebooks" / "09_reading_tools.ipynb", as_version=4)
     filled = 0
@@ -236,7 +292,7 @@ def test_notebook_09_answered_right_passes_every_check(tmp_path):
     out = "\n".join(o.get("text", "") + o.get("data", {}).get("text/markdown", "")
                     for c in nb.cells for o in c.get("outputs", []))
     assert "Traceback" not in out and ": wrong." not in out and "not done yet" not in out
-    assert out.count(": passed.") == 6
+    assert out.count(": passed.") == 7
 
 
 # ---------------------------------------------------------------- opt-in: other projects' real traces

@@ -27,7 +27,10 @@ from hwlab.diagnosis import reading_facts as facts
 TOL_PCT = 10.0
 #: absolute tolerance per ncu figure: points of %, sectors per request/amplification, registers, spills
 NCU_TOL = {"dram_pct": 1.0, "sector_amplification": 0.1, "estimate_pct_of_peak": 1.5,
-           "achieved_occupancy_pct": 0.5, "registers": 0.0, "spills": 0.0}
+           "achieved_occupancy_pct": 0.5, "registers": 0.0, "spills": 0.0, "sectors_per_request": 0.1}
+#: relative tolerance on a sector count read off a raw report (ncu prints every digit; 1% forgives a
+#: rounded reading, not a missed row)
+SECTORS_TOL_PCT = 1.0
 #: the answer a learner gives when no rank is late (``None`` means not answered yet)
 NO_LATE_RANK = "none"
 
@@ -209,6 +212,50 @@ def check_ncu_lab02(config: str, answer: dict | None) -> ExerciseResult:
                    f"({f['spills_source']}), achieved occupancy {f['achieved_occupancy_pct']:.2f}% against the kit's "
                    f"theoretical {f['theoretical_occupancy_pct']:.2f}% (an estimate from registers, shared memory and "
                    f"warps); binding: {', '.join(f['binding'])}.")
+
+
+def check_ncu_raw(cases: tuple[str, ...], tiles: tuple[str, ...], answer: dict | None) -> ExerciseResult:
+    """A reading of ncu's raw rows (:func:`hwlab.diagnosis.reading_facts.ncu_raw_text`). ``cases``: Lab 1
+    reports (one kernel each, e.g. ``("lab01_strided", "lab01_coalesced")``); ``tiles``: Lab 2 reports of
+    which exactly one spills. ``answer = {"sectors_per_request": {case: ...}, "spilling_tile": "<report>",
+    "local_sectors": <load + store sectors of local memory of that tile>}``."""
+    name = "reading ncu's raw rows: sectors per request and spill traffic"
+    if not isinstance(answer, dict) or all(answer.get(k) is None for k in ("sectors_per_request", "spilling_tile",
+                                                                              "local_sectors")):
+        return not_done(name, "Fill sectors_per_request per case, the spilling tile and its local-memory sectors.")
+    problems = []
+    spr = answer.get("sectors_per_request") if isinstance(answer.get("sectors_per_request"), dict) else {}
+    for case in cases:
+        k = facts.ncu_raw_facts(case)
+        want = k[0]["sectors_per_request"]
+        got = spr.get(case)
+        if not isinstance(got, (int, float)) or isinstance(got, bool):
+            problems.append(f"sectors_per_request[{case!r}] must be a number.")
+        elif abs(got - want) > NCU_TOL["sectors_per_request"] + 1e-9:
+            side = "above" if got > want else "below"
+            problems.append(f"sectors_per_request[{case!r}] {got:g} is {side} the report's "
+                            "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum over l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum.")
+    local = {t: sum(r["local_sectors"] or 0.0 for r in facts.ncu_raw_facts(t)) for t in tiles}
+    spilling = [t for t, v in local.items() if v > 0]
+    if len(spilling) != 1:
+        raise ValueError(f"exactly one of {tiles} must spill in the recorded reports (local sectors {local})")
+    tile = answer.get("spilling_tile")
+    if tile not in tiles:
+        problems.append(f"spilling_tile must be one of {list(tiles)}.")
+    elif tile != spilling[0]:
+        problems.append(f"{tile}'s local-memory rows (l1tex__t_sectors_pipe_lsu_mem_local_op_ld/st) read 0: its "
+                        "registers held everything.")
+    n = _number(answer, "local_sectors")
+    want = local[spilling[0]]
+    if n is None:
+        problems.append("local_sectors must be a number.")
+    elif abs(n - want) > SECTORS_TOL_PCT / 100 * want:
+        side = "above" if n > want else "below"
+        problems.append(f"local_sectors {n:g} is {side} the spilling tile's local-memory sectors, loads and stores "
+                        f"together (tolerance {SECTORS_TOL_PCT:g}%).")
+    said = ", ".join(f"{c} {facts.ncu_raw_facts(c)[0]['sectors_per_request']:g}" for c in cases)
+    return _result(name, problems, f"sectors per request: {said}; {spilling[0]} moves {want:,.0f} local-memory "
+                   f"sectors ({want * 32 / 1e9:.1f} GB through L1 at 32 B each) that its registers could not hold.")
 
 
 # ---- topology and NCCL ----------------------------------------------------------------------------

@@ -21,6 +21,8 @@ grades the answer against what this module computes from the same recording:
 """
 from __future__ import annotations
 
+import csv
+import io
 import re
 from itertools import combinations
 from pathlib import Path
@@ -261,6 +263,35 @@ def ncu_report(csv_text: str) -> list[dict[str, Any]]:
                     "achieved_occupancy_pct": r.get("sm__warps_active.avg.pct_of_peak_sustained_active"),
                     "limits": limits, "duration_ns": r.get("gpu__time_duration.sum")})
     return out
+
+
+def ncu_raw(name: str) -> str:
+    """The recorded raw report ``name`` (``lab01_<case>`` or ``lab02_<BMxBNxBKxWxS>``) as ncu wrote it."""
+    path = ncu_report_dir() / f"{name}.csv"
+    if not path.is_file():
+        have = sorted(p.stem for p in ncu_report_dir().glob("*.csv"))
+        raise KeyError(f"no raw ncu report {name!r} recorded (have {have}); {ncu_report_waits() or ''}".rstrip("; "))
+    return path.read_text()
+
+
+def ncu_raw_text(name: str, metrics: tuple[str, ...] = ()) -> str:
+    """ncu's own rows of the recorded raw report ``name``: kernel, metric, unit and value as ncu printed
+    them (the CSV's other columns, process and launch ids, left out). No sum, ratio or verdict.
+    ``metrics``: keep only the rows whose metric name contains one of these parts."""
+    lines = [ln for ln in ncu_raw(name).splitlines() if ln.startswith('"')]
+    rows = [r for r in csv.DictReader(io.StringIO("\n".join(lines)))
+            if not metrics or any(m in r["Metric Name"] for m in metrics)]
+    out = [f"ncu --csv, {name} (recorded on NVIDIA H200 by tools/record_ncu_h200.py): {len({r['ID'] for r in rows})} kernel(s)"]
+    for r in rows:
+        k = r["Kernel Name"]
+        out.append(f"  [{r['ID']}] {k[:40] + '...' if len(k) > 43 else k:<43s} {r['Metric Name']:<58s} "
+                   f"{r['Metric Unit']:<16s} {r['Metric Value']:>14s}")
+    return "\n".join(out)
+
+
+def ncu_raw_facts(name: str) -> list[dict[str, Any]]:
+    """Per kernel of the recorded raw report ``name``, as :func:`ncu_report` reads it."""
+    return ncu_report(ncu_raw(name))
 
 
 # ---- topology and NCCL ----------------------------------------------------------------------------
