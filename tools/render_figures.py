@@ -50,7 +50,8 @@ def _by_name(rec: dict) -> dict[str, dict]:
 
 
 def _faster(pct: float) -> str:
-    return f"{pct:+.1f}% faster"
+    """A gain in %, said the way it reads: a negative gain is slower, not "-x% faster"."""
+    return f"{pct:.1f}% faster" if pct >= 0 else f"{-pct:.1f}% slower"
 
 
 def _ranks(ranks: list[int]) -> str:
