@@ -111,7 +111,7 @@ def test_slowlink_aware_recheck_tail_spread_rederived():
     exp = _rec_case("lab03_slowlink", "experiment")
     ev = exp["aware"]["flowchart_evidence"]
     view = C.phase_view(exp["ranks"], "step:aware")
-    tails = C.report.tail_pct_by_round(view)
+    tails = C.report.rank_tail_pct_by_round(view)
     sp = ev["metric_spreads"]["rank_tail_pct"]
     assert (sp["lo"], sp["hi"]) == pytest.approx((quantile(tails, 0.1), quantile(tails, 0.9)))
     d = F.diagnose(ev)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hwlab.core.measure import quantile
-from hwlab.core.tails import spikes, tail_split
+from hwlab.core.tails import spikes, tail_pct_of_step, tail_split
 from hwlab.core.measure import spread_of
 
 OWN_QUANTILE = 0.25
@@ -92,13 +92,26 @@ def paired_ratio(num: list[dict], den: list[dict]) -> float:
     return statistics.median(paired_ratios(num, den))
 
 
-def tail_pct_by_round(run: list[dict]) -> list[float]:
-    """The rank-tail % of each round on its own (each rank's compute + TP all-reduce that round):
-    the spread behind the run's tail, which takes each rank's lower quartile over rounds."""
+def rank_tail_pct(rep: StragglerReport) -> float:
+    """The flowchart's K figure for ``rep``: the slowest rank's own time (lower quartile over steps)
+    minus the on-time ranks' median, in % of the median step (:func:`hwlab.core.tails.tail_pct_of_step`,
+    the unit of K's threshold). ``rep.tail_pct`` is the same excess over the on-time ranks' own time,
+    a ratio that grows without bound when they spend the step waiting."""
+    return tail_pct_of_step({k: v["own_q_ms"] for k, v in rep.per_rank.items()}, rep.tail_ranks, rep.step_ms)
+
+
+def rank_tail_pct_by_round(run: list[dict]) -> list[float]:
+    """:func:`rank_tail_pct` of each round on its own (each rank's compute + TP all-reduce that round,
+    over that round's median step): the spread behind the run's figure, which takes each rank's lower
+    quartile over rounds."""
     own = {r["rank"]: (r.get("own_ms") or [c + t for c, t in zip(r["compute_ms"], r["tp_allreduce_ms"])])
            for r in run}
-    n = min(len(v) for v in own.values())
-    return [tail_split({k: v[s] for k, v in own.items()})[1] for s in range(n)]
+    n = min(min(len(v) for v in own.values()), min(len(r["step_ms"]) for r in run))
+    out = []
+    for s in range(n):
+        vals = {k: v[s] for k, v in own.items()}
+        out.append(tail_pct_of_step(vals, tail_split(vals)[0], statistics.median(r["step_ms"][s] for r in run)))
+    return out
 
 
 def flowchart_evidence(baseline: dict[str, Any], run: list[dict], devices_alone: list[dict],
@@ -118,13 +131,13 @@ def flowchart_evidence(baseline: dict[str, Any], run: list[dict], devices_alone:
     spreads = {k: v for k, v in {
         "slowdown_vs_floor": spread_of(baseline.get("slowdown_by_round") or [], "rounds of the block alone"),
         "e2e_slowdown": spread_of(paired_ratios(run, devices_alone), "paired rounds"),
-        "rank_tail_pct": spread_of(tail_pct_by_round(run), "rounds (tail of each round)")}.items() if v}
+        "rank_tail_pct": spread_of(rank_tail_pct_by_round(run), "rounds (tail of each round)")}.items() if v}
     ev = {"slowdown_vs_floor": baseline["slowdown_vs_floor"],
           "dram_pct_estimated": baseline["dram_pct_estimated"],
           "dram_pct_required_estimated": req,
           "tensor_pct_of_peak": baseline["tensor_pct_of_peak"],
           "e2e_slowdown": paired_ratio(run, devices_alone),
-          "rank_tail_pct": rep.tail_pct, "n_ranks": rep.n_ranks,
+          "rank_tail_pct": rank_tail_pct(rep), "n_ranks": rep.n_ranks,
           "metric_sources": {
               "slowdown_vs_floor": f"one rank's block compute ({baseline['kernel']}) alone in one process, "
                                    f"{baseline['t_ms']:.1f} ms, over this machine's floor "
@@ -136,7 +149,8 @@ def flowchart_evidence(baseline: dict[str, Any], run: list[dict], devices_alone:
                               "step (every rank's compute, no collectives)",
               "dram_pct_required_estimated": "the block's required bytes (each input, weight and output once) "
                                              "over its time alone, vs the measured copy rate",
-              "rank_tail_pct": "per rank, the lower quartile over steps of compute + TP all-reduce, same run"},
+              "rank_tail_pct": "per rank, the lower quartile over steps of compute + TP all-reduce, same run: the "
+                               "slowest rank's minus the on-time ranks' median, in % of the median step"},
           "metric_spreads": spreads}
     if req is None:
         del ev["dram_pct_required_estimated"], ev["metric_sources"]["dram_pct_required_estimated"]
@@ -148,7 +162,7 @@ def signature_row(name: str, case: dict[str, Any]) -> dict[str, Any]:
     """The seed's signature, measured: rank tail, communication wait, single-device baseline."""
     rep, ev = case["report"], case["flowchart_evidence"]
     waits = [v["comm_wait_ms"] for v in rep["per_rank"].values()]
-    return {"case": name, "rank_tail_pct": rep["tail_pct"], "tail_ranks": rep["tail_ranks"],
+    return {"case": name, "rank_tail_pct": ev["rank_tail_pct"], "tail_ranks": rep["tail_ranks"],
             "tail_ms": rep["tail_ms"], "comm_wait_ms_median": statistics.median(waits),
             "comm_wait_ms_max": max(waits), "step_ms": rep["step_ms"],
             "slowdown_vs_floor": ev["slowdown_vs_floor"], "e2e_slowdown": ev["e2e_slowdown"],
