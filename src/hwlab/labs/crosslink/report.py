@@ -21,9 +21,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from hwlab.core.measure import quantile
+from hwlab.core.measure import quantile, spread_of
 from hwlab.core.tails import spikes, tail_pct_of_step, tail_split
-from hwlab.core.measure import spread_of
 
 OWN_QUANTILE = 0.25
 
@@ -100,17 +99,23 @@ def rank_tail_pct(rep: StragglerReport) -> float:
     return tail_pct_of_step({k: v["own_q_ms"] for k, v in rep.per_rank.items()}, rep.tail_ranks, rep.step_ms)
 
 
-def rank_tail_pct_by_round(run: list[dict]) -> list[float]:
-    """:func:`rank_tail_pct` of each round on its own (each rank's compute + TP all-reduce that round,
-    over that round's median step): the spread behind the run's figure, which takes each rank's lower
-    quartile over rounds."""
+#: rounds per block for K's spread: each block's figure is taken like the run's (a lower quartile per rank)
+SPREAD_BLOCK_ROUNDS = 5
+
+
+def rank_tail_pct_by_block(run: list[dict], block: int = SPREAD_BLOCK_ROUNDS) -> list[float]:
+    """:func:`rank_tail_pct` of each block of ``block`` consecutive rounds, taken the way the run's
+    figure is (each rank's lower quartile of compute + TP all-reduce over the block, the block's
+    median step): the spread behind the run's figure. Single rounds would be untrimmed, and a
+    spread from another estimator can sit entirely above the figure it is meant to bracket."""
     own = {r["rank"]: (r.get("own_ms") or [c + t for c, t in zip(r["compute_ms"], r["tp_allreduce_ms"])])
            for r in run}
     n = min(min(len(v) for v in own.values()), min(len(r["step_ms"]) for r in run))
     out = []
-    for s in range(n):
-        vals = {k: v[s] for k, v in own.items()}
-        out.append(tail_pct_of_step(vals, tail_split(vals)[0], statistics.median(r["step_ms"][s] for r in run)))
+    for b0 in range(0, n - block + 1, block):
+        vals = {k: quantile(v[b0:b0 + block], OWN_QUANTILE) for k, v in own.items()}
+        step = statistics.median(statistics.median(r["step_ms"][b0:b0 + block]) for r in run)
+        out.append(tail_pct_of_step(vals, tail_split(vals)[0], step))
     return out
 
 
@@ -121,7 +126,7 @@ def flowchart_evidence(baseline: dict[str, Any], run: list[dict], devices_alone:
     ``e2e_slowdown`` = the run's step over the devices-alone step of the same rounds,
     ``rank_tail_pct`` with ``n_ranks``; ``metric_sources`` says what measured each and
     ``metric_spreads`` the spread of each over rounds (B: the baseline's rounds; D: the per-round
-    ratio; K: the per-round tail), for the walk's borderline check.
+    ratio; K: blocks of rounds, :func:`rank_tail_pct_by_block`), for the walk's borderline check.
     ``dram_pct_required_estimated``: the bytes the block must move (inputs, weights and output
     once) over its time, % of the copy rate; it stays valid where ``dram_pct_estimated`` (the
     bytes it does move) exceeds 100% because re-read weights came from the CPU's cache."""
@@ -131,7 +136,7 @@ def flowchart_evidence(baseline: dict[str, Any], run: list[dict], devices_alone:
     spreads = {k: v for k, v in {
         "slowdown_vs_floor": spread_of(baseline.get("slowdown_by_round") or [], "rounds of the block alone"),
         "e2e_slowdown": spread_of(paired_ratios(run, devices_alone), "paired rounds"),
-        "rank_tail_pct": spread_of(rank_tail_pct_by_round(run), "rounds (tail of each round)")}.items() if v}
+        "rank_tail_pct": spread_of(rank_tail_pct_by_block(run), f"blocks of {SPREAD_BLOCK_ROUNDS} rounds")}.items() if v}
     ev = {"slowdown_vs_floor": baseline["slowdown_vs_floor"],
           "dram_pct_estimated": baseline["dram_pct_estimated"],
           "dram_pct_required_estimated": req,
