@@ -60,7 +60,7 @@ print(f"seed scale: x{exp['seed']['scale']:.2f} -> tail {exp['seed']['tail_ms_at
       f"Lab 3's first example: "
       f"{first['fast']['hidden_pct']:.0f}% on a {first['fast']['link']}, {first['slow']['hidden_pct']:.0f}% on a "
       f"{first['slow']['link']}")
-print("signature (measured):  rank tail %  | comm wait ms | single-device slowdown vs floor | leaf")
+print("signature (measured):  rank tail (% of step) | comm wait ms | single-device slowdown vs floor | leaf")
 for row, key in zip(exp["signature"], ("naive", "regressed")):
     print(f"  {row['case']:34} {row['rank_tail_pct']:6.1f} | {row['comm_wait_ms_median']:6.1f} | "
           f"{row['slowdown_vs_floor']:5.2f}x | {flowchart.diagnose(exp[key]['flowchart_evidence']).leaf_id}")

@@ -3,11 +3,13 @@ walk from a real CPU run (every answer from a measured metric, re-derivable), ba
 with one clear line, and the command line. No test judges a CPU timing."""
 import json
 import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+
 import pytest
 import torch
 
@@ -20,7 +22,7 @@ from hwlab.examine.estimate import (
 from hwlab.examine.torch_profile import ProfileSummary
 from hwlab.core.profiling import kernel_class
 from hwlab.diagnosis.flowchart import diagnose
-from hwlab.core.measure import Measurement
+from hwlab.core.measure import Measurement, quantile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,7 +125,7 @@ def _prof(busy_ms, triton=()):
 
 def test_build_evidence_uses_each_measured_metric_and_names_its_source():
     # 1 GB at 1000 GB/s is a 1 ms floor; 4 ms measured; 3.5 GB moved
-    ev, src = build_evidence(_m(4.0, 10**9, 0), moved=35 * 10**8, amp=1.0, prof=_prof(3.9), wall_ms=4.0,
+    ev, src = build_evidence(_m(4.0, 10**9, 0), moved=35 * 10**8, amp=1.0, prof=_prof(3.9), wall_chunks_ms=[4.0] * 15,
                              flop_bound=False, ncu=None, on_gpu=True)
     assert ev["slowdown_vs_floor"] == pytest.approx(4.0)
     assert ev["dram_pct_estimated"] == pytest.approx(87.5)
@@ -131,23 +133,48 @@ def test_build_evidence_uses_each_measured_metric_and_names_its_source():
     assert "tensor_pct_of_peak" not in ev and set(src) == set(ev) - {"metric_spreads"}
     assert diagnose(ev).leaf_id == "G"
     # matmul-heavy: 1e12 FLOPs at 100 TFLOP/s is a 10 ms floor, 40 ms measured: 25% of the GEMM ceiling
-    ev, _ = build_evidence(_m(40.0, 10**8, 10**12), moved=10**8, amp=None, prof=_prof(39.9), wall_ms=40.0,
+    ev, _ = build_evidence(_m(40.0, 10**8, 10**12), moved=10**8, amp=None, prof=_prof(39.9), wall_chunks_ms=[40.0] * 15,
                            flop_bound=True, ncu=None, on_gpu=True)
     assert ev["tensor_pct_of_peak"] == pytest.approx(25.0) and diagnose(ev).leaf_id == "I"
     # the GPU idles 80% of the call: the launch path, whatever the tensor cores do
-    ev, _ = build_evidence(_m(1.0, 10**6, 0), moved=10**6, amp=1.0, prof=_prof(0.2), wall_ms=1.0,
+    ev, _ = build_evidence(_m(1.0, 10**6, 0), moved=10**6, amp=1.0, prof=_prof(0.2), wall_chunks_ms=[1.0] * 15,
                            flop_bound=False, ncu=None, on_gpu=True)
     assert ev["launch_gap_pct"] == pytest.approx(80.0) and diagnose(ev).leaf_id == "J"
     # a Triton kernel that spills
     ev, src = build_evidence(_m(40.0, 10**8, 10**12), moved=10**8, amp=None,
                              prof=_prof(39.9, [{"name": "k", "n_regs": 255, "n_spills": 300}]),
-                             wall_ms=40.0, flop_bound=True, ncu=None, on_gpu=True)
+                             wall_chunks_ms=[40.0] * 15, flop_bound=True, ncu=None, on_gpu=True)
     assert ev["n_spills"] == 300 and "ptxas" in src["n_spills"] and diagnose(ev).leaf_id == "J"
     # counted figures are kept apart and named; a tensor pipe figure is ignored for non-matmul work
     ncu = {"evidence": {"dram_pct_of_peak": 80.0, "tensor_pipe_pct": 0.0}}
-    ev, src = build_evidence(_m(4.0, 10**9, 0), moved=10**9, amp=None, prof=_prof(3.9), wall_ms=4.0,
+    ev, src = build_evidence(_m(4.0, 10**9, 0), moved=10**9, amp=None, prof=_prof(3.9), wall_chunks_ms=[4.0] * 15,
                              flop_bound=False, ncu=ncu, on_gpu=True)
     assert "Nsight" in src["dram_pct_of_peak"] and "tensor_pipe_pct" not in ev
+
+
+def test_d_on_a_busy_host_reads_borderline_from_the_chunks_spread():
+    """D for one function: a host that preempts a few back-to-back chunks lifts their median over
+    1.2x the single calls; the chunks' p10-p90 over the single calls' p90-p10 contains 1.2, so D
+    says BORDERLINE and names the re-run, instead of a confident "slow in service". A steady host's
+    chunks keep D a plain NO."""
+    from hwlab.examine.walk_metrics import e2e_spread
+    m = Measurement(name="f", t_ms=4.0, t_p10_ms=3.9, t_p90_ms=4.3, n_bytes=10**9, n_flops=0, device="test",
+                    timer="cuda-event", n_rep=20, ceiling_gbps=1000.0, ceiling_tflops=100.0)
+    busy = [4.1, 4.2, 4.3, 4.4, 4.5, 5.0, 5.1, 5.2, 5.3, 5.4, 5.6, 6.0, 6.5, 7.0, 8.0]  # preempted chunks
+    ev, _ = build_evidence(m, moved=10**9, amp=1.0, prof=_prof(3.9), wall_chunks_ms=busy, flop_bound=False,
+                           ncu=None, on_gpu=True)
+    sp = ev["metric_spreads"]["e2e_slowdown"]
+    assert ev["e2e_slowdown"] == pytest.approx(statistics.median(busy) / 4.0) and ev["e2e_slowdown"] >= 1.2
+    assert sp["lo"] == pytest.approx(quantile(busy, 0.1) / 4.3) and sp["hi"] == pytest.approx(quantile(busy, 0.9) / 3.9)
+    d = diagnose({**ev, "slowdown_vs_floor": 1.0})
+    step_d = next(s for s in d.steps if s.question == "D")
+    assert step_d.answer == "yes" and step_d.borderline and "BORDERLINE" in d.explain()
+    steady = [4.0, 4.05, 4.1] * 5
+    ev, _ = build_evidence(m, moved=10**9, amp=1.0, prof=_prof(3.9), wall_chunks_ms=steady, flop_bound=False,
+                           ncu=None, on_gpu=True)
+    step_d = next(s for s in diagnose({**ev, "slowdown_vs_floor": 1.0}).steps if s.question == "D")
+    assert step_d.answer == "no" and not step_d.borderline
+    assert e2e_spread([4.0], m) is None  # one chunk has no spread, and none is invented
 
 
 def test_examine_on_cpu_is_labelled_measured_and_rederivable(cpu_ceilings):

@@ -256,7 +256,7 @@ def _check_experiment(exp):
         assert reps[n].tail_ms == pytest.approx(r["tail_ms"])
         ev = exp[n]["flowchart_evidence"]
         assert ev["e2e_slowdown"] == pytest.approx(e2e[n])
-        assert ev["rank_tail_pct"] == pytest.approx(r["tail_pct"])
+        assert ev["rank_tail_pct"] == pytest.approx(C.report.rank_tail_pct(reps[n]))
         assert ev["slowdown_vs_floor"] == pytest.approx(exp["single_device"]["healthy"]["slowdown_vs_floor"])
     # the tail is exactly the ranks whose TP group straddles the slow link
     assert exp["naive"]["report"]["tail_ranks"] == C.crossing_ranks(exp["naive"]["groups"])

@@ -156,9 +156,9 @@ QUESTIONS: dict[str, Question] = {q.id: q for q in [
         yes="K", no="OK", bool_metric="multi_gpu_or_service_slow"),
     Question("K", "Do some ranks finish late (a rank tail)?", (
         Criterion("rank_tail_pct", ">=", 10.0, "% of median step time",
-                  "slowest rank's median step over the median rank's: a tail of 10% or more "
-                  "means one rank's link, NUMA placement or card holds all others at the "
-                  "collective."),
+                  "the slowest rank's time minus the on-time ranks' median, over the median step "
+                  "(hwlab.core.tails.tail_pct_of_step): a tail of 10% or more means one rank's link, "
+                  "NUMA placement or card holds all others at the collective."),
         Criterion("collective_floor_pct", ">=", 25.0, "% of the median step",
                   "time the collective takes once every rank has arrived (the last arriver's "
                   "time inside it), summed per step: when even the last rank to arrive spends a "

@@ -337,7 +337,8 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
             n_rep=len(timing.samples_ms)), c, gpu, n_bytes is not None, n_flops is not None)
     # question D: the same calls back to back as a caller runs them (short chunks, see below)
     step(PHASES[3])
-    wall_ms = back_to_back_ms(run, arg_sets, dev, timing.median_ms)
+    wall_chunks_ms = back_to_back_ms(run, arg_sets, dev, timing.median_ms)
+    wall_ms = statistics.median(wall_chunks_ms)
     step(PHASES[4])
     try:
         prof = profile_calls(fn, arg_sets, kwargs, dev, unprofiled_median_ms=timing.median_ms)
@@ -419,7 +420,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     many = prof.on_gpu and prof.kernels_per_call > MAX_KERNELS  # then count only the top kernels
     ncu = ncu_collect(ncu_target, notes, top_kernels=[k["name"] for k in prof.top] if many else None) \
         if ncu_target else None
-    ev, sources = build_evidence(m, moved=moved, amp=amp, prof=prof, wall_ms=wall_ms,
+    ev, sources = build_evidence(m, moved=moved, amp=amp, prof=prof, wall_chunks_ms=wall_chunks_ms,
                                  flop_bound=flop_bound(m), ncu=ncu, on_gpu=gpu, traffic_ratio=ratio)
     diag = diagnose({**ev, "metric_sources": sources})  # the walk prints what measured each answer
     if diag.undecided is not None and diag.undecided.id == "H" and not flop_bound(m):
@@ -444,6 +445,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
         parts = build_parts(prof=prof, traffic=traffic, t_ms=m.t_ms, gpu=gpu, copy_gbps=c.copy_gbps,
                             gemm_tflops_for=gemm_tflops_for, whole_floor_ms=m.t_ms / slow if slow else None,
                             whole_slowdown=slow, e2e_slowdown=ev.get("e2e_slowdown"),
+                            e2e_spread=(ev.get("metric_spreads") or {}).get("e2e_slowdown"),
                             out_keys=traffic.out_keys, ncu=ncu, lab_for=leaf_lab, cache_bytes=cache_b,
                             whole_leaf=diag.leaf_id)
     except Exception as e:  # the whole-function walk stands; the parts say why they are missing
@@ -495,11 +497,12 @@ def _check_given_counts(m: Measurement, c: Any, gpu: bool, bytes_given: bool, fl
 
 
 def back_to_back_ms(call: Callable[..., Any], arg_sets: list, dev, t_ms: float,
-                    n_chunks: int = E2E_CHUNKS, chunk_ms: float = E2E_CHUNK_MS) -> float:
+                    n_chunks: int = E2E_CHUNKS, chunk_ms: float = E2E_CHUNK_MS) -> list[float]:
     """Wall-clock ms per call of ``call`` run back to back, one synchronise per chunk of
-    ~``chunk_ms`` (1-20 calls), the median over ``n_chunks`` chunks. Short chunks, like the
-    single-call samples they are compared with, so a host that preempts long loops (a busy
-    CPU) does not read as a slow function."""
+    ~``chunk_ms`` (1-20 calls): one figure per chunk, ``n_chunks`` of them (the evidence takes
+    their median, and their p10-p90 for D's spread). Short chunks, like the single-call samples
+    they are compared with, so a host that preempts long loops (a busy CPU) does not read as a
+    slow function."""
     per_chunk = max(1, min(20, int(chunk_ms / max(t_ms, 1e-3))))
     chunks = []
     k = 0
@@ -511,7 +514,7 @@ def back_to_back_ms(call: Callable[..., Any], arg_sets: list, dev, t_ms: float,
             k += 1
         synchronize(dev)
         chunks.append((time.perf_counter() - t1) * 1e3 / per_chunk)
-    return statistics.median(chunks)
+    return chunks
 
 
 def _draft_incident(name: str, m: Measurement, c, diag: Diagnosis, dev) -> incident_mod.Incident:

@@ -362,6 +362,7 @@ def j_detail(part: Part, idle_pct: float | None, copy_gbps: float | None, n_spil
 def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | None,
                 gemm_tflops_for: Callable[[str | None], float | None], whole_floor_ms: float | None,
                 whole_slowdown: float | None, e2e_slowdown: float | None, out_keys: set,
+                e2e_spread: dict[str, Any] | None = None,
                 ncu: dict[str, Any] | None = None, lab_for: Callable[[str], str] = lambda leaf: "",
                 cache_bytes: int | None = None, whole_leaf: str | None = None) -> Parts:
     """The parts of one examination (module doc). ``gemm_tflops_for(dtype)`` is the measured
@@ -483,7 +484,7 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
     idle_pct = 100.0 * rest.t_ms / t_ms
     for p in parts:
         _gain(p, t_ms)
-        _evidence(p, rest, copy_gbps, gpu, whole_slowdown, e2e_slowdown, prof, ncu)
+        _evidence(p, rest, copy_gbps, gpu, whole_slowdown, e2e_slowdown, prof, ncu, e2e_spread)
         if p.share_pct >= WALK_SHARE_PCT:
             p.walk = diagnose({**p.evidence, "metric_sources": p.sources})
             leaf = p.leaf_id
@@ -585,7 +586,7 @@ def _base(kernel: str) -> str:
 
 
 def _evidence(p: Part, rest: Part, copy_gbps: float | None, gpu: bool, whole_slowdown: float | None,
-              e2e: float | None, prof, ncu: dict[str, Any] | None) -> None:
+              e2e: float | None, prof, ncu: dict[str, Any] | None, e2e_spread: dict[str, Any] | None = None) -> None:
     ev, src = p.evidence, p.sources
     if p is rest:
         if whole_slowdown is not None:
@@ -648,6 +649,8 @@ def _evidence(p: Part, rest: Part, copy_gbps: float | None, gpu: bool, whole_slo
     if e2e is not None:
         ev["e2e_slowdown"] = e2e
         src["e2e_slowdown"] = "the whole function: wall-clock per call back to back / device-event median"
+        if e2e_spread:
+            ev.setdefault("metric_spreads", {})["e2e_slowdown"] = e2e_spread
 
 
 def _is_tc(name: str) -> bool:

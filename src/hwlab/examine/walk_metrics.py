@@ -9,11 +9,12 @@ beside them, named as counted. The thresholds are the flowchart's.
 """
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from hwlab.examine.torch_profile import ProfileSummary
 from hwlab.diagnosis.flowchart import evidence_from_measurement
-from hwlab.core.measure import Measurement
+from hwlab.core.measure import Measurement, spread_of
 
 #: where each flowchart metric comes from in an examination
 METRIC_SOURCES = {
@@ -41,8 +42,20 @@ def flop_bound(m: Measurement) -> bool:
     return m.n_flops / (m.ceiling_tflops * 1e12) >= m.n_bytes / (m.ceiling_gbps * 1e9)
 
 
+def e2e_spread(wall_chunks_ms: list[float], m: Measurement) -> dict[str, Any] | None:
+    """D's spread: the back-to-back chunks' p10-p90 over the single calls' p90-p10 (lowest over
+    highest, highest over lowest), so both timings' noise widens it. A busy host preempts some
+    chunks and some single calls; with the spread beside it, e2e_slowdown near 1.2x reads
+    BORDERLINE instead of a confident "slow in service"."""
+    sp = spread_of(wall_chunks_ms, "chunks back to back")
+    if sp is None or not m.t_p10_ms or not m.t_p90_ms or m.t_p10_ms <= 0:
+        return None
+    return {"lo": sp["lo"] / m.t_p90_ms, "hi": sp["hi"] / m.t_p10_ms, "n": sp["n"],
+            "what": f"{sp['what']} over the single calls' p10-p90"}
+
+
 def build_evidence(m: Measurement, *, moved: int, amp: float | None, prof: ProfileSummary,
-                   wall_ms: float, flop_bound: bool, ncu: dict[str, Any] | None,
+                   wall_chunks_ms: list[float], flop_bound: bool, ncu: dict[str, Any] | None,
                    on_gpu: bool, traffic_ratio: float | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """Flowchart evidence from measured figures only, with the source of each metric.
     ``traffic_ratio`` is moved over required bytes where it is DRAM evidence (:mod:`hwlab.examine.rates`)."""
@@ -59,7 +72,10 @@ def build_evidence(m: Measurement, *, moved: int, amp: float | None, prof: Profi
         ev["launch_gap_pct"] = gap
     if prof.n_spills is not None:
         ev["n_spills"] = prof.n_spills
-    ev["e2e_slowdown"] = wall_ms / m.t_ms if m.t_ms > 0 else None
+    ev["e2e_slowdown"] = statistics.median(wall_chunks_ms) / m.t_ms if m.t_ms > 0 and wall_chunks_ms else None
+    sp = e2e_spread(wall_chunks_ms, m)
+    if ev["e2e_slowdown"] is not None and sp:
+        ev.setdefault("metric_spreads", {})["e2e_slowdown"] = sp
     seen_all = not prof.compiled_region and not prof.triton and (prof.attributable_pct is None
                                                                  or prof.attributable_pct >= 95.0)
     if not prof.error and seen_all:  # H's applicability: no matmul counted, none on the tensor cores

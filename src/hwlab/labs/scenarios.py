@@ -30,18 +30,20 @@ import torch
 
 from hwlab.core.measure import Measurement, device_of, time_fn
 from hwlab.core.probes import gemm, matmul_at
+from hwlab.core.tails import tail_pct_of_step
 
 #: calls of the workload's kernel per measured service step (a layer's worth of launches)
 SERVICE_CALLS = 8
 
 
 def rank_tail_pct(per_rank_step_ms: Sequence[Sequence[float]]) -> float:
-    """Slowest rank's median step over the median rank's median, in % above it (the K rule).
-    One rank: its own median over itself, 0.0 by measurement."""
+    """The K figure of per-rank step series: the slowest rank's median step minus the median rank's,
+    in % of the median step (:func:`hwlab.core.tails.tail_pct_of_step` with no tail split off).
+    One rank: its own median against itself, 0.0 by measurement."""
     meds = [statistics.median(r) for r in per_rank_step_ms if len(r)]
     if not meds:
         raise ValueError("rank_tail_pct needs at least one rank with measured steps")
-    return 100.0 * (max(meds) / statistics.median(meds) - 1.0)
+    return tail_pct_of_step(dict(enumerate(meds)), [], statistics.median(meds))
 
 
 def one_gpu_service(fn: Callable[..., Any], make_inputs: Callable[[], Sequence[Any]], kernel_ms: float,

@@ -21,9 +21,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from hwlab.core.measure import quantile
-from hwlab.core.tails import spikes, tail_split
-from hwlab.core.measure import spread_of
+from hwlab.core.measure import quantile, spread_of
+from hwlab.core.tails import spikes, tail_pct_of_step, tail_split
 
 OWN_QUANTILE = 0.25
 
@@ -92,13 +91,32 @@ def paired_ratio(num: list[dict], den: list[dict]) -> float:
     return statistics.median(paired_ratios(num, den))
 
 
-def tail_pct_by_round(run: list[dict]) -> list[float]:
-    """The rank-tail % of each round on its own (each rank's compute + TP all-reduce that round):
-    the spread behind the run's tail, which takes each rank's lower quartile over rounds."""
+def rank_tail_pct(rep: StragglerReport) -> float:
+    """The flowchart's K figure for ``rep``: the slowest rank's own time (lower quartile over steps)
+    minus the on-time ranks' median, in % of the median step (:func:`hwlab.core.tails.tail_pct_of_step`,
+    the unit of K's threshold). ``rep.tail_pct`` is the same excess over the on-time ranks' own time,
+    a ratio that grows without bound when they spend the step waiting."""
+    return tail_pct_of_step({k: v["own_q_ms"] for k, v in rep.per_rank.items()}, rep.tail_ranks, rep.step_ms)
+
+
+#: rounds per block for K's spread: each block's figure is taken like the run's (a lower quartile per rank)
+SPREAD_BLOCK_ROUNDS = 5
+
+
+def rank_tail_pct_by_block(run: list[dict], block: int = SPREAD_BLOCK_ROUNDS) -> list[float]:
+    """:func:`rank_tail_pct` of each block of ``block`` consecutive rounds, taken the way the run's
+    figure is (each rank's lower quartile of compute + TP all-reduce over the block, the block's
+    median step): the spread behind the run's figure. Single rounds would be untrimmed, and a
+    spread from another estimator can sit entirely above the figure it is meant to bracket."""
     own = {r["rank"]: (r.get("own_ms") or [c + t for c, t in zip(r["compute_ms"], r["tp_allreduce_ms"])])
            for r in run}
-    n = min(len(v) for v in own.values())
-    return [tail_split({k: v[s] for k, v in own.items()})[1] for s in range(n)]
+    n = min(min(len(v) for v in own.values()), min(len(r["step_ms"]) for r in run))
+    out = []
+    for b0 in range(0, n - block + 1, block):
+        vals = {k: quantile(v[b0:b0 + block], OWN_QUANTILE) for k, v in own.items()}
+        step = statistics.median(statistics.median(r["step_ms"][b0:b0 + block]) for r in run)
+        out.append(tail_pct_of_step(vals, tail_split(vals)[0], step))
+    return out
 
 
 def flowchart_evidence(baseline: dict[str, Any], run: list[dict], devices_alone: list[dict],
@@ -108,7 +126,7 @@ def flowchart_evidence(baseline: dict[str, Any], run: list[dict], devices_alone:
     ``e2e_slowdown`` = the run's step over the devices-alone step of the same rounds,
     ``rank_tail_pct`` with ``n_ranks``; ``metric_sources`` says what measured each and
     ``metric_spreads`` the spread of each over rounds (B: the baseline's rounds; D: the per-round
-    ratio; K: the per-round tail), for the walk's borderline check.
+    ratio; K: blocks of rounds, :func:`rank_tail_pct_by_block`), for the walk's borderline check.
     ``dram_pct_required_estimated``: the bytes the block must move (inputs, weights and output
     once) over its time, % of the copy rate; it stays valid where ``dram_pct_estimated`` (the
     bytes it does move) exceeds 100% because re-read weights came from the CPU's cache."""
@@ -118,13 +136,13 @@ def flowchart_evidence(baseline: dict[str, Any], run: list[dict], devices_alone:
     spreads = {k: v for k, v in {
         "slowdown_vs_floor": spread_of(baseline.get("slowdown_by_round") or [], "rounds of the block alone"),
         "e2e_slowdown": spread_of(paired_ratios(run, devices_alone), "paired rounds"),
-        "rank_tail_pct": spread_of(tail_pct_by_round(run), "rounds (tail of each round)")}.items() if v}
+        "rank_tail_pct": spread_of(rank_tail_pct_by_block(run), f"blocks of {SPREAD_BLOCK_ROUNDS} rounds")}.items() if v}
     ev = {"slowdown_vs_floor": baseline["slowdown_vs_floor"],
           "dram_pct_estimated": baseline["dram_pct_estimated"],
           "dram_pct_required_estimated": req,
           "tensor_pct_of_peak": baseline["tensor_pct_of_peak"],
           "e2e_slowdown": paired_ratio(run, devices_alone),
-          "rank_tail_pct": rep.tail_pct, "n_ranks": rep.n_ranks,
+          "rank_tail_pct": rank_tail_pct(rep), "n_ranks": rep.n_ranks,
           "metric_sources": {
               "slowdown_vs_floor": f"one rank's block compute ({baseline['kernel']}) alone in one process, "
                                    f"{baseline['t_ms']:.1f} ms, over this machine's floor "
@@ -136,7 +154,8 @@ def flowchart_evidence(baseline: dict[str, Any], run: list[dict], devices_alone:
                               "step (every rank's compute, no collectives)",
               "dram_pct_required_estimated": "the block's required bytes (each input, weight and output once) "
                                              "over its time alone, vs the measured copy rate",
-              "rank_tail_pct": "per rank, the lower quartile over steps of compute + TP all-reduce, same run"},
+              "rank_tail_pct": "per rank, the lower quartile over steps of compute + TP all-reduce, same run: the "
+                               "slowest rank's minus the on-time ranks' median, in % of the median step"},
           "metric_spreads": spreads}
     if req is None:
         del ev["dram_pct_required_estimated"], ev["metric_sources"]["dram_pct_required_estimated"]
@@ -148,7 +167,7 @@ def signature_row(name: str, case: dict[str, Any]) -> dict[str, Any]:
     """The seed's signature, measured: rank tail, communication wait, single-device baseline."""
     rep, ev = case["report"], case["flowchart_evidence"]
     waits = [v["comm_wait_ms"] for v in rep["per_rank"].values()]
-    return {"case": name, "rank_tail_pct": rep["tail_pct"], "tail_ranks": rep["tail_ranks"],
+    return {"case": name, "rank_tail_pct": ev["rank_tail_pct"], "tail_ranks": rep["tail_ranks"],
             "tail_ms": rep["tail_ms"], "comm_wait_ms_median": statistics.median(waits),
             "comm_wait_ms_max": max(waits), "step_ms": rep["step_ms"],
             "slowdown_vs_floor": ev["slowdown_vs_floor"], "e2e_slowdown": ev["e2e_slowdown"],
