@@ -35,7 +35,7 @@ import inspect
 
 import torch
 from hwlab.core import ceilings  # first: without a GPU it switches on Triton's interpreter
-from hwlab.diagnosis import exercise_checks
+from hwlab.course import exercise_checks
 from hwlab import nb
 from hwlab.labs.bandwidth import transposed
 import triton

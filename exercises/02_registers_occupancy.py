@@ -36,7 +36,7 @@
 # %%
 from dataclasses import asdict
 
-from hwlab.diagnosis import exercise_checks
+from hwlab.course import exercise_checks
 from hwlab import nb
 from hwlab.labs import registers as lab
 from hwlab.labs.registers.occupancy import HOPPER

@@ -27,7 +27,8 @@
 
 # %%
 from hwlab.core import evidence, topology
-from hwlab.diagnosis import exercise_checks, flowchart
+from hwlab.diagnosis import flowchart
+from hwlab.course import exercise_checks
 
 capture = evidence.RECORDED_DIR / "topology" / "dgx1_v100_hybrid_cube_mesh.txt"
 print("[recorded capture]", " | ".join(l.lstrip("# ") for l in capture.read_text().splitlines()[:2]))

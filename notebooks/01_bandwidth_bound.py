@@ -92,7 +92,7 @@ if not GPU:
 # measured it, and (recorded) the Nsight Compute counters of every case.
 
 # %%
-from hwlab.diagnosis.checkpoint import Prediction
+from hwlab.course.checkpoint import Prediction
 
 if GPU:
     result, source = live, nb.live_label()

@@ -107,7 +107,7 @@ for m in ms:
 # against Hopper's limits (printed with the table). Then the occupancy table and the kit's walk.
 
 # %%
-from hwlab.diagnosis.checkpoint import Prediction
+from hwlab.course.checkpoint import Prediction
 
 spill = next(k for k, v in ev.items() if (v.get("n_spills") or 0) > 0)
 nb.show_evidence(ev[spill], f"{spill}; {src}")

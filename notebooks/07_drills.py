@@ -28,7 +28,7 @@
 
 # %%
 from IPython.display import display
-from hwlab.diagnosis import classroom, drills
+from hwlab.course import classroom, drills
 from hwlab import nb
 
 print(nb.live_label())

@@ -33,7 +33,7 @@
 # carries more padding than it needs. The checker re-profiles your mix.
 
 # %%
-from hwlab.diagnosis import exercise_checks
+from hwlab.course import exercise_checks
 from hwlab.labs.fp8 import bucket_case as case
 
 buckets = exercise_checks.case_buckets()

@@ -23,8 +23,10 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from hwlab.core import evidence, trace_events
-from hwlab.diagnosis import reading_checks as check, reading_facts as facts
+from hwlab.core import evidence
+
+from hwlab.traces import trace_events
+from hwlab.course import reading_checks as check, reading_facts as facts
 
 ROOT = Path.cwd().parent if Path.cwd().name in ("exercises", "solutions") else Path.cwd()
 RANKS = ROOT / "tests" / "data" / "traces" / "slow_link_tbf"

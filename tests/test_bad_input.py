@@ -182,7 +182,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(area, capsys, argv, me
 
 
 def test_bad_drill_submission_with_a_real_drill(area, capsys):
-    from hwlab.diagnosis import drills
+    from hwlab.course import drills
 
     made = None
     for fault in sorted(drills.FAULTS):  # any fault whose recorded run is here
@@ -342,7 +342,7 @@ def fc_area(area):
                        "obs_pct.json": '{"dram_pct_of_peak": 250}',
                        "obs_frac_spills.json": '{"n_spills": 1.5}'}.items():
         (area / name).write_text(text)
-    from hwlab.diagnosis import classroom, drills
+    from hwlab.course import classroom, drills
     made = None
     for fault in sorted(drills.FAULTS):
         try:
@@ -450,7 +450,7 @@ def _rescued_line(err: str) -> Path:
 def test_first_contact_class_record_failing_after_grading_is_rescued(fc_area, capsys, monkeypatch):
     """The class folder passed the check, then its write failed: the grade is printed, the
     learner's own grade file is written, the class record is in the rescue folder, exit 2."""
-    from hwlab.diagnosis import classroom
+    from hwlab.course import classroom
 
     def fails(rec, folder):
         raise OSError(errno.EROFS, "Read-only file system")
@@ -480,7 +480,7 @@ def test_first_contact_ranks_incident_failing_after_the_report_is_rescued(fc_are
 
 
 def test_first_contact_plot_failing_after_the_summary_is_rescued(fc_area, capsys, monkeypatch):
-    from hwlab.diagnosis import classroom
+    from hwlab.course import classroom
 
     real = classroom.plot
 

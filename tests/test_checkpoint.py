@@ -11,8 +11,9 @@ import pytest
 
 from hwlab import nb
 from hwlab.core import evidence
-from hwlab.diagnosis import checkpoint as C
-from hwlab.diagnosis import classroom, flowchart
+from hwlab.course import checkpoint as C
+from hwlab.diagnosis import flowchart
+from hwlab.course import classroom
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = ROOT / "solutions" / "checkpoints.json"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hwlab.diagnosis import classroom, drills, exercise
+from hwlab.course import classroom, drills, exercise
 
 BIN = Path(sys.executable).parent
 

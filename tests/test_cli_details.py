@@ -6,7 +6,7 @@ import json
 import pytest
 
 from hwlab import cli
-from hwlab.diagnosis import drills
+from hwlab.course import drills
 from hwlab.core import evidence
 from hwlab.diagnosis import flowchart as F
 from hwlab.cli.console import loads_strict

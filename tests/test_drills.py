@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 import pytest
 
-from hwlab.diagnosis import drills as D
+from hwlab.course import drills as D
 from hwlab.diagnosis import flowchart
 from hwlab.errors import UserInputError
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hwlab.core import trace_shapes
+from hwlab.traces import trace_shapes
 from hwlab.core.profiling import KIT_UNPROFILED_MEDIAN_KEY
-from hwlab.core.trace_ops import UNLAUNCHED, read_ops, step_items
+from hwlab.traces.trace_ops import UNLAUNCHED, read_ops, step_items
 from hwlab.examine.from_trace import (
     ANNOTATION_CAT, HEADLINE_MARK, STEP_SUM_TOL_PCT, TRACK_PROCESS, TRACK_THREAD, examine_trace,
     read_annotations, unprofiled_median_ms, write_annotated)
@@ -467,7 +467,7 @@ def _launch_ts(raw, e):
 
 
 def test_a_folder_needs_the_rank_and_finds_it_by_name_or_content(tmp_path):
-    from hwlab.core.trace_ops import find_trace
+    from hwlab.traces.trace_ops import find_trace
 
     t = _load(FIXTURE)
     (tmp_path / "job_rank0.json").write_text(json.dumps(t))
@@ -482,7 +482,7 @@ def test_a_folder_needs_the_rank_and_finds_it_by_name_or_content(tmp_path):
     assert examine_trace(find_trace(tmp_path, 3)).ot.rank == 3
 
 
-TRACE_MODULES = ("src/hwlab/core/trace_ops.py", "src/hwlab/core/trace_shapes.py", "src/hwlab/examine/from_trace.py")
+TRACE_MODULES = ("src/hwlab/traces/trace_ops.py", "src/hwlab/traces/trace_shapes.py", "src/hwlab/examine/from_trace.py")
 
 
 def test_trace_modules_import_no_torch_anywhere():

@@ -1,6 +1,6 @@
 import torch
 
-from hwlab.diagnosis import exercise as X
+from hwlab.course import exercise as X
 
 
 def ref(x):
@@ -47,7 +47,7 @@ import pytest  # noqa: E402
 import triton  # noqa: E402  (hwlab, imported above, set the interpreter up first)
 import triton.language as tl  # noqa: E402
 
-from hwlab.diagnosis import exercise_checks as C  # noqa: E402
+from hwlab.course import exercise_checks as C  # noqa: E402
 from hwlab.labs import bandwidth as lab  # noqa: E402
 from hwlab.labs.registers import TileConfig  # noqa: E402
 from hwlab.core.measure import TOL_BY_DTYPE  # noqa: E402

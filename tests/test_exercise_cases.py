@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hwlab.core import evidence, mapping, topology
-from hwlab.diagnosis import exercise_checks as C
+from hwlab.course import exercise_checks as C
 
 import triton  # noqa: E402  (hwlab, imported above, set the interpreter up first)
 import triton.language as tl  # noqa: E402

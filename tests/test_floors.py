@@ -11,12 +11,14 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "hwlab"
 
-CORE, LABS, CONSUMERS, TOP = 0, 1, 2, 3
-FLOOR_NAMES = {CORE: "core", LABS: "labs", CONSUMERS: "diagnosis/examine", TOP: "CLI/notebooks"}
+CORE, TRACES, LABS, DIAGNOSIS, COURSE, TOP = 0, 1, 2, 3, 4, 5
+FLOOR_NAMES = {CORE: "core", TRACES: "traces", LABS: "labs", DIAGNOSIS: "diagnosis",
+               COURSE: "course/examine", TOP: "CLI/notebooks"}
 #: a module's floor is its folder (the package right below ``hwlab``); the few modules at the
 #: package root are placed by name: ``errors`` (exit codes, the user-input error) is imported by
 #: every floor, ``nb`` (notebook helpers) and the package entry sit at the top.
-FOLDERS = {"core": CORE, "labs": LABS, "diagnosis": CONSUMERS, "examine": CONSUMERS, "cli": TOP}
+FOLDERS = {"core": CORE, "traces": TRACES, "labs": LABS, "diagnosis": DIAGNOSIS, "course": COURSE,
+           "examine": COURSE, "cli": TOP}
 ROOT_MODULES = {"errors": CORE, "nb": TOP, "__init__": TOP, "__main__": TOP}
 
 

@@ -226,7 +226,7 @@ def test_config_evidence_measures_d_and_k(reports):
 @pytest.mark.slow
 def test_grader(tmp_path, monkeypatch):
     """The lab's grader builds the core's result type, and the class folder still gets it."""
-    from hwlab.diagnosis import classroom
+    from hwlab.course import classroom
     from hwlab.core import grading
 
     monkeypatch.setenv(classroom.ENV_DIR, str(tmp_path))

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hwlab.core import evidence, trace_events
-from hwlab.diagnosis import reading_checks as C, reading_facts as F
+from hwlab.core import evidence
+
+from hwlab.traces import trace_events
+from hwlab.course import reading_checks as C, reading_facts as F
 from hwlab.errors import UserInputError
 
 ROOT = Path(__file__).resolve().parents[1]

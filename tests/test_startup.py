@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from hwlab.cli import main
-from hwlab.diagnosis import drills
+from hwlab.course import drills
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -30,9 +30,9 @@ HEAVY = ("torch", "triton", "numpy")
 #: modules those commands call at run time (records, traces, step logs, drills, incidents)
 ROOTS = ["hwlab", "hwlab.cli", "hwlab.cli.console", "hwlab.cli.bundle",
          *sorted(f"hwlab.cli.{p.stem}" for p in (SRC / "hwlab" / "cli").glob("cmd_*.py")),
-         "hwlab.core.evidence", "hwlab.core.kineto", "hwlab.core.steplog", "hwlab.core.capture",
+         "hwlab.core.evidence", "hwlab.traces.kineto", "hwlab.core.steplog", "hwlab.core.capture",
          "hwlab.diagnosis.flowchart", "hwlab.diagnosis.ranks", "hwlab.diagnosis.ranks_traces",
-         "hwlab.diagnosis.incident", "hwlab.diagnosis.drills", "hwlab.diagnosis.classroom",
+         "hwlab.diagnosis.incident", "hwlab.course.drills", "hwlab.course.classroom",
          "hwlab.diagnosis.baseline_compare", "hwlab.labs.drillruns", "hwlab.examine",
          "hwlab.examine.report_text", "hwlab.examine.parts", "hwlab.examine.torch_profile"]
 

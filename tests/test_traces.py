@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hwlab.diagnosis import flowchart, ranks_traces as R
-from hwlab.core import kineto
+from hwlab.traces import kineto
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "traces"

@@ -49,7 +49,7 @@ def test_a_rate_may_pass_its_measured_ceiling_within_reason():
 def test_every_recorded_drill_observation_passes():
     """What the kit's own drills show a learner (recorded runs) is valid input when the learner
     submits it back as evidence."""
-    from hwlab.diagnosis import drills
+    from hwlab.course import drills
 
     n = 0
     for fault in sorted(drills.FAULTS):

@@ -285,7 +285,7 @@ def test_wrong_drill_answer_names_evidence_never_the_leaf(tmp_path, monkeypatch)
     contradicts the choice, and a learner cannot read the right leaf (its id or title) from it."""
     import re
 
-    from hwlab.diagnosis import drills
+    from hwlab.course import drills
     monkeypatch.setenv("HWLAB_DRILL_KEY_FILE", str(tmp_path / "k"))
     rec = recorded("drills").extra["runs"]
     for name, f in drills.FAULTS.items():
@@ -351,7 +351,7 @@ def test_bad_card_power_cap_is_not_a_fault_sign():
 
 
 def test_new_drills_grade_from_the_record(tmp_path, monkeypatch):
-    from hwlab.diagnosis import drills
+    from hwlab.course import drills
     monkeypatch.setenv("HWLAB_DRILL_KEY_FILE", str(tmp_path / "k"))
     for name in ("sync_point", "bad_card"):
         f = drills.FAULTS[name]
@@ -364,7 +364,7 @@ def test_every_drill_shows_measurements_that_do_not_decide_it(tmp_path, monkeypa
     """Distractors: each drill's observations hold measured metrics its walk never reads, so the
     learner must pick the deciding ones; none of them is typed in (each has a source or is a
     flowchart metric the run measured)."""
-    from hwlab.diagnosis import drills
+    from hwlab.course import drills
     monkeypatch.setenv("HWLAB_DRILL_KEY_FILE", str(tmp_path / "k"))
     for name in drills.FAULTS:
         d = drills.new(seed=5, fault=name, live=False)

@@ -11,7 +11,7 @@ unchanged, one file per target:
 
 writes OUT/ncu/lab01_<case>.csv, OUT/ncu/lab02_<config>.csv and OUT/ncu/MANIFEST.json (command, exit
 status, ncu version per file). Copy OUT/ncu/ to src/hwlab/recorded/h200/ncu/ and commit it; notebook 09
-and exercise 05 then read it through :func:`hwlab.diagnosis.reading_facts.ncu_report`. A metric this ncu
+and exercise 05 then read it through :func:`hwlab.course.reading_facts.ncu_report`. A metric this ncu
 does not know makes ncu fail: the manifest keeps its message and the exit status says so.
 """
 from __future__ import annotations

@@ -14,7 +14,9 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hwlab.diagnosis import drills, flowchart
+from hwlab.diagnosis import flowchart
+
+from hwlab.course import drills
 from hwlab.core.evidence import load
 from hwlab.labs import drillruns
 

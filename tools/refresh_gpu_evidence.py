@@ -308,7 +308,9 @@ def part_drills(out: Path, summary: list[str]) -> None:
     device call can add a drill without re-running every other one."""
     from dataclasses import asdict
 
-    from hwlab.diagnosis import drills, flowchart
+    from hwlab.diagnosis import flowchart
+
+    from hwlab.course import drills
 
     key = out / "drill-refresh.key"
     os.environ["HWLAB_DRILL_KEY_FILE"] = str(key)

@@ -73,7 +73,7 @@ def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, float, int, i
 def commands(tmp: Path) -> list[tuple[str, Any]]:
     """(name, argv or run number -> argv) of each non-measuring command, on inputs made or found here."""
     sys.path.insert(0, str(SRC))
-    from hwlab.diagnosis import drills
+    from hwlab.course import drills
 
     drill = drills.new(seed=11, live=False)  # recorded observations: nothing measured
     dfile = drill.save(tmp / "drills")

@@ -16,9 +16,9 @@ from hwlab.core import grading  # noqa: E402
 
 
 def _record_exercise(result, *args, **kwargs):
-    """:func:`hwlab.diagnosis.classroom.record_exercise`, loaded at the first graded result (the
+    """:func:`hwlab.course.classroom.record_exercise`, loaded at the first graded result (the
     class folder reads the flowchart; commands that grade nothing need not load it)."""
-    from hwlab.diagnosis import classroom
+    from hwlab.course import classroom
 
     return classroom.record_exercise(result, *args, **kwargs)
 

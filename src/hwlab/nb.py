@@ -211,7 +211,7 @@ ENV_CHECKPOINT_ANSWERS = "HWLAB_CHECKPOINT_ANSWERS"
 def _filled_answer_type():
     """The answer type of a solutions-file answer (one class, made on first use: the checker's module
     is imported only by notebooks that grade)."""
-    from hwlab.diagnosis.checkpoint import Answer
+    from hwlab.course.checkpoint import Answer
 
     class FilledAnswer(Answer):
         """An answer taken from the solutions file: graded like any other, never kept as a learner's."""
@@ -232,7 +232,7 @@ def answer(checkpoint_id: str, leaf=None, metric=None, value=None, prediction=No
     import json
     import os
 
-    from hwlab.diagnosis.checkpoint import Answer
+    from hwlab.course.checkpoint import Answer
 
     given = Answer(leaf, metric, value, prediction)
     path = os.environ.get(ENV_CHECKPOINT_ANSWERS)
@@ -252,11 +252,11 @@ def checkpoint(checkpoint_id: str, ans, walk, ev: dict, *, step: str | None = No
                source: str = ""):
     """Grade ``ans`` against the kit's walk ``walk`` of ``ev`` (computed in this run), print the result
     and return it; ``result.walk()`` shows the walk once the answer passed
-    (:mod:`hwlab.diagnosis.checkpoint`). A blank answer prints what to fill in; it raises nothing, so
+    (:mod:`hwlab.course.checkpoint`). A blank answer prints what to fill in; it raises nothing, so
     Run All goes on through the rest of the notebook."""
     from dataclasses import replace
 
-    from hwlab.diagnosis import checkpoint as C
+    from hwlab.course import checkpoint as C
 
     filled = isinstance(ans, _filled_answer_type())  # from the solutions file: not a learner's answer to keep
     if isinstance(ans.value, ReadOff):
@@ -269,6 +269,6 @@ def checkpoint(checkpoint_id: str, ans, walk, ev: dict, *, step: str | None = No
 
 def show_evidence(ev: dict, source: str = "") -> None:
     """Print the metrics of ``ev`` the flowchart reads, with spread and source, and no verdict."""
-    from hwlab.diagnosis.checkpoint import render_evidence
+    from hwlab.course.checkpoint import render_evidence
 
     print(render_evidence(ev, source))

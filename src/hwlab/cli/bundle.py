@@ -76,8 +76,8 @@ def _topo_text() -> tuple[str | None, str | None]:
 def _run_files(run_dir: Path) -> list[tuple[str, Path]]:
     """(kind, path) of the run's files worth sending. A trace is a file named like one (sent even
     when it is truncated: that is often the bug) or a ``.json`` / ``.json.gz`` whose content starts
-    like one, whatever its name (``control.json.gz``: :func:`hwlab.core.kineto.sniff`)."""
-    from hwlab.core.kineto import TRACE_SUFFIXES, is_trace_name, sniff
+    like one, whatever its name (``control.json.gz``: :func:`hwlab.traces.kineto.sniff`)."""
+    from hwlab.traces.kineto import TRACE_SUFFIXES, is_trace_name, sniff
     pats = [("capture", "*/rank-*.json"), ("capture", "*/node.json"), ("capture", "mapping.json"),
             ("nccl log", "*/nccl.*.log"), ("nccl log", "nccl*.log"), ("step log", "*/steps-rank-*.jsonl")]
     seen, out = set(), []

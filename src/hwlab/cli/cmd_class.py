@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from hwlab.diagnosis import classroom
+from hwlab.course import classroom
 from hwlab.errors import EXIT_OK, UserInputError
 from hwlab.errors import EXIT_USAGE
 from hwlab.core.store import check_folder, rescue

@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from hwlab.diagnosis import classroom, drills
+from hwlab.course import classroom, drills
 from hwlab.cli.console import print_json, whole_number
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UserInputError
 from hwlab.diagnosis.flowchart import LEAVES
@@ -136,7 +136,7 @@ def add_parser(sub) -> None:
     dr.add_argument("action", choices=["new", "submit", "reveal", "summary"])
     dr.add_argument("drill", nargs="?", help="submit/reveal: the drill .json")
     dr.add_argument("--seed", type=whole_number)
-    dr.add_argument("--fault", help="instructor: choose the fault (see hwlab.diagnosis.drills.FAULTS)")
+    dr.add_argument("--fault", help="instructor: choose the fault (see hwlab.course.drills.FAULTS)")
     dr.add_argument("--leaf")
     dr.add_argument("--evidence", help="submit: a .json of the metrics your diagnosis rests on")
     dr.add_argument("--learner", default="anonymous")

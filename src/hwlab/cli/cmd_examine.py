@@ -196,7 +196,7 @@ def cmd_examine_trace(a) -> int:
             raise UserInputError(f"--{flag.replace('_', '-')} needs a function run: leave it out with --trace")
     if a.model:
         raise UserInputError("--model needs a function run: leave it out with --trace")
-    from hwlab.core.trace_ops import find_trace
+    from hwlab.traces.trace_ops import find_trace
     from hwlab.examine.from_trace import annotated_path, examine_trace, write_annotated
 
     out = check_destination(a.out, overwrite=a.force) if a.out else None  # before reading

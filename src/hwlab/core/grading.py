@@ -1,12 +1,12 @@
 """The result of grading a learner's answer: a plain type every floor's graders build.
 
 Lab graders (Lab 2's tile, Lab 3's straggler and mapping, Lab 4's FP8 path) and the
-checkers in :mod:`hwlab.diagnosis.exercise` all return an :class:`ExerciseResult`. It lives in the core
+checkers in :mod:`hwlab.course.exercise` all return an :class:`ExerciseResult`. It lives in the core
 so that a lab can build one without importing the floor that consumes it.
 
 Keeping the instructor's copy: every result built is handed to each function registered with
 :func:`on_graded` (the class recorder skips "not done yet", which is not an attempt). The core cannot
-import :mod:`hwlab.diagnosis.classroom` (it reads the flowchart, a floor above), so the package's
+import :mod:`hwlab.course.classroom` (it reads the flowchart, a floor above), so the package's
 top (``hwlab/__init__.py``) registers the class-folder recorder once, for results from any
 floor. A recorder that fails with ``OSError``/``ValueError`` (an unwritable class folder, a
 malformed ``HWLAB_CLASS_DIR``) prints one line and the learner's grade stands.
@@ -32,7 +32,7 @@ def on_graded(recorder: Callable[["ExerciseResult"], Any]) -> None:
 class ExerciseResult:
     name: str
     #: "not done yet" | "wrong" | "too slow" | "passed" | "passed (correctness only)" |
-    #: "environment problem" (the toolchain, not the answer: see hwlab.diagnosis.exercise_checks)
+    #: "environment problem" (the toolchain, not the answer: see hwlab.course.exercise_checks)
     status: str
     message: str
     measurement: Measurement | None = None

@@ -1,7 +1,7 @@
 """The diagnosis floor: modules that consume evidence and give verdicts.
 
 The flowchart and its walk (``flowchart``), node health baselines (``baseline``,
-``baseline_compare``, ``doctor``), drills and exercise checks, the incident record, per-rank job
-reports (``ranks``) and the class record. They read what the core and the labs measure; they do
+``baseline_compare``, ``doctor``), the incident record and per-rank job reports (``ranks``,
+``ranks_traces``). Grading a learner lives a floor above, in ``hwlab.course``. They read what the core and the labs measure; they do
 not import the CLI or notebooks.
 """

@@ -1,6 +1,6 @@
 """``hwlab ranks --traces DIR``: a folder of per-rank PyTorch profiler traces, read together.
 
-The traces are read one at a time, streaming (:mod:`hwlab.core.kineto`). What is reported, and the
+The traces are read one at a time, streaming (:mod:`hwlab.traces.kineto`). What is reported, and the
 rule behind each part:
 
 * **Per rank and step** (``ProfilerStep#N`` spans on the host): step time; *busy* time (GPU
@@ -13,7 +13,7 @@ rule behind each part:
   read as idle; the share of device time outside the windows is noted (over
   :data:`DEVICE_OUTSIDE_NOTE_PCT`), and kernels without a launch event count in the window they
   ran in. A trace without ``ProfilerStep`` spans is read as one step, said.
-* **Which files, which job**: traces are found by content (:func:`hwlab.core.kineto.discover_traces`),
+* **Which files, which job**: traces are found by content (:func:`hwlab.traces.kineto.discover_traces`),
   every other file listed with why. A folder whose traces disagree on the world size, name one
   process group with different sizes, or were recorded more than :data:`JOB_SPAN_S` apart is
   refused, naming the files. Ranks missing against the world size (absent or unreadable) make
@@ -22,7 +22,7 @@ rule behind each part:
   rank recorded them; the rest by name and process group in order, a pair kept only when the
   ranks' intervals overlap on one clock (one host, the same steps overlapping); without a shared
   clock by order alone, said. Unmatched collectives are counted, never paired by guess. NCCL
-  kernels are named by the host op around their launch (:mod:`hwlab.core.kineto`). With one
+  kernels are named by the host op around their launch (:mod:`hwlab.traces.kineto`). With one
   rank, its collectives are listed (:func:`collective_table`). Host clocks of several hosts
   may disagree, so arrival is read from each rank's time *inside* the collective, which needs no
   common clock: the last rank to arrive waits least, so its time inside is the shortest; each
@@ -65,7 +65,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hwlab.diagnosis import flowchart, incident
-from hwlab.core import comms, kineto
+from hwlab.core import comms
+from hwlab.traces import kineto
 from hwlab.errors import UserInputError
 from hwlab.core.measure import quantile
 from hwlab.diagnosis.ranks import nvml_by_rank, render_tail
@@ -85,7 +86,7 @@ JOB_SPAN_S = 3600.0  # traces of one job are recorded within this of each other 
 
 def find_traces(folder: str | Path) -> list[Path]:
     """Trace files under ``folder`` (one level of sub-folders too, as jobs write per-host ones),
-    recognised by content (:func:`hwlab.core.kineto.discover_traces`, which also says what it skipped)."""
+    recognised by content (:func:`hwlab.traces.kineto.discover_traces`, which also says what it skipped)."""
     return kineto.discover_traces(folder)[0]
 
 
@@ -734,7 +735,7 @@ def _incident_draft(rep: dict[str, Any], d: flowchart.Diagnosis) -> dict[str, An
 
 
 def progress_printer(stream=sys.stderr) -> Callable[[str, int, int], None]:
-    """A progress line per :data:`hwlab.core.kineto.PROGRESS_EVERY_BYTES` of a long read."""
+    """A progress line per :data:`hwlab.traces.kineto.PROGRESS_EVERY_BYTES` of a long read."""
     def cb(path: str, done: int, total: int) -> None:
         print(f"hwlab ranks: reading {Path(path).name}: {done / 1e6:.0f} of {total / 1e6:.0f} MB", file=stream)
     return cb

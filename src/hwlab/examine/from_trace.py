@@ -1,8 +1,8 @@
 """``hwlab examine --trace``: a profiler trace in, the parts and their walks out, no re-run.
 
 During an incident the engineer holds a trace, not the code and inputs. This module reads one
-Kineto / Chrome trace (:mod:`hwlab.core.trace_ops`, streaming, no torch), rebuilds each step's
-op records from the recorded input shapes (:mod:`hwlab.core.trace_shapes`) and splits the step
+Kineto / Chrome trace (:mod:`hwlab.traces.trace_ops`, streaming, no torch), rebuilds each step's
+op records from the recorded input shapes (:mod:`hwlab.traces.trace_shapes`) and splits the step
 with the live examination's own code (:func:`hwlab.examine.parts.build_parts`): the same parts,
 floors, walks and expected gains, so one reader serves both reports.
 
@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hwlab.core import specs
-from hwlab.core.kineto import TraceError
+from hwlab.traces.kineto import TraceError
 from hwlab.core.profiling import KIT_UNPROFILED_MEDIAN_KEY, kernel_class
-from hwlab.core.trace_ops import KIT_CALL_MARK, OpTrace, StepWork, iter_trace, read_ops, step_items
-from hwlab.core.trace_shapes import ShapeModel
+from hwlab.traces.trace_ops import KIT_CALL_MARK, OpTrace, StepWork, iter_trace, read_ops, step_items
+from hwlab.traces.trace_shapes import ShapeModel
 from hwlab.diagnosis.flowchart import LEAVES, diagnose
 from hwlab.errors import UserInputError
 from hwlab.examine.parts import Parts, build_parts, fused_floor_bytes

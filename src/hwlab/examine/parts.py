@@ -436,7 +436,7 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
     for cls, g in groups.items():
         t = items_ms[cls] * scale
         recs = [ops[i] for i in sorted(g["recs"])]
-        # a record read from a trace without its input shapes (hwlab.core.trace_shapes) has no bytes
+        # a record read from a trace without its input shapes (hwlab.traces.trace_shapes) has no bytes
         shapeless = [o for o in recs if getattr(o, "shapes", True) is False]
         p = Part(name=cls, t_ms=t, share_pct=100.0 * t / total_ref, n_items=g["n"] / n,
                  attributable=bool(recs) and not shapeless and cls != "triton/compiled",

@@ -1,4 +1,4 @@
-"""Run a drill's scenario now and measure every flowchart answer (the runs behind hwlab.diagnosis.drills).
+"""Run a drill's scenario now and measure every flowchart answer (the runs behind hwlab.course.drills).
 
 A drill names a *scenario* (a workload from the labs) and a *case* (the faulty or the fixed
 configuration); :func:`observe` runs that configuration on this machine and returns the

@@ -1,12 +1,12 @@
 """What a raw tool's output says, computed by the kit from the same file the learner reads.
 
-Notebook 09 and exercise 05 ask a learner to read four raw outputs; :mod:`hwlab.diagnosis.reading_checks`
+Notebook 09 and exercise 05 ask a learner to read four raw outputs; :mod:`hwlab.course.reading_checks`
 grades the answer against what this module computes from the same recording:
 
 * **A profiler trace of one GPU rank** (:func:`gpu_trace_facts`): the largest idle gap between two
   consecutive device activities (kernels, copies) inside one ``ProfilerStep`` (a launch gap: the
   stream waits for the host), per step, with its p10-p90 over steps; the host calls that block until
-  the device is done (:data:`hwlab.core.trace_events.SYNC_CALLS`).
+  the device is done (:data:`hwlab.traces.trace_events.SYNC_CALLS`).
 * **Per-rank traces of one job** (:func:`rank_wait_facts`): each rank's time inside the collectives
   (its wait: a collective ends when the last rank arrives, so the ranks that arrived early wait),
   median and p10-p90 over collectives; the late rank is one whose median time inside is below
@@ -28,7 +28,9 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from hwlab.core import evidence, kineto, ncu, specs, topology, trace_events
+from hwlab.core import evidence, ncu, specs, topology
+
+from hwlab.traces import kineto, trace_events
 from hwlab.core.measure import quantile
 
 #: a rank is late when its median time inside the collectives is below this fraction of the other
@@ -83,7 +85,7 @@ def _host_spans(t: trace_events.TraceSpans, row: str) -> list[trace_events.Span]
 
 
 def gpu_timeline(path: str | Path, step: int = 0) -> tuple[dict[str, list], tuple[float, float]]:
-    """Rows for :func:`hwlab.core.trace_events.timeline_figure`: the host thread that runs the steps,
+    """Rows for :func:`hwlab.traces.trace_events.timeline_figure`: the host thread that runs the steps,
     then each GPU stream; and the window of the ``step``-th profiled step."""
     t = trace_events.read_spans(path)
     st = t.steps()[step]

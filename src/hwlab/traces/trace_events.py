@@ -1,6 +1,6 @@
 """Every complete span of one small Chrome/Kineto trace, by timeline row, and its timeline plot.
 
-:mod:`hwlab.core.kineto` streams gigabyte traces and keeps only what the rank analysis needs; a
+:mod:`hwlab.traces.kineto` streams gigabyte traces and keeps only what the rank analysis needs; a
 reader of the raw trace (notebook 09) needs every row a viewer such as Perfetto draws: the host
 threads with their CUDA runtime calls (``cudaDeviceSynchronize`` is where the host waits), and each
 GPU stream with its kernels and copies. :func:`read_spans` loads the ``ph == "X"`` events of a
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from hwlab.core.kineto import iter_trace
+from hwlab.traces.kineto import iter_trace
 from hwlab.errors import UserInputError
 
-#: larger traces are read streaming by :func:`hwlab.core.kineto.read_trace`, not loaded whole
+#: larger traces are read streaming by :func:`hwlab.traces.kineto.read_trace`, not loaded whole
 MAX_TRACE_BYTES = 64 << 20
 #: event categories that run on the device (a GPU stream row)
 DEVICE_CATS = frozenset({"kernel", "Kernel", "gpu_memcpy", "gpu_memset", "Memcpy", "Memset"})
@@ -84,7 +84,7 @@ def read_spans(path: str | os.PathLike) -> TraceSpans:
         raise UserInputError(f"{p} is not a regular file: pass a saved trace file")
     if st.st_size > MAX_TRACE_BYTES:
         raise UserInputError(f"{p} is {st.st_size:,} bytes, over {MAX_TRACE_BYTES:,}: read it "
-                             "streaming with hwlab.core.kineto.read_trace (or `hwlab ranks --traces`)")
+                             "streaming with hwlab.traces.kineto.read_trace (or `hwlab ranks --traces`)")
     spans, rank = [], None
     for key, ev in iter_trace(p):
         if key == "distributedInfo" and isinstance(ev, dict):

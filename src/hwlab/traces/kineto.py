@@ -377,8 +377,8 @@ def iter_trace(path: str | os.PathLike, progress: Callable[[int, int], None] | N
                ) -> Iterator[tuple[str, Any]]:
     """(key, value) of each top-level entry but ``traceEvents``, and ("event", ev) per event, in
     file order, streaming (the file is never loaded whole). The one reader of the format: every
-    trace reader of the kit (:func:`read_trace`, :mod:`hwlab.core.trace_ops`,
-    :mod:`hwlab.core.trace_events`) walks it. A path that is not a regular file is refused before
+    trace reader of the kit (:func:`read_trace`, :mod:`hwlab.traces.trace_ops`,
+    :mod:`hwlab.traces.trace_events`) walks it. A path that is not a regular file is refused before
     it is opened; a truncated or malformed file raises :class:`TraceError` with the byte offset."""
     p = Path(path)
     try:

@@ -43,7 +43,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode  # the stable hook every op passes through
 
 from hwlab.core import tritonenv  # noqa: F401  (before triton: picks the interpreter without a GPU)
-from hwlab.diagnosis.exercise import ExerciseResult, check_kernel, not_done
+from hwlab.course.exercise import ExerciseResult, check_kernel, not_done
 
 #: Triton versions whose private compile API and bundled ptxas the kit uses (pyproject.toml)
 TRITON_RANGE = ((3, 6), (3, 9))
@@ -172,7 +172,7 @@ def provenance_problem(launched: list[Any], ops: list[str], yours: Sequence[Any]
 def check_own_kernel(name: str, learner_fn: Callable[..., Any], learner_kernels: Sequence[Any],
                      reference: Callable[..., Any], make_inputs: Callable[[], Sequence[Any]], **kw) -> ExerciseResult:
     """Exercise 01's checker: first that ``learner_fn`` runs the learner's own Triton kernel
-    (and no kit or torch computation), then :func:`hwlab.diagnosis.exercise.check_kernel`."""
+    (and no kit or torch computation), then :func:`hwlab.course.exercise.check_kernel`."""
     problem = toolchain_problem()
     if problem:
         return environment_problem(name, problem)

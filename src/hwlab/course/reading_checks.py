@@ -1,6 +1,6 @@
 """Grade a learner's reading of a raw tool's output (notebook 09, exercise 05).
 
-Each check recomputes the answer from the same recording through :mod:`hwlab.diagnosis.reading_facts`
+Each check recomputes the answer from the same recording through :mod:`hwlab.course.reading_facts`
 and grades the learner's numbers and the evidence they cite:
 
 * a number read off a trace passes inside the trace's own p10-p90 over steps (or collectives), or
@@ -21,7 +21,7 @@ from typing import Any
 
 from hwlab.core.grading import ExerciseResult, not_done
 from hwlab.core.measure import quantile
-from hwlab.diagnosis import reading_facts as facts
+from hwlab.course import reading_facts as facts
 
 #: a number off a trace passes within this % of the recording's median (or inside its p10-p90)
 TOL_PCT = 10.0
@@ -215,7 +215,7 @@ def check_ncu_lab02(config: str, answer: dict | None) -> ExerciseResult:
 
 
 def check_ncu_raw(cases: tuple[str, ...], tiles: tuple[str, ...], answer: dict | None) -> ExerciseResult:
-    """A reading of ncu's raw rows (:func:`hwlab.diagnosis.reading_facts.ncu_raw_text`). ``cases``: Lab 1
+    """A reading of ncu's raw rows (:func:`hwlab.course.reading_facts.ncu_raw_text`). ``cases``: Lab 1
     reports (one kernel each, e.g. ``("lab01_strided", "lab01_coalesced")``); ``tiles``: Lab 2 reports of
     which exactly one spills. ``answer = {"sectors_per_request": {case: ...}, "spilling_tile": "<report>",
     "local_sectors": <load + store sectors of local memory of that tile>}``."""

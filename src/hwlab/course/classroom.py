@@ -10,10 +10,10 @@ Who: ``HWLAB_LEARNER``, else the login name.
 
 What: exercises (every :class:`hwlab.core.grading.ExerciseResult` built is passed to
 :func:`record_exercise`, registered in ``hwlab/__init__.py``; "not done yet" is not recorded): the checker's status, and for a flowchart question the leaf given
-and the right one. Drills (:func:`record_drill`, after :func:`hwlab.diagnosis.drills.grade`): the fault,
+and the right one. Drills (:func:`record_drill`, after :func:`hwlab.course.drills.grade`): the fault,
 the leaf submitted and the fault's leaf, whether the evidence supported it and whether the
 fix removed the slowdown. Checkpoints (:func:`record_checkpoint`, from
-:func:`hwlab.diagnosis.checkpoint.check`; blanks are not recorded): the checkpoint, the leaf, metric, value
+:func:`hwlab.course.checkpoint.check`; blanks are not recorded): the checkpoint, the leaf, metric, value
 and prediction given, pass or not, and the walk's leaf.
 
 The **first wrong branch** of a wrong leaf: walking the flowchart's tree from its start
@@ -125,7 +125,7 @@ def _notebook() -> str | None:
 
 
 def record_exercise(result: Any, folder: str | os.PathLike | None = None, learner: str | None = None) -> Path | None:
-    """Record a graded :class:`hwlab.diagnosis.exercise.ExerciseResult`; None where no class folder is set."""
+    """Record a graded :class:`hwlab.course.exercise.ExerciseResult`; None where no class folder is set."""
     folder = class_dir(folder)
     if folder is None or result.status == "not done yet":
         return None
@@ -144,8 +144,8 @@ def record_exercise(result: Any, folder: str | os.PathLike | None = None, learne
 
 
 def record_drill(drill: Any, grade: Any, folder: str | os.PathLike | None = None) -> Path | None:
-    """Record a :class:`hwlab.diagnosis.drills.Grade` with its drill's fault (read from the drill's seal);
-    None without a class folder. Called after :func:`hwlab.diagnosis.drills.grade` by ``hwlab drill
+    """Record a :class:`hwlab.course.drills.Grade` with its drill's fault (read from the drill's seal);
+    None without a class folder. Called after :func:`hwlab.course.drills.grade` by ``hwlab drill
     submit`` and notebook 07 (this module does not import drills: every ``import hwlab`` loads this
     one to record graded results, and need not load drills with it)."""
     folder = class_dir(folder)
@@ -156,7 +156,7 @@ def record_drill(drill: Any, grade: Any, folder: str | os.PathLike | None = None
 
 def record_checkpoint(cp: Any, res: Any, folder: str | os.PathLike | None = None,
                       learner: str | None = None) -> Path | None:
-    """Record a graded checkpoint answer (:func:`hwlab.diagnosis.checkpoint.check`): the learner, the
+    """Record a graded checkpoint answer (:func:`hwlab.course.checkpoint.check`): the learner, the
     checkpoint, the leaf, metric, value and prediction given, pass or not, and the first wrong branch of a
     wrong leaf; None without a class folder."""
     folder = class_dir(folder)

@@ -1,6 +1,6 @@
 """A profiler trace's steps, their device work and the host ops that launched it, streaming.
 
-:mod:`hwlab.core.kineto` keeps what the rank analysis needs; this module keeps what a per-part
+:mod:`hwlab.traces.kineto` keeps what the rank analysis needs; this module keeps what a per-part
 analysis of one trace needs (``hwlab examine --trace``): every host op with its recorded input
 shapes, every device kernel / memcpy / memset, and the runtime launch that ties them together.
 The file is decoded event by event with kineto's chunked reader (standard library only, no
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from hwlab.core.kineto import TraceError, discover_traces, iter_trace, name_rank
+from hwlab.traces.kineto import TraceError, discover_traces, iter_trace, name_rank
 from hwlab.core.profiling import COMPILED_TRACE_MARKS, KERNEL_OCCUPANCY_ARGS, TRACE_KERNEL_CATS
 from hwlab.errors import UserInputError
 
@@ -378,7 +378,7 @@ def _cpu_items(ot: OpTrace, s: dict[str, Any], starts) -> list[dict[str, Any]]:
 
 def find_trace(path: str | os.PathLike, rank: int | None = None) -> Path:
     """The trace file to read: ``path`` itself, or in a folder (one level of sub-folders too) the
-    one trace found by content (:func:`hwlab.core.kineto.discover_traces`), or the one of ``rank``
+    one trace found by content (:func:`hwlab.traces.kineto.discover_traces`), or the one of ``rank``
     (by its file name, else its distributedInfo)."""
     p = Path(path)
     if not p.exists():

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from hwlab.core.kineto import DTYPE_BYTES
+from hwlab.traces.kineto import DTYPE_BYTES
 from hwlab.core.profiling import PART_ATTENTION_OPS, PART_GATHER_OPS, PART_GEMM_OPS, PART_LOW_PRECISION
 
 #: ``Input type`` spellings -> torch dtype names (the live model's ``in_dtypes``)

@@ -19,7 +19,7 @@ learner predicts. :func:`check` grades an :class:`Answer` in this order, and sto
 
 An answer with blanks (``None``) is not graded: :func:`check` returns status ``"fill in"`` naming
 what is missing, and nothing is recorded. Every graded answer (not the blanks) is kept in the class
-folder when ``HWLAB_CLASS_DIR`` is set (:func:`hwlab.diagnosis.classroom.record_checkpoint`).
+folder when ``HWLAB_CLASS_DIR`` is set (:func:`hwlab.course.classroom.record_checkpoint`).
 
 The walk is shown only after a pass: :meth:`Result.walk` returns the one-line walk (or the full text)
 once the answer passed, and otherwise says what is still to answer.
@@ -30,7 +30,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hwlab.diagnosis import classroom, flowchart
+from hwlab.diagnosis import flowchart
+
+from hwlab.course import classroom
 from hwlab.diagnosis import flowchart_checks as checks
 
 #: relative tolerance on a value read off the evidence (the tables print three significant digits;
