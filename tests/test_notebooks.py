@@ -1,5 +1,6 @@
 """Every notebook, exercise and solution executes headlessly (nbclient) on this machine;
 exercises say "not done yet" without an error, solutions pass; pairs stay in step."""
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,9 +10,11 @@ import torch
 # module is skipped with the reason, not a collection error that stops every other test
 jupytext = pytest.importorskip("jupytext", reason="jupytext missing: pip install -e '.[dev,lab]'")
 nbformat = pytest.importorskip("nbformat", reason="nbformat missing: pip install -e '.[dev,lab]'")
-NotebookClient = pytest.importorskip("nbclient", reason="nbclient missing: pip install -e '.[dev,lab]'").NotebookClient
+pytest.importorskip("nbclient", reason="nbclient missing: pip install -e '.[dev,lab]'")
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from nbwatch import execute_notebook  # noqa: E402  (tools/ is not a package)
 ARTIFACTS = ROOT / "test-artifacts" / "notebooks"
 NOTEBOOKS = sorted(p for d in ("notebooks", "solutions", "exercises")
                    for p in (ROOT / d).glob("*.ipynb"))
@@ -24,20 +27,9 @@ CHECKPOINTED = ("01", "02", "03", "04", "08")
 
 
 def _execute(path: Path, checkpoint_answers: Path | None = CHECKPOINT_ANSWERS) -> nbformat.NotebookNode:
-    """Execute ``path``; the kernel inherits ``HWLAB_CHECKPOINT_ANSWERS`` (None: a learner's blanks)."""
-    import os
-
-    nb = nbformat.read(path, as_version=4)
-    old = os.environ.pop("HWLAB_CHECKPOINT_ANSWERS", None)
-    if checkpoint_answers is not None:
-        os.environ["HWLAB_CHECKPOINT_ANSWERS"] = str(checkpoint_answers)
-    try:
-        NotebookClient(nb, timeout=900, kernel_name="python3",
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
-    finally:
-        os.environ.pop("HWLAB_CHECKPOINT_ANSWERS", None)
-        if old is not None:
-            os.environ["HWLAB_CHECKPOINT_ANSWERS"] = old
+    """Execute ``path``; the kernel gets ``HWLAB_CHECKPOINT_ANSWERS`` (None: a learner's blanks)."""
+    env = {} if checkpoint_answers is None else {"HWLAB_CHECKPOINT_ANSWERS": str(checkpoint_answers)}
+    nb = execute_notebook(path, cwd=path.parent, env=env, drop_env=("HWLAB_CHECKPOINT_ANSWERS",))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, ARTIFACTS / f"{path.parent.name}__{path.name}")
     return nb

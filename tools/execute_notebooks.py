@@ -16,8 +16,10 @@ import time
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nbwatch import execute_notebook  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,8 +46,7 @@ def main(argv=None) -> int:
             t0 = time.time()
             err = None
             try:
-                NotebookClient(nb, timeout=a.timeout, kernel_name="python3",
-                               resources={"metadata": {"path": str(path.parent)}}).execute()
+                execute_notebook(nb, cwd=path.parent, cell_timeout_s=a.timeout)
             except CellExecutionError as e:
                 err = str(e)[-1500:]
                 failed += 1
