@@ -250,17 +250,18 @@ def test_a_class_on_a_real_jupyterhub():
     base = Path(tempfile.mkdtemp(prefix="hwlab-hub-", dir="/tmp"))
     os.chmod(base, 0o755)
     tag = secrets.token_hex(2)
-    teach, learners = f"hwl{tag}t", [f"hwl{tag}s{i}" for i in (1, 2, 3)]
-    made_users, hub = [], None
+    group, teach, learners = f"hwl{tag}g", f"hwl{tag}t", [f"hwl{tag}s{i}" for i in (1, 2, 3)]
+    made_users, made_group, hub = [], False, None
     try:
-        subprocess.run(["groupadd", teach], check=True)
+        subprocess.run(["groupadd", group], check=True)
+        made_group = True
         for u in [teach, *learners]:
-            subprocess.run(["useradd", "-m", "-s", "/bin/sh", *(["-G", teach] if u == teach else []), u], check=True)
+            subprocess.run(["useradd", "-m", "-s", "/bin/sh", *(["-G", group] if u == teach else []), u], check=True)
             made_users.append(u)
         kit = _kit_copy(base, venv)
         hwlab = [str(venv / "bin" / "hwlab")]
         klass = base / "class"
-        subprocess.run([*hwlab, "class", "init", str(klass), "--group", teach], check=True, capture_output=True)
+        subprocess.run([*hwlab, "class", "init", str(klass), "--group", group], check=True, capture_output=True)
         port, token = _free_port(), secrets.token_hex(16)
         (base / "hub").mkdir()
         cfg = base / "hub" / "test_config.py"
@@ -312,7 +313,7 @@ def test_a_class_on_a_real_jupyterhub():
         assert "fill in" in outs[2], outs[2]
 
         # the instructor's summary: three learners, counted per learner
-        r = _as_user(teach, [*hwlab, "class", "summary", str(klass), "--json"], [grp.getgrnam(teach).gr_gid])
+        r = _as_user(teach, [*hwlab, "class", "summary", str(klass), "--json"], [grp.getgrnam(group).gr_gid])
         assert r.returncode == 0, r.stderr
         s = json.loads(r.stdout)
         people = s["per_learner"]
@@ -345,8 +346,8 @@ def test_a_class_on_a_real_jupyterhub():
         leftovers = _stop(hub, made_users, base)
         for u in made_users:
             subprocess.run(["userdel", "-r", u], capture_output=True)
-        if made_users:
-            subprocess.run(["groupdel", teach], capture_output=True)
+        if made_group:
+            subprocess.run(["groupdel", group], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
     assert leftovers == [], f"processes left after the hub stopped: {leftovers}"
 
