@@ -176,6 +176,7 @@ def record_checkpoint(cp: Any, res: Any, folder: str | os.PathLike | None = None
            "wrong_leaf": leaf if right and leaf != right else None,
            "first_wrong_branch": first_wrong_branch(right, leaf) if right and leaf else None,
            "asked_step": getattr(cp.asked(), "question", None), "source": cp.source,
+           "gpu_shared": bool(getattr(cp.walk, "shared", None)),
            "message": "\n".join(res.messages)}
     try:
         return write_result(rec, folder)
