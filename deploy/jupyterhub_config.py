@@ -13,7 +13,7 @@ hub's: this file only says what a learner's server runs. Settings (environment o
   HWLAB_HUB_PROXY   the configurable-http-proxy command (npm); default: found on PATH
   HWLAB_HUB_AUTH    the authenticator class; default: JupyterHub's PAM (the machine's logins)
 
-Each learner's server is ``hwlab hub-singleuser`` (``src/hwlab/cli/cmd_hub.py``): the learner's
+Each learner's server is ``hwlab hub singleuser`` (``src/hwlab/cli/cmd_hub.py``): the learner's
 own working copy of the notebooks, made on the first spawn and never overwritten, the ``hwlab``
 kernel as the default, the learner entered on the class roster, then ``jupyterhub-singleuser``
 on that copy, opening notebook 00.
@@ -28,7 +28,7 @@ KIT = os.environ.get("HWLAB_KIT") or str(Path(__file__).resolve().parents[1])
 BIN = os.environ.get("HWLAB_BIN") or os.path.dirname(sys.executable)
 CLASS_DIR = os.environ.get("HWLAB_CLASS_DIR")
 
-c.Spawner.cmd = [os.path.join(BIN, "hwlab"), "hub-singleuser", "--dir", os.path.join(KIT, "notebooks")]
+c.Spawner.cmd = [os.path.join(BIN, "hwlab"), "hub", "singleuser", "--dir", os.path.join(KIT, "notebooks")]
 c.Spawner.default_url = "/lab/tree/notebooks/00_start_here.ipynb"
 c.Spawner.environment = {"HWLAB_KIT": KIT, **({"HWLAB_CLASS_DIR": CLASS_DIR} if CLASS_DIR else {})}
 # a first spawn copies the notebooks and imports the kit: allow for a busy node

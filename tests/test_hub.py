@@ -23,6 +23,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import sysconfig
 import tempfile
 import time
@@ -67,7 +68,7 @@ def test_slurm_config_asks_slurm_for_one_gpu_slice_per_learner(monkeypatch):
     script = asyncio.run(sp._get_batch_script(**subvars))
     assert "#SBATCH --partition=class-gpu" in script and "#SBATCH --time=01:30:00" in script
     assert "#SBATCH --gres=gpu:1g.18gb:1" in script
-    assert re.search(r"^srun batchspawner-singleuser /opt/hwlab/venv/bin/hwlab hub-singleuser --dir "
+    assert re.search(r"^srun batchspawner-singleuser /opt/hwlab/venv/bin/hwlab hub singleuser --dir "
                      r"/opt/hwlab/notebooks$", script, re.M), script
     assert sp.get_env()["HWLAB_CLASS_DIR"] == "/srv/class"
     exported = re.search(r"--export=(\S+)", script).group(1).split(",")
@@ -101,11 +102,11 @@ def test_kubernetes_config_gives_each_pod_one_gpu_resource(monkeypatch, tmp_path
 
     c = asyncio.run(pod()).spec.containers[0]
     assert c.image == "registry.example/hwlab:1"
-    assert c.args[:2] == ["hwlab", "hub-singleuser"] and c.args[-1] == "/opt/hwlab/notebooks"
+    assert c.args[:3] == ["hwlab", "hub", "singleuser"] and c.args[-1] == "/opt/hwlab/notebooks"
     assert c.resources.limits["nvidia.com/mig-1g.18gb"] == "1" and c.resources.requests["nvidia.com/mig-1g.18gb"] == "1"
     assert "nvidia.com/gpu" not in c.resources.limits
     values = yaml.safe_load((DEPLOY / "kubernetes" / "values.yaml").read_text())["singleuser"]
-    assert values["cmd"][:2] == ["hwlab", "hub-singleuser"] and values["extraResource"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert values["cmd"][:3] == ["hwlab", "hub", "singleuser"] and values["extraResource"]["limits"] == {"nvidia.com/gpu": "1"}
 
 
 # ---- a real hub --------------------------------------------------------------------------------
@@ -385,3 +386,12 @@ def _stop(hub: subprocess.Popen | None, users: list[str], base: Path) -> list[st
             except OSError:
                 pass
     return left
+
+
+def test_the_learners_server_command_takes_its_folder_and_refuses_a_wrong_one(tmp_path):
+    hwlab = Path(sys.executable).parent / "hwlab"
+    env = {**os.environ, "HWLAB_KIT": str(ROOT), "HWLAB_HOME": str(tmp_path / "home")}
+    r = subprocess.run([str(hwlab), "hub", "singleuser", "--dir", str(tmp_path / "nope")], capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert r.returncode == 2 and str(tmp_path / "nope") in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "home").exists()  # refused before any working copy is made

@@ -25,7 +25,7 @@ KIT = os.environ.get("HWLAB_KIT", "/opt/hwlab")
 GPU = os.environ.get("HWLAB_GPU_RESOURCE", "nvidia.com/gpu")
 c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"
 c.KubeSpawner.image = os.environ.get("HWLAB_IMAGE", "hwlab:latest")
-c.KubeSpawner.cmd = ["hwlab", "hub-singleuser", "--dir", f"{KIT}/notebooks"]
+c.KubeSpawner.cmd = ["hwlab", "hub", "singleuser", "--dir", f"{KIT}/notebooks"]
 c.KubeSpawner.environment = {"HWLAB_KIT": KIT,
                              **({"HWLAB_CLASS_DIR": os.environ["HWLAB_CLASS_DIR"]}
                                 if os.environ.get("HWLAB_CLASS_DIR") else {})}

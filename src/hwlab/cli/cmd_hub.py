@@ -1,4 +1,4 @@
-"""``hwlab hub-singleuser [--dir NOTEBOOKS] [ARGS...]``: a learner's server under JupyterHub.
+"""``hwlab hub singleuser [--dir NOTEBOOKS] [ARGS...]``: a learner's server under JupyterHub.
 
 Top floor. JupyterHub's spawner (local, Slurm through batchspawner, Kubernetes through KubeSpawner)
 runs this as the learner, in place of ``jupyterhub-singleuser`` (``c.Spawner.cmd`` in
@@ -66,15 +66,31 @@ def join_class() -> None:
         print(f"hwlab: entered on the class roster ({classroom.class_dir()})", file=sys.stderr)
 
 
+def split_args(args: list[str]) -> tuple[str | None, list[str]]:
+    """(``--dir`` value, the rest for jupyterhub-singleuser): argparse's remainder keeps ``--dir``
+    when it follows the action, so it is taken out here wherever it stands."""
+    rest, folder, it = [], None, iter(args)
+    for x in it:
+        if x == "--dir":
+            folder = next(it, None)
+        elif x.startswith("--dir="):
+            folder = x.split("=", 1)[1]
+        else:
+            rest.append(x)
+    return folder, rest
+
+
 def cmd_hub_singleuser(a) -> int:
-    notebooks = Path(a.dir) if a.dir else (Path(os.environ["HWLAB_KIT"]) / "notebooks"
+    folder, extra = split_args(a.args)
+    folder = folder or a.dir
+    notebooks = Path(folder) if folder else (Path(os.environ["HWLAB_KIT"]) / "notebooks"
                                            if os.environ.get("HWLAB_KIT") else lablaunch.find_notebooks())
     if notebooks is None or not (notebooks / "00_start_here.ipynb").is_file():
         raise UserInputError(f"no kit notebooks at {notebooks}: set HWLAB_KIT to the kit's checkout "
                              "or pass --dir NOTEBOOKS in c.Spawner.cmd")
     work, env = prepare(notebooks)
     join_class()
-    cmd = singleuser_command(work, a.args)
+    cmd = singleuser_command(work, extra)
     sys.stdout.flush()
     sys.stderr.flush()
     os.chdir(work)
@@ -83,8 +99,9 @@ def cmd_hub_singleuser(a) -> int:
 
 
 def add_parser(sub) -> None:
-    h = sub.add_parser("hub-singleuser", help="under JupyterHub: the learner's working copy, the hwlab kernel, "
-                       "the class roster, then jupyterhub-singleuser (the spawner's command)")
+    h = sub.add_parser("hub", help="under JupyterHub: `hwlab hub singleuser` is the spawner's command (the "
+                       "learner's working copy, the hwlab kernel, the class roster, then jupyterhub-singleuser)")
+    h.add_argument("action", choices=["singleuser"])
     h.add_argument("--dir", help="the kit's notebooks/ folder (default: $HWLAB_KIT/notebooks, else found "
                    "from here)")
     h.add_argument("args", nargs=argparse.REMAINDER, help="passed to jupyterhub-singleuser")
