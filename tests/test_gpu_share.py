@@ -139,12 +139,13 @@ def test_a_checkpoint_graded_on_a_shared_run_says_the_figure_may_differ(monkeypa
     _, ev = _shared_lab01(share)
     walk = flowchart.diagnose(ev)
     wrong_leaf = next(x for x in ("L", "G", "J") if x != walk.leaf_id)
+    assert "SHARED GPU" in C.render_evidence(ev).splitlines()[-1]
     res = C.check(C.Checkpoint("01", walk, ev), C.Answer(wrong_leaf, "x", 1.0), record=False)
     assert res.status == C.WRONG and "SHARED GPU" in res.messages[-1] and "quiet run" in res.messages[-1]
     quiet_ev = {k: v for k, v in ev.items() if k != "gpu_shared"}
     res = C.check(C.Checkpoint("01", flowchart.diagnose(quiet_ev), quiet_ev), C.Answer(wrong_leaf, "x", 1.0),
                   record=False)
-    assert not any("SHARED" in msg for msg in res.messages)
+    assert not any("SHARED" in msg for msg in res.messages) and "SHARED" not in C.render_evidence(quiet_ev)
 
 
 def test_a_mig_1g_slice_scales_the_peaks_and_keys_its_own_ceilings(monkeypatch):

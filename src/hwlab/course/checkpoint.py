@@ -304,4 +304,8 @@ def render_evidence(evidence: dict[str, Any], source: str = "") -> str:
             "estimated" if r["estimated"] else "measured")
         lines.append(f"  {r['metric']:<28} {_fmt(r['value']):>10}  spread {sp:<20} {kind}"
                      + (f"; {r['source']}" if r["source"] else ""))
+    shared = evidence.get("gpu_shared")
+    if isinstance(shared, dict) and shared.get("shared"):
+        from hwlab.core.gpu_share import note
+        lines.append("  " + note(shared))
     return "\n".join(lines)
