@@ -343,6 +343,8 @@ def test_a_class_on_a_real_jupyterhub():
         assert r.stdout.split() == ["list", "refused", "read", "refused", "write", "refused", "replace",
                                     "refused", "delete", "refused"], (r.stdout, r.stderr)
         assert json.loads(first.read_text())["learner"] == learners[0] and first.owner() == learners[0]
+        r = _as_user(learners[1], [*hwlab, "class", "summary", str(klass)])
+        assert r.returncode == 2 and "only the instructors" in r.stderr and r.stdout == "", (r.stdout, r.stderr)
     finally:
         leftovers = _stop(hub, made_users, base)
         for u in made_users:

@@ -147,4 +147,10 @@ def owner_name(path: Path) -> str:
 
 def files(folder: str | os.PathLike) -> list[Path]:
     """The submitted results (the instructor's view; modes checked first)."""
-    return sorted(p for p in check(folder).glob("*.json") if not p.name.startswith("."))
+    inbound = check(folder)
+    try:
+        names = os.listdir(inbound)
+    except PermissionError:
+        raise UserInputError(f"only the instructors' group lists the class drop box {inbound}: run hwlab class "
+                             "summary as an instructor") from None
+    return sorted(inbound / n for n in names if n.endswith(".json") and not n.startswith("."))
