@@ -1,7 +1,10 @@
 """Class results made by the real checkers (exercise.check_value/check_kernel, drills.grade,
 `hwlab drill submit --class-dir`), summarised by `hwlab class summary` with a plot; malformed
 files reported and skipped."""
+import grp
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -136,3 +139,60 @@ def test_drill_submit_writes_to_the_class_dir(tmp_path, monkeypatch):
     (rec,) = [json.loads(p.read_text()) for p in (tmp_path / "c").glob("*.json")]
     assert rec["kind"] == "drill" and rec["item"] == "slow_link_rank" and rec["learner"] == "dee"
     assert rec["passed"] is False and rec["wrong_leaf"] == "J" and rec["first_wrong_branch"]["question"] == "B"
+
+
+def _dropbox(tmp_path):
+    from hwlab.course import dropbox
+    top = tmp_path / "klass"
+    dropbox.make(top, grp.getgrgid(os.getgid()).gr_name)
+    return top
+
+
+def test_a_drop_box_keeps_each_answer_its_writers_and_counts_per_learner(tmp_path, monkeypatch):
+    from hwlab.course import dropbox
+    top = _dropbox(tmp_path)
+    monkeypatch.setenv(classroom.ENV_DIR, str(top))
+    monkeypatch.setenv(classroom.ENV_LEARNER, "somebody-else")  # ignored: the writer's login is the learner
+    me = dropbox.login_name()
+    classroom.join()
+    exercise.check_value("flowchart leaf", "J", "G", "why")
+    exercise.check_value("flowchart leaf", "G", "G", "why")
+    files = sorted((top / "inbound").glob("*.json"))
+    assert len(files) == 3 and all(stat.S_IMODE(p.stat().st_mode) == 0o640 for p in files)
+    assert {json.loads(p.read_text())["learner"] for p in files} == {me}
+    forged = json.loads(files[0].read_text()) | {"learner": "ana", "kind": "exercise", "item": "x"}
+    (top / "inbound" / "forged.json").write_text(json.dumps(forged))
+    results, bad = classroom.load_results(top)
+    assert [b["path"] for b in bad] == [str(top / "inbound" / "forged.json")] and "written by" in bad[0]["why"]
+    s = classroom.summary(results)
+    row = s["items"]["exercise: flowchart leaf"]
+    assert (row["attempts"], row["learners"], row["learners_passed"]) == (2, 1, 1)
+    assert s["per_learner"] == {me: {"attempts": 2, "items": {"exercise: flowchart leaf":
+                                                              {"attempts": 2, "passed": True}}}}
+    assert s["n_results"] == 2
+
+
+@pytest.mark.parametrize("where, mode", [("inbound", 0o3777), ("inbound", 0o1733), ("top", 0o2777), ("top", 0o2750)])
+def test_a_drop_box_with_wrong_modes_is_refused_in_one_line(tmp_path, monkeypatch, capsys, where, mode):
+    top = _dropbox(tmp_path)
+    os.chmod(top / "inbound" if where == "inbound" else top, mode)
+    monkeypatch.setenv(classroom.ENV_DIR, str(top))
+    with pytest.raises(classroom.UserInputError) as e:
+        classroom.join()
+    assert "\n" not in str(e.value) and f"{mode:#o}" in str(e.value) and "chmod" in str(e.value)
+    assert exercise.check_value("flowchart leaf", "J", "G", "why").status == "wrong"  # graded, not recorded
+    assert f"{mode:#o}" in capsys.readouterr().out
+    assert list((top / "inbound").iterdir()) == []
+    r = subprocess.run([str(BIN / "hwlab"), "class", "summary", str(top)], capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and f"{mode:#o}" in r.stderr
+
+
+def test_a_plain_class_folder_that_others_write_is_refused(tmp_path, monkeypatch):
+    d = tmp_path / "shared"
+    d.mkdir()
+    os.chmod(d, 0o777)
+    monkeypatch.setenv(classroom.ENV_DIR, str(d))
+    with pytest.raises(classroom.UserInputError, match="hwlab class init"):
+        classroom.join()
+    exercise.check_value("flowchart leaf", "J", "G", "why")
+    assert list(d.iterdir()) == []

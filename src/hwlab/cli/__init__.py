@@ -29,6 +29,7 @@ from hwlab.cli import (
     cmd_baseline as cli_baseline, cmd_bundle as cli_bundle, cmd_class as cli_class,
     cmd_doctor as cli_doctor, cmd_drill as cli_drill, cmd_examine as cli_examine,
     cmd_flowchart as cli_flowchart, cmd_incident as cli_incident, cmd_ranks as cli_ranks, lablaunch)
+from hwlab.cli import cmd_hub as cli_hub
 from hwlab.core import evidence, probes, topology
 from hwlab.cli.console import Steps, print_json, stderr_is_terminal, whole_number
 from hwlab.errors import EXIT_BROKEN_PIPE, EXIT_FINDING, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, UserInputError
@@ -218,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_class.add_parser(sub)
     cli_bundle.add_parser(sub)
     cli_flowchart.add_parser(sub)
+    cli_hub.add_parser(sub)
     return p
 
 

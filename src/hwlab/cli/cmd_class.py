@@ -1,4 +1,5 @@
-"""``hwlab class summary DIR [--json] [--plot PATH] [--force]``: the instructor's view of a class folder.
+"""``hwlab class summary DIR [--json] [--plot PATH] [--force]``: the instructor's view of a class folder;
+``hwlab class init DIR --group GROUP``: make DIR a class drop box (:mod:`hwlab.course.dropbox`).
 
 Exit codes: 0 summary printed (malformed files are listed on stderr and skipped), 2 bad input
 (no such folder, no results in it, a plot path that exists without ``--force``, is not
@@ -12,13 +13,20 @@ import json
 import sys
 from pathlib import Path
 
-from hwlab.course import classroom
+from hwlab.course import classroom, dropbox
 from hwlab.errors import EXIT_OK, UserInputError
 from hwlab.errors import EXIT_USAGE
 from hwlab.core.store import check_folder, rescue
 
 
 def cmd_class(a) -> int:
+    if a.action == "init":
+        if not a.dir or not a.group:
+            raise UserInputError("give the folder and the instructors' group: hwlab class init DIR --group GROUP")
+        inbound = dropbox.make(a.dir, a.group)
+        print(f"class drop box ready: learners set {classroom.ENV_DIR}={a.dir}; they submit into {inbound} "
+              f"and cannot list or read each other's files; group {a.group} reads them all")
+        return EXIT_OK
     folder = Path(a.dir) if a.dir else classroom.class_dir()
     if folder is None:
         raise UserInputError(f"give the class folder: hwlab class summary DIR (or set {classroom.ENV_DIR})")
@@ -64,7 +72,10 @@ def cmd_class(a) -> int:
 def add_parser(sub) -> None:
     c = sub.add_parser("class", help="class results: attempts, pass rate, wrong leaves per exercise, fault and "
                        "checkpoint; leaves picked and evidence cited per checkpoint")
-    c.add_argument("action", choices=["summary"])
+    c.add_argument("action", choices=["summary", "init"],
+                   help="summary: the instructor's view; init: make DIR a drop box for --group (nbgrader's "
+                        "exchange modes: learners submit, cannot list or read each other's files)")
+    c.add_argument("--group", help="init: the instructors' group, which reads every submission")
     c.add_argument("dir", nargs="?", help=f"the class folder (default: ${classroom.ENV_DIR})")
     c.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     c.add_argument("--plot", metavar="PATH", help="also draw pass rate and wrong leaves (.png/.svg/.pdf)")

@@ -6,7 +6,8 @@ datasheet peak (:mod:`hwlab.core.specs`) is kept beside them to spot a card that
 slow (measured copy under ``SLOW_CARD_PCT`` of its datasheet figure).
 
 Ceilings are cached per machine under ``$HWLAB_CACHE`` (default ``~/.cache/hwlab``) as
-``ceilings-<machine key>.json`` and re-measured only when asked (``hwlab doctor
+``ceilings-<machine key>.json`` (host, device name and, on a MIG slice, the slice's uuid: ceilings are
+per slice, not per GPU) and re-measured only when asked (``hwlab doctor
 --remeasure``). A machine without a cache and without time to measure can borrow the
 kit's recorded H200 ceilings, labelled as such.
 
@@ -20,7 +21,8 @@ A fresh measurement is cached only where its own timing is stable (:func:`to_cac
 :func:`hwlab.core.spread.unstable`: at least ``MIN_REPEATS`` repeats and a p10-p90 band at most
 ``NOISY_SPREAD_PCT`` of its median). An unstable ceiling measured the host's load, and every later
 "% of ceiling" would be judged against it; the previous cached value is kept in its place (and said
-so), and with no previous value nothing is cached, so the next run measures again.
+so), and with no previous value nothing is cached, so the next run measures again. A ceiling
+measured on a SHARED GPU (:mod:`hwlab.core.gpu_share`: another process ran on it) is treated the same.
 """
 from __future__ import annotations
 
@@ -80,7 +82,17 @@ class Ceilings:
 def machine_key(device=None) -> str:
     dev = device_of(device)
     name = device_name(dev) if dev.type == "cuda" else "cpu"
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{socket.gethostname()}-{name}")
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{socket.gethostname()}-{name}{mig_slice_key(dev)}")
+
+
+def mig_slice_key(dev) -> str:
+    """``-<MIG uuid>`` on a MIG slice (``CUDA_VISIBLE_DEVICES`` names it), else "": a slice's ceilings
+    are its own, so two slices of one GPU (or of one profile) never share a cache."""
+    if dev.type != "cuda":
+        return ""
+    vis = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+    i = dev.index or 0
+    return f"-{vis[i]}" if i < len(vis) and vis[i].startswith("MIG-") else ""
 
 
 def cache_dir() -> Path:
@@ -124,7 +136,8 @@ def measure(device=None, quick: bool = False, progress=None) -> Ceilings:
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         host=socket.gethostname(),
         bands={k: {"t_ms": m.t_ms, "t_p10_ms": m.t_p10_ms, "t_p90_ms": m.t_p90_ms, "n_rep": m.n_rep,
-                   "params": m.params} for k, m in results.items()})
+                   "params": m.params, **({"gpu_share": m.gpu_share} if m.gpu_share else {})}
+               for k, m in results.items()})
 
 
 def drift(cached: Ceilings, fresh: Ceilings) -> list[str]:
@@ -191,6 +204,8 @@ def to_cache(fresh: Ceilings, previous: Ceilings | None) -> tuple[Ceilings, bool
     cacheable = True
     for key, b in fresh.bands.items():
         why = unstable(Band(b["t_ms"], b["t_p10_ms"], b["t_p90_ms"], b["n_rep"]))
+        if why is None and (b.get("gpu_share") or {}).get("shared"):  # measured beside another process
+            why = "measured on a SHARED GPU: " + ", ".join(f"pid {o['pid']}" for o in b["gpu_share"]["others"])
         if why is None:
             continue
         old = value_of(previous, key) if previous is not None else None

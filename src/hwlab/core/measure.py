@@ -37,6 +37,12 @@ Why each rule exists (read this before you trust a number):
   the bytes it had to move and the FLOPs it had to do, and reports GB/s, TFLOP/s and
   percent of a ceiling that *this machine measured* (see :mod:`hwlab.core.ceilings`).
 
+* **Know when the GPU is shared.** Another process's kernels on the same GPU take SMs and
+  bandwidth: two learners measuring at once each see about half the copy ceiling. A live GPU
+  measurement reads NVML's compute processes, utilisation and MIG mode before and during timing
+  (:mod:`hwlab.core.gpu_share`); another process marks it SHARED (``Measurement.gpu_share``), and
+  every figure shown from it says so.
+
 Bytes are counted as the minimum traffic: each input read once, each output written
 once (the "required" bytes); a lab that knows the traffic of an unfused chain reports
 that separately as bytes moved.
@@ -413,6 +419,9 @@ class Measurement:
     ceiling_tflops: float | None = None
     ceiling_source: str = ""
     params: dict[str, Any] = field(default_factory=dict)
+    #: what NVML saw on this GPU before and during timing (:func:`hwlab.core.gpu_share.judge`);
+    #: None where NVML was not read (a CPU, no driver)
+    gpu_share: dict[str, Any] | None = None
 
     @property
     def gbps(self) -> float:
@@ -484,6 +493,9 @@ class Measurement:
                 s += f" = {self.pct_of_flops_ceiling:.0f}% of {_rate(self.ceiling_tflops)} measured"
             parts.append(s)
         parts.append(f"[{self.device}, {self.timer}]")
+        if self.gpu_share and self.gpu_share.get("shared"):
+            from hwlab.core.gpu_share import note
+            parts.append(note(self.gpu_share))
         return ", ".join(parts)
 
     __str__ = summary
@@ -521,13 +533,20 @@ def bench(name: str, fn: Callable[..., Any], make_inputs: Callable[[], Sequence[
                         if isinstance(t, torch.Tensor))
     n_sets = n_rotating_sets(bytes_per_set, l2_bytes_of(dev)) if rotate else 1
     arg_sets = [check_args] + [tuple(make_inputs()) for _ in range(n_sets - 1)]
-    timing = time_fn(fn, arg_sets, dev, n_warmup=n_warmup, n_rep=n_rep, max_total_s=max_total_s)
+    share = None
+    if dev.type == "cuda":  # NVML before, during and after the timing: shared or not (module doc)
+        from hwlab.core import gpu_share
+        with gpu_share.Watch(dev.index if dev.index is not None else torch.cuda.current_device()) as w:
+            timing = time_fn(fn, arg_sets, dev, n_warmup=n_warmup, n_rep=n_rep, max_total_s=max_total_s)
+        share = w.result
+    else:
+        timing = time_fn(fn, arg_sets, dev, n_warmup=n_warmup, n_rep=n_rep, max_total_s=max_total_s)
     p = dict(params or {})
     p["n_rotating_sets"] = n_sets
     return Measurement(name=name, t_ms=timing.median_ms, t_p10_ms=timing.p10_ms,
                        t_p90_ms=timing.p90_ms, n_bytes=int(n_bytes), n_flops=int(n_flops),
                        device=device_name(dev), timer=timing.timer, n_rep=len(timing.samples_ms),
-                       rel_err=rel, tol=tol, params=p)
+                       rel_err=rel, tol=tol, params=p, gpu_share=share)
 
 
 def spread_of(values: Sequence[float], what: str) -> dict[str, Any] | None:

@@ -42,6 +42,8 @@ def evidence_from_measurement(m: Measurement, *, ceiling_gbps: float, ceiling_tf
     if sp:
         ev["metric_spreads"] = {"slowdown_vs_floor": sp}
     ev.update({k: v for k, v in extra.items() if v is not None})
+    if m.gpu_share and m.gpu_share.get("shared"):  # another process on the GPU: the walk says so
+        ev["gpu_shared"] = m.gpu_share
     return ev
 
 

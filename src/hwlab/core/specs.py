@@ -14,6 +14,9 @@ Conventions:
 * ``hbm_gbps`` is bytes per second / 1e9 as the vendor states it (decimal GB).
 
 An unknown GPU raises :class:`UnknownGPUError` with what to do; nothing is guessed.
+
+A MIG slice (a device name with ``MIG <profile>``, as CUDA names one, e.g. ``NVIDIA H200 MIG 1g.18gb``)
+gets the whole GPU's peaks scaled to its slices (:func:`scale_to_mig`, source :data:`MIG_SOURCE`).
 """
 from __future__ import annotations
 
@@ -119,6 +122,50 @@ _ALIASES: list[tuple[str, str]] = [
 ]
 
 
+#: where the slice fractions come from; the bandwidth and L2 of a slice follow its memory slices and
+#: its compute its SM slices (the guide's columns "Fraction of Memory", "Fraction of SMs", "L2 Cache Size")
+MIG_SOURCE = ("NVIDIA Multi-Instance GPU User Guide, 'Supported MIG Profiles' (docs.nvidia.com/datacenter/"
+              "tesla/mig-user-guide/supported-mig-profiles.html), A100/H100/H200 tables: profile Ng.Mgb has "
+              "N/7 of the SMs and 1/8, 2/8, 4/8 or all of the memory and L2 (1g.18gb on H200: 1/7 SMs, 1/8 "
+              "memory); peaks scaled by those fractions, the guide's nominal split, not a measurement")
+#: compute (GPC) slices of a whole GPU and memory slices, in the guide's tables for A100/H100/H200
+MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES = 7, 8
+
+
+def mig_profile(device_name: str) -> str | None:
+    """The MIG profile in a device name (``1g.18gb``), or None for a whole GPU."""
+    m = re.search(r"\bMIG\s+(\d+g\.\d+gb)", device_name, re.I)
+    return m.group(1).lower() if m else None
+
+
+def mig_fractions(profile: str, whole: GPUSpec) -> tuple[int, int]:
+    """(compute slices of 7, memory slices of 8) of ``profile`` on ``whole``: the ``Ng`` of its
+    name, and its memory as a share of the whole GPU's rounded to the guide's 1, 2, 4 or 8 eighths."""
+    m = re.fullmatch(r"(\d+)g\.(\d+)gb", profile)
+    if not m or not 1 <= int(m.group(1)) <= MIG_COMPUTE_SLICES:
+        raise UnknownGPUError(f"MIG profile {profile!r} is not of the form Ng.Mgb with N of 1..7")
+    eighths = int(m.group(2)) / (whole.mem_gib * 1.073741824) * MIG_MEMORY_SLICES  # GiB -> the name's GB
+    mem = min((1, 2, 4, 8), key=lambda e: abs(e - eighths))
+    return int(m.group(1)), mem
+
+
+def scale_to_mig(whole: GPUSpec, profile: str) -> GPUSpec:
+    """``whole``'s peaks scaled to a MIG slice (:data:`MIG_SOURCE`): rates and SMs by its compute
+    slices of 7, bandwidth, memory and L2 by its memory slices of 8."""
+    c, mem = mig_fractions(profile, whole)
+    fc, fm = c / MIG_COMPUTE_SLICES, mem / MIG_MEMORY_SLICES
+
+    def sc(v: float | None, f: float) -> float | None:
+        return None if v is None else v * f
+
+    return GPUSpec(f"{whole.name} MIG {profile}", whole.arch, int(whole.sm_count * fc), whole.mem_gib * fm,
+                   whole.hbm_gbps * fm, sc(whole.fp32_tflops, fc), sc(whole.tf32_tflops, fc),
+                   sc(whole.bf16_tflops, fc), sc(whole.fp8_tflops, fc), sc(whole.l2_mib, fm), whole.host_link,
+                   whole.sources + (MIG_SOURCE,),
+                   (whole.notes + " " if whole.notes else "") + f"MIG slice {profile}: {c}/7 of the SMs "
+                   f"(compute peaks), {mem}/8 of the memory (bandwidth, L2); nominal, from the guide's table")
+
+
 class UnknownGPUError(KeyError):
     """No datasheet entry for this GPU name."""
 
@@ -134,7 +181,8 @@ def lookup(device_name: str) -> GPUSpec:
     n = device_name.lower()
     for pattern, key in _ALIASES:
         if re.search(pattern, n):
-            return SPECS[key]
+            profile = mig_profile(device_name)
+            return scale_to_mig(SPECS[key], profile) if profile else SPECS[key]
     raise UnknownGPUError(
         f"no datasheet entry for {device_name!r} (known: {', '.join(SPECS)}). hwlab still "
         "works: it judges kernels against the ceilings this machine measures "

@@ -213,9 +213,18 @@ def check(cp: Checkpoint, answer: Answer | None, *, record: bool = True, learner
                                f"{_fmt(cp.prediction.actual)}{cp.prediction.unit} from this run" if cp.prediction else "")
                             + (f"; BORDERLINE at {', '.join(b.question for b in cp.walk.borderline)}: the measured "
                                "spread contains the threshold, one re-run from the other branch" if cp.walk.borderline else "")]
+    if shared_run(cp) and res.status in (PASSED, WRONG):
+        res.messages.append("graded on a SHARED GPU (another process ran on it while this was measured): "
+                            "the figures may differ from a quiet run's")
     if record and res.status in (PASSED, WRONG):
         classroom.record_checkpoint(cp, res, learner=learner)
     return res
+
+
+def shared_run(cp: Checkpoint) -> bool:
+    """Whether the checkpoint's evidence was measured on a SHARED GPU (:mod:`hwlab.core.gpu_share`)."""
+    ev = (cp.evidence or {}).get("gpu_shared")
+    return bool(getattr(cp.walk, "shared", None) or (isinstance(ev, dict) and ev.get("shared")))
 
 
 def _grade_reading(cp: Checkpoint, a: Answer) -> list[str]:
@@ -295,4 +304,8 @@ def render_evidence(evidence: dict[str, Any], source: str = "") -> str:
             "estimated" if r["estimated"] else "measured")
         lines.append(f"  {r['metric']:<28} {_fmt(r['value']):>10}  spread {sp:<20} {kind}"
                      + (f"; {r['source']}" if r["source"] else ""))
+    shared = evidence.get("gpu_shared")
+    if isinstance(shared, dict) and shared.get("shared"):
+        from hwlab.core.gpu_share import note
+        lines.append("  " + note(shared))
     return "\n".join(lines)

@@ -36,6 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from hwlab.course import dropbox
 from hwlab.diagnosis import flowchart
 from hwlab.errors import UserInputError
 from hwlab.core.store import RecordExistsError, write_json_atomic
@@ -43,7 +44,7 @@ from hwlab.core.store import read_user_json, rescue
 
 ENV_DIR, ENV_LEARNER = "HWLAB_CLASS_DIR", "HWLAB_LEARNER"
 SCHEMA, SCHEMA_VERSION = "hwlab.class_result", 1
-KINDS = ("exercise", "drill", "checkpoint")
+KINDS = ("exercise", "drill", "checkpoint", "joined")
 _REQUIRED = {"schema": str, "kind": str, "item": str, "learner": str, "passed": bool, "at": str}
 
 
@@ -109,6 +110,11 @@ def write_result(record: dict[str, Any], folder: str | os.PathLike) -> Path:
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise UserInputError(f"class folder {folder} is a file: point {ENV_DIR} / --class-dir at a folder")
+    if dropbox.is_dropbox(folder):  # a class's drop box: the learner is who writes the file
+        rec["learner"] = dropbox.login_name()
+        stem = f"{rec['kind']}-{_slug(rec['learner'])}-{_slug(rec['item'])}-{rec['at'].replace(':', '')}"
+        return dropbox.submit(rec, folder, stem)
+    _refuse_open_folder(folder)
     stem = f"{rec['kind']}-{_slug(rec['learner'])}-{_slug(rec['item'])}-{rec['at'].replace(':', '')}"
     for n in range(1000):
         try:
@@ -170,11 +176,34 @@ def record_checkpoint(cp: Any, res: Any, folder: str | os.PathLike | None = None
            "wrong_leaf": leaf if right and leaf != right else None,
            "first_wrong_branch": first_wrong_branch(right, leaf) if right and leaf else None,
            "asked_step": getattr(cp.asked(), "question", None), "source": cp.source,
+           "gpu_shared": bool(getattr(cp.walk, "shared", None)),
            "message": "\n".join(res.messages)}
     try:
         return write_result(rec, folder)
     except OSError as e:
         raise OSError(e.errno, rescue(rec, "class-result", folder, e)) from None
+
+
+def join(folder: str | os.PathLike | None = None) -> Path | None:
+    """Enter this learner on the class's roster (kind ``joined``; the hub's server start calls it), so
+    the instructor's summary lists a learner who has not answered yet; None without a class folder."""
+    folder = class_dir(folder)
+    if folder is None:
+        return None
+    return write_result({"kind": "joined", "item": "class", "learner": learner_name(), "passed": False}, folder)
+
+
+def _refuse_open_folder(folder: Path) -> None:
+    """A plain class folder that others may write is refused: every learner could read and replace the
+    others' answers there. A class shares a drop box (:mod:`hwlab.course.dropbox`) instead."""
+    try:
+        st = folder.stat()
+    except FileNotFoundError:
+        return
+    mode = st.st_mode
+    if mode & 0o002 or (mode & 0o020 and not dropbox.private_group(st.st_gid, st.st_uid)):
+        raise UserInputError(f"class folder {folder} is writable by others ({mode & 0o7777:#o}) and is not a drop "
+                             f"box: make one with `hwlab class init DIR --group INSTRUCTORS` and point {ENV_DIR} there")
 
 
 def _num(v: Any) -> float | None:
@@ -202,13 +231,16 @@ def load_results(folder: str | os.PathLike) -> tuple[list[dict[str, Any]], list[
     if not folder.is_dir():
         raise UserInputError(f"{folder} is not a folder: pass the class folder ({ENV_DIR})")
     good, bad = [], []
-    for p in sorted(folder.glob("*.json")):
+    box = dropbox.is_dropbox(folder)
+    for p in sorted(folder.glob("*.json")) + (dropbox.files(folder) if box else []):
         try:  # a FIFO, a device or an oversize file named *.json is refused unopened
             d = read_user_json(p, "class result", "remove it from the class folder")
         except UserInputError as e:
             bad.append({"path": str(p), "why": str(e)})
             continue
         why = _invalid(d)
+        if not why and box and p.parent.name == dropbox.INBOUND and d["learner"] != dropbox.owner_name(p):
+            why = f"names learner {d['learner']!r} but was written by {dropbox.owner_name(p)!r}"
         if why:
             bad.append({"path": str(p), "why": why})
         else:
@@ -236,7 +268,15 @@ def _key(d: dict[str, Any]) -> str:
 def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Per exercise and fault: attempts, learners, passes, pass rate, wrong leaves, first wrong branches."""
     rows: dict[str, dict[str, Any]] = {}
+    people: dict[str, dict[str, Any]] = {}
     for d in results:
+        who = people.setdefault(d["learner"], {"attempts": 0, "items": {}})
+        if d["kind"] == "joined":
+            continue
+        who["attempts"] += 1
+        mine = who["items"].setdefault(_key(d), {"attempts": 0, "passed": False})
+        mine["attempts"] += 1
+        mine["passed"] = mine["passed"] or bool(d["passed"])
         r = rows.setdefault(_key(d), {"kind": d["kind"], "item": d["item"], "attempts": 0, "passed": 0,
                                       "learners": set(), "wrong_leaves": Counter(), "first_wrong_branches": Counter()})
         r["attempts"] += 1
@@ -253,26 +293,33 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     out = {}
     for k in sorted(rows):
         r = rows[k]
+        passed_by = {n for n, w in people.items() if w["items"].get(k, {}).get("passed")}
         out[k] = {**r, "learners": len(r["learners"]), "pass_rate_pct": 100.0 * r["passed"] / r["attempts"],
+                  "learners_passed": len(passed_by),
                   "wrong_leaves": dict(r["wrong_leaves"].most_common()),
                   "first_wrong_branches": dict(r["first_wrong_branches"].most_common())}
         for extra in ("leaves_picked", "metrics_cited"):
             if extra in r:
                 out[k][extra] = dict(r[extra].most_common())
-    return {"n_results": len(results), "items": out}
+    return {"n_results": sum(d["kind"] != "joined" for d in results), "items": out,
+            "per_learner": {n: people[n] for n in sorted(people)}}
 
 
 def render(s: dict[str, Any]) -> str:
     """The summary as a table for the terminal."""
-    lines = [f"{'exercise / fault / checkpoint':<44} {'tries':>5} {'pass %':>7} {'people':>6}  wrong leaves; first wrong branch"]
+    lines = [f"{'exercise / fault / checkpoint':<44} {'tries':>5} {'pass %':>7} {'passed/people':>13}  wrong leaves; first wrong branch"]
     for k, r in s["items"].items():
         wl = ", ".join(f"{leaf} x{n}" for leaf, n in r["wrong_leaves"].items()) or "-"
         fb = ", ".join(f"{b} x{n}" for b, n in r["first_wrong_branches"].items()) or "-"
-        lines.append(f"{k[:44]:<44} {r['attempts']:>5} {r['pass_rate_pct']:>6.0f}% {r['learners']:>6}  {wl}; {fb}")
+        lines.append(f"{k[:44]:<44} {r['attempts']:>5} {r['pass_rate_pct']:>6.0f}% {str(r['learners_passed']) + '/' + str(r['learners']):>13}  {wl}; {fb}")
         if "leaves_picked" in r:
             lines.append(f"{'':<4}leaves picked: " + ", ".join(f"{leaf} x{n}" for leaf, n in r["leaves_picked"].items()))
             lines.append(f"{'':<4}evidence cited: " + ", ".join(f"{m} x{n}" for m, n in r["metrics_cited"].items()))
-    lines.append(f"{s['n_results']} results")
+    for name, w in s.get("per_learner", {}).items():
+        done = ", ".join(f"{k} ({'passed' if r['passed'] else 'not passed'}, {r['attempts']} tries)"
+                         for k, r in w["items"].items()) or "nothing graded yet"
+        lines.append(f"learner {name}: {done}")
+    lines.append(f"{s['n_results']} results from {len(s.get('per_learner', {}))} learners")
     return "\n".join(lines)
 
 

@@ -323,6 +323,12 @@ class Diagnosis:
     invalid: list = field(default_factory=list)
     #: lines the lenses add after the leaf (overlap against what could hide, fewer bytes)
     lens_notes: list[str] = field(default_factory=list)
+    #: the evidence was measured on a SHARED GPU (``evidence["gpu_shared"]``, :func:`hwlab.core.gpu_share.judge`):
+    #: every answer says so, since another process's kernels may have moved each figure
+    shared: dict | None = None
+
+    def _shared_tag(self) -> str:
+        return " [SHARED GPU: may differ from a quiet run]" if self.shared else ""
 
     @property
     def leaf_id(self) -> str | None:
@@ -365,9 +371,9 @@ class Diagnosis:
         lines = []
         for s in self.steps:
             lines += [str(iv) for iv in self.invalid if iv.question == s.question]
-            lines.append(str(s))
+            lines.append(str(s) + self._shared_tag())
         if self.leaf:
-            lines.append(f"=> {self.leaf.id}: {self.leaf.title}")
+            lines.append(f"=> {self.leaf.id}: {self.leaf.title}{self._shared_tag()}")
             lines += [f"   next: {a}" for a in self.leaf.actions]
         elif self.undecided:
             q = self.undecided
@@ -402,6 +408,9 @@ class Diagnosis:
                          "bytes or FLOPs over a measured time; counters (ncu) would measure it")
         elif self.steps:
             lines.append("every answer on this walk was measured")
+        if self.shared:
+            from hwlab.core.gpu_share import note
+            lines.append(note(self.shared) + "; re-measure on a quiet GPU before acting on this walk")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -412,7 +421,8 @@ class Diagnosis:
                 "invalid": [iv.to_dict() for iv in self.invalid],
                 "borderline": [s.question for s in self.borderline],
                 "estimated": [s.question for s in self.estimated],
-                "lens_notes": list(self.lens_notes), "explain": self.explain()}
+                "lens_notes": list(self.lens_notes), "explain": self.explain(),
+                "shared": self.shared}
 
     __str__ = explain
 
@@ -424,7 +434,7 @@ class Diagnosis:
         parts = []
         for s in self.steps:
             bad = [iv.metric for iv in self.invalid if iv.question == s.question]
-            parts.append(s.compact() + (f" (INVALID {', '.join(bad)})" if bad else ""))
+            parts.append(s.compact() + (f" (INVALID {', '.join(bad)})" if bad else "") + (" SHARED" if self.shared else ""))
         if self.leaf:
             parts.append(self.leaf.id)
         elif self.undecided:
@@ -446,7 +456,8 @@ def _fmt(v: Any) -> str:
 
 #: evidence keys that are not metrics: where each metric came from, over how many ranks, each
 #: metric's measured spread, which metrics are estimates, the lower-byte alternatives' floors
-META_KEYS = ("metric_sources", "n_ranks", "metric_spreads", "metric_estimated", "alt_floors_us", "metric_given")
+META_KEYS = ("metric_sources", "n_ranks", "metric_spreads", "metric_estimated", "alt_floors_us", "metric_given",
+             "gpu_shared")
 
 
 def metric_names() -> list[str]:
@@ -503,7 +514,8 @@ def diagnose(evidence: dict[str, Any]) -> Diagnosis:
             out.append((c, v))
         return out
 
-    d = Diagnosis()
+    shared = evidence.get("gpu_shared")
+    d = Diagnosis(shared=shared if isinstance(shared, dict) and shared.get("shared") else None)
     node = START
     for _ in range(len(QUESTIONS) + 1):
         if node in LEAVES:

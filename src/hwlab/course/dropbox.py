@@ -1,0 +1,156 @@
+"""A class drop box with nbgrader's exchange semantics: learners submit, only instructors list.
+
+A class folder (``HWLAB_CLASS_DIR``) that holds an ``inbound/`` folder is a **drop box**; one
+without it is a learner's own record folder, as before. The drop box is made by the instructor
+(:func:`make`, ``hwlab class init DIR --group GROUP``) and is safe through file modes alone, as
+nbgrader's exchange is, so it works on any shared file system that keeps POSIX modes:
+
+* ``DIR`` mode 0o2751, owned by the instructor (or root), group GROUP: nobody but the owner
+  renames or replaces ``inbound/``; learners pass through it (``o+x``) and never write it.
+* ``DIR/inbound`` mode 0o3773: setgid (every file takes GROUP, the instructors' group), sticky
+  (nobody deletes, renames or replaces a file they do not own), writable and searchable by
+  everyone, **listable by the instructors only** (no r for other): a learner cannot see who
+  else submitted. Learners must not be members of GROUP.
+* each result is a new file, mode 0o640, owned by the learner who wrote it, group GROUP: the
+  instructors read every file, other learners none. Its name ends in a random part (like
+  nbgrader's ``+<random>``), so it cannot be guessed, and it is made with ``O_EXCL`` and linked
+  under its name: an existing file is never replaced.
+
+The modes are **checked, not assumed**: before a learner writes and before the instructor reads,
+:func:`check` refuses a drop box whose modes or types differ, with one line saying what to fix.
+The learner of a result in a drop box is the login name of the process that wrote it; the
+instructor's reading keeps only results whose ``learner`` field matches the file's owner
+(another learner's name in a file is reported as malformed, not counted).
+"""
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import secrets
+import stat
+from pathlib import Path
+from typing import Any
+
+from hwlab.errors import UserInputError
+
+INBOUND = "inbound"
+#: the drop box's inbound folder: setgid + sticky, rwx for the owner and the instructors' group,
+#: wx (write, search, no list) for everyone else
+INBOUND_MODE = stat.S_ISGID | stat.S_ISVTX | 0o773
+#: the class folder: setgid, rwx owner, r-x group, --x other (learners pass through, do not list)
+TOP_MODE = stat.S_ISGID | 0o751
+#: a submitted result: the learner reads and writes it, the instructors' group reads it
+FILE_MODE = 0o640
+
+
+def is_dropbox(folder: str | os.PathLike) -> bool:
+    return os.path.isdir(Path(folder) / INBOUND)
+
+
+def make(folder: str | os.PathLike, group: str) -> Path:
+    """Create (or tighten) the drop box ``folder`` for the instructors' ``group``; returns inbound."""
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise UserInputError(f"no group {group!r} on this machine: make the instructors' group first "
+                             "(groupadd) and pass it with --group") from None
+    top = Path(folder)
+    inbound = top / INBOUND
+    for d, mode in ((top, TOP_MODE), (inbound, INBOUND_MODE)):
+        d.mkdir(exist_ok=True)
+        if d.is_symlink() or not d.is_dir():
+            raise UserInputError(f"{d} is not a folder: choose a new class folder")
+        os.chown(d, -1, gid)
+        os.chmod(d, mode)
+    check(top)
+    return inbound
+
+
+def _mode_line(path: Path, st: os.stat_result, want: int, fix: str) -> str:
+    return (f"class drop box {path} has mode {stat.S_IMODE(st.st_mode):#o}, not {want:#o}: the learners' "
+            f"answers would not stay theirs; run `{fix}` (or hwlab class init) before the class uses it")
+
+
+def check(folder: str | os.PathLike) -> Path:
+    """The drop box's inbound folder, after checking both folders' types and modes; raises
+    :class:`UserInputError` (one line) if any is wrong. Extra restrictions on the top folder
+    (no group r-x) are accepted; anything that lets a learner list, replace or rename is not."""
+    top = Path(folder)
+    inbound = top / INBOUND
+    for d in (top, inbound):
+        st = os.lstat(d)
+        if not stat.S_ISDIR(st.st_mode):
+            raise UserInputError(f"class drop box {d} is a link or a file, not a folder: point "
+                                 f"HWLAB_CLASS_DIR at the folder `hwlab class init` made")
+    st_top, st_in = os.lstat(top), os.lstat(inbound)
+    m_top = stat.S_IMODE(st_top.st_mode)
+    if m_top & 0o022 or not m_top & 0o001:  # nobody but the owner writes; others pass through
+        raise UserInputError(_mode_line(top, st_top, TOP_MODE, f"chmod {TOP_MODE:o} {top}"))
+    if stat.S_IMODE(st_in.st_mode) != INBOUND_MODE:
+        raise UserInputError(_mode_line(inbound, st_in, INBOUND_MODE, f"chmod {INBOUND_MODE:o} {inbound}"))
+    if st_in.st_uid != st_top.st_uid:
+        raise UserInputError(f"class drop box {inbound} is owned by uid {st_in.st_uid}, its class folder by "
+                             f"uid {st_top.st_uid}: both must be the instructor's (chown)")
+    return inbound
+
+
+def login_name() -> str:
+    """The login name of this process: the learner of what it submits (not ``HWLAB_LEARNER``)."""
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return f"uid{os.geteuid()}"
+
+
+def submit(record: dict[str, Any], folder: str | os.PathLike, stem: str) -> Path:
+    """Write ``record`` as a new file of this learner in the drop box (modes checked first)."""
+    inbound = check(folder)
+    text = json.dumps(record, indent=2, allow_nan=False) + "\n"
+    path = inbound / f"{stem}-{secrets.token_hex(8)}.json"
+    tmp = inbound / f".{path.name}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fchmod(f.fileno(), FILE_MODE)
+            os.fsync(f.fileno())
+        os.link(tmp, path)  # never replaces: a name that exists raises FileExistsError
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+    return path
+
+
+def private_group(gid: int, uid: int) -> bool:
+    """Whether ``gid`` is ``uid``'s own group (its primary group, with no other members)."""
+    try:
+        g, u = grp.getgrgid(gid), pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    others = [m for m in g.gr_mem if m != u.pw_name] + [p.pw_name for p in pwd.getpwall()
+                                                        if p.pw_gid == gid and p.pw_uid != uid]
+    return u.pw_gid == gid and not others
+
+
+def owner_name(path: Path) -> str:
+    uid = os.lstat(path).st_uid
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid{uid}"
+
+
+def files(folder: str | os.PathLike) -> list[Path]:
+    """The submitted results (the instructor's view; modes checked first)."""
+    inbound = check(folder)
+    try:
+        names = os.listdir(inbound)
+    except PermissionError:
+        raise UserInputError(f"only the instructors' group lists the class drop box {inbound}: run hwlab class "
+                             "summary as an instructor") from None
+    return sorted(inbound / n for n in names if n.endswith(".json") and not n.startswith("."))
