@@ -64,7 +64,7 @@ def cmd_class(a) -> int:
 def add_parser(sub) -> None:
     c = sub.add_parser("class", help="class results: attempts, pass rate, wrong leaves per exercise, fault and "
                        "checkpoint; leaves picked and evidence cited per checkpoint")
-    c.add_argument("action", choices=["summary"])
+    c.add_argument("action", choices=["summary"], help="summary: the class's results, per item")
     c.add_argument("dir", nargs="?", help=f"the class folder (default: ${classroom.ENV_DIR})")
     c.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     c.add_argument("--plot", metavar="PATH", help="also draw pass rate and wrong leaves (.png/.svg/.pdf)")

@@ -232,13 +232,12 @@ def report(run_dir: str | Path, *, skip: int = DEFAULT_SKIP, nccl_logs: list[str
 
 def nvml_by_rank(paths: list[Path]) -> dict[str, Any]:
     """Per-rank NVML samples (``nvml-rank-N.json`` from :mod:`hwlab.core.nvml_sampler`), summarised."""
-    import json
-
     from hwlab.core.nvml_sampler import summarise
+    from hwlab.core.store import loads_user_json
     out: dict[str, Any] = {}
     for p in paths:
         try:
-            d = json.loads(p.read_text())
+            d = loads_user_json(p.read_text())  # refuses nesting and giant integers as ValueError
             out[str(d["rank"])] = summarise(d)
         except (OSError, ValueError, KeyError, TypeError) as e:
             out[p.name] = {"available": False, "reason": f"unreadable ({type(e).__name__})", "gpus": {}, "flags": []}
