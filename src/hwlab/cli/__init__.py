@@ -59,7 +59,7 @@ def cmd_probe(a) -> int:
 def _add_probe(sub) -> None:
     pr = sub.add_parser("probe", help="run one probe: " + ", ".join(probes.PARAMS),
                         description="Run one probe; `hwlab probe NAME --help` lists its parameters.")
-    names = pr.add_subparsers(dest="name", required=True, metavar="NAME")
+    names = pr.add_subparsers(dest="name", required=True, metavar="NAME", help="the probe to run")
     for name, params in probes.PARAMS.items():
         lines = "\n".join("  -p " + p.describe() for p in params)
         q = names.add_parser(name, help=f"parameters: {', '.join(p.name for p in params)}",
@@ -238,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
                    formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"hwlab {__version__}")
     p.add_argument("--debug", action="store_true", help="show the traceback of an internal error")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=_Parser)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=_Parser,
+                           help="what to do (above: what you have -> which command)")
     cli_doctor.add_parser(sub)
     cli_examine.add_parser(sub)
     _add_probe(sub)
