@@ -199,3 +199,18 @@ def test_numbers_are_checked_for_size_before_use(tmp_path):
     (tmp_path / "rec.json").write_text(json.dumps(d).replace('"@@"', HUGE))
     with pytest.raises(evidence.EvidenceError, match="5,001 digits"):
         evidence.load(tmp_path / "rec.json")
+
+
+@pytest.mark.parametrize("key,value,reason", [
+    ("rank", None, "rank should be a number"), ("rank", -1, "rank is -1"), ("rank", "0", "rank should be a number"),
+    ("n_flops_per_step", float("nan"), "n_flops_per_step is nan"), ("n_bytes_per_step", 1.5, "n_bytes_per_step is 1.5")])
+def test_a_corrupt_step_log_header_is_named_not_an_internal_error(area, capsys, tmp_path, key, value, reason):
+    """The run's one rank has a header no writer wrote: one line naming the file, line and field."""
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    log = run / "vm" / "steps-rank-00000.jsonl"
+    lines = log.read_text().splitlines()
+    header = json.loads(lines[0])
+    header[key] = value
+    log.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    _refused(area, capsys, ["ranks", str(run), "--json"], f"{log}:1: header {reason}")

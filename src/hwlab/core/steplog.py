@@ -47,7 +47,7 @@ from typing import Any, Iterator
 from hwlab.core.capture import rank_env
 from hwlab.errors import UserInputError
 from hwlab.core.store import UserJSONError, check_input_file, loads_user_json
-from hwlab.core.validate import NumberError, number
+from hwlab.core.validate import MAX_COUNT, MAX_RANKS, MAX_T_MS, NumberError, number
 
 #: a step log is read line by line, so it may be far larger than a record; past this it is
 #: not a step log (a disk image, a device)
@@ -206,7 +206,11 @@ def read_log(path: str | os.PathLike) -> tuple[dict[str, Any] | None, list[dict[
             if not isinstance(d, dict):
                 problems.append(f"{path}:{i}: not a step record, skipped")
             elif d.get("kind") == "header":
-                header = d
+                why = header_problem(d)
+                if why:
+                    problems.append(f"{path}:{i}: header {why}, skipped")
+                else:
+                    header = d
             elif isinstance(d.get("step_ms"), (int, float)) and isinstance(d.get("colls"), list):
                 why = step_problem(d)
                 if why:
@@ -220,20 +224,32 @@ def read_log(path: str | os.PathLike) -> tuple[dict[str, Any] | None, list[dict[
     return header, steps, problems
 
 
-#: the longest step a log may hold: a day; a longer one is a unit slip or a corrupt line
-MAX_STEP_MS = 86_400_000.0
+def header_problem(d: dict[str, Any]) -> str | None:
+    """Why header ``d`` cannot be used, or None: ``rank`` a whole number 0..MAX_RANKS-1, the
+    step's declared work (``n_flops_per_step``, ``n_bytes_per_step``) whole numbers >= 0 that a
+    counter holds (null: not declared)."""
+    try:
+        number(d.get("rank"), "rank", lo=0.0, hi=MAX_RANKS - 1, whole=True)
+        for k in ("n_flops_per_step", "n_bytes_per_step"):
+            if d.get(k) is not None:
+                number(d[k], k, lo=0.0, hi=MAX_COUNT, whole=True)
+    except NumberError as e:
+        return str(e)
+    return None
 
 
 def step_problem(d: dict[str, Any]) -> str | None:
     """Why step record ``d`` cannot be used, or None. A step's times (``step_ms``,
-    ``gpu_step_ms``) are finite, > 0 and at most :data:`MAX_STEP_MS` (a zero or negative
+    ``gpu_step_ms``) are finite, > 0 and at most :data:`MAX_T_MS` (a zero or negative
     length is no measurement, and NaN would poison every median); each collective is a
     ``[name, ms]`` pair with a finite time >= 0; ``t_start_s`` is finite. The writer
     (:class:`StepLog`) never writes NaN (``allow_nan=False``), so such a line is corrupt."""
     try:
         for k in ("step_ms", "gpu_step_ms"):
             if k in d:
-                number(d[k], k, lo=0.0, lo_open=True, hi=MAX_STEP_MS)
+                number(d[k], k, lo=0.0, lo_open=True, hi=MAX_T_MS)
+        if "gpu_step_ms" in d and "gpu_colls" not in d:
+            return "gpu_step_ms without gpu_colls"
         if "t_start_s" in d:
             number(d["t_start_s"], "t_start_s")
         for k in ("colls", "gpu_colls"):
@@ -242,7 +258,7 @@ def step_problem(d: dict[str, Any]) -> str | None:
             for c in d.get(k, []):
                 if not (isinstance(c, list) and len(c) == 2 and isinstance(c[0], str)):
                     return f"{k} entry {str(c)[:40]} is not a [name, ms] pair"
-                number(c[1], f"{k} {c[0][:40]!r}", lo=0.0, hi=MAX_STEP_MS)
+                number(c[1], f"{k} {c[0][:40]!r}", lo=0.0, hi=MAX_T_MS)
     except NumberError as e:
         return str(e)
     return None

@@ -12,9 +12,9 @@ classified healthy.
 
 Ranges, and why:
 
-* a time (``t_ms``) is finite and > 0: a zero or negative time means no measurement, and
-  any rate over it is undefined; its p10 and p90 are finite, >= 0, and bracket the median
-  (``p10 <= median <= p90``), as quantiles of one sample do;
+* a time (``t_ms``) is finite, > 0 and at most :data:`MAX_T_MS` (a day): a zero or negative
+  time means no measurement, and any rate over it is undefined; its p10 and p90 are finite,
+  >= 0, and bracket the median (``p10 <= median <= p90``), as quantiles of one sample do;
 * counts of bytes, FLOPs, repetitions and spills are whole numbers >= 0 (repetitions >= 1);
 * a bandwidth or FLOP rate is finite and > 0; on a GPU with a datasheet entry
   (:mod:`hwlab.core.specs`) a *measured ceiling* cannot exceed the datasheet peak, which is the
@@ -55,6 +55,10 @@ MEASURED_PCT_MAX = 200.0
 #: floor of a nanosecond (a few bytes at a datasheet bandwidth) against a run of a whole second is
 #: 1e9; a ratio past that is not a timing (a unit slip, a corrupt value)
 MAX_TIME_RATIO = 1e9
+
+#: the longest time one measurement may take, ms: a day; the kit times kernels and steps, and a
+#: longer figure is a unit slip (seconds or microseconds written as ms) or a corrupt value
+MAX_T_MS = 86_400_000.0
 
 #: the most ranks a job may have: the largest training jobs run on about 1e5 GPUs; 1e7 leaves a
 #: hundredfold margin and refuses a count that is a unit slip (n_ranks: 1e15)
@@ -141,12 +145,12 @@ def datasheet(device: str | None):
 
 def measurement(d: Mapping[str, Any], where: str = "") -> None:
     """Check one measurement record (a :class:`hwlab.core.measure.Measurement` as a dict)."""
-    number(d.get("t_ms"), "t_ms", lo=0.0, lo_open=True, where=where)
+    number(d.get("t_ms"), "t_ms", lo=0.0, lo_open=True, hi=MAX_T_MS, where=where)
     t = float(d["t_ms"])
     p10 = d.get("t_p10_ms", t)
     p90 = d.get("t_p90_ms", t)
     number(p10, "t_p10_ms", lo=0.0, hi=t, where=where)
-    number(p90, "t_p90_ms", lo=t, where=where)
+    number(p90, "t_p90_ms", lo=t, hi=MAX_T_MS, where=where)
     for k in ("n_bytes", "n_flops"):
         number(d.get(k), k, lo=0.0, hi=MAX_COUNT, whole=True, where=where)
     if "n_rep" in d:

@@ -140,6 +140,9 @@ def report(run_dir: str | Path, *, skip: int = DEFAULT_SKIP, nccl_logs: list[str
             continue
         st["host"] = p.parent.name
         logs[header["rank"]] = (header, st)
+    if not logs and problems:  # logs there, none usable: say why (the first reason, and how many more)
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        raise UserInputError(f"no usable step log in {run_dir}: {problems[0]}{more}")
     if not logs:
         raise UserInputError(f"no step logs (*/steps-rank-*.jsonl) in {run_dir}: record them with "
                              "hwlab.core.steplog.StepLog in your loop")
