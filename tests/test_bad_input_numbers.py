@@ -214,3 +214,46 @@ def test_a_corrupt_step_log_header_is_named_not_an_internal_error(area, capsys, 
     header[key] = value
     log.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
     _refused(area, capsys, ["ranks", str(run), "--json"], f"{log}:1: header {reason}")
+
+
+def _set(d, path, value):
+    for k in path[:-1]:
+        d = d[k]
+    d[path[-1]] = value
+
+
+@pytest.mark.parametrize("path,value,message", [
+    (("results", 0, "name"), [], "results[0].name"),
+    (("snapshot", "gpus", 0, "ecc_errors_volatile", "uncorrected"), "x", "should be a number"),
+    (("snapshot", "gpus", 0, "ecc_errors_volatile", "uncorrected"), -2, "uncorrected is -2"),
+    (("snapshot", "gpus", 0, "temperature_c"), 1e300, "temperature_c"),
+    (("snapshot", "gpus"), {"0": 1}, "should be a list")])
+def test_a_record_field_of_the_wrong_kind_is_refused_as_corrupt(area, capsys, path, value, message):
+    """Fields a comparison judges (a probe's name, ECC counters, temperature) of a kind no record
+    holds: one line naming the field, not an internal error deep in the comparison."""
+    d = json.loads((H200 / "baseline.json").read_text())
+    _set(d, path, value)
+    (area / "odd.json").write_text(json.dumps(d))
+    _refused(area, capsys, ["baseline", "compare", B, "odd.json"], message)
+
+
+@pytest.mark.parametrize("name,path,value,problem", [
+    ("rank-00000.json", ("device", "gpu"), "GPU7", "'GPU7' is not a GPU of vm's topology"),
+    ("rank-00000.json", ("device", "gpu"), 3.5, "device.gpu should be a GPU name"),
+    ("rank-00000.json", ("probe", 0, "name"), None, "probe[0] is not a probe result"),
+    ("rank-00000.json", ("probe", 0, "derived", "gbps"), "fast", "derived.gbps should be a number"),
+    ("rank-00000.json", ("pid",), [], "pid should be a number"),
+    ("node.json", ("topology", "links", "GPU0|GPU0"), [], "topology is not one"),
+])
+def test_a_corrupt_capture_record_is_skipped_and_named(area, capsys, tmp_path, name, path, value, problem):
+    """The run is still read (step logs are the evidence); the capture that cannot be used is
+    named on stderr, its placement reported as unknown."""
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    f = run / "vm" / name
+    d = json.loads(f.read_text())
+    _set(d, path, value)
+    f.write_text(json.dumps(d))
+    rc, out, err = run_main(["ranks", str(run), "--json"], capsys)
+    assert rc in (0, 1, 4) and "internal error" not in err, err
+    assert problem in err and loads_strict(out)["per_rank"]

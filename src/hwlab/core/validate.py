@@ -183,6 +183,40 @@ def ceilings(c: Mapping[str, Any], device: str | None = None, where: str = "ceil
         number(c["host_link_gbps"], "host_link_gbps", lo=0.0, lo_open=True, where=where)
 
 
+#: the per-GPU counters of an NVML snapshot a comparison reads (ECC errors, row remaps):
+#: whole numbers >= 0 where recorded (NVML's "unsupported" text and null are kept as given)
+SNAPSHOT_COUNTERS = ("ecc_errors_volatile", "ecc_errors_aggregate", "remapped_rows")
+
+
+def snapshot(snap: Any, where: str = "snapshot") -> None:
+    """Check the parts of an NVML snapshot that comparisons judge: ``gpus`` a list of objects,
+    each one's :data:`SNAPSHOT_COUNTERS` whole numbers >= 0 (or text: NVML said unsupported, or
+    null) and its ``temperature_c`` a number in -50..150 C (a GPU outside that range is off or
+    the value is not a temperature)."""
+    if snap is None:
+        return
+    if not isinstance(snap, Mapping):
+        raise NumberError(f"{where} should be an object, not {_show(snap)}")
+    gpus = snap.get("gpus") or []
+    if not isinstance(gpus, list):
+        raise NumberError(f"{where}.gpus should be a list, not {_show(gpus)}")
+    for i, g in enumerate(gpus):
+        if not isinstance(g, Mapping):
+            raise NumberError(f"{where}.gpus[{i}] should be an object, not {_show(g)}")
+        if g.get("temperature_c") is not None:
+            number(g["temperature_c"], "temperature_c", lo=-50.0, hi=150.0, where=f"{where}.gpus[{i}].")
+        for key in SNAPSHOT_COUNTERS:
+            c = g.get(key)
+            if c is None or isinstance(c, str):
+                continue
+            if not isinstance(c, Mapping):
+                raise NumberError(f"{where}.gpus[{i}].{key} should be an object, not {_show(c)}")
+            for k, v in c.items():
+                if v is None or (k == "unsupported" and isinstance(v, str)):
+                    continue
+                number(v, f"{key}.{k}", lo=0.0, hi=MAX_COUNT, whole=True, where=f"{where}.gpus[{i}].")
+
+
 def count_arg(text: str) -> int:
     """argparse ``type=`` for a count the user types (``--n-bytes 4096``, ``--n-bytes 1e9``):
     a finite whole number >= 0, written as an integer or in e-notation."""
