@@ -257,3 +257,15 @@ def test_a_corrupt_capture_record_is_skipped_and_named(area, capsys, tmp_path, n
     rc, out, err = run_main(["ranks", str(run), "--json"], capsys)
     assert rc in (0, 1, 4) and "internal error" not in err, err
     assert problem in err and loads_strict(out)["per_rank"]
+
+
+@pytest.mark.parametrize("key,value,message", [("seconds", "NaN", "seconds is nan"), ("learner", "[]", "learner"),
+                                               ("correct_leaf", "null", "correct_leaf")])
+def test_drill_summary_refuses_a_grade_of_the_wrong_kind(nums, capsys, key, value, message):
+    drill = _drill_file(nums)
+    assert run_main(["drill", "submit", drill, "--leaf", "G", "--dir", "g"], capsys)[0] in (0, 1)
+    grade = next((nums / "g").glob("grade-*.json"))
+    d = json.loads(grade.read_text())
+    d[key] = "@@"
+    grade.write_text(json.dumps(d).replace('"@@"', value))
+    _refused(nums, capsys, ["drill", "summary", "--dir", "g"], message)

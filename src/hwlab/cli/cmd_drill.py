@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hwlab.course import classroom, drills
 from hwlab.cli.console import print_json, read_observations, whole_number
+from hwlab.core import validate
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UserInputError
 from hwlab.diagnosis.flowchart import LEAVES
 from hwlab.core.store import (
@@ -79,9 +80,10 @@ def _summary(a) -> int:
     for x in sorted(folder.glob("grade-*.json")):
         g = read_user_json(x, "grade file", "remove it, or pass a folder of grades `hwlab drill submit` wrote")
         try:
-            grades.append(drills.Grade(**g))
-        except TypeError:
-            raise UserInputError(f"grade file {x} is not a grade written by `hwlab drill submit`") from None
+            grades.append(_checked_grade(drills.Grade(**g)))
+        except (TypeError, validate.NumberError) as e:
+            raise UserInputError(f"grade file {x} is not a grade written by `hwlab drill submit` "
+                                 f"({str(e)[:120]}): remove it, or pass a folder of grades") from None
     print_json(drills.class_summary(grades))
     return EXIT_OK
 
@@ -125,6 +127,22 @@ def _submit(a, d: drills.Drill) -> int:
     if errs:
         return EXIT_USAGE
     return EXIT_OK if g.passed else EXIT_FINDING
+
+
+def _checked_grade(g: drills.Grade) -> drills.Grade:
+    """``g`` if its fields are of the kinds `submit` writes (names text, verdicts true/false, the
+    time a finite number of seconds >= 0), else TypeError or NumberError naming the field."""
+    for k in ("learner", "submitted_leaf"):
+        if not isinstance(getattr(g, k), str):
+            raise TypeError(f"{k} should be text")
+    for k in ("correct_leaf", "evidence_supports"):
+        if not isinstance(getattr(g, k), bool):
+            raise TypeError(f"{k} should be true or false")
+    if g.fix_removes_slowdown not in (True, False, None):
+        raise TypeError("fix_removes_slowdown should be true, false or null")
+    if g.seconds is not None:
+        validate.number(g.seconds, "seconds", lo=0.0, hi=validate.MAX_T_MS / 1e3)
+    return g
 
 
 def _write_grade(target: Path, grade: dict) -> Path:
