@@ -97,6 +97,8 @@ CASES = [
     ("ranks RUN_DIR one trace file", ["ranks", ONE_TRACE], "hwlab examine --trace"),
     ("examine --trace a folder of ranks", ["examine", "--trace", str(TRACES / "slow_rank")], "hwlab ranks --traces"),
     ("examine --trace a run directory", ["examine", "--trace", str(RUN)], f"hwlab ranks {RUN}"),
+    ("examine --traces (ranks's option)", ["examine", "--traces", str(TRACES / "slow_rank")], "hwlab ranks --traces"),
+    ("ranks --trace one file (examine's option)", ["ranks", "--trace", ONE_TRACE], "hwlab examine --trace"),
 ]
 
 

@@ -166,6 +166,14 @@ def cmd_lab(a) -> int:
 
 
 # ---------------------------------------------------------------- parser
+#: (command, option a user gives it by mistake) -> what they meant: the two trace commands
+#: spell their option differently (one trace, many traces), so each points to the other
+MISTAKEN_OPTIONS = {
+    ("hwlab examine", "--traces"): "examine reads one trace: --trace FILE_OR_DIR; to compare the ranks "
+                                   "of a job: hwlab ranks --traces DIR",
+}
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors in one line (argparse prints the whole usage block), exit 2."""
 
@@ -295,7 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     if not (sys.argv[1:] if argv is None else argv):  # `hwlab` alone: the front door, not an error
         parser.print_help()
         return EXIT_OK
-    a = parser.parse_args(argv)
+    a, extra = parser.parse_known_args(argv)
+    if extra:  # named after the subcommand, with what was meant where the mistake is a known one
+        prog = f"hwlab {a.cmd}"
+        hint = MISTAKEN_OPTIONS.get((prog, extra[0].split("=")[0]))
+        parser.exit(EXIT_USAGE, f"{prog}: unrecognized arguments: {' '.join(extra)}"
+                    + (f": {hint}\n" if hint else f" (see `{prog} --help`)\n"))
     debug = a.debug or os.environ.get("HWLAB_DEBUG") not in (None, "", "0")
     try:
         rc = a.fn(a)
