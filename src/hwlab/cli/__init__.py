@@ -2,7 +2,10 @@
 
 Each larger subcommand lives in its own ``cli_<name>`` module with ``cmd_<name>`` and
 ``add_parser(sub)``, registered in :func:`build_parser`: doctor, examine, baseline, incident,
-drill, ranks, class, bundle, flowchart. Conventions (like nvidia-smi, dcgmi, nccl-tests), shared by every subcommand:
+drill, ranks, class, bundle, flowchart. ``hwlab`` alone and ``hwlab --help`` open with the front door
+(:data:`FRONT_DOOR`: what you have -> which command, an example each); every subcommand's help ends
+with the exit codes (:data:`EXIT_CODES`, added by :func:`_finish`, which also strips docstring markup).
+Conventions (like nvidia-smi, dcgmi, nccl-tests), shared by every subcommand:
 
 * exit codes (:mod:`hwlab.errors`): 0 ok, 1 a finding (unhealthy verdict, deviation, failed
   grade), 2 bad input or usage (one line on stderr saying what to do; nothing measured or
