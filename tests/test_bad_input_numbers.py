@@ -271,3 +271,31 @@ def test_drill_summary_refuses_a_grade_of_the_wrong_kind(nums, capsys, key, valu
     d[key] = "@@"
     grade.write_text(json.dumps(d).replace('"@@"', value))
     _refused(nums, capsys, ["drill", "summary", "--dir", "g"], message)
+
+
+@pytest.mark.slow  # a subprocess each: the command as a user types it
+def test_third_round_from_a_shell(nums, tmp_path):
+    """As a user runs them: `--json` alone on a NaN step line and on --link-gbps inf (both were
+    exit 3), a multi-line incident title, an observations file with a 5,001-digit integer."""
+    import os
+    import subprocess
+    import sys
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    log = run / "vm" / "steps-rank-00000.jsonl"
+    log.write_text(log.read_text() + '{"step": 99, "colls": [], "step_ms": NaN}\n')
+
+    def hwlab(*argv):
+        return subprocess.run([sys.executable, "-m", "hwlab", *argv], capture_output=True, text=True, timeout=300,
+                              cwd=nums, env=dict(os.environ, HWLAB_CACHE=str(nums / "cache")))
+    before = _snapshot(nums)
+    r = hwlab("ranks", str(run), "--json")
+    assert r.returncode in (0, 1, 4) and loads_strict(r.stdout)["per_rank"], r.stderr
+    assert "step_ms is nan" in r.stderr and "internal error" not in r.stderr
+    for argv, message in [(["ranks", "--traces", str(TRACES / "slow_link"), "--link-gbps", "inf", "--json"], "GB/s"),
+                          (["incident", "--title", "a\nb", *INC[3:]], "one line"),
+                          ([*INC, "--observations", "obs_huge.json"], "5,001 digits")]:
+        r = hwlab(*argv)
+        assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, (argv, r.stderr)
+        assert message in r.stderr
+    assert _snapshot(nums) == before
