@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/link_cli.sh  # `hwlab` in new shells (or the one line that makes it so)
 .venv/bin/hwlab doctor "$@"

@@ -78,7 +78,7 @@ BAD_FILES = [("missing", "missing.json", "does not exist"), ("empty", "empty.jso
 
 CASES = [
     # top level
-    ("no command", [], "required"),
+    ("no command, an option only", ["--debug"], "required"),  # `hwlab` alone: the front door (test_cli_help)
     ("unknown command", ["frobnicate"], "invalid choice"),
     # evidence
     *[(f"evidence show {k}", ["evidence", "show", f], m) for k, f, m in BAD_FILES],

@@ -2,7 +2,10 @@
 
 Each larger subcommand lives in its own ``cli_<name>`` module with ``cmd_<name>`` and
 ``add_parser(sub)``, registered in :func:`build_parser`: doctor, examine, baseline, incident,
-drill, ranks, class, bundle, flowchart. Conventions (like nvidia-smi, dcgmi, nccl-tests), shared by every subcommand:
+drill, ranks, class, bundle, flowchart. ``hwlab`` alone and ``hwlab --help`` open with the front door
+(:data:`FRONT_DOOR`: what you have -> which command, an example each); every subcommand's help ends
+with the exit codes (:data:`EXIT_CODES`, added by :func:`_finish`, which also strips docstring markup).
+Conventions (like nvidia-smi, dcgmi, nccl-tests), shared by every subcommand:
 
 * exit codes (:mod:`hwlab.errors`): 0 ok, 1 a finding (unhealthy verdict, deviation, failed
   grade), 2 bad input or usage (one line on stderr saying what to do; nothing measured or
@@ -21,6 +24,7 @@ import json
 import os
 import re
 import sys
+import textwrap
 import traceback
 from pathlib import Path
 
@@ -59,7 +63,7 @@ def cmd_probe(a) -> int:
 def _add_probe(sub) -> None:
     pr = sub.add_parser("probe", help="run one probe: " + ", ".join(probes.PARAMS),
                         description="Run one probe; `hwlab probe NAME --help` lists its parameters.")
-    names = pr.add_subparsers(dest="name", required=True, metavar="NAME")
+    names = pr.add_subparsers(dest="name", required=True, metavar="NAME", help="the probe to run")
     for name, params in probes.PARAMS.items():
         lines = "\n".join("  -p " + p.describe() for p in params)
         q = names.add_parser(name, help=f"parameters: {', '.join(p.name for p in params)}",
@@ -166,11 +170,26 @@ def cmd_lab(a) -> int:
 
 
 # ---------------------------------------------------------------- parser
+#: (command, option a user gives it by mistake) -> what they meant: the two trace commands
+#: spell their option differently (one trace, many traces), so each points to the other
+MISTAKEN_OPTIONS = {
+    ("hwlab examine", "--traces"): "examine reads one trace: --trace FILE_OR_DIR; to compare the ranks "
+                                   "of a job: hwlab ranks --traces DIR",
+}
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors in one line (argparse prints the whole usage block), exit 2."""
 
     def error(self, message: str):
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
+class _FrontDoor(_Parser):
+    """The top-level parser: its help opens with :data:`FRONT_DOOR`, the usage line after it."""
+
+    def format_help(self) -> str:
+        return FRONT_DOOR + "\n\n" + super().format_help()
 
 
 def _port(text: str) -> int:
@@ -180,26 +199,73 @@ def _port(text: str) -> int:
     return v
 
 
+#: what ``hwlab`` and ``hwlab --help`` open with: from what the user holds to the command, one
+#: example line each (paths in the examples are this checkout's own, so each line runs as shown)
+FRONT_DOOR = """\
+hwlab: hardware-aware GPU troubleshooting. What do you have? -> which command
+
+  a slow job: is the machine slower than on a good day?
+      hwlab baseline compare good.json now.json   (each: hwlab baseline record)
+  a slow rank: one GPU of the job lags the others
+      hwlab ranks RUN_DIR         (a trace per rank: hwlab ranks --traces DIR)
+  a trace: torch.profiler's trace of one process
+      hwlab examine --trace trace.json.gz
+  a model or a function of your own: measure it part by part
+      hwlab examine examples/small_transformer.py:model --model
+  a machine to check: new, suspect, after a driver update
+      hwlab doctor
+
+learning: hwlab lab (the notebooks), hwlab drill new (a hidden fault to find),
+hwlab flowchart (the chart every verdict walks). Each command's --help says
+what it reads and writes."""
+
+#: the shared ending of every help (hwlab.errors): the same five codes everywhere
+EXIT_CODES = ("exit codes: 0 ok; 1 a finding (unhealthy verdict, deviation, failed grade); 2 bad input "
+              "or usage (one line on stderr says what to do; nothing measured or written), or a write "
+              "that failed after the work (the result kept in the rescue folder, its path printed); "
+              "3 internal error (--debug or HWLAB_DEBUG=1 shows the traceback); 4 undecided (a "
+              "flowchart question whose metric was not measured, or data missing: the output names it).")
+
+_DOC_MARKUP = re.compile(r":(?:mod|func|class|data|meth|attr):`~?([^`]*)`|``([^`]*)``")
+
+
+def _clean(text: str | None) -> str | None:
+    """Help text without the docstrings' markup (``x``, :mod:`x` -> x)."""
+    return text if text is None else _DOC_MARKUP.sub(lambda m: m.group(1) or m.group(2), text)
+
+
+def _finish(p: argparse.ArgumentParser) -> None:
+    """Every subcommand's help, however deep: descriptions and option texts clean, and the
+    exit codes as the epilog (one place, so a subcommand added later has them too)."""
+    p.description, p.epilog = _clean(p.description), p.epilog or textwrap.fill(EXIT_CODES, 79)
+    for act in p._actions:
+        act.help = _clean(act.help)
+        if isinstance(act, argparse._SubParsersAction):
+            for sp in act.choices.values():
+                _finish(sp)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="hwlab", description="hardware-aware GPU troubleshooting kit. Exit codes: "
-                "0 ok, 1 finding (unhealthy verdict, deviation, failed grade), 2 bad input or "
-                "usage, 3 internal error, 4 undecided (a flowchart walk stopped at a question "
-                "whose metric was not measured).")
+    p = _FrontDoor(prog="hwlab", epilog=textwrap.fill(EXIT_CODES, 79),
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"hwlab {__version__}")
     p.add_argument("--debug", action="store_true", help="show the traceback of an internal error")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=_Parser,
+                           help="what to do (above: what you have -> which command)")
     cli_doctor.add_parser(sub)
     cli_examine.add_parser(sub)
     _add_probe(sub)
     t = sub.add_parser("topo", help="parse and show the GPU topology")
     t.add_argument("--file", help="a saved `nvidia-smi topo -m` output")
-    t.add_argument("--json", action="store_true")
+    t.add_argument("--json", action="store_true", help="strict JSON on stdout")
     t.set_defaults(fn=cmd_topo)
     e = sub.add_parser("evidence", help="show recorded evidence (labelled as recorded)")
-    e.add_argument("action", choices=["show", "list"])
-    e.add_argument("target", nargs="?", help="a record kind (doctor, lab01_bandwidth) or a .json path")
-    e.add_argument("--device", default="h200")
-    e.add_argument("--json", action="store_true")
+    e.add_argument("action", choices=["show", "list"], help="list the recorded evidence, or show one record")
+    e.add_argument("target", nargs="?", help="a record kind (doctor, lab01_bandwidth), a name `evidence list` "
+                   "prints (h200/doctor) or a .json path")
+    e.add_argument("--device", default="h200", help="show KIND: the machine it was recorded on (default h200; "
+                   "cpu where h200 has none)")
+    e.add_argument("--json", action="store_true", help="strict JSON on stdout")
     e.set_defaults(fn=cmd_evidence)
     cli_baseline.add_parser(sub)
     cli_incident.add_parser(sub)
@@ -209,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--port", type=_port, default=8888,
                      help="first port to try (default 8888; the next free one is taken)")
     lab.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    lab.add_argument("--no-browser", action="store_true")
+    lab.add_argument("--no-browser", action="store_true", help="do not open a browser (print the URL only)")
     lab.add_argument("--refresh", action="store_true",
                      help="take the checkout's new notebook versions into your working copy (files you "
                           "modified are kept; the new version goes beside them as NAME.kit-DATE.ipynb)")
@@ -220,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_bundle.add_parser(sub)
     cli_flowchart.add_parser(sub)
     cli_hub.add_parser(sub)
+    _finish(p)
     return p
 
 
@@ -237,7 +304,16 @@ def _one_line(e: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # `hwlab` alone: the front door, not an error
+        parser.print_help()
+        return EXIT_OK
+    a, extra = parser.parse_known_args(argv)
+    if extra:  # named after the subcommand, with what was meant where the mistake is a known one
+        prog = f"hwlab {a.cmd}"
+        hint = MISTAKEN_OPTIONS.get((prog, extra[0].split("=")[0]))
+        parser.exit(EXIT_USAGE, f"{prog}: unrecognized arguments: {' '.join(extra)}"
+                    + (f": {hint}\n" if hint else f" (see `{prog} --help`)\n"))
     debug = a.debug or os.environ.get("HWLAB_DEBUG") not in (None, "", "0")
     try:
         rc = a.fn(a)

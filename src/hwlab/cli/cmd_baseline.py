@@ -57,6 +57,9 @@ def _record(a) -> int:
     if a.paths:
         raise UserInputError("baseline record takes no paths: use --out FILE.json or --out FOLDER")
     out = Path(a.out) if a.out else None
+    if out is not None and out.suffix not in ("", ".json") and not out.exists():
+        raise UserInputError(f"--out {a.out}: a baseline is a .json record; give FILE.json, or a folder "
+                             "(a name without a suffix) to hold baseline-<host>-<time>.json")
     if out is not None and out.suffix == ".json":
         check_destination(out, overwrite=a.force)
     else:
@@ -87,10 +90,10 @@ def add_parser(sub) -> None:
                        "2 not comparable (different GPU, count, driver/CUDA major, "
                        "probe sizes, no probe in common) or bad input, 4 undecided (baseline probes "
                        "missing from the new record, listed).")
-    b.add_argument("action", choices=["record", "compare"])
+    b.add_argument("action", choices=["record", "compare"], help="record (measure this node) or compare")
     b.add_argument("paths", nargs="*", help="compare: BASELINE.json NEW.json [more NEW for a fleet table]")
     b.add_argument("--out", help="record: a .json path or a folder (default: ./baseline-<host>-<time>.json)")
-    b.add_argument("--quick", action="store_true")
-    b.add_argument("--force", action="store_true")
-    b.add_argument("--json", action="store_true")
+    b.add_argument("--quick", action="store_true", help="record: small sizes (seconds, less accurate)")
+    b.add_argument("--force", action="store_true", help="record: replace --out FILE.json if it exists")
+    b.add_argument("--json", action="store_true", help="strict JSON on stdout")
     b.set_defaults(fn=cmd_baseline)

@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 
 from hwlab.course import classroom, drills
-from hwlab.cli.console import print_json, whole_number
+from hwlab.cli.console import print_json, read_observations, whole_number
+from hwlab.core import validate
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UserInputError
 from hwlab.diagnosis.flowchart import LEAVES
 from hwlab.core.store import (
-    check_destination, check_folder, read_user_json, write_json_atomic, write_or_rescue)
-from hwlab.core import validate
-from hwlab.core.store import rescue
+    RecordExistsError, check_destination, check_folder, read_user_json, rescue, write_json_atomic,
+    write_or_rescue)
 
 
 def _load_drill(path: str) -> drills.Drill:
@@ -80,9 +80,10 @@ def _summary(a) -> int:
     for x in sorted(folder.glob("grade-*.json")):
         g = read_user_json(x, "grade file", "remove it, or pass a folder of grades `hwlab drill submit` wrote")
         try:
-            grades.append(drills.Grade(**g))
-        except TypeError:
-            raise UserInputError(f"grade file {x} is not a grade written by `hwlab drill submit`") from None
+            grades.append(_checked_grade(drills.Grade(**g)))
+        except (TypeError, validate.NumberError) as e:
+            raise UserInputError(f"grade file {x} is not a grade written by `hwlab drill submit` "
+                                 f"({str(e)[:120]}): remove it, or pass a folder of grades") from None
     print_json(drills.class_summary(grades))
     return EXIT_OK
 
@@ -95,12 +96,8 @@ def _submit(a, d: drills.Drill) -> int:
     if not re.fullmatch(r"[\w.-]{1,64}", a.learner) or a.learner.startswith("."):
         raise UserInputError(f"--learner {a.learner!r}: use 1-64 letters, digits, '.', '-' or '_' "
                              "(it becomes part of the grade's file name)")
-    ev = (read_user_json(a.evidence, "evidence file", "pass a .json file of metric -> value")
-          if a.evidence else None)
-    if ev is not None and not isinstance(ev, dict):
-        raise UserInputError(f"evidence file {a.evidence} should hold a JSON object of metric -> value")
-    if ev is not None:  # type, finiteness, range of each metric (hwlab.core.validate)
-        validate.observations(ev, where=f"evidence file {a.evidence}: ")
+    # type, finiteness, range and name of each metric, as `hwlab incident` checks them
+    ev = read_observations(a.evidence, "evidence file") if a.evidence else None
     # every place the grade goes is checked before grading: --dir, and the class folder
     # (--class-dir, else $HWLAB_CLASS_DIR); a write that still fails afterwards keeps the
     # record in the rescue folder, and the grade is printed either way
@@ -116,8 +113,9 @@ def _submit(a, d: drills.Drill) -> int:
         except OSError as e:
             errs.append(rescue(classroom.drill_record(d, g), "class-result", class_folder, e))
     target = folder / f"grade-{d.drill_id}-{a.learner}-{g.at.replace(':', '')}.json"
-    _, err = write_or_rescue(lambda: write_json_atomic(target, dataclasses.asdict(g)),
-                             dataclasses.asdict(g), "grade", target)
+    written, err = write_or_rescue(lambda: _write_grade(target, dataclasses.asdict(g)),
+                                   dataclasses.asdict(g), "grade", target)
+    target = written or target
     if err:
         errs.insert(0, err)
     if a.json:
@@ -131,15 +129,57 @@ def _submit(a, d: drills.Drill) -> int:
     return EXIT_OK if g.passed else EXIT_FINDING
 
 
+def _checked_grade(g: drills.Grade) -> drills.Grade:
+    """``g`` if its fields are of the kinds `submit` writes (names text, verdicts true/false, the
+    time a finite number of seconds >= 0), else TypeError or NumberError naming the field."""
+    for k in ("learner", "submitted_leaf"):
+        if not isinstance(getattr(g, k), str):
+            raise TypeError(f"{k} should be text")
+    for k in ("correct_leaf", "evidence_supports"):
+        if not isinstance(getattr(g, k), bool):
+            raise TypeError(f"{k} should be true or false")
+    if g.fix_removes_slowdown not in (True, False, None):
+        raise TypeError("fix_removes_slowdown should be true, false or null")
+    if g.seconds is not None:
+        validate.number(g.seconds, "seconds", lo=0.0, hi=validate.MAX_T_MS / 1e3)
+    return g
+
+
+def _write_grade(target: Path, grade: dict) -> Path:
+    """Write a grade under ``target``'s name, or, when a grade of that name exists (a second
+    submission within the same second), under the next free ``NAME-2.json``, ``-3``...: every
+    submission keeps its own file, none replaces another."""
+    for n in range(1, 1000):
+        p = target if n == 1 else target.with_name(f"{target.stem}-{n}{target.suffix}")
+        try:
+            return write_json_atomic(p, grade)
+        except RecordExistsError:
+            continue
+    raise RecordExistsError(f"{target.parent} has 1000 grades named {target.stem}: use another --dir")
+
+
+def _leaves() -> str:
+    return "; ".join(f"{k} {v.title}" for k, v in LEAVES.items())
+
+
 def add_parser(sub) -> None:
-    dr = sub.add_parser("drill", help="diagnosis drills: a hidden fault to find")
-    dr.add_argument("action", choices=["new", "submit", "reveal", "summary"])
+    dr = sub.add_parser("drill", help="diagnosis drills: a hidden fault to find",
+                        description="Diagnosis drills: `new` writes a drill (a hidden fault and what the "
+                        "probes show), `submit` grades the leaf you reached, `reveal` shows the answer, "
+                        "`summary` tallies a folder of grades. Exit codes: 0 written or passed, 1 a "
+                        "submission that did not find the fault, 2 bad input or a write that failed (the "
+                        "result is kept in the rescue folder), 3 internal error.")
+    dr.add_argument("action", choices=["new", "submit", "reveal", "summary"],
+                    help="new, submit, reveal or summary")
     dr.add_argument("drill", nargs="?", help="submit/reveal: the drill .json")
-    dr.add_argument("--seed", type=whole_number)
-    dr.add_argument("--fault", help="instructor: choose the fault (see hwlab.course.drills.FAULTS)")
-    dr.add_argument("--leaf")
-    dr.add_argument("--evidence", help="submit: a .json of the metrics your diagnosis rests on")
-    dr.add_argument("--learner", default="anonymous")
+    dr.add_argument("--seed", type=whole_number,
+                    help="new: the drill's number (the same seed gives the same drill; default random)")
+    dr.add_argument("--fault", help="instructor: choose the fault (" + ", ".join(drills.FAULTS) + ")")
+    dr.add_argument("--leaf", metavar="LEAF", help="submit: the flowchart leaf you reached: " + _leaves())
+    dr.add_argument("--evidence", help="submit: a .json of the metrics your diagnosis rests on "
+                    "(metric -> value; `hwlab flowchart` lists them)")
+    dr.add_argument("--learner", default="anonymous",
+                    help="submit: your name in the grade's file name (letters, digits, '.', '-', '_')")
     dr.add_argument("--dir", default="drills", help="where drills and grades are kept")
     dr.add_argument("--force", action="store_true", help="new: replace a drill file of the same seed")
     dr.add_argument("--json", action="store_true", help="new/submit: strict JSON on stdout "

@@ -31,15 +31,19 @@ from hwlab.core.validate import count_arg
 
 
 def add_parser(sub) -> None:
-    e = sub.add_parser("examine", help="measure your own function and walk the flowchart on it",
-                       description="Measure MODULE:FUNC and walk the flowchart on it. Exit codes: 0 the "
+    e = sub.add_parser("examine", help="your function, model or one profiler trace: where the time goes, "
+                       "and the flowchart walk on it",
+                       description="Measure MODULE:FUNC (or a model with --model), or read one profiler trace "
+                       "(--trace), and walk the flowchart on it; the traces of several ranks of one job are "
+                       "compared by hwlab ranks --traces DIR. Exit codes: 0 the "
                        "walk lands on OK, 1 another leaf (a finding), 2 bad input, 3 internal error, "
                        "4 undecided (a question's metric was not measured; the report says which).")
     e.add_argument("target", metavar="MODULE:FUNC", nargs="?",
                    help="a dotted module or a .py path, then :FUNC (or --trace instead)")
     e.add_argument("--trace", metavar="FILE_OR_DIR",
-                   help="examine a profiler trace (.json / .json.gz, or its folder) instead of running a "
-                   "function: parts, floors and walks from what the trace recorded (needs no torch)")
+                   help="examine one profiler trace (.json / .json.gz, or its folder) instead of running a "
+                   "function: parts, floors and walks from what the trace recorded (needs no torch); to "
+                   "compare the traces of several ranks: hwlab ranks --traces DIR")
     e.add_argument("--rank", type=int, metavar="R", help="with --trace on a folder: the rank's trace")
     e.add_argument("--step", type=int, metavar="N", help="with --trace: only ProfilerStep#N")
     e.add_argument("--baseline", metavar="RECORD",
@@ -203,7 +207,10 @@ def cmd_examine_trace(a) -> int:
     if out is not None and out.suffix != ".json":
         raise UserInputError(f"--out {a.out}: give a .json file name")
     ann = check_destination(annotated_path(out), overwrite=a.force) if out is not None else None
-    path = find_trace(a.trace, a.rank)
+    try:
+        path = find_trace(a.trace, a.rank)
+    except UserInputError as e:
+        raise UserInputError(f"{e}{_ranks_pointer(a.trace)}") from None
 
     def progress(done: int, total: int) -> None:
         print(f"reading {path.name}: {done / 1e6:,.0f} of {total / 1e6:,.0f} MB", file=sys.stderr)
@@ -227,3 +234,17 @@ def cmd_examine_trace(a) -> int:
     if ex.leaf_id is None:
         return EXIT_UNDECIDED
     return EXIT_OK if ex.leaf_id == "OK" else EXIT_FINDING
+
+
+def _ranks_pointer(given: str) -> str:
+    """What to add to a refusal of ``examine --trace DIR`` when the folder is ``hwlab ranks``'s
+    input: several traces (one per rank) or a run directory of step logs."""
+    p = Path(given)
+    if not p.is_dir():
+        return ""
+    if any(p.glob("steps-rank-*.jsonl")) or any(p.glob("*/steps-rank-*.jsonl")):
+        return f"; a run directory of step logs is read by `hwlab ranks {given}`"
+    if len([x for x in p.iterdir() if x.name.endswith((".json", ".json.gz"))]) > 1:
+        return f"; to compare the ranks with each other: hwlab ranks --traces {given}"
+    return ""
+

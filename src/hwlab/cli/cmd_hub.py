@@ -101,7 +101,7 @@ def cmd_hub_singleuser(a) -> int:
 def add_parser(sub) -> None:
     h = sub.add_parser("hub", help="under JupyterHub: `hwlab hub singleuser` is the spawner's command (the "
                        "learner's working copy, the hwlab kernel, the class roster, then jupyterhub-singleuser)")
-    h.add_argument("action", choices=["singleuser"])
+    h.add_argument("action", choices=["singleuser"], help="singleuser: start this learner's server (the hub runs it)")
     h.add_argument("--dir", help="the kit's notebooks/ folder (default: $HWLAB_KIT/notebooks, else found "
                    "from here)")
     h.add_argument("args", nargs=argparse.REMAINDER, help="passed to jupyterhub-singleuser")

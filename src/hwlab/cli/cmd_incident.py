@@ -12,23 +12,13 @@ from typing import Any
 
 from hwlab.core import evidence
 from hwlab.diagnosis import flowchart, incident
-from hwlab.cli.console import print_json
+from hwlab.cli.console import one_line, print_json, read_observations
 from hwlab.errors import EXIT_OK, EXIT_USAGE, UserInputError
-from hwlab.core.store import check_folder, read_user_json, rescue_json
-from hwlab.core import validate
-from hwlab.core.store import rescue
+from hwlab.core.store import check_folder, rescue
 
 
 def _observations(path: str) -> dict[str, Any]:
-    obs = read_user_json(path, "observations file", "pass a .json file of metric -> value")
-    if not isinstance(obs, dict):
-        raise UserInputError(f"observations file {path} should hold a JSON object of metric -> "
-                             f"value, not a {type(obs).__name__}")
-    obs = validate.observations(obs, where=f"observations file {path}: ")  # type, finite, range
-    unknown = sorted(k for k in obs if k not in flowchart.metric_names())
-    if unknown:  # a typo would otherwise be dropped without a word, and its question left unanswered
-        raise UserInputError(f"observations file {path}: unknown metric name(s) {', '.join(map(repr, unknown))}; "
-                             f"the flowchart reads: {', '.join(n for n in flowchart.metric_names() if n not in flowchart.META_KEYS)}")
+    obs = read_observations(path, "observations file")  # type, finite, range, known names
     # typed by the user: shown as given, never as measured (the file's metric_sources say by what)
     return {**obs, "metric_given": [k for k in obs if k not in flowchart.META_KEYS]}
 
@@ -58,15 +48,30 @@ def cmd_incident(a) -> int:
 
 
 def add_parser(sub) -> None:
-    i = sub.add_parser("incident", help="write the minimal incident record (Markdown + JSON)")
-    i.add_argument("--title", required=True)
+    i = sub.add_parser("incident", help="write the minimal incident record (Markdown + JSON)",
+                       description="Walk the flowchart on --observations and write the incident record "
+                       "(Markdown and JSON, never over another). Exit codes: 0 written, 2 bad input or a "
+                       "write that failed (the record is kept in the rescue folder), 3 internal error.")
+    i.add_argument("--title", required=True, type=one_line("--title", TITLE_MAX_CHARS),
+                   help=f"what happened, on one line (at most {TITLE_MAX_CHARS} characters)")
     i.add_argument("--scope", required=True, help="single-card, multi-GPU, training, inference or bucket")
-    i.add_argument("--symptom", required=True)
-    i.add_argument("--fix", required=True)
-    i.add_argument("--reverify", required=True, help="which probe or bucket proves recovery")
+    i.add_argument("--symptom", required=True, type=one_line("--symptom", FIELD_MAX_CHARS),
+                   help="what was seen, on one line (e.g. 'step time up 30%% since Monday')")
+    i.add_argument("--fix", required=True, type=one_line("--fix", FIELD_MAX_CHARS),
+                   help="what was changed, on one line")
+    i.add_argument("--reverify", required=True, type=one_line("--reverify", FIELD_MAX_CHARS),
+                   help="which probe or bucket proves recovery")
     i.add_argument("--evidence", help="an evidence/baseline .json of the affected machine")
-    i.add_argument("--observations", help="a .json of flowchart metrics (metric -> value)")
-    i.add_argument("--rank-mapping", default="n/a")
+    i.add_argument("--observations", help="a .json of flowchart metrics (metric -> value; "
+                   "`hwlab flowchart` lists them)")
+    i.add_argument("--rank-mapping", default="n/a", type=one_line("--rank-mapping", FIELD_MAX_CHARS),
+                   help="which rank ran on which GPU and host, if it matters (default n/a)")
     i.add_argument("--out", default="incidents", help="folder for the records (created if absent)")
     i.add_argument("--json", action="store_true", help="strict JSON on stdout")
     i.set_defaults(fn=cmd_incident)
+
+
+#: an incident title is a heading and part of listings: one line, short
+TITLE_MAX_CHARS = 200
+#: symptom, fix, re-verification: one table cell each in the Markdown
+FIELD_MAX_CHARS = 2000

@@ -11,11 +11,11 @@ unreadable; the missing ranks and unreadable files are named).
 """
 from __future__ import annotations
 
-import json
 import sys
+from pathlib import Path
 
 from hwlab.diagnosis import incident, ranks, ranks_traces
-from hwlab.cli.console import stderr_is_terminal
+from hwlab.cli.console import MAX_LINK_GBPS, link_gbps, print_json, stderr_is_terminal, whole_number
 from hwlab.core.store import check_folder, check_input_file, rescue
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_UNDECIDED, EXIT_USAGE, UserInputError
 
@@ -29,8 +29,10 @@ def cmd_ranks(a) -> int:
         raise UserInputError("pass either RUN_DIR or --traces DIR, not both")
     if not (a.traces or a.run_dir):
         raise UserInputError("pass a run directory (step logs) or --traces DIR (profiler traces)")
-    if a.link_gbps is not None and not a.link_gbps > 0:
-        raise UserInputError("--link-gbps must be a positive bus bandwidth in GB/s")
+    for given in (a.traces, a.run_dir):
+        if given and Path(given).is_file() and given.endswith((".json", ".json.gz")):
+            raise UserInputError(f"{given} is one trace file: `hwlab ranks --traces` compares the ranks of a "
+                                 f"folder of traces; to examine one trace: hwlab examine --trace {given}")
     # the destination is checked before the run is read; a write that still fails keeps the
     # record in the rescue folder and says where (the report is printed either way)
     folder = check_folder(a.save_incident, what="--save-incident folder") if a.save_incident else None
@@ -52,7 +54,7 @@ def cmd_ranks(a) -> int:
         except OSError as e:
             save_err = rescue(record, "incident", folder, e)
     if a.json:
-        print(json.dumps(rep, indent=2, allow_nan=False, default=str))
+        print_json(rep)  # strict: a value that is not finite is null, and null_reasons says where
     else:
         print(mod.render(rep))
         print()
@@ -71,13 +73,22 @@ def cmd_ranks(a) -> int:
 
 
 def add_parser(sub) -> None:
-    r = sub.add_parser("ranks", help="per-rank step times, tail ranks, placement and the flowchart walk of a run")
+    r = sub.add_parser("ranks", help="one slow rank? per-rank step times or traces, tail ranks, placement, "
+                       "the flowchart walk",
+                       description="Compare the ranks of one job: RUN_DIR holds the step logs and captures "
+                       "hwlab.core.steplog and hwlab.core.capture wrote; --traces DIR a folder of per-rank "
+                       "profiler traces. One trace of one process: hwlab examine --trace FILE. Exit codes: 0 "
+                       "no tail rank and no finding, 1 a finding, 2 bad input or a write that failed (the "
+                       "record is kept in the rescue folder), 3 internal error, 4 undecided (ranks missing "
+                       "or unreadable: they are named).")
     r.add_argument("run_dir", nargs="?", help="the run directory written by hwlab.core.capture and hwlab.core.steplog")
-    r.add_argument("--traces", metavar="DIR", help="a folder of per-rank torch.profiler traces (.json / .json.gz)")
-    r.add_argument("--link-gbps", type=float, metavar="G",
-                   help="traces: the link's bus bandwidth in GB/s, to tell a slow link from a busy one")
+    r.add_argument("--traces", metavar="DIR", help="a folder of per-rank torch.profiler traces (.json / .json.gz); "
+                   "one trace alone: hwlab examine --trace FILE")
+    r.add_argument("--link-gbps", type=link_gbps, metavar="G",
+                   help="traces: the link's bus bandwidth in GB/s (above 0, at most "
+                        f"{MAX_LINK_GBPS:,.0f}), to tell a slow link from a busy one")
     r.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    r.add_argument("--skip", type=int, default=None,
+    r.add_argument("--skip", type=whole_number, default=None, metavar="N",
                    help=f"start-up steps to leave out (step logs: {ranks.DEFAULT_SKIP}; traces: 0, the "
                         "profiler's schedule already warmed up)")
     r.add_argument("--nccl-log", action="append", metavar="PATH", help="an NCCL_DEBUG=INFO log to parse")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -104,3 +105,63 @@ def whole_number(text: str) -> int:
     if not 0 <= v < 2**63:
         raise argparse.ArgumentTypeError(f"{text!r} is out of range (0 .. 2^63-1)")
     return v
+
+
+def one_line(field: str, max_chars: int):
+    """An argparse type: text on one line, 1..``max_chars`` characters, no control characters
+    (an incident's title and fields land in a Markdown heading and table cells, where a line
+    break would end the heading or the row, and in file listings where a megabyte title is no
+    title)."""
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("empty: say it in a few words")
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
+            raise argparse.ArgumentTypeError("holds a line break or control character: give it on one line")
+        if len(text) > max_chars:
+            raise argparse.ArgumentTypeError(f"{len(text):,} characters: keep it to {max_chars} "
+                                             "(details belong in the evidence)")
+        return text.strip()
+    parse.__name__ = field  # argparse names the type in its messages
+    return parse
+
+
+#: the fastest bus bandwidth ``--link-gbps`` accepts, GB/s: above any GPU link built (NVLink 5
+#: moves 1,800 GB/s per GPU, both directions together); a larger figure is a unit slip
+MAX_LINK_GBPS = 10_000.0
+
+
+def link_gbps(text: str) -> float:
+    """An argparse type: a link's bus bandwidth in GB/s, finite, > 0, at most
+    :data:`MAX_LINK_GBPS` (``inf`` or ``1e30`` would make every link read slow)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GB/s") from None
+    if not (math.isfinite(v) and 0 < v <= MAX_LINK_GBPS):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a bus bandwidth: give GB/s above 0 and at most "
+                                         f"{MAX_LINK_GBPS:,.0f} (e.g. 450 for NVLink 4)")
+    return v
+
+
+def read_observations(path: str, what: str) -> dict[str, Any]:
+    """Flowchart metrics from the user's JSON file (``incident --observations``, ``drill submit
+    --evidence``): read by :func:`hwlab.core.store.read_user_json`, every value checked by
+    :func:`hwlab.core.validate.observations` (type, finiteness, range) and every name checked
+    against the metrics the chart reads (a typo would otherwise be dropped without a word, its
+    question left unanswered, and a grade given on what was not said)."""
+    from hwlab.core import validate
+    from hwlab.core.store import read_user_json
+    from hwlab.diagnosis import flowchart
+    from hwlab.errors import UserInputError
+
+    obs = read_user_json(path, what, "pass a .json file of metric -> value")
+    if not isinstance(obs, dict):
+        raise UserInputError(f"{what} {path} should hold a JSON object of metric -> value, "
+                             f"not a {type(obs).__name__}")
+    obs = validate.observations(obs, where=f"{what} {path}: ")
+    unknown = sorted(k for k in obs if k not in flowchart.metric_names())
+    if unknown:
+        raise UserInputError(f"{what} {path}: unknown metric name(s) {', '.join(map(repr, unknown))}; the "
+                             "flowchart reads: " + ", ".join(n for n in flowchart.metric_names()
+                                                            if n not in flowchart.META_KEYS))
+    return obs

@@ -30,9 +30,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from hwlab.core.store import DestinationError, check_folder, read_user_json
+from hwlab.errors import UserInputError
+
 #: folders copied, and the file names taken from each
 KIT_FILES = {"notebooks": "*.ipynb", "exercises": "*.ipynb", "examples": "*.py"}
 MANIFEST = ".hwlab-copy.json"
+_MANIFEST_HINT = "delete it and start again (your notebooks are kept; the manifest is made anew)"
 KERNEL_NAME = "hwlab"
 
 
@@ -133,10 +137,17 @@ def prepare(checkout: Path, *, refresh: bool = False, root: Path | None = None,
     """Make (first start), complete (missing files) or ``refresh`` the working copy; see the
     module docstring for what is never overwritten."""
     root = root or copy_root(checkout)
+    try:  # the copy's folder takes new files: a read-only $HWLAB_HOME is refused before any copy
+        check_folder(root, what="working copy")
+    except DestinationError as e:
+        raise UserInputError(str(e).replace("choose a folder you can write to",
+                                            "set HWLAB_HOME to a folder you can write to")) from None
     rep = CopyReport(root=root, made=not (root / MANIFEST).exists())
     man_path = root / MANIFEST
-    man = json.loads(man_path.read_text()) if not rep.made else {"files": {}}
-    files = man.setdefault("files", {})
+    man = read_user_json(man_path, "working-copy manifest", _MANIFEST_HINT) if not rep.made else {"files": {}}
+    files = man.get("files") if isinstance(man, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
+        raise UserInputError(f"working-copy manifest {man_path} is not one hwlab wrote: {_MANIFEST_HINT}")
     day = datetime.now(timezone.utc).strftime("%Y%m%d")
     for rel, src in kit_files(checkout).items():
         data = learner_version(src, kernel)

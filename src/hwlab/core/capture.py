@@ -350,6 +350,7 @@ def load_run(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str
             d = read_user_json(p, "capture record", f"an {SCHEMA} record")
             if not isinstance(d, dict) or d.get("schema") != SCHEMA:
                 raise ValueError(f"not an {SCHEMA} record")
+            _check_record(d, node=p.name == "node.json")
         except (OSError, ValueError) as e:  # UserInputError is a ValueError
             problems.append(f"{p}: skipped ({e})")
             continue
@@ -358,3 +359,44 @@ def load_run(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str
         else:
             ranks.append(d)
     return ranks, nodes, problems
+
+
+def _check_record(d: dict[str, Any], *, node: bool) -> None:
+    """Raise ValueError (the record is skipped and named) where a capture record holds what
+    :func:`capture` never writes in the fields the ranks report reads: the host a non-empty
+    text; a rank record's rank, pid and tensor-parallel group whole numbers, its GPU a name
+    (``GPU3``) or null, its probe results named and their rates finite numbers; a node
+    record's topology one :class:`Topology` can hold (every GPU pair's link named)."""
+    from hwlab.core.validate import MAX_RANKS, number
+
+    if not isinstance(d.get("host"), str) or not d["host"]:
+        raise ValueError("host should be a name")
+    if node:
+        t = d.get("topology")
+        if t is not None:
+            if not (isinstance(t, dict) and isinstance(t.get("gpus"), list) and isinstance(t.get("links"), dict)
+                    and all(isinstance(g, str) for g in t["gpus"])
+                    and all(isinstance(k, str) and isinstance(v, str) for k, v in t["links"].items())):
+                raise ValueError("its topology is not one hwlab.core.capture writes")
+            topo = Topology.from_dict(t)
+            if any((a, b) not in topo.links for a, b in combinations(topo.gpus, 2)):
+                raise ValueError("its topology lacks a GPU pair's link")
+        return
+    number(d.get("rank"), "rank", lo=0.0, hi=MAX_RANKS - 1, whole=True)
+    number(d.get("pid"), "pid", lo=0.0, whole=True, hi=2.0**63)
+    dev = d.get("device")
+    if not isinstance(dev, dict) or not (dev.get("gpu") is None or isinstance(dev["gpu"], str)):
+        raise ValueError("device.gpu should be a GPU name (GPU3) or null")
+    grp = d.get("tp_group")
+    if grp is not None:
+        if not isinstance(grp, list):
+            raise ValueError("tp_group should be a list of ranks")
+        for r in grp:
+            number(r, "tp_group rank", lo=0.0, hi=MAX_RANKS - 1, whole=True)
+    for i, pr in enumerate(d.get("probe") or []):
+        if not (isinstance(pr, dict) and isinstance(pr.get("name"), str) and isinstance(pr.get("derived", {}), dict)):
+            raise ValueError(f"probe[{i}] is not a probe result")
+        for k, v in pr.get("derived", {}).items():
+            if v is not None:
+                number(v, f"probe[{i}].derived.{k}", lo=0.0)
+

@@ -195,11 +195,15 @@ def load(path: str | os.PathLike) -> Evidence:
             missing = sorted({"name", "t_ms", "n_bytes", "n_flops"} - r.keys())
             if missing:
                 raise EvidenceError(f"{p}: a result is malformed (results[{i}] lacks {missing})")
+            if not isinstance(r["name"], str) or not r["name"]:
+                raise EvidenceError(f"{p} is corrupt: results[{i}].name should be a probe name, not "
+                                    f"{str(r['name'])[:40]}; re-record it")
             validate.measurement(r, where=f"results[{i}] ({r.get('name', '?')}) ")
         if d.get("ceilings"):
             if not isinstance(d["ceilings"], dict):
                 raise EvidenceError(f"{p} is corrupt: ceilings should be an object; re-record it")
             validate.ceilings(d["ceilings"], d["machine"].get("device"))
+        validate.snapshot(d.get("snapshot"))
     except validate.NumberError as e:
         raise EvidenceError(f"{p} is corrupt: {e}; re-record it") from None
     try:

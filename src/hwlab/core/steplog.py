@@ -46,7 +46,8 @@ from typing import Any, Iterator
 # torch is imported by StepLog (a job's own loop); reading a log (`hwlab ranks`) needs no torch
 from hwlab.core.capture import rank_env
 from hwlab.errors import UserInputError
-from hwlab.core.store import check_input_file
+from hwlab.core.store import UserJSONError, check_input_file, loads_user_json
+from hwlab.core.validate import MAX_COUNT, MAX_RANKS, MAX_T_MS, NumberError, number
 
 #: a step log is read line by line, so it may be far larger than a record; past this it is
 #: not a step log (a disk image, a device)
@@ -198,16 +199,66 @@ def read_log(path: str | os.PathLike) -> tuple[dict[str, Any] | None, list[dict[
             if not line.strip():
                 continue
             try:
-                d = json.loads(line)
-            except json.JSONDecodeError:
-                problems.append(f"{path}:{i}: not JSON (truncated?), skipped")
+                d = loads_user_json(line)
+            except UserJSONError as e:
+                problems.append(f"{path}:{i}: {e}, skipped")
                 continue
-            if d.get("kind") == "header":
-                header = d
+            if not isinstance(d, dict):
+                problems.append(f"{path}:{i}: not a step record, skipped")
+            elif d.get("kind") == "header":
+                why = header_problem(d)
+                if why:
+                    problems.append(f"{path}:{i}: header {why}, skipped")
+                else:
+                    header = d
             elif isinstance(d.get("step_ms"), (int, float)) and isinstance(d.get("colls"), list):
-                steps.append(d)
+                why = step_problem(d)
+                if why:
+                    problems.append(f"{path}:{i}: {why}, skipped")
+                else:
+                    steps.append(d)
             else:
                 problems.append(f"{path}:{i}: not a step record, skipped")
     if header is None:
         problems.append(f"{path}: no header line (not written by hwlab.core.steplog?)")
     return header, steps, problems
+
+
+def header_problem(d: dict[str, Any]) -> str | None:
+    """Why header ``d`` cannot be used, or None: ``rank`` a whole number 0..MAX_RANKS-1, the
+    step's declared work (``n_flops_per_step``, ``n_bytes_per_step``) whole numbers >= 0 that a
+    counter holds (null: not declared)."""
+    try:
+        number(d.get("rank"), "rank", lo=0.0, hi=MAX_RANKS - 1, whole=True)
+        for k in ("n_flops_per_step", "n_bytes_per_step"):
+            if d.get(k) is not None:
+                number(d[k], k, lo=0.0, hi=MAX_COUNT, whole=True)
+    except NumberError as e:
+        return str(e)
+    return None
+
+
+def step_problem(d: dict[str, Any]) -> str | None:
+    """Why step record ``d`` cannot be used, or None. A step's times (``step_ms``,
+    ``gpu_step_ms``) are finite, > 0 and at most :data:`MAX_T_MS` (a zero or negative
+    length is no measurement, and NaN would poison every median); each collective is a
+    ``[name, ms]`` pair with a finite time >= 0; ``t_start_s`` is finite. The writer
+    (:class:`StepLog`) never writes NaN (``allow_nan=False``), so such a line is corrupt."""
+    try:
+        for k in ("step_ms", "gpu_step_ms"):
+            if k in d:
+                number(d[k], k, lo=0.0, lo_open=True, hi=MAX_T_MS)
+        if "gpu_step_ms" in d and "gpu_colls" not in d:
+            return "gpu_step_ms without gpu_colls"
+        if "t_start_s" in d:
+            number(d["t_start_s"], "t_start_s")
+        for k in ("colls", "gpu_colls"):
+            if k in d and not isinstance(d[k], list):
+                return f"{k} is not a list"
+            for c in d.get(k, []):
+                if not (isinstance(c, list) and len(c) == 2 and isinstance(c[0], str)):
+                    return f"{k} entry {str(c)[:40]} is not a [name, ms] pair"
+                number(c[1], f"{k} {c[0][:40]!r}", lo=0.0, hi=MAX_T_MS)
+    except NumberError as e:
+        return str(e)
+    return None

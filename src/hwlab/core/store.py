@@ -207,26 +207,59 @@ def read_user_text(path: str | os.PathLike, what: str, hint: str, *,
 
 def read_user_json(path: str | os.PathLike, what: str, hint: str, *,
                    error: type[UserInputError] = UserInputError) -> Any:
-    """:func:`read_user_text` parsed as JSON; invalid JSON (often a truncated write) is refused
-    with the line and column where parsing stopped."""
+    """:func:`read_user_text` parsed by :func:`loads_user_json`; what it refuses (invalid JSON,
+    often a truncated write, with the line and column where parsing stopped; nesting or an
+    integer no record holds) is refused in one line naming the file and what to pass instead."""
     text = read_user_text(path, what, hint, error=error)
-    deep = (f"{what} {Path(path)} is nested deeper than {MAX_JSON_DEPTH} levels: no file hwlab reads "
-            f"nests so deep (is it the right file?): {hint}")
     try:
-        obj = json.loads(text)
+        return loads_user_json(text)
+    except UserJSONError as e:
+        raise error(f"{what} {Path(path)} {e}: {hint}") from None
+
+
+class UserJSONError(UserInputError):
+    """JSON hwlab did not write that it will not read; the message completes "FILE ..."."""
+
+
+def loads_user_json(text: str) -> Any:
+    """Parse JSON that came from outside this process (a file, one line of a step log): the one
+    parser for users' JSON, so every reader refuses the same things in the same words.
+
+    Refused with :class:`UserJSONError`: invalid JSON (with line and column), nesting deeper than
+    :data:`MAX_JSON_DEPTH`, and an integer of more than :data:`MAX_INT_DIGITS` digits (no float
+    holds it, and past Python's 4,300-digit limit it cannot even be converted). NaN and Infinity
+    parse (as Python's json does), so the number checks of :mod:`hwlab.core.validate` can name
+    the field that holds them."""
+    try:
+        obj = json.loads(text, parse_int=_parse_int)
     except json.JSONDecodeError as e:
-        raise error(f"{what} {Path(path)} is not valid JSON (line {e.lineno}, column {e.colno}: "
-                    f"{e.msg}); it may be truncated: {hint}") from None
+        raise UserJSONError(f"is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
+                            "it may be truncated") from None
     except RecursionError:  # nested past the parser's own stack
-        raise error(deep) from None
+        raise UserJSONError(_DEEP) from None
     if _depth_over(obj, MAX_JSON_DEPTH):
-        raise error(deep)
+        raise UserJSONError(_DEEP)
     return obj
+
+
+#: the most digits an integer in users' JSON may have: 309 digits is past the largest float
+#: (1.8e308), so no number hwlab computes with can be that large
+MAX_INT_DIGITS = 308
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise UserJSONError(f"holds an integer of {digits:,} digits (more than {MAX_INT_DIGITS}, past any "
+                            "value hwlab reads)")
+    return int(text)
 
 
 #: nesting of JSON the readers accept: the kit's records nest at most about a dozen levels, and the
 #: recursive walks that print, copy and migrate a record exhaust Python's stack near a thousand
 MAX_JSON_DEPTH = 64
+_DEEP = (f"is nested deeper than {MAX_JSON_DEPTH} levels: no file hwlab reads nests so deep "
+         "(is it the right file?)")
 
 
 def _depth_over(obj: Any, limit: int) -> bool:

@@ -12,9 +12,9 @@ classified healthy.
 
 Ranges, and why:
 
-* a time (``t_ms``) is finite and > 0: a zero or negative time means no measurement, and
-  any rate over it is undefined; its p10 and p90 are finite, >= 0, and bracket the median
-  (``p10 <= median <= p90``), as quantiles of one sample do;
+* a time (``t_ms``) is finite, > 0 and at most :data:`MAX_T_MS` (a day): a zero or negative
+  time means no measurement, and any rate over it is undefined; its p10 and p90 are finite,
+  >= 0, and bracket the median (``p10 <= median <= p90``), as quantiles of one sample do;
 * counts of bytes, FLOPs, repetitions and spills are whole numbers >= 0 (repetitions >= 1);
 * a bandwidth or FLOP rate is finite and > 0; on a GPU with a datasheet entry
   (:mod:`hwlab.core.specs`) a *measured ceiling* cannot exceed the datasheet peak, which is the
@@ -27,7 +27,8 @@ Ranges, and why:
   peak, well over half of it on the parts the kit knows, so twice the ceiling is beyond any
   part;
 * a ratio (``x``: slowdown, sector amplification) and a percentage of a median
-  (``rank_tail_pct``) are finite and >= 0, with no upper bound;
+  (``rank_tail_pct``) are finite, >= 0 and at most :data:`MAX_TIME_RATIO` (a ratio of two
+  times past that is a unit slip, not a timing); a rank count is whole, 1..:data:`MAX_RANKS`;
 * a count the user gives for their own function (``--n-bytes``, ``--n-flops``) is refused
   after timing when the rate it implies exceeds the datasheet peak of the GPU it ran on, or
   (no datasheet: a CPU) :data:`CPU_RATE_FACTOR` times the machine's measured ceiling; caches
@@ -50,19 +51,35 @@ CPU_RATE_FACTOR = 100.0
 #: the most a rate may be, in % of a *measured* ceiling (see the module docstring)
 MEASURED_PCT_MAX = 200.0
 
+#: the largest ratio of two times a record may hold (a slowdown, a tail in % of a median): a
+#: floor of a nanosecond (a few bytes at a datasheet bandwidth) against a run of a whole second is
+#: 1e9; a ratio past that is not a timing (a unit slip, a corrupt value)
+MAX_TIME_RATIO = 1e9
+
+#: the longest time one measurement may take, ms: a day; the kit times kernels and steps, and a
+#: longer figure is a unit slip (seconds or microseconds written as ms) or a corrupt value
+MAX_T_MS = 86_400_000.0
+
+#: the most ranks a job may have: the largest training jobs run on about 1e5 GPUs; 1e7 leaves a
+#: hundredfold margin and refuses a count that is a unit slip (n_ranks: 1e15)
+MAX_RANKS = 10**7
+
+#: the most a count of spilled registers or of bytes/FLOPs may be: past 2^63 no counter holds it
+MAX_COUNT = float(2**63)
+
 #: flowchart metric -> (low, high, whole number?) for observations; None: no bound that side
 OBSERVATION_RANGES: dict[str, tuple[float | None, float | None, bool]] = {
-    "slowdown_vs_floor": (0.0, None, False),
+    "slowdown_vs_floor": (0.0, MAX_TIME_RATIO, False),
     "dram_pct_of_peak": (0.0, 100.0, False),
     "dram_pct_estimated": (0.0, MEASURED_PCT_MAX, False),
-    "sector_amplification": (0.0, None, False),
+    "sector_amplification": (0.0, MAX_TIME_RATIO, False),
     "tensor_pct_of_peak": (0.0, MEASURED_PCT_MAX, False),
     "tensor_pipe_pct": (0.0, 100.0, False),
-    "n_spills": (0.0, None, True),
+    "n_spills": (0.0, MAX_COUNT, True),
     "launch_gap_pct": (0.0, 100.0, False),
-    "e2e_slowdown": (0.0, None, False),
-    "rank_tail_pct": (0.0, None, False),
-    "n_ranks": (1.0, None, True),
+    "e2e_slowdown": (0.0, MAX_TIME_RATIO, False),
+    "rank_tail_pct": (0.0, 100.0 * MAX_TIME_RATIO, False),
+    "n_ranks": (1.0, float(MAX_RANKS), True),
 }
 
 
@@ -82,9 +99,13 @@ def number(value: Any, field: str, *, lo: float | None = None, hi: float | None 
         raise NumberError(f"{name} should be a number, not {_show(value)}")
     if isinstance(value, float) and not math.isfinite(value):
         raise NumberError(f"{name} is {value!r}, not a finite number")
-    if whole and float(value) != int(value):
+    try:
+        v = float(value)
+    except OverflowError:  # an integer past the largest float (1.8e308)
+        raise NumberError(f"{name} is an integer of {len(str(abs(value))):,} digits, too large for any "
+                          "measurement") from None
+    if whole and v != int(value):
         raise NumberError(f"{name} is {value!r}: it should be a whole number")
-    v = float(value)
     if lo is not None and (v < lo or (lo_open and v == lo)):
         raise NumberError(f"{name} is {value!r}: it should be {'>' if lo_open else '>='} {lo:g}")
     if hi is not None and v > hi:
@@ -124,14 +145,14 @@ def datasheet(device: str | None):
 
 def measurement(d: Mapping[str, Any], where: str = "") -> None:
     """Check one measurement record (a :class:`hwlab.core.measure.Measurement` as a dict)."""
-    number(d.get("t_ms"), "t_ms", lo=0.0, lo_open=True, where=where)
+    number(d.get("t_ms"), "t_ms", lo=0.0, lo_open=True, hi=MAX_T_MS, where=where)
     t = float(d["t_ms"])
     p10 = d.get("t_p10_ms", t)
     p90 = d.get("t_p90_ms", t)
     number(p10, "t_p10_ms", lo=0.0, hi=t, where=where)
-    number(p90, "t_p90_ms", lo=t, where=where)
+    number(p90, "t_p90_ms", lo=t, hi=MAX_T_MS, where=where)
     for k in ("n_bytes", "n_flops"):
-        number(d.get(k), k, lo=0.0, whole=True, where=where)
+        number(d.get(k), k, lo=0.0, hi=MAX_COUNT, whole=True, where=where)
     if "n_rep" in d:
         number(d["n_rep"], "n_rep", lo=1.0, whole=True, where=where)
     spec = datasheet(d.get("device"))
@@ -160,6 +181,40 @@ def ceilings(c: Mapping[str, Any], device: str | None = None, where: str = "ceil
         number(v, f"gemm_tflops.{dtype}", lo=0.0, lo_open=True, hi=peak, where=where)
     if c.get("host_link_gbps") is not None:
         number(c["host_link_gbps"], "host_link_gbps", lo=0.0, lo_open=True, where=where)
+
+
+#: the per-GPU counters of an NVML snapshot a comparison reads (ECC errors, row remaps):
+#: whole numbers >= 0 where recorded (NVML's "unsupported" text and null are kept as given)
+SNAPSHOT_COUNTERS = ("ecc_errors_volatile", "ecc_errors_aggregate", "remapped_rows")
+
+
+def snapshot(snap: Any, where: str = "snapshot") -> None:
+    """Check the parts of an NVML snapshot that comparisons judge: ``gpus`` a list of objects,
+    each one's :data:`SNAPSHOT_COUNTERS` whole numbers >= 0 (or text: NVML said unsupported, or
+    null) and its ``temperature_c`` a number in -50..150 C (a GPU outside that range is off or
+    the value is not a temperature)."""
+    if snap is None:
+        return
+    if not isinstance(snap, Mapping):
+        raise NumberError(f"{where} should be an object, not {_show(snap)}")
+    gpus = snap.get("gpus") or []
+    if not isinstance(gpus, list):
+        raise NumberError(f"{where}.gpus should be a list, not {_show(gpus)}")
+    for i, g in enumerate(gpus):
+        if not isinstance(g, Mapping):
+            raise NumberError(f"{where}.gpus[{i}] should be an object, not {_show(g)}")
+        if g.get("temperature_c") is not None:
+            number(g["temperature_c"], "temperature_c", lo=-50.0, hi=150.0, where=f"{where}.gpus[{i}].")
+        for key in SNAPSHOT_COUNTERS:
+            c = g.get(key)
+            if c is None or isinstance(c, str):
+                continue
+            if not isinstance(c, Mapping):
+                raise NumberError(f"{where}.gpus[{i}].{key} should be an object, not {_show(c)}")
+            for k, v in c.items():
+                if v is None or (k == "unsupported" and isinstance(v, str)):
+                    continue
+                number(v, f"{key}.{k}", lo=0.0, hi=MAX_COUNT, whole=True, where=f"{where}.gpus[{i}].")
 
 
 def count_arg(text: str) -> int:

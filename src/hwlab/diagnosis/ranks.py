@@ -140,15 +140,25 @@ def report(run_dir: str | Path, *, skip: int = DEFAULT_SKIP, nccl_logs: list[str
             continue
         st["host"] = p.parent.name
         logs[header["rank"]] = (header, st)
+    if not logs and problems:  # logs there, none usable: say why (the first reason, and how many more)
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        raise UserInputError(f"no usable step log in {run_dir}: {problems[0]}{more}")
     if not logs:
         raise UserInputError(f"no step logs (*/steps-rank-*.jsonl) in {run_dir}: record them with "
                              "hwlab.core.steplog.StepLog in your loop")
     cap_list, nodes, cprobs = capture.load_run(run_dir)
     problems += cprobs
-    caps = {c["rank"]: c for c in cap_list}
+    topos = {h: capture.Topology.from_dict(n["topology"]) for h, n in nodes.items() if n.get("topology")}
+    caps = {}
+    for c in cap_list:  # a GPU its host's topology does not list: a capture no run wrote together
+        t, gpu = topos.get(c["host"]), c["device"].get("gpu")
+        if t is not None and gpu is not None and gpu not in t.gpus:
+            problems.append(f"capture of rank {c['rank']}: {gpu!r} is not a GPU of {c['host']}'s topology "
+                            f"({', '.join(t.gpus)})")
+            continue
+        caps[c["rank"]] = c
     ranks = sorted(logs)
     missing_caps = [r for r in ranks if r not in caps]
-    topos = {h: capture.Topology.from_dict(n["topology"]) for h, n in nodes.items() if n.get("topology")}
     findings = capture.mapping_findings(list(caps.values()), topos) if caps else []
     stats = {r: logs[r][1] for r in ranks}
     has_colls = all(s["has_colls"] for s in stats.values())
@@ -205,7 +215,7 @@ def report(run_dir: str | Path, *, skip: int = DEFAULT_SKIP, nccl_logs: list[str
         dev, grp = c["device"], c.get("tp_group")
         topo = topos.get(c["host"])
         link = None
-        if grp and topo and all(caps.get(x) and caps[x]["device"].get("gpu") for x in grp):
+        if grp and topo and all(caps.get(x) and caps[x]["device"].get("gpu") in topo.gpus for x in grp):
             gpus = [caps[x]["device"]["gpu"] for x in grp]
             if len({caps[x]["host"] for x in grp}) == 1:
                 link = topo.slowest_link(gpus)
@@ -232,13 +242,12 @@ def report(run_dir: str | Path, *, skip: int = DEFAULT_SKIP, nccl_logs: list[str
 
 def nvml_by_rank(paths: list[Path]) -> dict[str, Any]:
     """Per-rank NVML samples (``nvml-rank-N.json`` from :mod:`hwlab.core.nvml_sampler`), summarised."""
-    import json
-
     from hwlab.core.nvml_sampler import summarise
+    from hwlab.core.store import loads_user_json
     out: dict[str, Any] = {}
     for p in paths:
         try:
-            d = json.loads(p.read_text())
+            d = loads_user_json(p.read_text())  # refuses nesting and giant integers as ValueError
             out[str(d["rank"])] = summarise(d)
         except (OSError, ValueError, KeyError, TypeError) as e:
             out[p.name] = {"available": False, "reason": f"unreadable ({type(e).__name__})", "gpus": {}, "flags": []}
