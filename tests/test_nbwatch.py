@@ -128,3 +128,50 @@ def test_the_kits_profiling_leaves_no_usdt_line_in_a_notebooks_output(tmp_path):
     if "USDT:" not in outs[0]:
         pytest.skip("this torch prints no USDT lines: nothing to keep out")
     assert "profiled calls 2" in outs[1] and "USDT:" not in outs[1] + outs[2]
+
+
+@pytest.mark.slow
+def test_a_send_on_the_shell_channel_loses_a_waiting_replys_wake_up_and_sliced_waits_still_read_it(tmp_path):
+    """The stall's mechanism, made deterministic: a task waits on the shell channel, the reply
+    arrives while the event loop is busy, then the client sends on the shell channel (what
+    nbclient's Output-widget mirror does for every captured output). The stock wait never
+    wakes; :func:`nbwatch.sliced_get_msg` reads the reply within a slice."""
+    import asyncio
+    import time
+
+    from jupyter_client.manager import AsyncKernelManager
+    from nbwatch import sliced_get_msg
+
+    async def waits_out(sliced: bool) -> bool:
+        km = AsyncKernelManager(kernel_name="python3")
+        await km.start_kernel(cwd=str(tmp_path))
+        kc = km.client()
+        kc.start_channels()
+        try:
+            await kc.wait_for_ready(timeout=60)
+            await asyncio.sleep(1)
+            while await kc.shell_channel.msg_ready():  # wait_for_ready may leave a second reply behind
+                await kc.shell_channel.get_msg(timeout=1)
+            get = sliced_get_msg(kc.shell_channel.get_msg, 1.0) if sliced else kc.shell_channel.get_msg
+            waiter = asyncio.ensure_future(get(timeout=None))
+            for _ in range(5):
+                await asyncio.sleep(0)  # the wait is registered with the event loop
+            kc.kernel_info()
+            time.sleep(3)  # the loop is busy: the reply arrives and signals the socket meanwhile
+            kc.shell_channel.send(kc.session.msg("comm_msg", {"comm_id": "nobody", "data": {}}))
+            done, _ = await asyncio.wait([waiter], timeout=8)
+            waiter.cancel()
+            return bool(done) and waiter.result()["msg_type"] == "kernel_info_reply"
+        finally:
+            kc.stop_channels()
+            await km.shutdown_kernel(now=True)
+
+    loop = asyncio.new_event_loop()
+    try:
+        stock_read_it = loop.run_until_complete(waits_out(sliced=False))
+        sliced_read_it = loop.run_until_complete(waits_out(sliced=True))
+    finally:
+        loop.close()
+    assert sliced_read_it
+    if stock_read_it:
+        pytest.skip("this jupyter_client/pyzmq keeps the wake-up: the stock wait read the reply too")

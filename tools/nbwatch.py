@@ -26,6 +26,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from queue import Empty
 from typing import Mapping
 
 import nbformat
@@ -42,6 +43,8 @@ ARTIFACTS = ROOT / "test-artifacts" / "nbwatch"
 IDLE_CPU_FRACTION = 0.01
 #: how often the watchdog looks (s)
 TICK_S = 1.0
+#: the longest single wait on a channel socket (s); a longer wait is a series of these
+POLL_SLICE_S = 1.0
 
 
 class KernelStall(RuntimeError):
@@ -69,17 +72,38 @@ def kernel_cpu_s(pid: int) -> float:
         return float("nan")
 
 
+def sliced_get_msg(get_msg, slice_s: float = POLL_SLICE_S):
+    """``get_msg(timeout)`` of an async channel, waiting in polls of at most ``slice_s``: each poll
+    that times out checks the socket itself, so a message whose wake-up was lost is read within
+    a slice, not at the end of the whole wait."""
+    async def sliced(timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            try:
+                return await get_msg(timeout=slice_s if left is None else max(0.0, min(slice_s, left)))
+            except Empty:
+                if left is not None and left <= slice_s:
+                    raise
+    return sliced
+
+
 class WatchedClient(NotebookClient):
     """A :class:`NotebookClient` that logs every message it receives and watches each cell."""
 
-    def __init__(self, nb, *, idle_limit_s: float, report_dir: Path, label: str, **kw):
+    def __init__(self, nb, *, idle_limit_s: float, report_dir: Path, label: str,
+                 poll_slice_s: float | None = POLL_SLICE_S, **kw):
         super().__init__(nb, **kw)
         self.idle_limit_s = idle_limit_s
+        self.poll_slice_s = poll_slice_s
         self.report_dir = report_dir
         self.label = label
         self.msg_log: list[tuple[float, str, str, str | None, str | None]] = []
         self.last_msg_t = time.monotonic()
         self.kernel_dump_path = report_dir / f"{label}.kernel-{os.getpid()}-{id(self)}.txt"
+        #: the longest stretch without a message in each cell: (cell index, s, kernel CPU s in it)
+        self.longest_quiet: tuple[int, float, float] = (-1, 0.0, 0.0)
+        self._cell_index = -1
 
     # ------------------------------------------------------------------ message log
     def _log(self, channel: str, msg: dict) -> None:
@@ -90,11 +114,20 @@ class WatchedClient(NotebookClient):
                              content.get("execution_state") or content.get("status")))
 
     def _wrap_channel(self, name: str) -> None:
-        ch = getattr(self.kc, f"{name}_channel")
-        inner = ch.get_msg
+        """Log every message the channel delivers; with ``poll_slice_s``, wait in slices.
 
-        async def get_msg(*a, **kw):
-            msg = await inner(*a, **kw)
+        Why slices: nbclient mirrors an ``ipywidgets.Output`` and, for every output the widget
+        captures, sends the widget's state back on the shell channel while another task waits
+        on that channel for the execute_reply. jupyter_client sends through a blocking shadow of
+        the asyncio socket; the send processes the socket's pending commands and so consumes
+        the wake-up of a reply that has just arrived. The reply then sits in the client's socket
+        while both sides idle, until the wait's timeout (the cell timeout) polls it once more.
+        A wait made of short polls re-checks the socket every slice instead."""
+        ch = getattr(self.kc, f"{name}_channel")
+        inner = ch.get_msg if self.poll_slice_s is None else sliced_get_msg(ch.get_msg, self.poll_slice_s)
+
+        async def get_msg(timeout=None):
+            msg = await inner(timeout=timeout)
             self._log(name, msg)
             return msg
         ch.get_msg = get_msg
@@ -128,6 +161,7 @@ class WatchedClient(NotebookClient):
         if cell.cell_type != "code" or not cell.source.strip():
             return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
         self.last_msg_t = t_start = time.monotonic()
+        self._cell_index = cell_index
         n_log = len(self.msg_log)
         run = asyncio.ensure_future(super().async_execute_cell(cell, cell_index, execution_count, store_history))
         watch = asyncio.ensure_future(self._watch(run))
@@ -159,6 +193,8 @@ class WatchedClient(NotebookClient):
                 quiet_since, cpu_at_quiet = self.last_msg_t, cpu
                 continue
             quiet_s = time.monotonic() - quiet_since
+            if quiet_s > self.longest_quiet[1]:
+                self.longest_quiet = (self._cell_index, round(quiet_s, 1), round(cpu - cpu_at_quiet, 2))
             if quiet_s >= self.idle_limit_s and cpu - cpu_at_quiet < IDLE_CPU_FRACTION * quiet_s:
                 self._quiet = (quiet_s, cpu - cpu_at_quiet)
                 return
@@ -205,8 +241,8 @@ class WatchedClient(NotebookClient):
     _last_request: str | None = None
 
 
-def _client(nb, label, cwd, kernel_name, cell_timeout_s, idle_limit_s, report_dir) -> WatchedClient:
-    c = WatchedClient(nb, idle_limit_s=idle_limit_s, report_dir=report_dir, label=label,
+def _client(nb, label, cwd, kernel_name, cell_timeout_s, idle_limit_s, report_dir, poll_slice_s) -> WatchedClient:
+    c = WatchedClient(nb, idle_limit_s=idle_limit_s, report_dir=report_dir, label=label, poll_slice_s=poll_slice_s,
                       timeout=cell_timeout_s, kernel_name=kernel_name,
                       resources={"metadata": {"path": str(cwd)}})
     return c
@@ -215,11 +251,14 @@ def _client(nb, label, cwd, kernel_name, cell_timeout_s, idle_limit_s, report_di
 def execute_notebook(nb_or_path, *, cwd: Path, env: Mapping[str, str] | None = None,
                      drop_env: tuple[str, ...] = (), kernel_name: str = "python3",
                      cell_timeout_s: int = 300, idle_limit_s: float = 60.0, on_stall: str = "retry",
-                     report_dir: Path = ARTIFACTS, label: str | None = None) -> nbformat.NotebookNode:
+                     report_dir: Path = ARTIFACTS, label: str | None = None,
+                     poll_slice_s: float | None = POLL_SLICE_S) -> nbformat.NotebookNode:
     """Execute a notebook (a path or a ``NotebookNode``, executed in place) and return it.
 
     ``idle_limit_s`` and ``on_stall`` ("retry" once in a fresh kernel, or "fail") are the
-    watchdog's (module docstring); ``nb.metadata["hwlab_nbwatch"]["stalls"]`` lists each stall."""
+    watchdog's (module docstring); ``nb.metadata["hwlab_nbwatch"]["stalls"]`` lists each stall.
+    ``poll_slice_s`` bounds one wait on a channel (:meth:`WatchedClient._wrap_channel` says why);
+    ``None`` waits as nbclient does, which can lose a reply until the cell timeout."""
     if on_stall not in ("retry", "fail"):
         raise ValueError(f"on_stall must be 'retry' or 'fail', not {on_stall!r}")
     nb = nbformat.read(nb_or_path, as_version=4) if isinstance(nb_or_path, (str, Path)) else nb_or_path
@@ -230,7 +269,7 @@ def execute_notebook(nb_or_path, *, cwd: Path, env: Mapping[str, str] | None = N
     kernel_env.update(env or {})
     stalls: list[dict] = []
     for attempt in (1, 2):
-        client = _client(nb, label, cwd, kernel_name, cell_timeout_s, idle_limit_s, Path(report_dir))
+        client = _client(nb, label, cwd, kernel_name, cell_timeout_s, idle_limit_s, Path(report_dir), poll_slice_s)
         try:
             client.execute(env=kernel_env, cwd=str(cwd))  # keyword arguments reach the kernel manager's start
             break
@@ -240,4 +279,7 @@ def execute_notebook(nb_or_path, *, cwd: Path, env: Mapping[str, str] | None = N
                 nb.metadata["hwlab_nbwatch"] = {"stalls": stalls, "retried": attempt == 2}
                 raise
     nb.metadata["hwlab_nbwatch"] = {"stalls": stalls, "retried": bool(stalls)}
+    if client.longest_quiet[0] >= 0:
+        c, q, cpu = client.longest_quiet
+        nb.metadata["hwlab_nbwatch"]["longest_quiet"] = {"cell_index": c, "s": q, "kernel_cpu_s": cpu}
     return nb
