@@ -14,7 +14,7 @@ cause, written to ``DIR/synthetic``:
 - ``leftovers``: a cell leaves a printing thread and a child process writing to the inherited
   stdout/stderr fds behind, and the next cells run while they write;
 - ``native``: C ``write(2)`` on fd 1 and 2 from the main thread, many short lines;
-- ``widget``: 30 cells that print into an ``ipywidgets.Output`` (as notebooks 01 and 02 do): nbclient
+- ``widget``: 100 cells that print into an ``ipywidgets.Output`` (as notebooks 01 and 02 do): nbclient
   mirrors the widget and sends its state back on the shell channel for every output it captures.
 
 ``--stock-waits`` waits on the kernel's channels as nbclient does (the stall's cause, see
@@ -59,7 +59,7 @@ SYNTHETIC = {
     ],
     "widget": [
         "import ipywidgets as W\nfrom IPython.display import display\nout = W.Output()\ndisplay(out)",
-    ] + ["with out:\n    for i in range(20):\n        print('into the Output widget', i)"] * 30,
+    ] + ["with out:\n    for i in range(20):\n        print('into the Output widget', i)"] * 100,
     "native": [
         "import ctypes\nlibc = ctypes.CDLL(None)\n"
         "for i in range(2000):\n    libc.write(1 + i % 2, b'native line %d\\n' % i, len(b'native line %d\\n' % i))",

@@ -181,29 +181,36 @@ class WatchedClient(NotebookClient):
                           f"{self.idle_limit_s:.0f} s; stacks and message log in {record['report']}", record)
 
     async def _watch(self, run: asyncio.Future) -> None:
-        """Return when the cell is stalled (never while it computes or prints)."""
+        """Return when the cell is stalled: no message for ``idle_limit_s`` and, over the last
+        ``idle_limit_s``, the kernel idle (so a cell that computed silently and then hung is
+        caught one limit after it stopped computing, not in proportion to how long it computed)."""
         pid = self.kernel_pid
-        quiet_since, cpu_at_quiet = self.last_msg_t, kernel_cpu_s(pid) if pid else float("nan")
+        if pid is None:
+            return await asyncio.Future()  # no local kernel process to watch: nbclient's timeout only
+        quiet_since = self.last_msg_t
+        samples = [(time.monotonic(), kernel_cpu_s(pid))]  # (t, kernel CPU s) since the quiet stretch began
         while not run.done():
             await asyncio.sleep(TICK_S)
-            if pid is None:
-                return await asyncio.Future()  # no local kernel process to watch: nbclient's timeout only
-            cpu = kernel_cpu_s(pid)
+            now, cpu = time.monotonic(), kernel_cpu_s(pid)
             if self.last_msg_t != quiet_since:  # a message came: the quiet stretch starts again
-                quiet_since, cpu_at_quiet = self.last_msg_t, cpu
+                quiet_since, samples = self.last_msg_t, [(now, cpu)]
                 continue
-            quiet_s = time.monotonic() - quiet_since
+            samples.append((now, cpu))
+            while len(samples) > 2 and samples[1][0] <= now - self.idle_limit_s:
+                samples.pop(0)  # keep one sample at or before the window's start
+            quiet_s = now - quiet_since
+            window_s, window_cpu_s = now - samples[0][0], cpu - samples[0][1]
             if quiet_s > self.longest_quiet[1]:
-                self.longest_quiet = (self._cell_index, round(quiet_s, 1), round(cpu - cpu_at_quiet, 2))
-            if quiet_s >= self.idle_limit_s and cpu - cpu_at_quiet < IDLE_CPU_FRACTION * quiet_s:
-                self._quiet = (quiet_s, cpu - cpu_at_quiet)
+                self.longest_quiet = (self._cell_index, round(quiet_s, 1), round(window_cpu_s, 2))
+            if quiet_s >= self.idle_limit_s and window_cpu_s < IDLE_CPU_FRACTION * window_s:
+                self._quiet = (quiet_s, window_cpu_s)
                 return
 
     async def _report(self, cell_index: int, t_start: float, n_log: int) -> dict:
         pid = self.kernel_pid
         quiet_s, cpu_s = self._quiet
         head = {"notebook": self.label, "cell_index": cell_index, "quiet_s": round(quiet_s, 1),
-                "kernel_cpu_s_while_quiet": round(cpu_s, 3), "kernel_pid": pid,
+                "kernel_cpu_s_last_window": round(cpu_s, 3), "kernel_pid": pid,
                 "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         cell_log = self.msg_log[n_log:]
         head["request_msg_id"] = self._last_request
@@ -234,7 +241,7 @@ class WatchedClient(NotebookClient):
         path = self.report_dir / f"{self.label}.cell{cell_index}.{time.strftime('%H%M%S')}.stall.txt"
         dump.write_report(path, head, log_lines, kernel_dump, stacks)
         head["report"] = str(path)
-        return {k: head[k] for k in ("notebook", "cell_index", "quiet_s", "kernel_cpu_s_while_quiet",
+        return {k: head[k] for k in ("notebook", "cell_index", "quiet_s", "kernel_cpu_s_last_window",
                                      "request_msg_id", "execute_reply_received", "status_idle_received",
                                      "report", "at")}
 
