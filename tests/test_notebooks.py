@@ -1,6 +1,7 @@
 """Every notebook, exercise and solution executes headlessly (nbclient) on this machine;
 exercises say "not done yet" without an error, solutions pass; pairs stay in step."""
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,13 @@ CHECKPOINTED = ("01", "02", "03", "04", "08")
 
 
 def _execute(path: Path, checkpoint_answers: Path | None = CHECKPOINT_ANSWERS) -> nbformat.NotebookNode:
-    """Execute ``path``; the kernel gets ``HWLAB_CHECKPOINT_ANSWERS`` (None: a learner's blanks)."""
+    """Execute ``path``; the kernel gets ``HWLAB_CHECKPOINT_ANSWERS`` (None: a learner's blanks).
+    A stalled cell (nbwatch's watchdog) is retried once in a fresh kernel and reported as a warning."""
     env = {} if checkpoint_answers is None else {"HWLAB_CHECKPOINT_ANSWERS": str(checkpoint_answers)}
     nb = execute_notebook(path, cwd=path.parent, env=env, drop_env=("HWLAB_CHECKPOINT_ANSWERS",))
+    for stall in nb.metadata.get("hwlab_nbwatch", {}).get("stalls", []):
+        warnings.warn(f"{path.parent.name}/{path.name}: cell {stall['cell_index']} stalled and the notebook "
+                      f"was executed again in a fresh kernel; stacks in {stall['report']}")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, ARTIFACTS / f"{path.parent.name}__{path.name}")
     return nb

@@ -263,7 +263,9 @@ def test_notebook_09_answered_right_passes_every_check(tmp_path):
     """Notebook 09 executed (nbclient) with right answers put in its learner cells: every check
     passes and shows the kit's reading; unanswered (tests/test_notebooks.py) it says "not done yet"."""
     nbformat = pytest.importorskip("nbformat")
-    NotebookClient = pytest.importorskip("nbclient").NotebookClient
+    pytest.importorskip("nbclient")
+    sys.path.insert(0, str(ROOT / "tools"))
+    from nbwatch import execute_notebook
     ms = _gloo_ms(NB_RANKS)
     med = {r: v[len(v) // 2] for r, v in ms.items()}
     late = min(med, key=med.get)
@@ -289,8 +291,7 @@ def test_notebook_09_answered_right_passes_every_check(tmp_path):
             c.source = "\n".join(f"{k} = {answers[k]!r}" for k in answers if re.search(rf"^{k} = None", c.source, re.M))
             filled += c.source.count(" = ")
     assert filled == len(answers)
-    NotebookClient(nb, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    execute_notebook(nb, cwd=ROOT / "notebooks", cell_timeout_s=300, label="reading_checks__09_answered")
     out = "\n".join(o.get("text", "") + o.get("data", {}).get("text/markdown", "")
                     for c in nb.cells for o in c.get("outputs", []))
     assert "Traceback" not in out and ": wrong." not in out and "not done yet" not in out

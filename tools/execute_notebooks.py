@@ -4,7 +4,10 @@
 
 Writes the executed copies to OUTDIR (``<folder>__<name>.ipynb``) and a JSON summary of what
 ran, how long, and which raised. On a GPU machine the executed copies are the "outputs recorded
-on the H200" the repo may keep on purpose (see docs/executed-h200/).
+on the H200" the repo may keep on purpose (see docs/executed-h200/). Each cell is watched
+(tools/nbwatch.py): a stall (no message, idle kernel for ``--idle-limit`` s) writes its stacks to
+test-artifacts/nbwatch/ and the notebook is executed once more in a fresh kernel; the copy's
+``hwlab_executed["stalls"]`` and the summary say so.
 """
 from __future__ import annotations
 
@@ -32,6 +35,9 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=int, default=180,
                    help="seconds per cell (the longest cell runs well under a minute on the H200): a hung cell "
                         "is recorded as an error and the next notebook runs, inside one device call")
+    p.add_argument("--idle-limit", type=float, default=60.0,
+                   help="seconds without a message while the kernel sits idle before a cell counts as "
+                        "stalled (its stacks are dumped and the notebook runs once more in a fresh kernel)")
     a = p.parse_args(argv)
     # the executed copies carry the solutions' checkpoint answers, graded by the checker (hwlab.nb.answer)
     os.environ.setdefault("HWLAB_CHECKPOINT_ANSWERS", str(ROOT / "solutions" / "checkpoints.json"))
@@ -46,19 +52,23 @@ def main(argv=None) -> int:
             t0 = time.time()
             err = None
             try:
-                execute_notebook(nb, cwd=path.parent, cell_timeout_s=a.timeout)
+                execute_notebook(nb, cwd=path.parent, cell_timeout_s=a.timeout, idle_limit_s=a.idle_limit,
+                                 label=f"{folder}__{path.stem}")
             except CellExecutionError as e:
                 err = str(e)[-1500:]
                 failed += 1
             except Exception as e:  # noqa: BLE001  (a timeout or a dead kernel: recorded, the next notebook runs)
                 err = f"{type(e).__name__}: {str(e)[-1400:]}"
                 failed += 1
+            stalls = nb.metadata.pop("hwlab_nbwatch", {}).get("stalls", [])
             nb.metadata["hwlab_executed"] = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                             "seconds": round(time.time() - t0, 1), "error": err}
+                                             "seconds": round(time.time() - t0, 1), "error": err,
+                                             "stalls": stalls}
             nbformat.write(nb, a.out / f"{folder}__{path.name}")
             summary.append({"notebook": f"{folder}/{path.name}", "seconds": round(time.time() - t0, 1),
-                            "ok": err is None, "error": err})
-            print(f"{'ok ' if err is None else 'ERR'} {folder}/{path.name} {time.time() - t0:.0f} s", flush=True)
+                            "ok": err is None, "error": err, "stalls": stalls})
+            print(f"{'ok ' if err is None else 'ERR'} {folder}/{path.name} {time.time() - t0:.0f} s"
+                  + (f" (after {len(stalls)} stall(s), retried in a fresh kernel)" if stalls else ""), flush=True)
             # after each notebook: a call cut at its time limit still returns what finished
             (a.out / "notebooks_summary.json").write_text(json.dumps(summary, indent=2))
     (a.out / "notebooks_summary.json").write_text(json.dumps(summary, indent=2))

@@ -164,11 +164,12 @@ def graded_points(graded, i) -> int:
     return graded[i] if isinstance(graded, dict) else 1
 
 
-def find_graded(solution_path: Path, timeout_s: int = 600) -> dict[int, int]:
+def find_graded(solution_path: Path, timeout_s: int = 300) -> dict[int, int]:
     """cell index -> number of grades it builds, found by executing the solution once (nbclient,
     in the solution's folder) with a recorder on :func:`hwlab.core.grading.on_graded`."""
     import nbformat
-    from nbclient import NotebookClient
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from nbwatch import execute_notebook  # the one way a notebook is executed (a watchdog on each cell)
 
     nb = nbformat.read(solution_path, as_version=4)
     probe = ("from hwlab.core import grading as _g\n_hw_probe = []\n_g.on_graded(_hw_probe.append)\n"
@@ -182,8 +183,8 @@ def find_graded(solution_path: Path, timeout_s: int = 600) -> dict[int, int]:
             cells.append(nbformat.v4.new_code_cell(
                 f"print('HWLAB_GRADED', {i}, len(_hw_probe) - _hw_probe_n); _hw_probe_n = len(_hw_probe)"))
     nb.cells = cells
-    NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
-                   resources={"metadata": {"path": str(solution_path.parent)}}).execute()
+    execute_notebook(nb, cwd=solution_path.parent, cell_timeout_s=timeout_s,
+                     label=f"graded__{solution_path.stem}")
     out = {}
     for c in nb.cells:
         for o in c.get("outputs", []):

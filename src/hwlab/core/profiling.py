@@ -29,6 +29,10 @@ the device timeline: they are ranges, not kernels, and are left out of every cou
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
 from typing import Any, Iterable
 
 #: aten ops that are one GEMM call on a CPU (``aten::_scaled_mm`` calls ``aten::mm`` inside
@@ -61,6 +65,59 @@ KIT_RANGE_PREFIX = "hwlab::"
 #: top-level key of the trace ``hwlab examine`` writes: the call's median measured without the
 #: profiler (ms), so an examination of the trace alone applies its shares to the same median
 KIT_UNPROFILED_MEDIAN_KEY = "hwlab_unprofiled_median_ms"
+
+
+#: lines libkineto writes straight to file descriptor 2 at every profiler start and stop
+#: (``USDT:... profiler_start``), whatever its log level: trace points, not messages for a reader
+NATIVE_NOISE_PREFIXES = ("USDT:",)
+
+
+@contextlib.contextmanager
+def native_stderr_filtered(drop_prefixes: tuple[str, ...] = NATIVE_NOISE_PREFIXES):
+    """Catch what native code writes to fd 2 inside the block, and pass on every line except
+    those starting with ``drop_prefixes`` (through ``sys.stderr``, so a notebook shows them).
+
+    At the OS level, because libkineto writes with C stdio and a Jupyter kernel forwards fd 2
+    into the cell's output."""
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    saved_fd = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()  # a plain script's stderr is fd 2 too: its buffer lands in `caught`
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            caught.seek(0)
+            text = caught.read().decode(errors="replace")
+            kept = "".join(line for line in text.splitlines(keepends=True) if not line.startswith(drop_prefixes))
+            if kept:
+                sys.stderr.write(kept)
+
+
+class quiet_profile:
+    """``torch.profiler.profile(**kwargs)`` whose start and stop keep libkineto's ``USDT:`` trace
+    lines (:data:`NATIVE_NOISE_PREFIXES`) out of the output; its other native messages pass.
+
+        with quiet_profile(activities=[ProfilerActivity.CPU]) as prof:
+            step()
+    """
+
+    def __init__(self, **kwargs):
+        from torch.profiler import profile
+        self.prof = profile(**kwargs)
+
+    def __enter__(self):
+        with native_stderr_filtered():
+            self.prof.__enter__()
+        return self.prof
+
+    def __exit__(self, *exc):
+        with native_stderr_filtered():
+            return self.prof.__exit__(*exc)
 
 
 def event_device(e) -> str:

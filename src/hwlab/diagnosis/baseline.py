@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity
 
 from hwlab.core import comms, probes, system, topology
 from hwlab.diagnosis.baseline_compare import (  # noqa: F401  (re-exported: `baseline.compare` is the public name)
@@ -27,7 +27,7 @@ from hwlab.diagnosis.baseline_compare import (  # noqa: F401  (re-exported: `bas
 from hwlab.core.evidence import Evidence, machine_info
 from hwlab.labs import crosslink
 from hwlab.core.measure import TOL_BY_DTYPE, Measurement, bench, device_of
-from hwlab.core.profiling import hit_rate_from_events, profiler_events
+from hwlab.core.profiling import hit_rate_from_events, profiler_events, quiet_profile
 
 
 
@@ -113,7 +113,7 @@ def fp8_decode_path(dev, quick: bool = True, fallback_main: int = 0) -> dict[str
     x = torch.randn(M, d, device=dev).to(act_dt)
     step(x)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
-    with profile(activities=acts) as prof:
+    with quiet_profile(activities=acts) as prof:
         step(x)
         if gpu:
             torch.cuda.synchronize()

@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 # torch is imported by profile_calls, which runs it: the summary type and the trace readers load
 # without it (a recorded trace is read where torch is not installed)
 from hwlab.core.profiling import KIT_RANGE_PREFIX, KIT_UNPROFILED_MEDIAN_KEY, event_device, kernel_class
-from hwlab.core.profiling import trace_call_us, trace_calls
+from hwlab.core.profiling import quiet_profile, trace_call_us, trace_calls
 
 CALL_MARK = KIT_RANGE_PREFIX + "examine_call"
 COMPILED_MARKS = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
@@ -148,11 +148,11 @@ def profile_calls(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], kwa
     :data:`~hwlab.core.profiling.KIT_UNPROFILED_MEDIAN_KEY`, so the trace examined alone applies
     its op shares to the same median (``hwlab examine --trace``)."""
     import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import ProfilerActivity, record_function
 
     gpu = device.type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
-    with profile(activities=acts, record_shapes=True) as prof:  # shapes: the trace can be examined alone
+    with quiet_profile(activities=acts, record_shapes=True) as prof:  # shapes: the trace can be examined alone
         for i in range(n_calls):
             with record_function(CALL_MARK):
                 fn(*arg_sets[i % len(arg_sets)], **kwargs)

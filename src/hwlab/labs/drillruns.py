@@ -138,11 +138,13 @@ def _kernel_busy_ms(step: Callable[[], Any]) -> float:
     """Device time of one step's kernels (sum of kernel durations, torch.profiler): the floor
     of a launch-bound step, what it would take with no gap between launches."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
+
+    from hwlab.core.profiling import quiet_profile
 
     step()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with quiet_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
     us = sum(e.time_range.elapsed_us() for e in prof.events()

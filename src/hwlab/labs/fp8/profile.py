@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity
 
-from hwlab.core.profiling import STEP_TIME_CLASSES, hit_rate_from_events, profiler_events, time_by_class
+from hwlab.core.profiling import (STEP_TIME_CLASSES, hit_rate_from_events, profiler_events, quiet_profile,
+                                  time_by_class)
 from hwlab.labs.fp8.model import DEQUANT_MARK, QUANT_MARK, Decoder, QLinear
 
 
@@ -39,7 +40,7 @@ def _profile_decode_step(m: Decoder, batch: int, ctx: int, per_row: bool = False
             cache.len = ctx
             if per_row:
                 cache.row_len.fill_(ctx)
-            with profile(activities=acts, record_shapes=record_shapes) as prof:
+            with quiet_profile(activities=acts, record_shapes=record_shapes) as prof:
                 m(toks[:, ctx:ctx + 1], step)
                 if gpu:
                     torch.cuda.synchronize()
