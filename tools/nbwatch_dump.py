@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import linecache
 import sys
 import threading
 import traceback
@@ -96,20 +97,32 @@ def tcp_queues(ports: set[int]) -> list[str]:
     return out
 
 
+def _frames_text(frames) -> str:
+    """Frames as ``File ..., line ..., in ...`` lines, without traceback's caret anchors: those
+    ``ast.parse`` source segments, and on Python 3.11 an AST parse from inside a dump can leave the
+    interpreter's AST recursion counter off, so that a later ``ast.parse`` raises SystemError."""
+    out = []
+    for frame in frames:
+        code = frame.f_code
+        line = linecache.getline(code.co_filename, frame.f_lineno).strip()
+        out.append(f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}\n    {line}\n')
+    return "".join(out)
+
+
 def client_stacks() -> str:
     """Every client thread's Python stack and every pending asyncio task's stack."""
     buf = io.StringIO()
     names = {t.ident: t.name for t in threading.enumerate()}
     for ident, frame in sys._current_frames().items():
         buf.write(f"\nThread {names.get(ident, ident)}:\n")
-        buf.write("".join(traceback.format_stack(frame)))
+        buf.write(_frames_text(f for f, _ in reversed(list(traceback.walk_stack(frame)))))
     try:
         tasks = asyncio.all_tasks()
     except RuntimeError:
         tasks = set()
     for task in tasks:
         buf.write(f"\nasyncio task {task.get_name()} ({task.get_coro()!r}):\n")
-        task.print_stack(limit=8, file=buf)
+        buf.write(_frames_text(task.get_stack(limit=8)))
     return buf.getvalue()
 
 
