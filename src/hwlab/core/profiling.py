@@ -244,6 +244,19 @@ def part_class(op: str | None, kernel: str | None = None, dtypes: tuple = (), co
 
 #: trace categories of device work in a Kineto Chrome trace
 TRACE_KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+#: categories as other PyTorch versions and ROCm builds write them -> the names above and the
+#: host ones (``cpu_op``, ``cuda_runtime``). PyTorch 1.8's Kineto wrote "Operator", "Kernel",
+#: "Runtime", "Memcpy", "Memset"; other spellings (e.g. "Memcpy" as ``gpu_memcpy``) are the same
+#: events. Unlisted categories pass through unchanged.
+TRACE_CAT_ALIASES = {"Operator": "cpu_op", "operator": "cpu_op", "Kernel": "kernel",
+                     "Runtime": "cuda_runtime", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset",
+                     "Driver": "cuda_driver", "User annotation": "user_annotation",
+                     "GPU annotation": "gpu_user_annotation"}
+
+
+def trace_cat(cat: Any) -> Any:
+    """A trace event's category in current Kineto's spelling (:data:`TRACE_CAT_ALIASES`)."""
+    return TRACE_CAT_ALIASES.get(cat, cat) if isinstance(cat, str) else cat
 #: trace arguments Kineto writes on a kernel event that say how it occupied the GPU
 KERNEL_OCCUPANCY_ARGS = ("registers per thread", "est. achieved occupancy %", "blocks per SM", "warps per SM",
                          "shared memory", "grid", "block")
