@@ -54,6 +54,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import os
 import re
 import stat
@@ -61,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from hwlab.core.profiling import trace_cat
 from hwlab.errors import UserInputError
 
 CHUNK_CHARS = 1 << 20  # characters decoded per read: the bound on the reader's buffer
@@ -82,6 +84,9 @@ _NCCL_COLL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
 _TP_RANK = re.compile(r"-TP-(\d+)(?:[-.]|$)")
 _RANK = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)(?:[^0-9]|$)", re.I)
 _LAUNCH = re.compile(r"Launch|launch")  # cudaLaunchKernel, cuLaunchKernel, hipLaunchKernel, hipExtModuleLaunchKernel
+#: host ranges an optimizer step writes (torch.optim's profiler hooks; fused and foreach kernels' ops)
+_OPTIMIZER_MARKS = ("Optimizer.step#", "Optimizer.zero_grad#", "aten::_fused_adam", "aten::_fused_sgd",
+                    "aten::_fused_adamw")
 _RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "Runtime", "hip_runtime", "cuda_runtime_api")
 _HOST_COLL = re.compile(r"^(?:nccl|gloo|c10d)::?|^record_param_comms$")
 PEEK_CHARS = 1 << 16  # characters read from the start of a file to tell a profiler trace from anything else
@@ -151,6 +156,15 @@ class RankTrace:
     t_first_us: float | None = None   # the earliest event, on the trace's own clock
     n_backward_ops: int = 0           # autograd::engine / *Backward* ops on the host
     n_optimizer_steps: int = 0        # Optimizer.step#... spans
+    n_bad_times: int = 0              # events with a NaN / infinite / negative time: left out
+
+    @property
+    def fingerprint(self) -> tuple:
+        """What a copy of the same recording shares with it whatever its file name: the process,
+        the first event's time, the event count, the steps and the kernel times. Two files with
+        one fingerprint are one trace given twice (read once, said)."""
+        return (self.pid, self.t_first_us, self.n_events, tuple(self.steps), len(self.kernels),
+                self.kernels[0] if self.kernels else None, self.kernels[-1] if self.kernels else None)
 
     @property
     def recorded_unix_s(self) -> float | None:
@@ -472,15 +486,18 @@ def _take(ev: dict[str, Any], rt: RankTrace, ops: list, metas: list, main_tids: 
     if ev.get("ph") != "X":
         return
     ctx = ctx or _Ctx()
-    name, cat = str(ev.get("name", "")), ev.get("cat")
+    name, cat = str(ev.get("name", "")), trace_cat(ev.get("cat"))
     try:
         ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
     except (KeyError, TypeError, ValueError):
         return
+    if not (math.isfinite(ts) and math.isfinite(dur)) or dur < 0:
+        rt.n_bad_times += 1  # a NaN / infinite / negative time places nothing: counted, said
+        return
     if rt.t_first_us is None or ts < rt.t_first_us:
         rt.t_first_us = ts
     args = ev.get("args") or {}
-    if cat in ("kernel", "Kernel"):
+    if cat == "kernel":
         stream = args.get("stream")
         corr = args.get("correlation")
         if _NCCL_KERNEL.match(name) or "Collective name" in args or _ONE_RANK in name:
@@ -509,9 +526,9 @@ def _take(ev: dict[str, Any], rt: RankTrace, ops: list, metas: list, main_tids: 
         ctx.host_colls.append((ts, ts + dur, ev.get("tid"), name, meta))
         if meta and args.get("External id") is not None:
             ctx.rpc_by_ext[args["External id"]] = meta
-    if cat == "cpu_op" and (name.startswith("autograd::engine") or "Backward" in name):
-        rt.n_backward_ops += 1
-    elif name.startswith("Optimizer.step#") and cat in ("cpu_op", "user_annotation"):
+    if cat == "cpu_op" and (name.startswith("autograd::engine") or "backward" in name.lower()):
+        rt.n_backward_ops += 1  # aten::*_backward, *Backward0, the autograd engine's own ranges
+    elif name.startswith(_OPTIMIZER_MARKS) and cat in ("cpu_op", "user_annotation", "python_function"):
         rt.n_optimizer_steps += 1
     if name.startswith("ProfilerStep#") and cat != "gpu_user_annotation":
         try:
