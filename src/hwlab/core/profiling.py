@@ -29,6 +29,7 @@ the device timeline: they are ranges, not kernels, and are left out of every cou
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable
 
 #: aten ops that are one GEMM call on a CPU (``aten::_scaled_mm`` calls ``aten::mm`` inside
@@ -102,7 +103,7 @@ def kernel_class(name: str) -> tuple[str, bool | None]:
     n = name.lower()
     if n.startswith(("memcpy", "memset")):
         return "memcpy", None
-    if is_gemm_kernel(n):
+    if is_gemm_kernel(n) or CONV_KERNEL.search(n):
         tc = True if any(m in n for m in TENSOR_CORE_MARKERS) else (
             False if any(m in n for m in SIMT_GEMM_MARKERS) else None)
         return ("fp8-gemm" if is_fp8_kernel(n) else "gemm"), tc
@@ -183,6 +184,25 @@ def time_by_class(prof, gpu: bool, quant_ranges: Iterable[str] = ()) -> dict[str
 # --------------------------------------------------------------------------------------------
 
 #: aten ops that are matmul work (a GEMM part, split by dtype)
+#: aten convolutions with input and weight first: GEMM-class work (cuDNN, MIOpen and oneDNN run them
+#: as implicit GEMMs, Winograd or FFT: the same MMA or FMA units as a matmul), FLOPs from their shapes
+CONV_OPS = ("aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::_convolution",
+            "aten::cudnn_convolution", "aten::miopen_convolution", "aten::mkldnn_convolution",
+            "aten::conv_transpose1d", "aten::conv_transpose2d", "aten::conv_transpose3d")
+#: device kernels of a convolution, by name (cuDNN: ``scudnn``/``hcudnn``, ``implicit_convolve``,
+#: ``winograd``, ``wgrad``/``dgrad``/``fprop`` engines; MIOpen: ``MIOpenConv*``, ``naive_conv``,
+#: ``igemm_*``); ``conv`` not followed by ``ert`` (``convert`` kernels are copies)
+CONV_KERNEL = re.compile(r"conv(?!ert)|[sh]cudnn|winograd|wgrad|dgrad|fprop|igemm|miopen", re.I)
+#: host ops of a convolution's backward (autograd's node names, every PyTorch version)
+CONV_BACKWARD_MARKS = ("convolution_backward", "ConvolutionBackward", "ConvNdBackward", "conv2d_backward")
+
+
+def is_conv(op: str | None, kernel: str | None = None) -> bool:
+    """A convolution, by its aten op (:data:`CONV_OPS`, backward marks) or its kernel's name."""
+    o = op or ""
+    return o in CONV_OPS or any(m in o for m in CONV_BACKWARD_MARKS) or bool(kernel and CONV_KERNEL.search(kernel))
+
+
 PART_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm", "aten::linear",
                  "aten::matmul", "aten::convolution", "aten::_convolution", "aten::addmv", "aten::mv",
                  "aten::cudnn_convolution", "aten::_addmm_activation")
@@ -227,7 +247,7 @@ def part_class(op: str | None, kernel: str | None = None, dtypes: tuple = (), co
         return "triton/compiled"
     if o in PART_ATTENTION_OPS or any(m in k for m in ("fmha", "flash_fwd", "flash_attn", "attention")):
         return "attention"
-    if o in PART_GEMM_OPS or (kernel is not None and is_gemm_kernel(k)):
+    if o in PART_GEMM_OPS or (kernel is not None and is_gemm_kernel(k)) or is_conv(o, kernel):
         return f"gemm {dtypes[0]}" if dtypes else "gemm"
     if o in ("aten::_to_copy", "aten::copy_", "aten::to") and len(dtypes) >= 1:
         lo_in = dtypes[0] in PART_LOW_PRECISION

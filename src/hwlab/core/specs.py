@@ -94,6 +94,19 @@ SPECS: dict[str, GPUSpec] = {s.name: s for s in [
              "dense tensor TFLOPS with FP32 accumulate (BF16 165.2; FP8 330.3 is with FP16 "
              "accumulate, 165.2 with FP32)",),
             notes="GeForce parts run FP16/BF16 tensor math with FP32 accumulate at half rate."),
+    GPUSpec("V100 SXM2", "sm_70", 80, 32, 900, 15.7, None, 125.0, None, 6,
+            "PCIe Gen3 x16",
+            ("NVIDIA Tesla V100 datasheet (nvidia.com/en-us/data-center/v100), SXM2 column: FP32 15.7, "
+             "Tensor Performance 125 TFLOPS (FP16 with FP32 accumulate, dense: Volta has no sparsity), "
+             "900 GB/s HBM2; Volta whitepaper: 80 SMs, 6 MB L2",),
+            notes="No TF32, BF16 or FP8 on Volta: the bf16 slot holds the FP16 tensor rate (the peak an fp16 "
+                  "matmul is floored at); fp32 matmuls run on the CUDA cores (sgemm)."),
+    GPUSpec("MI300X", "gfx942", 304, 192, 5300, 163.4, 653.7, 1307.4, 2614.9, 256,
+            "PCIe Gen5 x16",
+            ("AMD Instinct MI300X data sheet (amd.com/en/products/accelerators/instinct/mi300/mi300x.html): "
+             "peak FP32 vector 163.4, TF32 matrix 653.7, FP16/BF16 1307.4, FP8 2614.9 TFLOPS dense (the "
+             "sheet's 'with structured sparsity' figures are twice these), 5.3 TB/s HBM3, 304 CUs",),
+            notes="l2_mib holds the 256 MB AMD Infinity Cache (the last-level cache); each XCD's own L2 is 4 MB."),
     GPUSpec("B200", "sm_100", 148, 180, 8000, None, 1100.0, 2250.0, 4500.0, None,
             "PCIe Gen5 x16",
             ("NVIDIA HGX B200 specifications (nvidia.com/en-us/data-center/hgx): per GPU TF32 2.2, "
@@ -116,6 +129,8 @@ _ALIASES: list[tuple[str, str]] = [
     (r"\ba10\b(?!0)", "A10"),
     (r"4090", "RTX 4090"),
     (r"b200", "B200"),
+    (r"v100", "V100 SXM2"),
+    (r"mi300x", "MI300X"),
 ]
 
 

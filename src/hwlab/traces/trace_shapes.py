@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hwlab.traces.kineto import DTYPE_BYTES
-from hwlab.core.profiling import PART_ATTENTION_OPS, PART_GATHER_OPS, PART_GEMM_OPS, PART_LOW_PRECISION
+from hwlab.core.profiling import CONV_OPS, PART_ATTENTION_OPS, PART_GATHER_OPS, PART_GEMM_OPS, PART_LOW_PRECISION
 
 #: ``Input type`` spellings -> torch dtype names (the live model's ``in_dtypes``)
 DTYPE_NAMES = {"float": "float32", "double": "float64", "c10::Half": "float16", "c10::BFloat16": "bfloat16",
@@ -198,12 +198,13 @@ def out_shape(name: str, ts: list[tuple[int, list[int], Any, str]], concrete: li
     if name in PART_ATTENTION_OPS and len(shapes) >= 3:
         q, v = shapes[0], shapes[2]
         return q[:-1] + [v[-1]], dt0
-    if name in ("aten::convolution", "aten::_convolution", "aten::cudnn_convolution") and len(shapes) >= 2:
+    if name in CONV_OPS and "transpose" not in name and len(shapes) >= 2:
         x, w = shapes[0], shapes[1]
         nsp = len(x) - 2
-        stride = _concrete_ints(c(3)) or [1]
-        pad = _concrete_ints(c(4)) or [0]
-        dil = _concrete_ints(c(5)) or [1]
+        i_st, i_pad, i_dil = CONV_ARG_POS.get(name, (3, 4, 5))
+        stride = _concrete_ints(c(i_st)) or [1]
+        pad = _concrete_ints(c(i_pad)) or [0]
+        dil = _concrete_ints(c(i_dil)) or [1]
         sp = []
         for k in range(nsp):
             s_, p_, d_ = (v[k] if k < len(v) else v[-1] for v in (stride, pad, dil))
@@ -242,6 +243,12 @@ def out_shape(name: str, ts: list[tuple[int, list[int], Any, str]], concrete: li
     return broadcast(shapes), out_dt
 
 
+#: (stride, padding, dilation) argument positions of the convolutions whose signature differs from
+#: ``aten::convolution``'s (input, weight, bias, stride, padding, dilation, ...)
+CONV_ARG_POS = {"aten::cudnn_convolution": (3, 2, 4), "aten::miopen_convolution": (4, 3, 5),
+                "aten::mkldnn_convolution": (4, 3, 5)}
+
+
 def flops_of(name: str, ts: list[tuple[int, list[int], Any, str]], out: list[int] | None) -> int:
     """``torch.utils.flop_counter``'s count for the matmul family from shapes, else 0."""
     s = [d for _, d, _, _ in ts]
@@ -259,7 +266,7 @@ def flops_of(name: str, ts: list[tuple[int, list[int], Any, str]], out: list[int
             return 2 * prod(out) * k
         if name in ("aten::mv", "aten::addmv") and len(s) >= 2:
             return 2 * prod(s[-2])
-        if name in ("aten::convolution", "aten::_convolution", "aten::cudnn_convolution") and out and len(s) >= 2:
+        if name in CONV_OPS and "transpose" not in name and out and len(s) >= 2:
             w = s[1]
             return 2 * prod(out) * prod(w[1:])
         if name in PART_ATTENTION_OPS and len(s) >= 3:
