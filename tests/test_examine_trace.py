@@ -383,8 +383,10 @@ def _cli(*args, env=None):
 def test_cli_trace_json_out_and_bad_input(tmp_path):
     out = tmp_path / "x.json"
     r = _cli("--trace", str(FIXTURE), "--json", "--out", str(out))
-    assert r.returncode == 4, r.stderr  # the cat has no shapes: the whole-step walk cannot answer B
     d = json.loads(r.stdout)
+    # the device idles most of the step: the timeline's bound (step / busy) answers B, the walk lands on J
+    assert r.returncode == 1 and d["whole_function_leaf"] == "J", r.stderr
+    assert "device timeline" in d["evidence_sources"]["slowdown_vs_floor"]
     assert d["source"] == "trace" and d["parts"]["parts"] and json.loads(out.read_text()) == d
     assert (tmp_path / "x.annotated.trace.json.gz").is_file()
     rank3 = tmp_path / "r.json"
@@ -418,7 +420,7 @@ def test_trace_path_runs_where_torch_cannot_be_imported(tmp_path):
         "sys.meta_path.insert(0, _NoTorch())\n")
     env = {"PYTHONPATH": f"{block}{os.pathsep}{ROOT / 'src'}"}
     r = _cli("--trace", str(FIXTURE), "--json", env=env)
-    if r.returncode != 4:
+    if r.returncode not in (1, 4):
         mine = ("trace_ops.py", "trace_shapes.py", "from_trace.py")
         frames = [ln for ln in r.stderr.splitlines() if ln.strip().startswith("File ") and "hwlab" in ln]
         assert "blocked by the test" in r.stderr, r.stderr[-2000:]
@@ -555,3 +557,69 @@ def test_trace_modules_run_without_torch_beside_the_package_imports(tmp_path):
                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout)["parts"]["parts"] and (tmp_path / "a.trace.json.gz").is_file()
+
+
+TRACES = Path(__file__).parent / "data" / "traces"
+
+
+def _device_idle_pct(path: Path, works) -> float:
+    """GPU idle over the selected steps on the raw device timeline, from the JSON alone."""
+    import gzip
+    raw = json.load(gzip.open(path))["traceEvents"]
+    lo = min(w.ts for w in works)
+    hi = max(w.ts + w.window_us for w in works)
+    iv = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in raw if e.get("ph") == "X"
+                and str(e.get("cat")).lower() in ("kernel", "memcpy", "memset", "gpu_memcpy", "gpu_memset"))
+    busy, cur = 0.0, None
+    for a, b in iv:
+        a, b = max(a, lo), min(b, hi)
+        if b <= a:
+            continue
+        if cur and a <= cur[1]:
+            cur[1] = max(cur[1], b)
+        else:
+            busy += (cur[1] - cur[0]) if cur else 0.0
+            cur = [a, b]
+    busy += (cur[1] - cur[0]) if cur else 0.0
+    return 100.0 * (1 - busy / (hi - lo))
+
+
+@pytest.mark.slow
+def test_a_pytorch_18_trace_is_read_with_convolutions_as_gemm_work():
+    """PyTorch 1.8's categories (Operator, Kernel, Runtime) are read; cuDNN convolution kernels
+    (scudnn, implicit_convolve, winograd, wgrad/dgrad engines) land in the GEMM part; idle is the
+    device timeline's own, within 2 points of a raw union over the same steps."""
+    f = TRACES / "pytorch18_categories" / "worker0.pt.trace.json.gz"
+    ex = examine_trace(f)
+    assert ex.on_gpu and ex.ot.step_source.startswith("ProfilerStep") and len(ex.works) >= 5
+    conv = [it for w in ex.works for it in w.items
+            if any(m in it["kernel"] for m in ("scudnn", "implicit_convolve", "winograd", "wgrad_alg0"))]
+    assert conv
+    gemm_ms = sum(p.t_ms for p in ex.parts.parts if p.name.startswith("gemm"))
+    conv_ms = sum(it["us"] for it in conv) / len([w for w in ex.works if w.items]) / 1e3
+    assert gemm_ms >= conv_ms > 0
+    idle = [p for p in ex.parts.parts if p.name == "gpu idle"][0]
+    assert abs(idle.share_pct - _device_idle_pct(f, [w for w in ex.works if w.items])) <= 2.0
+    assert ex.ot.meta.get("schemaVersion") == 1 and any("sync points" in n for n in ex.notes)
+
+
+def test_an_amd_trace_reaches_a_leaf_on_what_its_device_timeline_measures():
+    f = next((TRACES / "rocm_mi250").glob("*.json.gz"))
+    ex = examine_trace(f)
+    idle = [p for p in ex.parts.parts if p.name == "gpu idle"][0]
+    assert ex.leaf_id == "J" and idle.leaf_id == "J"
+    assert "device timeline" in idle.sources["slowdown_vs_floor"]
+    assert ex.ceilings.source == "none"  # 'AMD Radeon Graphics' names no datasheet part: shares, no floors
+
+
+def test_conv_flops_from_recorded_shapes():
+    """A 7x7 stride-2 pad-3 convolution as torch records it: 2 * N*Cout*Hout*Wout * Cin*kh*kw."""
+    from hwlab.traces.trace_shapes import ShapeModel
+    args = {"Input Dims": [[8, 3, 224, 224], [64, 3, 7, 7], [], [], [], [], []],
+            "Input type": ["float", "float", "", "ScalarList", "ScalarList", "ScalarList", "Scalar"],
+            "Concrete Inputs": ["", "", "", "[2, 2]", "[3, 3]", "[1, 1]", "1"]}
+    r = ShapeModel().record("aten::conv2d", args)
+    assert r is not None and r.flops == 2 * 8 * 64 * 112 * 112 * 3 * 7 * 7
+    from hwlab.core.profiling import part_class
+    assert part_class("aten::conv2d", "volta_scudnn_128x64_relu_interior_nn_v1", ("float32",)).startswith("gemm")
+    assert part_class("aten::add", "void at::native::convert_kernel<float>", ()) != "gemm"

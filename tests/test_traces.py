@@ -692,3 +692,36 @@ def test_foreign_traces_are_all_read_and_per_rank_figures_equal_a_raw_sum(tmp_pa
                                                          "different jobs.*test.json.gz.*control.json.gz"):
             R.report(mixed)
     assert n_read >= 3 and n_checked >= 3
+
+
+def test_one_trace_given_twice_is_read_once(tmp_path):
+    """A copy of rank 0's trace under another name (a re-upload, a second handler): one rank read
+    once, the copy named; the folder is the two-rank job it was, not three ranks."""
+    src = sorted((DATA / "training_two_ranks").glob("*.gz"))
+    for p in src:
+        shutil.copy(p, tmp_path / p.name)
+    shutil.copy(src[0], tmp_path / "copy_of_rank0.pt.trace.json.gz")
+    rep = R.report(tmp_path)
+    assert rep["n_ranks"] == 2 and sorted(rep["per_rank"]) == ["0", "1"]
+    assert any("copy_of_rank0" in n and "same trace" in n for n in rep["notes"])
+    assert rep["workload"] == "training"
+
+
+def test_nan_times_are_left_out_and_said(tmp_path):
+    """A kernel with a NaN start (JSON's NaN literal, which Python's reader accepts) would shift every
+    share; it is left out, counted, and the per-rank figures equal those without it."""
+    p = sorted((DATA / "training_two_ranks").glob("*.gz"))[0]
+    t = _load(p)
+    clean = R.report(_tb_named(DATA / "training_two_ranks", tmp_path / "a"))
+    bad = dict(t)
+    k = next(e for e in t["traceEvents"] if e.get("cat") == "kernel")
+    bad["traceEvents"] = t["traceEvents"] + [{**k, "ts": float("nan")}, {**k, "dur": -5}]
+    d = tmp_path / "b"
+    d.mkdir()
+    for i, q in enumerate(sorted((DATA / "training_two_ranks").glob("*.gz"))):
+        _write(bad if q == p else _load(q), d / f"gpuhost_{4000 + i}.1733357000000000000.pt.trace.json.gz")
+    rep = R.report(d)
+    assert any("NaN, infinite or negative time" in n for n in rep["notes"])
+    for r in ("0", "1"):
+        for key in ("step_ms", "busy_ms", "own_ms", "idle_ms"):
+            assert rep["per_rank"][r][key] == pytest.approx(clean["per_rank"][r][key])

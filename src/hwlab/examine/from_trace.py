@@ -326,7 +326,7 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings,
                         lab_for=leaf_lab)
     if c.source == "datasheet":
         _relabel(parts, src)
-    if gpu and "slowdown_vs_floor" in ev:
+    if gpu and "device timeline" in src.get("slowdown_vs_floor", ""):
         _idle_from_timeline(parts, ev, src)
     return parts, ev, src, whole_floor
 
@@ -360,7 +360,7 @@ def _idle_from_timeline(parts: Parts, ev: dict[str, Any], src: dict[str, str]) -
     """The idle part walks on the step's slowdown (its own floor is zero): where that came from the
     device timeline's bound, re-walk it with that source said."""
     for p in parts.parts:
-        if p.name == "gpu idle" and p.share_pct >= WALK_SHARE_PCT and "slowdown_vs_floor" not in p.evidence:
+        if p.name == "gpu idle" and p.share_pct >= WALK_SHARE_PCT and "device timeline" in src["slowdown_vs_floor"]:
             p.evidence["slowdown_vs_floor"] = ev["slowdown_vs_floor"]
             p.sources["slowdown_vs_floor"] = src["slowdown_vs_floor"] + " (the idle part's own floor is zero)"
             p.walk = diagnose({**p.evidence, "metric_sources": p.sources})
