@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hwlab.diagnosis import flowchart, ranks_traces as R
-from hwlab.traces import kineto
+from hwlab.traces import kineto, trace_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "traces"
@@ -63,7 +63,7 @@ def test_reader_is_the_same_at_any_chunk_size_and_plain_or_gzip(tmp_path, monkey
     ref = kineto.read_trace(p)
     plain = _write(_load(p), tmp_path / "x.pt.trace.json")
     for chunk in (7, 64, 1000):  # chunk edges fall inside numbers, strings and keys
-        monkeypatch.setattr(kineto, "CHUNK_CHARS", chunk)
+        monkeypatch.setattr(trace_stream, "CHUNK_CHARS", chunk)
         for q in (p, plain):
             t = kineto.read_trace(q)
             assert (t.rank, t.steps, t.host_ops, t.n_events) == (ref.rank, ref.steps, ref.host_ops, ref.n_events)
@@ -71,8 +71,8 @@ def test_reader_is_the_same_at_any_chunk_size_and_plain_or_gzip(tmp_path, monkey
 
 
 def test_reader_reports_progress_on_long_reads(monkeypatch, tmp_path):
-    monkeypatch.setattr(kineto, "PROGRESS_EVERY_BYTES", 4000)
-    monkeypatch.setattr(kineto, "CHUNK_CHARS", 2000)
+    monkeypatch.setattr(trace_stream, "PROGRESS_EVERY_BYTES", 4000)
+    monkeypatch.setattr(trace_stream, "CHUNK_CHARS", 2000)
     plain = _write(_load(_files("clean")[0]), tmp_path / "x.pt.trace.json")
     seen = []
     kineto.read_trace(plain, progress=lambda done, total: seen.append((done, total)))
@@ -329,7 +329,7 @@ def test_reader_memory_stays_bounded_on_a_large_trace(tmp_path, monkeypatch):
         f.write(("," + json.dumps(pad)) * 30_000)
         f.write("]}")
     size = p.stat().st_size
-    monkeypatch.setattr(kineto, "CHUNK_CHARS", 1 << 16)
+    monkeypatch.setattr(trace_stream, "CHUNK_CHARS", 1 << 16)
     tracemalloc.start()
     t = kineto.read_trace(p)
     peak = tracemalloc.get_traced_memory()[1]
@@ -725,3 +725,20 @@ def test_nan_times_are_left_out_and_said(tmp_path):
     for r in ("0", "1"):
         for key in ("step_ms", "busy_ms", "own_ms", "idle_ms"):
             assert rep["per_rank"][r][key] == pytest.approx(clean["per_rank"][r][key])
+
+
+@pytest.mark.slow
+def test_json_nested_100k_deep_inside_an_event_is_bad_input(tmp_path):
+    """An event whose args nest 100,000 arrays deep exhausts the JSON decoder's stack: one clear line,
+    exit 2 (bad input), from both trace readers, never an internal error."""
+    ev = '{"ph":"X","cat":"kernel","name":"k","ts":1,"dur":1,"args":' + "[" * 100_000 + "]" * 100_000 + "}"
+    f = tmp_path / "deep.pt.trace.json"
+    f.write_text('{"schemaVersion":1,"traceEvents":[' + ev + "]}")
+    with pytest.raises(kineto.TraceError, match="nested too deeply"):
+        kineto.read_trace(f)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    for args in (["examine", "--trace", str(f)], ["ranks", "--traces", str(tmp_path)]):
+        r = subprocess.run([sys.executable, "-m", "hwlab", *args], capture_output=True, text=True, env=env,
+                           timeout=120)
+        assert r.returncode == 2 and r.stdout == "" and "nested too deeply" in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1
