@@ -20,8 +20,12 @@ floors, walks and expected gains, so one reader serves both reports.
   measured ceilings, so gains are upper bounds). A CPU trace, or a GPU the datasheet table does
   not know, has no ceiling without ``--baseline``: its parts get shares and no floors.
 * **Parts without shapes** (a trace recorded without ``record_shapes``, an op with a tensor
-  list): no floor; walked on what the trace measures (share, launch gaps, idle), which stops at
-  B undecided: the report says so and names the recording that would decide it.
+  list): no floor; walked on what the trace measures (:mod:`hwlab.examine.trace_bounds`): the
+  device timeline bounds the step's slowdown from below (step / busy) and its DRAM share from
+  above (busy share), each used only where the bound decides, so an idling device walks to J
+  with that source said; host sync points are named. A part the bounds cannot decide stops at B,
+  and the report names the recording that would decide it (``record_shapes=True``, a doctor
+  record of the machine).
 * **The annotated copy** (:func:`write_annotated`): the original events, unchanged, plus one
   ``X`` range per part per step on a track of its own (own pid and tid, named by ``M``
   metadata), laid end to end from the step's start, each as long as the part's time; the
@@ -44,14 +48,11 @@ from hwlab.traces.kineto import TraceError
 from hwlab.core.profiling import KIT_UNPROFILED_MEDIAN_KEY, kernel_class
 from hwlab.traces.trace_ops import KIT_CALL_MARK, OpTrace, StepWork, iter_trace, read_ops, step_items
 from hwlab.traces.trace_shapes import ShapeModel
-from hwlab.diagnosis.flowchart import LEAVES, QUESTIONS, diagnose
+from hwlab.diagnosis.flowchart import LEAVES, diagnose
 from hwlab.errors import UserInputError
-from hwlab.examine.parts import PART_ACTIONS, WALK_SHARE_PCT, Parts, build_parts, fused_floor_bytes
+from hwlab.examine.parts import Parts, build_parts, fused_floor_bytes
+from hwlab.examine.trace_bounds import idle_from_timeline, sync_points, timeline_bounds
 
-#: the flowchart's B threshold (slowdown over the floor) and F's estimated-DRAM threshold, which the
-#: device timeline's bounds are set against (:func:`_timeline_bounds`)
-B_THRESHOLD = next(c.threshold for c in QUESTIONS["B"].criteria if c.metric == "slowdown_vs_floor")
-F_DRAM_THRESHOLD = next(c.threshold for c in QUESTIONS["F"].criteria if c.metric == "dram_pct_estimated")
 #: each step's parts must add up to its time within this (the split keeps every item)
 STEP_SUM_TOL_PCT = 5.0
 #: the input dtype of a matmul -> the GEMM ceiling of its floor (the live examination's
@@ -312,7 +313,7 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings,
     if gpu and t_ms > 0:
         ev["launch_gap_pct"] = max(0.0, min(100.0, 100.0 * (1 - prof.busy_ms_per_call / t_ms)))
         src["launch_gap_pct"] = "the step window minus its device busy time (union of kernel intervals), as a share"
-        _timeline_bounds(ev, src, t_ms, prof.busy_ms_per_call)
+        timeline_bounds(ev, src, t_ms, prof.busy_ms_per_call)
     if shaped and recs:
         ev["matmul_flops"] = int(flops)
         src["matmul_flops"] = "torch.utils.flop_counter's formulas over the recorded shapes"
@@ -327,48 +328,9 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings,
     if c.source == "datasheet":
         _relabel(parts, src)
     if gpu and "device timeline" in src.get("slowdown_vs_floor", ""):
-        _idle_from_timeline(parts, ev, src)
+        idle_from_timeline(parts, ev, src, leaf_lab)
     return parts, ev, src, whole_floor
 
-
-def _timeline_bounds(ev: dict[str, Any], src: dict[str, str], t_ms: float, busy_ms: float) -> None:
-    """What the device timeline alone decides, as bounds (no shapes, no ceiling needed).
-
-    * B: every kernel takes at least its floor, so the step's floor is at most its device busy time
-      and ``step / busy`` is a lower bound on its slowdown over any floor. It answers B only where
-      the bound itself reaches the threshold (1.5x: the device idles a third of the step or more);
-      under it, B stays open (a bound below a threshold decides nothing).
-    * F: the device moves no bytes while idle and at most its copy ceiling while busy, so the
-      step's DRAM share is at most its busy share. Set only where that bound is under F's 60%
-      (the device idles 40% of the step or more) and B was already answered from the bound."""
-    if "slowdown_vs_floor" in ev or busy_ms <= 0 or t_ms <= 0:
-        return
-    lower = t_ms / busy_ms
-    if lower < B_THRESHOLD:
-        return
-    ev["slowdown_vs_floor"] = lower
-    src["slowdown_vs_floor"] = ("a lower bound from the device timeline: step time / device busy time (each kernel "
-                                "takes at least its floor); no shapes or ceiling needed")
-    upper = 100.0 * busy_ms / t_ms
-    if "dram_pct_estimated" not in ev and upper < F_DRAM_THRESHOLD:
-        ev["dram_pct_estimated"] = upper
-        src["dram_pct_estimated"] = ("an upper bound from the device timeline: the device's busy share of the step "
-                                     "(no bytes move while it idles, at most the copy ceiling while busy)")
-
-
-def _idle_from_timeline(parts: Parts, ev: dict[str, Any], src: dict[str, str]) -> None:
-    """The idle part walks on the step's slowdown (its own floor is zero): where that came from the
-    device timeline's bound, re-walk it with that source said."""
-    for p in parts.parts:
-        if p.name == "gpu idle" and p.share_pct >= WALK_SHARE_PCT and "device timeline" in src["slowdown_vs_floor"]:
-            p.evidence["slowdown_vs_floor"] = ev["slowdown_vs_floor"]
-            p.sources["slowdown_vs_floor"] = src["slowdown_vs_floor"] + " (the idle part's own floor is zero)"
-            p.walk = diagnose({**p.evidence, "metric_sources": p.sources})
-            leaf = p.leaf_id
-            if leaf:
-                fit = next((v for (pre, lf), v in PART_ACTIONS.items() if p.name.startswith(pre) and lf == leaf), ())
-                p.actions = list(fit) + list(LEAVES[leaf].actions)
-                p.lab = leaf_lab(leaf)
 
 
 def _relabel(parts: Parts, src: dict[str, str]) -> None:
@@ -484,7 +446,7 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
         notes.append("CPU trace: aten op self times; no GPU kernels, no launch-gap figure; the walk is indicative. "
                      "They include the profiler's own per-op cost (recording shapes adds to it): ops of a few "
                      "microseconds read slower than they run unprofiled (a GPU trace's kernel times do not)")
-    _sync_points(ot, works, parts, notes)
+    sync_points(ot, works, parts, notes)
     if ot.n_bad_times:
         notes.append(f"{ot.n_bad_times} event(s) with a NaN, infinite or negative time were left out (a NaN would "
                      "shift every share)")
@@ -492,30 +454,6 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
     return TraceExamination(path=str(path), ot=ot, works=works_all, ceilings=c, parts=parts, per_step=per_step,
                             evidence=ev, evidence_sources=src, diagnosis=diag, notes=notes)
 
-
-def _sync_points(ot: OpTrace, works: list[StepWork], parts: Parts, notes: list[str]) -> None:
-    """Host calls that wait for the device inside the steps (:data:`~hwlab.traces.trace_ops.SYNC_CALL`):
-    each drains the device's queue, so the device idles while the host launches again. Named on
-    J's idle part as its cause where the trace holds any (source: the host timeline)."""
-    if not ot.syncs or not works:
-        return
-    wins = [(w.ts, w.ts + w.window_us) for w in works]
-    inside = [sy for sy in ot.syncs if any(lo <= sy[0] < hi for lo, hi in wins)]
-    if not inside:
-        return
-    names: dict[str, int] = {}
-    for _, _, n in inside:
-        names[n] = names.get(n, 0) + 1
-    per = len(inside) / len(works)
-    what = ", ".join(f"{n} x{k}" for n, k in sorted(names.items(), key=lambda kv: -kv[1]))
-    notes.append(f"sync points: {per:.3g} host call(s) per step wait for the device ({what}) [host runtime calls "
-                 "in the trace]: the device idles while the host launches again after each")
-    for p in parts.parts:
-        if p.name == "gpu idle" and p.leaf_id == "J":
-            p.actions.insert(0, f"remove the sync point(s) from the step ({what} per the host timeline: .item(), "
-                                ".cpu(), .tolist() or printing a device tensor, an explicit synchronize)")
-            if isinstance(p.j, dict):
-                p.j["sync_calls_per_step"] = per
 
 
 # ------------------------------------------------------------------ the annotated copy

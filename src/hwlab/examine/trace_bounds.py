@@ -1,0 +1,87 @@
+"""What a profiler trace's timelines answer by themselves, without recorded shapes or a ceiling
+(``hwlab examine --trace``, :mod:`hwlab.examine.from_trace`).
+
+* **Bounds from the device timeline** (:func:`timeline_bounds`): the step's time over its device
+  busy time bounds its slowdown over any floor from below (B), and the busy share bounds its
+  DRAM share from above (F); each is used only where the bound itself decides the question.
+* **The idle part** walks on that bound (its own floor is zero) with the source said
+  (:func:`idle_from_timeline`).
+* **Sync points** (:func:`sync_points`): host runtime calls that wait for the device inside the
+  steps (:data:`hwlab.traces.trace_ops.SYNC_CALL`), named on the idle part's J as its cause.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from hwlab.diagnosis.flowchart import LEAVES, QUESTIONS, diagnose
+from hwlab.examine.parts import PART_ACTIONS, WALK_SHARE_PCT, Parts
+from hwlab.traces.trace_ops import OpTrace, StepWork
+
+#: the flowchart's B threshold (slowdown over the floor) and F's estimated-DRAM threshold, which the
+#: device timeline's bounds are set against (:func:`_timeline_bounds`)
+B_THRESHOLD = next(c.threshold for c in QUESTIONS["B"].criteria if c.metric == "slowdown_vs_floor")
+F_DRAM_THRESHOLD = next(c.threshold for c in QUESTIONS["F"].criteria if c.metric == "dram_pct_estimated")
+
+def timeline_bounds(ev: dict[str, Any], src: dict[str, str], t_ms: float, busy_ms: float) -> None:
+    """What the device timeline alone decides, as bounds (no shapes, no ceiling needed).
+
+    * B: every kernel takes at least its floor, so the step's floor is at most its device busy time
+      and ``step / busy`` is a lower bound on its slowdown over any floor. It answers B only where
+      the bound itself reaches the threshold (1.5x: the device idles a third of the step or more);
+      under it, B stays open (a bound below a threshold decides nothing).
+    * F: the device moves no bytes while idle and at most its copy ceiling while busy, so the
+      step's DRAM share is at most its busy share. Set only where that bound is under F's 60%
+      (the device idles 40% of the step or more) and B was already answered from the bound."""
+    if "slowdown_vs_floor" in ev or busy_ms <= 0 or t_ms <= 0:
+        return
+    lower = t_ms / busy_ms
+    if lower < B_THRESHOLD:
+        return
+    ev["slowdown_vs_floor"] = lower
+    src["slowdown_vs_floor"] = ("a lower bound from the device timeline: step time / device busy time (each kernel "
+                                "takes at least its floor); no shapes or ceiling needed")
+    upper = 100.0 * busy_ms / t_ms
+    if "dram_pct_estimated" not in ev and upper < F_DRAM_THRESHOLD:
+        ev["dram_pct_estimated"] = upper
+        src["dram_pct_estimated"] = ("an upper bound from the device timeline: the device's busy share of the step "
+                                     "(no bytes move while it idles, at most the copy ceiling while busy)")
+
+
+def idle_from_timeline(parts: Parts, ev: dict[str, Any], src: dict[str, str], lab_for: Callable[[str], str]) -> None:
+    """The idle part walks on the step's slowdown (its own floor is zero): where that came from the
+    device timeline's bound, re-walk it with that source said."""
+    for p in parts.parts:
+        if p.name == "gpu idle" and p.share_pct >= WALK_SHARE_PCT and "device timeline" in src["slowdown_vs_floor"]:
+            p.evidence["slowdown_vs_floor"] = ev["slowdown_vs_floor"]
+            p.sources["slowdown_vs_floor"] = src["slowdown_vs_floor"] + " (the idle part's own floor is zero)"
+            p.walk = diagnose({**p.evidence, "metric_sources": p.sources})
+            leaf = p.leaf_id
+            if leaf:
+                fit = next((v for (pre, lf), v in PART_ACTIONS.items() if p.name.startswith(pre) and lf == leaf), ())
+                p.actions = list(fit) + list(LEAVES[leaf].actions)
+                p.lab = lab_for(leaf)
+
+
+def sync_points(ot: OpTrace, works: list[StepWork], parts: Parts, notes: list[str]) -> None:
+    """Host calls that wait for the device inside the steps (:data:`~hwlab.traces.trace_ops.SYNC_CALL`):
+    each drains the device's queue, so the device idles while the host launches again. Named on
+    J's idle part as its cause where the trace holds any (source: the host timeline)."""
+    if not ot.syncs or not works:
+        return
+    wins = [(w.ts, w.ts + w.window_us) for w in works]
+    inside = [sy for sy in ot.syncs if any(lo <= sy[0] < hi for lo, hi in wins)]
+    if not inside:
+        return
+    names: dict[str, int] = {}
+    for _, _, n in inside:
+        names[n] = names.get(n, 0) + 1
+    per = len(inside) / len(works)
+    what = ", ".join(f"{n} x{k}" for n, k in sorted(names.items(), key=lambda kv: -kv[1]))
+    notes.append(f"sync points: {per:.3g} host call(s) per step wait for the device ({what}) [host runtime calls "
+                 "in the trace]: the device idles while the host launches again after each")
+    for p in parts.parts:
+        if p.name == "gpu idle" and p.leaf_id == "J":
+            p.actions.insert(0, f"remove the sync point(s) from the step ({what} per the host timeline: .item(), "
+                                ".cpu(), .tolist() or printing a device tensor, an explicit synchronize)")
+            if isinstance(p.j, dict):
+                p.j["sync_calls_per_step"] = per
