@@ -609,7 +609,11 @@ def test_an_amd_trace_reaches_a_leaf_on_what_its_device_timeline_measures():
     idle = [p for p in ex.parts.parts if p.name == "gpu idle"][0]
     assert ex.leaf_id == "J" and idle.leaf_id == "J"
     assert "device timeline" in idle.sources["slowdown_vs_floor"]
-    assert ex.ceilings.source == "none"  # 'AMD Radeon Graphics' names no datasheet part: shares, no floors
+    # 'AMD Radeon Graphics' names no part: its 104 compute units and 64 GiB match one datasheet entry only
+    assert ex.ceilings.source == "datasheet" and "MI250 GCD" in ex.ceilings.label and "104 compute units" in \
+        ex.ceilings.label
+    assert not any("datasheet" in v for k, v in ex.evidence_sources.items() if k != "matmul_flops" and
+                   "device timeline" in v)  # a timeline bound uses no peak: it is not relabelled as one
 
 
 def test_conv_flops_from_recorded_shapes():

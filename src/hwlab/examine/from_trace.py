@@ -93,11 +93,16 @@ def ceilings_for(ot: OpTrace, baseline: str | None) -> TraceCeilings:
     names = [str(d.get("name")) for d in ot.devices if d.get("name")]
     if ot.on_gpu and names:
         spec = specs.try_lookup(names[0])
+        how = ""
+        if spec is None:  # a bare vendor name (ROCm's 'AMD Radeon Graphics'): by compute units and memory
+            d0 = next(d for d in ot.devices if d.get("name"))
+            spec = specs.lookup_by_props(names[0], d0.get("numSms"), d0.get("totalGlobalMem"))
+            how = f", matched by its {d0.get('numSms')} compute units and memory" if spec else ""
         if spec is not None:
             gemm = {k: v for k in ("fp32", "tf32", "bf16", "fp8") if (v := spec.peak_tflops(k))}
             return TraceCeilings(spec.hbm_gbps, gemm, "datasheet",
                                  f"datasheet peaks of the {spec.name} (the trace's deviceProperties name "
-                                 f"{names[0]!r}; not measured: floors are lower and gains upper bounds; "
+                                 f"{names[0]!r}{how}; not measured: floors are lower and gains upper bounds; "
                                  "pass --baseline with the node's measured record for measured ceilings)")
         return TraceCeilings(None, {}, "none", f"no datasheet entry for {names[0]!r} and no --baseline: "
                              "parts get shares but no floors (pass --baseline with this node's doctor or "

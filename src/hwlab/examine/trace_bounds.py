@@ -39,12 +39,12 @@ def timeline_bounds(ev: dict[str, Any], src: dict[str, str], t_ms: float, busy_m
         return
     ev["slowdown_vs_floor"] = lower
     src["slowdown_vs_floor"] = ("a lower bound from the device timeline: step time / device busy time (each kernel "
-                                "takes at least its floor); no shapes or ceiling needed")
+                                "takes at least its floor); needs no shapes and no peak rate")
     upper = 100.0 * busy_ms / t_ms
     if "dram_pct_estimated" not in ev and upper < F_DRAM_THRESHOLD:
         ev["dram_pct_estimated"] = upper
         src["dram_pct_estimated"] = ("an upper bound from the device timeline: the device's busy share of the step "
-                                     "(no bytes move while it idles, at most the copy ceiling while busy)")
+                                     "(no bytes move while it idles, at most the device's copy rate while busy)")
 
 
 def idle_from_timeline(parts: Parts, ev: dict[str, Any], src: dict[str, str], lab_for: Callable[[str], str]) -> None:
