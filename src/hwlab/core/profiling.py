@@ -29,6 +29,7 @@ the device timeline: they are ranges, not kernels, and are left out of every cou
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Iterable
 
@@ -97,13 +98,14 @@ def is_fp8_kernel(name: str) -> bool:
     return any(m in n for m in FP8_KERNEL_MARKERS)
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a trace repeats a few hundred kernel names thousands of times
 def kernel_class(name: str) -> tuple[str, bool | None]:
     """(class, tensor_core) of a device kernel by name: class in fp8-gemm / gemm / triton /
     copy / reduce / elementwise / memcpy / other; tensor_core True/False for GEMMs, else None."""
     n = name.lower()
     if n.startswith(("memcpy", "memset")):
         return "memcpy", None
-    if is_gemm_kernel(n) or CONV_KERNEL.search(n):
+    if is_gemm_kernel(n) or _conv_kernel(n):
         tc = True if any(m in n for m in TENSOR_CORE_MARKERS) else (
             False if any(m in n for m in SIMT_GEMM_MARKERS) else None)
         return ("fp8-gemm" if is_fp8_kernel(n) else "gemm"), tc
@@ -200,7 +202,12 @@ CONV_BACKWARD_MARKS = ("convolution_backward", "ConvolutionBackward", "ConvNdBac
 def is_conv(op: str | None, kernel: str | None = None) -> bool:
     """A convolution, by its aten op (:data:`CONV_OPS`, backward marks) or its kernel's name."""
     o = op or ""
-    return o in CONV_OPS or any(m in o for m in CONV_BACKWARD_MARKS) or bool(kernel and CONV_KERNEL.search(kernel))
+    return o in CONV_OPS or any(m in o for m in CONV_BACKWARD_MARKS) or bool(kernel and _conv_kernel(kernel))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _conv_kernel(kernel: str) -> bool:
+    return bool(CONV_KERNEL.search(kernel))
 
 
 PART_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm", "aten::linear",
@@ -231,6 +238,7 @@ PART_CLASSES = ("gemm", "attention", "elementwise/reduction", "copy/concat", "ga
                 "quant/dequant", "triton/compiled", "communication", "gpu idle", "host outside ops")
 
 
+@functools.lru_cache(maxsize=1 << 16)  # pure in its (hashable) arguments; traces repeat them
 def part_class(op: str | None, kernel: str | None = None, dtypes: tuple = (), compiled: bool = False) -> str:
     """The part a kernel (or, on a CPU, an aten op) belongs to: one of :data:`PART_CLASSES`,
     GEMMs suffixed with their input dtype (``gemm bfloat16``). ``op`` is the aten op that

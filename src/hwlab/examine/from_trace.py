@@ -51,7 +51,7 @@ from hwlab.traces.trace_shapes import ShapeModel
 from hwlab.diagnosis.flowchart import LEAVES, diagnose
 from hwlab.errors import UserInputError
 from hwlab.examine.parts import Parts, build_parts, fused_floor_bytes
-from hwlab.examine.trace_bounds import idle_from_timeline, sync_points, timeline_bounds
+from hwlab.examine.trace_bounds import idle_from_timeline, kernel_names, sync_points, timeline_bounds
 
 #: each step's parts must add up to its time within this (the split keeps every item)
 STEP_SUM_TOL_PCT = 5.0
@@ -426,9 +426,15 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
     if len(works) > 1:
         notes.append(f"parts are means over {len(works)} steps; floors from the ops of step {works[0].step} "
                      "(as a live examination floors one call)")
-    if not any(r.shapes for r in recs0):
-        notes.append("no input shapes in this trace: no floors, so B (slow against the floor?) stays undecided; "
-                     "record with torch.profiler(record_shapes=True) to floor each part")
+    dims_only = any(o.args.get("Input Dims") and not o.args.get("Input type") for o in busy[0].top_ops)
+    if not any(r.shapes for r in recs0) and dims_only:
+        notes.append("this trace records input dims but no dtypes (PyTorch 1.8 wrote 'Input type' empty): no bytes, "
+                     "no floors, so B (slow against the floor?) stays undecided unless the device timeline decides "
+                     "it; record with a PyTorch >= 1.9 profiler and record_shapes=True to floor each part")
+    elif not any(r.shapes for r in recs0):
+        notes.append("no input shapes in this trace: no floors, so B (slow against the floor?) stays undecided "
+                     "unless the device timeline decides it; record with torch.profiler(record_shapes=True) to "
+                     "floor each part")
     elif not all(r.shapes for r in recs0):
         notes.append(f"{sum(1 for r in recs0 if not r.shapes)} of {len(recs0)} ops have no usable shapes (tensor "
                      "lists, unknown types): the parts holding them are not floored")
@@ -452,6 +458,8 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
                      "They include the profiler's own per-op cost (recording shapes adds to it): ops of a few "
                      "microseconds read slower than they run unprofiled (a GPU trace's kernel times do not)")
     sync_points(ot, works, parts, notes)
+    if gpu:
+        kernel_names(works, parts, notes)
     if ot.n_bad_times:
         notes.append(f"{ot.n_bad_times} event(s) with a NaN, infinite or negative time were left out (a NaN would "
                      "shift every share)")

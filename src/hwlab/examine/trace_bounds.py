@@ -85,3 +85,62 @@ def sync_points(ot: OpTrace, works: list[StepWork], parts: Parts, notes: list[st
                                 ".cpu(), .tolist() or printing a device tensor, an explicit synchronize)")
             if isinstance(p.j, dict):
                 p.j["sync_calls_per_step"] = per
+
+
+#: a run of this many elementwise / reduction kernels back to back between two GEMM-class kernels is
+#: a fusion candidate: each kernel boundary writes its output to DRAM and the next reads it back, which
+#: one fused kernel (torch.compile, a Triton kernel) would not
+FUSION_RUN_MIN = 3
+
+
+def kernel_names(works: list[StepWork], parts: Parts, notes: list[str]) -> None:
+    """What the kernel names and their order say, per step (source: the device timeline's names).
+
+    * GEMM kernels on tensor cores or on the CUDA cores (SIMT ``sgemm``): a GEMM part whose kernels
+      are all SIMT answers H yes (tensor-core use is nil: I, the dtype / MMA path) once B is
+      decided; where the part has no floor, the note says so and names the recording that decides B.
+    * FP8 GEMMs beside dequantising copies (M's fallback question).
+    * Runs of at least :data:`FUSION_RUN_MIN` elementwise / reduction kernels between GEMM-class
+      kernels: fusion candidates, counted with their time per step."""
+    from hwlab.core.profiling import DEQUANT_KERNEL_MARKERS, kernel_class, part_class
+    busy = [w for w in works if w.items]
+    if not busy:
+        return
+    n_tc = n_simt = n_fp8 = n_deq = 0
+    runs, run_us = 0, 0.0
+    for w in busy:
+        cur_n, cur_us, after_gemm = 0, 0.0, False
+        for it in sorted(w.items, key=lambda x: x["ts"]):
+            k = it["kernel"] or ""
+            cls, tc = kernel_class(k)
+            n_tc += tc is True and cls in ("gemm", "fp8-gemm")
+            n_simt += tc is False and cls == "gemm"
+            n_fp8 += cls == "fp8-gemm"
+            n_deq += any(m in k.lower() for m in DEQUANT_KERNEL_MARKERS)
+            pc = part_class(it["stack"][0] if it["stack"] else None, k)
+            if pc.startswith("gemm"):
+                if after_gemm and cur_n >= FUSION_RUN_MIN:
+                    runs, run_us = runs + 1, run_us + cur_us
+                cur_n, cur_us, after_gemm = 0, 0.0, True
+            elif pc == "elementwise/reduction":
+                cur_n, cur_us = cur_n + 1, cur_us + it["us"]
+    n = len(busy)
+    src = "[kernel names on the device timeline]"
+    if n_tc or n_simt:
+        line = (f"GEMM kernels per step: {n_tc / n:.3g} on tensor cores, {n_simt / n:.3g} SIMT (fp32 on the CUDA "
+                f"cores, e.g. sgemm) {src}")
+        if n_simt and not n_tc:
+            line += ": tensor-core use is nil, so H answers yes (I: run the matmuls in bf16/fp16 or enable TF32) once B is"
+            line += " decided"
+        notes.append(line)
+        for p in parts.parts:
+            if p.name.startswith("gemm") and p.walk is not None and p.walk.undecided is not None and n_simt and not n_tc:
+                p.notes.append(f"its GEMM kernels are SIMT only (no tensor-core kernel) {src}: at H this is I; B needs "
+                               "its floor: record with torch.profiler(record_shapes=True), and pass --baseline with "
+                               "a doctor record of the machine if the trace names no datasheet GPU")
+    if n_fp8:
+        notes.append(f"FP8 GEMM kernels: {n_fp8 / n:.3g} per step, beside {n_deq / n:.3g} dequantising copies {src}")
+    if runs:
+        notes.append(f"fusion candidates: {runs / n:.3g} run(s) per step of >= {FUSION_RUN_MIN} elementwise kernels "
+                     f"between GEMM-class kernels, {run_us / n / 1e3:.4g} ms per step {src}: fused, each run's "
+                     "intermediates would not cross DRAM")

@@ -177,7 +177,7 @@ def read_ops(path: str | os.PathLike, progress: Callable[[int, int], None] | Non
         elif cat in RUNTIME_CATS:
             if "correlation" in args:
                 ot.launches[args["correlation"]] = (ts, v.get("pid"), v.get("tid"), name)
-            if SYNC_CALL.search(name):
+            if ("ynchronize" in name or "Memcpy" in name or "DtoH" in name) and SYNC_CALL.search(name):
                 ot.syncs.append((ts, dur, name))
     for ops in host.values():
         ops.sort(key=lambda o: (o.ts, -o.dur))
