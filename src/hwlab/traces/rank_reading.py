@@ -4,9 +4,10 @@ time, and collectives matched across ranks (``hwlab ranks --traces``, :mod:`hwla
 * **Steps on the device's clock.** A GPU's kernels count in the step whose host ``ProfilerStep``
   window launched them (correlation id). Where the device runs behind the host, a step's window
   on the device starts where the previous step's device work ended (or at its host start, the
-  later of the two) and ends with its own last device work, so windows never overlap: idle is
-  idle on the device timeline, and exposed communication never exceeds the step (own time =
-  step minus exposed communication is never negative). Without a launch event a kernel counts in
+  later of the two) and ends with its own last device work, so windows never overlap. Busy and
+  communication times are what the step launched; idle and exposed communication are read inside
+  its window (idle is the device timeline's, exposed never exceeds the step: own time = step
+  minus exposed communication is never negative). Without a launch event a kernel counts in
   the window it ran in.
 * **Matching** by process group and sequence number where every rank recorded them; the rest by
   name and order, a pair kept only when the ranks' intervals overlap on one clock; without a
@@ -86,15 +87,15 @@ def rank_steps(t: kineto.RankTrace) -> list[dict[str, Any]]:
         comm = _union([x for la, iv in comm_src for x in _in_step(la, lo, hi, iv)])
         work = _union(busy + comm)
         end = max(hi, work[-1][1]) if t.on_gpu and work else hi
-        start = min(max(lo, prev_end), end) if t.on_gpu and prev_end is not None else lo
+        start = lo
+        if t.on_gpu and prev_end is not None and prev_end > lo:  # the device lags: its window (module doc)
+            start = min(prev_end, end)
         prev_end = end
-        if t.on_gpu:  # the step's window on the device timeline (module doc)
-            busy, comm = _clip(busy, start, end), _clip(comm, start, end)
-            work = _union(busy + comm)
         step_us = end - start
-        comm_us, busy_us = _length(comm), _length(busy)
-        exposed_us = _minus(comm, busy)
-        both = _length(work)
+        comm_us, busy_us = _length(comm), _length(busy)  # what the step launched, wherever it ran
+        in_b, in_c = _clip(busy, start, end), _clip(comm, start, end)  # what ran in its window
+        exposed_us = _minus(in_c, in_b)
+        both = _length(_union(in_b + in_c))
         rows.append({"step": sid, "step_ms": step_us / 1e3, "host_step_ms": dur / 1e3, "busy_ms": busy_us / 1e3,
                      "comm_ms": comm_us / 1e3, "exposed_comm_ms": exposed_us / 1e3,
                      "idle_ms": max(0.0, step_us - both) / 1e3, "own_ms": max(0.0, step_us - exposed_us) / 1e3,

@@ -26,7 +26,8 @@ end and the end of the last device event it launched: work still running after t
 host range (the last step's tail above all) belongs to the step that launched it. Where the
 device runs behind the host (the previous step's window ends after this step's host range
 began), the step starts where the previous one ended: windows never overlap, so a step's idle
-is idle on the device timeline, not the previous step's work counted again.
+is idle on the device timeline, not the previous step's work counted again (device work of a
+step that ran beside the previous step's tail, on another stream, counts from the step's start).
 
 **Item times.** On a GPU trace each device event's time is its *exclusive* share of the busy
 time: where several run at once (streams), each elementary interval is split evenly between
