@@ -661,6 +661,7 @@ def test_foreign_traces_are_all_read_and_per_rank_figures_equal_a_raw_sum(tmp_pa
                 continue
             (s,) = rep["per_rank"].values()
             assert s["n_steps"] == len(raw), p
+            assert s["own_ms"] >= 0 and s["idle_ms"] >= 0, p  # on the device clock, never negative
             assert s["comm_ms"] == pytest.approx(statistics.median(r["comm_ms"] for r in raw), rel=1e-6, abs=1e-6), p
             if raw[0]["on_gpu"]:
                 assert s["busy_ms"] == pytest.approx(statistics.median(r["busy_ms"] for r in raw), rel=1e-6, abs=1e-6), p
@@ -742,3 +743,30 @@ def test_json_nested_100k_deep_inside_an_event_is_bad_input(tmp_path):
                            timeout=120)
         assert r.returncode == 2 and r.stdout == "" and "nested too deeply" in r.stderr, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_undecided_is_printed_after_the_walk_it_qualifies():
+    """Ranks missing: the walk over the present ranks is shown as that, and UNDECIDED follows it (the
+    job's answer), never a complete-looking walk under an UNDECIDED line."""
+    rep = R.report(DATA / "truncated_rank")
+    assert R.is_undecided(rep)
+    lines = R.render(rep).splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("flowchart"))
+    und = next(i for i, ln in enumerate(lines) if ln.startswith("UNDECIDED:"))
+    assert und > head and "present" in lines[head] and "not the job's answer" in lines[head]
+
+
+@pytest.mark.slow
+def test_a_pytorch_18_training_trace_is_read_as_training_with_own_time_never_negative(tmp_path):
+    """PyTorch 1.8's categories ("Operator", "Kernel", "Runtime"): the ResNet-50 training run's
+    backward ops (CudnnConvolutionBackward, aten::*_backward) make it training; on its device clock
+    no step's own time or idle is negative."""
+    shutil.copy(next((DATA / "pytorch18_categories").glob("*.gz")), tmp_path / "worker0.pt.trace.json.gz")
+    rep = R.report(tmp_path)
+    s = rep["per_rank"]["0"]
+    assert rep["workload"] == "training" and s["n_kernels"] > 9000 and s["n_steps"] == 6
+    assert s["own_ms"] >= 0 and s["idle_ms"] >= 0 and s["step_ms"] >= s["busy_ms"] > 0
+    t = kineto.read_trace(tmp_path / "worker0.pt.trace.json.gz")
+    assert t.n_backward_ops > 0 and t.workload == "training"
+    from hwlab.traces.rank_reading import rank_steps
+    assert all(r["own_ms"] >= 0 and r["idle_ms"] >= 0 for r in rank_steps(t))
