@@ -646,3 +646,23 @@ def test_conv_backward_flops_and_class():
     assert r.written_bytes == 8 * 64 * 56 * 56 * 4  # grad_input; grad_weight left out (a lower bound)
     from hwlab.core.profiling import part_class
     assert part_class("aten::cudnn_convolution_backward", "void cudnn::detail::dgrad_engine<float>()").startswith("gemm")
+
+
+def test_a_part_stopped_at_B_names_the_recording_that_would_decide_it(tmp_path):
+    """No shapes and no device name: each walked kernel part says it needs record_shapes=True and a
+    doctor record of the machine; with shapes and a datasheet GPU none is asked for."""
+    t = _load(FIXTURE)
+    for e in t["traceEvents"]:
+        for k in ("Input Dims", "Input type", "Input Strides"):
+            e.get("args", {}).pop(k, None)
+    t.pop("deviceProperties", None)
+    f = tmp_path / "bare.json"
+    f.write_text(json.dumps(t))
+    ex = examine_trace(f)
+    stopped = [p for p in ex.parts.parts if p.walk is not None and p.walk.undecided is not None
+               and p.name != "gpu idle"]
+    assert stopped
+    for p in stopped:
+        assert any("record_shapes=True" in n and "doctor record" in n for n in p.notes), p.name
+    full = examine_trace(FIXTURE)
+    assert not any("to decide B this part needs" in n for p in full.parts.parts for n in p.notes)

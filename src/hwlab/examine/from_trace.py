@@ -51,7 +51,8 @@ from hwlab.traces.trace_shapes import ShapeModel
 from hwlab.diagnosis.flowchart import LEAVES, diagnose
 from hwlab.errors import UserInputError
 from hwlab.examine.parts import Parts, build_parts, fused_floor_bytes
-from hwlab.examine.trace_bounds import idle_from_timeline, kernel_names, sync_points, timeline_bounds
+from hwlab.examine.trace_bounds import (idle_from_timeline, kernel_names, name_recordings, sync_points,
+                                        timeline_bounds)
 
 #: each step's parts must add up to its time within this (the split keeps every item)
 STEP_SUM_TOL_PCT = 5.0
@@ -460,6 +461,7 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
     sync_points(ot, works, parts, notes)
     if gpu:
         kernel_names(works, parts, notes)
+    name_recordings(parts, c.copy_gbps is not None)
     if ot.n_bad_times:
         notes.append(f"{ot.n_bad_times} event(s) with a NaN, infinite or negative time were left out (a NaN would "
                      "shift every share)")

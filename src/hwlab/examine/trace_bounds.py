@@ -135,12 +135,36 @@ def kernel_names(works: list[StepWork], parts: Parts, notes: list[str]) -> None:
         notes.append(line)
         for p in parts.parts:
             if p.name.startswith("gemm") and p.walk is not None and p.walk.undecided is not None and n_simt and not n_tc:
-                p.notes.append(f"its GEMM kernels are SIMT only (no tensor-core kernel) {src}: at H this is I; B needs "
-                               "its floor: record with torch.profiler(record_shapes=True), and pass --baseline with "
-                               "a doctor record of the machine if the trace names no datasheet GPU")
+                p.notes.append(f"its GEMM kernels are SIMT only (no tensor-core kernel) {src}: at H this is I, "
+                               "once B is decided")
     if n_fp8:
         notes.append(f"FP8 GEMM kernels: {n_fp8 / n:.3g} per step, beside {n_deq / n:.3g} dequantising copies {src}")
     if runs:
         notes.append(f"fusion candidates: {runs / n:.3g} run(s) per step of >= {FUSION_RUN_MIN} elementwise kernels "
                      f"between GEMM-class kernels, {run_us / n / 1e3:.4g} ms per step {src}: fused, each run's "
                      "intermediates would not cross DRAM")
+
+
+def name_recordings(parts: Parts, has_ceiling: bool) -> None:
+    """Each walked part that stops at B (no floor) says which recording would floor it: the op
+    shapes (``record_shapes=True``) where its ops have none, a measured record of the machine
+    where the trace names no datasheet GPU."""
+    for p in parts.parts:
+        w = p.walk
+        if w is None or w.undecided is None or w.undecided.id != "B" or p.name == "host outside ops":
+            continue
+        if p.name == "gpu idle":
+            bound = 1.0 / (1.0 - p.share_pct / 100.0) if p.share_pct < 100.0 else None
+            if bound is not None:
+                p.notes.append(f"the device timeline bounds the step's slowdown at {bound:.3g}x (step / busy), under "
+                               f"B's {B_THRESHOLD:g}x: the step's floor decides B (the other parts' recordings below)")
+            continue
+        need = []
+        if not p.attributable:
+            need.append("the ops' shapes: record with torch.profiler(record_shapes=True) (PyTorch >= 1.9 writes "
+                        "their dtypes)")
+        if not has_ceiling:
+            need.append("the machine's ceilings: pass --baseline with a doctor record of that machine "
+                        "(hwlab doctor --out FILE on it)")
+        if need:
+            p.notes.append("to decide B this part needs " + " and ".join(need))
