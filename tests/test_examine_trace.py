@@ -666,3 +666,18 @@ def test_a_part_stopped_at_B_names_the_recording_that_would_decide_it(tmp_path):
         assert any("record_shapes=True" in n and "doctor record" in n for n in p.notes), p.name
     full = examine_trace(FIXTURE)
     assert not any("to decide B this part needs" in n for p in full.parts.parts for n in p.notes)
+
+
+def test_nan_and_negative_times_in_a_trace_leave_the_shares_unchanged(tmp_path):
+    """A kernel with a NaN start and one with a negative duration would shift every share: both are
+    left out, counted in a note, and the parts equal those of the trace without them."""
+    t = _load(FIXTURE)
+    k = next(e for e in t["traceEvents"] if e.get("cat") == "kernel")
+    bad = dict(t)
+    bad["traceEvents"] = t["traceEvents"] + [{**k, "ts": float("nan")}, {**k, "dur": -3}]
+    f = tmp_path / "nan.json"
+    f.write_text(json.dumps(bad))  # json writes NaN as the bare literal, which Python's reader accepts
+    ex, clean = examine_trace(f), examine_trace(FIXTURE)
+    assert any("2 event(s) with a NaN, infinite or negative time" in n for n in ex.notes)
+    assert {p.name: round(p.share_pct, 9) for p in ex.parts.parts} == \
+        {p.name: round(p.share_pct, 9) for p in clean.parts.parts}
