@@ -17,6 +17,12 @@ from hwlab.core import specs
     ("NVIDIA A10", "A10"),
     ("NVIDIA GeForce RTX 4090", "RTX 4090"),
     ("NVIDIA B200", "B200"),
+    ("NVIDIA GH200 480GB", "GH200"),
+    ("Tesla V100-SXM2-32GB", "V100 SXM2"),
+    ("Tesla T4", "T4"),
+    ("AMD Instinct MI300X", "MI300X"),
+    ("AMD Instinct MI325X", "MI325X"),
+    ("AMD Instinct MI250X", "MI250X GCD"),
 ])
 def test_lookup_by_reported_name(reported, key):
     assert specs.lookup(reported).name == key
@@ -44,3 +50,17 @@ def test_ridge_point_and_fp8_absence():
     assert specs.lookup("NVIDIA A100-SXM4-40GB").peak_tflops("fp8") is None
     with pytest.raises(KeyError):
         h200.peak_tflops("int4")
+
+
+def test_a_bare_amd_name_is_matched_by_compute_units_and_memory_only():
+    """ROCm names an MI250 GCD 'AMD Radeon Graphics': 104 CUs and 64 GiB pick the one entry that has
+    both; a count that fits none, memory off by more than 5%, or a named NVIDIA part is not matched."""
+    gib = 2 ** 30
+    assert specs.lookup_by_props("AMD Radeon Graphics", 104, 64 * gib).name == "MI250 GCD"
+    assert specs.lookup_by_props("AMD Radeon Graphics", 110, 64 * gib).name == "MI250X GCD"
+    assert specs.lookup_by_props("AMD Radeon Graphics", 104, 80 * gib) is None
+    assert specs.lookup_by_props("AMD Radeon Graphics", 96, 64 * gib) is None
+    assert specs.lookup_by_props("NVIDIA A100-SXM4-40GB", 108, 40 * gib) is None
+    for name in ("MI300X", "MI325X", "MI250X GCD", "MI250 GCD", "V100 SXM2", "T4", "GH200"):
+        sp = specs.SPECS[name]
+        assert sp.sources and sp.hbm_gbps > 0 and sp.bf16_tflops and sp.fp32_tflops < sp.bf16_tflops

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hwlab.diagnosis import flowchart, ranks_traces as R
-from hwlab.traces import kineto
+from hwlab.traces import kineto, trace_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "traces"
@@ -63,7 +63,7 @@ def test_reader_is_the_same_at_any_chunk_size_and_plain_or_gzip(tmp_path, monkey
     ref = kineto.read_trace(p)
     plain = _write(_load(p), tmp_path / "x.pt.trace.json")
     for chunk in (7, 64, 1000):  # chunk edges fall inside numbers, strings and keys
-        monkeypatch.setattr(kineto, "CHUNK_CHARS", chunk)
+        monkeypatch.setattr(trace_stream, "CHUNK_CHARS", chunk)
         for q in (p, plain):
             t = kineto.read_trace(q)
             assert (t.rank, t.steps, t.host_ops, t.n_events) == (ref.rank, ref.steps, ref.host_ops, ref.n_events)
@@ -71,8 +71,8 @@ def test_reader_is_the_same_at_any_chunk_size_and_plain_or_gzip(tmp_path, monkey
 
 
 def test_reader_reports_progress_on_long_reads(monkeypatch, tmp_path):
-    monkeypatch.setattr(kineto, "PROGRESS_EVERY_BYTES", 4000)
-    monkeypatch.setattr(kineto, "CHUNK_CHARS", 2000)
+    monkeypatch.setattr(trace_stream, "PROGRESS_EVERY_BYTES", 4000)
+    monkeypatch.setattr(trace_stream, "CHUNK_CHARS", 2000)
     plain = _write(_load(_files("clean")[0]), tmp_path / "x.pt.trace.json")
     seen = []
     kineto.read_trace(plain, progress=lambda done, total: seen.append((done, total)))
@@ -329,7 +329,7 @@ def test_reader_memory_stays_bounded_on_a_large_trace(tmp_path, monkeypatch):
         f.write(("," + json.dumps(pad)) * 30_000)
         f.write("]}")
     size = p.stat().st_size
-    monkeypatch.setattr(kineto, "CHUNK_CHARS", 1 << 16)
+    monkeypatch.setattr(trace_stream, "CHUNK_CHARS", 1 << 16)
     tracemalloc.start()
     t = kineto.read_trace(p)
     peak = tracemalloc.get_traced_memory()[1]
@@ -484,7 +484,19 @@ def test_device_work_after_the_step_is_counted_in_the_step_that_launched_it(tmp_
     s = rep["per_rank"]["0"]
     assert s["busy_ms"] == pytest.approx(statistics_median(per_step)) and per_step == [20.0, 20.0]
     assert s["device_outside_steps"]["after_last_step_pct"] == pytest.approx(after_pct) and after > 0
-    assert s["idle_ms"] == pytest.approx(0.0, abs=1e-6)  # the device never waited: no idle artefact
+    # idle is the device timeline's own: from the first step's host start to the last kernel's end, the
+    # time no kernel ran (2 steps: the median is the mean), never the previous step's work counted again
+    span = (steps[0][0], max(k["ts"] + k["dur"] for k in kern))
+    union, cur = 0.0, None
+    for a, b in sorted((k["ts"], k["ts"] + k["dur"]) for k in kern):
+        if cur and a <= cur[1]:
+            cur[1] = max(cur[1], b)
+        else:
+            union += (cur[1] - cur[0]) if cur else 0.0
+            cur = [a, b]
+    union += cur[1] - cur[0]
+    assert 2 * s["idle_ms"] == pytest.approx((span[1] - span[0] - union) / 1e3)
+    assert s["own_ms"] >= 0 and s["step_ms"] >= s["busy_ms"]
     assert any("ran outside the host's ProfilerStep windows" in n for n in rep["notes"])
 
 
@@ -649,6 +661,7 @@ def test_foreign_traces_are_all_read_and_per_rank_figures_equal_a_raw_sum(tmp_pa
                 continue
             (s,) = rep["per_rank"].values()
             assert s["n_steps"] == len(raw), p
+            assert s["own_ms"] >= 0 and s["idle_ms"] >= 0, p  # on the device clock, never negative
             assert s["comm_ms"] == pytest.approx(statistics.median(r["comm_ms"] for r in raw), rel=1e-6, abs=1e-6), p
             if raw[0]["on_gpu"]:
                 assert s["busy_ms"] == pytest.approx(statistics.median(r["busy_ms"] for r in raw), rel=1e-6, abs=1e-6), p
@@ -680,3 +693,80 @@ def test_foreign_traces_are_all_read_and_per_rank_figures_equal_a_raw_sum(tmp_pa
                                                          "different jobs.*test.json.gz.*control.json.gz"):
             R.report(mixed)
     assert n_read >= 3 and n_checked >= 3
+
+
+def test_one_trace_given_twice_is_read_once(tmp_path):
+    """A copy of rank 0's trace under another name (a re-upload, a second handler): one rank read
+    once, the copy named; the folder is the two-rank job it was, not three ranks."""
+    src = sorted((DATA / "training_two_ranks").glob("*.gz"))
+    for p in src:
+        shutil.copy(p, tmp_path / p.name)
+    shutil.copy(src[0], tmp_path / "copy_of_rank0.pt.trace.json.gz")
+    rep = R.report(tmp_path)
+    assert rep["n_ranks"] == 2 and sorted(rep["per_rank"]) == ["0", "1"]
+    assert any("copy_of_rank0" in n and "same trace" in n for n in rep["notes"])
+    assert rep["workload"] == "training"
+
+
+def test_nan_times_are_left_out_and_said(tmp_path):
+    """A kernel with a NaN start (JSON's NaN literal, which Python's reader accepts) would shift every
+    share; it is left out, counted, and the per-rank figures equal those without it."""
+    p = sorted((DATA / "training_two_ranks").glob("*.gz"))[0]
+    t = _load(p)
+    clean = R.report(_tb_named(DATA / "training_two_ranks", tmp_path / "a"))
+    bad = dict(t)
+    k = next(e for e in t["traceEvents"] if e.get("cat") == "kernel")
+    bad["traceEvents"] = t["traceEvents"] + [{**k, "ts": float("nan")}, {**k, "dur": -5}]
+    d = tmp_path / "b"
+    d.mkdir()
+    for i, q in enumerate(sorted((DATA / "training_two_ranks").glob("*.gz"))):
+        _write(bad if q == p else _load(q), d / f"gpuhost_{4000 + i}.1733357000000000000.pt.trace.json.gz")
+    rep = R.report(d)
+    assert any("NaN, infinite or negative time" in n for n in rep["notes"])
+    for r in ("0", "1"):
+        for key in ("step_ms", "busy_ms", "own_ms", "idle_ms"):
+            assert rep["per_rank"][r][key] == pytest.approx(clean["per_rank"][r][key])
+
+
+@pytest.mark.slow
+def test_json_nested_100k_deep_inside_an_event_is_bad_input(tmp_path):
+    """An event whose args nest 100,000 arrays deep exhausts the JSON decoder's stack: one clear line,
+    exit 2 (bad input), from both trace readers, never an internal error."""
+    ev = '{"ph":"X","cat":"kernel","name":"k","ts":1,"dur":1,"args":' + "[" * 100_000 + "]" * 100_000 + "}"
+    f = tmp_path / "deep.pt.trace.json"
+    f.write_text('{"schemaVersion":1,"traceEvents":[' + ev + "]}")
+    with pytest.raises(kineto.TraceError, match="nested too deeply"):
+        kineto.read_trace(f)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    for args in (["examine", "--trace", str(f)], ["ranks", "--traces", str(tmp_path)]):
+        r = subprocess.run([sys.executable, "-m", "hwlab", *args], capture_output=True, text=True, env=env,
+                           timeout=120)
+        assert r.returncode == 2 and r.stdout == "" and "nested too deeply" in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_undecided_is_printed_after_the_walk_it_qualifies():
+    """Ranks missing: the walk over the present ranks is shown as that, and UNDECIDED follows it (the
+    job's answer), never a complete-looking walk under an UNDECIDED line."""
+    rep = R.report(DATA / "truncated_rank")
+    assert R.is_undecided(rep)
+    lines = R.render(rep).splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("flowchart"))
+    und = next(i for i, ln in enumerate(lines) if ln.startswith("UNDECIDED:"))
+    assert und > head and "present" in lines[head] and "not the job's answer" in lines[head]
+
+
+@pytest.mark.slow
+def test_a_pytorch_18_training_trace_is_read_as_training_with_own_time_never_negative(tmp_path):
+    """PyTorch 1.8's categories ("Operator", "Kernel", "Runtime"): the ResNet-50 training run's
+    backward ops (CudnnConvolutionBackward, aten::*_backward) make it training; on its device clock
+    no step's own time or idle is negative."""
+    shutil.copy(next((DATA / "pytorch18_categories").glob("*.gz")), tmp_path / "worker0.pt.trace.json.gz")
+    rep = R.report(tmp_path)
+    s = rep["per_rank"]["0"]
+    assert rep["workload"] == "training" and s["n_kernels"] > 9000 and s["n_steps"] == 6
+    assert s["own_ms"] >= 0 and s["idle_ms"] >= 0 and s["step_ms"] >= s["busy_ms"] > 0
+    t = kineto.read_trace(tmp_path / "worker0.pt.trace.json.gz")
+    assert t.n_backward_ops > 0 and t.workload == "training"
+    from hwlab.traces.rank_reading import rank_steps
+    assert all(r["own_ms"] >= 0 and r["idle_ms"] >= 0 for r in rank_steps(t))

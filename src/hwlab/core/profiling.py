@@ -30,7 +30,9 @@ the device timeline: they are ranges, not kernels, and are left out of every cou
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import sys
 import tempfile
 from typing import Any, Iterable
@@ -153,13 +155,14 @@ def is_fp8_kernel(name: str) -> bool:
     return any(m in n for m in FP8_KERNEL_MARKERS)
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a trace repeats a few hundred kernel names thousands of times
 def kernel_class(name: str) -> tuple[str, bool | None]:
     """(class, tensor_core) of a device kernel by name: class in fp8-gemm / gemm / triton /
     copy / reduce / elementwise / memcpy / other; tensor_core True/False for GEMMs, else None."""
     n = name.lower()
     if n.startswith(("memcpy", "memset")):
         return "memcpy", None
-    if is_gemm_kernel(n):
+    if is_gemm_kernel(n) or _conv_kernel(n):
         tc = True if any(m in n for m in TENSOR_CORE_MARKERS) else (
             False if any(m in n for m in SIMT_GEMM_MARKERS) else None)
         return ("fp8-gemm" if is_fp8_kernel(n) else "gemm"), tc
@@ -240,6 +243,30 @@ def time_by_class(prof, gpu: bool, quant_ranges: Iterable[str] = ()) -> dict[str
 # --------------------------------------------------------------------------------------------
 
 #: aten ops that are matmul work (a GEMM part, split by dtype)
+#: aten convolutions with input and weight first: GEMM-class work (cuDNN, MIOpen and oneDNN run them
+#: as implicit GEMMs, Winograd or FFT: the same MMA or FMA units as a matmul), FLOPs from their shapes
+CONV_OPS = ("aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::_convolution",
+            "aten::cudnn_convolution", "aten::miopen_convolution", "aten::mkldnn_convolution",
+            "aten::conv_transpose1d", "aten::conv_transpose2d", "aten::conv_transpose3d")
+#: device kernels of a convolution, by name (cuDNN: ``scudnn``/``hcudnn``, ``implicit_convolve``,
+#: ``winograd``, ``wgrad``/``dgrad``/``fprop`` engines; MIOpen: ``MIOpenConv*``, ``naive_conv``,
+#: ``igemm_*``); ``conv`` not followed by ``ert`` (``convert`` kernels are copies)
+CONV_KERNEL = re.compile(r"conv(?!ert)|[sh]cudnn|winograd|wgrad|dgrad|fprop|igemm|miopen", re.I)
+#: host ops of a convolution's backward (autograd's node names, every PyTorch version)
+CONV_BACKWARD_MARKS = ("convolution_backward", "ConvolutionBackward", "ConvNdBackward", "conv2d_backward")
+
+
+def is_conv(op: str | None, kernel: str | None = None) -> bool:
+    """A convolution, by its aten op (:data:`CONV_OPS`, backward marks) or its kernel's name."""
+    o = op or ""
+    return o in CONV_OPS or any(m in o for m in CONV_BACKWARD_MARKS) or bool(kernel and _conv_kernel(kernel))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _conv_kernel(kernel: str) -> bool:
+    return bool(CONV_KERNEL.search(kernel))
+
+
 PART_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm", "aten::linear",
                  "aten::matmul", "aten::convolution", "aten::_convolution", "aten::addmv", "aten::mv",
                  "aten::cudnn_convolution", "aten::_addmm_activation")
@@ -268,6 +295,7 @@ PART_CLASSES = ("gemm", "attention", "elementwise/reduction", "copy/concat", "ga
                 "quant/dequant", "triton/compiled", "communication", "gpu idle", "host outside ops")
 
 
+@functools.lru_cache(maxsize=1 << 16)  # pure in its (hashable) arguments; traces repeat them
 def part_class(op: str | None, kernel: str | None = None, dtypes: tuple = (), compiled: bool = False) -> str:
     """The part a kernel (or, on a CPU, an aten op) belongs to: one of :data:`PART_CLASSES`,
     GEMMs suffixed with their input dtype (``gemm bfloat16``). ``op`` is the aten op that
@@ -284,7 +312,7 @@ def part_class(op: str | None, kernel: str | None = None, dtypes: tuple = (), co
         return "triton/compiled"
     if o in PART_ATTENTION_OPS or any(m in k for m in ("fmha", "flash_fwd", "flash_attn", "attention")):
         return "attention"
-    if o in PART_GEMM_OPS or (kernel is not None and is_gemm_kernel(k)):
+    if o in PART_GEMM_OPS or (kernel is not None and is_gemm_kernel(k)) or is_conv(o, kernel):
         return f"gemm {dtypes[0]}" if dtypes else "gemm"
     if o in ("aten::_to_copy", "aten::copy_", "aten::to") and len(dtypes) >= 1:
         lo_in = dtypes[0] in PART_LOW_PRECISION
@@ -301,6 +329,19 @@ def part_class(op: str | None, kernel: str | None = None, dtypes: tuple = (), co
 
 #: trace categories of device work in a Kineto Chrome trace
 TRACE_KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+#: categories as other PyTorch versions and ROCm builds write them -> the names above and the
+#: host ones (``cpu_op``, ``cuda_runtime``). PyTorch 1.8's Kineto wrote "Operator", "Kernel",
+#: "Runtime", "Memcpy", "Memset"; other spellings (e.g. "Memcpy" as ``gpu_memcpy``) are the same
+#: events. Unlisted categories pass through unchanged.
+TRACE_CAT_ALIASES = {"Operator": "cpu_op", "operator": "cpu_op", "Kernel": "kernel",
+                     "Runtime": "cuda_runtime", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset",
+                     "Driver": "cuda_driver", "User annotation": "user_annotation",
+                     "GPU annotation": "gpu_user_annotation"}
+
+
+def trace_cat(cat: Any) -> Any:
+    """A trace event's category in current Kineto's spelling (:data:`TRACE_CAT_ALIASES`)."""
+    return TRACE_CAT_ALIASES.get(cat, cat) if isinstance(cat, str) else cat
 #: trace arguments Kineto writes on a kernel event that say how it occupied the GPU
 KERNEL_OCCUPANCY_ARGS = ("registers per thread", "est. achieved occupancy %", "blocks per SM", "warps per SM",
                          "shared memory", "grid", "block")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,12 @@ class GPUSpec:
 _H100_DS = "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100), SXM/PCIe columns, dense = sparse/2"
 _H200_DS = "NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200), H200 SXM column, dense = sparse/2"
 _A100_DS = "NVIDIA A100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/a100); A100 whitepaper for SM count/L2"
+_MI250_DS = ("AMD Instinct MI250X / MI250 data sheets (amd.com/en/products/accelerators/instinct/mi200): package "
+             "MI250X 220 CUs, FP32 matrix 95.7, FP16/BF16 383 TFLOPS; MI250 208 CUs, 90.5, 362.1 TFLOPS; "
+             "128 GB HBM2e at 3.2 TB/s")
+_MI250_ARCH = ("ROCm documentation, AMD Instinct MI250 microarchitecture (rocm.docs.amd.com, conceptual/gpu-arch/"
+               "mi250): each GCD is a device with 104 CUs (MI250) and 1.6 TB/s of HBM2e; AMD CDNA 2 architecture "
+               "whitepaper: 8 MB L2 per GCD")
 _HOPPER_WP = "NVIDIA H100 (Hopper) architecture whitepaper: 132 SMs (SXM5), 114 SMs (PCIe), 50 MB L2"
 
 SPECS: dict[str, GPUSpec] = {s.name: s for s in [
@@ -97,6 +104,50 @@ SPECS: dict[str, GPUSpec] = {s.name: s for s in [
              "dense tensor TFLOPS with FP32 accumulate (BF16 165.2; FP8 330.3 is with FP16 "
              "accumulate, 165.2 with FP32)",),
             notes="GeForce parts run FP16/BF16 tensor math with FP32 accumulate at half rate."),
+    GPUSpec("V100 SXM2", "sm_70", 80, 32, 900, 15.7, None, 125.0, None, 6,
+            "PCIe Gen3 x16",
+            ("NVIDIA Tesla V100 datasheet (nvidia.com/en-us/data-center/v100), SXM2 column: FP32 15.7, "
+             "Tensor Performance 125 TFLOPS (FP16 with FP32 accumulate, dense: Volta has no sparsity), "
+             "900 GB/s HBM2; Volta whitepaper: 80 SMs, 6 MB L2",),
+            notes="No TF32, BF16 or FP8 on Volta: the bf16 slot holds the FP16 tensor rate (the peak an fp16 "
+                  "matmul is floored at); fp32 matmuls run on the CUDA cores (sgemm)."),
+    GPUSpec("MI300X", "gfx942", 304, 192, 5300, 163.4, 653.7, 1307.4, 2614.9, 256,
+            "PCIe Gen5 x16",
+            ("AMD Instinct MI300X data sheet (amd.com/en/products/accelerators/instinct/mi300/mi300x.html): "
+             "peak FP32 vector 163.4, TF32 matrix 653.7, FP16/BF16 1307.4, FP8 2614.9 TFLOPS dense (the "
+             "sheet's 'with structured sparsity' figures are twice these), 5.3 TB/s HBM3, 304 CUs",),
+            notes="l2_mib holds the 256 MB AMD Infinity Cache (the last-level cache); each XCD's own L2 is 4 MB."),
+    GPUSpec("MI325X", "gfx942", 304, 256, 6000, 163.4, 653.7, 1307.4, 2614.9, 256,
+            "PCIe Gen5 x16",
+            ("AMD Instinct MI325X data sheet (amd.com/en/products/accelerators/instinct/mi300/mi325x.html): "
+             "peak FP32 vector 163.4, TF32 653.7, FP16/BF16 1307.4, FP8 2614.9 TFLOPS dense (sparsity doubles "
+             "the tensor figures), 256 GB HBM3E at 6 TB/s, 304 CUs",),
+            notes="Same CDNA 3 compute as the MI300X; more, faster HBM. l2_mib holds the 256 MB Infinity Cache."),
+    GPUSpec("MI250X GCD", "gfx90a", 110, 64, 1600, 47.85, None, 191.5, None, 8,
+            "PCIe Gen4 x16",
+            (_MI250_DS, _MI250_ARCH),
+            notes="One of the package's two GCDs, which ROCm shows as two devices: half the package's "
+                  "95.7 FP32-matrix / 383 FP16-BF16 TFLOPS and 3.2 TB/s. fp32 is the FP32 matrix (MFMA) rate "
+                  "rocBLAS sgemm can reach (the vector rate is half); no TF32 or FP8 on CDNA 2."),
+    GPUSpec("MI250 GCD", "gfx90a", 104, 64, 1600, 45.25, None, 181.05, None, 8,
+            "PCIe Gen4 x16",
+            (_MI250_DS, _MI250_ARCH),
+            notes="One of the package's two GCDs (ROCm shows each as a device, often named only 'AMD Radeon "
+                  "Graphics': matched by 104 CUs and 64 GiB): half the package's 90.5 FP32-matrix / 362.1 "
+                  "FP16-BF16 TFLOPS and 3.2 TB/s; no TF32 or FP8 on CDNA 2."),
+    GPUSpec("T4", "sm_75", 40, 16, 320, 8.1, None, 65.0, None, 4,
+            "PCIe Gen3 x16",
+            ("NVIDIA T4 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/tesla-t4): FP32 8.1, mixed "
+             "precision (FP16/FP32) 65 TFLOPS (dense: Turing has no sparsity), 320 GB/s GDDR6, 16 GB; Turing "
+             "whitepaper: 40 SMs, 4 MB L2",),
+            notes="No TF32, BF16 or FP8 on Turing: the bf16 slot holds the FP16 tensor rate."),
+    GPUSpec("GH200", "sm_90", 132, 96, 4000, 67.0, 494.7, 989.4, 1978.9, 50,
+            "NVLink-C2C",
+            ("NVIDIA GH200 Grace Hopper Superchip datasheet (nvidia.com/en-us/data-center/grace-hopper-superchip): "
+             "FP32 67, TF32 989, BF16 1979, FP8 3958 TFLOPS with sparsity (dense = /2), 96 GB HBM3 at 4 TB/s",
+             _HOPPER_WP),
+            notes="The 144 GB HBM3e version reaches 4.9 TB/s: pass --baseline with the node's measured record "
+                  "for its ceilings."),
     GPUSpec("B200", "sm_100", 148, 180, 8000, None, 1100.0, 2250.0, 4500.0, None,
             "PCIe Gen5 x16",
             ("NVIDIA HGX B200 specifications (nvidia.com/en-us/data-center/hgx): per GPU TF32 2.2, "
@@ -107,6 +158,7 @@ SPECS: dict[str, GPUSpec] = {s.name: s for s in [
 
 # name fragments (lower case) seen in torch.cuda.get_device_name / NVML names -> spec key
 _ALIASES: list[tuple[str, str]] = [
+    (r"gh200", "GH200"),
     (r"h200", "H200"),
     (r"h100.*(pcie|nvl)", "H100 PCIe"),
     (r"h100", "H100 SXM"),
@@ -119,6 +171,12 @@ _ALIASES: list[tuple[str, str]] = [
     (r"\ba10\b(?!0)", "A10"),
     (r"4090", "RTX 4090"),
     (r"b200", "B200"),
+    (r"v100", "V100 SXM2"),
+    (r"mi300x", "MI300X"),
+    (r"mi325x", "MI325X"),
+    (r"mi250x", "MI250X GCD"),
+    (r"mi250", "MI250 GCD"),
+    (r"\bt4\b", "T4"),
 ]
 
 
@@ -164,6 +222,20 @@ def scale_to_mig(whole: GPUSpec, profile: str) -> GPUSpec:
                    whole.sources + (MIG_SOURCE,),
                    (whole.notes + " " if whole.notes else "") + f"MIG slice {profile}: {c}/7 of the SMs "
                    f"(compute peaks), {mem}/8 of the memory (bandwidth, L2); nominal, from the guide's table")
+
+
+def lookup_by_props(name: str, n_sm: Any, mem_bytes: Any) -> GPUSpec | None:
+    """A GPU whose name says only its vendor (ROCm often names an Instinct GCD 'AMD Radeon Graphics'):
+    the one AMD entry with exactly its compute-unit count and its memory within 5%. None where the
+    name is not a bare AMD one, or no entry or several match; nothing is guessed from the count alone."""
+    if not re.fullmatch(r"\s*(amd\s+)?radeon\s+graphics\s*|\s*amd\s+instinct\s*", name.lower()):
+        return None
+    if not isinstance(n_sm, int) or not isinstance(mem_bytes, (int, float)) or mem_bytes <= 0:
+        return None
+    gib = mem_bytes / 2**30
+    hits = [sp for sp in SPECS.values() if sp.arch.startswith("gfx") and sp.sm_count == n_sm
+            and abs(sp.mem_gib - gib) <= 0.05 * sp.mem_gib]
+    return hits[0] if len(hits) == 1 else None
 
 
 class UnknownGPUError(KeyError):

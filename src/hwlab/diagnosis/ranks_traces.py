@@ -8,13 +8,16 @@ rule behind each part:
   communication time (NCCL kernels, or gloo's worker spans); *exposed* communication (not under
   busy time); idle (neither); *own* time = step minus exposed communication (what the rank's own
   work costs it, the StepLog report's "compute"). Medians over steps, p10-p90 beside the step.
-  Steps are the host's ``ProfilerStep`` windows; on a GPU each kernel counts in the step whose
-  window holds its host launch (correlation id), so a device that runs behind the host is not
-  read as idle; the share of device time outside the windows is noted (over
+  Steps are the host's ``ProfilerStep`` windows on the device's clock
+  (:mod:`hwlab.traces.rank_reading`): each kernel counts in the step whose window holds its host
+  launch (correlation id), and where the device runs behind, a step runs from the end of the
+  previous step's device work to the end of its own, so idle is the device timeline's and own
+  time is never negative; the share of device time outside the host windows is noted (over
   :data:`DEVICE_OUTSIDE_NOTE_PCT`), and kernels without a launch event count in the window they
   ran in. A trace without ``ProfilerStep`` spans is read as one step, said.
 * **Which files, which job**: traces are found by content (:func:`hwlab.traces.kineto.discover_traces`),
-  every other file listed with why. A folder whose traces disagree on the world size, name one
+  every other file listed with why; one trace given twice (same process, events and times) is read
+  once, said. A folder whose traces disagree on the world size, name one
   process group with different sizes, or were recorded more than :data:`JOB_SPAN_S` apart is
   refused, naming the files. Ranks missing against the world size (absent or unreadable) make
   the answer undecided (the CLI exits 4), naming them.
@@ -65,12 +68,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hwlab.diagnosis import flowchart, incident
-from hwlab.core import comms
 from hwlab.traces import kineto
 from hwlab.errors import UserInputError
 from hwlab.core.measure import quantile
 from hwlab.diagnosis.ranks import nvml_by_rank, render_tail
 from hwlab.core.tails import TAIL_JUMP, tail_split
+from hwlab.traces.rank_reading import (BY_ID, BY_ORDER, BY_OVERLAP, JOB_SPAN_S, _minus, _union, by_rank,
+                                       busbw_gbps as _busbw_gbps, collective_table,
+                                       device_outside as _device_outside, match as _match, one_job, read_all,
+                                       rank_steps as _rank_steps, shared_clock as _shared_clock,
+                                       summary as _summary)
 
 RANK_TAIL_PCT = 10.0      # = the flowchart's K threshold on rank_tail_pct
 LAST_SHARE = 0.5          # the named rank arrived last in at least half the collectives
@@ -81,7 +88,6 @@ SLOW_LINK_FRACTION = 0.5  # bus bandwidth under half the link's: the link is slo
 SINGLE_DEVICE_SLOW = 1.5  # = the flowchart's B threshold
 DEVICE_OUTSIDE_NOTE_PCT = 10.0  # device time outside the host steps worth a note (the GPU runs behind)
 
-JOB_SPAN_S = 3600.0  # traces of one job are recorded within this of each other (one profiling window)
 
 
 def find_traces(folder: str | Path) -> list[Path]:
@@ -93,220 +99,6 @@ def find_traces(folder: str | Path) -> list[Path]:
 def looks_like_traces(folder: str | Path) -> bool:
     d = Path(folder)
     return d.is_dir() and bool(find_traces(d)) and not list(d.glob("*/steps-rank-*.jsonl"))
-
-
-def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for a, b in sorted(iv):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
-
-
-def _length(iv: list[tuple[float, float]]) -> float:
-    return sum(b - a for a, b in iv)
-
-
-def _clip(iv: list[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
-    return [(max(a, lo), min(b, hi)) for a, b in iv if b > lo and a < hi]
-
-
-def _minus(a_iv: list[tuple[float, float]], b_iv: list[tuple[float, float]]) -> float:
-    """Length of union(a) not covered by union(b)."""
-    return _length(_union(a_iv)) - _length(_union(_clip_all(_union(a_iv), _union(b_iv))))
-
-
-def _clip_all(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out = []
-    for lo, hi in a:
-        out += _clip(b, lo, hi)
-    return out
-
-
-def _in_step(launch: float | None, lo: float, hi: float, iv: tuple[float, float]) -> list[tuple[float, float]]:
-    """The part of device interval ``iv`` that belongs to the step [lo, hi): all of it when its host
-    launch lies in the step (attributed by correlation id), else (no launch event) the part that ran in
-    the step's window."""
-    if launch is not None:
-        return [iv] if lo <= launch < hi else []
-    return _clip([iv], lo, hi)
-
-
-def _rank_steps(t: kineto.RankTrace) -> list[dict[str, Any]]:
-    """Per step: host step time; busy, communication, exposed communication and idle. On a GPU
-    trace device work counts in the step whose host window launched it (correlation id), so a
-    device that runs behind the host is not read as idle (and its lag is reported); the idle time
-    is then the gaps inside the step's own device work. Without a launch event a kernel counts in
-    the window it ran in."""
-    launches = t.kernel_launch_us or [None] * len(t.kernels)
-    if t.on_gpu:
-        busy_src = [(la, (ts, ts + d)) for (ts, d, _), la in zip(t.kernels, launches)]
-        comm_src = [(c.launch_us, (c.ts_us, c.ts_us + c.dur_us)) for c in t.collectives]
-    else:
-        busy_src = [(None, (ts, ts + d)) for ts, d in t.host_ops]
-        comm_src = [(None, (c.ts_us, c.ts_us + c.dur_us)) for c in t.collectives]
-    rows = []
-    for sid, ts, dur in t.steps:
-        lo, hi = ts, ts + dur
-        busy = _union([x for la, iv in busy_src for x in _in_step(la, lo, hi, iv)])
-        comm = _union([x for la, iv in comm_src for x in _in_step(la, lo, hi, iv)])
-        comm_us, busy_us = _length(comm), _length(busy)
-        exposed_us = _minus(comm, busy)
-        work = _union(busy + comm)
-        both = _length(work)
-        if t.on_gpu and work and work[-1][1] > hi:  # the device ran behind: idle = gaps in its own work
-            idle_us = (work[-1][1] - work[0][0]) - both
-            after_us = _length(_clip(work, hi, float("inf")))
-        else:
-            idle_us, after_us = dur - both, 0.0
-        rows.append({"step": sid, "step_ms": dur / 1e3, "busy_ms": busy_us / 1e3, "comm_ms": comm_us / 1e3,
-                     "exposed_comm_ms": exposed_us / 1e3, "idle_ms": idle_us / 1e3,
-                     "own_ms": (dur - exposed_us) / 1e3, "device_after_step_ms": after_us / 1e3,
-                     "device_lag_ms": max(0.0, (work[-1][1] - hi) / 1e3) if work else 0.0})
-    return rows
-
-
-def _device_outside(t: kineto.RankTrace) -> dict[str, Any] | None:
-    """How much device time ran outside the host step windows, and how much of it the launch
-    correlation attributed to a step (the rest is unattributed: reported, not guessed)."""
-    if not t.on_gpu or not t.steps:
-        return None
-    wins = _union([(ts, ts + d) for _, ts, d in t.steps])
-    launches = t.kernel_launch_us or [None] * len(t.kernels)
-    items = [(la, ts, ts + d) for (ts, d, _), la in zip(t.kernels, launches)] + \
-        [(c.launch_us, c.ts_us, c.ts_us + c.dur_us) for c in t.collectives if c.on == "gpu"]
-    total = sum(b - a for _, a, b in items)
-    if total <= 0:
-        return None
-    inside = sum(_length(_clip(wins, a, b)) for _, a, b in items)
-    outside = total - inside
-    unattributed = sum((b - a) - _length(_clip(wins, a, b)) for la, a, b in items
-                       if la is None or not any(lo <= la < hi for lo, hi in wins))
-    last_end = wins[-1][1]
-    after_last = sum(_length(_clip([(a, b)], last_end, float("inf"))) for _, a, b in items)
-    return {"outside_steps_pct": 100.0 * outside / total, "after_last_step_pct": 100.0 * after_last / total,
-            "unattributed_pct": 100.0 * unattributed / total,
-            "n_launch_ids_pct": 100.0 * sum(la is not None for la, _, _ in items) / len(items)}
-
-
-def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    med = {k: statistics.median(r[k] for r in rows) for k in
-           ("step_ms", "busy_ms", "comm_ms", "exposed_comm_ms", "idle_ms", "own_ms")}
-    steps = [r["step_ms"] for r in rows]
-    comm = sum(r["comm_ms"] for r in rows)
-    hidden = comm - sum(r["exposed_comm_ms"] for r in rows)
-    return {**med, "n_steps": len(rows), "step_p10_ms": quantile(steps, 0.1), "step_p90_ms": quantile(steps, 0.9),
-            "busy_p10_ms": quantile([r["busy_ms"] for r in rows], 0.1),
-            "overlap_hidden_pct": 100.0 * hidden / comm if comm > 0 else None}
-
-
-#: on one clock the ranks' intervals of one collective share a moment (every rank is inside it when the last
-#: one arrives); no slack: kernels that merely abut (one ends 15 us before the other starts) are not one collective
-CLOCK_SLACK_US = 0.0
-BY_ID = "process group + sequence number"
-BY_OVERLAP = "name and order, overlapping on one clock"
-BY_ORDER = "name and order (no shared clock to check overlap)"
-
-
-def _shared_clock(traces: dict[int, kineto.RankTrace]) -> bool:
-    """True when the traces' clocks can be compared: every step number the ranks share overlaps in
-    time on every rank (each rank's ``ProfilerStep#N`` is the same step of one job)."""
-    wins = [{n: (ts, ts + d) for n, ts, d in t.steps} for t in traces.values()]
-    common = set.intersection(*(set(w) for w in wins)) if wins else set()
-    return bool(common) and all(max(w[n][0] for w in wins) <= min(w[n][1] for w in wins) + CLOCK_SLACK_US
-                                for n in common)
-
-
-def _overlap(cs: list[kineto.Collective]) -> bool:
-    return max(c.ts_us for c in cs) < min(c.ts_us + c.dur_us for c in cs) + CLOCK_SLACK_US
-
-
-def _match(traces: dict[int, kineto.RankTrace], one_clock: bool = False) -> dict[str, Any]:
-    """Collectives matched across ranks by the trace's own identity (module docstring): first by
-    process group and sequence number where every rank recorded them; the rest by name and process
-    group in order, a pair kept only when the ranks' intervals overlap on one clock (else left
-    unmatched and counted, never guessed); without a shared clock by order alone, said."""
-    colls = {r: t.collectives for r, t in traces.items()}
-    ranks = sorted(colls)
-    matched: list[tuple[dict[int, kineto.Collective], str]] = []
-    used: set[int] = set()
-    ids = {r: {(c.pg, c.seq): c for c in cs if c.pg is not None and c.seq is not None} for r, cs in colls.items()}
-    common = set.intersection(*(set(v) for v in ids.values())) if ids else set()
-    id_no_overlap = 0
-    for key in common:
-        m = {r: ids[r][key] for r in ranks}
-        if one_clock and not _overlap(list(m.values())):
-            id_no_overlap += 1
-        matched.append((m, BY_ID))
-        used.update(id(c) for c in m.values())
-    rest: dict[int, dict[tuple, list[kineto.Collective]]] = {}
-    for r, cs in colls.items():
-        g: dict[tuple, list[kineto.Collective]] = {}
-        for c in cs:
-            if id(c) not in used:
-                g.setdefault((c.name, c.pg or ""), []).append(c)
-        rest[r] = g
-    keys = set.intersection(*(set(g) for g in rest.values())) if rest else set()
-    for key in sorted(keys):
-        lists = {r: rest[r][key] for r in ranks}
-        pos = {r: 0 for r in ranks}
-        while all(pos[r] < len(lists[r]) for r in ranks):
-            heads = {r: lists[r][pos[r]] for r in ranks}
-            if not one_clock:
-                matched.append((heads, BY_ORDER))
-            elif _overlap(list(heads.values())):
-                matched.append((heads, BY_OVERLAP))
-            else:  # the one that ends first has no partner on some rank: unmatched, counted
-                r0 = min(ranks, key=lambda r: heads[r].ts_us + heads[r].dur_us)
-                pos[r0] += 1
-                continue
-            for r in ranks:
-                pos[r] += 1
-    on_rank = Counter(r for m, _ in matched for r in m)
-    unmatched = {r: len(colls[r]) - on_rank[r] for r in ranks}
-    methods = Counter(how for _, how in matched)
-    first = min(ranks)
-    matched.sort(key=lambda mh: mh[0][first].ts_us)
-    notes = []
-    if any(unmatched.values()):
-        notes.append("collectives without a partner on every rank, left unmatched: "
-                     + ", ".join(f"rank {r} {n} of {len(colls[r])}" for r, n in unmatched.items()))
-    if id_no_overlap:
-        notes.append(f"{id_no_overlap} collectives matched by process group + sequence number do not overlap "
-                     "in time on the shared clock: the clocks or the recorded sequence numbers disagree")
-    if methods.get(BY_ORDER):
-        notes.append(f"{methods[BY_ORDER]} collectives matched by order only: the ranks share no clock to "
-                     "check that they overlap, and the trace records no sequence numbers")
-    return {"matched": matched, "methods": dict(methods), "unmatched": unmatched, "notes": notes}
-
-
-def collective_table(t: kineto.RankTrace, n_ranks: int) -> list[dict[str, Any]]:
-    """One rank's collectives, grouped by name, process group and size: count, time in them and
-    bus bandwidth by the nccl-tests formula (algbw = bytes / time, busbw = algbw x the collective's
-    factor for its group size; an all-gather's bytes are its output, as nccl-tests counts them).
-    The time is the rank's time inside the collective, waiting included: a lower bound on the
-    link's bandwidth when ranks arrive apart."""
-    groups: dict[tuple, list[kineto.Collective]] = {}
-    for c in t.collectives:
-        groups.setdefault((c.name, c.pg, c.n_bytes, c.group_size), []).append(c)
-    out = []
-    for (name, pg, nb, gs), cs in sorted(groups.items(), key=lambda kv: -sum(c.dur_us for c in kv[1])):
-        durs = [c.dur_us for c in cs]
-        med_us = statistics.median(durs)
-        size = cs[0].n_bytes_out if name == "allgather" and cs[0].n_bytes_out else nb
-        n = gs or n_ranks
-        alg = size / (med_us * 1e-6) / 1e9 if size and med_us > 0 else None
-        f = comms.busbw_factor(cs[0].name, n)
-        bus = alg * f if alg is not None and f is not None and n > 1 else None
-        out.append({"name": name, "pg": pg, "n_bytes": nb, "group_size": gs, "count": len(cs),
-                    "total_ms": sum(durs) / 1e3, "median_ms": med_us / 1e3, "algbw_gbps": alg, "busbw_gbps": bus,
-                    "busbw_note": None if bus is not None else (
-                        "size not recorded (profile with record_shapes=True, or a torch that records "
-                        "record_param_comms)" if not size else "one rank in the group: no bus traffic"),
-                    "on": cs[0].on, "meta_source": Counter(c.meta_source or "kernel name only" for c in cs).most_common(1)[0][0]})
-    return out
 
 
 def _topology_link(folder: Path, ranks: list[int]) -> dict[str, Any] | None:
@@ -337,13 +129,6 @@ def _topology_link(folder: Path, ranks: list[int]) -> dict[str, Any] | None:
     return None
 
 
-def _busbw_gbps(c: kineto.Collective, n_ranks: int, t_us: float) -> float | None:
-    if not c.n_bytes or t_us <= 0:
-        return None
-    f = comms.busbw_factor(c.name, c.group_size or n_ranks)
-    return c.n_bytes * f / (t_us * 1e-6) / 1e9 if f is not None else None
-
-
 def _ranges(rs: list[int]) -> str:
     """[0, 1, 2, 5] -> '0-2, 5'."""
     out, i = [], 0
@@ -369,111 +154,12 @@ def _machine(traces: dict[int, kineto.RankTrace], hosts: list[str]) -> dict[str,
             "devices_per_host": n_dev or None, "source": "the profiler traces (deviceProperties, host names)"}
 
 
-def _one_job(read: list[kineto.RankTrace]) -> None:
-    """Refuse traces of several jobs in one folder: different world sizes, different process-group
-    configurations, or recording times more than :data:`JOB_SPAN_S` apart (the files are named)."""
-    def name(t: kineto.RankTrace) -> str:
-        return Path(t.path).name
-
-    def refuse(what: str, groups: dict[Any, list[str]]) -> None:
-        raise UserInputError(f"these traces come from different jobs ({what}: " + "; ".join(
-            f"{k}: {', '.join(v)}" for k, v in groups.items()) + "): put each job's traces in a folder of its own")
-
-    worlds: dict[Any, list[str]] = {}
-    for t in read:
-        if t.world_size:
-            worlds.setdefault(t.world_size, []).append(name(t))
-    if len(worlds) > 1:
-        refuse("world sizes", {f"world size {k}": v for k, v in worlds.items()})
-    # one job's ranks may each list only the groups they belong to; a contradiction is the same
-    # process group named with a different description or size in two traces
-    seen: dict[str, tuple[Any, ...]] = {}
-    where: dict[str, str] = {}
-    for t in read:
-        for g in t.pg_config:
-            if not isinstance(g, dict) or g.get("pg_name") is None:
-                continue
-            k = str(g["pg_name"])
-            v = (g.get("pg_desc"), g.get("pg_size") or len(g.get("ranks") or []))
-            if k in seen and seen[k] != v:
-                refuse(f"process group {k} differs", {f"{seen[k][0]} of {seen[k][1]} ranks": [where[k]],
-                                                      f"{v[0]} of {v[1]} ranks": [name(t)]})
-            seen.setdefault(k, v)
-            where.setdefault(k, name(t))
-    when = sorted((t.recorded_unix_s, name(t)) for t in read if t.recorded_unix_s)
-    if len(when) > 1 and when[-1][0] - when[0][0] > JOB_SPAN_S:
-        import datetime as _dt
-
-        def day(x: float) -> str:
-            return _dt.datetime.fromtimestamp(x, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        refuse(f"recorded {(when[-1][0] - when[0][0]) / 86400:.1f} days apart, more than {JOB_SPAN_S / 3600:g} h",
-               {f"recorded {day(w)}": [n] for w, n in (when[0], when[-1])})
 
 
-def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
-           progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
-    """Read every trace under ``folder`` and analyse them together (module docstring)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise UserInputError(f"{folder} is not a folder: pass the folder your profiler wrote its traces to")
-    files, skipped = kineto.discover_traces(folder)
-    skipped_out = [{"file": str(f), "why": why} for f, why in skipped]
-    if not files:
-        raise UserInputError(f"no profiler traces in {folder} (no .json / .json.gz file starts like one; "
-                             f"{len(skipped)} other file(s) skipped): profile with torch.profiler and "
-                             "tensorboard_trace_handler(DIR)")
-    if link_gbps is not None and not link_gbps > 0:
-        raise UserInputError("--link-gbps must be a positive bus bandwidth in GB/s")
-    problems: list[str] = []
-    unreadable: list[dict[str, str]] = []
-    traces: dict[int, kineto.RankTrace] = {}
-    unranked: list[kineto.RankTrace] = []
-    read: list[kineto.RankTrace] = []
-    notes: list[str] = []
-    for f in files:
-        cb = (lambda done, total, f=f: progress(str(f), done, total)) if progress else None
-        try:
-            t = kineto.read_trace(f, progress=cb)
-        except kineto.TraceError as e:
-            problems.append(str(e))
-            unreadable.append({"file": str(f), "why": str(e)})
-            continue
-        read.append(t)
-    _one_job(read)
-    for t in read:
-        if not t.steps:
-            ends = [ts + d for ts, d, _ in t.kernels] + [c.ts_us + c.dur_us for c in t.collectives] + \
-                [ts + d for ts, d in t.host_ops]
-            los = [ts for ts, _, _ in t.kernels] + [c.ts_us for c in t.collectives] + [ts for ts, _ in t.host_ops]
-            if not los:
-                problems.append(f"{t.path}: no ProfilerStep#N spans and no kernels, collectives or operators, left out")
-                continue
-            t.steps = [(0, min(los), max(ends) - min(los))]
-            notes.append(f"{Path(t.path).name}: no ProfilerStep#N spans (profile with a schedule and call "
-                         "prof.step()): the whole trace is read as one step")
-        if t.rank is None:
-            unranked.append(t)
-        elif t.rank in traces:
-            problems.append(f"{t.path}: rank {t.rank} already read from {traces[t.rank].path}, left out")
-        else:
-            traces[t.rank] = t
-    if unranked:
-        free = (r for r in range(10 ** 6) if r not in traces)
-        for t in unranked:
-            t.rank, t.rank_source = next(free), "file order (no distributedInfo and no rank in the file name)"
-            traces[t.rank] = t
-        notes.append(f"{len(unranked)} trace(s) carry no rank: numbered by file order, a guess")
-    if not traces:
-        raise UserInputError(f"no usable trace in {folder}: " + "; ".join(problems))
-    ranks = sorted(traces)
-    worlds = {t.world_size for t in traces.values() if t.world_size}
-    world = max(worlds) if worlds else None
-    missing = [r for r in range(world) if r not in traces] if world else []
-    hosts = sorted({t.host or "?" for t in traces.values()})
-    backends = sorted({t.backend for t in traces.values() if t.backend})
-    if len(hosts) > 1:
-        notes.append(f"traces from {len(hosts)} hosts {hosts}: host clocks may disagree, so arrival is read "
-                     "from each rank's time inside the collective only")
+
+def _per_rank(traces: dict[int, kineto.RankTrace], ranks: list[int], skip: int, problems: list[str],
+              notes: list[str]) -> tuple[dict[str, dict[str, Any]], dict[int, list[dict[str, Any]]]]:
+    """Each rank's step rows (after ``skip``) and their summary, with where its device work ran."""
     per_rank: dict[str, dict[str, Any]] = {}
     rows_by: dict[int, list[dict[str, Any]]] = {}
     for r in ranks:
@@ -501,19 +187,12 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
                 + (f"{out['unattributed_pct']:.0f}% has no launch event to attribute it and is left out of the "
                    "steps" if out["unattributed_pct"] >= 1 else
                    "each kernel is counted in the step that launched it (correlation id)"))
-    ranks = sorted(rows_by)
-    if not ranks:
-        raise UserInputError(f"no trace in {folder} has more than {skip} steps")
-    traces = {r: traces[r] for r in ranks}
-    # one clock: one host (or hosts unknown) and the same steps overlap in time on every rank
-    one_clock = len(hosts) == 1 and (_shared_clock(traces) if len(ranks) > 1 else True)
-    mres = _match(traces, one_clock) if len(ranks) > 1 else {"matched": [], "methods": {}, "unmatched": {},
-                                                             "notes": []}
-    matched = [m for m, _ in mres["matched"]]
-    how_by = [h for _, h in mres["matched"]]
-    match_by = ("; ".join(f"{k}: {v}" for k, v in mres["methods"].items()) or "no collective on every rank") \
-        if len(ranks) > 1 else "one rank: its collectives are listed per rank"
-    notes += mres["notes"]
+    return per_rank, rows_by
+
+
+def _arrivals(matched: list, how_by: list[str], ranks: list[int], one_clock: bool) -> tuple:
+    """Per matched collective: who arrived last (shortest time inside), each rank's wait, the link
+    time (the last arriver's time inside), and on one clock whether start times agree."""
     colls_out, last_count, wait_ms = [], Counter(), {r: 0.0 for r in ranks}
     agree = 0
     for m, how in zip(matched, how_by):
@@ -535,16 +214,13 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
             row["start_skew_ms"] = (max(starts.values()) - min(starts.values())) / 1e3
             agree += row["last_by_start"] == last
         colls_out.append(row)
-    n_m = len(matched)
-    for r in ranks:
-        per_rank[str(r)]["pct_arrived_last"] = 100.0 * last_count[r] / n_m if n_m else None
-        per_rank[str(r)]["total_wait_ms"] = wait_ms[r] if n_m else None
-    step_med = statistics.median(per_rank[str(r)]["step_ms"] for r in ranks)
-    own = {r: per_rank[str(r)]["own_ms"] for r in ranks}
-    tail = tail_split(own)[0] if len(ranks) > 1 else []
-    link_per_step = sum(c["link_ms"] for c in colls_out) / max(1, len(traces[ranks[0]].steps)) if n_m else None
-    floor_pct = 100.0 * link_per_step / step_med if link_per_step is not None and step_med > 0 else None
-    # the verdict
+    return colls_out, last_count, wait_ms, agree
+
+
+def _rank_finding(per_rank: dict[str, dict[str, Any]], ranks: list[int], own: dict[int, float], step_med: float,
+                  last_count: Counter, n_m: int) -> tuple:
+    """A slow rank (own-time tail and arrival, module doc), a tail arrival does not confirm, or
+    clean; with the tail, the slowest rank and the peer floor the walk's B uses."""
     finding: dict[str, Any] = {"kind": "clean", "names": None}
     last_rank = max(last_count, key=last_count.get) if last_count else None
     last_share = last_count[last_rank] / n_m if n_m else 0.0
@@ -574,6 +250,14 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
                               f"but the rank arriving last most often is {last_rank} "
                               f"({100 * last_share:.0f}% of {n_m} matched collectives), ")
                            + f"a rank is named at >= {100 * need_share:.0f}% of at least {MIN_MATCHED}")}
+    return finding, tail_pct, slowest, busy_p10, peer_floor
+
+
+def _link_finding(finding: dict[str, Any], folder: Path, ranks: list[int], link_gbps: float | None,
+                  floor_pct: float | None, colls_out: list, backends: list[str], hosts: list[str],
+                  per_rank: dict[str, dict[str, Any]]) -> tuple:
+    """No slow rank and the collectives hold a quarter of the step even for the last arriver: the
+    link, named, set against its rate where one is given or a capture models it (module doc)."""
     link_src = "given (--link-gbps)" if link_gbps else None
     topo_link = _topology_link(folder, ranks) if not link_gbps else None
     if topo_link:
@@ -600,7 +284,13 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
                    "median_skew_ms": statistics.median(skews) if skews else None,
                    "overlap_hidden_pct": statistics.median(
                        [per_rank[str(r)]["overlap_hidden_pct"] or 0.0 for r in ranks])}
-    # flowchart evidence: measured values only
+    return finding, link_gbps, link_src
+
+
+def _walk_evidence(traces: dict[int, kineto.RankTrace], ranks: list[int], busy_p10: dict[int, float],
+                   peer_floor: float, own: dict[int, float], step_med: float, tail_pct: float,
+                   floor_pct: float | None) -> tuple:
+    """The flowchart's evidence, measured values only, what it could not measure, the workload."""
     ev: dict[str, Any] = {"n_ranks": len(ranks), "metric_sources": {
         "slowdown_vs_floor": "the slowest rank's p10 busy time over the ranks' median p10 busy time "
                              "(peer floor from the traces: the same code on every rank; an estimate, not a roofline)",
@@ -628,6 +318,69 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
     ev["workload"] = workload
     ev["metric_sources"]["workload"] = ("backward ops / optimizer steps in the traces" if workload == "training"
                                         else "no backward op and no optimizer step in the traces")
+    return ev, unmeasured, workload
+
+
+def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
+           progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+    """Read every trace under ``folder`` and analyse them together (module docstring)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserInputError(f"{folder} is not a folder: pass the folder your profiler wrote its traces to")
+    files, skipped = kineto.discover_traces(folder)
+    skipped_out = [{"file": str(f), "why": why} for f, why in skipped]
+    if not files:
+        raise UserInputError(f"no profiler traces in {folder} (no .json / .json.gz file starts like one; "
+                             f"{len(skipped)} other file(s) skipped): profile with torch.profiler and "
+                             "tensorboard_trace_handler(DIR)")
+    if link_gbps is not None and not link_gbps > 0:
+        raise UserInputError("--link-gbps must be a positive bus bandwidth in GB/s")
+    problems: list[str] = []
+    unreadable: list[dict[str, str]] = []
+    notes: list[str] = []
+    read = read_all(files, progress, problems, unreadable, notes)
+    one_job(read)
+    traces = by_rank(read, problems, notes)
+    if not traces:
+        raise UserInputError(f"no usable trace in {folder}: " + "; ".join(problems))
+    ranks = sorted(traces)
+    worlds = {t.world_size for t in traces.values() if t.world_size}
+    world = max(worlds) if worlds else None
+    missing = [r for r in range(world) if r not in traces] if world else []
+    hosts = sorted({t.host or "?" for t in traces.values()})
+    backends = sorted({t.backend for t in traces.values() if t.backend})
+    if len(hosts) > 1:
+        notes.append(f"traces from {len(hosts)} hosts {hosts}: host clocks may disagree, so arrival is read "
+                     "from each rank's time inside the collective only")
+    per_rank, rows_by = _per_rank(traces, ranks, skip, problems, notes)
+    ranks = sorted(rows_by)
+    if not ranks:
+        raise UserInputError(f"no trace in {folder} has more than {skip} steps")
+    traces = {r: traces[r] for r in ranks}
+    # one clock: one host (or hosts unknown) and the same steps overlap in time on every rank
+    one_clock = len(hosts) == 1 and (_shared_clock(traces) if len(ranks) > 1 else True)
+    mres = _match(traces, one_clock) if len(ranks) > 1 else {"matched": [], "methods": {}, "unmatched": {},
+                                                             "notes": []}
+    matched = [m for m, _ in mres["matched"]]
+    how_by = [h for _, h in mres["matched"]]
+    match_by = ("; ".join(f"{k}: {v}" for k, v in mres["methods"].items()) or "no collective on every rank") \
+        if len(ranks) > 1 else "one rank: its collectives are listed per rank"
+    notes += mres["notes"]
+    colls_out, last_count, wait_ms, agree = _arrivals(matched, how_by, ranks, one_clock)
+    n_m = len(matched)
+    for r in ranks:
+        per_rank[str(r)]["pct_arrived_last"] = 100.0 * last_count[r] / n_m if n_m else None
+        per_rank[str(r)]["total_wait_ms"] = wait_ms[r] if n_m else None
+    step_med = statistics.median(per_rank[str(r)]["step_ms"] for r in ranks)
+    own = {r: per_rank[str(r)]["own_ms"] for r in ranks}
+    tail = tail_split(own)[0] if len(ranks) > 1 else []
+    link_per_step = sum(c["link_ms"] for c in colls_out) / max(1, len(traces[ranks[0]].steps)) if n_m else None
+    floor_pct = 100.0 * link_per_step / step_med if link_per_step is not None and step_med > 0 else None
+    finding, tail_pct, slowest, busy_p10, peer_floor = _rank_finding(per_rank, ranks, own, step_med, last_count, n_m)
+    finding, link_gbps, link_src = _link_finding(finding, folder, ranks, link_gbps, floor_pct, colls_out, backends,
+                                                 hosts, per_rank)
+    ev, unmeasured, workload = _walk_evidence(traces, ranks, busy_p10, peer_floor, own, step_med, tail_pct,
+                                              floor_pct)
     d = flowchart.diagnose(ev)
     spreads = _spreads(rows_by, slowest if len(ranks) > 1 else None, step_med)
     for metric, thr in (("rank_tail_pct", RANK_TAIL_PCT), ("e2e_slowdown", 1.2)):
@@ -791,8 +544,6 @@ def render(rep: dict[str, Any]) -> str:
         out.append(f"no rank named: {f['why']}")
     elif not rep.get("undecided"):
         out.append(f"no slow rank and no slow link (own-time spread {rep['rank_tail_pct']:.0f}%)")
-    if rep.get("undecided"):
-        out.append(f"UNDECIDED: {rep['undecided']}")
     sp = rep.get("spreads") or {}
     if sp:
         out.append("spread over steps (p10-p90): " + "; ".join(
@@ -802,7 +553,13 @@ def render(rep: dict[str, Any]) -> str:
         out.append(f"machine (from the traces): {m['device']}; host {m['host']}; workload: {rep['workload']} "
                    "(backward ops / optimizer steps in the traces)" if rep["workload"] == "training" else
                    f"machine (from the traces): {m['device']}; host {m['host']}; workload: {rep['workload']}")
-    out += render_tail(rep, "from these traces")
+    tail = render_tail(rep, "from these traces")
+    if rep.get("undecided"):  # the walk below covers the present ranks only: the job's answer is undecided
+        tail = [ln.replace("flowchart (measured values only):", f"flowchart over the {rep['ranks_present']} present "
+                           "(measured values only; not the job's answer, see UNDECIDED below):") for ln in tail]
+        k = next((i for i, ln in enumerate(tail) if ln.startswith("note: ")), len(tail))
+        tail.insert(k, f"UNDECIDED: {rep['undecided']}")
+    out += tail
     for u in rep.get("skipped", []):
         out.append(f"not a trace: {u['file']}: {u['why']}")
     return "\n".join(out)

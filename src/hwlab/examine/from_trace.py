@@ -20,8 +20,12 @@ floors, walks and expected gains, so one reader serves both reports.
   measured ceilings, so gains are upper bounds). A CPU trace, or a GPU the datasheet table does
   not know, has no ceiling without ``--baseline``: its parts get shares and no floors.
 * **Parts without shapes** (a trace recorded without ``record_shapes``, an op with a tensor
-  list): no floor; walked on what the trace measures (share, launch gaps, idle), which stops at
-  B undecided: the report says so and names the recording that would decide it.
+  list): no floor; walked on what the trace measures (:mod:`hwlab.examine.trace_bounds`): the
+  device timeline bounds the step's slowdown from below (step / busy) and its DRAM share from
+  above (busy share), each used only where the bound decides, so an idling device walks to J
+  with that source said; host sync points are named. A part the bounds cannot decide stops at B,
+  and the report names the recording that would decide it (``record_shapes=True``, a doctor
+  record of the machine).
 * **The annotated copy** (:func:`write_annotated`): the original events, unchanged, plus one
   ``X`` range per part per step on a track of its own (own pid and tid, named by ``M``
   metadata), laid end to end from the step's start, each as long as the part's time; the
@@ -47,6 +51,8 @@ from hwlab.traces.trace_shapes import ShapeModel
 from hwlab.diagnosis.flowchart import LEAVES, diagnose
 from hwlab.errors import UserInputError
 from hwlab.examine.parts import Parts, build_parts, fused_floor_bytes
+from hwlab.examine.trace_bounds import (idle_from_timeline, kernel_names, name_recordings, sync_points,
+                                        timeline_bounds)
 
 #: each step's parts must add up to its time within this (the split keeps every item)
 STEP_SUM_TOL_PCT = 5.0
@@ -88,11 +94,16 @@ def ceilings_for(ot: OpTrace, baseline: str | None) -> TraceCeilings:
     names = [str(d.get("name")) for d in ot.devices if d.get("name")]
     if ot.on_gpu and names:
         spec = specs.try_lookup(names[0])
+        how = ""
+        if spec is None:  # a bare vendor name (ROCm's 'AMD Radeon Graphics'): by compute units and memory
+            d0 = next(d for d in ot.devices if d.get("name"))
+            spec = specs.lookup_by_props(names[0], d0.get("numSms"), d0.get("totalGlobalMem"))
+            how = f", matched by its {d0.get('numSms')} compute units and memory" if spec else ""
         if spec is not None:
             gemm = {k: v for k in ("fp32", "tf32", "bf16", "fp8") if (v := spec.peak_tflops(k))}
             return TraceCeilings(spec.hbm_gbps, gemm, "datasheet",
                                  f"datasheet peaks of the {spec.name} (the trace's deviceProperties name "
-                                 f"{names[0]!r}; not measured: floors are lower and gains upper bounds; "
+                                 f"{names[0]!r}{how}; not measured: floors are lower and gains upper bounds; "
                                  "pass --baseline with the node's measured record for measured ceilings)")
         return TraceCeilings(None, {}, "none", f"no datasheet entry for {names[0]!r} and no --baseline: "
                              "parts get shares but no floors (pass --baseline with this node's doctor or "
@@ -308,6 +319,7 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings,
     if gpu and t_ms > 0:
         ev["launch_gap_pct"] = max(0.0, min(100.0, 100.0 * (1 - prof.busy_ms_per_call / t_ms)))
         src["launch_gap_pct"] = "the step window minus its device busy time (union of kernel intervals), as a share"
+        timeline_bounds(ev, src, t_ms, prof.busy_ms_per_call)
     if shaped and recs:
         ev["matmul_flops"] = int(flops)
         src["matmul_flops"] = "torch.utils.flop_counter's formulas over the recorded shapes"
@@ -321,7 +333,10 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings,
                         lab_for=leaf_lab)
     if c.source == "datasheet":
         _relabel(parts, src)
+    if gpu and "device timeline" in src.get("slowdown_vs_floor", ""):
+        idle_from_timeline(parts, ev, src, leaf_lab)
     return parts, ev, src, whole_floor
+
 
 
 def _relabel(parts: Parts, src: dict[str, str]) -> None:
@@ -412,9 +427,15 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
     if len(works) > 1:
         notes.append(f"parts are means over {len(works)} steps; floors from the ops of step {works[0].step} "
                      "(as a live examination floors one call)")
-    if not any(r.shapes for r in recs0):
-        notes.append("no input shapes in this trace: no floors, so B (slow against the floor?) stays undecided; "
-                     "record with torch.profiler(record_shapes=True) to floor each part")
+    dims_only = any(o.args.get("Input Dims") and not o.args.get("Input type") for o in busy[0].top_ops)
+    if not any(r.shapes for r in recs0) and dims_only:
+        notes.append("this trace records input dims but no dtypes (PyTorch 1.8 wrote 'Input type' empty): no bytes, "
+                     "no floors, so B (slow against the floor?) stays undecided unless the device timeline decides "
+                     "it; record with a PyTorch >= 1.9 profiler and record_shapes=True to floor each part")
+    elif not any(r.shapes for r in recs0):
+        notes.append("no input shapes in this trace: no floors, so B (slow against the floor?) stays undecided "
+                     "unless the device timeline decides it; record with torch.profiler(record_shapes=True) to "
+                     "floor each part")
     elif not all(r.shapes for r in recs0):
         notes.append(f"{sum(1 for r in recs0 if not r.shapes)} of {len(recs0)} ops have no usable shapes (tensor "
                      "lists, unknown types): the parts holding them are not floored")
@@ -437,9 +458,17 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
         notes.append("CPU trace: aten op self times; no GPU kernels, no launch-gap figure; the walk is indicative. "
                      "They include the profiler's own per-op cost (recording shapes adds to it): ops of a few "
                      "microseconds read slower than they run unprofiled (a GPU trace's kernel times do not)")
+    sync_points(ot, works, parts, notes)
+    if gpu:
+        kernel_names(works, parts, notes)
+    name_recordings(parts, c.copy_gbps is not None)
+    if ot.n_bad_times:
+        notes.append(f"{ot.n_bad_times} event(s) with a NaN, infinite or negative time were left out (a NaN would "
+                     "shift every share)")
     diag = diagnose({**ev, "metric_sources": src})
     return TraceExamination(path=str(path), ot=ot, works=works_all, ceilings=c, parts=parts, per_step=per_step,
                             evidence=ev, evidence_sources=src, diagnosis=diag, notes=notes)
+
 
 
 # ------------------------------------------------------------------ the annotated copy

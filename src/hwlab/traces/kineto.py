@@ -2,8 +2,8 @@
 
 A trace from ``torch.profiler`` (``tensorboard_trace_handler``, ``export_chrome_trace``, the
 per-rank traces inference servers write) can be gigabytes. :func:`read_trace` never loads it
-whole: it decodes the top-level object key by key and the ``traceEvents`` array one event at a
-time with :meth:`json.JSONDecoder.raw_decode` over chunks of :data:`CHUNK_CHARS` characters,
+whole: it walks the file one event at a time (:func:`hwlab.traces.trace_stream.iter_trace`, the
+one reader of the format, re-exported here with :func:`sniff` and :func:`discover_traces`),
 keeping only what the rank analysis needs (steps, kernels, collectives, the main thread's
 top-level operators) as small tuples. Memory grows with the kept events, not with the file.
 
@@ -51,22 +51,19 @@ not a regular file (a FIFO, a device) is refused before it is opened.
 """
 from __future__ import annotations
 
-import gzip
-import io
-import json
+import math
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
+from hwlab.core.profiling import trace_cat
+from hwlab.traces.trace_stream import (CHUNK_CHARS, PEEK_CHARS, PROGRESS_EVERY_BYTES, TRACE_MARKERS,  # noqa: F401
+                                      TRACE_SUFFIXES, TraceError, discover_traces, iter_trace, sniff)
 from hwlab.errors import UserInputError
 
-CHUNK_CHARS = 1 << 20  # characters decoded per read: the bound on the reader's buffer
-PROGRESS_EVERY_BYTES = 64 << 20  # a progress call per 64 MB of file read
 RANK_FROM_TRACE = "distributedInfo in the trace"
-TRACE_SUFFIXES = (".json", ".json.gz")
 NOT_TRACES = ("rank-", "nvml-", "node.json", "mapping.json")  # the kit's own records in a run folder
 
 #: bytes per element of the dtypes the profiler writes in ``Input type`` / ``dtype``
@@ -82,16 +79,14 @@ _NCCL_COLL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
 _TP_RANK = re.compile(r"-TP-(\d+)(?:[-.]|$)")
 _RANK = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)(?:[^0-9]|$)", re.I)
 _LAUNCH = re.compile(r"Launch|launch")  # cudaLaunchKernel, cuLaunchKernel, hipLaunchKernel, hipExtModuleLaunchKernel
+#: host ranges an optimizer step writes (torch.optim's profiler hooks; fused and foreach kernels' ops)
+_OPTIMIZER_MARKS = ("Optimizer.step#", "Optimizer.zero_grad#", "aten::_fused_adam", "aten::_fused_sgd",
+                    "aten::_fused_adamw")
 _RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "Runtime", "hip_runtime", "cuda_runtime_api")
 _HOST_COLL = re.compile(r"^(?:nccl|gloo|c10d)::?|^record_param_comms$")
-PEEK_CHARS = 1 << 16  # characters read from the start of a file to tell a profiler trace from anything else
-TRACE_MARKERS = ('"traceEvents"', '"schemaVersion"', '"deviceProperties"')
 EPOCH_US_MIN = 1e15  # a timestamp past this (2001 in microseconds since 1970) is on the Unix-epoch clock
 _TB_NAME = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.(?P<ns>\d{10,})\.pt\.trace\.json(?:\.gz)?$")
 
-
-class TraceError(UserInputError):
-    """A trace file that cannot be read as a Chrome/Kineto trace (one line, with where it broke)."""
 
 
 def coll_key(name: str) -> str:
@@ -151,6 +146,15 @@ class RankTrace:
     t_first_us: float | None = None   # the earliest event, on the trace's own clock
     n_backward_ops: int = 0           # autograd::engine / *Backward* ops on the host
     n_optimizer_steps: int = 0        # Optimizer.step#... spans
+    n_bad_times: int = 0              # events with a NaN / infinite / negative time: left out
+
+    @property
+    def fingerprint(self) -> tuple:
+        """What a copy of the same recording shares with it whatever its file name: the process,
+        the first event's time, the event count, the steps and the kernel times. Two files with
+        one fingerprint are one trace given twice (read once, said)."""
+        return (self.pid, self.t_first_us, self.n_events, tuple(self.steps), len(self.kernels),
+                self.kernels[0] if self.kernels else None, self.kernels[-1] if self.kernels else None)
 
     @property
     def recorded_unix_s(self) -> float | None:
@@ -203,132 +207,7 @@ def is_trace_name(path: str | os.PathLike) -> bool:
     return "trace" in n or bool(_RANK.search(n))
 
 
-def sniff(path: str | os.PathLike) -> str | None:
-    """None when the file's start is a profiler trace (module docstring), else why it is not one."""
-    p = Path(path)
-    try:
-        st = p.stat()
-    except OSError as e:
-        return f"cannot be read ({e.strerror})"
-    if not stat.S_ISREG(st.st_mode):
-        return "not a regular file (a FIFO or device?)"
-    if st.st_size == 0:
-        return "empty file (0 bytes)"
-    try:
-        with open(p, "rb") as raw:
-            gz = raw.read(2) == b"\x1f\x8b"
-            raw.seek(0)
-            inner = gzip.GzipFile(fileobj=raw) if gz else raw
-            head = inner.read(PEEK_CHARS).decode("utf-8", errors="replace")
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
-        return f"cannot be decompressed ({type(e).__name__}: {e})"
-    text = head.lstrip()
-    if not text:
-        return "empty (nothing but white space)"
-    if re.search(r'"schema"\s*:\s*"hwlab\.', text[:4096]):
-        m = re.search(r'"schema"\s*:\s*"(hwlab\.[a-z_]+)', text)
-        return f"the kit's own record ({m.group(1) if m else 'hwlab'}), not a profiler trace"
-    if text[0] != "{":
-        return ("a JSON array, not a profiler trace object" if text[0] == "[" else
-                "not a JSON object at its start")
-    if not any(k in head for k in TRACE_MARKERS):
-        if '"nodes"' in head and '"schema"' in head:
-            return "a PyTorch execution trace (nodes), not a profiler trace"
-        return f"no {', '.join(TRACE_MARKERS)} in its first {PEEK_CHARS // 1024} KiB: not a profiler trace"
-    return None
 
-
-def discover_traces(folder: str | os.PathLike, *, depth: int = 1) -> tuple[list[Path], list[tuple[Path, str]]]:
-    """(traces, skipped with the reason) of every file in ``folder`` and ``depth`` levels of
-    sub-folders (jobs write per-host ones). A ``.json`` / ``.json.gz`` file is a trace when its
-    content starts like one (:func:`sniff`), whatever its name; every other file is listed as
-    skipped with why."""
-    d = Path(folder)
-    files: list[Path] = []
-    for level in range(depth + 1):
-        files += sorted(p for p in d.glob("/".join(["*"] * (level + 1))) if not p.is_dir())
-    traces: list[Path] = []
-    skipped: list[tuple[Path, str]] = []
-    for p in files:
-        if not p.name.endswith(TRACE_SUFFIXES):
-            skipped.append((p, "not .json / .json.gz"))
-            continue
-        why = sniff(p)
-        if why is None:
-            traces.append(p)
-        else:
-            skipped.append((p, why))
-    return traces, skipped
-
-
-class _Stream:
-    """Characters from a (gzipped) file in chunks, with the byte position of the file read."""
-
-    def __init__(self, path: Path, progress: Callable[[int, int], None] | None):
-        self.raw = open(path, "rb")
-        self.total = os.fstat(self.raw.fileno()).st_size
-        gz = self.raw.read(2) == b"\x1f\x8b"
-        self.raw.seek(0)
-        inner = gzip.GzipFile(fileobj=self.raw) if gz else self.raw
-        self.text = io.TextIOWrapper(inner, encoding="utf-8", errors="replace")
-        self.progress, self.next_report = progress, PROGRESS_EVERY_BYTES
-        self.buf, self.pos, self.eof, self.consumed = "", 0, False, 0
-
-    def close(self) -> None:
-        self.text.close()
-        self.raw.close()
-
-    def more(self) -> bool:
-        if self.eof:
-            return False
-        chunk = self.text.read(CHUNK_CHARS)
-        if not chunk:
-            self.eof = True
-            return False
-        self.consumed += self.pos
-        self.buf = self.buf[self.pos:] + chunk
-        self.pos = 0
-        if self.progress and self.raw.tell() >= self.next_report:
-            self.progress(self.raw.tell(), self.total)
-            self.next_report = self.raw.tell() + PROGRESS_EVERY_BYTES
-        return True
-
-    def skip_ws(self) -> str:
-        while True:
-            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
-                self.pos += 1
-            if self.pos < len(self.buf):
-                return self.buf[self.pos]
-            if not self.more():
-                return ""
-
-    def expect(self, chars: str) -> str:
-        c = self.skip_ws()
-        if c == "" or c not in chars:
-            raise self.error(f"expected one of {chars!r}, found {c or 'end of file'!r}")
-        self.pos += 1
-        return c
-
-    def value(self, dec: json.JSONDecoder = json.JSONDecoder()) -> Any:
-        self.skip_ws()
-        while True:
-            try:
-                v, end = dec.raw_decode(self.buf, self.pos)
-                # a number or literal at the end of the buffer may continue in the next chunk
-                if end < len(self.buf) or self.eof:
-                    self.pos = end
-                    return v
-            except json.JSONDecodeError:
-                if self.eof:
-                    raise self.error("malformed or truncated JSON")
-            if not self.more():
-                if self.pos >= len(self.buf):
-                    raise self.error("truncated (file ends inside a value)")
-
-    def error(self, what: str) -> TraceError:
-        return TraceError(f"{self.raw.name}: {what} near character {self.consumed + self.pos}: "
-                          "pass a complete trace written by torch.profiler (export_chrome_trace or "
-                          "tensorboard_trace_handler)")
 
 
 def _nbytes_from_shapes(args: dict[str, Any]) -> int | None:
@@ -372,47 +251,6 @@ def _comms_meta(args: dict[str, Any]) -> dict[str, Any]:
         out["group_size"] = args["Group size"]
     return out
 
-
-def iter_trace(path: str | os.PathLike, progress: Callable[[int, int], None] | None = None
-               ) -> Iterator[tuple[str, Any]]:
-    """(key, value) of each top-level entry but ``traceEvents``, and ("event", ev) per event, in
-    file order, streaming (the file is never loaded whole). The one reader of the format: every
-    trace reader of the kit (:func:`read_trace`, :mod:`hwlab.traces.trace_ops`,
-    :mod:`hwlab.traces.trace_events`) walks it. A path that is not a regular file is refused before
-    it is opened; a truncated or malformed file raises :class:`TraceError` with the byte offset."""
-    p = Path(path)
-    try:
-        st = p.stat()
-    except OSError as e:
-        raise UserInputError(f"{p}: cannot read ({e.strerror}): pass a trace file") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise UserInputError(f"{p} is not a regular file (a FIFO or device?): pass a saved trace file")
-    s = _Stream(p, progress)
-    try:
-        try:
-            s.expect("{")
-            if s.skip_ws() == "}":
-                raise s.error("empty object, no traceEvents")
-            while True:
-                key = s.value()
-                s.expect(":")
-                if key != "traceEvents":
-                    yield key, s.value()
-                else:
-                    s.expect("[")
-                    if s.skip_ws() == "]":
-                        s.pos += 1
-                    else:
-                        while True:
-                            yield "event", s.value()
-                            if s.expect(",]") == "]":
-                                break
-                if s.expect(",}") == "}":
-                    break
-        except (UnicodeDecodeError, EOFError, gzip.BadGzipFile, OSError) as e:
-            raise s.error(f"cannot be decoded ({type(e).__name__}: {e})") from None
-    finally:
-        s.close()
 
 
 def read_trace(path: str | os.PathLike, *, progress: Callable[[int, int], None] | None = None) -> RankTrace:
@@ -472,15 +310,18 @@ def _take(ev: dict[str, Any], rt: RankTrace, ops: list, metas: list, main_tids: 
     if ev.get("ph") != "X":
         return
     ctx = ctx or _Ctx()
-    name, cat = str(ev.get("name", "")), ev.get("cat")
+    name, cat = str(ev.get("name", "")), trace_cat(ev.get("cat"))
     try:
         ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
     except (KeyError, TypeError, ValueError):
         return
+    if not (math.isfinite(ts) and math.isfinite(dur)) or dur < 0:
+        rt.n_bad_times += 1  # a NaN / infinite / negative time places nothing: counted, said
+        return
     if rt.t_first_us is None or ts < rt.t_first_us:
         rt.t_first_us = ts
     args = ev.get("args") or {}
-    if cat in ("kernel", "Kernel"):
+    if cat == "kernel":
         stream = args.get("stream")
         corr = args.get("correlation")
         if _NCCL_KERNEL.match(name) or "Collective name" in args or _ONE_RANK in name:
@@ -509,9 +350,9 @@ def _take(ev: dict[str, Any], rt: RankTrace, ops: list, metas: list, main_tids: 
         ctx.host_colls.append((ts, ts + dur, ev.get("tid"), name, meta))
         if meta and args.get("External id") is not None:
             ctx.rpc_by_ext[args["External id"]] = meta
-    if cat == "cpu_op" and (name.startswith("autograd::engine") or "Backward" in name):
-        rt.n_backward_ops += 1
-    elif name.startswith("Optimizer.step#") and cat in ("cpu_op", "user_annotation"):
+    if cat == "cpu_op" and (name.startswith("autograd::engine") or "backward" in name.lower()):
+        rt.n_backward_ops += 1  # aten::*_backward, *Backward0, the autograd engine's own ranges
+    elif name.startswith(_OPTIMIZER_MARKS) and cat in ("cpu_op", "user_annotation", "python_function"):
         rt.n_optimizer_steps += 1
     if name.startswith("ProfilerStep#") and cat != "gpu_user_annotation":
         try:

@@ -23,7 +23,11 @@ out of every step.
 
 **Step window.** A step starts where its host range starts and ends at the later of its host
 end and the end of the last device event it launched: work still running after the step's
-host range (the last step's tail above all) belongs to the step that launched it.
+host range (the last step's tail above all) belongs to the step that launched it. Where the
+device runs behind the host (the previous step's window ends after this step's host range
+began), the step starts where the previous one ended: windows never overlap, so a step's idle
+is idle on the device timeline, not the previous step's work counted again (device work of a
+step that ran beside the previous step's tail, on another stream, counts from the step's start).
 
 **Item times.** On a GPU trace each device event's time is its *exclusive* share of the busy
 time: where several run at once (streams), each elementary interval is split evenly between
@@ -35,13 +39,15 @@ live examination's trace.
 from __future__ import annotations
 
 import bisect
+import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from hwlab.traces.kineto import TraceError, discover_traces, iter_trace, name_rank
-from hwlab.core.profiling import COMPILED_TRACE_MARKS, KERNEL_OCCUPANCY_ARGS, TRACE_KERNEL_CATS
+from hwlab.core.profiling import COMPILED_TRACE_MARKS, KERNEL_OCCUPANCY_ARGS, TRACE_KERNEL_CATS, trace_cat
 from hwlab.errors import UserInputError
 
 #: the host range ``hwlab examine`` wraps each profiled call in (examine/torch_profile.CALL_MARK)
@@ -52,6 +58,11 @@ HOST_CATS = ("cpu_op", "user_annotation")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "runtime", "driver")
 #: args of a host op kept: its recorded inputs (``record_shapes=True``)
 SHAPE_ARGS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
+#: host runtime calls that block until the device catches up: explicit synchronisation, a
+#: blocking copy (``cudaMemcpy`` without ``Async``: a device-to-host ``.item()``, ``.cpu()``,
+#: ``print``), an event wait on the host; CUDA and HIP spellings
+SYNC_CALL = re.compile(r"^(cuda|hip)(Device|Stream|Event)Synchronize|^(cuda|hip)Memcpy(?!.*Async)|"
+                       r"^cu(Ctx|Stream|Event)Synchronize|^cuMemcpyDtoH(?!.*Async)")
 #: the stack entry of a device event with no launch record
 UNLAUNCHED = "(unlaunched)"
 
@@ -108,6 +119,10 @@ class OpTrace:
     step_source: str = ""
     tops: list[HostOp] | None = field(default=None, repr=False)  # outermost aten ops, by start (cache)
     tops_ts: list[float] = field(default_factory=list, repr=False)
+    #: events whose time is NaN, infinite or negative: left out (a NaN would shift every share)
+    n_bad_times: int = 0
+    #: host runtime calls that wait for the device (:data:`SYNC_CALL`): (ts, dur, name)
+    syncs: list[tuple[float, float, str]] = field(default_factory=list)
 
     @property
     def on_gpu(self) -> bool:
@@ -132,14 +147,19 @@ def read_ops(path: str | os.PathLike, progress: Callable[[int, int], None] | Non
         ot.n_events += 1
         if not isinstance(v, dict) or v.get("ph") != "X":
             continue
-        cat = v.get("cat")
+        cat = trace_cat(v.get("cat"))
         try:
             ts, dur = float(v["ts"]), float(v.get("dur", 0.0))
         except (KeyError, TypeError, ValueError):
             continue
+        if not (math.isfinite(ts) and math.isfinite(dur)) or dur < 0:
+            ot.n_bad_times += 1  # a NaN / infinite / negative time places nothing: counted, said
+            continue
         args = v.get("args") if isinstance(v.get("args"), dict) else {}
         name = str(v.get("name", ""))
         if cat in HOST_CATS:
+            if "Input dims" in args and "Input Dims" not in args:  # PyTorch 1.8's spelling
+                args = {**args, "Input Dims": args["Input dims"]}
             op = HostOp(name, cat, ts, dur, v.get("pid"), v.get("tid"), args.get("External id"),
                         {k: args[k] for k in SHAPE_ARGS if k in args})
             host.setdefault((op.pid, op.tid), []).append(op)
@@ -155,8 +175,11 @@ def read_ops(path: str | os.PathLike, progress: Callable[[int, int], None] | Non
             ot.device.append(DeviceEvent(name, cat, ts, dur, args.get("correlation"), args.get("External id"),
                                          args.get("device", v.get("pid")), args.get("stream", v.get("tid")),
                                          {a: args[a] for a in KERNEL_OCCUPANCY_ARGS if a in args}))
-        elif cat in RUNTIME_CATS and "correlation" in args:
-            ot.launches[args["correlation"]] = (ts, v.get("pid"), v.get("tid"), name)
+        elif cat in RUNTIME_CATS:
+            if "correlation" in args:
+                ot.launches[args["correlation"]] = (ts, v.get("pid"), v.get("tid"), name)
+            if ("ynchronize" in name or "Memcpy" in name or "DtoH" in name) and SYNC_CALL.search(name):
+                ot.syncs.append((ts, dur, name))
     for ops in host.values():
         ops.sort(key=lambda o: (o.ts, -o.dur))
         stack: list[HostOp] = []
@@ -306,12 +329,16 @@ def step_items(ot: OpTrace) -> list[StepWork]:
                            "compiled": compiled, "args": dict(d.args), "ts": d.ts, "ts_end": d.ts + d.dur,
                            "unlaunched": un, "cat": d.cat})
     out: list[StepWork] = []
+    prev_end = None
     for i, s in enumerate(steps):
         lo, host_end = s["ts"], s["ts"] + s["dur"]
         top = _top_ops(ot, lo, host_end)
         if ot.device:
             items = per[i]
             end = max([host_end] + [it["ts_end"] for it in items])
+            if prev_end is not None and prev_end > lo:  # the device lags: this step starts where the last ended
+                lo = min(prev_end, end)
+            prev_end = end
             share, busy = _exclusive([(max(it["ts"], lo), max(it["ts_end"], lo)) for it in items])
             for it, sh in zip(items, share):
                 it["us"] = sh

@@ -12,8 +12,11 @@ live traffic model (:mod:`hwlab.examine.estimate`) keeps for an op, with the sam
   (their first input), else the broadcast of the inputs. View ops and allocations move
   nothing and get no record, as in the live model.
 * **FLOPs**: the matmul family as ``torch.utils.flop_counter`` counts it (``2*M*N*K`` for
-  mm/addmm/bmm/baddbmm/linear/matmul, ``2 * out * Cin/groups * kernel`` for convolutions, the
-  two products of attention); everything else 0.
+  mm/addmm/bmm/baddbmm/linear/matmul, ``2 * out * Cin/groups * kernel`` for convolutions (every
+  ``aten`` convolution op; a backward counts twice that of its grad_output, for grad_input and
+  grad_weight), the two products of attention); everything else 0. A convolution's stride and
+  padding come from ``Concrete Inputs``; a trace without them (PyTorch before 2.0) takes stride 1
+  and no padding, which over-counts a strided convolution's output: its floor is then high.
 * **identity** (what fusion would save): a trace records no tensor identity, so an input is
   taken to be the output of the latest earlier op of the step with the same element count and
   dtype (a view keeps the count), else a tensor from outside the step. An estimate, said so
@@ -34,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hwlab.traces.kineto import DTYPE_BYTES
-from hwlab.core.profiling import PART_ATTENTION_OPS, PART_GATHER_OPS, PART_GEMM_OPS, PART_LOW_PRECISION
+from hwlab.core.profiling import CONV_OPS, PART_ATTENTION_OPS, PART_GATHER_OPS, PART_GEMM_OPS, PART_LOW_PRECISION
 
 #: ``Input type`` spellings -> torch dtype names (the live model's ``in_dtypes``)
 DTYPE_NAMES = {"float": "float32", "double": "float64", "c10::Half": "float16", "c10::BFloat16": "bfloat16",
@@ -59,7 +62,8 @@ VIEW_OPS = frozenset(
         "new_empty", "new_empty_strided", "set_", "resize_", "_local_scalar_dense", "item", "is_nonzero",
         "size", "stride"))
 #: matmul-family ops (their input dtype picks the GEMM ceiling), as the live model's MATMUL_OPS
-MATMUL_OPS = frozenset(PART_GEMM_OPS) | frozenset(PART_ATTENTION_OPS)
+MATMUL_OPS = frozenset(PART_GEMM_OPS) | frozenset(PART_ATTENTION_OPS) | frozenset(CONV_OPS) | frozenset(
+    ("aten::convolution_backward", "aten::cudnn_convolution_backward", "aten::miopen_convolution_backward"))
 REDUCTION_OPS = frozenset("aten::" + n for n in (
     "sum", "mean", "amax", "amin", "max", "min", "prod", "norm", "linalg_vector_norm", "var", "std", "argmax",
     "argmin", "all", "any", "logsumexp", "count_nonzero", "var_mean", "std_mean"))
@@ -198,12 +202,16 @@ def out_shape(name: str, ts: list[tuple[int, list[int], Any, str]], concrete: li
     if name in PART_ATTENTION_OPS and len(shapes) >= 3:
         q, v = shapes[0], shapes[2]
         return q[:-1] + [v[-1]], dt0
-    if name in ("aten::convolution", "aten::_convolution", "aten::cudnn_convolution") and len(shapes) >= 2:
+    if name in CONV_BACKWARD_OPS and len(shapes) >= 3:  # grad_input: the forward input's shape (module doc)
+        i_x = CONV_BACKWARD_OPS[name][0]
+        return shapes[i_x], ts[i_x][3]
+    if name in CONV_OPS and "transpose" not in name and len(shapes) >= 2:
         x, w = shapes[0], shapes[1]
         nsp = len(x) - 2
-        stride = _concrete_ints(c(3)) or [1]
-        pad = _concrete_ints(c(4)) or [0]
-        dil = _concrete_ints(c(5)) or [1]
+        i_st, i_pad, i_dil = CONV_ARG_POS.get(name, (3, 4, 5))
+        stride = _concrete_ints(c(i_st)) or [1]
+        pad = _concrete_ints(c(i_pad)) or [0]
+        dil = _concrete_ints(c(i_dil)) or [1]
         sp = []
         for k in range(nsp):
             s_, p_, d_ = (v[k] if k < len(v) else v[-1] for v in (stride, pad, dil))
@@ -242,6 +250,17 @@ def out_shape(name: str, ts: list[tuple[int, list[int], Any, str]], concrete: li
     return broadcast(shapes), out_dt
 
 
+#: convolution backward ops -> (input, grad_output, weight) argument positions: the record's output is
+#: grad_input (the input's shape; grad_weight's bytes are left out, so the floor stays a lower bound) and
+#: its FLOPs are two forwards' (grad_input and grad_weight), as torch.utils.flop_counter counts them
+CONV_BACKWARD_OPS = {"aten::convolution_backward": (1, 0, 2), "aten::cudnn_convolution_backward": (0, 1, 2),
+                     "aten::miopen_convolution_backward": (0, 1, 2)}
+#: (stride, padding, dilation) argument positions of the convolutions whose signature differs from
+#: ``aten::convolution``'s (input, weight, bias, stride, padding, dilation, ...)
+CONV_ARG_POS = {"aten::cudnn_convolution": (3, 2, 4), "aten::miopen_convolution": (4, 3, 5),
+                "aten::mkldnn_convolution": (4, 3, 5)}
+
+
 def flops_of(name: str, ts: list[tuple[int, list[int], Any, str]], out: list[int] | None) -> int:
     """``torch.utils.flop_counter``'s count for the matmul family from shapes, else 0."""
     s = [d for _, d, _, _ in ts]
@@ -259,7 +278,10 @@ def flops_of(name: str, ts: list[tuple[int, list[int], Any, str]], out: list[int
             return 2 * prod(out) * k
         if name in ("aten::mv", "aten::addmv") and len(s) >= 2:
             return 2 * prod(s[-2])
-        if name in ("aten::convolution", "aten::_convolution", "aten::cudnn_convolution") and out and len(s) >= 2:
+        if name in CONV_BACKWARD_OPS and len(s) >= 3:  # grad_input and grad_weight: each a forward's FLOPs
+            _, i_go, i_w = CONV_BACKWARD_OPS[name]
+            return 2 * 2 * prod(s[i_go]) * prod(s[i_w][1:])
+        if name in CONV_OPS and "transpose" not in name and out and len(s) >= 2:
             w = s[1]
             return 2 * prod(out) * prod(w[1:])
         if name in PART_ATTENTION_OPS and len(s) >= 3:
