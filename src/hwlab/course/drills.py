@@ -343,6 +343,14 @@ def _fmt(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else repr(v)
 
 
+def observations_text(observations: dict[str, Any]) -> list[str]:
+    """What the probes show, one line per reading as a learner reads it: floats to three significant
+    digits (the drill file keeps full precision), with the source of each where the drill states it."""
+    src = observations.get("metric_sources", {})
+    return [f"  {k} = {_fmt(v)}" + (f"   <- {src[k]}" if k in src else "")
+            for k, v in observations.items() if k != "metric_sources"]
+
+
 def _reachable(node: str) -> set[str]:
     if node in flowchart.LEAVES:
         return {node}
