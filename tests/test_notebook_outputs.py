@@ -23,6 +23,8 @@ CHECKPOINT_ANSWERS = ROOT / "solutions" / "checkpoints.json"
 DOUBLE_SIGN = re.compile(r"[-+−]\d+(?:\.\d+)?\s?% (?:faster|slower|less|more)\b")
 #: a walk printed step by step (Diagnosis.explain): "B. Slow even in ...? -> YES (...)"
 MULTI_LINE_STEP = re.compile(r"^\s*[A-Z]{1,2}\. [^\n]*\? -> (?:YES|NO|NOT APPLICABLE|takes the NO branch)", re.M)
+#: the lines a whole walk adds after its steps (leaf and actions, lenses, borderline and provenance notes)
+WALK_TAIL = re.compile(r"^\s*(?:=> [A-Z]{1,2}: |OVERLAP: |FEWER BYTES: |BORDERLINE at |every answer on this walk)", re.M)
 #: an instructor reads notebook 06 in one sitting: each of its four cases (two incidents, two leaves)
 #: fits about one screen, some 400 words, so 1,600 for the notebook; its walks whole and its records
 #: whole stay one toggle away (DETAILS). Before walks went to one line it printed about 3,960 words.
@@ -66,6 +68,7 @@ def test_gains_are_signed_one_way_and_walks_are_one_line(name):
     assert "Traceback" not in out
     assert not DOUBLE_SIGN.findall(out), DOUBLE_SIGN.findall(out)
     assert not MULTI_LINE_STEP.findall(out), MULTI_LINE_STEP.findall(out)[:3]
+    assert not WALK_TAIL.findall(out), WALK_TAIL.findall(out)[:3]
 
 
 @pytest.mark.slow
