@@ -106,9 +106,10 @@ for ax, name in zip(axes, ("naive", "aware")):
     ax.legend(fontsize=7)
 plt.tight_layout()
 plt.show()
-for name in ("naive", "aware"):
+for name in ("naive", "aware"):  # the rank tail in K's unit (% of the step), the figure the walk reads
     r = exp[name]["report"]
-    print(f"{name}: tail ranks {r['tail_ranks']} ({r['tail_pct']:.0f}% over the others); " + " ".join(r["notes"]))
+    print(f"{name}: tail ranks {r['tail_ranks']}, rank tail {exp[name]['flowchart_evidence']['rank_tail_pct']:.1f}% of "
+          f"the step; " + " ".join(r["notes"]))
 print(f"throughput naive / aware: {exp['throughput_naive_over_aware']:.2f}x at {exp['rate']}  [{src}]")
 
 # %% [markdown]
@@ -140,6 +141,10 @@ if CP.passed:
 # %% [markdown]
 # After the fix the same probe walks the aware mapping: the line above says whether its tail and slowdown
 # are gone, and marks a step whose spread straddles its threshold as borderline.
+
+# %%
+if CP.passed:  # what the aware walk says about the fix, following the branch this run took
+    nb.md(lab.aware_walk_note(exp, flowchart.diagnose(exp["aware"]["flowchart_evidence"])) + f" _[{src}]_")
 
 # %% [markdown]
 # ## 3b. The same question from the job's own profiler traces
@@ -270,6 +275,7 @@ print("periodic spikes: " + (f"yes, every {sp['period_steps']} steps" if sp["per
       "periodic decode spikes come from its serving loop, which this block does not have"))
 for name in ("naive", "aware"):
     print(f"{name} [{sw.label}]: {flowchart.diagnose(cal[name]['flowchart_evidence']).render(full=DETAILS)}")
+nb.md(lab.aware_walk_note(cal, flowchart.diagnose(cal["aware"]["flowchart_evidence"])) + f" _[{sw.label}]_")
 
 # %% [markdown]
 # ## 5. Rule 3c: did the overlap really happen?
@@ -286,6 +292,8 @@ for name in ("naive", "aware"):
 # Each walk below says which case it is, with the launches' spread beside the share.
 
 # %%
+from hwlab.diagnosis.flowchart_checks import overlap_verdict
+
 first = evidence.recorded("lab03_slowlink", "cpu")
 o1 = first.extra["experiment"]["overlap"]
 keys, names = ("t_compute_alone_ms", "t_comm_alone_ms", "t_overlapped_ms"), ("compute alone", "comm alone", "overlapped")
@@ -311,9 +319,11 @@ print(f"rule 3c: under {lab.OVERLAP_FAILED_PCT:.0f}% of what could hide, the ove
       "the walks' overlap lines say which case each link is:")
 for case, src_, name in ((first.extra["experiment"], first.label, "naive"), (first.extra["experiment"], first.label, "aware"),
                          (cal, sw.label, "naive")):
-    d = flowchart.diagnose(case[name]["flowchart_evidence"])
-    print(f"{case['rate']} {name}: {d.compact()}  [{src_}]")
-    print("\n".join(d.lens_notes))
+    ev_ = case[name]["flowchart_evidence"]
+    d = flowchart.diagnose(ev_)
+    print(f"{case['rate']} {name}: {d.compact()}; {overlap_verdict(ev_)}  [{src_}]")
+    if DETAILS:  # the whole overlap reading: the share's formula, its spread, what the times alone say
+        print("\n".join(d.lens_notes))
 
 # %% [markdown]
 # ## 6. The counter-example (反例): a kernel regressed on every rank

@@ -14,8 +14,9 @@
 # **Needs:** an H100/H200-class GPU (FP8 tensor cores) for live timing; without one the same decoder runs
 # at a tiny size on the CPU (memory, hit rates, fallbacks and dequant counts are real; CPU times say
 # nothing about a GPU) and the timing evidence is the H200 run this kit recorded, labelled as such.
-# **Takes:** about a minute on an H200, a few minutes on a CPU. Set `LONG = True` for streams three
-# times as long.
+# On a CPU that tiny run is opt-in (`CPU_LIVE = True` in the first cell; it adds about a minute): without it
+# every figure below is the H200's record. **Takes:** the run times measured on the H200 and on a CPU are
+# in the table of `docs/LEARNING_PATH.md`. Set `LONG = True` for streams three times as long.
 #
 # **Arc, in the seed's order:** symptom → key metrics (memory, the trace, hit rate per bucket, the KV
 # cache) → judgement → the seed's fixes one by one → re-verify with the same probes.
@@ -36,12 +37,14 @@
 from IPython.display import Markdown, display
 import matplotlib.pyplot as plt
 from hwlab.core import evidence, probes
+from hwlab.core.gains import faster, less_more
 from hwlab.diagnosis import flowchart
 from hwlab import nb
 from hwlab.labs import fp8 as lab
 
 GPU = nb.has_gpu()
 LONG = False  # True: three times the requests per bucket
+CPU_LIVE = False  # True on a CPU: also serve the tiny decoder live here (about a minute; its times say nothing about a GPU)
 print(nb.live_label())
 for p in lab.SERVING_PATHS:
     print(f"{p:>12}: {lab.PATHS[p]}")
@@ -61,7 +64,7 @@ for spec in lab.default_streams("cuda"):
         kv8 = lab.PATHS[p]["kv_fp8_from_ctx"] is not None and spec.max_len >= lab.PATHS[p]["kv_fp8_from_ctx"]
         b = lab.step_bytes(cfg, lab.PATHS[p], n, pos, kv8)
         kv = 2 * cfg.n_layers * cfg.d_model * pos * (1 if kv8 else 2)
-        print(f"ctx {spec.ctx:>6} x{n:<3} {p:>12}: {b / 1e9:5.2f} GB per step ({100 * (b / base - 1):+5.1f}% vs bf16), "
+        print(f"ctx {spec.ctx:>6} x{n:<3} {p:>12}: {b / 1e9:5.2f} GB per step ({less_more(100 * (b / base - 1)):>10} than bf16), "
               f"KV {100 * kv / b:3.0f}% of it  [byte model, H200 size]")
 
 # %% [markdown]
@@ -93,7 +96,7 @@ nb.show_kernel(quant._dequant_rows_kernel, quant.dequant_rows_ref,
 # logits against BF16, and each batched step against the same requests decoded alone.
 
 # %%
-live = lab.run(long=LONG)
+live = lab.run(long=LONG) if GPU or CPU_LIVE else None
 src_live = nb.live_label()
 if GPU:
     res, src, copy = live, src_live, probes.hbm_copy(size_mib=2048, impl="torch").gbps
@@ -105,13 +108,22 @@ svc = {p: lab.service_tpot(res["stream"], p) for p in res["stream"]["paths"]}
 reports = {p: lab.performance_report(res["stream"], p) for p in res["stream"]["paths"]}
 t = sig["tpot_ms"]
 display(Markdown(
-    f"**The symptom, measured** ({src}): `mixed` holds {sig['memory_change_pct']:+.1f}% of BF16's weight memory. "
+    f"**The symptom, measured** ({src}): `mixed` holds {less_more(sig['memory_change_pct'])} weight memory than BF16. "
     f"Over the service's {svc['bf16']['tokens']} tokens its TPOT p50 is {t['mixed']['tpot_ms_p50']:.3f} ms against "
-    f"BF16's {t['bf16']['tpot_ms_p50']:.3f} ms ({sig['gain_p50_pct']:+.1f}% faster) and its p99 "
-    f"{t['mixed']['tpot_ms_p99']:.3f} against {t['bf16']['tpot_ms_p99']:.3f} ms ({sig['gain_p99_pct']:+.1f}% faster). "
+    f"BF16's {t['bf16']['tpot_ms_p50']:.3f} ms ({faster(sig['gain_p50_pct'])}) and its p99 "
+    f"{t['mixed']['tpot_ms_p99']:.3f} against {t['bf16']['tpot_ms_p99']:.3f} ms ({faster(sig['gain_p99_pct'])}). "
     f"Median gain between 0 and 6%: {sig['p50_gain_small']}; p99 gaining less than the median: "
     f"{sig['p99_gains_less']}" + (f"; borderline (within {sig['tol_pct']:.0f} points, a re-run may flip it): "
                                   f"{', '.join(sig['borderline'])}" if sig["borderline"] else "") + "."))
+if live is not None and not GPU:  # the tiny decoder served here: counts are real, its times are this CPU's
+    lsig = lab.seed_signature(live)
+    print(f"the tiny decoder served live here ({src_live}): `mixed` holds {less_more(lsig['memory_change_pct'])} "
+          "weight memory than bf16; per bucket:")
+    for b in lab.performance_report(live["stream"], "mixed")["buckets"]:
+        print(f"  ctx {b['ctx']:>5} x{b['batch']:<3} FP8 hit {b['fp8_hit_pct']:3.0f}%, fallback GEMMs {b['fallback_gemms']}, "
+              f"{b['dq_per_token']:.2f} dequants per token  [{src_live}]")
+elif not GPU:
+    print(f"the live CPU run is off (CPU_LIVE = False): every figure here is the record [{src}]")
 
 # %%
 fig = lab.plot_reports([reports[p] for p in ("bf16", "mixed")],
@@ -197,13 +209,14 @@ if CP.passed:
 # %%
 for p in ("mixed", "gemms_fixed", "fixed"):
     rep, s = reports[p], svc[p]
-    print(f"{p:>12}: weights {rep['weight_change_pct']:+.1f}% vs bf16, service TPOT p50 {s['tpot_ms_p50']:.3f} ms "
-          f"({100 * (1 - s['tpot_ms_p50'] / svc['bf16']['tpot_ms_p50']):+.1f}% faster), p99 {s['tpot_ms_p99']:.3f} ms "
-          f"({100 * (1 - s['tpot_ms_p99'] / svc['bf16']['tpot_ms_p99']):+.1f}% faster)  [{src}]")
+    print(f"{p:>12}: weights {less_more(rep['weight_change_pct'])} than bf16, service TPOT p50 {s['tpot_ms_p50']:.3f} ms "
+          f"({faster(100 * (1 - s['tpot_ms_p50'] / svc['bf16']['tpot_ms_p50']))}), p99 {s['tpot_ms_p99']:.3f} ms "
+          f"({faster(100 * (1 - s['tpot_ms_p99'] / svc['bf16']['tpot_ms_p99']))})  [{src}]")
     for r in rep["buckets"]:
         print(f"{'':>14}ctx {r['ctx']:>6} x{r['batch']:<3} KV {'fp8' if r['kv_fp8'] else 'bf16':>4}: hit {r['fp8_hit_pct']:3.0f}%, "
               f"fallback {r['fallback_gemms']}, bf16 on purpose {r['high_precision_by_choice']}, per token "
-              f"{r['dq_per_token']:.2f} dequants and {r['rq_per_token']:.2f} requants, TPOT p50 {-r['tpot_p50_change_pct']:+.0f}% / p99 {-r['tpot_p99_change_pct']:+.0f}% faster than bf16")
+              f"{r['dq_per_token']:.2f} dequants and {r['rq_per_token']:.2f} requants, TPOT p50 {faster(-r['tpot_p50_change_pct'], 0)} / "
+              f"p99 {faster(-r['tpot_p99_change_pct'], 0)} than bf16")
 a = res.get("attention_vs_sdpa")
 if a:
     print(f"\nwhat a user would run instead, the long bucket's attention over {a['n_layers']} layers ({a['timing']}): "
@@ -230,8 +243,8 @@ display(Markdown(
     f"`mixed` {rq['mixed'][short]:.2f} / {rq['mixed'][long_]:.2f}, `fixed` {rq['fixed'][short]:.2f} / {rq['fixed'][long_]:.2f}. "
     f"Fallback GEMMs on `fixed`: {sum(r['fallback_gemms'] for r in reports['fixed']['buckets'])}. Logit error against "
     f"BF16: `mixed` {err['mixed']:.3f}, `fixed` {err['fixed']:.3f} (bound {bound['fixed']}). Service TPOT p50 / p99 "
-    f"faster than BF16 by: `mixed` {gain['mixed']:+.1f}% / {gain99['mixed']:+.1f}%, `gemms_fixed` {gain['gemms_fixed']:+.1f}% / "
-    f"{gain99['gemms_fixed']:+.1f}%, `fixed` {gain['fixed']:+.1f}% / {gain99['fixed']:+.1f}%. Walks: "
+    f"against BF16: " + ", ".join(f"`{p}` {faster(gain[p])} / {faster(gain99[p])}" for p in ("mixed", "gemms_fixed", "fixed"))
+    + ". Walks: "
     + ", ".join(f"{k} → {v}" for k, v in leaves.items() if not k.startswith("bf16")) + "."))
 
 # %% [markdown]

@@ -22,12 +22,14 @@
 import tempfile
 
 from hwlab.core import evidence
+from hwlab.core.gains import faster, less_more
 from hwlab.diagnosis import flowchart, incident
 from hwlab import nb
 from hwlab.labs import scenarios
 
 GPU = nb.has_gpu()
 LIVE = False  # True on a GPU: re-measure leaves I and M and re-profile the FP8 paths live (about a minute)
+DETAILS = False  # True: every walk in full (each step's rule, spread and source), every report and incident record whole
 print(nb.live_label())
 
 # %% [markdown]
@@ -65,8 +67,9 @@ for row, key in zip(exp["signature"], ("naive", "regressed")):
     print(f"  {row['case']:34} {row['rank_tail_pct']:6.1f} | {row['comm_wait_ms_median']:6.1f} | "
           f"{row['slowdown_vs_floor']:5.2f}x | {flowchart.diagnose(exp[key]['flowchart_evidence']).leaf_id}")
 d1 = flowchart.diagnose(exp["naive"]["flowchart_evidence"])
-print(d1.explain())
-print("--- the counter-example (反例)\n" + flowchart.diagnose(exp["regressed"]["flowchart_evidence"]).explain())
+print(f"naive mapping [{rec.label}]: {d1.render(full=DETAILS)}")
+print(f"the counter-example (反例), regressed kernel [{rec.label}]: "
+      f"{flowchart.diagnose(exp['regressed']['flowchart_evidence']).render(full=DETAILS)}")
 
 # %% [markdown]
 # **The same case from profiler traces.** An on-call engineer usually has a `torch.profiler` trace per
@@ -129,7 +132,7 @@ inc1 = incident.from_diagnosis(
     reverified=fixed.leaf_id == "OK")
 folder = tempfile.mkdtemp(prefix="incidents-")
 md, js = incident.save(inc1, folder)
-print(md.read_text())
+print(md.read_text() if DETAILS else md.read_text().split("\n## Key evidence")[0] + f"\n(the whole record: {md})")
 
 # %% [markdown]
 # ## Case 2: FP8 weights, memory down, TPOT barely moves
@@ -147,23 +150,23 @@ print(md.read_text())
 from hwlab.labs import fp8
 
 SEED_FP8 = {"memory_pct": -35, "tpot_change_pct": -3}  # the seed page's report, quoted: not measured here
-nb.md(f"The seed's figures: memory **{SEED_FP8['memory_pct']:+d}%**, TPOT **{-SEED_FP8['tpot_change_pct']:+d}% "
-      f"faster** (the seed writes it as a TPOT change of {SEED_FP8['tpot_change_pct']:+d}%), P99 slightly worse. "
+nb.md(f"The seed's figures: memory **{less_more(SEED_FP8['memory_pct'], 0)}**, TPOT **{faster(-SEED_FP8['tpot_change_pct'], 0)}** "
+      f"(the seed writes it as a TPOT change of {SEED_FP8['tpot_change_pct']:+d}%), P99 slightly worse. "
       "_[the seed's report, quoted]_")
 rec4 = evidence.recorded("lab04_fp8")
 run4 = rec4.extra["run"]
 s4, s4src, s4copy = run4["stream"], rec4.label, rec4.ceilings["copy_gbps"]
 print("Lab 4's decoder:", run4["config"], f"[{s4src}]")
 sig = fp8.seed_signature(run4)
-nb.md(f"Lab 4's `mixed` path against BF16 over the whole service: weights **{sig['memory_change_pct']:+.1f}%**, "
-      f"TPOT p50 **{sig['gain_p50_pct']:+.1f}% faster**, p99 **{sig['gain_p99_pct']:+.1f}% faster**"
+nb.md(f"Lab 4's `mixed` path against BF16 over the whole service: weights **{less_more(sig['memory_change_pct'])}**, "
+      f"TPOT p50 **{faster(sig['gain_p50_pct'])}**, p99 **{faster(sig['gain_p99_pct'])}**"
       + (f" (borderline: {', '.join(sig['borderline'])})" if sig["borderline"] else "") + f" _[{s4src}]_")
 if GPU and LIVE:
     for p in ("mixed", "fixed"):
         pr = fp8.decode_profile(fp8.Decoder(fp8.H200_SIZE, p))
         print(f"{p:>6} live profile: {pr['fp8_hits']}/{pr['gemm_calls']} GEMMs on FP8 kernels, "
               f"{pr['fallback_gemms']} fallbacks  [{nb.live_label()}]")
-for p in fp8.SERVING_PATHS:
+for p in (fp8.SERVING_PATHS if DETAILS else ("mixed",)):  # DETAILS: every path's report
     print(fp8.format_report(fp8.performance_report(s4, p), s4src), end="\n\n")
 # the chart, every answer measured: B = one decode step's kernels against this machine's byte floor,
 # D = the stream's TPOT p50 over what those kernels predict, K = the one serving process's steps
@@ -171,7 +174,7 @@ fe4 = fp8.flowchart_evidence(s4, s4copy)
 long_ctx = max(b["profile"]["ctx"] for b in s4["paths"]["mixed"]["buckets"])
 k4 = next(k for k in fe4 if k.startswith(f"mixed ctx {long_ctx} "))
 d2 = flowchart.diagnose(fe4[k4])
-nb.show_walk(d2, f"{k4}; {s4src}")
+print(f"{k4} [{s4src}]: {d2.render(full=DETAILS)}")
 # the seed's judgement, in one step's kernel time: where mixed spends it against bf16
 by = {p: next(b["profile"]["breakdown"]["us"] for b in s4["paths"][p]["buckets"] if k4.endswith(
     f"ctx {b['profile']['ctx']} x{b['profile']['batch']}")) for p in ("bf16", "mixed")}
@@ -189,23 +192,23 @@ print(f"{k4} vs bf16, one step's kernel time by class (ms): " + ", ".join(
 for p in ("gemms_fixed", "fixed"):
     sp = fp8.seed_signature(run4, p)
     walks = {k: flowchart.diagnose(ev).leaf_id for k, ev in fe4.items() if k.startswith(p + " ")}
-    nb.md(f"`{p}` against BF16: weights **{sp['memory_change_pct']:+.1f}%**, TPOT p50 **{sp['gain_p50_pct']:+.1f}% "
-          f"faster**, p99 **{sp['gain_p99_pct']:+.1f}% faster**; walks " + ", ".join(f"{k}: {v}" for k, v in walks.items())
+    nb.md(f"`{p}` against BF16: weights **{less_more(sp['memory_change_pct'])}**, TPOT p50 **{faster(sp['gain_p50_pct'])}**, "
+          f"p99 **{faster(sp['gain_p99_pct'])}**; walks " + ", ".join(f"{k}: {v}" for k, v in walks.items())
           + f" _[{s4src}]_")
 kf = k4.replace("mixed", "fixed")
 fixed_walk = flowchart.diagnose(fe4[kf])
 sf = fp8.seed_signature(run4, "fixed")
 inc2 = incident.from_diagnosis(
     "FP8 weights: memory down, decode TPOT barely better", rec4, d2, symptom_scope="inference",
-    symptom=f"mixed weights {sig['memory_change_pct']:+.0f}%, service TPOT p50 {sig['gain_p50_pct']:+.1f}% faster / "
-            f"p99 {sig['gain_p99_pct']:+.1f}% faster than bf16",
+    symptom=f"mixed weights {less_more(sig['memory_change_pct'], 0)}, service TPOT p50 {faster(sig['gain_p50_pct'])} / "
+            f"p99 {faster(sig['gain_p99_pct'])} than bf16",
     fix="head kept bf16 on purpose, every trunk GEMM on an FP8 kernel, FP8 KV cache for the long bucket",
-    reverify=f"Lab 4 serving stream, fixed path: TPOT p50 {sf['gain_p50_pct']:+.1f}% faster / p99 "
-             f"{sf['gain_p99_pct']:+.1f}% faster than bf16; walk {kf}: {fixed_walk.leaf_id}",
+    reverify=f"Lab 4 serving stream, fixed path: TPOT p50 {faster(sf['gain_p50_pct'])} / p99 "
+             f"{faster(sf['gain_p99_pct'])} than bf16; walk {kf}: {fixed_walk.leaf_id}",
     reverify_evidence=fe4[kf], reverify_probe=f"Lab 4 serving stream, {kf} [{s4src}]",
     reverified=fixed_walk.leaf_id == "OK")
 md2, _ = incident.save(inc2, folder)
-print(md2.read_text())
+print(md2.read_text() if DETAILS else md2.read_text().split("\n## Key evidence")[0] + f"\n(the whole record: {md2})")
 
 # %% [markdown]
 # ## Leaf I: the Tensor-Core / dtype path
@@ -229,7 +232,7 @@ plt.show()
 for k, m in ms.items():
     print(f"{k:>15}: {m.tflops:,.0f} TFLOP/s  [{src}]")
 for k in ("fp32", "bf16"):
-    print(f"--- {k}\n{flowchart.diagnose(fe[k]).explain()}")
+    print(f"{k} [{src}]: {flowchart.diagnose(fe[k]).render(full=DETAILS)}")
 
 # %% [markdown]
 # ## Leaf M: one tuned shape does not predict the workload
@@ -247,7 +250,7 @@ else:
 print(f"measured step {W['measured_step_ms']:.3f} ms; predicted from the tuned shape "
       f"{W['predicted_from_tuned_ms']:.3f} ms; from per-bucket probes {W['predicted_from_buckets_ms']:.3f} ms [{src}]")
 for k, ev in W["flowchart_evidence"].items():
-    print(f"--- {k}: {' -> '.join(flowchart.diagnose(ev).path)}")
+    print(f"{k} [{src}]: {flowchart.diagnose(ev).render(full=DETAILS)}")
 
 # %% [markdown]
 # ## Summary for the class

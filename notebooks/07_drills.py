@@ -35,10 +35,7 @@ print(nb.live_label())
 drill = drills.new()  # instructors: drills.new(seed=..., fault="slow_link_rank")
 print(f"drill {drill.drill_id}: the workload is {drill.workload}")
 print(f"what the probes show ({drill.source}):")
-for k, v in drill.observations.items():
-    if k != "metric_sources":
-        print(f"  {k} = {v}" + (f"   <- {drill.observations['metric_sources'][k]}"
-                                 if k in drill.observations.get("metric_sources", {}) else ""))
+print("\n".join(drills.observations_text(drill.observations)))
 
 # %% [markdown]
 # ## Walk the flowchart

@@ -43,7 +43,7 @@ import torch
 import hwlab
 from hwlab.core import ceilings, evidence
 from hwlab import nb
-from hwlab.examine.report_text import format_table, plot_slowdowns, table
+from hwlab.examine.report_text import against_prediction, format_table, plot_slowdowns, table
 from hwlab.examine.target import load
 
 ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
@@ -101,6 +101,10 @@ else:
     nb.show_evidence({**ex.evidence, "metric_sources": ex.evidence_sources}, ex.label)
     print(f"walk: {ex.diagnosis.compact()}")
 nb.show_mermaid(ex.diagnosis.mermaid())
+nb.md(f"Live ({ex.label}): the walk {against_prediction(ex.diagnosis, 'G')}." + (
+    "" if torch.cuda.is_available() or ex.diagnosis.leaf_id == "G" else
+    " The prediction is a GPU's: on this CPU the figures are the CPU's against its own ceilings, and the "
+    "H200's examination in the table below is the evidence for the chain."))
 
 # %% [markdown]
 # On a CPU the numbers are the CPU's against the CPU's ceilings: its caches are large next to these small
@@ -144,7 +148,7 @@ else:
 #
 # **Prediction:** on a GPU the op-by-op GELU makes the elementwise part large and far above its fused
 # floor, so it should be the headline with leaf G (fusion), ahead of the GEMMs, which cuBLAS runs near
-# their ceiling.
+# their ceiling. The line under the plot says how this run's headline compares.
 
 # %%
 from IPython.display import Markdown, display
@@ -163,15 +167,18 @@ if not DETAILS:  # one line per part's walk; DETAILS = True prints each step
 plot_parts(mixed.parts.to_dict(), f"time per part, {mixed.label}")
 h = mixed.headline
 display(Markdown(
-    f"Live: the whole-function walk lands on **{mixed.diagnosis.leaf_id or 'no leaf'}**; the headline part is "
-    f"**{h.name}** on **{h.leaf_id}**, at {h.pct_of_floor:.0f}% of its floor; reaching it would save "
-    f"{h.saved_ms:.3g} ms of {mixed.measurement.t_ms:.3g} ms ({h.speedup:.2f}x the whole forward)."
+    f"Live ({mixed.label}): the whole-function walk lands on **{mixed.diagnosis.leaf_id or 'no leaf'}**; the headline "
+    f"part is **{h.name}**, at {h.pct_of_floor:.0f}% of its floor; reaching it would save {h.saved_ms:.3g} ms of "
+    f"{mixed.measurement.t_ms:.3g} ms ({h.speedup:.2f}x the whole forward). Its walk "
+    f"{against_prediction(h.walk, 'G')}" + ("." if torch.cuda.is_available() or h.leaf_id == "G" else
+    ". On a CPU the parts are op self times against the CPU's ceilings: the H200's record further down is the "
+    "evidence for the prediction. The fix below fuses the chain either way.")
     if h and h.pct_of_floor is not None else "Live: no part was walked to a leaf on this machine."))
 
 # %% [markdown]
 # ### Apply the top fix and examine again
 #
-# The headline's leaf names fusion. The smallest fix that fuses the chain is the one-kernel
+# The prediction's leaf, G, names fusion. The smallest fix that fuses the chain is the one-kernel
 # `F.gelu(approximate="tanh")` (`model_fused`: the same weights). `torch.compile` would fuse it too, and
 # more. The first examination predicted what the fix can save (the part's time minus its floor); the
 # second measures what it did save. The floor assumes every run of the part's consecutive ops fused into
@@ -241,7 +248,8 @@ if parts_path.exists():
                              f"({j['rule']}). Figures: " + ", ".join(
                                  f"{k} = {v:.3g}" for k, v in j["figures"].items()) +
                              ". Actions: " + "; ".join(g["actions"][:3]) + "."))
-#
+
+# %% [markdown]
 # ## Your turn: examine a function of your own
 #
 # Replace `my_layer_norm` with your own code (any callable taking tensors). Before running, write down

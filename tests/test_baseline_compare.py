@@ -2,6 +2,7 @@
 give no node advice; comparable runs get deviations with advice (exit 1) or a clean match (0)."""
 import copy
 import json
+import re
 import subprocess
 import sys
 
@@ -150,6 +151,12 @@ def test_a_real_drop_with_tight_spreads_is_still_hardware(base):
     d = c.deviations[0]
     assert d.what.startswith("hbm_copy") and "beyond both runs' p10-p90" in d.rule
     assert "drain and swap" in d.next_step
+    # said one way per quantity: the rate fell by what the two figures give, its time rose by the judged change
+    fall = 100 * (1 - d.now / d.baseline)
+    assert re.search(r"GB/s down ([\d.]+)%: time per run up ([\d.]+)%", d.rule), d.rule
+    got_fall, got_rise = map(float, re.search(r"down ([\d.]+)%: time per run up ([\d.]+)%", d.rule).groups())
+    assert got_fall == pytest.approx(fall, abs=0.15) and got_rise == pytest.approx(100 / (1 - fall / 100) - 100, abs=0.5)
+    assert "drop >" not in d.rule and "rise +" not in d.rule
 
 
 def test_a_drop_inside_the_spread_is_borderline_not_hardware(base):

@@ -11,7 +11,7 @@ span says what the notebook shows from the same record. ``tests/test_figures.py`
 compares: a re-recorded run that changes a figure fails the test until this tool is run. The
 README's download figure has its own marker and tool (``tools/install_size.py``).
 
-Gains are written one way, "x% faster" (negative: slower), as the notebooks print them.
+Gains are written one way, "x% faster" / "x% slower" (:mod:`hwlab.core.gains`), as the notebooks print them.
 """
 from __future__ import annotations
 
@@ -50,8 +50,11 @@ def _by_name(rec: dict) -> dict[str, dict]:
 
 
 def _faster(pct: float) -> str:
-    """A gain in %, said the way it reads: a negative gain is slower, not "-x% faster"."""
-    return f"{pct:.1f}% faster" if pct >= 0 else f"{-pct:.1f}% slower"
+    """A gain in %, said the way it reads: a negative gain is slower, not "-x% faster"
+    (:func:`hwlab.core.gains.faster`, the one formatter the notebooks use)."""
+    from hwlab.core.gains import faster
+
+    return faster(pct)
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -189,7 +192,9 @@ def _lab04_readme() -> str:
     short, long_ = min(hits, key=int), max(hits, key=int)
     fb = sum(b["fallback_gemms"] for b in rep["fixed"]["buckets"])
     bl = f" (borderline: {', '.join(sig['borderline'])})" if sig["borderline"] else ""
-    return (f"`mixed` path holds {-sig['memory_change_pct']:.1f}% less weight memory than bf16 and its service "
+    from hwlab.core.gains import less_more
+
+    return (f"`mixed` path holds {less_more(sig['memory_change_pct'])} weight memory than bf16 and its service "
             f"TPOT is {_faster(sig['gain_p50_pct'])} at p50 and {_faster(sig['gain_p99_pct'])} at p99{bl}; its "
             f"FP8 hit rate is {hits[short]:.0f}% in the short bucket (ctx {short}) and {hits[long_]:.0f}% in the "
             f"long one (ctx {long_}); its walks land on {_leaves('mixed')}. With the seed's fixes, `fixed` is "
@@ -201,7 +206,9 @@ def _lab04_readme() -> str:
 def _lab04_instructor() -> str:
     ex, sig, svc, rep = _lab04()
     by_ctx = sorted(rep["fixed"]["buckets"], key=lambda b: b["ctx"])
-    gains = ", ".join(f"{-b['tpot_p50_change_pct']:+.0f}% faster at ctx {b['ctx']}" for b in by_ctx)
+    from hwlab.core.gains import faster_from_change
+
+    gains = ", ".join(f"{faster_from_change(b['tpot_p50_change_pct'], 0)} at ctx {b['ctx']}" for b in by_ctx)
     return (f"the seed's mixed path cuts weight memory by {-sig['memory_change_pct']:.1f}% while its service TPOT "
             f"is {_faster(sig['gain_p50_pct'])} at p50 (the seed's \"small gain\", 0-6%: "
             f"{'yes' if sig['p50_gain_small'] else 'no'}) and {_faster(sig['gain_p99_pct'])} at p99; the fixed "

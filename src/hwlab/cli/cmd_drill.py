@@ -7,7 +7,6 @@ or a write that failed (the result is kept in the rescue folder); 3 internal err
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import sys
 from pathlib import Path
@@ -66,7 +65,7 @@ def _new(a) -> int:
                     "source": d.label, "live": d.live, "observations": d.observations})
         return EXIT_OK
     print(f"drill {d.drill_id} written to {p}\nworkload: {d.workload}\nwhat the probes show "
-          f"({d.label}):\n{json.dumps(d.observations, indent=2)}\nwalk the flowchart, then: "
+          f"({d.label}):\n" + "\n".join(drills.observations_text(d.observations)) + "\nwalk the flowchart, then: "
           f"hwlab drill submit {p} --leaf LEAF --learner NAME")
     return EXIT_OK
 

@@ -343,6 +343,33 @@ def _fmt(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else repr(v)
 
 
+def _shown(v: Any) -> str:
+    """A reading for a reader: floats to three significant digits, inside dicts and lists too."""
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_shown(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_shown(x) for x in v) + "]"
+    if isinstance(v, float) and abs(v) >= 1000:  # whole units read better than 3.42e+03
+        return f"{v:.0f}"
+    return _fmt(v)
+
+
+def observations_text(observations: dict[str, Any]) -> list[str]:
+    """What the probes show, one line per reading as a learner reads it: numbers to three significant
+    digits (the drill file keeps full precision), each reading's spread and source beside it where the
+    drill states them."""
+    src, spreads = observations.get("metric_sources", {}), observations.get("metric_spreads", {})
+    lines = []
+    for k, v in observations.items():
+        if k in ("metric_sources", "metric_spreads"):
+            continue
+        sp = spreads.get(k)
+        lines.append(f"  {k} = {_shown(v)}"
+                     + (f" (spread {_fmt(sp['lo'])}-{_fmt(sp['hi'])}, {sp.get('what', '')})" if sp else "")
+                     + (f"   <- {src[k]}" if k in src else ""))
+    return lines
+
+
 def _reachable(node: str) -> set[str]:
     if node in flowchart.LEAVES:
         return {node}

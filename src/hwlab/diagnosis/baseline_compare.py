@@ -230,6 +230,18 @@ def _band(m: Measurement) -> Band:
     return Band(m.t_ms, m.t_p10_ms, m.t_p90_ms, m.n_rep)
 
 
+
+def _rule_text(j, base_value: float, now_value: float, unit: str, latency: bool) -> str:
+    """A deviation said one way: the judged change is a rise of the probe's time per run (the spread
+    rules compare times); a rate probe names its figure falling first, then the time's rise."""
+    rise = f"time per run up {j.change_pct:.1f}%"
+    rule = (f"{rise} {j.reason[len('rise '):].split(' ', 1)[1]}" if j.reason.startswith("rise ")
+            else f"{rise}; {j.reason}")
+    if latency or not base_value:
+        return rule
+    return f"{unit} down {100.0 * (1.0 - now_value / base_value):.1f}%: {rule}"
+
+
 def compare(base: Evidence, now: Evidence) -> Comparison:
     """Classify what changed between a baseline and a new record (see the module doc)."""
     c = Comparison()
@@ -260,9 +272,8 @@ def compare(base: Evidence, now: Evidence) -> Comparison:
             cat, nxt = "borderline", NEXT["borderline"]
         else:
             continue
-        what = "rise" if latency else "drop"
         c.deviations.append(Deviation(cat, f"{m.name} ({unit})", round(b, 3), round(v, 3),
-                                      f"{what} > {tol:.0f}%; {j.reason}", nxt))
+                                      _rule_text(j, b, v, unit, latency), nxt))
     for name in sorted(set(bm) - {m.name for m in now.results}):
         c.deviations.append(Deviation("missing", name, "recorded", "absent", "part not measured now",
                                       now.extra.get("missing", {}).get(name, "re-run hwlab baseline record")))

@@ -215,6 +215,26 @@ def overlap_lens(evidence: dict[str, Any], leaf_id: str | None = None) -> list[s
     return [head, "   overlap hid the communication under compute; the link is not the limiter here"]
 
 
+def overlap_verdict(evidence: dict[str, Any]) -> str | None:
+    """:func:`overlap_lens` in a few words, for a walk shown on one line: the share and which case
+    of rule 3c it is (same thresholds), or None without an overlap measurement."""
+    hid = evidence.get("overlap_hidden_pct")
+    if hid is None:
+        return None
+    comm, comp = evidence.get("overlap_comm_alone_ms"), evidence.get("overlap_compute_alone_ms")
+    longer = comm is not None and comp is not None and comm > comp
+    if check_range("overlap", "overlap_hidden_pct", hid) is not None:
+        return "overlap share INVALID (not evidence)" + (
+            "; the all-reduce alone outlasts the compute: the link is the limiter" if longer else "")
+    if comm is None or comp is None:
+        return f"overlap {hid:.0f}% hidden (what could hide unknown)"
+    if hid < OVERLAP_DID_ITS_PART_PCT:
+        return f"overlap {hid:.0f}% of what could hide: did not really happen (rule 3c)"
+    if longer:
+        return f"overlap {hid:.0f}% of what could hide: did what it could, the all-reduce alone outlasts the compute"
+    return f"overlap {hid:.0f}% of what could hide: the link is not the limiter"
+
+
 def fewer_bytes_lens(evidence: dict[str, Any]) -> list[str]:
     """Near its own floor, the floors of the lower-byte alternatives and what they would save."""
     slow, alts, kernel_us = (evidence.get("slowdown_vs_floor"), evidence.get("alt_floors_us"),

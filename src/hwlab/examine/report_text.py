@@ -162,3 +162,41 @@ def fix_summary(before: dict[str, Any], after_t_ms: float, before_t_ms: float) -
     return {"headline": head["name"], "leaf": head["leaf"], "predicted_saving_ms": head["saved_ms"],
             "measured_saving_ms": measured,
             "measured_over_predicted": measured / head["saved_ms"] if head["saved_ms"] else None}
+
+
+def _route(leaf: str) -> dict[str, str]:
+    """Question -> the answer ("yes"/"no") the chart's one path to ``leaf`` takes there."""
+    from hwlab.diagnosis import flowchart as F
+
+    def walk(node: str) -> dict[str, str] | None:
+        if node == leaf:
+            return {}
+        q = F.QUESTIONS.get(node)
+        if q is None:
+            return None
+        for ans, nxt in (("yes", q.yes), ("no", q.no)):
+            rest = walk(nxt)
+            if rest is not None:
+                return {node: ans, **rest}
+        return None
+
+    return walk(F.START) or {}
+
+
+def against_prediction(walk, predicted_leaf: str) -> str:
+    """Where a walk (a :class:`~hwlab.diagnosis.flowchart.Diagnosis`) meets or leaves the path to
+    ``predicted_leaf``: "as predicted", the first question it answered the other way (metric, value,
+    rule), and the question where it stopped for want of a measurement, if it did."""
+    from hwlab.diagnosis.flowchart import _fmt
+
+    if walk.leaf_id == predicted_leaf:
+        return f"lands on **{predicted_leaf}**, as predicted"
+    route = _route(predicted_leaf)
+    left = next((s for s in walk.steps if route.get(s.question) not in (None, s.answer)), None)
+    where = (f"it leaves that path at {left.question}, answered {left.answer.upper()} ({left.metric} = "
+             f"{_fmt(left.value)}, rule {left.criterion})" if left else "")
+    if walk.undecided is not None:
+        q = walk.undecided
+        return (f"stops at **{q.id}** ({q.text}), short of the predicted {predicted_leaf}: nothing here measures "
+                f"it for one function in one process ({q.probe})" + (f"; {where}" if where else ""))
+    return f"lands on **{walk.leaf_id}**, not the predicted {predicted_leaf}" + (f": {where}" if where else "")

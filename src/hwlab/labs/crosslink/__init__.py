@@ -27,7 +27,8 @@ from hwlab.labs.crosslink.overlap import shown as overlap_shown
 from hwlab.labs.crosslink.stragglers import (
     DP_SYNC_ELEMS, launch, launch_phases, parse_groups, phase_view, run_rank)
 from hwlab.labs.crosslink.report import (
-    StragglerReport, flowchart_evidence, paired_ratio, signature_row, straggler_report)
+    StragglerReport, aware_walk_note, flowchart_evidence, paired_ratio, rank_tail_pct, signature_row,
+    straggler_report)
 from hwlab.labs.crosslink.slowlink import (
     NAIVE_GROUPS, SEED_RATIO, SEED_RATIO_BAND, SEED_TAIL_MS, SLOW_RANKS, EXTREME_RATE_MBIT, FAST_RATE_MBIT,
     OVERLAP_SIZES, SIZES, SWEEP_RATES_MBIT, WORLD, SlowLink, SlowLinkUnavailable, aware_groups, analyse,

@@ -6,6 +6,7 @@ from typing import Any
 from hwlab.core.grading import ExerciseResult, not_done
 from hwlab.core.mapping import choose_tp_groups, evaluate
 from hwlab.core.topology import link_rank
+from hwlab.labs.crosslink.report import rank_tail_pct
 
 
 def grade_straggler(answer: list[int] | None, report: dict[str, Any]):
@@ -13,8 +14,9 @@ def grade_straggler(answer: list[int] | None, report: dict[str, Any]):
         return not_done("straggler", "List the tail ranks, e.g. [1, 5].")
     want = sorted(report["tail_ranks"])
     if sorted(answer) == want:
-        return ExerciseResult("straggler", "passed", f"ranks {want} are the tail: their own work "
-                              f"(compute + TP all-reduce) is {report['tail_pct']:.0f}% over the others.")
+        return ExerciseResult("straggler", "passed", f"ranks {want} are the tail: the slowest one's own work "
+                              f"(compute + TP all-reduce) exceeds the others' by {rank_tail_pct(report):.0f}% of "
+                              "the step.")
     return ExerciseResult("straggler", "wrong", f"you named {sorted(answer)}. Compare each rank's "
                           "compute + TP all-reduce time, not its step time (every rank's step "
                           "includes waiting for the slowest).")

@@ -91,11 +91,15 @@ def paired_ratio(num: list[dict], den: list[dict]) -> float:
     return statistics.median(paired_ratios(num, den))
 
 
-def rank_tail_pct(rep: StragglerReport) -> float:
-    """The flowchart's K figure for ``rep``: the slowest rank's own time (lower quartile over steps)
-    minus the on-time ranks' median, in % of the median step (:func:`hwlab.core.tails.tail_pct_of_step`,
-    the unit of K's threshold). ``rep.tail_pct`` is the same excess over the on-time ranks' own time,
-    a ratio that grows without bound when they spend the step waiting."""
+def rank_tail_pct(rep: StragglerReport | dict[str, Any]) -> float:
+    """The flowchart's K figure for ``rep`` (a report, or its ``to_dict()`` as recorded): the slowest
+    rank's own time (lower quartile over steps) minus the on-time ranks' median, in % of the median
+    step (:func:`hwlab.core.tails.tail_pct_of_step`, the unit of K's threshold). The one figure to
+    show for a rank tail: ``rep.tail_pct`` is the tail split's excess over the on-time ranks' own
+    time, a ratio that grows without bound when they spend the step waiting."""
+    if isinstance(rep, dict):  # a recorded report: JSON made the rank keys strings
+        own = {int(k): v["own_q_ms"] for k, v in rep["per_rank"].items()}
+        return tail_pct_of_step(own, [int(r) for r in rep["tail_ranks"]], rep["step_ms"])
     return tail_pct_of_step({k: v["own_q_ms"] for k, v in rep.per_rank.items()}, rep.tail_ranks, rep.step_ms)
 
 
@@ -172,3 +176,42 @@ def signature_row(name: str, case: dict[str, Any]) -> dict[str, Any]:
             "comm_wait_ms_max": max(waits), "step_ms": rep["step_ms"],
             "slowdown_vs_floor": ev["slowdown_vs_floor"], "e2e_slowdown": ev["e2e_slowdown"],
             "n_ranks": ev["n_ranks"]}
+
+
+def aware_walk_note(case: dict[str, Any], walk: Any) -> str:
+    """What the topology-aware mapping's walk ``walk`` (a :class:`~hwlab.diagnosis.flowchart.Diagnosis`
+    of ``case["aware"]``'s evidence) says about the fix, in words that follow the branch it took.
+
+    On this CPU stand-in every rank is a gloo process on a few shared cores: the aware mapping still
+    pays its TP all-reduce (over loopback, or inside the namespace) on top of the devices-alone step
+    that D divides by, and that all-reduce costs far more of a CPU block's step than an NVLink one
+    costs a GPU's. So an aware walk can cross D's line with no rank tail and land on M, whose causes
+    (shape buckets, caches, fallbacks) this block does not have; the note says so with the figures."""
+    ev, rep = case["aware"]["flowchart_evidence"], case["aware"]["report"]
+    per = list(rep["per_rank"].values())
+    ar = statistics.median(v["tp_allreduce_ms"] for v in per)
+    comp = statistics.median(v["compute_ms"] for v in per)
+    steps = {s.question: s for s in walk.steps}
+    speed = case.get("speedup_aware_over_naive")
+    lead = (f"The aware mapping delivers {speed:.2f}x the naive one's throughput" if speed else "The aware mapping")
+    d = steps.get("D")
+    d_line = (f"its step is {ev['e2e_slowdown']:.2f}x the devices-alone step (D's rule: {d.criterion})" if d else "")
+    border = (f" D is BORDERLINE (spread {d.spread[0]:.2f}-{d.spread[1]:.2f}x, {d.spread_what}): a re-run may "
+              f"take the other branch ({d.other_branch})." if d is not None and d.borderline and d.spread else "")
+    cost = (f"what is left over the devices alone is the TP all-reduce itself, {ar:.1f} ms per step (median rank) "
+            f"beside {comp:.1f} ms of compute, paid by every rank alike")
+    if walk.leaf_id == "OK":
+        return f"{lead}, and its walk reaches OK: {d_line}.{border}" + (
+            f" Even so, {cost}." if d is not None and d.borderline else "")
+    if walk.leaf_id == "M" and "K" in steps:
+        return (f"{lead}, and no rank finishes late any more (K: {ev['rank_tail_pct']:.1f}% of the step, rule "
+                f"{steps['K'].criterion}), yet {d_line}, so D answers YES and the chart, with no rank to name, lands "
+                f"on M. M's causes (shape buckets, caches, fallbacks) are not in this block: {cost}. Gloo over "
+                "loopback on a few shared CPU cores makes even the fast link's all-reduce that costly; D's line "
+                "is drawn for NVLink-class all-reduces, so on this CPU stand-in a YES at D measures gloo, not the "
+                f"mapping.{border}")
+    if walk.leaf_id == "L":
+        return (f"{lead}, but its walk still reaches L: ranks {rep['tail_ranks']} finish late (K: "
+                f"{ev['rank_tail_pct']:.1f}% of the step) with no slow link inside their groups. On a shared CPU, "
+                "scheduling can make a rank late on its own: re-run on a quieter machine before blaming the mapping.")
+    return f"{lead}; its walk: {walk.compact()}."

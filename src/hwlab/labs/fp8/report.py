@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from hwlab.core.gains import faster_from_change, less_more
 from hwlab.labs.fp8.model import H200_SIZE, TINY, Decoder, ModelConfig
 from hwlab.labs.fp8.profile import bucket_profile
 from hwlab.labs.fp8.stream import StreamSpec, default_streams, percentile, serve
@@ -130,15 +131,17 @@ def format_report(rep: dict[str, Any], label: str = "") -> str:
     """The report as text: one header line and one line per bucket, plus the kernel-class split."""
     w = rep["weight_bytes"]
     head = f"{rep['path']}: weights {w / 1e9:.3f} GB" + (
-        f" ({rep['weight_change_pct']:+.0f}% vs bf16)" if "weight_change_pct" in rep else "") + (f"  [{label}]" if label else "")
+        f" ({less_more(rep['weight_change_pct'], 0)} than bf16)" if "weight_change_pct" in rep else "") + (
+        f"  [{label}]" if label else "")
     lines = [head, f"{'bucket':>14} {'KV':>4} {'FP8 hit':>7} {'fallb':>5} {'dq/tok':>6} {'rq/tok':>6} {'TTFT p50/p99 ms':>17} "
-                   f"{'TPOT p50/p99 ms':>17} {'vs bf16 p50/p99':>16} {'ITL p99':>8}"]
+                   f"{'TPOT p50/p99 ms':>17} {'TPOT vs bf16 p50 / p99':>24} {'ITL p99':>8}"]
     for r in rep["buckets"]:
-        chg = (f"{r['tpot_p50_change_pct']:+5.0f}%/{r['tpot_p99_change_pct']:+4.0f}%" if "tpot_p50_change_pct" in r else "")
+        chg = (f"{faster_from_change(r['tpot_p50_change_pct'], 0)} / {faster_from_change(r['tpot_p99_change_pct'], 0)}"
+               if "tpot_p50_change_pct" in r else "")
         lines.append(f"{'ctx ' + str(r['ctx']) + ' x' + str(r['batch']):>14} {'fp8' if r['kv_fp8'] else 'bf16':>4} "
                      f"{r['fp8_hit_pct']:6.0f}% {r['fallback_gemms']:5d} {r['dq_per_token']:6.2f} {r['rq_per_token']:6.2f} "
                      f"{r['ttft_ms_p50']:8.2f}/{r['ttft_ms_p99']:<8.2f} {r['tpot_ms_p50']:8.3f}/{r['tpot_ms_p99']:<8.3f} "
-                     f"{chg:>16} {r['itl_ms_p99']:8.2f}")
+                     f"{chg:>24} {r['itl_ms_p99']:8.2f}")
     if not all(r["ttft_device_only"] for r in rep["buckets"]):
         lines.append(f"{'':>14} note: this record's TTFT and ITL include host enqueue time (recorded before "
                      "prefills ran behind a GPU lead); TPOT does not")
