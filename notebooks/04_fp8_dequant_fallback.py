@@ -168,15 +168,13 @@ CP = nb.checkpoint("04", ANSWER, flowchart.diagnose(fe[key]), fe[key], step="D",
 DETAILS = False  # True: every step's rule, spread and source
 leaves = {k: flowchart.diagnose(e).leaf_id for k, e in fe.items()}
 print(f"{key} [{src}]: {CP.walk(full=DETAILS)}")
-if CP.passed:
+with nb.gated(CP, "the other buckets' walks"):
     for k, e in fe.items():
         if k != key:
             print(f"{k:>24}: {flowchart.diagnose(e).render(full=DETAILS)}  [{src}]")
-
-# %% [markdown]
-# A walk that ends on **M** (shape bucket / cache / fallback) is named by the profile: the per-bucket table
-# above says which GEMMs fell back and where the step's kernel time went. `BORDERLINE` marks a step whose
-# spread over the profiles (B) or the stream (D) contains its threshold.
+nb.explain(CP, """A walk that ends on **M** (shape bucket / cache / fallback) is named by the profile: the per-bucket
+table above says which GEMMs fell back and where the step's kernel time went. `BORDERLINE` marks a step
+whose spread over the profiles (B) or the stream (D) contains its threshold.""")
 
 # %% [markdown]
 # The seed's judgement, read off these tables: FP8 support in the hardware is not a path on FP8. The saving
@@ -231,8 +229,9 @@ display(Markdown(
     f"Fallback GEMMs on `fixed`: {sum(r['fallback_gemms'] for r in reports['fixed']['buckets'])}. Logit error against "
     f"BF16: `mixed` {err['mixed']:.3f}, `fixed` {err['fixed']:.3f} (bound {bound['fixed']}). Service TPOT p50 / p99 "
     f"faster than BF16 by: `mixed` {gain['mixed']:+.1f}% / {gain99['mixed']:+.1f}%, `gemms_fixed` {gain['gemms_fixed']:+.1f}% / "
-    f"{gain99['gemms_fixed']:+.1f}%, `fixed` {gain['fixed']:+.1f}% / {gain99['fixed']:+.1f}%. Walks: "
-    + ", ".join(f"{k} → {v}" for k, v in leaves.items() if not k.startswith("bf16")) + "."))
+    f"{gain99['gemms_fixed']:+.1f}%, `fixed` {gain['fixed']:+.1f}% / {gain99['fixed']:+.1f}%."))
+with nb.gated(CP, "the re-verified walks"):
+    nb.md("Walks: " + ", ".join(f"{k} → {v}" for k, v in leaves.items() if not k.startswith("bf16")) + ".")
 
 # %% [markdown]
 # Read which fix moves which figure: fixes 1 and 2 act on every step (the short bucket's steps stop paying
