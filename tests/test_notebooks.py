@@ -63,7 +63,9 @@ def test_executes(path):
         # every figure is labelled: recorded (with its machine) or measured live (with this machine)
         assert "recorded on NVIDIA H200" in out or "measured live on" in out
         has_png = any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
-        assert has_png, "each lab shows at least one plot"
+        # the drills notebook shows a learner only the drill's evidence; its plot was the instructor's
+        # pool check, which names every fault's leaf (now `hwlab drill pool`)
+        assert has_png or path.name.startswith("07_"), "each lab shows at least one plot"
         if path.name[:2] in CHECKPOINTED:  # the solutions' answer passed the checker, so the walk is shown
             assert f"checkpoint {path.name[:2]}: passed" in out and "answer the checkpoint above first" not in out
     if path.name == "04_fp8_dequant_fallback.ipynb" and path.parent.name == "notebooks" and not torch.cuda.is_available():

@@ -1,4 +1,5 @@
-"""``hwlab drill new|submit|reveal|summary``: diagnosis drills, a hidden fault to find.
+"""``hwlab drill new|submit|reveal|summary|pool``: diagnosis drills, a hidden fault to find; ``pool`` is
+the instructor's self-check of the drill pool (every fault's leaf: kept out of the learner's notebook).
 
 Exit codes: 0 written or passed; 1 a submission that did not find the fault (a finding);
 2 bad input (unknown fault or leaf, a file that is not a drill or grade, a bad learner name)
@@ -39,6 +40,9 @@ def cmd_drill(a) -> int:
         return _new(a)
     if a.action == "summary":
         return _summary(a)
+    if a.action == "pool":
+        print_json(drills.pool_check())
+        return EXIT_OK
     if not a.drill:
         raise UserInputError(f"drill {a.action} needs the drill's .json file")
     d = _load_drill(a.drill)
@@ -133,7 +137,7 @@ def _submit(a, d: drills.Drill) -> int:
 
 def add_parser(sub) -> None:
     dr = sub.add_parser("drill", help="diagnosis drills: a hidden fault to find")
-    dr.add_argument("action", choices=["new", "submit", "reveal", "summary"])
+    dr.add_argument("action", choices=["new", "submit", "reveal", "summary", "pool"])
     dr.add_argument("drill", nargs="?", help="submit/reveal: the drill .json")
     dr.add_argument("--seed", type=whole_number)
     dr.add_argument("--fault", help="instructor: choose the fault (see hwlab.course.drills.FAULTS)")
@@ -143,6 +147,6 @@ def add_parser(sub) -> None:
     dr.add_argument("--dir", default="drills", help="where drills and grades are kept")
     dr.add_argument("--force", action="store_true", help="new: replace a drill file of the same seed")
     dr.add_argument("--json", action="store_true", help="new/submit: strict JSON on stdout "
-                    "(reveal and summary always print JSON)")
+                    "(reveal, summary and pool always print JSON)")
     dr.add_argument("--class-dir", help="submit: also record the graded result here (default: $HWLAB_CLASS_DIR)")
     dr.set_defaults(fn=cmd_drill)

@@ -46,6 +46,9 @@ def kv_buckets() -> tuple[list[dict[str, Any]], str]:
 
 
 def grade_kv(kv_fp8_from_ctx: int | None) -> tuple[bool, str]:
+    """Whether FP8 KV is chosen exactly where it pays (:data:`KV_SHARE_PAYS_PCT`), and what to say: on a
+    pass each bucket's KV share; on a miss how many buckets contradict the rule, not which way nor
+    their shares (the share is what the learner computes)."""
     rows, label = kv_buckets()
     bad, lines = [], []
     for r in rows:
@@ -55,9 +58,13 @@ def grade_kv(kv_fp8_from_ctx: int | None) -> tuple[bool, str]:
                      f"{'FP8 pays' if pays else 'FP8 does not pay'}; you chose {'FP8' if chosen else 'bf16'}")
         if chosen != pays:
             bad.append(r["ctx"])
+    if bad:
+        return False, (f"your KV choice goes against the rule (FP8 KV where the KV cache is >= "
+                       f"{KV_SHARE_PAYS_PCT:.0f}% of a decode step's bytes) in {len(bad)} of {len(rows)} buckets: "
+                       f"work out each bucket's KV share from its batch and context ({label}).")
     head = (f"KV cache per bucket (bytes {label}; FP8 KV pays at >= {KV_SHARE_PAYS_PCT:.0f}% of the step's bytes): "
             + "; ".join(lines))
-    return not bad, head
+    return True, head
 
 
 def fallback_buckets() -> tuple[list[dict[str, Any]], str]:
