@@ -173,7 +173,7 @@ wasted traffic → the same leaf.""")
 # shown above); the layout fix walks rows so a warp's lanes read consecutive addresses. The layout kernel
 # below does both walks: look at how `row` and `col` come from the lane index `idx` in each branch, and at
 # the one `tl.load` and one `tl.store` whose addresses they set. The same probe, the same flowchart: both
-# fixed runs leave the bandwidth leaf.
+# fixed runs leave the unfused chain's leaf.
 
 # %%
 nb.show_kernel(lab._scale_kernel)

@@ -213,7 +213,7 @@ if a:
 # %% [markdown]
 # ## Re-verify with the same probes
 # The same stream, profile and walk on the fixed paths: no fallback GEMMs, no weight dequantized per token,
-# the logits within the FP8 bound, and the walk off **M**.
+# the logits within the FP8 bound, and the walk off the `mixed` path's leaf.
 
 # %%
 err, bound = res["logit_error"], res["logit_error_bound"]
@@ -235,7 +235,7 @@ with nb.gated(CP, "the re-verified walks"):
 
 # %% [markdown]
 # Read which fix moves which figure: fixes 1 and 2 act on every step (the short bucket's steps stop paying
-# for the head's copy), fix 3 only on the long-context steps, which are KV reads first and make the P99. A walk that leaves **M**
+# for the head's copy), fix 3 only on the long-context steps, which are KV reads first and make the P99. A walk that leaves the `mixed` leaf
 # for **OK** has nothing left the flowchart can name; one that lands on **G** instead says the step's kernels
 # sit far from their byte floor (small kernels, a short cache) and is the next thing to look at, not a
 # fallback. How the kit's FP8 kernels were tuned, and what is still open there: `docs/lab04-tuning.md`.

@@ -254,8 +254,9 @@ def checkpoint(checkpoint_id: str, ans, walk, ev: dict, *, step: str | None = No
                source: str = ""):
     """Grade ``ans`` against the kit's walk ``walk`` of ``ev`` (computed in this run), print the result
     and return it; ``result.walk()`` shows the walk once the answer passed
-    (:mod:`hwlab.course.checkpoint`). A blank answer prints what to fill in; it raises nothing, so
-    Run All goes on through the rest of the notebook."""
+    (:mod:`hwlab.course.checkpoint`), and :func:`gated` / :func:`explain` hold back whatever else later
+    cells would show of the answer until then. A blank answer prints what to fill in; it raises nothing,
+    so Run All goes on through the rest of the notebook."""
     from dataclasses import replace
 
     from hwlab.course import checkpoint as C
