@@ -166,7 +166,8 @@ def record_checkpoint(cp: Any, res: Any, folder: str | os.PathLike | None = None
     a, right = res.answer, cp.walk.leaf_id
     leaf = str(a.leaf).strip().upper() if a.leaf is not None else None
     rec = {"kind": "checkpoint", "item": cp.id, "notebook": _notebook(), "learner": learner_name(learner),
-           "passed": bool(res.passed), "status": res.status, "revealed": res.status == "revealed", "leaf": leaf, "metric": a.metric,
+           "passed": bool(res.passed), "status": res.status, "revealed": res.status == "revealed",
+           "leaf": leaf, "metric": a.metric,
            "value": _num(a.value), "prediction": _num(a.prediction), "right_leaf": right,
            "wrong_leaf": leaf if right and leaf != right else None,
            "first_wrong_branch": first_wrong_branch(right, leaf) if right and leaf else None,
