@@ -251,7 +251,7 @@ def check(cp: Checkpoint, answer: Answer | None, *, record: bool = True, learner
     if record and res.status == WRONG:
         res.tries = _wrong_tries[cp.id] = _wrong_tries.get(cp.id, 0) + 1
         if res.tries >= TRIES_BEFORE_REVEAL:
-            res.messages.append(f"that is {res.tries} tries: `CP.reveal()` shows the answer (the class record "
+            res.messages.append(f"that is {res.tries} tries: `print(CP.reveal())` shows the answer (the class record "
                                 "marks this checkpoint as revealed), or read the rows named above once more")
     if record and res.status in (PASSED, WRONG):
         classroom.record_checkpoint(cp, res, learner=learner)
