@@ -110,32 +110,45 @@ nb.md(f"The Lab 1 chain does {un.n_flops / 1e6:,.0f} MFLOP on {un.n_bytes / 2**2
       f"the chain is memory-bound by a wide margin. _[{lab1.label}; ridge {h200.label}]_")
 
 # %% [markdown]
-# ## 5. The diagnosis flowchart
+# ## 5. The diagnosis flowchart, and how to read evidence against it
 # Every lab ends by placing its evidence on this chart. Questions carry a metric, a threshold and a
-# reason; a missing metric stops the walk with "cannot decide: run probe X".
+# reason; a missing metric stops the walk with "cannot decide: run probe X". Each rule is in
+# `flowchart.QUESTIONS`.
 
 # %%
 nb.show_mermaid(flowchart.render_mermaid())
-d = flowchart.diagnose(lab1.extra["flowchart_evidence"]["unfused"])
-nb.banner("The unfused chain of Lab 1, diagnosed", lab1.label)
-print(d.explain())
-nb.show_mermaid(d.mermaid())
+for q in flowchart.QUESTIONS.values():
+    print(f"{q.id}. {q.text}  rule: " + " or ".join(c.describe() for c in q.criteria)
+          + (f"; first, {' or '.join(c.describe() for c in q.overrides_no)} answers NO" if q.overrides_no else ""))
 
 # %% [markdown]
-# ### Walk it yourself
-# Click through the chart: answer each question yourself; *Hint* shows how the recorded Lab 1 measurement
-# answers the question at hand (one at a time). Each step shows the metric, its threshold and why.
+# ### Read one piece of evidence
+# The evidence is a table of measured metrics, each with its spread and what measured it. To walk it,
+# start at **B**, find the row its rule names, compare the value (and its spread) with the threshold,
+# take that branch, and repeat until a leaf. A value whose spread contains the threshold is
+# **BORDERLINE**: either branch may be right, so re-measure before acting. The example is a cuBLAS bf16
+# GEMM the kit examined on the H200, one that no lab asks you to diagnose; each lab's own evidence you
+# walk yourself, at its checkpoint.
 
 # %%
 from IPython.display import display
 
-display(nb.flowchart_walkthrough(lab1.extra["flowchart_evidence"]["unfused"], lab1.label))
+ex_rec = evidence.load(evidence.RECORDED_DIR / "h200" / "examine.json")
+ex = next(e for e in ex_rec.extra["entries"] if e["name"] == "gemm_bf16")
+ex_ev = {**ex["evidence"], "metric_sources": ex["evidence_sources"]}
+nb.show_evidence(ex_ev, f"{ex['name']}: {ex['target']}; {ex_rec.label}")
 
 # %% [markdown]
-# Every leaf has a scenario in the kit that lands on it: **G** Lab 1 (unfused chain, strided layout),
-# **I** the fp32-without-TF32 GEMM (`06_case_studies`), **J** Lab 2 (spilling tile, launch-bound step),
-# **L** Lab 3 (TP groups across a slow link), **M** the workload mix predicted from one tuned shape
-# (`06_case_studies`), and **OK** every fixed run.
+# ### Walk it yourself
+# Click through the chart on the table above: answer each question yourself; *Hint* shows how this
+# evidence answers the question at hand (one at a time). Each step shows the metric, its threshold and why.
+
+# %%
+display(nb.flowchart_walkthrough(ex_ev, f"{ex['name']}; {ex_rec.label}"))
+
+# %% [markdown]
+# Every leaf has a scenario in the kit that lands on it; which lab lands where is what each lab's
+# checkpoint asks you, from its own evidence (`docs/LEARNING_PATH.md` lists each lab's symptom).
 #
 # ## Summary
 # - Judge kernels against ceilings *this* machine measured; keep datasheet peaks apart.

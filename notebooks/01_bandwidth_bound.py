@@ -124,32 +124,32 @@ CP = nb.checkpoint("01", ANSWER, result.diagnoses["unfused"], result.evidence["u
 # %%
 m = result.measurements
 moved = {k: v.params.get("bytes_moved", v.n_bytes) for k, v in m.items()}
-fig, axes = plt.subplots(1, 2, figsize=(13, 4))
-nb.plot_gbps(m.values(), result.params["ceiling_gbps"], "Achieved bandwidth per case", source,
-             moved=moved, ax=axes[0])
-c_for_roof = ceil if GPU else ceilings.recorded()
-roofline.plot(c_for_roof, m.values(), ax=axes[1], label=source)
-plt.tight_layout()
-plt.show()
 speedup = result.speedup("unfused", "fused")
 byte_ratio = moved["unfused"] / m["fused"].n_bytes
 gbps_moved = {k: moved[k] / (m[k].t_ms * 1e6) for k in ("unfused", "fused")}
-print(f"fused over unfused: {speedup:.2f}x (predicted ~3x); "
-      f"coalesced over strided: {result.speedup('strided', 'coalesced'):.2f}x  [{source}]")
-nb.md(f"**Measured:** the fused kernel is **{speedup:.2f}x** faster; the byte ratio alone predicts "
-      f"**{byte_ratio:.2f}x**. The rest is bandwidth: the unfused chain moves its bytes at "
-      f"{gbps_moved['unfused']:,.0f} GB/s, the fused kernel at {gbps_moved['fused']:,.0f} GB/s "
-      f"({gbps_moved['fused'] / gbps_moved['unfused']:.2f}x), and "
-      f"{byte_ratio:.2f} x {gbps_moved['fused'] / gbps_moved['unfused']:.2f} = "
-      f"{byte_ratio * gbps_moved['fused'] / gbps_moved['unfused']:.2f}x. _[{source}]_")
+with nb.gated(CP, "the measured speed-up and its plots"):
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4))
+    nb.plot_gbps(m.values(), result.params["ceiling_gbps"], "Achieved bandwidth per case", source,
+                 moved=moved, ax=axes[0])
+    c_for_roof = ceil if GPU else ceilings.recorded()
+    roofline.plot(c_for_roof, m.values(), ax=axes[1], label=source)
+    plt.tight_layout()
+    plt.show()
+    print(f"fused over unfused: {speedup:.2f}x (predicted ~3x); "
+          f"coalesced over strided: {result.speedup('strided', 'coalesced'):.2f}x  [{source}]")
+    nb.md(f"**Measured:** the fused kernel is **{speedup:.2f}x** faster; the byte ratio alone predicts "
+          f"**{byte_ratio:.2f}x**. The rest is bandwidth: the unfused chain moves its bytes at "
+          f"{gbps_moved['unfused']:,.0f} GB/s, the fused kernel at {gbps_moved['fused']:,.0f} GB/s "
+          f"({gbps_moved['fused'] / gbps_moved['unfused']:.2f}x), and "
+          f"{byte_ratio:.2f} x {gbps_moved['fused'] / gbps_moved['unfused']:.2f} = "
+          f"{byte_ratio * gbps_moved['fused'] / gbps_moved['unfused']:.2f}x. _[{source}]_")
+nb.explain(CP, """Why the gap: the byte ratio assumes every pass streams at the same rate, and the line above shows
+the unfused passes do not. Each of the four eager kernels pays its own launch and its own ramp-up and drain
+of the memory pipeline, and PyTorch's generic elementwise kernels (broadcasting, type handling) stream
+below the rate of one long, specialised kernel; which of these weighs most is not measured here (a
+profile of the four kernels would say). Fusion removes passes *and* their per-pass costs.""")
 
 # %% [markdown]
-# Why the gap: the byte ratio assumes every pass streams at the same rate, and the line above shows the
-# unfused passes do not. Each of the four eager kernels pays its own launch and its own ramp-up and drain
-# of the memory pipeline, and PyTorch's generic elementwise kernels (broadcasting, type handling) stream
-# below the rate of one long, specialised kernel; which of these weighs most is not measured here (a
-# profile of the four kernels would say). Fusion removes passes *and* their per-pass costs.
-#
 # ## The kit's walk
 # One line per walk (`~` marks an estimate, `BORDERLINE` a threshold inside the measured spread); set
 # `DETAILS = True` for every step's rule, spread and source.
@@ -157,17 +157,15 @@ nb.md(f"**Measured:** the fused kernel is **{speedup:.2f}x** faster; the byte ra
 # %%
 DETAILS = False
 print(f"unfused [{source}]: {CP.walk(full=DETAILS)}")
-if CP.passed:
+with nb.gated(CP, "the strided case's walk"):
     print(f"strided [{source}]: {result.diagnoses['strided'].render(full=DETAILS)}")
     nb.show_mermaid(result.diagnoses["unfused"].mermaid())
-
-# %% [markdown]
-# Reading the walks: the unfused chain is far from its floor (B), and its DRAM throughput is over F's
-# threshold (Nsight Compute's DRAM share of the peak, or, without counters, the moved bytes over the
-# measured copy rate): by F's rule the memory path is saturated → **bandwidth / layout / fusion**. The
-# strided case is also slow, but its DRAM throughput is under that threshold; what answers F is its
-# other rule, the sector amplification over F's threshold (each 2-byte lane drags a whole 32-byte sector):
-# wasted traffic → the same leaf.
+nb.explain(CP, """Reading the walks: the unfused chain is far from its floor (B), and its DRAM throughput is over F's
+threshold (Nsight Compute's DRAM share of the peak, or, without counters, the moved bytes over the
+measured copy rate): by F's rule the memory path is saturated → **bandwidth / layout / fusion**. The
+strided case is also slow, but its DRAM throughput is under that threshold; what answers F is its
+other rule, the sector amplification over F's threshold (each 2-byte lane drags a whole 32-byte sector):
+wasted traffic → the same leaf.""")
 
 # %% [markdown]
 # ## Fix, and re-verify with the same probe
@@ -175,15 +173,16 @@ if CP.passed:
 # shown above); the layout fix walks rows so a warp's lanes read consecutive addresses. The layout kernel
 # below does both walks: look at how `row` and `col` come from the lane index `idx` in each branch, and at
 # the one `tl.load` and one `tl.store` whose addresses they set. The same probe, the same flowchart: both
-# fixed runs leave the bandwidth leaf.
+# fixed runs leave the unfused chain's leaf.
 
 # %%
 nb.show_kernel(lab._scale_kernel)
 
 # %%
-for case in ("fused", "coalesced"):
-    d = result.diagnoses[case]
-    print(f"{case} [{source}]: {d.render(full=DETAILS)}  ({d.leaf.title if d.leaf else 'undecided'})")
+with nb.gated(CP, "the fixed cases' walks"):
+    for case in ("fused", "coalesced"):
+        d = result.diagnoses[case]
+        print(f"{case} [{source}]: {d.render(full=DETAILS)}  ({d.leaf.title if d.leaf else 'undecided'})")
 
 # %% [markdown]
 # ## Knobs: size, dtype, layout, fused/unfused
@@ -209,7 +208,8 @@ def remeasure(_=None):
         mm = r.measurements[case.value]
         print(f"{mm.summary()}\n[{nb.live_label()}]")
         if case.value in r.diagnoses:
-            print("flowchart:", r.diagnoses[case.value].compact())
+            with nb.gated(CP, "this case's walk"):
+                print("flowchart:", r.diagnoses[case.value].compact())
 
 
 for w in (size, dtype, case):

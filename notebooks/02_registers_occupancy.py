@@ -120,7 +120,7 @@ occ_spill = next((r.occupancy for r in rows if r.config.label == spill and r.occ
 # replace each None: leaf="<a leaf letter>", metric="<a metric name from the table>", value=<its value>, prediction=<a number>
 ANSWER = nb.answer("02", leaf=None, metric=None, value=None, prediction=None, evidence=ev[spill])
 CP = nb.checkpoint("02", ANSWER, flowchart.diagnose(ev[spill]), ev[spill], source=src,
-                   prediction=Prediction(f"blocks per SM of {spill}", occ_spill["blocks_per_sm"], band_abs=0,
+                   prediction=Prediction(f"blocks per SM of {spill}", occ_spill["blocks_per_sm"], " block(s)/SM", band_abs=0,
                                          why_band="occupancy is a whole number of blocks, set by the tightest limit"))
 
 # %% [markdown]
@@ -130,18 +130,19 @@ CP = nb.checkpoint("02", ANSWER, flowchart.diagnose(ev[spill]), ev[spill], sourc
 # Compute's `launch__occupancy_limit_*` reads the same limits: compare them below.
 
 # %%
-nb.banner("Occupancy: hwlab's calculation vs Nsight Compute", rec.label)
-for c in rec.extra["configs"]:
-    if not c["occupancy"]:
-        continue
-    ours = c["occupancy"]["blocks_by_limit"]
-    ncu = c["ncu"] or {}
-    theirs = {k: ncu.get(f"launch__occupancy_limit_{k}") for k in ours}
-    print(f"{c['report']['config']:>20}: hwlab {ours}\n{'':>20}  ncu   {theirs}")
-for r in rows:
-    if r.occupancy:
-        print(f"{r.config.label:>20}: {r.occupancy['blocks_per_sm']} block(s)/SM bound by {r.occupancy['binding']} "
-              f"[{r.report.source}]")
+with nb.gated(CP, "the occupancy table"):
+    nb.banner("Occupancy: hwlab's calculation vs Nsight Compute", rec.label)
+    for c in rec.extra["configs"]:
+        if not c["occupancy"]:
+            continue
+        ours = c["occupancy"]["blocks_by_limit"]
+        ncu = c["ncu"] or {}
+        theirs = {k: ncu.get(f"launch__occupancy_limit_{k}") for k in ours}
+        print(f"{c['report']['config']:>20}: hwlab {ours}\n{'':>20}  ncu   {theirs}")
+    for r in rows:
+        if r.occupancy:
+            print(f"{r.config.label:>20}: {r.occupancy['blocks_per_sm']} block(s)/SM bound by {r.occupancy['binding']} "
+                  f"[{r.report.source}]")
 
 # %% [markdown]
 # ## The kit's walk
@@ -152,15 +153,13 @@ DETAILS = False
 best = max((k for k in ev if (ev[k].get("n_spills") or 0) == 0 and "slowdown_vs_floor" in ev[k]),
            key=lambda k: -ev[k]["slowdown_vs_floor"])
 print(f"{spill} [{src}]: {CP.walk(full=DETAILS)}")
-if CP.passed:
+with nb.gated(CP, "the best config's walk"):
     print(f"{best} [{src}]: {flowchart.diagnose(ev[best]).render(full=DETAILS)}")
     nb.show_mermaid(flowchart.diagnose(ev[spill]).mermaid())
-
-# %% [markdown]
-# Reading the walk: the spilling config is far from its floor (B) and DRAM is not saturated (F). H asks
-# whether Tensor-Core use is low, and its override answers first: the compiler report shows spills, and a
-# spilling kernel starves its tensor cores, so the walk takes H's NO branch (registers are the cause, not
-# the MMA path) → **launch / occupancy / registers**. The best config leaves the chart's slow branch.
+nb.explain(CP, """Reading the walk: the spilling config is far from its floor (B) and DRAM is not saturated (F). H asks
+whether Tensor-Core use is low, and its override answers first: the compiler report shows spills, and a
+spilling kernel starves its tensor cores, so the walk takes H's NO branch (registers are the cause, not
+the MMA path) → **launch / occupancy / registers**. The best config leaves the chart's slow branch.""")
 
 # %% [markdown]
 # ## Over-fusion: softmax fused into the GEMM
@@ -202,7 +201,8 @@ print(f"live: eager {lb.eager.t_ms:.3f} ms for {lb.n_kernels} kernels = {lb.us_p
 L = rec.extra["launch"]
 print(f"{rec.label}: eager {L['eager']['t_ms']:.3f} ms, graph {L['graph']['t_ms']:.3f} ms -> {L['speedup']:.1f}x; "
       f"{L['us_per_launch_eager']:.2f} us per kernel eager, GPU idle {L['gpu_idle_pct_eager']:.0f}%")
-print("launch-bound step:", flowchart.diagnose(rec.extra["flowchart_evidence"]["launch-bound step"]).compact())
+with nb.gated(CP, "the launch-bound step's walk"):
+    print("launch-bound step:", flowchart.diagnose(rec.extra["flowchart_evidence"]["launch-bound step"]).compact())
 
 # %% [markdown]
 # ## Knobs: tile, warps, stages
@@ -231,7 +231,7 @@ def show(r):
 def recompile(_=None):
     out.clear_output()
     cfg = lab.TileConfig(bm.value, bn.value, bk.value, warps.value, stages.value)
-    with out:
+    with out, nb.gated(CP, "its occupancy"):
         show(lab.sweep([cfg], n_rep=10, timeout_s=120)[0])
 
 
@@ -241,7 +241,8 @@ display(W.VBox([W.HBox([bm, bn, bk]), W.HBox([warps, stages]), out]))
 start = lab.TileConfig(bm.value, bn.value, bk.value, warps.value, stages.value)
 with out:
     print(f"{start.label}: the sweep's row above (change a knob to recompile)")
-    show(next(r for r in rows if r.config == start))
+    with nb.gated(CP, "its occupancy"):
+        show(next(r for r in rows if r.config == start))
 
 # %% [markdown]
 # ## Summary

@@ -134,13 +134,11 @@ CP = nb.checkpoint("03", ANSWER, flowchart.diagnose(ev_naive), ev_naive, source=
 # %%
 DETAILS = False  # True: every step's rule, spread and source
 print(f"naive [{src}]: {CP.walk(full=DETAILS)}")
-if CP.passed:
+with nb.gated(CP, "the aware mapping's walk"):
     print(f"aware [{src}]: {flowchart.diagnose(exp['aware']['flowchart_evidence']).render(full=DETAILS)}")
     nb.show_mermaid(flowchart.diagnose(ev_naive).mermaid())
-
-# %% [markdown]
-# After the fix the same probe walks the aware mapping: the line above says whether its tail and slowdown
-# are gone, and marks a step whose spread straddles its threshold as borderline.
+nb.explain(CP, """After the fix the same probe walks the aware mapping: the line above says whether its tail and
+slowdown are gone, and marks a step whose spread straddles its threshold as borderline.""")
 
 # %%
 if CP.passed:  # what the aware walk says about the fix, following the branch this run took
@@ -191,7 +189,9 @@ if TRACES.is_dir():
     for name, rep in tr.items():
         last = {r: s["pct_arrived_last"] for r, s in rep["per_rank"].items()}
         print(f"{name}: arrived last (% of {rep['collectives']['matched']} collectives) {last}; "
-              f"walk {' -> '.join(rep['flowchart']['path'])}; exit {1 if ranks_traces.has_finding(rep) else 0} [{src_tr}]")
+              f"exit {1 if ranks_traces.has_finding(rep) else 0} [{src_tr}]")
+        with nb.gated(CP, "its walk"):
+            print(f"{name}: walk {' -> '.join(rep['flowchart']['path'])}")
     sr, sl = tr["slow_rank"], tr["slow_link_tbf"]
     f1, f2 = sr["finding"], sl["finding"]
     display(Markdown(
@@ -273,9 +273,10 @@ sp = nr["spikes"]
 print("periodic spikes: " + (f"yes, every {sp['period_steps']} steps" if sp["periodic"] else
       f"no ({sp['n']} steps over {lab.SPIKE_OVER_MEDIAN}x the median, not periodic): the seed's "
       "periodic decode spikes come from its serving loop, which this block does not have"))
-for name in ("naive", "aware"):
-    print(f"{name} [{sw.label}]: {flowchart.diagnose(cal[name]['flowchart_evidence']).render(full=DETAILS)}")
-nb.md(lab.aware_walk_note(cal, flowchart.diagnose(cal["aware"]["flowchart_evidence"])) + f" _[{sw.label}]_")
+with nb.gated(CP, "the calibrated case's walks"):
+    for name in ("naive", "aware"):
+        print(f"{name} [{sw.label}]: {flowchart.diagnose(cal[name]['flowchart_evidence']).render(full=DETAILS)}")
+    nb.md(lab.aware_walk_note(cal, flowchart.diagnose(cal["aware"]["flowchart_evidence"])) + f" _[{sw.label}]_")
 
 # %% [markdown]
 # ## 5. Rule 3c: did the overlap really happen?
@@ -317,13 +318,14 @@ print(f"calibrated case ({oc['link']}): {lab.overlap_shown(oc)['text']} (launche
       + f")  [{sw.label}]")
 print(f"rule 3c: under {lab.OVERLAP_FAILED_PCT:.0f}% of what could hide, the overlap did not really happen; "
       "the walks' overlap lines say which case each link is:")
-for case, src_, name in ((first.extra["experiment"], first.label, "naive"), (first.extra["experiment"], first.label, "aware"),
-                         (cal, sw.label, "naive")):
-    ev_ = case[name]["flowchart_evidence"]
-    d = flowchart.diagnose(ev_)
-    print(f"{case['rate']} {name}: {d.compact()}; {overlap_verdict(ev_)}  [{src_}]")
-    if DETAILS:  # the whole overlap reading: the share's formula, its spread, what the times alone say
-        print("\n".join(d.lens_notes))
+with nb.gated(CP, "the walks' overlap lines"):
+    for case, src_, name in ((first.extra["experiment"], first.label, "naive"),
+                             (first.extra["experiment"], first.label, "aware"), (cal, sw.label, "naive")):
+        ev_ = case[name]["flowchart_evidence"]
+        d = flowchart.diagnose(ev_)
+        print(f"{case['rate']} {name}: {d.compact()}; {overlap_verdict(ev_)}  [{src_}]")
+        if DETAILS:  # the whole overlap reading: the share's formula, its spread, what the times alone say
+            print("\n".join(d.lens_notes))
 
 # %% [markdown]
 # ## 6. The counter-example (反例): a kernel regressed on every rank
@@ -334,14 +336,15 @@ for case, src_, name in ((first.extra["experiment"], first.label, "naive"), (fir
 
 # %%
 cols = ("rank_tail_pct", "tail_ranks", "tail_ms", "comm_wait_ms_median", "slowdown_vs_floor", "e2e_slowdown")
-print(f"signature, measured in one launch [{sw.label}]")
-print(f"{'case':34}" + "".join(f"{c:>21}" for c in cols) + f"{'leaf':>6}")
-for row in cal["signature"]:
-    key = "naive" if row["case"].startswith("slow link") else "regressed"
-    leaf = flowchart.diagnose(cal[key]["flowchart_evidence"]).leaf_id
-    print(f"{row['case']:34}" + "".join(f"{row[c]:>21.2f}" if isinstance(row[c], float) else f"{str(row[c]):>21}"
-                                        for c in cols) + f"{leaf:>6}")
-print(f"regressed kernel [{sw.label}]: {flowchart.diagnose(cal['regressed']['flowchart_evidence']).render(full=DETAILS)}")
+with nb.gated(CP, "the signature table and its walks"):
+    print(f"signature, measured in one launch [{sw.label}]")
+    print(f"{'case':34}" + "".join(f"{c:>21}" for c in cols) + f"{'leaf':>6}")
+    for row in cal["signature"]:
+        key = "naive" if row["case"].startswith("slow link") else "regressed"
+        leaf = flowchart.diagnose(cal[key]["flowchart_evidence"]).leaf_id
+        print(f"{row['case']:34}" + "".join(f"{row[c]:>21.2f}" if isinstance(row[c], float) else f"{str(row[c]):>21}"
+                                            for c in cols) + f"{leaf:>6}")
+    print(f"regressed kernel [{sw.label}]: {flowchart.diagnose(cal['regressed']['flowchart_evidence']).render(full=DETAILS)}")
 
 # %% [markdown]
 # ## 7. One GPU: the all-reduce in device memory vs staged through host memory

@@ -180,15 +180,13 @@ CP = nb.checkpoint("04", ANSWER, flowchart.diagnose(fe[key]), fe[key], step="D",
 DETAILS = False  # True: every step's rule, spread and source
 leaves = {k: flowchart.diagnose(e).leaf_id for k, e in fe.items()}
 print(f"{key} [{src}]: {CP.walk(full=DETAILS)}")
-if CP.passed:
+with nb.gated(CP, "the other buckets' walks"):
     for k, e in fe.items():
         if k != key:
             print(f"{k:>24}: {flowchart.diagnose(e).render(full=DETAILS)}  [{src}]")
-
-# %% [markdown]
-# A walk that ends on **M** (shape bucket / cache / fallback) is named by the profile: the per-bucket table
-# above says which GEMMs fell back and where the step's kernel time went. `BORDERLINE` marks a step whose
-# spread over the profiles (B) or the stream (D) contains its threshold.
+nb.explain(CP, """A walk that ends on **M** (shape bucket / cache / fallback) is named by the profile: the per-bucket
+table above says which GEMMs fell back and where the step's kernel time went. `BORDERLINE` marks a step
+whose spread over the profiles (B) or the stream (D) contains its threshold.""")
 
 # %% [markdown]
 # The seed's judgement, read off these tables: FP8 support in the hardware is not a path on FP8. The saving
@@ -228,7 +226,7 @@ if a:
 # %% [markdown]
 # ## Re-verify with the same probes
 # The same stream, profile and walk on the fixed paths: no fallback GEMMs, no weight dequantized per token,
-# the logits within the FP8 bound, and the walk off **M**.
+# the logits within the FP8 bound, and the walk off the `mixed` path's leaf.
 
 # %%
 err, bound = res["logit_error"], res["logit_error_bound"]
@@ -244,12 +242,13 @@ display(Markdown(
     f"Fallback GEMMs on `fixed`: {sum(r['fallback_gemms'] for r in reports['fixed']['buckets'])}. Logit error against "
     f"BF16: `mixed` {err['mixed']:.3f}, `fixed` {err['fixed']:.3f} (bound {bound['fixed']}). Service TPOT p50 / p99 "
     f"against BF16: " + ", ".join(f"`{p}` {faster(gain[p])} / {faster(gain99[p])}" for p in ("mixed", "gemms_fixed", "fixed"))
-    + ". Walks: "
-    + ", ".join(f"{k} → {v}" for k, v in leaves.items() if not k.startswith("bf16")) + "."))
+    + "."))
+with nb.gated(CP, "the re-verified walks"):
+    nb.md("Walks: " + ", ".join(f"{k} → {v}" for k, v in leaves.items() if not k.startswith("bf16")) + ".")
 
 # %% [markdown]
 # Read which fix moves which figure: fixes 1 and 2 act on every step (the short bucket's steps stop paying
-# for the head's copy), fix 3 only on the long-context steps, which are KV reads first and make the P99. A walk that leaves **M**
+# for the head's copy), fix 3 only on the long-context steps, which are KV reads first and make the P99. A walk that leaves the `mixed` leaf
 # for **OK** has nothing left the flowchart can name; one that lands on **G** instead says the step's kernels
 # sit far from their byte floor (small kernels, a short cache) and is the next thing to look at, not a
 # fallback. How the kit's FP8 kernels were tuned, and what is still open there: `docs/lab04-tuning.md`.

@@ -87,54 +87,7 @@ except UserInputError as e:
     print(f"halved {metric} in a copy -> refused: {e}")
 
 # %% [markdown]
-# ## Instructor: one drill per fault on the H200
-# The kit's refresh script ran one drill per fault on the H200: each fault's scenario run live there, faulty
-# and fixed (the slow-link rank uses its recorded CPU run: it needs several ranks and a shaped link), the
-# right answer graded with the fixed configuration run again and every metric recomputed, one wrong answer.
-# Two come from the seed's checklist: the new sync point (a per-step `.item()`: the launch gap and the host's
-# step time show it, measured) and the bad card (its kernels measured on a healthy lent card, its NVML
-# snapshot built from that card's real one with throttle reasons and ECC errors set, and labelled so; the
-# chart's walk stays at OK, and the card's state against the node's baseline is what its fix must clear).
-
-# %%
-from hwlab.core import evidence
-from hwlab.diagnosis import flowchart
-
-rec = evidence.recorded("drills")
-for r in rec.extra["drills"]:
-    if "error" in r:
-        print(f"{r['fault']:>15}: did not run there ({r['error']})  [{rec.label}]")
-        continue
-    walk = flowchart.diagnose(r["drill"]["observations"])
-    fix = flowchart.diagnose(r["right"]["fix_evidence"])
-    built = any("CONSTRUCTED" in str(v) for v in r["drill"]["observations"].get("metric_sources", {}).values())
-    print(f"{r['fault']:>15} ({'live' if r['drill']['live'] else 'recorded'}"
-          f"{'; its NVML snapshot CONSTRUCTED from a real one' if built else ''}): probes -> {walk.leaf_id} "
-          f"({'has BY-HAND answers' if walk.by_hand else 'every answer measured'}), right answer "
-          f"{'passed' if r['right']['correct_leaf'] and r['right']['evidence_supports'] else 'FAILED'}, "
-          f"fixed run re-measured -> {fix.leaf_id}  "
-          f"[{r['drill']['source'] if not r['drill']['live'] else f'recorded on {rec.device}, ' + r.get('recorded_at', rec.recorded_at)[:10]}]")
-r0 = rec.extra["drills"][0]
-print(f"\na wrong answer ({r0['wrong']['submitted_leaf']} for {r0['fault']}), graded now on the recorded observations: "
-      + drills.contradiction(r0["drill"]["observations"], r0["wrong"]["submitted_leaf"]))
-
-# %% [markdown]
-# ## Instructor: every fault, graded once each (a self-check of the drill pool, from recorded evidence)
-
-# %%
-import matplotlib.pyplot as plt
-
-grades = []
-for name, fault in drills.FAULTS.items():
-    d = drills.new(seed=1, fault=name, live=False)
-    grades.append(drills.grade(d, fault.leaf, learner="reference"))
-    wrong = next(x for x in ("G", "J", "L", "OK") if x != fault.leaf)
-    grades.append(drills.grade(d, wrong, learner="a learner guessing"))
-summary = drills.class_summary(grades)
-print(summary)
-fig, ax = plt.subplots(figsize=(6, 3))
-ax.bar(list(summary["wrong_leaf_counts"]), list(summary["wrong_leaf_counts"].values()))
-ax.set_ylabel("wrong submissions")
-ax.set_xlabel("leaf submitted")
-ax.set_title("Class view: which wrong leaves were taken", fontsize=9)
-plt.show()
+# ## Instructors
+# The self-check of the drill pool (one drill per fault run on the H200, faulty and fixed, and every fault
+# graded once) names every fault's leaf, so it is not in this notebook: `hwlab drill pool` prints it
+# (`docs/INSTRUCTOR.md`).

@@ -113,21 +113,23 @@ nb.md(f"Live ({ex.label}): the walk {against_prediction(ex.diagnosis, 'G')}." + 
 #
 # ## Every example on the H200 (recorded)
 #
-# Eight functions written apart from the labs, each with the leaf its cause predicts: the unfused chain
-# and a shuffled gather (**G**), an fp32 GEMM without TF32 and a bf16 GEMM with K = 8191 (**I**), a Python
-# loop of tiny kernels and a Triton tile that spills (**J**), and a cuBLAS bf16 GEMM and a
-# `torch.compile`d chain (**OK**). `tools/record_examine.py` examined each through the API, and two
-# through the command line.
+# Eight functions written apart from the labs, each with the leaf its cause predicts (named below once the
+# checkpoint above passes). `tools/record_examine.py` examined each through the API, and two through the
+# command line.
 
 # %%
+nb.explain(CP, """The leaf each example's cause predicts: the unfused chain and a shuffled gather (**G**), an fp32
+GEMM without TF32 and a bf16 GEMM with K = 8191 (**I**), a Python loop of tiny kernels and a Triton tile that
+spills (**J**), and a cuBLAS bf16 GEMM and a `torch.compile`d chain (**OK**).""")
 if rec_path.exists():
     rec = evidence.load(rec_path)
-    nb.banner("hwlab examine on the example functions", rec.label)
-    rows = table(rec.extra["entries"])
-    print(format_table(rows))
-    for name, c in rec.extra.get("cli", {}).items():
-        print(f"command line: {c['command']} -> leaf {c.get('leaf')}, exit code {c['rc']}")
-    plot_slowdowns(rows, rec.label)
+    with nb.gated(CP, "the recorded examinations (the checkpoint's function is one of them)"):
+        nb.banner("hwlab examine on the example functions", rec.label)
+        rows = table(rec.extra["entries"])
+        print(format_table(rows))
+        for name, c in rec.extra.get("cli", {}).items():
+            print(f"command line: {c['command']} -> leaf {c.get('leaf')}, exit code {c['rc']}")
+        plot_slowdowns(rows, rec.label)
 else:
     print("examine.json has not been recorded on the H200 yet (tools/record_examine.py on a GPU); "
           "showing this machine's live examination instead")

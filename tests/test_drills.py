@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import inspect
 import json
+import re
 import subprocess
 import sys
 
@@ -309,3 +310,36 @@ def test_a_non_finite_number_written_into_a_sealed_drill_reads_as_edited(tmp_pat
         assert main(args) == 2
         err = capsys.readouterr().err.strip()
         assert "\n" not in err and "edited after it was made" in err, err
+
+
+def test_a_drills_workload_names_what_runs_not_what_is_wrong():
+    """The faults of one scenario are told the same workload as its healthy run: the text alone cannot
+    tell the learner which fault (or none) was drawn."""
+    by_scenario: dict[str, set[str]] = {}
+    for f in D.FAULTS.values():
+        by_scenario.setdefault(f.scenario, set()).add(f.workload)
+    assert all(len(w) == 1 for w in by_scenario.values()), by_scenario
+    assert len([f for f in D.FAULTS.values() if f.scenario == "chain"]) == 3  # two faults and the healthy run
+
+
+def test_the_drill_pool_check_is_an_instructor_command_and_wrong_answers_are_told_no_value(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "hwlab", "drill", "pool"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    pool = json.loads(r.stdout)
+    assert pool["faults"] == {n: f.leaf for n, f in D.FAULTS.items()}
+    assert pool["graded_once"]["n"] == 2 * len(D.FAULTS)
+    assert pool["graded_once"]["learners"]["reference"]["passed"] == len(D.FAULTS)
+    rec = json.loads((ROOT / "src" / "hwlab" / "recorded" / "h200" / "drills.json").read_text())
+    ran = [x for x in rec["extra"]["drills"] if "error" not in x]
+    rows = {x["fault"]: x for x in pool["recorded"]["drills"] if "error" not in x}
+    assert ran and set(rows) == {x["fault"] for x in ran}
+    for x in ran:
+        obs, wrong = x["drill"]["observations"], x["wrong"]["submitted_leaf"]
+        truth = flowchart.diagnose(obs)
+        row = rows[x["fault"]]
+        assert row["probes_leaf"] == truth.leaf_id
+        told = row["wrong"]["told"]
+        assert told == D.contradiction(obs, wrong) and f"a path to {wrong}" in told
+        assert not re.search(rf"\b{truth.leaf_id}\b", told.split(". ", 1)[1] if ". " in told else told)
+        assert not re.search(r"\b(YES|NO)\b", told)
+        assert not any(D._fmt(s.value) in told for s in truth.steps if isinstance(s.value, float))

@@ -202,6 +202,13 @@ def test_02_notebook_02s_rows_fail_the_solution_passes_and_messages_hide_the_ans
     assert C.check_warps_choice(4096, best).passed
     low = C.check_warps_choice(4096, 4)
     assert low.status == "wrong" and "higher occupancy" in low.message and f"{best} warp" not in low.message
+    # brute force reads nothing off a wrong try: no occupancy, blocks or registers of the count tried
+    for w in C.SOFTMAX_WARPS:
+        r = C.check_warps_choice(4096, w)
+        if r.status == "wrong":
+            assert not re.search(r"\d+%|per SM|active warps|registers/thread|spill slots", r.message), (w, r.message)
+    # a wrong count is not told which way (a whole number would fall to a few tries)
+    assert not re.search(r"fewer than|more than|each allows more", wrong_count.message)
 
 
 # ---------------------------------------------------------------- 03: a job's rank map
@@ -251,6 +258,8 @@ def test_04_notebook_04s_answers_fail_the_solution_passes():
     sol = _answers("04", 0)
     ok = C.check_case_fallback(sol["MY_BUCKET"], sol["MY_MODULE"], sol["MY_DEQUANTS"], sol["MY_SHAPE"], buckets)
     assert ok.passed, ok
+    part2 = _answers("04", 1)["MY_BATCHES"][sol["MY_BUCKET"]]  # Part 1's pass does not state Part 2's answer
+    assert not re.search(rf"(?<![\w.]){part2}(?![\d.])", ok.message), ok.message
     assert C.check_case_batches(_answers("04", 1)["MY_BATCHES"]).passed
     # notebook 04: `out` falls back, in its recorded long bucket, and PATHS["fixed"] is the fix
     rows, _ = C.fallback_buckets()
@@ -275,6 +284,7 @@ def test_04_the_batch_fix_is_reprofiled():
     assert still.status == "wrong" and "dequant" in still.message
     padded = C.check_case_batches({**fix, ctx: 12})
     assert padded.status == "wrong" and "padding" in padded.message
+    assert not re.search(r"\d+ padding", padded.message)  # no count: the answer would be one subtraction away
     assert C.check_case_batches({**fix, ctx: 4}).status == "wrong"  # fewer rows than the bucket serves
 
 

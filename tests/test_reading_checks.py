@@ -99,6 +99,7 @@ def test_rank_wait_right_reading_passes_and_the_late_rank_is_not_given_away():
         r = C.check_rank_wait(NB_RANKS, wrong)
         assert r.status == "wrong", wrong
         assert f"rank {late}" not in r.message and not _says(r.message, early[len(early) // 2])
+        assert not any(_says(r.message, m) for m in med.values())  # no rank's time inside, tried or not
 
 
 def test_the_late_rank_agrees_with_hwlab_ranks_on_every_recorded_job():
@@ -129,6 +130,15 @@ def test_ncu_lab01_right_reading_passes_and_the_unconverted_estimate_fails():
     assert C.check_ncu_lab01("unfused", right).status == "passed"
     r = C.check_ncu_lab01("unfused", {**right, "estimate_pct_of_peak": est_of_ceiling})
     assert r.status == "wrong" and not _says(r.message, right["estimate_pct_of_peak"])
+    # the strided case (exercise 05): the conversion moves its estimate by less than the reading's tolerance,
+    # and the unconverted figure is still refused as unconverted
+    right, est_of_ceiling = _lab01("strided")
+    assert abs(est_of_ceiling - right["estimate_pct_of_peak"]) < C.NCU_TOL["estimate_pct_of_peak"]
+    assert C.check_ncu_lab01("strided", right).status == "passed"
+    for unconverted in (est_of_ceiling, round(est_of_ceiling, 2), round(est_of_ceiling, 1)):
+        r = C.check_ncu_lab01("strided", {**right, "estimate_pct_of_peak": unconverted})
+        assert r.status == "wrong" and "before the conversion" in r.message, unconverted
+        assert not _says(r.message, right["estimate_pct_of_peak"])
 
 
 def test_ncu_lab02_binding_limit_is_the_smallest_limit_row():

@@ -5,7 +5,9 @@ or *recorded* (from :mod:`hwlab.evidence`); :func:`banner` prints which, every t
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
 from typing import Iterable
 
 import torch
@@ -252,8 +254,9 @@ def checkpoint(checkpoint_id: str, ans, walk, ev: dict, *, step: str | None = No
                source: str = ""):
     """Grade ``ans`` against the kit's walk ``walk`` of ``ev`` (computed in this run), print the result
     and return it; ``result.walk()`` shows the walk once the answer passed
-    (:mod:`hwlab.course.checkpoint`). A blank answer prints what to fill in; it raises nothing, so
-    Run All goes on through the rest of the notebook."""
+    (:mod:`hwlab.course.checkpoint`), and :func:`gated` / :func:`explain` hold back whatever else later
+    cells would show of the answer until then. A blank answer prints what to fill in; it raises nothing,
+    so Run All goes on through the rest of the notebook."""
     from dataclasses import replace
 
     from hwlab.course import checkpoint as C
@@ -272,3 +275,52 @@ def show_evidence(ev: dict, source: str = "") -> None:
     from hwlab.course.checkpoint import render_evidence
 
     print(render_evidence(ev, source))
+
+
+def gate_line(cp, what: str = "this cell's results") -> str:
+    """The line a gated cell prints instead of its output while checkpoint ``cp`` has not passed."""
+    return (f"[{what} hidden: answer the checkpoint above first (checkpoint {cp.checkpoint}: {cp.status}); "
+            "then run this cell again]")
+
+
+def shows(cp) -> bool:
+    """Whether what follows checkpoint ``cp`` may be shown: it passed, its answer was revealed (after
+    the tries :meth:`hwlab.course.checkpoint.Result.reveal` asks for), or its walk reaches no leaf
+    (nothing to grade; the walk says what to measure). ``None`` (no checkpoint) shows."""
+    from hwlab.course.checkpoint import PASSED, REVEALED, UNDECIDED
+
+    return cp is None or cp.status in (PASSED, UNDECIDED, REVEALED)
+
+
+@contextlib.contextmanager
+def gated(cp, what: str = "this cell's results"):
+    """Run the block, but show what it prints, displays or plots only once checkpoint ``cp`` passed
+    (:func:`shows`); before that its output is dropped and one line says to answer the checkpoint
+    above first. The block still runs, so later cells find its variables (Run All goes on)::
+
+        with nb.gated(CP, "the measured speed-up"):
+            print(f"fused over unfused: {speedup:.2f}x")
+
+    Everything a checkpoint asks about (the leaf, the deciding value, the predicted figure) that a
+    later cell shows goes through this gate, plots and tables included."""
+    if shows(cp):
+        yield True
+        return
+    from IPython.utils.capture import capture_output
+
+    plt = sys.modules.get("matplotlib.pyplot")
+    figs_before = set(plt.get_fignums()) if plt else set()
+    try:
+        with capture_output(stdout=True, stderr=False, display=True):
+            yield False
+    finally:
+        plt = sys.modules.get("matplotlib.pyplot")
+        for n in (set(plt.get_fignums()) - figs_before) if plt else ():
+            plt.close(n)  # a figure left open would be drawn at the cell's end
+        print(gate_line(cp, what))
+
+
+def explain(cp, text: str) -> None:
+    """Markdown that explains a checkpoint's answer, shown once ``cp`` passed (:func:`gated`)."""
+    with gated(cp, "the explanation of this walk"):
+        md(text)

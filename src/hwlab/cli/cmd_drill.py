@@ -1,4 +1,5 @@
-"""``hwlab drill new|submit|reveal|summary``: diagnosis drills, a hidden fault to find.
+"""``hwlab drill new|submit|reveal|summary|pool``: diagnosis drills, a hidden fault to find; ``pool`` is
+the instructor's self-check of the drill pool (every fault's leaf: kept out of the learner's notebook).
 
 Exit codes: 0 written or passed; 1 a submission that did not find the fault (a finding);
 2 bad input (unknown fault or leaf, a file that is not a drill or grade, a bad learner name)
@@ -38,6 +39,9 @@ def cmd_drill(a) -> int:
         return _new(a)
     if a.action == "summary":
         return _summary(a)
+    if a.action == "pool":
+        print_json(drills.pool_check())
+        return EXIT_OK
     if not a.drill:
         raise UserInputError(f"drill {a.action} needs the drill's .json file")
     d = _load_drill(a.drill)
@@ -165,11 +169,11 @@ def add_parser(sub) -> None:
     dr = sub.add_parser("drill", help="diagnosis drills: a hidden fault to find",
                         description="Diagnosis drills: `new` writes a drill (a hidden fault and what the "
                         "probes show), `submit` grades the leaf you reached, `reveal` shows the answer, "
-                        "`summary` tallies a folder of grades. Exit codes: 0 written or passed, 1 a "
+                        "`summary` tallies a folder of grades, `pool` (instructor) lists every fault with its leaf. Exit codes: 0 written or passed, 1 a "
                         "submission that did not find the fault, 2 bad input or a write that failed (the "
                         "result is kept in the rescue folder), 3 internal error.")
-    dr.add_argument("action", choices=["new", "submit", "reveal", "summary"],
-                    help="new, submit, reveal or summary")
+    dr.add_argument("action", choices=["new", "submit", "reveal", "summary", "pool"],
+                    help="new, submit, reveal, summary or pool (instructor: the fault pool and its leaves, JSON)")
     dr.add_argument("drill", nargs="?", help="submit/reveal: the drill .json")
     dr.add_argument("--seed", type=whole_number,
                     help="new: the drill's number (the same seed gives the same drill; default random)")
@@ -182,6 +186,6 @@ def add_parser(sub) -> None:
     dr.add_argument("--dir", default="drills", help="where drills and grades are kept")
     dr.add_argument("--force", action="store_true", help="new: replace a drill file of the same seed")
     dr.add_argument("--json", action="store_true", help="new/submit: strict JSON on stdout "
-                    "(reveal and summary always print JSON)")
+                    "(reveal, summary and pool always print JSON)")
     dr.add_argument("--class-dir", help="submit: also record the graded result here (default: $HWLAB_CLASS_DIR)")
     dr.set_defaults(fn=cmd_drill)

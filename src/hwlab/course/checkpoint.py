@@ -4,25 +4,31 @@ A :class:`Checkpoint` holds the kit's own walk of one piece of evidence, compute
 (never a leaf typed into the notebook), the step it asks about, and optionally a quantity the
 learner predicts. :func:`check` grades an :class:`Answer` in this order, and stops at the first miss:
 
-1. **the leaf**: the walk's leaf. A wrong leaf is answered with the first step of the walk whose
-   measured answer rules it out (metric, value, rule): the evidence that contradicts it, never the
-   right leaf's letter or title;
+1. **the leaf**: the walk's leaf. A wrong leaf is answered with the question where a path to it leaves
+   the walk and the rows that question reads, to re-read: never those rows' values, the branch the
+   evidence takes there, nor the right leaf's letter or title;
 2. **the metric**: the one that decided the asked step in this evidence (by default the step that
    leads into the leaf; a checkpoint may ask about another step on the walk). Another metric of the
    chart, even a true one, is not what decided there;
 3. **the value**: the decided metric's value as read off the evidence shown: inside its measured spread
    (``metric_spreads``; p10-p90 or the repeats' range) widened by :data:`VALUE_TOL_PCT`, or within
    :data:`VALUE_TOL_PCT` of the value where no spread was recorded. The tolerance covers a value
-   read from a table printed to three significant digits and rounded by the reader;
+   read from a table printed to three significant digits and rounded by the reader. A miss says it is
+   outside the reading's spread, not what the spread is;
 4. **the prediction** (where the lesson has one): within the checkpoint's stated band of what the same
-   run measured (:class:`Prediction`).
+   run measured (:class:`Prediction`). A miss says which way (too high, too low) and the band's width,
+   never the measured figure.
+
+Feedback teaches without telling; after :data:`TRIES_BEFORE_REVEAL` wrong tries :meth:`Result.reveal`
+shows the answer and the class record marks the checkpoint as revealed.
 
 An answer with blanks (``None``) is not graded: :func:`check` returns status ``"fill in"`` naming
 what is missing, and nothing is recorded. Every graded answer (not the blanks) is kept in the class
 folder when ``HWLAB_CLASS_DIR`` is set (:func:`hwlab.course.classroom.record_checkpoint`).
 
-The walk is shown only after a pass: :meth:`Result.walk` returns the one-line walk (or the full text)
-once the answer passed, and otherwise says what is still to answer.
+The walk is shown only after a pass (or a reveal): :meth:`Result.walk` returns the one-line walk (or
+the full text) then, and otherwise says to answer the checkpoint first; :func:`hwlab.nb.gated` holds
+back whatever else a later cell would show of the answer the same way.
 """
 from __future__ import annotations
 
@@ -41,7 +47,12 @@ VALUE_TOL_PCT = 5.0
 #: absolute tolerance added to it, so a value of zero read as "0.0" or "0.01" is the same reading
 VALUE_TOL_ABS = 0.01
 
-FILL_IN, PASSED, WRONG, UNDECIDED = "fill in", "passed", "wrong", "undecided"
+FILL_IN, PASSED, WRONG, UNDECIDED, REVEALED = "fill in", "passed", "wrong", "undecided", "revealed"
+#: wrong tries after which the learner may ask for the answer (:meth:`Result.reveal`): enough to
+#: re-read the rows the feedback names twice, few enough that a stuck learner is not left stuck
+TRIES_BEFORE_REVEAL = 3
+#: wrong tries per checkpoint in this kernel (a learner's answers; the solutions file's never count)
+_wrong_tries: dict[str, int] = {}
 
 
 @dataclass(frozen=True)
@@ -110,6 +121,10 @@ class Result:
     answer: Answer = field(default_factory=Answer)
     #: the walk, kept to be shown once the answer passed
     _walk: flowchart.Diagnosis | None = field(default=None, repr=False)
+    #: the checkpoint graded, kept for :meth:`reveal`
+    _cp: Checkpoint | None = field(default=None, repr=False)
+    #: wrong tries at this checkpoint so far in this kernel, this one included
+    tries: int = 0
 
     @property
     def passed(self) -> bool:
@@ -117,17 +132,38 @@ class Result:
 
     def __str__(self) -> str:
         head = {PASSED: "checkpoint {id}: passed", FILL_IN: "checkpoint {id}: fill in your answer",
-                WRONG: "checkpoint {id}: not yet", UNDECIDED: "checkpoint {id}: the walk does not decide"}
+                WRONG: "checkpoint {id}: not yet", UNDECIDED: "checkpoint {id}: the walk does not decide",
+                REVEALED: "checkpoint {id}: answer revealed (recorded as revealed)"}
         return "\n".join([head[self.status].format(id=self.checkpoint)] + [f"  {m}" for m in self.messages])
 
     def walk(self, full: bool = False) -> str:
         """The kit's walk (one line, or the full text with ``full``) once this answer passed, or at once
         where the walk reaches no leaf (nothing to grade; it names what to measure); before that, a line
         saying the walk waits for the checkpoint."""
-        if (self.passed or self.status == UNDECIDED) and self._walk is not None:  # undecided: it says what to measure
+        if self.status in (PASSED, UNDECIDED, REVEALED) and self._walk is not None:  # undecided: it says what to measure
             return self._walk.render(full=full)
-        return (f"[walk hidden until checkpoint {self.checkpoint} passes: {self.status}; "
-                "answer in the cell above and run it again]")
+        return (f"[walk hidden: answer the checkpoint above first (checkpoint {self.checkpoint}: {self.status}); "
+                "then run this cell again]")
+
+    def reveal(self, *, learner: str | None = None) -> str:
+        """The answer (leaf, deciding metric and value, the measured figure predicted) once
+        :data:`TRIES_BEFORE_REVEAL` wrong tries were made; the class record marks the checkpoint as
+        revealed, and what the checkpoint gates is shown from then on. Before that, how many tries are left."""
+        if self.status not in (WRONG, REVEALED) or self._cp is None:
+            return f"checkpoint {self.checkpoint}: {self.status}; nothing to reveal"
+        if self.tries < TRIES_BEFORE_REVEAL:
+            return (f"checkpoint {self.checkpoint}: the answer can be revealed after {TRIES_BEFORE_REVEAL} tries "
+                    f"(this was try {self.tries}); read the feedback above and try again")
+        cp, s = self._cp, self._cp.asked()
+        first = self.status != REVEALED
+        self.status = REVEALED
+        if first:
+            classroom.record_checkpoint(cp, self, learner=learner)
+        leaf = flowchart.LEAVES[cp.walk.leaf_id]
+        p = cp.prediction
+        return (f"checkpoint {cp.id}, revealed: leaf {leaf.id} ({leaf.title}); {s.metric} = {_fmt(s.value)} decides "
+                f"{s.question}" + (f"; this run measured {_fmt(p.actual)}{p.unit} for {p.what}" if p else "")
+                + f"\n  walk: {cp.walk.compact()}")
 
     def to_record(self) -> dict[str, Any]:
         return {"checkpoint": self.checkpoint, "status": self.status, "passed": self.passed,
@@ -148,24 +184,23 @@ def _fmt(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
-def _spread_text(s: flowchart.Step) -> str:
-    return f", spread {_fmt(s.spread[0])}-{_fmt(s.spread[1])}" if s.spread else ""
+def _rows_of(qid: str) -> str:
+    """The rows (metrics) question ``qid`` reads, as the chart names them: where to look again."""
+    q = flowchart.QUESTIONS[qid]
+    names = dict.fromkeys(c.metric for c in (*q.overrides_no, *q.criteria, *q.not_applicable))
+    if q.bool_metric:
+        names.setdefault(q.bool_metric)
+    return ", ".join(names)
 
 
 def _contradiction(s: flowchart.Step, leaf: str) -> str:
-    if s.answer == flowchart.NOT_APPLICABLE:
-        return (f"leaf {leaf} needs {s.question} ({s.text}) to apply, but the evidence above makes it not "
-                f"applicable: {s.criterion}. Read those rows again.")
-    want = "NO" if (s.answer == "yes" and not s.overridden) else "YES"
-    if s.overridden:
-        got = f"{s.metric} = {_fmt(s.value)} ({s.criterion}) answers it NO before its own rule is read"
-    else:
-        got = f"{s.metric} = {_fmt(s.value)} (rule {s.criterion}{_spread_text(s)}) answers it {s.answer.upper()}"
-    border = (f" That step is BORDERLINE (its measured spread contains the threshold): a re-run may answer it "
-              f"{want}, but this run's evidence answers it {'NO' if want == 'YES' else 'YES'}; re-run with more "
-              "repeats before acting on either." if s.borderline else "")
-    return (f"leaf {leaf} needs {s.question} ({s.text}) answered {want}, but in the evidence above {got}. "
-            "Read that row again and follow the chart from there." + border)
+    """Where a path to ``leaf`` leaves this walk: the question and the rows it reads, never their value,
+    the branch the evidence takes there, nor the leaf it leads to (module doc, item 1)."""
+    border = (f" {s.question} is BORDERLINE here (its measured spread contains its threshold): re-run with more "
+              "repeats before acting on either branch." if s.borderline else "")
+    return (f"leaf {leaf} is not where the evidence above leads: a path to {leaf} leaves this walk at "
+            f"{s.question} ({s.text}). Re-read the rows {s.question} reads ({_rows_of(s.question)}) against "
+            f"its rule in the chart, and follow the chart from there." + border)
 
 
 def value_bounds(s: flowchart.Step) -> tuple[float, float]:
@@ -187,7 +222,7 @@ def _missing(cp: Checkpoint, a: Answer) -> list[str]:
 def check(cp: Checkpoint, answer: Answer | None, *, record: bool = True, learner: str | None = None) -> Result:
     """Grade ``answer`` on ``cp`` (module doc); record it in the class folder when one is set."""
     a = answer or Answer()
-    res = Result(cp.id, FILL_IN, answer=a, _walk=cp.walk)
+    res = Result(cp.id, FILL_IN, answer=a, _walk=cp.walk, _cp=cp)
     missing = _missing(cp, a)
     if missing:
         res.messages = ["still blank: " + m for m in missing]
@@ -216,6 +251,11 @@ def check(cp: Checkpoint, answer: Answer | None, *, record: bool = True, learner
     if shared_run(cp) and res.status in (PASSED, WRONG):
         res.messages.append("graded on a SHARED GPU (another process ran on it while this was measured): "
                             "the figures may differ from a quiet run's")
+    if record and res.status == WRONG:
+        res.tries = _wrong_tries[cp.id] = _wrong_tries.get(cp.id, 0) + 1
+        if res.tries >= TRIES_BEFORE_REVEAL:
+            res.messages.append(f"that is {res.tries} tries: `print(CP.reveal())` shows the answer (the class record "
+                                "marks this checkpoint as revealed), or read the rows named above once more")
     if record and res.status in (PASSED, WRONG):
         classroom.record_checkpoint(cp, res, learner=learner)
     return res
@@ -253,19 +293,19 @@ def _grade_reading(cp: Checkpoint, a: Answer) -> list[str]:
         return [f"value {a.value!r} is not a number: read it off the evidence table"]
     lo, hi = value_bounds(s)
     if not (math.isfinite(v) and lo <= v <= hi):
-        return [f"{metric} = {_fmt(v)} is not what the evidence shows: accepted {_fmt(lo)}-{_fmt(hi)} "
-                f"(the measured spread, or the value, widened by {VALUE_TOL_PCT:g}% for rounding); read the row again"]
+        return [f"{metric} = {_fmt(v)} is outside the reading's spread (the spread, or the value where none "
+                f"was recorded, widened by {VALUE_TOL_PCT:g}% for rounding): read the row again"]
     p = cp.prediction
     if p is not None:
         try:
             pv = float(a.prediction)
         except (TypeError, ValueError):
             return [f"prediction {a.prediction!r} is not a number"]
-        if not p.holds(pv):
-            lo_p, hi_p = p.bounds()
-            return [f"prediction {_fmt(pv)}{p.unit} for {p.what} is outside the band: this run measured "
-                    f"{_fmt(p.actual)}{p.unit}; the band is {p.band_text()} ({_fmt(lo_p)}-{_fmt(hi_p)}{p.unit})"
-                    + (f": {p.why_band}" if p.why_band else "") + ". Work out what your count missed, then revise it."]
+        if not p.holds(pv) or not math.isfinite(pv):
+            way = "too high" if pv > p.actual else "too low"
+            return [f"prediction {_fmt(pv)}{p.unit} for {p.what} is {way}: outside the band ({p.band_text()} "
+                    "of what this run measured)" + (f"; {p.why_band}" if p.why_band else "")
+                    + ". Work out what your count missed, then revise it."]
     return []
 
 

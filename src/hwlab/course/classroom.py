@@ -163,7 +163,8 @@ def record_drill(drill: Any, grade: Any, folder: str | os.PathLike | None = None
 def record_checkpoint(cp: Any, res: Any, folder: str | os.PathLike | None = None,
                       learner: str | None = None) -> Path | None:
     """Record a graded checkpoint answer (:func:`hwlab.course.checkpoint.check`): the learner, the
-    checkpoint, the leaf, metric, value and prediction given, pass or not, and the first wrong branch of a
+    checkpoint, the leaf, metric, value and prediction given, pass or not, whether the answer was revealed
+    (after the tries :meth:`hwlab.course.checkpoint.Result.reveal` asks for), and the first wrong branch of a
     wrong leaf; None without a class folder."""
     folder = class_dir(folder)
     if folder is None:
@@ -171,7 +172,8 @@ def record_checkpoint(cp: Any, res: Any, folder: str | os.PathLike | None = None
     a, right = res.answer, cp.walk.leaf_id
     leaf = str(a.leaf).strip().upper() if a.leaf is not None else None
     rec = {"kind": "checkpoint", "item": cp.id, "notebook": _notebook(), "learner": learner_name(learner),
-           "passed": bool(res.passed), "status": res.status, "leaf": leaf, "metric": a.metric,
+           "passed": bool(res.passed), "status": res.status, "revealed": res.status == "revealed",
+           "leaf": leaf, "metric": a.metric,
            "value": _num(a.value), "prediction": _num(a.prediction), "right_leaf": right,
            "wrong_leaf": leaf if right and leaf != right else None,
            "first_wrong_branch": first_wrong_branch(right, leaf) if right and leaf else None,

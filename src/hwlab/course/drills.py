@@ -84,9 +84,13 @@ class Fault:
         return drillruns.can_run_live(self.scenario, device)
 
 
+#: the workload a learner is told: what runs, never what is wrong with it (the chain's faults and its
+#: healthy run are the same pipeline, so the text tells them apart no more than the name would)
+PIPELINE = "an elementwise pipeline after a linear layer (bias, GELU, residual, scale)"
+
 FAULTS: dict[str, Fault] = {f.name: f for f in [
-    Fault("unfused_chain", "G", "a fused-op pipeline (bias+GELU+residual+scale)", "chain", "unfused", "fused"),
-    Fault("strided_layout", "G", "a fused-op pipeline reading a transposed tensor", "chain", "strided", "coalesced"),
+    Fault("unfused_chain", "G", PIPELINE, "chain", "unfused", "fused"),
+    Fault("strided_layout", "G", PIPELINE, "chain", "strided", "coalesced"),
     Fault("oversized_tile", "J", "a custom Triton GEMM", "tile", "256x256x64 w4 s2", "128x256x64 w8 s3"),
     Fault("launch_bound", "J", "a small-batch decode step", "launch", "eager", "graph"),
     Fault("dtype_mma_miss", "I", "a GEMM-heavy layer", "dtype", "fp32", "bf16"),
@@ -94,10 +98,11 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("fp8_fallback", "M", "an FP8 decoder in service", "fp8", "mixed", "fixed"),
     Fault("untuned_bucket", "M", "a serving step of decode and prefill GEMMs", "workload",
           "tuned-shape prediction", "bucketed prediction"),
-    Fault("sync_point", "J", "a step that reads its loss on the host every step", "syncpoint", "item", "async"),
-    Fault("bad_card", "OK", "a node whose steps became erratic on one card", "badcard", "throttled", "healthy",
+    Fault("sync_point", "J", "a small training step (forward, backward, optimizer step, loss logged)", "syncpoint",
+          "item", "async"),
+    Fault("bad_card", "OK", "a node whose step times became erratic", "badcard", "throttled", "healthy",
           fix_metric="hw_deviations_vs_baseline"),
-    Fault("none", "OK", "a fused-op pipeline", "chain", "fused", "fused"),
+    Fault("none", "OK", PIPELINE, "chain", "fused", "fused"),
 ]}
 
 
@@ -323,16 +328,16 @@ def grade(drill: Drill, leaf: str, evidence: dict[str, Any] | None = None, learn
 
 def contradiction(observations: dict[str, Any], leaf: str) -> str:
     """Why ``leaf`` is wrong, from the measured evidence alone: the first question on the walk
-    whose measured answer takes the other branch from the one ``leaf`` needs, with the metric,
-    its value and the rule. Names neither the branch the evidence does take nor any leaf."""
+    whose measured answer takes a branch with no path to ``leaf``, and the metric it reads, to
+    read again. Names neither that metric's value, the branch the evidence takes, nor any leaf
+    but the one submitted (:mod:`hwlab.course.checkpoint` answers a wrong leaf the same way)."""
     truth = flowchart.diagnose(observations)
     for s in truth.steps:
         q = flowchart.QUESTIONS[s.question]
         taken = q.yes if s.answer == "yes" else q.no
         if leaf not in _reachable(taken):
-            need = "YES" if leaf in _reachable(q.yes) else "NO"
-            return (f"{leaf} is not it: {leaf} needs {q.id} ({q.text}) answered {need}, but the probes measured "
-                    f"{s.metric} = {_fmt(s.value)} against the rule {s.criterion}")
+            return (f"{leaf} is not it: a path to {leaf} leaves the probes' walk at {q.id} ({q.text}). Read "
+                    f"{s.metric} again against {q.id}'s rule, and follow the chart from there")
     if truth.undecided is not None:
         return (f"{leaf} is not shown by this evidence: the walk cannot decide {truth.undecided.id} "
                 f"({truth.undecided.text}) from it")
@@ -381,6 +386,36 @@ def reveal(drill: Drill) -> dict[str, Any]:
     f = drill.fault()
     return {"fault": f.name, "leaf": f.leaf, "workload": f.workload,
             "path": flowchart.diagnose(drill.observations).path}
+
+
+def pool_check() -> dict[str, Any]:
+    """The instructor's self-check of the drill pool (``hwlab drill pool``; it names every fault's leaf,
+    so it is never in a learner's notebook): per fault, the drill the kit's refresh script ran on the
+    H200 (faulty and fixed, the right answer graded with the fixed run re-measured), and every fault
+    graded once with its leaf and once with a wrong one, from recorded evidence."""
+    from hwlab.core import evidence
+
+    rec = evidence.recorded("drills")
+    rows = []
+    for r in rec.extra["drills"]:
+        if "error" in r:
+            rows.append({"fault": r["fault"], "error": r["error"]})
+            continue
+        walk = flowchart.diagnose(r["drill"]["observations"])
+        src = r["drill"]["observations"].get("metric_sources", {}).values()
+        rows.append({"fault": r["fault"], "live": r["drill"]["live"], "probes_leaf": walk.leaf_id,
+                     "by_hand": bool(walk.by_hand), "constructed": any("CONSTRUCTED" in str(v) for v in src),
+                     "right_answer_passed": bool(r["right"]["correct_leaf"] and r["right"]["evidence_supports"]),
+                     "fixed_leaf": flowchart.diagnose(r["right"]["fix_evidence"]).leaf_id,
+                     "wrong": {"leaf": r["wrong"]["submitted_leaf"],
+                               "told": contradiction(r["drill"]["observations"], r["wrong"]["submitted_leaf"])}})
+    grades = []
+    for name, fault in FAULTS.items():
+        d = new(seed=1, fault=name, live=False)
+        grades.append(grade(d, fault.leaf, learner="reference"))
+        grades.append(grade(d, next(x for x in ("G", "J", "L", "OK") if x != fault.leaf), learner="a learner guessing"))
+    return {"recorded": {"source": rec.label, "drills": rows}, "graded_once": class_summary(grades),
+            "faults": {n: f.leaf for n, f in FAULTS.items()}}
 
 
 def class_summary(grades: list[Grade]) -> dict[str, Any]:
