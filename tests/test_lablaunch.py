@@ -199,63 +199,7 @@ def test_a_save_in_jupyter_lands_in_the_copy_and_sigterm_ends_the_server(tmp_pat
 
 
 # ---------------------------------------------------------------- what the learner's lab offers
-class _Lab:
-    """``hwlab lab`` started for real on a free port under ``home`` (HWLAB_HOME); stop() is SIGTERM."""
-
-    def __init__(self, tmp_path: Path, home: Path, *args: str):
-        self.env = dict(os.environ, HWLAB_HOME=str(home), JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"),
-                        JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"),
-                        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
-        self.env.pop("JUPYTERLAB_WORKSPACES_DIR", None)
-        self.log_path = tmp_path / f"lab{len(list(tmp_path.glob('lab*.log')))}.log"
-        self.log = open(self.log_path, "w+")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            first = s.getsockname()[1]
-        self.proc = subprocess.Popen([sys.executable, "-m", "hwlab", "lab", "--no-browser", "--port", str(first),
-                                      *args], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
-        t0, url = time.monotonic(), None
-        while url is None and time.monotonic() - t0 < 60 and self.proc.poll() is None:
-            m = re.search(r"JupyterLab: (http://\S+)", self.log_path.read_text())
-            url = m.group(1) if m else time.sleep(0.5)
-        assert url, self.log_path.read_text()
-        self.base, self.token = url.split("/lab?token=")
-        while time.monotonic() - t0 < 180:
-            try:
-                self.api("/api/status")
-                break
-            except OSError:
-                time.sleep(1)
-        else:
-            self.stop()
-            pytest.fail(self.log_path.read_text()[-3000:])
-
-    def api(self, path, method="GET", body=None):
-        return _api(self.base, self.token, path, method, body)
-
-    def page_config(self) -> dict:
-        req = urllib.request.Request(f"{self.base}/lab", headers={"Authorization": f"token {self.token}"})
-        with urllib.request.urlopen(req, timeout=30) as r:
-            html = r.read().decode()
-        m = re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>', html, re.S)
-        return json.loads(m.group(1))
-
-    def status_of(self, path) -> int:
-        req = urllib.request.Request(f"{self.base}{path}", headers={"Authorization": f"token {self.token}"})
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return r.status
-        except urllib.error.HTTPError as e:
-            return e.code
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
+from lab_server import LabServer as _Lab  # noqa: E402  (tests/lab_server.py)
 
 
 def _tabs(workspace: dict) -> list[str]:
@@ -269,7 +213,6 @@ def test_the_learners_lab_opens_00_offers_only_hwlab_hides_nbgrader_and_restarts
     workspace JupyterLab restores its tabs from, before and after a restart in which the learner
     had opened several notebooks. ``--instructor`` brings nbgrader's UI back."""
     pytest.importorskip("jupyterlab")
-    import urllib.error  # noqa: F401  (HTTPError in status_of)
 
     has_kit_kernel = (Path(sys.prefix) / "share" / "jupyter" / "kernels" / "hwlab").is_dir()
     has_nbgrader = __import__("importlib").util.find_spec("nbgrader") is not None
