@@ -160,7 +160,7 @@ from pathlib import Path
 from hwlab.diagnosis import ranks_traces
 from IPython.display import Markdown, display
 
-TRACES = Path(nb.__file__).resolve().parents[2] / "tests" / "data" / "traces"
+TRACES = evidence.TRACES_DIR  # shipped inside the package
 if TRACES.is_dir():
     tr = {k: ranks_traces.report(TRACES / k) for k in ("slow_rank", "slow_link_tbf", "clean")}
     src_tr = "recorded on a CPU machine: torch.profiler traces of 4 gloo ranks under torchrun"
@@ -204,7 +204,7 @@ if TRACES.is_dir():
         f"the collective, so the report names {f2['names']} ({f2['why']}). Section 2's step log names ranks "
         f"{exp['naive']['report']['tail_ranks']} by their late finish [{src}]."))
 else:
-    print("the recorded traces (tests/data/traces in the repository) are not here: record your own with "
+    print("the recorded traces (hwlab/recorded/traces in the package) are not here: record your own with "
           "examples/profiled_torchrun.py and run `hwlab ranks --traces DIR`")
 
 # %% [markdown]

@@ -84,7 +84,7 @@ from pathlib import Path
 from hwlab.diagnosis import ranks_traces
 from IPython.display import Markdown, display
 
-TRACES = Path(nb.__file__).resolve().parents[2] / "tests" / "data" / "traces"
+TRACES = evidence.TRACES_DIR  # shipped inside the package
 if TRACES.is_dir():
     src_tr = "recorded on a CPU machine: torch.profiler traces of 4 gloo ranks under torchrun"
     rows = []
@@ -103,7 +103,7 @@ if TRACES.is_dir():
         f"\n\nStep log of the calibrated case above: tail ranks {step_log['tail_ranks']}, "
         f"{step_log['tail_ms']:.1f} ms late per step [{rec.label}]."))
 else:
-    print("the recorded traces (tests/data/traces in the repository) are not here: record your own with "
+    print("the recorded traces (hwlab/recorded/traces in the package) are not here: record your own with "
           "examples/profiled_torchrun.py and run `hwlab ranks --traces DIR`")
 
 # %% [markdown]

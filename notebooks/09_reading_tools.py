@@ -35,8 +35,7 @@ from hwlab.core import evidence
 from hwlab.traces import trace_events
 from hwlab.course import reading_checks as check, reading_facts as facts
 
-ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
-TRACES = ROOT / "tests" / "data" / "traces"
+TRACES = evidence.TRACES_DIR  # the recorded traces, shipped inside the package
 GPU_TRACE = next((TRACES / "h200_nccl_one_rank").glob("*.pt.trace.json.gz"))
 RANKS = TRACES / "slow_rank"
 

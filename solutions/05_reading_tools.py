@@ -28,8 +28,7 @@ from hwlab.core import evidence
 from hwlab.traces import trace_events
 from hwlab.course import reading_checks as check, reading_facts as facts
 
-ROOT = Path.cwd().parent if Path.cwd().name in ("exercises", "solutions") else Path.cwd()
-RANKS = ROOT / "tests" / "data" / "traces" / "slow_link_tbf"
+RANKS = evidence.recorded_traces("slow_link_tbf")  # shipped inside the package
 RANK0 = sorted(RANKS.glob("*.pt.trace.json.gz"))[0]
 print(f"{RANKS.name}: {facts.trace_label(RANK0)}, 4 gloo ranks; files:", sorted(p.name for p in RANKS.glob("*.json.gz")))
 rows, window = facts.ranks_timeline(RANKS)

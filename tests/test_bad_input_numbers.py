@@ -16,7 +16,7 @@ from hwlab.core import evidence, validate
 from test_bad_input import B, H200, INC, RUN, _snapshot, area, run_main  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT / "tests" / "data" / "traces"
+TRACES = ROOT / "src" / "hwlab" / "recorded" / "traces"  # the recorded trace runs ship in the package
 BIG = "1" + "0" * 400     # an integer past the largest float (1.8e308)
 HUGE = "1" + "0" * 5000   # past Python's 4,300-digit int-from-string limit
 DEEP = "[" * 100_000 + "]" * 100_000

@@ -106,3 +106,83 @@ def test_lab01_runs_in_chromium_with_widgets_and_plot(jupyterlab):
         img.scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / "lab01_plot.png"))
         browser.close()
+
+
+def _chromium(p):
+    return p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+        "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+
+
+def _open_lab(page, url: str, name: str) -> list[str]:
+    """Load JupyterLab at ``url`` and wait until notebook ``name`` is the current tab and its kernel
+    idle; returns the labels of the main area's tabs."""
+    page.goto(url)
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel",
+                 has_text=name).wait_for(timeout=120_000)
+    page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle'] >> visible=true").first.wait_for(
+        timeout=120_000)
+    return page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab .lm-TabBar-tabLabel").all_inner_texts()
+
+
+def _kernels(lab, at_least: int) -> list[dict]:
+    """The server's running kernels, once ``at_least`` have started (JupyterLab starts a notebook's
+    kernel after its tab shows), then a few seconds more for any other to start."""
+    for _ in range(120):
+        if len(lab.api("/api/kernels")[1]) >= at_least:
+            break
+        time.sleep(1)
+    time.sleep(5)
+    return lab.api("/api/kernels")[1]
+
+
+def test_hwlab_lab_opens_00_on_the_hwlab_kernel_hides_nbgrader_and_restarts_on_one_tab(tmp_path):
+    """``hwlab lab`` as a learner meets it in Chromium: notebook 00 is the one tab (no Launcher), its
+    kernel is the kit's, the menu bar has no Nbgrader; after opening three more notebooks and a
+    restart of ``hwlab lab``, JupyterLab comes back on notebook 00 alone, with one kernel running."""
+    from playwright.sync_api import sync_playwright
+
+    from lab_server import LabServer
+
+    kit_kernel = (Path(sys.prefix) / "share" / "jupyter" / "kernels" / "hwlab").is_dir()
+    home = tmp_path / "home"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    lab = LabServer(tmp_path, home)
+    try:
+        with sync_playwright() as p:
+            browser = _chromium(p)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            tabs = _open_lab(page, f"{lab.base}/lab?token={lab.token}", "00_start_here.ipynb")
+            page.screenshot(path=str(ARTIFACTS / "hwlab_lab_first_start.png"))
+            assert tabs == ["00_start_here.ipynb"], tabs
+            assert page.locator(".jp-Launcher").count() == 0
+            assert page.get_by_role("menuitem", name="Nbgrader").count() == 0
+            assert page.get_by_role("menuitem", name="Run", exact=True).count() == 1  # the menu bar is there
+            kernels = _kernels(lab, 1)
+            assert len(kernels) == 1 and (kernels[0]["name"] == "hwlab" or not kit_kernel), kernels
+            for nb in ("01_bandwidth_bound", "02_registers_occupancy", "03_cross_link_tp"):
+                tabs = _open_lab(page, f"{lab.base}/lab/tree/notebooks/{nb}.ipynb?token={lab.token}", f"{nb}.ipynb")
+            assert len(tabs) == 4 and len(_kernels(lab, 4)) == 4, tabs  # the learner's four tabs, each with its kernel
+            for _ in range(30):  # JupyterLab saves its layout to the server's workspace
+                if len(lab.api("/lab/api/workspaces/default")[1]["data"]["layout-restorer:data"]["main"]
+                       ["dock"]["widgets"]) == 4:
+                    break
+                time.sleep(1)
+            browser.close()
+    finally:
+        lab.stop()
+
+    lab = LabServer(tmp_path, home)  # hwlab lab started again
+    try:
+        with sync_playwright() as p:
+            browser = _chromium(p)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            _open_lab(page, f"{lab.base}/lab?token={lab.token}", "00_start_here.ipynb")
+            time.sleep(5)  # anything else being restored would have opened by now
+            tabs = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab .lm-TabBar-tabLabel").all_inner_texts()
+            page.screenshot(path=str(ARTIFACTS / "hwlab_lab_restart.png"))
+            assert tabs == ["00_start_here.ipynb"], tabs
+            assert len(_kernels(lab, 1)) == 1
+            browser.close()
+    finally:
+        lab.stop()

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import pytest
 
 from hwlab.cli import bundle
-from hwlab.core import nvml_sampler
+from hwlab.core import evidence, nvml_sampler
 from hwlab.cli import main
 from hwlab.errors import UserInputError
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT / "tests" / "data" / "traces" / "slow_rank"
+TRACES = evidence.TRACES_DIR / "slow_rank"
 
 
 class NoNvml:

@@ -196,3 +196,58 @@ def test_a_save_in_jupyter_lands_in_the_copy_and_sigterm_ends_the_server(tmp_pat
             except ProcessLookupError:
                 pass
         log.close()
+
+
+# ---------------------------------------------------------------- what the learner's lab offers
+from lab_server import LabServer as _Lab  # noqa: E402  (tests/lab_server.py)
+
+
+def _tabs(workspace: dict) -> list[str]:
+    return workspace["data"]["layout-restorer:data"]["main"]["dock"]["widgets"]
+
+
+@pytest.mark.slow
+def test_the_learners_lab_opens_00_offers_only_hwlab_hides_nbgrader_and_restarts_on_one_tab(tmp_path):
+    """Through the real server's REST API: the kernels offered, the page config JupyterLab's page
+    is built from (which lab extensions are disabled), nbgrader's formgrader route, and the
+    workspace JupyterLab restores its tabs from, before and after a restart in which the learner
+    had opened several notebooks. ``--instructor`` brings nbgrader's UI back."""
+    pytest.importorskip("jupyterlab")
+
+    has_kit_kernel = (Path(sys.prefix) / "share" / "jupyter" / "kernels" / "hwlab").is_dir()
+    has_nbgrader = __import__("importlib").util.find_spec("nbgrader") is not None
+    home = tmp_path / "home"
+    lab = _Lab(tmp_path, home)
+    try:
+        _, specs = lab.api("/api/kernelspecs")
+        if has_kit_kernel:
+            assert set(specs["kernelspecs"]) == {"hwlab"} and specs["default"] == "hwlab", specs["kernelspecs"].keys()
+        _, ws = lab.api("/lab/api/workspaces/default")
+        assert _tabs(ws) == ["notebook:notebooks/00_start_here.ipynb"]
+        assert ws["data"]["layout-restorer:data"]["main"]["current"] == "notebook:notebooks/00_start_here.ipynb"
+        disabled = lab.page_config()["disabledExtensions"]
+        assert "@jupyter/nbgrader" in disabled, disabled
+        if has_nbgrader:
+            assert lab.status_of("/formgrader") == 404  # nbgrader's server extension is not loaded
+        # the learner opens four notebooks; JupyterLab saves that layout to the workspace
+        opened = [f"notebook:notebooks/{n}" for n in ("00_start_here.ipynb", "01_bandwidth_bound.ipynb",
+                                                      "02_registers_occupancy.ipynb", "03_cross_link_tp.ipynb")]
+        ws["data"]["layout-restorer:data"]["main"]["dock"]["widgets"] = opened
+        for w in opened[1:]:
+            ws["data"][w] = {"data": {"path": w.split(":", 1)[1], "factory": "Notebook"}}
+        lab.api("/lab/api/workspaces/default", "PUT", ws)
+        assert len(_tabs(lab.api("/lab/api/workspaces/default")[1])) == 4
+    finally:
+        lab.stop()
+
+    lab = _Lab(tmp_path, home, "--instructor")  # a restart (as the instructor, on the same copy)
+    try:
+        _, ws = lab.api("/lab/api/workspaces/default")
+        assert _tabs(ws) == ["notebook:notebooks/00_start_here.ipynb"]  # one tab, so one kernel
+        assert "@jupyter/nbgrader" not in lab.page_config()["disabledExtensions"]
+        if has_nbgrader:
+            assert lab.status_of("/formgrader") != 404
+        if has_kit_kernel:
+            assert set(lab.api("/api/kernelspecs")[1]["kernelspecs"]) == {"hwlab"}
+    finally:
+        lab.stop()

@@ -1,8 +1,15 @@
-"""Every notebook, exercise and solution executes headlessly (nbclient) on this machine;
-exercises say "not done yet" without an error, solutions pass; pairs stay in step."""
+"""Every notebook, exercise and solution executes headlessly (nbclient) on this machine, where a
+learner runs it: in a working copy made by ``hwlab lab``'s own code, and once more from a wheel
+installed without the checkout; exercises say "not done yet" without an error, solutions pass;
+pairs stay in step."""
+import atexit
+import functools
 import json
+import os
 import re
+import shutil
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -29,16 +36,59 @@ CHECKPOINT_ANSWERS = ROOT / "solutions" / "checkpoints.json"
 CHECKPOINTED = ("01", "02", "03", "04", "08")
 
 
-def _execute(path: Path, checkpoint_answers: Path | None = CHECKPOINT_ANSWERS) -> nbformat.NotebookNode:
-    """Execute ``path``; the kernel gets ``HWLAB_CHECKPOINT_ANSWERS`` (None: a learner's blanks).
-    A stalled cell (nbwatch's watchdog) is retried once in a fresh kernel and reported as a warning."""
+@functools.cache
+def _learner_copy() -> Path:
+    """A fresh working copy made by ``hwlab lab``'s code (:func:`hwlab.cli.workcopy.prepare` under a
+    temporary ``HWLAB_HOME``, on the kit's kernel where the venv has it), outside the checkout; the
+    solutions beside it the same way (an instructor's copy: ``hwlab lab`` leaves them out)."""
+    from hwlab.cli import workcopy
+
+    home = Path(tempfile.mkdtemp(prefix="hwlab-home-"))
+    atexit.register(shutil.rmtree, home, True)
+    old = os.environ.get("HWLAB_HOME")
+    os.environ["HWLAB_HOME"] = str(home)
+    try:
+        root = workcopy.copy_root(ROOT)
+        kernel = workcopy.kit_kernel()
+        rep = workcopy.prepare(ROOT, root=root, kernel=kernel)
+    finally:
+        if old is None:
+            os.environ.pop("HWLAB_HOME")
+        else:
+            os.environ["HWLAB_HOME"] = old
+    assert rep.made and ROOT.resolve() not in root.resolve().parents
+    for sol in sorted((ROOT / "solutions").glob("*.ipynb")):
+        (root / "solutions").mkdir(exist_ok=True)
+        (root / "solutions" / sol.name).write_bytes(workcopy.learner_version(sol, kernel))
+    return root
+
+
+def _in_copy(path: Path, copy: Path) -> Path:
+    """Where the checkout's ``path`` lies in a working copy."""
+    return copy / path.resolve().relative_to(ROOT)
+
+
+def _kernel_name() -> str:
+    from hwlab.cli import workcopy
+
+    return workcopy.KERNEL_NAME if workcopy.kit_kernel() else "python3"
+
+
+def _execute(path: Path, checkpoint_answers: Path | None = CHECKPOINT_ANSWERS, *, copy: Path | None = None,
+             kernel_name: str | None = None, drop_env: tuple[str, ...] = (), tag: str = "") -> nbformat.NotebookNode:
+    """Execute the checkout's ``path`` from a learner's working copy (``copy``, default: one made by
+    ``hwlab lab``'s code), in that copy's folder; the kernel gets ``HWLAB_CHECKPOINT_ANSWERS`` (None:
+    a learner's blanks). A stalled cell (nbwatch's watchdog) is retried once in a fresh kernel and
+    reported as a warning."""
+    run = _in_copy(path, copy or _learner_copy())
     env = {} if checkpoint_answers is None else {"HWLAB_CHECKPOINT_ANSWERS": str(checkpoint_answers)}
-    nb = execute_notebook(path, cwd=path.parent, env=env, drop_env=("HWLAB_CHECKPOINT_ANSWERS",))
+    nb = execute_notebook(run, cwd=run.parent, env=env, drop_env=("HWLAB_CHECKPOINT_ANSWERS", *drop_env),
+                          kernel_name=kernel_name or _kernel_name())
     for stall in nb.metadata.get("hwlab_nbwatch", {}).get("stalls", []):
         warnings.warn(f"{path.parent.name}/{path.name}: cell {stall['cell_index']} stalled and the notebook "
                       f"was executed again in a fresh kernel; stacks in {stall['report']}")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, ARTIFACTS / f"{path.parent.name}__{path.name}")
+    nbformat.write(nb, ARTIFACTS / f"{tag}{path.parent.name}__{path.name}")
     return nb
 
 
@@ -55,8 +105,67 @@ def _text(nb) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_executes(path):
-    nb = _execute(path)
+def test_executes_in_a_learners_working_copy(path):
+    _check_executed(path, _execute(path))
+
+
+@functools.cache
+def _wheel_kit() -> tuple[Path, Path, Path]:
+    """(venv, working copy, Jupyter path): this tree's wheel installed without the checkout
+    (tests/wheel_kit.py), a kernelspec ``hwlab-wheel`` running the venv's Python, and a working copy
+    made by the wheel's own ``hwlab.cli.workcopy`` under a temporary ``HWLAB_HOME``."""
+    import subprocess
+
+    from wheel_kit import build_wheel, install_in_fresh_venv
+
+    tmp = Path(tempfile.mkdtemp(prefix="hwlab-wheel-"))
+    atexit.register(shutil.rmtree, tmp, True)
+    venv = tmp / "venv"
+    py = install_in_fresh_venv(build_wheel(tmp), venv)
+    spec = tmp / "jupyter" / "kernels" / "hwlab-wheel"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [str(py), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "hwlab (wheel)", "language": "python"}))
+    make = ("import sys; from pathlib import Path; from hwlab.cli import workcopy\n"
+            "root = workcopy.prepare(Path(sys.argv[1])).root\n"
+            "(root / 'solutions').mkdir()\n"
+            "for p in sorted((Path(sys.argv[1]) / 'solutions').glob('*.ipynb')):\n"
+            "    (root / 'solutions' / p.name).write_bytes(workcopy.learner_version(p, None))\n"
+            "print(root)")
+    env = {k: v for k, v in os.environ.items() if k not in WHEEL_DROP_ENV}
+    r = subprocess.run([str(py), "-c", make, str(ROOT)], cwd=tmp, env=dict(env, HWLAB_HOME=str(tmp / "home")),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    copy = Path(r.stdout.strip().splitlines()[-1])
+    assert (tmp / "home") in copy.parents
+    return venv, copy, tmp / "jupyter"
+
+
+#: what the wheel's kernel must not inherit: a path to the checkout's src, a recorded-runs override
+WHEEL_DROP_ENV = ("PYTHONPATH", "HWLAB_RECORDED_DIR")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_executes_from_a_wheel_without_the_checkout(path, monkeypatch):
+    """The same notebook, from a working copy the wheel's own code made, on a kernel whose hwlab is
+    the installed wheel's (checked in the kernel: ``hwlab.__file__`` lies in the venv)."""
+    venv, copy, jupyter_path = _wheel_kit()
+    monkeypatch.setenv("JUPYTER_PATH", os.pathsep.join([str(jupyter_path), os.environ.get("JUPYTER_PATH", "")]))
+    run = _in_copy(path, copy)
+    nb = nbformat.read(run, as_version=4)
+    nb.cells.insert(0, nbformat.v4.new_code_cell("import hwlab; print('HWLAB_FILE', hwlab.__file__)"))
+    execute_notebook(nb, cwd=run.parent, env={"HWLAB_CHECKPOINT_ANSWERS": str(CHECKPOINT_ANSWERS)},
+                     drop_env=("HWLAB_CHECKPOINT_ANSWERS", *WHEEL_DROP_ENV), kernel_name="hwlab-wheel")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, ARTIFACTS / f"wheel__{path.parent.name}__{path.name}")
+    where = nb.cells[0].outputs[0]["text"].split("HWLAB_FILE ", 1)[1].strip()
+    assert Path(where).resolve().is_relative_to(venv.resolve()), where  # the wheel's hwlab, not the checkout's
+    _check_executed(path, nb)
+
+
+def _check_executed(path: Path, nb) -> None:
     out = _text(nb)
     assert "Traceback" not in out
     if path.parent.name == "exercises":

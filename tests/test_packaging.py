@@ -100,36 +100,21 @@ def test_wheel_installs_non_editable_and_replays_recorded_evidence(tmp_path):
     whose only other packages are this venv's (a .pth, `--no-index`: pip resolves the
     wheel's dependency ranges against them and downloads nothing), then run the CLI and a
     recorded-replay notebook cell from a folder outside the checkout."""
-    import shutil
     import subprocess
-    import sys
-    import sysconfig
     import zipfile
 
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "src", src / "src",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc"))
+    from wheel_kit import build_wheel, install_in_fresh_venv
+
     run = lambda *cmd, **kw: subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)  # noqa: E731
-    r = run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-            "-q", "-w", str(tmp_path / "dist"), str(src))
-    assert r.returncode == 0, r.stderr[-2000:]
-    wheel = next((tmp_path / "dist").glob("hwlab-*.whl"))
+    wheel = build_wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
     recorded = {f"hwlab/{p.relative_to(ROOT / 'src' / 'hwlab').as_posix()}"
                 for p in (ROOT / "src" / "hwlab" / "recorded").rglob("*") if p.is_file()}
     assert recorded and recorded <= names, f"wheel lacks {sorted(recorded - names)[:5]}"
+    assert any(n.startswith("hwlab/recorded/traces/slow_link_tbf/") for n in names)  # exercise 05 reads it
 
     venv = tmp_path / "venv"
-    r = run(sys.executable, "-m", "venv", "--without-pip", str(venv))
-    assert r.returncode == 0, r.stderr
-    py = venv / "bin" / "python"
-    purelib = run(str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
-    (Path(purelib) / "hwlab_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    r = run(sys.executable, "-m", "pip", "--python", str(py), "install", "--no-index", "-q", str(wheel))
-    assert r.returncode == 0, r.stderr[-2000:]
+    py = install_in_fresh_venv(wheel, venv)
 
     work = tmp_path / "elsewhere"
     work.mkdir()

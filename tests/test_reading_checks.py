@@ -19,7 +19,7 @@ from hwlab.course import reading_checks as C, reading_facts as F
 from hwlab.errors import UserInputError
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT / "tests" / "data" / "traces"
+TRACES = evidence.TRACES_DIR
 GPU_TRACE = next((TRACES / "h200_nccl_one_rank").glob("*.pt.trace.json.gz"))
 TOPO = evidence.RECORDED_DIR / "topology"
 NCCL_LOG = evidence.RECORDED_DIR / "runs" / "straggler_nccl_h200" / "vm" / "nccl.764.log"

@@ -179,7 +179,7 @@ def test_the_blocker_blocks():
     ["evidence", "show", "doctor", "--json"],
     ["evidence", "show", "lab01_bandwidth", "--json"],
     ["baseline", "compare", "tests/data/baseline_cpu_a.json", "tests/data/baseline_cpu_b.json", "--json"],
-    ["ranks", "--traces", "tests/data/traces/slow_rank", "--json"],
+    ["ranks", "--traces", "src/hwlab/recorded/traces/slow_rank", "--json"],
     ["ranks", "src/hwlab/recorded/runs/straggler_nccl_h200", "--json"],
 ], ids=lambda a: " ".join(x.rsplit("/", 1)[-1] for x in a[:3]))
 def test_reading_commands_answer_without_torch_as_they_do_with_it(args, monkeypatch):
@@ -206,8 +206,8 @@ def test_version_help_and_the_text_forms_run_without_torch():
     assert r.returncode == 0 and "ceilings: copy" in r.stdout and "RECORDED" in r.stdout
     r = no_torch("examine", "--help")  # the examine command module loads torch only to examine live
     assert r.returncode == 0 and "examine" in r.stdout
-    r = no_torch("ranks", "--traces", "tests/data/traces/slow_rank")
-    assert r.returncode == here("ranks", "--traces", "tests/data/traces/slow_rank")[0]
+    r = no_torch("ranks", "--traces", "src/hwlab/recorded/traces/slow_rank")
+    assert r.returncode == here("ranks", "--traces", "src/hwlab/recorded/traces/slow_rank")[0]
     assert "rank 2" in r.stdout
 
 
@@ -246,7 +246,7 @@ def test_drills_grades_class_and_incident_without_torch(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_bundle_without_doctor_gathers_without_torch(tmp_path):
     out = tmp_path / "b.tar.gz"
-    r = no_torch("bundle", out, "--no-doctor", "--run-dir", "tests/data/traces/slow_rank", "--json")
+    r = no_torch("bundle", out, "--no-doctor", "--run-dir", "src/hwlab/recorded/traces/slow_rank", "--json")
     assert r.returncode == 0, r.stderr
     with tarfile.open(out) as t:
         names = {Path(n).name for n in t.getnames()}
@@ -264,7 +264,7 @@ def test_examine_trace_reads_a_recorded_trace_without_torch(monkeypatch):
         main(["examine", "--help"])
     if "--trace" not in buf.getvalue():
         pytest.skip("this hwlab's examine has no --trace yet")
-    trace = sorted((ROOT / "tests" / "data" / "traces" / "slow_rank").glob("*.json.gz"))[0]
+    trace = sorted((ROOT / "src" / "hwlab" / "recorded" / "traces" / "slow_rank").glob("*.json.gz"))[0]
     args = ["examine", "--trace", str(trace), "--json"]
     r = no_torch(*args)
     rc, out = here(*args)

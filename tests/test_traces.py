@@ -12,17 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from hwlab.core import evidence
 from hwlab.diagnosis import flowchart, ranks_traces as R
 from hwlab.traces import kineto, trace_stream
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "tests" / "data" / "traces"
+DATA = ROOT / "tests" / "data" / "traces"  # synthetic fixtures (make_fixtures.py)
+REC = evidence.TRACES_DIR  # the kit's recorded runs, shipped in the package
 BIN = Path(sys.executable).parent
 EXAMPLE = ROOT / "examples" / "profiled_torchrun.py"
 
 
 def _files(name):
-    return sorted((DATA / name).glob("*.pt.trace.json.gz"))
+    return sorted((REC / name).glob("*.pt.trace.json.gz"))
 
 
 def _load(p):
@@ -115,7 +117,7 @@ def test_interval_arithmetic():
 
 # ------------------------------------------------------------------ the analysis
 def test_slow_rank_is_named_by_arrival_and_checked_against_the_single_device_branch():
-    rep = R.report(DATA / "slow_rank")
+    rep = R.report(REC / "slow_rank")
     f = rep["finding"]
     assert f["kind"] == "slow_rank" and f["rank"] == 2 and rep["tail_ranks"] == [2]
     pr = rep["per_rank"]
@@ -134,7 +136,7 @@ def test_slow_rank_is_named_by_arrival_and_checked_against_the_single_device_bra
 
 
 def test_slow_link_names_the_link_not_a_rank():
-    rep = R.report(DATA / "slow_link")
+    rep = R.report(REC / "slow_link")
     f = rep["finding"]
     assert f["kind"] == "slow_link" and rep["tail_ranks"] == [] and "link" in f["names"]
     assert "rank 0-3" not in f["names"] and "ranks 0-3" in f["names"]
@@ -142,12 +144,12 @@ def test_slow_link_names_the_link_not_a_rank():
     assert "not separated" in f["verdict"]  # no link rate given: slow link vs big payload not told apart
     assert rep["flowchart"]["leaf"] == "L" and rep["flowchart"]["evidence"]["rank_tail_pct"] < 10
     bw = f["busbw_gbps"]
-    assert R.report(DATA / "slow_link", link_gbps=bw * 4)["finding"]["verdict"] == "slow link"
-    assert "communication-bound" in R.report(DATA / "slow_link", link_gbps=bw)["finding"]["verdict"]
+    assert R.report(REC / "slow_link", link_gbps=bw * 4)["finding"]["verdict"] == "slow link"
+    assert "communication-bound" in R.report(REC / "slow_link", link_gbps=bw)["finding"]["verdict"]
 
 
 def test_clean_run_names_nothing():
-    rep = R.report(DATA / "clean")
+    rep = R.report(REC / "clean")
     assert rep["finding"]["kind"] == "clean" and rep["tail_ranks"] == [] and not R.has_finding(rep)
     assert rep["flowchart"]["leaf"] != "L"
 
@@ -189,19 +191,19 @@ def _cli(*args):
 
 @pytest.mark.slow
 def test_cli_exit_codes_json_and_detection(tmp_path):
-    r = _cli("--traces", DATA / "slow_rank", "--json")
+    r = _cli("--traces", REC / "slow_rank", "--json")
     assert r.returncode == 1
     rep = json.loads(r.stdout)
     assert rep["finding"]["rank"] == 2
-    r = _cli(DATA / "clean")  # a folder of traces given as the run directory: detected
+    r = _cli(REC / "clean")  # a folder of traces given as the run directory: detected
     assert r.returncode == 0 and "no slow rank and no slow link" in r.stdout
-    r = _cli("--traces", DATA / "slow_link")
+    r = _cli("--traces", REC / "slow_link")
     assert r.returncode == 1 and "LINK:" in r.stdout and "SLOW RANK" not in r.stdout
     r = _cli("--traces", tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "tensorboard_trace_handler" in r.stderr
-    r = _cli(DATA / "clean", "--traces", DATA / "clean")
+    r = _cli(REC / "clean", "--traces", REC / "clean")
     assert r.returncode == 2 and "not both" in r.stderr
-    r = _cli("--traces", DATA / "clean", "--link-gbps", "-1")
+    r = _cli("--traces", REC / "clean", "--link-gbps", "-1")
     assert r.returncode == 2
 
 
@@ -218,7 +220,7 @@ def test_live_torchrun_traces_name_the_slowed_rank(tmp_path):
 
 
 # ------------------------------------------------------------------ recorded on the H200
-H200 = DATA / "h200_nccl_one_rank"
+H200 = REC / "h200_nccl_one_rank"
 
 
 def test_h200_one_rank_nccl_trace_kernels_and_collective_metadata():
@@ -264,14 +266,14 @@ def test_rate_limited_link_is_named_and_its_bus_bandwidth_matches_the_shaped_rat
     """Recorded with examples/profiled_slowlink.py --rate 100mbit (ranks 2-3 behind a tbf-shaped veth,
     root + netns): every all-reduce crosses the link. The bus bandwidth the report derives from the
     collective's bytes and the last arriver's time must come out at the rate tc was given."""
-    rep = R.report(DATA / "slow_link_tbf")
+    rep = R.report(REC / "slow_link_tbf")
     f = rep["finding"]
     assert f["kind"] == "slow_link" and rep["tail_ranks"] == [] and "link" in f["names"]
     shaped_gbps = 100e6 / 8 / 1e9  # 100 Mbit/s
     assert 0.5 * shaped_gbps <= f["busbw_gbps"] <= 1.05 * shaped_gbps
-    assert R.report(DATA / "slow_link_tbf", link_gbps=shaped_gbps)["finding"]["verdict"].startswith(
+    assert R.report(REC / "slow_link_tbf", link_gbps=shaped_gbps)["finding"]["verdict"].startswith(
         "communication-bound")  # the link runs at its (low) rate
-    assert R.report(DATA / "slow_link_tbf", link_gbps=1.0)["finding"]["verdict"] == "slow link"
+    assert R.report(REC / "slow_link_tbf", link_gbps=1.0)["finding"]["verdict"] == "slow link"
 
 
 def _netns_ok():
@@ -307,8 +309,8 @@ def test_spreads_over_steps_and_the_borderline_rule():
 
 def test_draft_incident_is_worded_for_what_the_traces_found(tmp_path):
     from hwlab.diagnosis import incident
-    rank = R.report(DATA / "slow_rank")["incident_draft"]["record"]
-    link = R.report(DATA / "slow_link_tbf")["incident_draft"]["record"]
+    rank = R.report(REC / "slow_rank")["incident_draft"]["record"]
+    link = R.report(REC / "slow_link_tbf")["incident_draft"]["record"]
     assert "rank 2" in rank["title"] and "arrived last" in rank["symptom"] and rank["diagnosis_path"][-1] == "L"
     assert "link" in link["title"] and "rank" not in link["title"] and "no rank arrives late" in link["symptom"]
     md, js = incident.save(incident.Incident(**link), tmp_path)  # the record round-trips through the writer

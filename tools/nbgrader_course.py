@@ -3,7 +3,7 @@
     python tools/nbgrader_course.py OUT [--force]
     cd OUT && nbgrader generate_assignment ex01_bandwidth_bound      # the learners' release
     # collect submissions into OUT/submitted/<student>/<assignment>/, then
-    cd OUT && nbgrader autograde ex01_bandwidth_bound
+    cd OUT && nbgrader autograde ex01_bandwidth_bound --create   # --create: students new to the gradebook
 
 For instructors who grade with nbgrader (``pip install 'hwlab[grade]'``). One assignment per
 exercise, ``source/exNN_<name>/NN_<name>.ipynb``, built from ``solutions/NN_<name>.ipynb`` and
@@ -16,11 +16,12 @@ exercise, ``source/exNN_<name>/NN_<name>.ipynb``, built from ``solutions/NN_<nam
   release. An answer cell both versions write alike is left as it is (not a solution cell).
 * **graded cells**: the code cells after an answer cell, up to the next one, that build a grade
   (an :class:`hwlab.core.grading.ExerciseResult`: the kit's checkers). Each becomes an nbgrader
-  test cell worth one point per result it builds, with hidden tests around the visible checker:
-  every result the cell builds (collected through :func:`hwlab.core.grading.on_graded`) must
-  have passed. nbgrader gives no credit to a cell that wrote to stderr; torch's profiler logs there
-  from C++, so the hidden code moves the cell's stderr (file descriptor 2 and ``sys.stderr``) into
-  its printed output, where the instructor still reads it, and only the checks decide the grade. A cell that builds no result is not graded. Which cells build a result is found
+  test cell worth one point per result it builds, wrapped in ``_hw_begin()`` / ``_hw_end()``
+  (defined in a locked setup cell, :data:`SETUP`): every result the cell builds (collected through
+  :func:`hwlab.core.grading.on_graded`) must have passed. nbgrader gives no credit to a cell that
+  wrote to stderr; torch's profiler logs there from C++, so the cell's stderr (file descriptor 2 and
+  ``sys.stderr``) is moved into its printed output, where the instructor still reads it, and only
+  the checks decide the grade. A cell that builds no result is not graded. Which cells build a result is found
   by running the solution once (``find_graded``), not by reading cell text, so checkers may
   change without this file changing.
 
@@ -30,6 +31,7 @@ and solution is refused with the reason.
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import json
 import re
@@ -38,43 +40,63 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/nbwatch.py (tools/ is not a package)
 TAG = "learner"
 BEGIN_SOL, END_SOL = "### BEGIN SOLUTION", "### END SOLUTION"
-BEGIN_HID, END_HID = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 COURSE_ID = "hwlab"
 
-#: the hidden code around a graded cell: collect the results it builds, then require them passed
-HIDDEN_BEFORE = """import io as _hw_io, os as _hw_os, sys as _hw_sys, tempfile as _hw_tf
+#: the first code cell of every assignment, locked (autograde restores it if edited): what each graded
+#: cell calls first (``_hw_begin()``) and last (``_hw_end()``). Visible, not hidden tests: nbgrader
+#: stores a locked cell's checksum before it clears hidden tests, so every submission of a cell with
+#: hidden tests would be reported as "checksum has changed" (jupyter/nbgrader#1961), a warning on
+#: every autograde that would drown a real one (a learner who edited a graded cell)
+SETUP = """# grading (nbgrader): each graded cell below starts with _hw_begin() and ends with _hw_end(), which
+# requires every check the cell ran to have passed. A graded cell's stderr (torch's profiler logs there
+# from C++, and nbgrader scores any stderr as a failure) is shown in its printed output instead.
+import io as _hw_io, os as _hw_os, sys as _hw_sys, tempfile as _hw_tf
+from IPython.display import display as _hw_display
 from hwlab.core import grading as _hw_grading
-if "_hw_seen" not in globals():
-    _hw_seen = []
-    _hw_grading.on_graded(_hw_seen.append)
+_hw_seen, _hw_redirect, _hw_mark = [], None, 0
+_hw_grading.on_graded(_hw_seen.append)
 
-    def _hw_restore():  # stderr back where it was; what the cell wrote there, as text
-        global _hw_redirect
-        if not _hw_redirect:
-            return ""
-        fd2, saved_fd, pyerr, buf = _hw_redirect
-        _hw_redirect = None
-        text = _hw_sys.stderr.getvalue()
-        _hw_sys.stderr = pyerr
-        _hw_os.dup2(saved_fd, 2)
-        _hw_os.close(saved_fd)
-        fd2.seek(0)
-        return text + fd2.read().decode(errors="replace")
+
+def _hw_restore():  # stderr back where it was; what the cell wrote there, as text
+    global _hw_redirect
+    if not _hw_redirect:
+        return ""
+    fd2, saved_fd, pyerr = _hw_redirect
     _hw_redirect = None
-_hw_restore()  # a cell that raised before its tests ran left stderr redirected
-_hw_fd2 = _hw_tf.TemporaryFile()
-_hw_redirect = (_hw_fd2, _hw_os.dup(2), _hw_sys.stderr, None)
-_hw_os.dup2(_hw_fd2.fileno(), 2)
-_hw_sys.stderr = _hw_io.StringIO()
-_hw_mark = len(_hw_seen)"""
-HIDDEN_AFTER = """_hw_text = _hw_restore()
-if _hw_text.strip():
-    print("[this cell's stderr, shown here: only the checks below decide its grade]\\n" + _hw_text)
-_hw_new = [r for r in _hw_seen[_hw_mark:]]
-assert _hw_new, "this cell built no grade: run the answer cells above first"
-assert all(r.passed for r in _hw_new), "; ".join(str(r) for r in _hw_new if not r.passed)"""
+    text = _hw_sys.stderr.getvalue()
+    _hw_sys.stderr = pyerr
+    _hw_os.dup2(saved_fd, 2)
+    _hw_os.close(saved_fd)
+    fd2.seek(0)
+    return text + fd2.read().decode(errors="replace")
+
+
+def _hw_begin():
+    global _hw_redirect, _hw_mark
+    _hw_restore()  # a graded cell that raised before its end left stderr redirected
+    fd2 = _hw_tf.TemporaryFile()
+    _hw_redirect = (fd2, _hw_os.dup(2), _hw_sys.stderr)
+    _hw_os.dup2(fd2.fileno(), 2)
+    _hw_sys.stderr = _hw_io.StringIO()
+    _hw_mark = len(_hw_seen)
+
+
+def _hw_show(value):  # what the cell's last line showed, shown before _hw_end() checks
+    if value is not None:
+        _hw_display(value)
+
+
+def _hw_end():
+    text = _hw_restore()
+    if text.strip():
+        print("[this cell's stderr, shown here: only the checks decide its grade]\\n" + text)
+    new = _hw_seen[_hw_mark:]
+    assert new, "this cell ran no check: run the answer cells above first"
+    assert all(r.passed for r in new), "; ".join(str(r) for r in new if not r.passed)"""
+BEGIN_CALL, END_CALL = "_hw_begin()", "_hw_end()"
 
 
 class CourseError(ValueError):
@@ -151,13 +173,38 @@ def build_source(exercise_nb: dict, solution_nb: dict, graded: set[int], stem: s
                 cell["source"] = region
                 _meta(cell, grade=False, solution=True, locked=False, grade_id=f"answer_{k}")
         elif i in graded and cell["cell_type"] == "code":
-            cell["source"] = "\n".join([BEGIN_HID, HIDDEN_BEFORE, END_HID, _src(cell).rstrip("\n"),
-                                        BEGIN_HID, HIDDEN_AFTER, END_HID])
+            cell["source"] = "\n".join([BEGIN_CALL, show_last(_src(cell).rstrip("\n")), END_CALL])
             _meta(cell, grade=True, solution=False, locked=True, points=graded_points(graded, i),
                   grade_id=f"check_{i}")
         if cell["cell_type"] == "code":
             cell["outputs"], cell["execution_count"] = [], None
+    if graded:
+        setup = {"cell_type": "code", "id": "hwlab-grading-setup", "source": SETUP, "outputs": [],
+                 "execution_count": None, "metadata": {}}
+        _meta(setup, grade=False, solution=False, locked=True, grade_id="grading_setup")
+        first_code = next((i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"), len(nb["cells"]))
+        nb["cells"].insert(first_code, setup)
     return nb
+
+
+def show_last(source: str) -> str:
+    """``source`` with its last statement, if a bare expression (a checker call the notebook displays),
+    wrapped in ``_hw_show(...)``: followed by ``_hw_end()`` it would no longer be the cell's last line,
+    and Jupyter shows only the last line's value."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    last = tree.body[-1] if tree.body else None
+    if (not isinstance(last, ast.Expr) or last.col_offset != 0
+            or (len(tree.body) > 1 and tree.body[-2].end_lineno >= last.lineno)):
+        return source
+    lines = source.split("\n")
+    first, end = last.lineno - 1, last.end_lineno - 1
+    tail = lines[end].encode()  # end_col_offset counts UTF-8 bytes
+    lines[end] = (tail[:last.end_col_offset] + b")" + tail[last.end_col_offset:]).decode()
+    lines[first] = "_hw_show(" + lines[first]
+    return "\n".join(lines)
 
 
 def graded_points(graded, i) -> int:
@@ -168,7 +215,6 @@ def find_graded(solution_path: Path, timeout_s: int = 300) -> dict[int, int]:
     """cell index -> number of grades it builds, found by executing the solution once (nbclient,
     in the solution's folder) with a recorder on :func:`hwlab.core.grading.on_graded`."""
     import nbformat
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from nbwatch import execute_notebook  # the one way a notebook is executed (a watchdog on each cell)
 
     nb = nbformat.read(solution_path, as_version=4)
@@ -204,10 +250,14 @@ def pairs(root: Path = ROOT) -> list[tuple[str, Path, Path]]:
     return out
 
 
-CONFIG = '''c = get_config()  # noqa: F821 (nbgrader's config file)
+CONFIG = '''import warnings
+
+c = get_config()  # noqa: F821 (nbgrader's config file)
+# nbgrader 0.9 builds a submission's records under SQLAlchemy 2, which warns that they are not in the
+# session yet; nbgrader adds the submission to the session right after, so nothing is lost
+warnings.filterwarnings("ignore", message=r"Object of type <Submitted\\w+> not in session", module=r"nbgrader\\.api")
 c.CourseDirectory.course_id = "{course}"
-c.CourseDirectory.db_assignments = {assignments}
-# each graded cell's hidden tests need the kit's hwlab (installed in this environment)
+# each graded cell's checks need the kit's hwlab (installed in this environment)
 c.ExecutePreprocessor.timeout = 900
 '''
 
@@ -229,8 +279,7 @@ def build(out: Path, *, root: Path = ROOT, only: list[str] | None = None, force:
         dest.mkdir(parents=True)
         (dest / so.name).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
         built.append(name)
-    (out / "nbgrader_config.py").write_text(CONFIG.format(
-        course=COURSE_ID, assignments=json.dumps([{"name": n} for n in built])))
+    (out / "nbgrader_config.py").write_text(CONFIG.format(course=COURSE_ID))
     return built
 
 

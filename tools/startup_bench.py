@@ -4,7 +4,7 @@
 
 Each command runs ``--runs`` times (after one uncounted warm-up) as its own process,
 ``python -m hwlab ...`` with this checkout's ``src`` first on the path, on real inputs: the kit's
-recorded evidence, the committed trace folders under ``tests/data/traces``, the committed step-log
+recorded evidence, the recorded trace folders under ``src/hwlab/recorded/traces``, the committed step-log
 run, a drill made here with its recorded observations, grades and an incident written into a
 temporary folder; ``examine --trace`` on a committed trace where this hwlab's examine has it. Per command: the median, p10 and p90 wall time of the whole process (start to
 exit, from a monotonic clock around the child), and its peak resident memory (the kernel's own
@@ -79,7 +79,7 @@ def commands(tmp: Path) -> list[tuple[str, Any]]:
     dfile = drill.save(tmp / "drills")
     obs = tmp / "observations.json"
     obs.write_text(json.dumps({"slowdown_vs_floor": 3.0, "dram_pct_estimated": 85.0}))
-    traces = ROOT / "tests" / "data" / "traces" / "slow_rank"
+    traces = ROOT / "src" / "hwlab" / "recorded" / "traces" / "slow_rank"
     steplogs = ROOT / "src" / "hwlab" / "recorded" / "runs" / "straggler_nccl_h200"
     base = ROOT / "tests" / "data"
     examine_help = subprocess.run([sys.executable, "-m", "hwlab", "examine", "--help"], cwd=ROOT, env=_env(),

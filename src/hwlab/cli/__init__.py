@@ -279,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--refresh", action="store_true",
                      help="take the checkout's new notebook versions into your working copy (files you "
                           "modified are kept; the new version goes beside them as NAME.kit-DATE.ipynb)")
+    lab.add_argument("--instructor", action="store_true",
+                     help="show nbgrader's menus, Create Assignment and formgrader (hidden from learners)")
     lab.add_argument("--dry-run", action="store_true", help="print the command, start nothing")
     lab.set_defaults(fn=cmd_lab)
     cli_ranks.add_parser(sub)

@@ -19,6 +19,12 @@ Top floor (talks to people). What it does beyond ``jupyter lab``, and why:
 * **stopping**: SIGTERM or SIGHUP to ``hwlab lab`` stops its Jupyter server (SIGTERM, then
   SIGKILL after 10 s) before it exits, and on Linux the server is also told to exit if
   ``hwlab lab`` dies without a word (``PR_SET_PDEATHSIG``): no orphaned server keeps serving.
+* **what the learner sees**: JupyterLab opens notebook 00 alone (the server's default workspace
+  is rewritten at every start, :func:`hwlab.cli.workcopy.fresh_workspace`, so a restart does
+  not reopen every tab and start a kernel for each); only the kit's ``hwlab`` kernel is offered
+  where the venv has it (``KernelSpecManager.allowed_kernelspecs``, no native ``python3``);
+  nbgrader's authoring UI (its lab extension and server extensions) is off unless
+  ``--instructor`` is given.
 * **kernel**: the notebooks run in this venv's Python. ``JUPYTER_PATH`` puts this venv's
   ``share/jupyter`` first for this server only, so its kernels (``python3``, which the notebooks
   name, and the kit's ``hwlab`` that ``scripts/setup.sh`` installs with ``--sys-prefix``) are the
@@ -55,19 +61,26 @@ def free_port(ip: str, first: int, tries: int = PORT_TRIES) -> int:
 
 
 def command(root: Path, *, ip: str, port: int, token: str, no_browser: bool,
-            as_root: bool) -> list[str]:
+            as_root: bool, instructor: bool = False, workspaces_dir: Path | None = None) -> list[str]:
     """The ``jupyter lab`` command line serving ``root`` (the working copy's ``notebooks/``;
     arguments spelled for jupyter_server 2 and JupyterLab 4)."""
     cmd = [sys.executable, "-m", "jupyter", "lab", f"--ServerApp.root_dir={root.parent}",
            f"--ServerApp.ip={ip}", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
            f"--IdentityProvider.token={token}", "--LabApp.news_url=None",
            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    if workspaces_dir is not None:
+        cmd.append(f"--LabApp.workspaces_dir={workspaces_dir}")
     if no_browser:
         cmd.append("--no-browser")
     if as_root:
         cmd.append("--allow-root")
-    if (Path(sys.prefix) / "share" / "jupyter" / "kernels" / "hwlab").is_dir():
-        cmd.append("--MappingKernelManager.default_kernel_name=hwlab")
+    if (Path(sys.prefix) / "share" / "jupyter" / "kernels" / workcopy.KERNEL_NAME).is_dir():
+        cmd += [f"--MappingKernelManager.default_kernel_name={workcopy.KERNEL_NAME}",
+                f"--KernelSpecManager.allowed_kernelspecs={workcopy.KERNEL_NAME}",
+                "--KernelSpecManager.ensure_native_kernel=False"]
+    if not instructor:
+        cmd += [f"--ServerApp.jpserver_extensions={name}=False"
+                for name in workcopy.NBGRADER_SERVER_EXTENSIONS if importlib.util.find_spec(name.split(".")[0])]
     cmd.append(str(Path(root.name) / "00_start_here.ipynb"))
     return cmd
 
@@ -152,8 +165,10 @@ def run(a) -> int:
     token = secrets.token_hex(24)
     checkout = root.parent
     work = workcopy.copy_root(checkout)
+    instructor = bool(getattr(a, "instructor", False))
+    state = work / ".hwlab"
     cmd = command(work / "notebooks", ip=a.ip, port=port, token=token, no_browser=a.no_browser,
-                  as_root=as_root)
+                  as_root=as_root, instructor=instructor, workspaces_dir=state / "workspaces")
     if a.dry_run:
         print(f"would serve the working copy {work} "
               f"({'exists' if (work / workcopy.MANIFEST).exists() else 'made on first start'})")
@@ -174,7 +189,11 @@ def run(a) -> int:
     env["JUPYTER_PATH"] = os.pathsep.join(
         [str(Path(sys.prefix) / "share" / "jupyter")] +
         [x for x in env.get("JUPYTER_PATH", "").split(os.pathsep) if x])
-    cfg = workcopy.news_off(work / ".hwlab" / "jupyter-config")
+    cfg = workcopy.news_off(state / "jupyter-config")
+    workcopy.learner_page_config(cfg, instructor=instructor)
+    workcopy.fresh_workspace(state / "workspaces")
+    if instructor:
+        print("instructor: nbgrader's menus and formgrader are shown")
     env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(
         [str(cfg)] + [x for x in env.get("JUPYTER_CONFIG_PATH", "").split(os.pathsep) if x])
     return serve(cmd, work, env)

@@ -192,3 +192,42 @@ def news_off(config_dir: Path) -> Path:
     if not path.exists() or path.read_bytes() != data:
         _write_new(path, data, replace=True)
     return config_dir
+
+
+#: nbgrader's authoring and exchange UI: hidden from learners, kept for ``hwlab lab --instructor``
+NBGRADER_LABEXTENSION = "@jupyter/nbgrader"
+NBGRADER_SERVER_EXTENSIONS = tuple(f"nbgrader.server_extensions.{x}" for x in (
+    "formgrader", "assignment_list", "course_list", "validate_assignment"))
+FIRST_NOTEBOOK = "notebooks/00_start_here.ipynb"
+
+
+def learner_page_config(config_dir: Path, *, instructor: bool) -> Path:
+    """``labconfig/page_config.json`` of the server's config folder: for a learner it disables
+    nbgrader's lab extension (the Nbgrader menu, Create Assignment, Formgrader), for an
+    instructor it is removed, so nothing is disabled."""
+    path = config_dir / "labconfig" / "page_config.json"
+    if instructor:
+        path.unlink(missing_ok=True)
+        return path
+    data = (json.dumps({"disabledExtensions": {NBGRADER_LABEXTENSION: True}}, indent=1) + "\n").encode()
+    if not path.exists() or path.read_bytes() != data:
+        _write_new(path, data, replace=True)
+    return path
+
+
+def fresh_workspace(workspaces_dir: Path, notebook: str = FIRST_NOTEBOOK) -> Path:
+    """The server's default JupyterLab workspace, written at every start: one tab, ``notebook``.
+    JupyterLab restores the tabs of the last session from this file, and each restored notebook
+    starts a kernel; rewriting it means a restart opens the first notebook alone, not every tab
+    the learner had open (their notebooks and outputs stay in the copy)."""
+    widget = f"notebook:{notebook}"
+    ws = {"data": {"layout-restorer:data": {"main": {"dock": {"type": "tab-area", "currentIndex": 0,
+                                                              "widgets": [widget]},
+                                                     "current": widget}},
+                   widget: {"data": {"path": notebook, "factory": "Notebook"}}},
+          "metadata": {"id": "default"}}
+    # JupyterLab's file name for the workspace "default" (jupyterlab_server's slugify)
+    path = workspaces_dir / f"default-{hashlib.sha256(b'default').hexdigest()[:4]}.jupyterlab-workspace"
+    _write_new(path, json.dumps(ws).encode(), replace=True)
+    return path
+

@@ -38,6 +38,10 @@ EVIDENCE_HINT = "pass an hwlab evidence .json (re-record it if it was one)"
 #: where the kit's own recorded runs live (shipped inside the package); HWLAB_RECORDED_DIR
 #: points elsewhere (the GPU refresh executes notebooks against freshly recorded runs)
 RECORDED_DIR = Path(os.environ.get("HWLAB_RECORDED_DIR") or Path(__file__).parents[1] / "recorded")
+#: the kit's recorded profiler traces, one folder per run (torch.profiler files of every rank),
+#: shipped inside the package like the runs above but never moved by HWLAB_RECORDED_DIR: the
+#: notebooks and exercises read these exact runs, wherever the learner's working folder is
+TRACES_DIR = Path(__file__).parents[1] / "recorded" / "traces"
 
 
 class EvidenceError(UserInputError):
@@ -214,6 +218,16 @@ def load(path: str | os.PathLike) -> Evidence:
                     ceilings=d.get("ceilings") or {}, versions=d.get("versions") or {},
                     snapshot=d.get("snapshot"), extra=d.get("extra") or {},
                     recorded_at=d["recorded_at"], path=p)
+
+
+def recorded_traces(run: str) -> Path:
+    """The folder of the kit's recorded traces of ``run`` (e.g. ``recorded_traces('slow_rank')``),
+    found through the package, never through the current folder."""
+    p = TRACES_DIR / run
+    if not p.is_dir():
+        have = sorted(x.name for x in TRACES_DIR.iterdir() if x.is_dir()) if TRACES_DIR.is_dir() else []
+        raise EvidenceError(f"no recorded traces {run!r} in the package (have: {', '.join(have) or 'none'})")
+    return p
 
 
 def recorded(kind: str, device: str = "h200") -> Evidence:
