@@ -38,13 +38,19 @@ def main(argv=None) -> int:
     p.add_argument("--idle-limit", type=float, default=60.0,
                    help="seconds without a message while the kernel sits idle before a cell counts as "
                         "stalled (its stacks are dumped and the notebook runs once more in a fresh kernel)")
+    p.add_argument("--working-copy", action="store_true",
+                   help="run notebooks/ and exercises/ from a fresh working copy made by `hwlab lab`'s own code "
+                        "(under $HWLAB_HOME, a temporary folder by default), as a learner runs them; solutions, "
+                        "which `hwlab lab` leaves out, from the checkout")
     a = p.parse_args(argv)
+    copy = _working_copy() if a.working_copy else None
     # the executed copies carry the solutions' checkpoint answers, graded by the checker (hwlab.nb.answer)
     os.environ.setdefault("HWLAB_CHECKPOINT_ANSWERS", str(ROOT / "solutions" / "checkpoints.json"))
     a.out.mkdir(parents=True, exist_ok=True)
     summary, failed = [], 0
     for folder in ("notebooks", "solutions", "exercises"):
-        for path in sorted((ROOT / folder).glob("*.ipynb")):
+        base = copy if copy is not None and folder != "solutions" else ROOT
+        for path in sorted((base / folder).glob("*.ipynb")):
             wanted = [w for w in a.only.split(",") if w]
             if wanted and not any(w in f"{folder}/{path.name}" for w in wanted):
                 continue
@@ -66,6 +72,7 @@ def main(argv=None) -> int:
                                              "stalls": stalls}
             nbformat.write(nb, a.out / f"{folder}__{path.name}")
             summary.append({"notebook": f"{folder}/{path.name}", "seconds": round(time.time() - t0, 1),
+                            "from": "working copy" if base is copy else "checkout",
                             "ok": err is None, "error": err, "stalls": stalls})
             print(f"{'ok ' if err is None else 'ERR'} {folder}/{path.name} {time.time() - t0:.0f} s"
                   + (f" (after {len(stalls)} stall(s), retried in a fresh kernel)" if stalls else ""), flush=True)
@@ -73,6 +80,20 @@ def main(argv=None) -> int:
             (a.out / "notebooks_summary.json").write_text(json.dumps(summary, indent=2))
     (a.out / "notebooks_summary.json").write_text(json.dumps(summary, indent=2))
     return 1 if failed else 0
+
+
+def _working_copy() -> Path:
+    """A fresh working copy of the labs made by ``hwlab lab``'s code (hwlab.cli.workcopy)."""
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "src"))
+    from hwlab.cli import workcopy
+
+    os.environ.setdefault("HWLAB_HOME", tempfile.mkdtemp(prefix="hwlab-home-"))
+    root = workcopy.copy_root(ROOT)
+    workcopy.prepare(ROOT, root=root, kernel=workcopy.kit_kernel())
+    print(f"working copy: {root}", flush=True)
+    return root
 
 
 if __name__ == "__main__":
