@@ -73,7 +73,8 @@ from hwlab.core import validate
 from hwlab.examine.ncu_counters import MAX_KERNELS
 from hwlab.examine.parts import Part, Parts, build_parts
 from hwlab.examine.rates import traffic_ratio
-from hwlab.examine.repeats import N_REPEATS, Blocks, alternatives, leaf_name, spreads_over, timed_blocks
+from hwlab.examine.repeats import (
+    N_REPEATS, Blocks, alternatives, ceiling_band, leaf_name, spreads_over, timed_blocks)
 
 # torch, the counting modes (estimate) and the input checks (inputs) load when a function is examined:
 # the package itself, its report and its trace readers import without torch (commands that only read)
@@ -364,6 +365,7 @@ def _walk_all(m: Measurement, c, peak: str | None, counts: dict[str, Any], prof,
     block, one profiled call each): the repeats' ranges are the spreads, and a leaf they differ on
     is BORDERLINE (:mod:`hwlab.examine.repeats`)."""
     cache_b = counts["cache_bytes"]
+    band = ceiling_band(c.bands, ("copy",) + ((f"gemm {peak}",) if peak else ()))
     ratio = (traffic_ratio(counts["moved_bytes"], counts["n_bytes"], cache_b, counts["n_ops"])
              if counts["moved_bytes_source"].startswith("estimated") else None)
     bf16: dict[str, tuple[bool, str]] = {}
@@ -396,7 +398,8 @@ def _walk_all(m: Measurement, c, peak: str | None, counts: dict[str, Any], prof,
                                 whole_slowdown=slow, e2e_slowdown=ev.get("e2e_slowdown"),
                                 e2e_spread=(ev.get("metric_spreads") or {}).get("e2e_slowdown"),
                                 out_keys=traffic.out_keys, ncu=ncu, lab_for=leaf_lab, cache_bytes=cache_b,
-                                whole_leaf=diag.leaf_id, call_index=call_index, repeats=repeats, bf16_ok=bf16_ok)
+                                whole_leaf=diag.leaf_id, call_index=call_index, repeats=repeats, bf16_ok=bf16_ok,
+                                ceiling_band=band if repeats is not None else None)
         except Exception as e:  # the whole-function walk stands; the parts say why they are missing
             parts = Parts([], mr.t_ms, "", None, error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
         return ev, sources, diag, parts
@@ -406,7 +409,7 @@ def _walk_all(m: Measurement, c, peak: str | None, counts: dict[str, Any], prof,
         mr = dataclasses.replace(m, t_ms=statistics.median(samples), t_p10_ms=min(samples), t_p90_ms=max(samples))
         reps.append(walk_one(mr, chunks, r, None, None))
     ev0 = walk_one(m, blocks.pooled_chunks_ms, None, None, None)[0]
-    sp = spreads_over([x[0] for x in reps], ev0)
+    sp = spreads_over([x[0] for x in reps], ev0, band)
     ev, sources, diag, parts = walk_one(m, blocks.pooled_chunks_ms, None, [x[3] for x in reps], sp)
     alts = alternatives({**ev, "metric_sources": sources}, diag,
                         [leaf_name(x[2].leaf_id, x[2].undecided.id if x[2].undecided else None) for x in reps])

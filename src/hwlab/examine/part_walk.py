@@ -133,7 +133,10 @@ def part_evidence(p: Part, rest: Part, copy_gbps: float | None, gpu: bool, whole
             ev["traffic_ratio_estimated"] = p.traffic_ratio
             src["traffic_ratio_estimated"] = ("the part's DRAM bytes at least (moved bytes by the traffic model, "
                                               "less one cache per op boundary) / its bytes as if fused")
-        if p.floor_source.startswith("FLOPs") and p.tflops is not None and p.ceiling_tflops and not below_floor:
+        # a GEMM part's work is all matmul: its rate against the GEMM ceiling answers H whichever floor
+        # is the larger (a busy host's copy ceiling must not switch H between measured and unasked)
+        gemm_part = p.floor_source.startswith("FLOPs") or (p.name.startswith("gemm") and bool(p.flops))
+        if gemm_part and p.tflops is not None and p.ceiling_tflops and not below_floor:
             ev["tensor_pct_of_peak"] = 100.0 * p.tflops / p.ceiling_tflops
             src["tensor_pct_of_peak"] = "part FLOPs / its time vs the measured GEMM ceiling at its dtype"
         if below_floor:

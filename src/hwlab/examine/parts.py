@@ -43,7 +43,7 @@ and moved over fused bytes of 2 or more answers F (:mod:`hwlab.examine.rates`).
 
 **The walk per part.** Every part holding at least :data:`WALK_SHARE_PCT` of the time is walked
 on its own metrics (slowdown over its floor, its estimated DRAM share, its sector
-amplification, its tensor-core share when its FLOPs set its floor, its matmul FLOPs and
+amplification, its tensor-core share when it is a GEMM part or its FLOPs set its floor, its matmul FLOPs and
 tensor-core kernels for H's applicability); the idle part answers F with no bytes moved and H
 with its own idle share. The **headline** is the walked part with the largest expected gain;
 the others follow in order of gain. The CPU's host-outside-ops part heads only by
@@ -144,12 +144,14 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
                 ncu: dict[str, Any] | None = None, lab_for: Callable[[str], str] = lambda leaf: "",
                 cache_bytes: int | None = None, whole_leaf: str | None = None, call_index: int | None = None,
                 repeats: list[Parts] | None = None,
-                bf16_ok: Callable[[], tuple[bool, str]] | None = None) -> Parts:
+                bf16_ok: Callable[[], tuple[bool, str]] | None = None,
+                ceiling_band: tuple[float, float] | None = None) -> Parts:
     """The parts of one examination (module doc). ``gemm_tflops_for(dtype)`` is the measured
     GEMM ceiling a matmul of that input dtype is floored at. ``call_index`` picks the profiled
     call on a CPU (default: the call of median duration); ``repeats`` are the same parts built
     on each repeat (:mod:`hwlab.examine.repeats`): their range is each part's spread, and a leaf
-    they differ on is BORDERLINE. ``bf16_ok`` checks a bf16 fix against the machine."""
+    they differ on is BORDERLINE, widened by the ceilings' own spread (``ceiling_band``,
+:func:`hwlab.examine.repeats.ceiling_band`). ``bf16_ok`` checks a bf16 fix against the machine."""
     src = ("GPU kernel times from the profiler's Chrome trace, joined to the aten ops that launched them"
            if gpu else "CPU: aten op self times from the profiler's Chrome trace (no device kernels); "
            "shares of the profiled call")
@@ -204,7 +206,7 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
         part_evidence(p, rest, copy_gbps, gpu, whole_slowdown, e2e_slowdown, prof, ncu, e2e_spread)
         if p.share_pct < WALK_SHARE_PCT:
             continue
-        walk_part(p, repeats)
+        walk_part(p, repeats, ceiling_band)
         leaf = p.leaf_id
         if leaf:
             p.actions = actions_for(p, leaf, bf16_ok if p.name.startswith("gemm") and p.flops else None)
@@ -216,13 +218,13 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
     return Parts(parts, t_ms, src, coverage, notes, repeats=repeats or [])
 
 
-def walk_part(p: Part, repeats: list[Parts] | None) -> None:
+def walk_part(p: Part, repeats: list[Parts] | None, band: tuple[float, float] | None = None) -> None:
     """Walk one part on its evidence, its metrics' spreads taken from the same part in each repeat
     (their range), and name the leaves a repeat or a spread end reaches (:mod:`hwlab.examine.repeats`)."""
     from hwlab.examine.repeats import alternatives, leaf_name, spreads_over
 
     same = [next((q for q in r.parts if q.name == p.name), None) for r in (repeats or [])]
-    sp = spreads_over([q.evidence if q is not None else {} for q in same], p.evidence)
+    sp = spreads_over([q.evidence if q is not None else {} for q in same], p.evidence, band)
     ev = {**p.evidence, "metric_sources": p.sources}
     if sp:
         ev["metric_spreads"] = {**sp, **(p.evidence.get("metric_spreads") or {})}

@@ -15,6 +15,11 @@ BORDERLINE (:func:`hwlab.diagnosis.flowchart_checks.straddles`; with fewer than
 :data:`~hwlab.diagnosis.flowchart_checks.FEW_REPEATS` repeats the range is widened by its own
 width, since the next repeat falls outside a range of three as often as not).
 
+The ceilings the metrics are judged against have a spread of their own (their p10-p90, kept in
+their ``bands``): a ceiling measured on a busy host and not cached is measured again by the next
+run, anywhere in that band. A metric over a ceiling has its range widened by it
+(:func:`ceiling_band`).
+
 **Alternatives.** A leaf is BORDERLINE, with its alternatives named (:func:`alternatives`), when a
 repeat reached another leaf, or when the walk on some metric at either end of its spread (one at
 a time, then all low, all high) reaches another one. Two identical runs then give the same leaf,
@@ -81,17 +86,44 @@ def timed_blocks(run: Callable[..., Any], arg_sets: list, dev, time_fn: Callable
     return Blocks(samples, chunks, timer)
 
 
-def spreads_over(repeat_evidence: list[dict[str, Any]], pooled: dict[str, Any]) -> dict[str, dict[str, Any]]:
+#: metrics judged against a measured ceiling: +1 grows with the ceiling (time over a floor of
+#: work / ceiling), -1 shrinks with it (a rate over the ceiling)
+CEILING_METRICS = {"slowdown_vs_floor": 1, "dram_pct_estimated": -1, "dram_pct_required_estimated": -1,
+                   "tensor_pct_of_peak": -1}
+
+
+def ceiling_band(bands: dict[str, dict[str, Any]], keys: tuple[str, ...]) -> tuple[float, float] | None:
+    """The ceilings' own spread as factors on their value, ``(lo, hi)``: a ceiling is a rate, so its
+    p10-p90 runs from median/p90 to median/p10 of its timing; over several ceilings, the widest."""
+    lo, hi = 1.0, 1.0
+    for k in keys:
+        b = bands.get(k) or {}
+        t, p10, p90 = b.get("t_ms"), b.get("t_p10_ms"), b.get("t_p90_ms")
+        if all(isinstance(x, (int, float)) and x > 0 for x in (t, p10, p90)):
+            lo, hi = min(lo, t / p90), max(hi, t / p10)
+    return (lo, hi) if (lo, hi) != (1.0, 1.0) else None
+
+
+def spreads_over(repeat_evidence: list[dict[str, Any]], pooled: dict[str, Any],
+                 band: tuple[float, float] | None = None) -> dict[str, dict[str, Any]]:
     """metric -> ``{"lo", "hi", "n", "what"}``: the range of each thresholded metric over the
-    repeats and the pooled evidence (module doc); metrics seen fewer than twice have none."""
+    repeats and the pooled evidence (module doc), widened, for a metric judged against a measured
+    ceiling, by that ceiling's own spread (``band``, :func:`ceiling_band`): the next run may meet
+    the ceiling anywhere in it. A metric seen once, with no ceiling spread, has none."""
     out = {}
     for k in SPREAD_METRICS:
         vals = [float(e[k]) for e in [*repeat_evidence, pooled] if isinstance(e.get(k), (int, float))
                 and not isinstance(e.get(k), bool)]
-        if len(vals) < 2 or k not in pooled:
+        if k not in pooled or not vals:
             continue
-        out[k] = {"lo": min(vals), "hi": max(vals), "n": len(vals),
-                  "what": f"range over {len(vals) - 1} repeats and the pooled run"}
+        lo, hi, what = min(vals), max(vals), f"range over {len(vals) - 1} repeats and the pooled run"
+        if band is not None and k in CEILING_METRICS:
+            f_lo, f_hi = band if CEILING_METRICS[k] > 0 else (1 / band[1], 1 / band[0])
+            lo, hi = lo * f_lo, hi * f_hi
+            what += ", times the ceiling's own p10-p90"
+        elif len(vals) < 2:
+            continue
+        out[k] = {"lo": lo, "hi": hi, "n": len(vals), "what": what}
     return out
 
 
@@ -106,14 +138,22 @@ def alternatives(evidence: dict[str, Any], walk: Diagnosis, repeat_leaves: list[
     spreads = checks.spreads_of(evidence)
     base = {k: v for k, v in evidence.items() if k != "metric_spreads"}
     variants = []
-    for k, ((lo, hi), _what) in spreads.items():
-        if k in base:
-            variants += [{**base, k: lo}, {**base, k: hi}]
-    ks = [k for k in spreads if k in base]
+    # a widened spread's ends are held inside the metric's physical range: no re-run measures past it
+    ends = {k: [x for x in (_clamp(k, lo), _clamp(k, hi)) if checks.check_range("", k, x) is None]
+            for k, ((lo, hi), _what) in spreads.items() if k in base}
+    for k, xs in ends.items():
+        variants += [{**base, k: x} for x in xs]
+    ks = [k for k, xs in ends.items() if len(xs) == 2]
     if len(ks) > 1:
         variants += [{**base, **{k: spreads[k][0][0] for k in ks}}, {**base, **{k: spreads[k][0][1] for k in ks}}]
     found += [name(diagnose(v)) for v in variants]
     return sorted({x for x in found if x not in seen})
+
+
+def _clamp(metric: str, v: float) -> float:
+    """A widened spread's end held inside the metric's physical range (a slowdown is not negative)."""
+    lo, hi, _why = checks.PHYSICAL_RANGES.get(metric, (-checks.INF, checks.INF, ""))
+    return min(max(v, lo), hi)
 
 
 def leaf_name(leaf: str | None, undecided: str | None = None) -> str:
