@@ -87,6 +87,7 @@ def test_a_ceilings_own_spread_widens_the_metrics_judged_against_it():
     ev = {"slowdown_vs_floor": 2.0, "dram_pct_estimated": 50.0, "e2e_slowdown": 1.0}
     sp = spreads_over([ev, ev], ev, (lo, hi))
     assert sp["slowdown_vs_floor"]["lo"] == pytest.approx(1.0) and sp["slowdown_vs_floor"]["hi"] == pytest.approx(2.5)
+    assert "n" not in sp["slowdown_vs_floor"]  # widened here, once: flowchart_checks does not widen it again
     assert sp["dram_pct_estimated"]["lo"] == pytest.approx(40.0) and sp["dram_pct_estimated"]["hi"] == pytest.approx(100.0)
     assert sp["e2e_slowdown"]["lo"] == sp["e2e_slowdown"]["hi"] == 1.0  # no ceiling in it
     assert ceiling_band({}, ("copy",)) is None

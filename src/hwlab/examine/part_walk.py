@@ -160,6 +160,8 @@ def part_evidence(p: Part, rest: Part, copy_gbps: float | None, gpu: bool, whole
                     continue
                 ev[k] = v
                 src[k] = f"counted by Nsight Compute ({k}, the examination's counted kernels)"
+    ev["n_ranks"] = 1  # a part of one process's step: K (rank tail) is not asked of it
+    src["n_ranks"] = "a part of one process's step (one function, or one rank's trace)"
     if e2e is not None:
         ev["e2e_slowdown"] = e2e
         src["e2e_slowdown"] = "the whole function: wall-clock per call back to back / device-event median"

@@ -118,12 +118,13 @@ def spreads_over(repeat_evidence: list[dict[str, Any]], pooled: dict[str, Any],
             continue
         lo, hi, what = min(vals), max(vals), f"range over {len(vals) - 1} repeats and the pooled run"
         if band is not None and k in CEILING_METRICS:
+            if len(vals) < checks.FEW_REPEATS:  # widened as flowchart_checks widens a few repeats' range
+                w = hi - lo
+                lo, hi, what = _clamp(k, lo - w), hi + w, what + " widened by its width (few repeats)"
             f_lo, f_hi = band if CEILING_METRICS[k] > 0 else (1 / band[1], 1 / band[0])
-            lo, hi = lo * f_lo, hi * f_hi
-            what += ", times the ceiling's own p10-p90"
-        elif len(vals) < 2:
-            continue
-        out[k] = {"lo": lo, "hi": hi, "n": len(vals), "what": what}
+            out[k] = {"lo": lo * f_lo, "hi": hi * f_hi, "what": what + ", times the ceiling's own p10-p90"}
+        elif len(vals) >= 2:
+            out[k] = {"lo": lo, "hi": hi, "n": len(vals), "what": what}
     return out
 
 
@@ -145,7 +146,7 @@ def alternatives(evidence: dict[str, Any], walk: Diagnosis, repeat_leaves: list[
         variants += [{**base, k: x} for x in xs]
     ks = [k for k, xs in ends.items() if len(xs) == 2]
     if len(ks) > 1:
-        variants += [{**base, **{k: spreads[k][0][0] for k in ks}}, {**base, **{k: spreads[k][0][1] for k in ks}}]
+        variants += [{**base, **{k: ends[k][0] for k in ks}}, {**base, **{k: ends[k][1] for k in ks}}]
     found += [name(diagnose(v)) for v in variants]
     return sorted({x for x in found if x not in seen})
 
