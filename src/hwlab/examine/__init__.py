@@ -25,8 +25,9 @@ What happens, in order (each step refuses bad input with one line saying what to
    table in :data:`METRIC_SOURCES`); the walk names its leaf, the seed's actions, the lab.
    With no matmul FLOPs counted and no tensor-core kernel in the profile, the Tensor-Core
    question is answered "not applicable" and the walk goes on to J. A rate above a measured
-   ceiling raises that ceiling where the working set proves it low, and moved over required
-   bytes of 2 or more answers F (:mod:`hwlab.examine.rates`); the report says which was raised.
+   ceiling raises that ceiling where the working set proves it low, and DRAM bytes of at least
+   2x the required bytes by the per-op cache bound (moved - cache x op boundaries) answer F
+   (:mod:`hwlab.examine.rates`); the report says which ceiling was raised.
 7. **Parts** (:mod:`hwlab.examine.parts`): the measured time split by part (kernels joined to
    the aten ops that launched them, plus GPU idle), each part floored and walked on its own
    metrics; the headline (``leaf_id``) is the part with the largest expected gain, and the

@@ -39,7 +39,8 @@ On a CPU the profiler also inflates the call (its bookkeeping per op lands betwe
 profiled call's excess over the unprofiled median is taken out of the time outside ops first
 (it cannot be told apart from Python between ops), and the ops' parts share the rest of the
 median. Rates above a measured ceiling raise it where the part's working set proves it low,
-and moved over fused bytes of 2 or more answers F (:mod:`hwlab.examine.rates`).
+and DRAM bytes of at least 2x the fused bytes by the per-op cache bound (moved - cache x op
+boundaries) answer F (:mod:`hwlab.examine.rates`).
 
 **The walk per part.** Every part holding at least :data:`WALK_SHARE_PCT` of the time is walked
 on its own metrics (slowdown over its floor, its estimated DRAM share, its sector

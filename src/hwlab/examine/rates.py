@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 #: a working set this many times the last-level cache keeps at most 1/CACHE_FACTOR of it resident
 CACHE_FACTOR = 4.0
-#: moved over required bytes at or above this is wasted traffic (as a sector amplification of 2)
+#: DRAM bytes at least (the cache bound) over required bytes at or above this is wasted traffic
+#: (as a sector amplification of 2)
 WASTE_RATIO = 2.0
 #: the per-op cache bound on DRAM traffic, as the walk states it
 CACHE_BOUND_RULE = "DRAM bytes >= moved - cache x op boundaries"
