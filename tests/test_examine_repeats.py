@@ -14,7 +14,7 @@ from hwlab.examine import examine
 from hwlab.examine.part_advice import actions_for, j_detail
 from hwlab.examine.part_record import Part
 from hwlab.examine.rates import CACHE_BOUND_RULE, WASTE_RATIO, dram_bytes_lower_bound, traffic_ratio
-from hwlab.examine.repeats import alternatives, ceiling_band, spreads_over
+from hwlab.examine.repeats import alternatives, ceiling_band, merge_spreads, spreads_over
 
 MIB = 2**20
 
@@ -91,6 +91,17 @@ def test_a_ceilings_own_spread_widens_the_metrics_judged_against_it():
     assert sp["dram_pct_estimated"]["lo"] == pytest.approx(40.0) and sp["dram_pct_estimated"]["hi"] == pytest.approx(100.0)
     assert sp["e2e_slowdown"]["lo"] == sp["e2e_slowdown"]["hi"] == 1.0  # no ceiling in it
     assert ceiling_band({}, ("copy",)) is None
+
+
+def test_a_runs_own_spread_and_the_repeats_range_are_joined_not_one_dropped():
+    own = {"e2e_slowdown": {"lo": 0.9, "hi": 1.1, "n": 15, "what": "p10-p90 over 15 chunks"}}
+    reps = {"e2e_slowdown": {"lo": 1.0, "hi": 2.4, "n": 4, "what": "range over 3 repeats"}}
+    m = merge_spreads(reps, own)["e2e_slowdown"]
+    assert m["lo"] == 0.0 and m["hi"] == pytest.approx(3.8)  # the repeats' range widened once, held >= 0
+    ev = {"slowdown_vs_floor": 1.0, "e2e_slowdown": 2.3, "n_ranks": 1, "metric_spreads": merge_spreads(reps, own)}
+    d = diagnose(ev)
+    assert d.steps[1].question == "D" and d.steps[1].borderline  # 2.3x under load, but 1.2 is inside its spread
+    assert "OK" in alternatives(ev, d, [])
 
 
 # ------------------------------------------------------------- fixes checked against the machine

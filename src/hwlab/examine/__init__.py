@@ -75,7 +75,7 @@ from hwlab.examine.ncu_counters import MAX_KERNELS
 from hwlab.examine.parts import Part, Parts, build_parts
 from hwlab.examine.rates import traffic_ratio
 from hwlab.examine.repeats import (
-    N_REPEATS, Blocks, alternatives, ceiling_band, leaf_name, spreads_over, timed_blocks)
+    N_REPEATS, Blocks, alternatives, ceiling_band, leaf_name, merge_spreads, spreads_over, timed_blocks)
 
 # torch, the counting modes (estimate) and the input checks (inputs) load when a function is examined:
 # the package itself, its report and its trace readers import without torch (commands that only read)
@@ -390,7 +390,7 @@ def _walk_all(m: Measurement, c, peak: str | None, counts: dict[str, Any], prof,
         ev["n_ranks"] = 1  # one function on one device: K (rank tail) does not apply
         sources["n_ranks"] = "one function examined in one process on one device"
         if whole_spreads:
-            ev["metric_spreads"] = {**whole_spreads, **(ev.get("metric_spreads") or {})}
+            ev["metric_spreads"] = merge_spreads(whole_spreads, ev.get("metric_spreads"))
         diag = diagnose({**ev, "metric_sources": sources})  # the walk prints what measured each answer
         slow = ev.get("slowdown_vs_floor")
         try:

@@ -222,13 +222,13 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
 def walk_part(p: Part, repeats: list[Parts] | None, band: tuple[float, float] | None = None) -> None:
     """Walk one part on its evidence, its metrics' spreads taken from the same part in each repeat
     (their range), and name the leaves a repeat or a spread end reaches (:mod:`hwlab.examine.repeats`)."""
-    from hwlab.examine.repeats import alternatives, leaf_name, spreads_over
+    from hwlab.examine.repeats import alternatives, leaf_name, merge_spreads, spreads_over
 
     same = [next((q for q in r.parts if q.name == p.name), None) for r in (repeats or [])]
     sp = spreads_over([q.evidence if q is not None else {} for q in same], p.evidence, band)
     ev = {**p.evidence, "metric_sources": p.sources}
     if sp:
-        ev["metric_spreads"] = {**sp, **(p.evidence.get("metric_spreads") or {})}
+        ev["metric_spreads"] = merge_spreads(sp, p.evidence.get("metric_spreads"))
     p.walk = diagnose(ev)
     p.repeat_leaves = [leaf_name(q.leaf_id, q.walk.undecided.id if q.walk.undecided else None)
                        if q is not None and q.walk is not None else None for q in same]

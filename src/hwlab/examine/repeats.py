@@ -128,6 +128,23 @@ def spreads_over(repeat_evidence: list[dict[str, Any]], pooled: dict[str, Any],
     return out
 
 
+def merge_spreads(*spread_sets: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Several ``metric_spreads`` of the same metrics (the repeats' ranges, a run's own p10-p90) as
+    one: per metric the union of the ranges, each first widened as the walk would widen it
+    (:func:`hwlab.diagnosis.flowchart_checks.spreads_of`) and held in the metric's physical range,
+    so the union is not widened again."""
+    out: dict[str, dict[str, Any]] = {}
+    for sp in spread_sets:
+        for k, ((lo, hi), what) in checks.spreads_of({"metric_spreads": sp or {}}).items():
+            lo, hi = _clamp(k, lo), _clamp(k, hi)
+            if k in out:
+                o = out[k]
+                out[k] = {"lo": min(o["lo"], lo), "hi": max(o["hi"], hi), "what": f"{o['what']}; {what}"}
+            else:
+                out[k] = {"lo": lo, "hi": hi, "what": what}
+    return out
+
+
 def alternatives(evidence: dict[str, Any], walk: Diagnosis, repeat_leaves: list[str | None]) -> list[str]:
     """Leaves other than ``walk``'s that a repeat reached, or that the walk reaches with a metric at
     an end of its (widened) spread (module doc). ``"undecided at X"`` stands for a walk with no leaf."""
