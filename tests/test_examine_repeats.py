@@ -144,6 +144,20 @@ def test_cpu_ceilings_are_cached_per_thread_count(tmp_path, monkeypatch):
         torch.set_num_threads(before)
 
 
+def test_a_gemm_part_faster_than_its_byte_floor_with_cache_resident_weights_is_floored_on_flops():
+    from hwlab.examine.part_walk import floor_part
+    p = Part(name="gemm float32", t_ms=100.0, share_pct=80.0, n_items=50, attributable=True,
+             moved_bytes=100 * 10**6, floor_bytes=100 * 10**6, flops=4 * 10**9, n_ops=50)
+    floor_part(p, "float32", copy_gbps=0.5, gemm_tflops=0.16, cache_bytes=300 * MIB)  # bytes alone: 200 ms
+    assert p.floor_source.startswith("FLOPs") and p.floor_ms == pytest.approx(25.0)
+    assert any("not DRAM's" in n for n in p.notes)
+    q = Part(name="gemm float32", t_ms=100.0, share_pct=80.0, n_items=50, attributable=True,
+             moved_bytes=100 * 10**6, floor_bytes=100 * 10**6, flops=4 * 10**9, n_ops=50)
+    floor_part(q, "float32", copy_gbps=0.5, gemm_tflops=0.16, cache_bytes=8 * MIB)  # past the cache: DRAM's
+    assert q.floor_source.startswith("bytes") and q.ceilings_raised  # the rate proves the copy ceiling low
+    assert q.floor_ms == pytest.approx(100.0, rel=1e-6) and not any("not DRAM's" in n for n in q.notes)
+
+
 # ------------------------------------------------------------- J's detail by the part's kind
 def test_j_detail_never_calls_a_dense_gemm_random_rows():
     gemm = Part(name="gemm float32", t_ms=1.0, share_pct=90.0, n_items=1, attributable=True, gbps=1.0,

@@ -6,13 +6,16 @@ from typing import Any
 
 from hwlab.diagnosis.flowchart import diagnose
 from hwlab.examine.part_record import Part
-from hwlab.examine.rates import settle_copy, settle_gemm, traffic_ratio
+from hwlab.examine.rates import past_cache, settle_copy, settle_gemm, traffic_ratio
 
 
 def floor_part(p: Part, dtype: str | None, copy_gbps: float | None, gemm_tflops: float | None,
                cache_bytes: int | None) -> None:
     """An attributable part's rates, the ceilings it is judged against (raised where its rate proves
-    the measured one low, :mod:`hwlab.examine.rates`), its traffic ratio and its floor."""
+    the measured one low, :mod:`hwlab.examine.rates`), its traffic ratio and its floor: the larger of
+    its bytes at the copy ceiling and its FLOPs at the GEMM ceiling, except that a byte floor the
+    part beat with bytes a cache can hold (under 4x the cache) is not DRAM's and gives way to the
+    FLOP floor, so cache-resident weights do not leave a GEMM part without a verdict."""
     t = p.t_ms
     p.gbps = p.moved_bytes / (t * 1e6) if t > 0 else None
     p.tflops = p.flops / (t * 1e9) if t > 0 and p.flops else None
@@ -26,6 +29,13 @@ def floor_part(p: Part, dtype: str | None, copy_gbps: float | None, gemm_tflops:
     byte_ms = p.floor_bytes / (p.ceiling_gbps * 1e6) if p.ceiling_gbps else None
     p.ceiling_tflops = tf
     flop_ms = p.flops / (tf * 1e9) if tf and p.flops else None
+    if byte_ms is not None and flop_ms is not None and t < byte_ms and not past_cache(p.floor_bytes, cache_bytes):
+        # read faster than the copy ceiling allows, with bytes a cache can hold: the byte floor is not
+        # DRAM's (a GEMM's weights resident in the CPU's LLC); its FLOPs still set a floor
+        p.notes.append(f"its {p.floor_bytes / 1e6:,.4g} MB were read faster than the copy ceiling allows, and fit "
+                       "the cache: the byte floor is not DRAM's; floored on its FLOPs")
+        byte_ms = None
+        p.floor_ms, p.floor_source = flop_ms, f"FLOPs at the measured {dtype} GEMM ceiling"
     if byte_ms is not None:
         if flop_ms is not None and flop_ms >= byte_ms:
             p.floor_ms, p.floor_source = flop_ms, f"FLOPs at the measured {dtype} GEMM ceiling"
