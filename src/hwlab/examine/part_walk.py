@@ -122,7 +122,7 @@ def part_evidence(p: Part, rest: Part, copy_gbps: float | None, gpu: bool, whole
             ev["launch_gap_pct"] = 100.0
             src["launch_gap_pct"] = "this part is host time outside aten ops (CPU profile)"
     else:
-        below_floor = bool(p.floor_ms) and p.floor_ms > p.t_ms
+        below_floor = bool(p.floor_ms) and p.floor_ms > p.t_ms * 1.0001  # as gain(): a rounding is no evidence
         if p.floor_ms and not below_floor:
             ev["slowdown_vs_floor"] = p.t_ms / p.floor_ms
             src["slowdown_vs_floor"] = f"part time / its floor ({p.floor_source})"
