@@ -7,8 +7,8 @@ latency it is, from measured figures: the idle share, the profiler's kernel reco
 estimated achieved occupancy, registers per thread, warps per SM) or Nsight Compute's counted
 occupancy where ``--ncu`` ran, and the achieved bandwidth against the copy ceiling. Thresholds
 (and why) are in :data:`J_RULES`. The rules match the part's kind: "memory latency" (scattered,
-short requests) is a diagnosis of gathers and elementwise passes; a dense GEMM part on J (a GEMM
-class, or a part whose floor is its FLOPs) is below its GEMM ceiling for another reason, named by
+short requests) is a diagnosis of gathers and elementwise passes; a dense GEMM part on J (its floor
+its FLOPs, or near them: :func:`hwlab.examine.part_walk.near_ridge`) is below its GEMM ceiling for another reason, named by
 :data:`GEMM_J_RULE` (shapes, threads, the library's per-call overhead), never "random rows".
 
 **Fixes checked against the machine.** A dtype fix (the I leaf's "run the matmul in bf16") is
@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from hwlab.diagnosis.flowchart import LEAVES
 from hwlab.examine.part_record import Part
+from hwlab.examine.part_walk import near_ridge
 
 #: J's sub-causes: (name, rule, why). Checked in this order; the first that holds is named.
 J_RULES = (
@@ -121,7 +122,7 @@ def j_detail(part: Part, idle_pct: float | None, copy_gbps: float | None, n_spil
         figures["bandwidth_pct_of_copy"], sources["bandwidth_pct_of_copy"] = bw_pct, \
             "the part's moved bytes (traffic model) / its time vs the measured copy ceiling (estimated)"
     occ_any = figures.get("occupancy_pct_counted", figures.get("occupancy_pct_estimated"))
-    dense_gemm = part.floor_source.startswith("FLOPs") or (part.name.startswith("gemm") and bool(part.flops))
+    dense_gemm = part.floor_source.startswith("FLOPs") or near_ridge(part)
     checks = (
         ("launch", part.name in ("gpu idle", "host outside ops") or (idle_pct is not None and idle_pct >= 50)),
         ("registers", (n_spills or 0) > 0 or (figures.get("registers_per_thread") or 0) >= 128),

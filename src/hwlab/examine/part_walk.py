@@ -43,6 +43,21 @@ def floor_part(p: Part, dtype: str | None, copy_gbps: float | None, gemm_tflops:
             p.floor_ms, p.floor_source = byte_ms, "bytes (as if its ops were fused) at the copy ceiling"
 
 
+#: a GEMM part whose FLOP floor is within this factor of its byte floor answers H by its rate even
+#: where the bytes set its floor: a busy host's copy ceiling moves the ridge point by this much, and
+#: must not switch H between measured and unasked from one run to the next
+RIDGE_BAND = 4.0
+
+
+def near_ridge(p: Part) -> bool:
+    """A GEMM part (all matmul work) whose FLOP floor is within :data:`RIDGE_BAND` of its byte floor."""
+    if not (p.name.startswith("gemm") and p.flops and p.ceiling_tflops and p.ceiling_gbps and p.floor_bytes):
+        return False
+    flop_ms = p.flops / (p.ceiling_tflops * 1e9)
+    byte_ms = p.floor_bytes / (p.ceiling_gbps * 1e6)
+    return flop_ms * RIDGE_BAND >= byte_ms
+
+
 def gain(p: Part, t_ms: float) -> None:
     """% of floor, expected gain and the whole function's speed-up if this part reached its floor."""
     if p.floor_ms is not None and p.t_ms > 0:
@@ -143,9 +158,7 @@ def part_evidence(p: Part, rest: Part, copy_gbps: float | None, gpu: bool, whole
             ev["traffic_ratio_estimated"] = p.traffic_ratio
             src["traffic_ratio_estimated"] = ("the part's DRAM bytes at least (moved bytes by the traffic model, "
                                               "less one cache per op boundary) / its bytes as if fused")
-        # a GEMM part's work is all matmul: its rate against the GEMM ceiling answers H whichever floor
-        # is the larger (a busy host's copy ceiling must not switch H between measured and unasked)
-        gemm_part = p.floor_source.startswith("FLOPs") or (p.name.startswith("gemm") and bool(p.flops))
+        gemm_part = p.floor_source.startswith("FLOPs") or near_ridge(p)
         if gemm_part and p.tflops is not None and p.ceiling_tflops and not below_floor:
             ev["tensor_pct_of_peak"] = 100.0 * p.tflops / p.ceiling_tflops
             src["tensor_pct_of_peak"] = "part FLOPs / its time vs the measured GEMM ceiling at its dtype"

@@ -44,7 +44,7 @@ boundaries) answer F (:mod:`hwlab.examine.rates`).
 
 **The walk per part.** Every part holding at least :data:`WALK_SHARE_PCT` of the time is walked
 on its own metrics (slowdown over its floor, its estimated DRAM share, its sector
-amplification, its tensor-core share when it is a GEMM part or its FLOPs set its floor, its matmul FLOPs and
+amplification, its tensor-core share when its FLOPs set its floor or a GEMM part is near the ridge, its matmul FLOPs and
 tensor-core kernels for H's applicability); the idle part answers F with no bytes moved and H
 with its own idle share. The **headline** is the walked part with the largest expected gain;
 the others follow in order of gain. The CPU's host-outside-ops part heads only by
