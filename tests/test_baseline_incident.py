@@ -196,7 +196,8 @@ def test_incident_from_a_recorded_gpu_run_fills_machine_from_its_snapshot():
     assert f"SM clock {g['sm_clock_mhz']}/{g['sm_clock_max_mhz']} MHz" in state and f"{g['temperature_c']} C" in state
     assert "clock events: " in state
     assert "[measured: stream TPOT p50 over prediction]" in "\n".join(inc.key_evidence)
-    assert inc.measured["e2e_slowdown"]["value"] == 1.5 and inc.measured["rank_tail_pct"]["how"] == "measured"
+    assert inc.measured["e2e_slowdown"]["value"] == 1.5 and inc.measured["n_ranks"]["how"] == "measured"
+    assert d.path == ["B", "D", "K", "M"] and d.steps[2].answer == "not applicable"  # one rank: no tail to ask
     r = inc.reverify_result
     assert r["probe"] == "Lab 4 stream, fixed" and r["measured"]["e2e_slowdown"] == 1.05 and r["leaf"] == "OK"
     assert inc.reverified is True and "re-measured with Lab 4 stream, fixed" in inc.to_markdown()

@@ -123,42 +123,8 @@ def test_a_gemm_above_a_low_gemm_ceiling_raises_it_and_walks_to_a_leaf(cpu_ceili
         1.0, rel=1e-6)
 
 
-# ------------------------------------------------------------- wasted traffic (item 3)
-@pytest.mark.slow
-def test_a_12_op_unfused_chain_past_the_cache_answers_f_yes_by_its_traffic_ratio(cpu_ceilings):
-    from hwlab.core.measure import last_level_cache_bytes
-    from hwlab.examine.rates import CACHE_FACTOR
-    cache = last_level_cache_bytes(torch.device("cpu"))
-    if not cache or cache > 64 * 2**20:
-        pytest.skip(f"this CPU's last-level cache ({cache} bytes) is unknown or too large to exceed 4x here")
-
-    def chain12(x):
-        y = x * 1.5
-        y = y + 0.25
-        y = torch.relu(y)
-        y = y * x
-        y = torch.sigmoid(y)
-        y = y + 1.0
-        y = y * 0.5
-        y = y - 0.1
-        y = torch.tanh(y)
-        y = y * x
-        y = y + 0.3
-        return y * 2.0
-
-    n = int(CACHE_FACTOR * cache / 8 * 1.25)  # x read once and the result written once: 5x the cache
-    ex = examine(chain12, make_inputs=lambda: (torch.randn(n),), ceilings=cpu_ceilings, max_total_s=1.0)
-    ev = ex.evidence
-    assert ex.counts["n_bytes"] >= CACHE_FACTOR * cache
-    assert ev["traffic_ratio_estimated"] >= 2.0, ex.counts
-    assert ex.diagnosis.leaf_id == "G", ex.diagnosis.explain()
-    # the traffic ratio alone answers F YES: without any DRAM share the walk still lands on G
-    only = {k: v for k, v in ev.items() if not k.startswith("dram_pct")}
-    d = diagnose(only)
-    f = next(s for s in d.steps if s.question == "F")
-    assert f.answer == "yes" and f.metric == "traffic_ratio_estimated" and f.estimated and d.leaf_id == "G"
-    chain = next(p for p in ex.parts.parts if p.name == "elementwise/reduction")
-    assert chain.traffic_ratio >= 2.0 and chain.leaf_id == "G" and ex.leaf_id == "G"
+# ------------------------------------------------------------- wasted traffic: tests/test_examine_repeats.py
+# (the per-op cache bound, on both sides of it, and the 12-op chain past a 32 MiB cache)
 
 
 # ------------------------------------------------------------- the host-outside-ops headline (item 13)

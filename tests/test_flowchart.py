@@ -69,10 +69,15 @@ def test_by_hand_answers_are_labelled_and_measured_ones_name_their_source():
     assert F.by_hand_keys({"single_gpu_slow": False, "rank_tail": True}) == ["single_gpu_slow", "rank_tail"]
 
 
-def test_fully_measured_walk_says_so_and_one_rank_is_measured():
+def test_fully_measured_walk_says_so_and_one_rank_has_no_rank_tail_to_ask():
+    d = F.diagnose({"slowdown_vs_floor": 1.1, "e2e_slowdown": 1.4, "rank_tail_pct": 40.0, "n_ranks": 1})
+    assert d.leaf_id == "M" and d.fully_measured and d.by_hand == []  # a one-process "tail" never reaches L
+    k = d.steps[2]
+    assert k.question == "K" and k.answer == "not applicable" and k.metric == "n_ranks"
+    assert "BY HAND" not in d.explain()
+    d = F.diagnose({"slowdown_vs_floor": 1.1, "e2e_slowdown": 1.4, "rank_tail_pct": 40.0, "n_ranks": 2})
+    assert d.leaf_id == "L" and "over 2 ranks]" in d.explain()  # two ranks: K is asked
     d = F.diagnose({"slowdown_vs_floor": 1.1, "e2e_slowdown": 1.4, "rank_tail_pct": 0.0, "n_ranks": 1})
-    assert d.leaf_id == "M" and d.fully_measured and d.by_hand == []
-    assert "over 1 rank]" in d.explain() and "BY HAND" not in d.explain()
     assert d.explain().endswith("every answer on this walk was measured")
     # numeric evidence wins over a by-hand answer given beside it
     d = F.diagnose({"slowdown_vs_floor": 1.1, "single_gpu_slow": True, "e2e_slowdown": 1.0})

@@ -7,8 +7,11 @@ slow (measured copy under ``SLOW_CARD_PCT`` of its datasheet figure).
 
 Ceilings are cached per machine under ``$HWLAB_CACHE`` (default ``~/.cache/hwlab``) as
 ``ceilings-<machine key>.json`` (host, device name and, on a MIG slice, the slice's uuid: ceilings are
-per slice, not per GPU) and re-measured only when asked (``hwlab doctor
---remeasure``). A machine without a cache and without time to measure can borrow the
+per slice, not per GPU) and re-measured only when asked (``hwlab doctor --remeasure``). On a CPU the
+key carries the thread count torch runs with (``torch.get_num_threads()``): a CPU's GEMM and copy
+rates scale with its threads, so a ceiling measured with two threads would judge a one-thread run
+slow by the threads it lacks; a cache whose recorded ``n_threads`` differs from the run's is not
+used (the key already keeps them apart). A machine without a cache and without time to measure can borrow the
 kit's recorded H200 ceilings, labelled as such.
 
 Each ceiling keeps the timing it came from (median, p10-p90, repeats, sizes: ``bands``), so a
@@ -16,6 +19,12 @@ fresh measurement can be held against the cache: :func:`drift` flags a ceiling w
 value differs from the cached one by more than both runs' spread (:mod:`hwlab.core.spread`'s rule,
 with ``DRIFT_TOL_PCT``, 10%, as the tolerance: the size of change that moves a "% of ceiling"
 verdict), and says when the change is within spread (borderline) instead.
+
+**bf16 on this machine** (:func:`bf16_support`): a GPU runs bf16 on its tensor cores from compute
+capability 8.0 (Ampere); a CPU has a bf16 path where it reports AVX512_BF16 or AMX_BF16
+(``/proc/cpuinfo`` flags), and otherwise emulates it, slower than fp32. Advice to move a matmul
+to bf16 is checked against what the machine reaches (:func:`bf16_gain`): a native path, and a
+bf16 GEMM measured faster than fp32.
 
 A fresh measurement is cached only where its own timing is stable (:func:`to_cache`, with
 :func:`hwlab.core.spread.unstable`: at least ``MIN_REPEATS`` repeats and a p10-p90 band at most
@@ -57,6 +66,8 @@ class Ceilings:
     host: str = ""
     #: per ceiling ("copy", "gemm fp32", ...): t_ms, t_p10_ms, t_p90_ms, n_rep, params
     bands: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: CPU: the torch thread count the ceilings were measured with (None: a GPU, or an older cache)
+    n_threads: int | None = None
 
     def gemm(self, dtype: str) -> float | None:
         return self.gemm_tflops.get(dtype)
@@ -75,13 +86,21 @@ class Ceilings:
 
     @property
     def label(self) -> str:
+        threads = f", {self.n_threads} thread{'s' if self.n_threads != 1 else ''}" if self.n_threads else ""
         return self.source if self.source != "measured" else (
-            f"measured on {self.device}, {self.measured_at[:10]}")
+            f"measured on {self.device}{threads}, {self.measured_at[:10]}")
+
+
+def cpu_threads() -> int:
+    """The threads torch's CPU ops run with now (what a CPU ceiling is keyed by)."""
+    import torch
+
+    return int(torch.get_num_threads())
 
 
 def machine_key(device=None) -> str:
     dev = device_of(device)
-    name = device_name(dev) if dev.type == "cuda" else "cpu"
+    name = device_name(dev) if dev.type == "cuda" else f"cpu-{cpu_threads()}t"
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{socket.gethostname()}-{name}{mig_slice_key(dev)}")
 
 
@@ -93,6 +112,57 @@ def mig_slice_key(dev) -> str:
     vis = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
     i = dev.index or 0
     return f"-{vis[i]}" if i < len(vis) and vis[i].startswith("MIG-") else ""
+
+
+#: CPU flags (``/proc/cpuinfo``) of a native bf16 path: AVX-512 BF16 dot products, AMX tiles
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def bf16_support(device=None, cpuinfo: str | None = None) -> tuple[bool, str]:
+    """Whether this device runs bf16 natively, and why (module doc). ``cpuinfo``: the text of
+    ``/proc/cpuinfo`` (read when None; unreadable counts as no native path)."""
+    dev = device_of(device)
+    if dev.type == "cuda":
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(dev)
+        ok = major >= 8
+        return ok, (f"compute capability {major}.{minor} " + ("(>= 8.0: bf16 tensor cores)" if ok else
+                                                            "(< 8.0: no bf16 tensor cores)"))
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            cpuinfo = ""
+    flags = next((ln.split(":", 1)[1].split() for ln in cpuinfo.splitlines() if ln.startswith("flags")), [])
+    have = [f for f in CPU_BF16_FLAGS if f in flags]
+    if have:
+        return True, f"CPU flags {', '.join(have)} (a native bf16 path)"
+    return False, (f"no {' / '.join(f.upper() for f in CPU_BF16_FLAGS)} in the CPU flags: bf16 is emulated "
+                   "there, slower than fp32")
+
+
+def bf16_gain(c: "Ceilings | None" = None, device=None, size: int = 256) -> tuple[bool, str]:
+    """Whether moving an fp32 matmul to bf16 can help on this machine, and why: the device must run
+    bf16 natively (:func:`bf16_support`) and bf16 must be measured faster than fp32. Where ``c``
+    holds both GEMM ceilings they decide; else, on a CPU, both GEMMs (``size`` cubed) are timed
+    now, back to back, so host load weighs on both alike."""
+    ok, why = bf16_support(device)
+    if not ok:
+        return False, why
+    bf, fp = (c.gemm("bf16"), c.gemm("fp32")) if c is not None else (None, None)
+    what = "measured GEMM ceiling"
+    if (bf is None or fp is None) and device_of(device).type != "cuda":
+        from hwlab.core import probes
+
+        fp = probes.gemm(size=size, dtype="fp32", device="cpu", n_rep=5).tflops
+        bf = probes.gemm(size=size, dtype="bf16", device="cpu", n_rep=5).tflops
+        what = f"{size}^3 GEMM timed now"
+    if bf is not None and fp is not None and bf <= fp:
+        return False, (f"{why}, but its bf16 {what} ({bf * 1e3:,.4g} GFLOP/s) is not above fp32's "
+                       f"({fp * 1e3:,.4g} GFLOP/s)")
+    return True, why + (f"; bf16 {what} {bf * 1e3:,.4g} GFLOP/s over fp32's {fp * 1e3:,.4g}"
+                        if bf is not None and fp is not None else "")
 
 
 def cache_dir() -> Path:
@@ -134,7 +204,7 @@ def measure(device=None, quick: bool = False, progress=None) -> Ceilings:
         gemm_tflops={k.split()[1]: v.tflops for k, v in results.items() if k.startswith("gemm")},
         host_link_gbps=results["host link"].gbps if "host link" in results else None,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        host=socket.gethostname(),
+        host=socket.gethostname(), n_threads=None if gpu else cpu_threads(),
         bands={k: {"t_ms": m.t_ms, "t_p10_ms": m.t_p10_ms, "t_p90_ms": m.t_p90_ms, "n_rep": m.n_rep,
                    "params": m.params, **({"gpu_share": m.gpu_share} if m.gpu_share else {})}
                for k, m in results.items()})
@@ -248,9 +318,12 @@ def load_cached(device=None) -> Ceilings | None:
         if not isinstance(d, dict):
             raise TypeError(f"a JSON {type(d).__name__}, not an object")
         validate.ceilings(d)  # finite, > 0, at most the datasheet peak: a corrupt cache is never used
-        return Ceilings.from_dict(d)
+        c = Ceilings.from_dict(d)
     except (TypeError, validate.NumberError) as e:
         raise InputError(f"cached ceilings {p} are unreadable or corrupt ({e}); {fix}") from None
+    if device_of(device).type != "cuda" and c.n_threads is not None and c.n_threads != cpu_threads():
+        return None  # measured with another thread count: not this run's ceilings (module doc)
+    return c
 
 
 def get(device=None, *, remeasure: bool = False, quick: bool = False, progress=None) -> Ceilings:

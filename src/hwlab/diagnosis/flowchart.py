@@ -10,6 +10,9 @@
                                                                          -> no : M shape bucket / cache / fallback
                                                     -> no : OK nothing to fix at this level
 
+K asks about ranks, so it applies only where ranks were measured: evidence whose ``n_ranks`` is
+under 2 (one process, one device) answers K "not applicable" and the walk takes M.
+
 Every question names the metric that answers it, its unit, its threshold and the reason
 for that threshold, and the probe that measures it. Evidence is a plain dict of metric ->
 value; a question whose metrics are all missing stops the walk with "cannot decide: run
@@ -116,8 +119,10 @@ QUESTIONS: dict[str, Question] = {q.id: q for q in [
                   "uncoalesced access: each warp request touches more 32-byte sectors than "
                   "the bytes it needs (ideal 4 for 4-byte lanes); >= 2x means half or more of "
                   "the memory transactions are waste: a layout problem."),
-        Criterion("traffic_ratio_estimated", ">=", 2.0, "x moved over required bytes (estimated)",
-                  "bytes the ops move over the bytes the work requires, with a working set past the cache: "
+        Criterion("traffic_ratio_estimated", ">=", 2.0, "x DRAM bytes at least, over required bytes (estimated)",
+                  "a lower bound on DRAM bytes over the bytes the work requires: DRAM bytes >= moved - "
+                  "cache x op boundaries (at each op boundary a last-level cache can hand at most its own "
+                  "size of what earlier ops left to the next op; every other moved byte crosses DRAM). "
                   ">= 2x means half or more of the DRAM traffic re-reads intermediates, wasted as uncoalesced "
                   "sectors are: fuse the chain so each byte crosses DRAM once."),),
         probe="ncu --metrics dram__throughput...,l1tex__t_sectors/requests (or the lab's traffic model)",
@@ -165,7 +170,12 @@ QUESTIONS: dict[str, Question] = {q.id: q for q in [
                   "quarter of the step inside collectives, the link holds every rank, with no rank "
                   "to blame: a slow or saturated link, which L's actions address, not M's."),),
         probe="per-rank step-time distribution (the cross-link TP lab); per-collective arrival from profiler traces",
-        yes="L", no="M", bool_metric="rank_tail"),
+        yes="L", no="M", bool_metric="rank_tail",
+        not_applicable=(
+            Criterion("n_ranks", "<", 2, "ranks measured",
+                      "a rank tail needs at least two ranks to compare; a single process (one function "
+                      "examined on one device, a one-process service) has none, so a slowdown in "
+                      "service is its own: shapes, caches or fallbacks, not a late rank."),)),
 ]}
 
 LEAVES: dict[str, Leaf] = {l.id: l for l in [

@@ -15,7 +15,9 @@ What happens, in order (each step refuses bad input with one line saying what to
 3. **Counting** (:mod:`hwlab.examine.estimate`): required bytes and FLOPs from the caller when
    given, else estimated and labelled so; the traffic model (moved bytes, sector amplification).
 4. **Timing** (:func:`hwlab.core.measure.time_fn`): warm-up to the sustained state, device events,
-   median and p10-p90; with ``make_inputs`` enough fresh input sets to rotate past 2x L2.
+   median and p10-p90; with ``make_inputs`` enough fresh input sets to rotate past 2x L2. Taken
+   in :data:`~hwlab.examine.repeats.N_REPEATS` blocks, each single calls then back to back
+   (question D), so each block is a repeat (:mod:`hwlab.examine.repeats`).
 5. **Profile** (:mod:`hwlab.examine.torch_profile`): kernels per call, GPU busy time, dominating
    kernels, tensor-core kernels, Triton spills; ``ncu=True`` adds Nsight Compute counters,
    kept apart from the estimates (:mod:`hwlab.examine.ncu_counters`).
@@ -23,12 +25,17 @@ What happens, in order (each step refuses bad input with one line saying what to
    table in :data:`METRIC_SOURCES`); the walk names its leaf, the seed's actions, the lab.
    With no matmul FLOPs counted and no tensor-core kernel in the profile, the Tensor-Core
    question is answered "not applicable" and the walk goes on to J. A rate above a measured
-   ceiling raises that ceiling where the working set proves it low, and moved over required
-   bytes of 2 or more answers F (:mod:`hwlab.examine.rates`); the report says which was raised.
+   ceiling raises that ceiling where the working set proves it low, and DRAM bytes of at least
+   2x the required bytes by the per-op cache bound (moved - cache x op boundaries) answer F
+   (:mod:`hwlab.examine.rates`); the report says which ceiling was raised.
 7. **Parts** (:mod:`hwlab.examine.parts`): the measured time split by part (kernels joined to
    the aten ops that launched them, plus GPU idle), each part floored and walked on its own
    metrics; the headline (``leaf_id``) is the part with the largest expected gain, and the
    whole-function walk above stays in the report beside it.
+8. **Repeats** (:mod:`hwlab.examine.repeats`): the whole function and every part are walked on each
+   repeat (a timing block and, on a CPU, a profiled call) too; the repeats' range is each metric's
+   spread, and a leaf a repeat or a spread end differs on is BORDERLINE with its alternatives named
+   (:attr:`Examination.alternatives`). The incident draft's fix is the headline part's.
 
 ``fn`` may be an ``nn.Module`` or a bound method of one (a decode step): it is examined in eval
 mode under ``torch.no_grad`` (:func:`as_inference`), its weights read once per call.
@@ -36,15 +43,15 @@ mode under ``torch.no_grad`` (:func:`as_inference`), its weights read once per c
 Question D for one function on one device: ``e2e_slowdown`` is the host wall-clock per call
 of the function run back to back, as a caller runs it (one synchronise at the end), over the
 device-event median: what a caller gets over what the single-device measurement predicts.
-Multi-GPU behaviour is not examined (one function, one device); the report says so.
+Multi-GPU behaviour is not examined (one function, one device); the report says so, and the
+evidence carries ``n_ranks`` = 1, so the walk never asks K (rank tail) of one process.
 
 On a CPU the same steps run; every figure is this CPU's against this CPU's measured
 ceilings, and the leaf is indicative of the code path, not a GPU verdict.
 """
 from __future__ import annotations
 
-import contextlib
-import math
+import dataclasses
 import statistics
 import sys
 import time
@@ -60,15 +67,15 @@ from hwlab.examine.walk_metrics import METRIC_SOURCES, build_evidence, flop_boun
 from hwlab.examine.ncu_counters import collect as ncu_collect
 from hwlab.examine.torch_profile import ProfileSummary, profile_calls
 from hwlab.diagnosis.flowchart import LEAVES, Diagnosis, diagnose
-from hwlab.core.measure import (
-    InsufficientMemoryError, Measurement, device_name, l2_bytes_of, last_level_cache_bytes, n_rotating_sets,
-    require_memory, synchronize, time_fn)
+from hwlab.core.measure import Measurement, device_name, last_level_cache_bytes, quantile, synchronize, time_fn
 from hwlab.core.store import dumps_strict
 from hwlab.core.system import versions
 from hwlab.core import validate
 from hwlab.examine.ncu_counters import MAX_KERNELS
 from hwlab.examine.parts import Part, Parts, build_parts
-from hwlab.examine.rates import settle_copy, settle_gemm, traffic_ratio
+from hwlab.examine.rates import traffic_ratio
+from hwlab.examine.repeats import (
+    N_REPEATS, Blocks, alternatives, ceiling_band, leaf_name, merge_spreads, spreads_over, timed_blocks)
 
 # torch, the counting modes (estimate) and the input checks (inputs) load when a function is examined:
 # the package itself, its report and its trace readers import without torch (commands that only read)
@@ -91,8 +98,9 @@ E2E_CHUNK_MS = 5.0
 #: the phases ``on_step`` announces, in order (progress on the command line's stderr)
 PHASES = ("checked call (runs, returns tensors, leaves its inputs unchanged)",
           "ceilings of this machine (cached or measured)",
-          "warm-up and timing (device events, median and p10-p90)",
-          "back to back (question D)", "profiling (torch.profiler)",
+          f"warm-up and timing in {N_REPEATS} blocks: single calls (median and p10-p90), then back to back "
+          "(question D)",
+          "timing accepted (the given counts checked against it)", "profiling (torch.profiler)",
           "counting bytes and FLOPs (traffic model)", "parts and the walk")
 #: the first phase after every refusal of bad input (inputs, ceilings, given counts)
 ACCEPTED_PHASE = PHASES[3]
@@ -115,6 +123,19 @@ class Examination:
     ncu: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     parts: Parts | None = None
+    #: leaves other than the whole function's that a repeat or a spread end reaches (BORDERLINE)
+    whole_alternatives: list[str] = field(default_factory=list)
+
+    @property
+    def alternatives(self) -> list[str]:
+        """The headline leaf's alternatives (:mod:`hwlab.examine.repeats`): empty when the leaf holds."""
+        h = self.headline
+        return self.parts.headline_alternatives if h is not None else list(self.whole_alternatives)
+
+    @property
+    def borderline(self) -> bool:
+        """The headline leaf is one re-run from another (its alternatives are named)."""
+        return bool(self.alternatives)
 
     @property
     def headline(self) -> Part | None:
@@ -162,6 +183,8 @@ class Examination:
                      "actions": list(d.leaf.actions) if d.leaf else [], "lab": self.lab},
             "incident_draft": self.incident.__dict__, "notes": self.notes,
             "leaf": self.leaf_id, "whole_function_leaf": d.leaf_id,
+            "borderline": self.borderline, "alternatives": self.alternatives,
+            "whole_function_alternatives": self.whole_alternatives,
             "parts": self.parts.to_dict() if self.parts is not None else None,
         }
 
@@ -178,33 +201,6 @@ class Examination:
         return render(self)
 
     __str__ = report
-
-
-def _count(fn: Callable[..., Any], args: tuple, kwargs: dict, want_flops: bool,
-           notes: list[str]) -> tuple[Traffic, int, str]:
-    """The traffic model and the FLOP count of one call each, under ``force_eager`` where torch
-    has it (so counting never changes how a compiled function runs afterwards)."""
-    import torch
-
-    from hwlab.examine.estimate import Traffic, count_flops, count_traffic
-
-    stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
-    guard = stance("force_eager") if stance else contextlib.nullcontext()
-    flops, src = 0, ("estimated: torch.utils.flop_counter (matmul family only; none inside Triton or "
-                     "compiled graphs)")
-    with guard:
-        try:
-            traffic = count_traffic(fn, args, kwargs)
-        except Exception as e:  # a function that will not run under a dispatch mode: no traffic model
-            traffic = Traffic()
-            notes.append(f"the traffic model could not run the function ({type(e).__name__}: "
-                         f"{' '.join(str(e).split())[:150]}); moved bytes = required bytes")
-        if want_flops:
-            try:
-                flops = count_flops(fn, args, kwargs)
-            except Exception as e:
-                src = f"not counted: FlopCounterMode failed ({type(e).__name__}); pass n_flops"
-    return traffic, flops, src
 
 
 def _peak_dtype(traffic: Traffic, args: tuple, dtype_peak: str | None, c, gpu: bool,
@@ -237,23 +233,22 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
             dtype_peak: str | None = None, make_inputs: Callable[[], Any] | None = None,
             ceilings: Any = None, ncu_target: str | None = None, name: str | None = None,
             max_total_s: float = 20.0, on_step: Callable[[str], None] | None = None,
-            **kwargs: Any) -> Examination:
+            cache_bytes: int | None = None, **kwargs: Any) -> Examination:
     """Measure ``fn(*args, **kwargs)`` under the kit's protocol and walk the flowchart on it.
 
     ``make_inputs()`` returns a fresh argument tuple per call (used instead of ``args``, and
     to rotate input sets past L2). ``n_bytes`` / ``n_flops`` override the estimates;
     ``dtype_peak`` ("fp32", "tf32", "bf16", "fp8") picks the GEMM ceiling of the floor.
     ``ceilings`` (a :class:`hwlab.core.ceilings.Ceilings`) defaults to this machine's cached or
-    freshly measured ones. ``ncu_target`` ("MODULE:FUNC[@MODULE:INPUTS]") adds Nsight
-    Compute counters where ``ncu`` exists. ``on_step(label)`` is called as each phase starts
-    (checked call, timing, back to back, profile, counting, ceilings, parts): the command line
-    shows it as progress on stderr (:data:`PHASES`). The keyword names above are examine's own;
-    every other keyword goes to ``fn``.
+    freshly measured ones. ``cache_bytes`` is the last-level cache the wasted-traffic bound and
+    the working set are judged against (default: this device's, read from the system).
+    ``ncu_target`` ("MODULE:FUNC[@MODULE:INPUTS]") adds Nsight Compute counters where ``ncu``
+    exists. ``on_step(label)`` is called as each phase starts (:data:`PHASES`): the command line
+    shows it as progress on stderr. The keyword names above are examine's own; every other
+    keyword goes to ``fn``.
     """
-    import torch
-
-    from hwlab.examine.estimate import Traffic, required_bytes, tensors_of
-    from hwlab.examine.inputs import call, check_inputs, fingerprint, make
+    from hwlab.examine.inputs import check_inputs, make
+    from hwlab.examine.phases import checked_call, rotating_sets
 
     def step(label: str) -> None:
         if on_step is not None:
@@ -263,7 +258,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
         raise UserInputError(f"{fn!r} is not callable: pass a function (MODULE:FUNC on the command line)")
     name = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
     fn = as_inference(fn)
-    for what, v in (("n_bytes", n_bytes), ("n_flops", n_flops)):
+    for what, v in (("n_bytes", n_bytes), ("n_flops", n_flops), ("cache_bytes", cache_bytes)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise UserInputError(f"{what}={v!r}: give a whole number >= 0, or leave it out to estimate it")
     notes: list[str] = []
@@ -275,51 +270,9 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
         args = make(make_inputs, "make_inputs")
     args = tuple(args)
     dev = check_inputs(args, kwargs)
-    gpu = dev.type == "cuda"
-    in_tensors = tensors_of((args, kwargs))
-    before = fingerprint(in_tensors)
-
     step(PHASES[0])
-    t0 = time.perf_counter()
-    out = call(fn, name, args, kwargs)
-    synchronize(dev)
-    first_call_s = time.perf_counter() - t0
-    if out is None:
-        raise UserInputError(f"{name} returned None: examine counts the bytes a function writes from "
-                             "what it returns; return the result tensor(s)")
-    if not tensors_of(out):
-        raise UserInputError(f"{name} returned {type(out).__name__} with no tensor in it: return the "
-                             "result tensor(s)")
-    changed = [i for i, (a, b) in enumerate(zip(before, fingerprint(in_tensors)))
-               if a[0] != b[0] or not (a[1] == b[1] or (math.isnan(a[1]) and math.isnan(b[1])))]
-    if changed:
-        raise UserInputError(f"{name} changed its input tensor(s) #{', #'.join(map(str, changed))} in place: "
-                             "every repetition would run on different data. Write results to new tensors "
-                             "(or clone inside the function), then examine it")
-    outs = tensors_of(out)
-    if any(t.is_floating_point() and not torch.isfinite(t).all() for t in outs):
-        notes.append("the output holds NaN or inf on these inputs: check the function before trusting its speed")
-
-    # required bytes from what went in and came out (caller's figures win, below)
-    read_b, written_b = required_bytes((args, kwargs), out)
-    del out, outs
-
-    # timing under the protocol
-    arg_sets = [args]
-    l2 = l2_bytes_of(dev)
-    if make_inputs is not None:
-        n_sets = n_rotating_sets(max(read_b, 1), l2)
-        try:
-            require_memory(read_b * (n_sets - 1), dev, what="the rotating input sets")
-        except InsufficientMemoryError:
-            notes.append(f"{n_sets} rotating input sets do not fit in free memory: timed on one set")
-            n_sets = 1
-        arg_sets += [make(make_inputs, "make_inputs") for _ in range(n_sets - 1)]
-        for s in arg_sets[1:]:
-            check_inputs(s, kwargs)
-    elif l2 and read_b < 2 * l2:
-        notes.append(f"inputs not rotated (no input factory): {read_b / 2**20:.1f} MiB read per call may be "
-                     f"served from the {l2 / 2**20:.0f} MiB L2; pass an input factory (--inputs)")
+    first_call_s, read_b, written_b = checked_call(fn, name, args, kwargs, dev, notes)
+    arg_sets = rotating_sets(args, make_inputs, kwargs, dev, read_b, notes)
     run = (lambda *a: fn(*a, **kwargs)) if kwargs else fn
     # the ceilings before timing, so every refusal of input (a corrupt cache, a dtype_peak with no
     # ceiling, a given count no device reaches) comes before the long phases
@@ -327,111 +280,101 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     c = ceilings if ceilings is not None else ceilings_mod.get(
         dev, quick=True, progress=(lambda s: step(f"ceiling: {s}")) if on_step else None)
     if dtype_peak and c.gemm(dtype_peak) is None:
-        _peak_dtype(Traffic(), args, dtype_peak, c, gpu, notes)  # refuses it with its one line
+        _peak_dtype(None, args, dtype_peak, c, dev.type == "cuda", notes)  # refuses it with its one line
     step(PHASES[2])
-    timing = time_fn(run, arg_sets, dev, n_warmup=3, n_rep=20, max_total_s=max_total_s)
+    blocks = timed_blocks(run, arg_sets, dev, time_fn, back_to_back_ms, n_rep=21, n_chunks=15,
+                          max_total_s=max_total_s)
+    pooled = sorted(blocks.pooled_samples_ms)
+    timing = (statistics.median(pooled), quantile(pooled, 0.1), quantile(pooled, 0.9))
     if n_bytes is not None or n_flops is not None:  # a given count no device reaches: refused now
         _check_given_counts(Measurement(
-            name=name, t_ms=timing.median_ms, t_p10_ms=timing.p10_ms, t_p90_ms=timing.p90_ms,
-            n_bytes=int(n_bytes or 0), n_flops=int(n_flops or 0), device=device_name(dev), timer=timing.timer,
-            n_rep=len(timing.samples_ms)), c, gpu, n_bytes is not None, n_flops is not None)
-    # question D: the same calls back to back as a caller runs them (short chunks, see below)
+            name=name, t_ms=timing[0], t_p10_ms=timing[1], t_p90_ms=timing[2],
+            n_bytes=int(n_bytes or 0), n_flops=int(n_flops or 0), device=device_name(dev), timer=blocks.timer,
+            n_rep=len(pooled)), c, dev.type == "cuda", n_bytes is not None, n_flops is not None)
     step(PHASES[3])
-    wall_chunks_ms = back_to_back_ms(run, arg_sets, dev, timing.median_ms)
-    wall_ms = statistics.median(wall_chunks_ms)
+    return _measured(fn, name, args, kwargs, arg_sets, dev, c, blocks, timing, first_call_s, read_b, written_b,
+                     n_bytes, n_flops, dtype_peak, ncu_target, cache_bytes, notes, step)
+
+
+def _measured(fn, name: str, args: tuple, kwargs: dict, arg_sets: list, dev, c, blocks: Blocks,
+              timing: tuple[float, float, float], first_call_s: float, read_b: int, written_b: int,
+              n_bytes: int | None, n_flops: int | None, dtype_peak: str | None, ncu_target: str | None,
+              cache_bytes: int | None, notes: list[str], step: Callable[[str], None]) -> Examination:
+    """The phases after timing (module doc, 5-7): profile, counts, evidence, the walks of the
+    pooled run and of each repeat, the parts, the incident draft."""
+    from hwlab.examine.phases import count, counts_of, settle
+
+    gpu = dev.type == "cuda"
     step(PHASES[4])
     try:
-        prof = profile_calls(fn, arg_sets, kwargs, dev, unprofiled_median_ms=timing.median_ms)
+        prof = profile_calls(fn, arg_sets, kwargs, dev, n_calls=N_REPEATS, unprofiled_median_ms=timing[0])
     except Exception as e:  # the measurement stands without a profile; the walk says what is missing
         prof = ProfileSummary(on_gpu=gpu, n_calls=0, kernels_per_call=0.0, busy_ms_per_call=0.0,
                               error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
         notes.append(f"the profiler failed ({prof.error}): no kernel list, launch-gap or spill figures")
-
     # counting after timing and profiling, compiled functions held eager: a torch.compile'd
     # function called under a dispatch mode runs eagerly from then on (seen with torch 2.13)
     step(PHASES[5])
-    traffic, flops_est, flops_src = _count(fn, args, kwargs, n_flops is None, notes)
-    by_op = traffic.by_op()
-    for k in prof.top:  # the dtypes of each dominating kernel's op, from that op's real tensors
-        op = k.get("launched_by") or ""
-        for op_seen in (op, *COMPOSITE_OPS.get(op, ())):  # a CPU profile names composites (matmul)
-            if op_seen in by_op:
-                k["dtypes"] = by_op[op_seen]["dtypes"]
-                break
-    captured_b = traffic.captured_read_bytes((args, kwargs))
-    if traffic.ops:  # inputs only read through gathers need only what the gathers touched
-        read_b = min(read_b, traffic.input_read_bytes((args, kwargs)))
-    counts: dict[str, Any] = {
-        "required_read_bytes": read_b, "required_written_bytes": written_b,
-        "captured_read_bytes": captured_b,
-        "n_bytes": int(n_bytes) if n_bytes is not None else read_b + captured_b + written_b,
-        "n_bytes_source": "given by the caller" if n_bytes is not None else
-        "estimated: inputs (and tensors it captured: weights, closures) read once + outputs written "
-        "once (unique storages)",
-        "n_flops": int(n_flops) if n_flops is not None else flops_est,
-        "n_flops_source": "given by the caller" if n_flops is not None else flops_src,
-        "ops": traffic.counts(), "by_op": by_op, "first_call_s": first_call_s,
-    }
+    traffic, flops_est, flops_src = count(fn, args, kwargs, n_flops is None, notes)
+    counts = counts_of(traffic, prof, args, kwargs, read_b, written_b, n_bytes, n_flops, flops_est, flops_src,
+                       first_call_s, COMPOSITE_OPS)
     peak = _peak_dtype(traffic, args, dtype_peak, c, gpu, notes)
-    m = Measurement(name=name, t_ms=timing.median_ms, t_p10_ms=timing.p10_ms, t_p90_ms=timing.p90_ms,
+    wall_ms = statistics.median(blocks.pooled_chunks_ms)
+    m = Measurement(name=name, t_ms=timing[0], t_p10_ms=timing[1], t_p90_ms=timing[2],
                     n_bytes=counts["n_bytes"], n_flops=counts["n_flops"], device=device_name(dev),
-                    timer=timing.timer, n_rep=len(timing.samples_ms),
+                    timer=blocks.timer, n_rep=len(blocks.pooled_samples_ms),
                     params={"n_rotating_sets": len(arg_sets), "gemm_ceiling_dtype": peak,
-                            "first_call_s": first_call_s, "wall_ms_per_call": wall_ms})
+                            "first_call_s": first_call_s, "wall_ms_per_call": wall_ms,
+                            "n_repeats": len(blocks.samples_ms)})
     m = m.with_ceilings(gbps=c.copy_gbps, tflops=c.gemm(peak) if peak else None, source=c.label)
     _check_given_counts(m, c, gpu, n_bytes is not None, n_flops is not None)
-
-    # moved bytes: the traffic model where it saw the kernels, else the required bytes (labelled)
-    seen_all = prof.attributable_pct is None or prof.attributable_pct >= 95.0
-    if prof.compiled_region or not seen_all or traffic.unamplified_bytes < read_b + captured_b + written_b:
-        moved = counts["n_bytes"]
-        counts["moved_bytes_source"] = (
-            "not attributable: kernels ran outside aten ops (Triton / torch.compile), so the traffic "
-            "model did not see them; moved bytes = required bytes")
-        amp = None
-    else:
-        moved = max(traffic.moved_bytes, counts["n_bytes"])
-        counts["moved_bytes_source"] = "estimated: each aten op's tensors, reads x estimated sector amplification"
-        amp = traffic.sector_amplification
-    counts["moved_bytes"] = moved
-    counts["sector_amplification_estimated"] = amp
-
-    # a rate above a measured ceiling: the ceiling raised where the rate proves it low (examine.rates)
-    cache_b = last_level_cache_bytes(dev)
+    cache_b = cache_bytes if cache_bytes is not None else last_level_cache_bytes(dev)
     counts["cache_bytes"] = cache_b
-    s_copy = settle_copy(moved / (m.t_ms * 1e6) if m.t_ms > 0 else None, c.copy_gbps, counts["n_bytes"], cache_b)
-    s_gemm = settle_gemm(m.tflops if m.n_flops and m.t_ms > 0 else None, c.gemm(peak) if peak else None, peak)
-    counts["ceilings_raised"] = [x.note for x in (s_copy, s_gemm) if x.raised]
-    notes += [x.note for x in (s_copy, s_gemm) if x.note]
-    if s_copy.raised or s_gemm.raised:
-        label = c.label
-        c = ceilings_mod.Ceilings.from_dict(c.to_dict())
-        if s_copy.raised:
-            c.copy_gbps = s_copy.ceiling * (1 + 1e-9)  # the achieved rate reads 100%, not a rounding over it
-        if s_gemm.raised:
-            c.gemm_tflops[peak] = s_gemm.ceiling * (1 + 1e-9)
-        c.source = (f"{label}; RAISED for this examination to the achieved "
-                    + " and ".join(w for w, x in (("copy rate", s_copy), (f"{peak} GEMM rate", s_gemm)) if x.raised)
-                    + " (not re-measured, not cached)")
-        m = m.with_ceilings(gbps=c.copy_gbps, tflops=c.gemm(peak) if peak else None, source=c.label)
-    ratio = (traffic_ratio(moved, counts["n_bytes"], counts["n_bytes"], cache_b)
-             if counts["moved_bytes_source"].startswith("estimated") else None)
-
+    counts["cache_bytes_source"] = "given by the caller" if cache_bytes is not None else "this device's last-level cache"
+    m, c = settle(m, c, peak, counts, cache_b, notes)
     many = prof.on_gpu and prof.kernels_per_call > MAX_KERNELS  # then count only the top kernels
     ncu = ncu_collect(ncu_target, notes, top_kernels=[k["name"] for k in prof.top] if many else None) \
         if ncu_target else None
-    ev, sources = build_evidence(m, moved=moved, amp=amp, prof=prof, wall_chunks_ms=wall_chunks_ms,
-                                 flop_bound=flop_bound(m), ncu=ncu, on_gpu=gpu, traffic_ratio=ratio)
-    diag = diagnose({**ev, "metric_sources": sources})  # the walk prints what measured each answer
+    step(PHASES[6])
+    walks = _walk_all(m, c, peak, counts, prof, traffic, blocks, ncu, gpu, dtype_peak, dev)
+    ev, sources, diag, parts, alts = walks
     if diag.undecided is not None and diag.undecided.id == "H" and not flop_bound(m):
         notes.append("H asks about Tensor-Core use, which applies to matmul work; this function's floor is "
                      "set by its bytes (no matmul FLOPs counted or given). Run with --ncu for occupancy "
                      "and registers, or pass n_flops if it does matmul work the counter cannot see")
     if not gpu:
         notes.append("CPU run: no GPU kernels, so no launch-gap or spill figures; the walk is indicative")
-    notes.append("multi-GPU behaviour is not examined (one function, one device): for a rank tail, record "
-                 "per-rank step times (Lab 3)")
-    inc = _draft_incident(name, m, c, diag, dev)
+    notes.append("multi-GPU behaviour is not examined (one function, one device): K (rank tail) is not "
+                 "asked of one process; for a rank tail, record per-rank step times (Lab 3)")
+    if alts:
+        notes.append(f"the whole function's walk is BORDERLINE: a re-run may land on {' or '.join(alts)} instead of "
+                     f"{diag.leaf_id or 'no leaf'} (its {N_REPEATS} repeats, or its metrics at the ends of their spread)")
+    if parts.headline is not None and parts.headline.leaf_id != diag.leaf_id:
+        notes.append(f"the whole function's aggregate walk lands on {diag.leaf_id or 'no leaf'}; the part with "
+                     f"the largest expected gain ({parts.headline.name}) lands on {parts.headline.leaf_id}, "
+                     "which is the headline")
+    inc = _draft_incident(name, m, c, diag, dev, parts.headline, parts.headline_alternatives)
+    return Examination(name=name, on_gpu=gpu, measurement=m, counts=counts, profile=prof,
+                       ceilings={**c.to_dict(), "label": c.label}, evidence=ev,
+                       evidence_sources=sources, diagnosis=diag, incident=inc, ncu=ncu, notes=notes,
+                       parts=parts, whole_alternatives=alts)
+
+
+def _walk_all(m: Measurement, c, peak: str | None, counts: dict[str, Any], prof, traffic, blocks: Blocks, ncu,
+              gpu: bool, dtype_peak: str | None, dev) -> tuple:
+    """The whole function and its parts walked on the pooled run and on each repeat (one timing
+    block, one profiled call each): the repeats' ranges are the spreads, and a leaf they differ on
+    is BORDERLINE (:mod:`hwlab.examine.repeats`)."""
+    cache_b = counts["cache_bytes"]
+    band = ceiling_band(c.bands, ("copy",) + ((f"gemm {peak}",) if peak else ()))
+    ratio = (traffic_ratio(counts["moved_bytes"], counts["n_bytes"], cache_b, counts["n_ops"])
+             if counts["moved_bytes_source"].startswith("estimated") else None)
+    bf16: dict[str, tuple[bool, str]] = {}
+
+    def bf16_ok() -> tuple[bool, str]:  # measured once, only when a GEMM part lands on I
+        if "v" not in bf16:
+            bf16["v"] = ceilings_mod.bf16_gain(c, dev)
+        return bf16["v"]
 
     def gemm_tflops_for(dt: str | None) -> float | None:
         if dtype_peak:
@@ -439,25 +382,39 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
         return c.gemm("fp32" if not gpu else PEAK_FOR_DTYPE.get(dt or "", peak or "bf16")) or \
             (c.gemm(peak) if peak else None)
 
-    slow = ev.get("slowdown_vs_floor")
-    step(PHASES[6])
-    try:
-        parts = build_parts(prof=prof, traffic=traffic, t_ms=m.t_ms, gpu=gpu, copy_gbps=c.copy_gbps,
-                            gemm_tflops_for=gemm_tflops_for, whole_floor_ms=m.t_ms / slow if slow else None,
-                            whole_slowdown=slow, e2e_slowdown=ev.get("e2e_slowdown"),
-                            e2e_spread=(ev.get("metric_spreads") or {}).get("e2e_slowdown"),
-                            out_keys=traffic.out_keys, ncu=ncu, lab_for=leaf_lab, cache_bytes=cache_b,
-                            whole_leaf=diag.leaf_id)
-    except Exception as e:  # the whole-function walk stands; the parts say why they are missing
-        parts = Parts([], m.t_ms, "", None, error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
-    if parts.headline is not None and parts.headline.leaf_id != diag.leaf_id:
-        notes.append(f"the whole function's aggregate walk lands on {diag.leaf_id or 'no leaf'}; the part with "
-                     f"the largest expected gain ({parts.headline.name}) lands on {parts.headline.leaf_id}, "
-                     "which is the headline")
-    return Examination(name=name, on_gpu=gpu, measurement=m, counts=counts, profile=prof,
-                       ceilings={**c.to_dict(), "label": c.label}, evidence=ev,
-                       evidence_sources=sources, diagnosis=diag, incident=inc, ncu=ncu, notes=notes,
-                       parts=parts)
+    def walk_one(mr: Measurement, chunks: list[float], call_index: int | None, repeats: list | None,
+                 whole_spreads: dict[str, Any] | None):
+        ev, sources = build_evidence(mr, moved=counts["moved_bytes"], amp=counts["sector_amplification_estimated"],
+                                     prof=prof, wall_chunks_ms=chunks, flop_bound=flop_bound(mr), ncu=ncu,
+                                     on_gpu=gpu, traffic_ratio=ratio)
+        ev["n_ranks"] = 1  # one function on one device: K (rank tail) does not apply
+        sources["n_ranks"] = "one function examined in one process on one device"
+        if whole_spreads:
+            ev["metric_spreads"] = merge_spreads(whole_spreads, ev.get("metric_spreads"))
+        diag = diagnose({**ev, "metric_sources": sources})  # the walk prints what measured each answer
+        slow = ev.get("slowdown_vs_floor")
+        try:
+            parts = build_parts(prof=prof, traffic=traffic, t_ms=mr.t_ms, gpu=gpu, copy_gbps=c.copy_gbps,
+                                gemm_tflops_for=gemm_tflops_for, whole_floor_ms=mr.t_ms / slow if slow else None,
+                                whole_slowdown=slow, e2e_slowdown=ev.get("e2e_slowdown"),
+                                e2e_spread=(ev.get("metric_spreads") or {}).get("e2e_slowdown"),
+                                out_keys=traffic.out_keys, ncu=ncu, lab_for=leaf_lab, cache_bytes=cache_b,
+                                whole_leaf=diag.leaf_id, call_index=call_index, repeats=repeats, bf16_ok=bf16_ok,
+                                ceiling_band=band if repeats is not None else None)
+        except Exception as e:  # the whole-function walk stands; the parts say why they are missing
+            parts = Parts([], mr.t_ms, "", None, error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
+        return ev, sources, diag, parts
+
+    reps = []
+    for r, (samples, chunks) in enumerate(zip(blocks.samples_ms, blocks.chunks_ms)):
+        mr = dataclasses.replace(m, t_ms=statistics.median(samples), t_p10_ms=min(samples), t_p90_ms=max(samples))
+        reps.append(walk_one(mr, chunks, r, None, None))
+    ev0 = walk_one(m, blocks.pooled_chunks_ms, None, None, None)[0]
+    sp = spreads_over([x[0] for x in reps], ev0, band)
+    ev, sources, diag, parts = walk_one(m, blocks.pooled_chunks_ms, None, [x[3] for x in reps], sp)
+    alts = alternatives({**ev, "metric_sources": sources}, diag,
+                        [leaf_name(x[2].leaf_id, x[2].undecided.id if x[2].undecided else None) for x in reps])
+    return ev, sources, diag, parts, alts
 
 
 def as_inference(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -517,12 +474,26 @@ def back_to_back_ms(call: Callable[..., Any], arg_sets: list, dev, t_ms: float,
     return chunks
 
 
-def _draft_incident(name: str, m: Measurement, c, diag: Diagnosis, dev) -> incident_mod.Incident:
+def _draft_incident(name: str, m: Measurement, c, diag: Diagnosis, dev, headline: Part | None = None,
+                    alternatives: list[str] | None = None) -> incident_mod.Incident:
+    """The draft incident: its fix is the headline part's (the part with the largest expected gain,
+    on its own leaf and the actions that fit it) where a part heads, else the whole function's walk;
+    a BORDERLINE headline says which leaves a re-run may land on."""
     rec = Evidence(kind="examine", machine=machine_info(dev), results=[m], ceilings=c.to_dict(),
                    versions=versions())
     leaf = diag.leaf
-    fix = (f"proposed (leaf {leaf.id}, {leaf.title}): {leaf.actions[0]}" if leaf else
-           "undecided: " + diag.explain().splitlines()[-1])
+    if headline is not None and headline.leaf_id:
+        hl = LEAVES[headline.leaf_id]
+        action = headline.actions[0] if headline.actions else hl.actions[0]
+        fix = (f"proposed (headline part {headline.name}, {headline.share_pct:.0f}% of the time, leaf {hl.id}, "
+               f"{hl.title}): {action}")
+    elif leaf:
+        fix = f"proposed (leaf {leaf.id}, {leaf.title}): {leaf.actions[0]}"
+    else:
+        fix = "undecided: " + diag.explain().splitlines()[-1]
+    if alternatives:
+        fix += (f"; BORDERLINE: a re-run may land on {' or '.join(alternatives)}: re-run with more repeats "
+                "before acting")
     floor = m.t_ms / diag.steps[0].value if diag.steps and diag.steps[0].metric == "slowdown_vs_floor" else None
     symptom = f"{name}: {m.t_ms:.4g} ms per call (p10-p90 {m.t_p10_ms:.4g}-{m.t_p90_ms:.4g})" + (
         f", {diag.steps[0].value:.2f}x its floor of {floor:.4g} ms" if floor else "")

@@ -16,13 +16,18 @@ cache-resident rate is not DRAM evidence.
 A FLOP rate above the GEMM ceiling needs no cache test: FLOPs do not come from a cache, so the
 achieved rate proves the GEMM ceiling low, and it is raised the same way.
 
-**Wasted traffic** (:func:`traffic_ratio`). Moved bytes over required bytes of
-:data:`WASTE_RATIO` (2) or more means half or more of the traffic is re-reads of intermediates or
-re-fetched sectors, as a sector amplification of 2 does: F answers YES (the seed's G: bandwidth,
-layout, fusion). It counts only where the working set is past :data:`CACHE_FACTOR` x the cache:
-there at most a quarter of the re-read bytes can be cache hits, so the DRAM traffic is still
-well over the required bytes; a working set inside the cache re-reads from the cache, which is
-no DRAM waste.
+**Wasted traffic** (:func:`traffic_ratio`, :func:`dram_bytes_lower_bound`). A last-level cache
+can spare DRAM only what is resident in it: at each op boundary (an op starting after the ops
+before it, the first one after the previous call) at most the cache's own size of what earlier
+ops left can be handed to the next op, so
+
+    DRAM bytes >= moved bytes - cache bytes x op boundaries
+
+(:data:`CACHE_BOUND_RULE`). That lower bound over the required bytes (each input and output once)
+of :data:`WASTE_RATIO` (2) or more means half or more of the DRAM traffic is re-reads of
+intermediates or re-fetched sectors, as a sector amplification of 2 does: F answers YES (the
+seed's G: bandwidth, layout, fusion). Where the bound is at or under the required bytes (small
+tensors, a large cache) no waste is proven and no ratio is given: re-reads may all be cache hits.
 """
 from __future__ import annotations
 
@@ -30,8 +35,11 @@ from dataclasses import dataclass
 
 #: a working set this many times the last-level cache keeps at most 1/CACHE_FACTOR of it resident
 CACHE_FACTOR = 4.0
-#: moved over required bytes at or above this is wasted traffic (as a sector amplification of 2)
+#: DRAM bytes at least (the cache bound) over required bytes at or above this is wasted traffic
+#: (as a sector amplification of 2)
 WASTE_RATIO = 2.0
+#: the per-op cache bound on DRAM traffic, as the walk states it
+CACHE_BOUND_RULE = "DRAM bytes >= moved - cache x op boundaries"
 
 
 @dataclass(frozen=True)
@@ -77,9 +85,22 @@ def settle_gemm(achieved_tflops: float | None, ceiling_tflops: float | None, dty
         "for this examination only (not re-measured, not cached: `hwlab doctor --remeasure` measures it again)"))
 
 
-def traffic_ratio(moved_bytes: float | None, required_bytes: float | None, working_set_bytes: float | None,
-                  cache_bytes: int | None) -> float | None:
-    """Moved over required bytes where it is DRAM evidence (working set past the cache), else None."""
-    if not moved_bytes or not required_bytes or not past_cache(working_set_bytes, cache_bytes):
+def dram_bytes_lower_bound(moved_bytes: float | None, cache_bytes: int | None, n_op_boundaries: int | None) -> float | None:
+    """The least DRAM traffic ``moved_bytes`` can cost (module doc, :data:`CACHE_BOUND_RULE`):
+    moved minus one cache per op boundary, never below 0. None where the cache or the op count
+    is unknown."""
+    if moved_bytes is None or not cache_bytes or n_op_boundaries is None or n_op_boundaries < 0:
         return None
-    return float(moved_bytes) / float(required_bytes)
+    return max(0.0, float(moved_bytes) - float(cache_bytes) * n_op_boundaries)
+
+
+def traffic_ratio(moved_bytes: float | None, required_bytes: float | None, cache_bytes: int | None,
+                  n_op_boundaries: int | None) -> float | None:
+    """The DRAM lower bound (:func:`dram_bytes_lower_bound`) over the required bytes where it exceeds
+    them (waste is then proven whatever the cache held), else None (module doc)."""
+    if not moved_bytes or not required_bytes:
+        return None
+    bound = dram_bytes_lower_bound(moved_bytes, cache_bytes, n_op_boundaries)
+    if bound is None or bound <= float(required_bytes):
+        return None
+    return bound / float(required_bytes)

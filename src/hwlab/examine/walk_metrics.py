@@ -21,8 +21,8 @@ METRIC_SOURCES = {
     "slowdown_vs_floor": "measured time / max(bytes / copy ceiling, FLOPs / GEMM ceiling)",
     "dram_pct_estimated": "moved bytes (traffic model) / measured time vs the copy ceiling",
     "sector_amplification": "estimated from each op's strides and index values (or counted by ncu)",
-    "traffic_ratio_estimated": "moved bytes (traffic model) / required bytes, working set past the cache "
-                               "(examine.rates)",
+    "traffic_ratio_estimated": "DRAM bytes at least (moved bytes by the traffic model, less one last-level "
+                               "cache per op boundary) / required bytes (examine.rates)",
     "dram_pct_of_peak": "counted by Nsight Compute",
     "tensor_pct_of_peak": "FLOPs / measured time vs this machine's GEMM ceiling at the dtype",
     "tensor_pipe_pct": "counted by Nsight Compute",
@@ -58,7 +58,7 @@ def build_evidence(m: Measurement, *, moved: int, amp: float | None, prof: Profi
                    wall_chunks_ms: list[float], flop_bound: bool, ncu: dict[str, Any] | None,
                    on_gpu: bool, traffic_ratio: float | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """Flowchart evidence from measured figures only, with the source of each metric.
-    ``traffic_ratio`` is moved over required bytes where it is DRAM evidence (:mod:`hwlab.examine.rates`)."""
+    ``traffic_ratio`` is the DRAM lower bound over required bytes where it proves waste (:mod:`hwlab.examine.rates`)."""
     ev = evidence_from_measurement(m, ceiling_gbps=m.ceiling_gbps, ceiling_tflops=m.ceiling_tflops,
                                    bytes_moved=moved)
     if amp is not None:

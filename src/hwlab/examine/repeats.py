@@ -1,0 +1,179 @@
+"""A walk of repeated measurements: each examination measures in :data:`N_REPEATS` blocks, walks
+every block on its own, and lets the blocks' disagreement speak.
+
+**Blocks.** The timing (device events, single calls) and question D's back-to-back run are taken
+in ``N_REPEATS`` interleaved blocks (:func:`timed_blocks`): block *r* times single calls, then
+runs back to back, so both halves of D's ratio see the same host load. The pooled samples give
+the median the report shows; each block gives one repeat's median and e2e_slowdown. On a CPU each
+repeat also takes its own profiled call for the part shares (the profiler records
+:data:`N_REPEATS` calls).
+
+**Spreads.** Each repeat is walked on its own evidence (the whole function and every part). The
+range of each metric over the repeats (and the pooled value) is that metric's spread
+(:func:`spreads_over`): the walk's steps show it, and a threshold inside it marks the step
+BORDERLINE (:func:`hwlab.diagnosis.flowchart_checks.straddles`; with fewer than
+:data:`~hwlab.diagnosis.flowchart_checks.FEW_REPEATS` repeats the range is widened by its own
+width, since the next repeat falls outside a range of three as often as not).
+
+The ceilings the metrics are judged against have a spread of their own (their p10-p90, kept in
+their ``bands``): a ceiling measured on a busy host and not cached is measured again by the next
+run, anywhere in that band. A metric over a ceiling has its range widened by it
+(:func:`ceiling_band`).
+
+**Alternatives.** A leaf is BORDERLINE, with its alternatives named (:func:`alternatives`), when a
+repeat reached another leaf, or when the walk on some metric at either end of its spread (one at
+a time, then all low, all high) reaches another one. Two identical runs then give the same leaf,
+or both say which leaves a re-run may land on, instead of flipping between them without warning.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from hwlab.diagnosis import flowchart_checks as checks
+from hwlab.diagnosis.flowchart import QUESTIONS, Diagnosis, diagnose
+
+#: measurement blocks (repeats) per examination: the profiler's calls, one per repeat
+N_REPEATS = 3
+#: metrics a repeat's spread is taken for: those the questions compare with a threshold
+SPREAD_METRICS = tuple(dict.fromkeys(c.metric for q in QUESTIONS.values() for c in q.criteria))
+
+
+@dataclass
+class Blocks:
+    """Timing and back-to-back samples of one examination, block by block (module doc)."""
+    samples_ms: list[list[float]]  # per block, single calls
+    chunks_ms: list[list[float]]  # per block, back-to-back ms per call
+    timer: str
+
+    @property
+    def pooled_samples_ms(self) -> list[float]:
+        return [x for b in self.samples_ms for x in b]
+
+    @property
+    def pooled_chunks_ms(self) -> list[float]:
+        return [x for b in self.chunks_ms for x in b]
+
+    def medians_ms(self) -> list[float]:
+        return [statistics.median(b) for b in self.samples_ms if b]
+
+    def e2e(self) -> list[float | None]:
+        """Each block's back-to-back median over its single-call median."""
+        return [statistics.median(c) / statistics.median(s) if c and s and statistics.median(s) > 0 else None
+                for s, c in zip(self.samples_ms, self.chunks_ms)]
+
+
+def timed_blocks(run: Callable[..., Any], arg_sets: list, dev, time_fn: Callable[..., Any],
+                 back_to_back: Callable[..., list[float]], n_rep: int = 20, n_chunks: int = 15,
+                 max_total_s: float = 20.0, n_blocks: int = N_REPEATS,
+                 on_block: Callable[[int], None] | None = None) -> Blocks:
+    """Time ``run`` in ``n_blocks`` blocks, each single calls (``time_fn``) then back to back
+    (``back_to_back``), ``n_rep`` and ``n_chunks`` split across the blocks (module doc)."""
+    per_rep, per_chunks = max(3, -(-n_rep // n_blocks)), max(3, -(-n_chunks // n_blocks))
+    samples, chunks, timer = [], [], ""
+    t_end = time.perf_counter() + max_total_s
+    for b in range(n_blocks):
+        if on_block:
+            on_block(b)
+        left = max(0.2, t_end - time.perf_counter())
+        t = time_fn(run, arg_sets, dev, n_warmup=3 if b == 0 else 1, n_rep=per_rep,
+                    max_total_s=left / max(1, n_blocks - b))
+        samples.append(list(t.samples_ms))
+        timer = t.timer
+        chunks.append(back_to_back(run, arg_sets, dev, statistics.median(t.samples_ms), n_chunks=per_chunks))
+    return Blocks(samples, chunks, timer)
+
+
+#: metrics judged against a measured ceiling: +1 grows with the ceiling (time over a floor of
+#: work / ceiling), -1 shrinks with it (a rate over the ceiling)
+CEILING_METRICS = {"slowdown_vs_floor": 1, "dram_pct_estimated": -1, "dram_pct_required_estimated": -1,
+                   "tensor_pct_of_peak": -1}
+
+
+def ceiling_band(bands: dict[str, dict[str, Any]], keys: tuple[str, ...]) -> tuple[float, float] | None:
+    """The ceilings' own spread as factors on their value, ``(lo, hi)``: a ceiling is a rate, so its
+    p10-p90 runs from median/p90 to median/p10 of its timing; over several ceilings, the widest."""
+    lo, hi = 1.0, 1.0
+    for k in keys:
+        b = bands.get(k) or {}
+        t, p10, p90 = b.get("t_ms"), b.get("t_p10_ms"), b.get("t_p90_ms")
+        if all(isinstance(x, (int, float)) and x > 0 for x in (t, p10, p90)):
+            lo, hi = min(lo, t / p90), max(hi, t / p10)
+    return (lo, hi) if (lo, hi) != (1.0, 1.0) else None
+
+
+def spreads_over(repeat_evidence: list[dict[str, Any]], pooled: dict[str, Any],
+                 band: tuple[float, float] | None = None) -> dict[str, dict[str, Any]]:
+    """metric -> ``{"lo", "hi", "n", "what"}``: the range of each thresholded metric over the
+    repeats and the pooled evidence (module doc), widened, for a metric judged against a measured
+    ceiling, by that ceiling's own spread (``band``, :func:`ceiling_band`): the next run may meet
+    the ceiling anywhere in it. A metric seen once, with no ceiling spread, has none."""
+    out = {}
+    for k in SPREAD_METRICS:
+        vals = [float(e[k]) for e in [*repeat_evidence, pooled] if isinstance(e.get(k), (int, float))
+                and not isinstance(e.get(k), bool)]
+        if k not in pooled or not vals:
+            continue
+        lo, hi, what = min(vals), max(vals), f"range over {len(vals) - 1} repeats and the pooled run"
+        if band is not None and k in CEILING_METRICS:
+            if len(vals) < checks.FEW_REPEATS:  # widened as flowchart_checks widens a few repeats' range
+                w = hi - lo
+                lo, hi, what = _clamp(k, lo - w), hi + w, what + " widened by its width (few repeats)"
+            f_lo, f_hi = band if CEILING_METRICS[k] > 0 else (1 / band[1], 1 / band[0])
+            out[k] = {"lo": lo * f_lo, "hi": hi * f_hi, "what": what + ", times the ceiling's own p10-p90"}
+        elif len(vals) >= 2:
+            out[k] = {"lo": lo, "hi": hi, "n": len(vals), "what": what}
+    return out
+
+
+def merge_spreads(*spread_sets: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Several ``metric_spreads`` of the same metrics (the repeats' ranges, a run's own p10-p90) as
+    one: per metric the union of the ranges, each first widened as the walk would widen it
+    (:func:`hwlab.diagnosis.flowchart_checks.spreads_of`) and held in the metric's physical range,
+    so the union is not widened again."""
+    out: dict[str, dict[str, Any]] = {}
+    for sp in spread_sets:
+        for k, ((lo, hi), what) in checks.spreads_of({"metric_spreads": sp or {}}).items():
+            lo, hi = _clamp(k, lo), _clamp(k, hi)
+            if k in out:
+                o = out[k]
+                out[k] = {"lo": min(o["lo"], lo), "hi": max(o["hi"], hi), "what": f"{o['what']}; {what}"}
+            else:
+                out[k] = {"lo": lo, "hi": hi, "what": what}
+    return out
+
+
+def alternatives(evidence: dict[str, Any], walk: Diagnosis, repeat_leaves: list[str | None]) -> list[str]:
+    """Leaves other than ``walk``'s that a repeat reached, or that the walk reaches with a metric at
+    an end of its (widened) spread (module doc). ``"undecided at X"`` stands for a walk with no leaf."""
+    def name(d: Diagnosis) -> str:
+        return d.leaf_id or (f"undecided at {d.undecided.id}" if d.undecided else "no leaf")
+
+    seen = {name(walk)}
+    found = [x for x in repeat_leaves if x]  # None: the repeat did not walk it (under the walk share)
+    spreads = checks.spreads_of(evidence)
+    base = {k: v for k, v in evidence.items() if k != "metric_spreads"}
+    variants = []
+    # a widened spread's ends are held inside the metric's physical range: no re-run measures past it
+    ends = {k: [x for x in (_clamp(k, lo), _clamp(k, hi)) if checks.check_range("", k, x) is None]
+            for k, ((lo, hi), _what) in spreads.items() if k in base}
+    for k, xs in ends.items():
+        variants += [{**base, k: x} for x in xs]
+    ks = [k for k, xs in ends.items() if len(xs) == 2]
+    if len(ks) > 1:
+        variants += [{**base, **{k: ends[k][0] for k in ks}}, {**base, **{k: ends[k][1] for k in ks}}]
+    found += [name(diagnose(v)) for v in variants]
+    return sorted({x for x in found if x not in seen})
+
+
+def _clamp(metric: str, v: float) -> float:
+    """A widened spread's end held inside the metric's physical range (a slowdown is not negative)."""
+    lo, hi, _why = checks.PHYSICAL_RANGES.get(metric, (-checks.INF, checks.INF, ""))
+    return min(max(v, lo), hi)
+
+
+def leaf_name(leaf: str | None, undecided: str | None = None) -> str:
+    """A walk's end as the repeats name it."""
+    return leaf or (f"undecided at {undecided}" if undecided else "no leaf")
