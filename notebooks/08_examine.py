@@ -161,21 +161,22 @@ from hwlab.examine.target import load_model
 tf = ROOT / "examples" / "small_transformer.py"
 module, args, make = load_model(f"{tf}:model")
 mixed = hwlab.examine(module, *args, make_inputs=make, ceilings=here, name="small_transformer (GELU op by op)")
-lines = mixed.parts.render()
-print("\n".join(lines if DETAILS else [ln for ln in lines if not ln.startswith("       ")]))
-if not DETAILS:  # one line per part's walk; DETAILS = True prints each step
-    for p in mixed.parts.ranked:
-        print(f"  walk of {p.name}: {p.walk.compact()}")
-plot_parts(mixed.parts.to_dict(), f"time per part, {mixed.label}")
-h = mixed.headline
-display(Markdown(
-    f"Live ({mixed.label}): the whole-function walk lands on **{mixed.diagnosis.leaf_id or 'no leaf'}**; the headline "
-    f"part is **{h.name}**, at {h.pct_of_floor:.0f}% of its floor; reaching it would save {h.saved_ms:.3g} ms of "
-    f"{mixed.measurement.t_ms:.3g} ms ({h.speedup:.2f}x the whole forward). Its walk "
-    f"{against_prediction(h.walk, 'G')}" + ("." if torch.cuda.is_available() or h.leaf_id == "G" else
-    ". On a CPU the parts are op self times against the CPU's ceilings: the H200's record further down is the "
-    "evidence for the prediction. The fix below fuses the chain either way.")
-    if h and h.pct_of_floor is not None else "Live: no part was walked to a leaf on this machine."))
+with nb.gated(CP, "the model's parts and their walks (an fp32 GEMM among them)"):
+    lines = mixed.parts.render()
+    print("\n".join(lines if DETAILS else [ln for ln in lines if not ln.startswith("       ")]))
+    if not DETAILS:  # one line per part's walk; DETAILS = True prints each step
+        for p in mixed.parts.ranked:
+            print(f"  walk of {p.name}: {p.walk.compact()}")
+    plot_parts(mixed.parts.to_dict(), f"time per part, {mixed.label}")
+    h = mixed.headline
+    display(Markdown(
+        f"Live ({mixed.label}): the whole-function walk lands on **{mixed.diagnosis.leaf_id or 'no leaf'}**; the headline "
+        f"part is **{h.name}**, at {h.pct_of_floor:.0f}% of its floor; reaching it would save {h.saved_ms:.3g} ms of "
+        f"{mixed.measurement.t_ms:.3g} ms ({h.speedup:.2f}x the whole forward). Its walk "
+        f"{against_prediction(h.walk, 'G')}" + ("." if torch.cuda.is_available() or h.leaf_id == "G" else
+        ". On a CPU the parts are op self times against the CPU's ceilings: the H200's record further down is the "
+        "evidence for the prediction. The fix below fuses the chain either way.")
+        if h and h.pct_of_floor is not None else "Live: no part was walked to a leaf on this machine."))
 
 # %% [markdown]
 # ### Apply the top fix and examine again
@@ -190,15 +191,16 @@ display(Markdown(
 # %%
 module_f, args_f, make_f = load_model(f"{tf}:model_fused")
 fused = hwlab.examine(module_f, *args_f, make_inputs=make_f, ceilings=here, name="small_transformer (fused GELU)")
-print("\n".join(fused.parts.render()[:10]))
-fx = fix_summary(mixed.parts.to_dict(), fused.measurement.t_ms, mixed.measurement.t_ms)
-display(Markdown(
-    f"Live: predicted saving **{fx['predicted_saving_ms']:.3g} ms** (part {fx['headline']}), measured "
-    f"**{fx['measured_saving_ms']:.3g} ms** ({100 * fx['measured_over_predicted']:.0f}% of the prediction); "
-    f"before {mixed.measurement.t_ms:.3g} ms (p10-p90 {mixed.measurement.t_p10_ms:.3g}-"
-    f"{mixed.measurement.t_p90_ms:.3g}), after {fused.measurement.t_ms:.3g} ms (p10-p90 "
-    f"{fused.measurement.t_p10_ms:.3g}-{fused.measurement.t_p90_ms:.3g})."
-    if fx["headline"] else "Live: the headline part has no gain figure on this machine; see the H200 record below."))
+with nb.gated(CP, "the fixed model's parts and the saving"):
+    print("\n".join(fused.parts.render()[:10]))
+    fx = fix_summary(mixed.parts.to_dict(), fused.measurement.t_ms, mixed.measurement.t_ms)
+    display(Markdown(
+        f"Live: predicted saving **{fx['predicted_saving_ms']:.3g} ms** (part {fx['headline']}), measured "
+        f"**{fx['measured_saving_ms']:.3g} ms** ({100 * fx['measured_over_predicted']:.0f}% of the prediction); "
+        f"before {mixed.measurement.t_ms:.3g} ms (p10-p90 {mixed.measurement.t_p10_ms:.3g}-"
+        f"{mixed.measurement.t_p90_ms:.3g}), after {fused.measurement.t_ms:.3g} ms (p10-p90 "
+        f"{fused.measurement.t_p10_ms:.3g}-{fused.measurement.t_p90_ms:.3g})."
+        if fx["headline"] else "Live: the headline part has no gain figure on this machine; see the H200 record below."))
 
 # %% [markdown]
 # On a CPU these parts are CPU op self times and the walk is indicative only. The H200 recording below is

@@ -33,8 +33,11 @@ def jupyterlab(tmp_path):
     # serve a copy: JupyterLab autosaves, and the committed notebooks must stay output-free
     kit = tmp_path / "kit"
     shutil.copytree(ROOT / "notebooks", kit / "notebooks")
+    # the checkpoint answered as CI answers it (the solutions' file, graded by the checker): the plot
+    # after the checkpoint is gated until it passes
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"), JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"))
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"), JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"),
+               HWLAB_CHECKPOINT_ANSWERS=str(ROOT / "solutions" / "checkpoints.json"))
     log = open(tmp_path / "lab.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",

@@ -1,6 +1,7 @@
 """The hwlab command on this (GPU-less) machine, run as a user runs it: a subprocess."""
 import json
 import os
+from pathlib import Path
 import subprocess
 import sys
 
@@ -216,7 +217,9 @@ def test_lab_serves_as_this_user_with_the_venvs_kernel(tmp_path):
                 time.sleep(1)
         assert body is not None, "JupyterLab did not answer at the printed URL"
         specs = json.loads(body)["kernelspecs"]
-        assert specs["python3"]["spec"]["argv"][0] in ("python", sys.executable)
+        # the learner is offered the kit's kernel alone, and it runs this venv's Python
+        assert set(specs) == {"hwlab"}, sorted(specs)
+        assert Path(specs["hwlab"]["spec"]["argv"][0]).resolve() == Path(sys.executable).resolve()
         assert urllib.request.urlopen(url, timeout=10).status == 200
     finally:
         os.killpg(proc.pid, 15)
