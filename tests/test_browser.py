@@ -139,6 +139,15 @@ def _kernels(lab, at_least: int) -> list[dict]:
     return lab.api("/api/kernels")[1]
 
 
+def _wait_for_saved_tabs(lab, n: int, timeout_s: float = 60.0) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        layout = lab.api("/lab/api/workspaces/default")[1]["data"].get("layout-restorer:data", {})
+        if len(layout.get("main", {}).get("dock", {}).get("widgets", [])) >= n:
+            return
+        time.sleep(0.5)
+
+
 def test_hwlab_lab_opens_00_on_the_hwlab_kernel_hides_nbgrader_and_restarts_on_one_tab(tmp_path):
     """``hwlab lab`` as a learner meets it in Chromium: notebook 00 is the one tab (no Launcher), its
     kernel is the kit's, the menu bar has no Nbgrader; after opening three more notebooks and a
@@ -163,14 +172,12 @@ def test_hwlab_lab_opens_00_on_the_hwlab_kernel_hides_nbgrader_and_restarts_on_o
             assert page.get_by_role("menuitem", name="Run", exact=True).count() == 1  # the menu bar is there
             kernels = _kernels(lab, 1)
             assert len(kernels) == 1 and (kernels[0]["name"] == "hwlab" or not kit_kernel), kernels
-            for nb in ("01_bandwidth_bound", "02_registers_occupancy", "03_cross_link_tp"):
+            for n_open, nb in enumerate(("01_bandwidth_bound", "02_registers_occupancy", "03_cross_link_tp"), 2):
                 tabs = _open_lab(page, f"{lab.base}/lab/tree/notebooks/{nb}.ipynb?token={lab.token}", f"{nb}.ipynb")
+                # JupyterLab saves its layout to the server's workspace a moment later (debounced): the next
+                # page load restores only what was saved, so wait for this tab to be in it first
+                _wait_for_saved_tabs(lab, n_open)
             assert len(tabs) == 4 and len(_kernels(lab, 4)) == 4, tabs  # the learner's four tabs, each with its kernel
-            for _ in range(30):  # JupyterLab saves its layout to the server's workspace
-                if len(lab.api("/lab/api/workspaces/default")[1]["data"]["layout-restorer:data"]["main"]
-                       ["dock"]["widgets"]) == 4:
-                    break
-                time.sleep(1)
             browser.close()
     finally:
         lab.stop()
