@@ -370,24 +370,39 @@ def _stop(hub: subprocess.Popen | None, users: list[str], base: Path) -> list[st
     except subprocess.TimeoutExpired:
         hub.kill()
         hub.wait()
-    time.sleep(1)
     uids = {pwd.getpwnam(u).pw_uid for u in users}
+    deadline = time.monotonic() + 20  # the servers and kernels the hub stopped may take a moment to exit
+    while True:
+        live = _live_procs(uids, proxy_pid)
+        if not live or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     left = []
+    for pid, cmd in live:
+        left.append(f"{pid}: {cmd[:120]}")
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return left
+
+
+def _live_procs(uids: set[int], proxy_pid: int | None) -> list[tuple[int, str]]:
+    """Processes of the test's users (or the proxy) still running: a zombie has exited (only its
+    parent's reaping is left), so it is not one."""
+    found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
             uid = d.stat().st_uid
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
+        except (OSError, IndexError):
             continue
-        if uid in uids or int(d.name) == proxy_pid:
-            left.append(f"{d.name}: {cmd[:120]}")
-            try:
-                os.kill(int(d.name), signal.SIGKILL)
-            except OSError:
-                pass
-    return left
+        if (uid in uids or int(d.name) == proxy_pid) and state != "Z":
+            found.append((int(d.name), cmd))
+    return found
 
 
 def test_the_learners_server_command_takes_its_folder_and_refuses_a_wrong_one(tmp_path):
