@@ -228,31 +228,8 @@ def serve(m: Decoder, spec: StreamSpec, graph: bool | None = None, progress=None
 
     graphs: dict[int, torch.cuda.CUDAGraph] = {}
     with torch.no_grad():
-        if graph:  # one graph per batch size, captured before the stream on throw-away lengths
-            say(f"capture {spec.max_batch} decode graphs")
-            cache.row_len.fill_(max(1, spec.ctx // 2))
-            pool = torch.cuda.graph_pool_handle()
-            s = torch.cuda.Stream()
-            for n in range(1, spec.max_batch + 1):
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    for _ in range(2):
-                        step(n)
-                        cache.row_len.fill_(max(1, spec.ctx // 2))
-                torch.cuda.current_stream().wait_stream(s)
-                cg = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(cg, pool=pool):
-                    step(n)
-                graphs[n] = cg
-                cache.row_len.fill_(max(1, spec.ctx // 2))
-            t0 = time.perf_counter()  # sustained state before the timed stream (hwlab.core.measure)
-            while time.perf_counter() - t0 < GPU_WARMUP_S:
-                for _ in range(10):
-                    graphs[spec.max_batch].replay()
-                    cache.row_len.fill_(max(1, spec.ctx // 2))
-                torch.cuda.synchronize()
-            cache.row_len.zero_()
-            tok.zero_()
+        if graph:
+            graphs = _capture_decode_graphs(spec, cache, tok, step, say)
         # every prompt shape once, untimed: a first call of a shape pays one-off host costs (library
         # heuristics, kernel selection) that a long-running server has paid already; the first one
         # also fixes an FP8 cache's per-layer K/V scale, which every request then uses
@@ -324,6 +301,38 @@ def serve(m: Decoder, spec: StreamSpec, graph: bool | None = None, progress=None
         ms = timer.durations_ms()
     return {**_summarise(spec, reqs, ops, ms, graph, dev), "rows_check_rel_err": rows_err,
             "host_lead_ms": lead.host_ms if lead is not None else None}
+
+
+def _capture_decode_graphs(spec: StreamSpec, cache, tok, step, say) -> dict:
+    """One CUDA graph per batch size, captured before the stream on throw-away lengths, then
+    replayed for ``GPU_WARMUP_S`` so the timed stream starts in sustained state
+    (hwlab.core.measure's warm-up rule)."""
+    say(f"capture {spec.max_batch} decode graphs")
+    graphs: dict[int, torch.cuda.CUDAGraph] = {}
+    cache.row_len.fill_(max(1, spec.ctx // 2))
+    pool = torch.cuda.graph_pool_handle()
+    s = torch.cuda.Stream()
+    for n in range(1, spec.max_batch + 1):
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                step(n)
+                cache.row_len.fill_(max(1, spec.ctx // 2))
+        torch.cuda.current_stream().wait_stream(s)
+        cg = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cg, pool=pool):
+            step(n)
+        graphs[n] = cg
+        cache.row_len.fill_(max(1, spec.ctx // 2))
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < GPU_WARMUP_S:
+        for _ in range(10):
+            graphs[spec.max_batch].replay()
+            cache.row_len.fill_(max(1, spec.ctx // 2))
+        torch.cuda.synchronize()
+    cache.row_len.zero_()
+    tok.zero_()
+    return graphs
 
 
 def _summarise(spec: StreamSpec, reqs: list[Request], ops, ms: list[float], graph: bool, dev) -> dict[str, Any]:
