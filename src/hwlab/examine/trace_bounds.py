@@ -8,10 +8,14 @@
   against the device's start times split each step's device idle into time the device waited for
   the host to launch (host-side) and the device's own gaps between work it already held; the latter
   bound the idle part's floor from above, so idle over it bounds the part's slowdown from below.
-  It answers B only where that bound reaches B's threshold (its spread, per step and widened by the
-  timelines' clock skew, marks it BORDERLINE), and J then names launch or sync from the host side.
+  (A floor of zero would not do: idle / 0 is infinite, an upper bound on the slowdown, and an upper
+  bound over a threshold decides nothing; the idle a device keeps with its host always ahead is
+  small but not zero.) It answers B only where that bound reaches B's threshold (its spread, per
+  step and widened by the timelines' clock skew, marks it BORDERLINE), and J then names launch or
+  sync from the host side, with the host-side and sync time cited.
 * **Sync points** (:func:`sync_points`): host runtime calls that wait for the device inside the
-  steps (:data:`hwlab.traces.trace_ops.SYNC_CALL`), named on the idle part's J as its cause.
+  steps (:data:`hwlab.traces.trace_ops.SYNC_CALL`), named on the idle part's J: its first fix where
+  the host sat in them for half its side of the idle or more (the J cause "sync point").
 """
 from __future__ import annotations
 
@@ -153,8 +157,8 @@ def idle_walk(parts: Parts, splits: list[IdleSplit], skew_us: float, notes: list
         in_call = sum(x.in_call_us for x in splits) / n / 1e3
         longest = max(x.longest_call_us for x in splits) / 1e3
         call = (f"; {in_call:.4g} ms of it inside launch calls that had not yet returned (the longest {longest:.4g} ms: "
-                "a first call's module load or JIT; record after a warm-up step, torch.profiler's schedule(wait=1, "
-                "warmup=1, active=N), to leave it out)" if in_call >= 0.1 * own else "")
+                "time the host spent launching, e.g. a first call's module load or JIT; record after a warm-up step, "
+                "torch.profiler's schedule(wait=1, warmup=1, active=N), to leave it out)" if in_call >= 0.1 * own else "")
         p.notes.append(f"{own:.4g} of its {idle:.4g} ms are gaps where the device may already have held the next work "
                        f"(launched before the gap began, launched inside it by a call that had not returned, or with no "
                        f"launch record) {src}{call}: its own floor may be that large, so its slowdown is only known to "
