@@ -191,6 +191,10 @@ def idle_walk(parts: Parts, splits: list[IdleSplit], skew_us: float, notes: list
     fit = next((v for (pre, lf), v in PART_ACTIONS.items() if p.name.startswith(pre) and lf == leaf), ())
     p.actions = list(fit) + list(LEAVES[leaf].actions)
     p.lab = lab_for(leaf)
+    p.notes.append(f"evidence: per step {idle:.4g} ms idle = {host:.4g} ms waiting for the host's launches in "
+                   f"{sum(x.n_host_gaps for x in splits) / n:.4g} gap(s) (of it {sync:.4g} ms in synchronising calls) "
+                   f"+ at most {own:.4g} ms of the device's own ({sum(x.n_gaps for x in splits) / n:.4g} gaps in all); "
+                   f"clock skew {skew_us:.3g} us {src}")
     if leaf == "J":
         cause = "sync point" if host > 0 and sync >= 0.5 * host else "launch"
         p.j = {"cause": cause,
