@@ -160,6 +160,55 @@ def test_incident_record_never_overwrites(tmp_path):
         incident.from_diagnosis("t", None, d, symptom_scope="galaxy", symptom="", fix="", reverify="")
 
 
+def test_incident_table_rows_survive_pipes_backslashes_and_line_breaks(tmp_path):
+    """Text with ``|``, a backslash before a pipe and line breaks stays in its own cell: the record is
+    rendered by a real Markdown parser (markdown-it, GFM tables) and every cell read back."""
+    from html.parser import HTMLParser
+
+    markdown_it = pytest.importorskip("markdown_it")
+    d = flowchart.diagnose({"slowdown_vs_floor": 3.0, "dram_pct_estimated": 80.0})
+    symptom = "p99 | p50 went 2x\\|3x\nafter the\r\nupgrade"
+    fix = "pin | unpin\\ the thread\nthen re-run"
+    inc = incident.from_diagnosis("two\nlines | title", recorded("doctor"), d, symptom_scope="single-card",
+                                  symptom=symptom, fix=fix, reverify="r|e")
+    md, _ = incident.save(inc, tmp_path)
+    text = md.read_text()
+    assert text.splitlines()[0] == "# Incident: two lines | title"  # a heading stays one line
+    html = markdown_it.MarkdownIt("commonmark").enable("table").render(text)
+
+    class Cells(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.rows, self.cell = [], None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "tr":
+                self.rows.append([])
+            elif tag in ("td", "th"):
+                self.cell = ""
+            elif tag == "br" and self.cell is not None:
+                self.cell += "\n"
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th"):
+                self.rows[-1].append(self.cell)
+                self.cell = None
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell += data
+
+    p = Cells()
+    p.feed(html)
+    fields = [r[0] for r in p.rows]
+    assert fields == ["field", "machine and topology", "symptom scope", "key evidence", "fix", "re-verification"]
+    assert all(len(r) == 2 for r in p.rows), p.rows
+    cell = dict(p.rows)
+    assert cell["symptom scope"] == "single-card: " + symptom.replace("\r\n", "\n")
+    assert cell["fix"] == fix
+    assert cell["re-verification"] == "r|e"
+
+
 def _no_unknowns(inc):
     blob = json.dumps({"machine": inc.machine, "topology": inc.topology, "rank_mapping": inc.rank_mapping})
     assert "null" not in blob and "unknown" not in blob.lower() and "?" not in blob, blob

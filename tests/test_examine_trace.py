@@ -603,16 +603,17 @@ def test_a_pytorch_18_trace_is_read_with_convolutions_as_gemm_work():
     assert ex.ot.meta.get("schemaVersion") == 1 and any("sync points" in n for n in ex.notes)
     # 1.8 recorded dims without dtypes: the note names the recording that would floor the parts
     assert any("input dims but no dtypes" in n and "record_shapes=True" in n for n in ex.notes)
-    # the 29.6%-idle step bounds its slowdown at 1.42x (< 1.5): the bound decides nothing, B stays open
+    # the 29.6%-idle step bounds its slowdown at 1.42x (< 1.5): the step's bound decides nothing, the whole-step
+    # walk stays open at B (its idle part's own floor decides: test_examine_trace_idle)
     assert "slowdown_vs_floor" not in ex.evidence and ex.diagnosis.undecided.id == "B"
 
 
 def test_an_amd_trace_reaches_a_leaf_on_what_its_device_timeline_measures():
     f = next((TRACES / "rocm_mi250").glob("*.json.gz"))
     ex = examine_trace(f)
-    idle = [p for p in ex.parts.parts if p.name == "gpu idle"][0]
-    assert ex.leaf_id == "J" and idle.leaf_id == "J"
-    assert "device timeline" in idle.sources["slowdown_vs_floor"]
+    # the whole step walks to J on the device timeline's bound (the idle part's own floor: test_examine_trace_idle)
+    assert ex.leaf_id == "J" and ex.diagnosis.leaf_id == "J"
+    assert "device timeline" in ex.evidence_sources["slowdown_vs_floor"]
     # 'AMD Radeon Graphics' names no part: its 104 compute units and 64 GiB match one datasheet entry only
     assert ex.ceilings.source == "datasheet" and "MI250 GCD" in ex.ceilings.label and "104 compute units" in \
         ex.ceilings.label

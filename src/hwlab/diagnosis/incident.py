@@ -74,17 +74,29 @@ class Incident:
             rv += (f"; re-measured with {r['probe']}: " + ", ".join(f"{k} = {_fmt(v)}" for k, v in r["measured"].items())
                    + f" -> {r['leaf']} ({' -> '.join(r['path'])})"
                    + ("; BORDERLINE at " + "; ".join(r["borderline"]) if r.get("borderline") else ""))
-        return (f"# Incident: {self.title}\n\nopened {self.opened_at} · status: **{status}**\n\n"
-                f"| field | content |\n|---|---|\n"
-                f"| machine and topology | {m.get('gpu_model', m.get('device', '?'))} on {m.get('host', '?')}, "
-                f"driver {m.get('driver', '?')} ({m.get('source', '?')}); topology: {self.topology}; "
-                f"rank mapping: {self.rank_mapping} |\n"
-                f"| symptom scope | {self.symptom_scope}: {self.symptom} |\n"
-                f"| key evidence | see below |\n"
-                f"| fix | {self.fix} |\n"
-                f"| re-verification | {rv} |\n\n"
+        rows = [("machine and topology", f"{m.get('gpu_model', m.get('device', '?'))} on {m.get('host', '?')}, "
+                 f"driver {m.get('driver', '?')} ({m.get('source', '?')}); topology: {self.topology}; "
+                 f"rank mapping: {self.rank_mapping}"),
+                ("symptom scope", f"{self.symptom_scope}: {self.symptom}"), ("key evidence", "see below"),
+                ("fix", self.fix), ("re-verification", rv)]
+        title = " ".join(str(self.title).split())  # a heading is one line
+        return (f"# Incident: {title}\n\nopened {self.opened_at} · status: **{status}**\n\n"
+                f"| field | content |\n|---|---|\n" + "".join(table_row(k, v) for k, v in rows) + "\n"
                 f"## Key evidence\n{ev}\n\n## Diagnosis (flowchart path {' -> '.join(self.diagnosis_path)})\n\n"
                 f"```\n{self.diagnosis}\n```\n")
+
+
+def md_cell(text: Any) -> str:
+    """Text as one Markdown table cell: a backslash and a ``|`` are escaped (GFM reads ``\\|`` as a
+    literal pipe, and an escaped backslash before it as its own pair), line breaks become ``<br>``
+    (a newline would end the row)."""
+    t = str(text).replace("\\", "\\\\").replace("|", "\\|")
+    return t.replace("\r\n", "<br>").replace("\r", "<br>").replace("\n", "<br>")
+
+
+def table_row(*cells: Any) -> str:
+    """One Markdown table row of :func:`md_cell` cells."""
+    return "| " + " | ".join(md_cell(c) for c in cells) + " |\n"
 
 
 def _fmt(v: Any) -> str:

@@ -22,8 +22,10 @@ floors, walks and expected gains, so one reader serves both reports.
 * **Parts without shapes** (a trace recorded without ``record_shapes``, an op with a tensor
   list): no floor; walked on what the trace measures (:mod:`hwlab.examine.trace_bounds`): the
   device timeline bounds the step's slowdown from below (step / busy) and its DRAM share from
-  above (busy share), each used only where the bound decides, so an idling device walks to J
-  with that source said; host sync points are named. A part the bounds cannot decide stops at B,
+  above (busy share), each used only where the bound decides; the idle part is floored on the
+  device's own gaps (host launch times against device start times), so a device waiting on its
+  host walks to J (launch or sync) with that source said; host sync points are named. A part
+  the bounds cannot decide stops at B,
   and the report names the recording that would decide it (``record_shapes=True``, a doctor
   record of the machine).
 * **The annotated copy** (:func:`write_annotated`): the original events, unchanged, plus one
@@ -51,7 +53,7 @@ from hwlab.traces.trace_shapes import ShapeModel
 from hwlab.diagnosis.flowchart import LEAVES, diagnose
 from hwlab.errors import UserInputError
 from hwlab.examine.parts import Parts, build_parts, fused_floor_bytes
-from hwlab.examine.trace_bounds import (idle_from_timeline, kernel_names, name_recordings, sync_points,
+from hwlab.examine.trace_bounds import (idle_split, idle_walk, kernel_names, name_recordings, sync_points,
                                         timeline_bounds)
 
 #: each step's parts must add up to its time within this (the split keeps every item)
@@ -327,14 +329,15 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings,
         ev["tensor_core_kernels"] = n_tc if gpu else 0
         src["tensor_core_kernels"] = ("tensor-core GEMM kernels per step (profiler names)" if gpu else
                                       "CPU: no tensor cores")
+    # the idle part walks on the step's slowdown only where shapes floored the step; a bound from the
+    # device timeline is the step's, not the idle's (its own floor: trace_bounds.idle_walk)
+    from_shapes = "device timeline" not in src.get("slowdown_vs_floor", "")
     parts = build_parts(prof=prof, traffic=_Traffic(recs), t_ms=t_ms, gpu=gpu, copy_gbps=c.copy_gbps,
                         gemm_tflops_for=gemm_for, whole_floor_ms=whole_floor,
-                        whole_slowdown=ev.get("slowdown_vs_floor"), e2e_slowdown=None, out_keys=set(),
-                        lab_for=leaf_lab)
+                        whole_slowdown=ev.get("slowdown_vs_floor") if from_shapes else None, e2e_slowdown=None,
+                        out_keys=set(), lab_for=leaf_lab)
     if c.source == "datasheet":
         _relabel(parts, src)
-    if gpu and "device timeline" in src.get("slowdown_vs_floor", ""):
-        idle_from_timeline(parts, ev, src, leaf_lab)
     return parts, ev, src, whole_floor
 
 
@@ -458,6 +461,9 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
         notes.append("CPU trace: aten op self times; no GPU kernels, no launch-gap figure; the walk is indicative. "
                      "They include the profiler's own per-op cost (recording shapes adds to it): ops of a few "
                      "microseconds read slower than they run unprofiled (a GPU trace's kernel times do not)")
+    if gpu:
+        splits, skew_us = idle_split(works, ot.syncs)
+        idle_walk(parts, splits, skew_us, notes, leaf_lab)
     sync_points(ot, works, parts, notes)
     if gpu:
         kernel_names(works, parts, notes)

@@ -308,6 +308,9 @@ def _part(cls: str, g: dict[str, Any], items_ms: dict[str, float], scale: float,
     elif shapeless:
         p.notes.append(f"no input shapes recorded for {len(shapeless)} of its ops (a trace without "
                        "record_shapes, or a tensor list): no floor; walked only on what the trace measures")
+    elif cls == "communication":
+        p.notes.append("bytes not attributable: collective kernels (NCCL / RCCL / gloo) ran outside the aten ops "
+                       "the traffic model sees, and their time is set by every rank taking part")
     else:
         p.notes.append("bytes not attributable: kernels ran outside aten ops (Triton / torch.compile); "
                        "with --ncu their DRAM traffic is counted")

@@ -4,17 +4,27 @@
 * **Bounds from the device timeline** (:func:`timeline_bounds`): the step's time over its device
   busy time bounds its slowdown over any floor from below (B), and the busy share bounds its
   DRAM share from above (F); each is used only where the bound itself decides the question.
-* **The idle part** walks on that bound (its own floor is zero) with the source said
-  (:func:`idle_from_timeline`).
+* **The idle part's own floor** (:func:`idle_split`, :func:`idle_walk`): the host's launch times
+  against the device's start times split each step's device idle into time the device waited for
+  the host to launch (host-side) and the device's own gaps between work it already held; the latter
+  bound the idle part's floor from above, so idle over it bounds the part's slowdown from below.
+  (A floor of zero would not do: idle / 0 is infinite, an upper bound on the slowdown, and an upper
+  bound over a threshold decides nothing; the idle a device keeps with its host always ahead is
+  small but not zero.) It answers B only where that bound reaches B's threshold (its spread, per
+  step and widened by the timelines' clock skew, marks it BORDERLINE), and J then names launch or
+  sync from the host side, with the host-side and sync time cited.
 * **Sync points** (:func:`sync_points`): host runtime calls that wait for the device inside the
-  steps (:data:`hwlab.traces.trace_ops.SYNC_CALL`), named on the idle part's J as its cause.
+  steps (:data:`hwlab.traces.trace_ops.SYNC_CALL`), named on the idle part's J: its first fix where
+  the host sat in them for half its side of the idle or more (the J cause "sync point").
 """
 from __future__ import annotations
 
+import bisect
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from hwlab.diagnosis.flowchart import LEAVES, QUESTIONS, diagnose
-from hwlab.examine.parts import PART_ACTIONS, WALK_SHARE_PCT, Parts
+from hwlab.examine.parts import PART_ACTIONS, WALK_SHARE_PCT, Parts, gain
 from hwlab.traces.trace_ops import OpTrace, StepWork
 
 #: the flowchart's B threshold (slowdown over the floor) and F's estimated-DRAM threshold, which the
@@ -47,19 +57,158 @@ def timeline_bounds(ev: dict[str, Any], src: dict[str, str], t_ms: float, busy_m
                                      "(no bytes move while it idles, at most the device's copy rate while busy)")
 
 
-def idle_from_timeline(parts: Parts, ev: dict[str, Any], src: dict[str, str], lab_for: Callable[[str], str]) -> None:
-    """The idle part walks on the step's slowdown (its own floor is zero): where that came from the
-    device timeline's bound, re-walk it with that source said."""
-    for p in parts.parts:
-        if p.name == "gpu idle" and p.share_pct >= WALK_SHARE_PCT and "device timeline" in src["slowdown_vs_floor"]:
-            p.evidence["slowdown_vs_floor"] = ev["slowdown_vs_floor"]
-            p.sources["slowdown_vs_floor"] = src["slowdown_vs_floor"] + " (the idle part's own floor is zero)"
-            p.walk = diagnose({**p.evidence, "metric_sources": p.sources})
-            leaf = p.leaf_id
-            if leaf:
-                fit = next((v for (pre, lf), v in PART_ACTIONS.items() if p.name.startswith(pre) and lf == leaf), ())
-                p.actions = list(fit) + list(LEAVES[leaf].actions)
-                p.lab = lab_for(leaf)
+@dataclass
+class IdleSplit:
+    """One step's device idle, split by the host and device timelines (:func:`idle_split`), in us."""
+    step: int
+    idle_us: float
+    own_us: float       # at most this much is the device's own gaps between work it already held
+    own_hi_us: float    # the same, each gap widened by the timelines' clock skew
+    host_us: float      # idle - own: the device waited for the host to launch (at least this much)
+    sync_us: float      # of host_us, while a host thread sat in a synchronising call
+    n_gaps: int
+    n_host_gaps: int
+    in_call_us: float = 0.0     # of own_us, inside the next work's own launch call (not yet returned)
+    longest_call_us: float = 0.0
+
+
+def _overlap_us(merged: list[tuple[float, float]], starts: list[float], a: float, b: float) -> float:
+    """Time of [a, b] inside the sorted, disjoint intervals ``merged`` (``starts``: their starts)."""
+    tot, i = 0.0, max(0, bisect.bisect_right(starts, a) - 1)
+    while i < len(merged) and merged[i][0] < b:
+        tot += max(0.0, min(b, merged[i][1]) - max(a, merged[i][0]))
+        i += 1
+    return tot
+
+
+def idle_split(works: list[StepWork], syncs: list[tuple[float, float, str]]) -> tuple[list[IdleSplit], float]:
+    """Each busy step's idle, gap by gap on the device's busy union, and the clock skew (module doc).
+
+    A gap ends where the next device event starts. Its launch call started at ``L`` on the host:
+    where ``L`` is before the gap began (or unknown: no launch record), the device held the work and
+    the whole gap is its own; where ``L`` is inside the gap, the device waited for the host until
+    ``L`` and at most ``gap end - L`` is its own (launch latency, queueing). Idle after the step's
+    last device event, up to the step's host end, is host-side (nothing of the step is left to run).
+    The skew: no event starts before its launch call; one that appears to shows the host and
+    device clocks are offset by at least that much, and each gap's own share is widened by it."""
+    skew = 0.0
+    rows = []
+    for w in works:
+        if not w.items:
+            continue
+        its = sorted(w.items, key=lambda it: it["ts"])
+        for it in its:
+            if it.get("launch_ts") is not None:
+                skew = max(skew, it["launch_ts"] - it["ts"])
+        rows.append((w, its))
+    merged: list[tuple[float, float]] = []
+    for a, d, _ in sorted(syncs):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], a + d))
+        else:
+            merged.append((a, a + d))
+    starts = [a for a, _ in merged]
+    out = []
+    for w, its in rows:
+        lo, hi = w.ts, w.ts + w.window_us
+        own = own_hi = host = sync = in_call = longest = 0.0
+        n_gaps = n_host = 0
+        cur = lo
+        for it in its:
+            a = max(it["ts"], lo)
+            if a > cur:
+                g, launch = a - cur, it.get("launch_ts")
+                mine = g if launch is None or launch <= cur else min(g, max(0.0, a - launch))
+                own += mine
+                own_hi += min(g, mine + skew)
+                n_gaps += 1
+                if mine < g:
+                    n_host += 1
+                    host += g - mine
+                    sync += _overlap_us(merged, starts, cur, min(a, launch))
+                    call = max(0.0, min(a, it["launch_end"]) - launch)
+                    in_call += call
+                    longest = max(longest, call)
+            cur = max(cur, it["ts_end"])
+        if hi > cur:  # after the step's last device event: the host has not launched the next work yet
+            host += hi - cur
+            sync += _overlap_us(merged, starts, cur, hi)
+        out.append(IdleSplit(w.step, max(0.0, w.window_us - w.busy_us), own, own_hi, host, sync, n_gaps, n_host,
+                             in_call, longest))
+    return out, skew
+
+
+def idle_walk(parts: Parts, splits: list[IdleSplit], skew_us: float, notes: list[str],
+              lab_for: Callable[[str], str]) -> None:
+    """The idle part floored on the device's own gaps and walked on the bound they give (module doc)."""
+    if not splits:
+        return
+    n = len(splits)
+    idle, own, own_hi, host, sync = (sum(getattr(s, k) for s in splits) / n / 1e3
+                                     for k in ("idle_us", "own_us", "own_hi_us", "host_us", "sync_us"))
+    src = "[host launch times against device start times]"
+    notes.append(f"device idle {idle:.4g} ms per step: {host:.4g} ms waiting for the host to launch (of it "
+                 f"{sync:.4g} ms while a host thread sat in a synchronising call), at most {own:.4g} ms in the "
+                 f"device's own gaps between work it already held {src}")
+    p = next((q for q in parts.parts if q.name == "gpu idle"), None)
+    if p is None or p.walk is None or idle <= 0:
+        return
+    if own <= 0 or idle / own < B_THRESHOLD:
+        in_call = sum(x.in_call_us for x in splits) / n / 1e3
+        longest = max(x.longest_call_us for x in splits) / 1e3
+        call = (f"; {in_call:.4g} ms of it inside launch calls that had not yet returned (the longest {longest:.4g} ms: "
+                "time the host spent launching, e.g. a first call's module load or JIT; record after a warm-up step, "
+                "torch.profiler's schedule(wait=1, warmup=1, active=N), to leave it out)" if in_call >= 0.1 * own else "")
+        p.notes.append(f"{own:.4g} of its {idle:.4g} ms are gaps where the device may already have held the next work "
+                       f"(launched before the gap began, launched inside it by a call that had not returned, or with no "
+                       f"launch record) {src}{call}: its own floor may be that large, so its slowdown is only known to "
+                       f"be >= {idle / max(own, 1e-9):.3g}x, under B's {B_THRESHOLD:g}x, which decides nothing. Work "
+                       "launched early and run late waits on another stream, an event or another rank (read every "
+                       "rank's trace with hwlab ranks --traces); a trace with every launch record (Kineto's runtime "
+                       "activities on) bounds the rest")
+        return
+    slow = idle / own
+    ends = [x.idle_us / x.own_hi_us for x in splits if x.own_hi_us > 0] + [idle / own_hi]
+    ends += [x.idle_us / x.own_us for x in splits if x.own_us > 0]
+    p.floor_ms = own
+    p.floor_source = ("at most the device's own gaps between work it already held (host launch times against "
+                      "device start times)")
+    gain(p, parts.t_ms)
+    p.gain_bound = " (the time the device waited for the host: won where the host launches ahead of the device)"
+    p.evidence["slowdown_vs_floor"] = slow
+    p.sources["slowdown_vs_floor"] = (f"a lower bound from the host and device timelines: idle / at most its own gaps "
+                                      f"(spread: the steps' range, and each gap widened by the clocks' "
+                                      f"{skew_us:.3g} us skew)")
+    p.evidence["metric_spreads"] = {**(p.evidence.get("metric_spreads") or {}),
+                                    "slowdown_vs_floor": [min(ends), max(ends)]}
+    full = {**p.evidence, "metric_sources": p.sources}
+    p.walk = diagnose(full)
+    from hwlab.examine.repeats import alternatives
+    p.alternatives = alternatives(full, p.walk, [])
+    leaf = p.leaf_id
+    if not leaf:
+        return
+    fit = next((v for (pre, lf), v in PART_ACTIONS.items() if p.name.startswith(pre) and lf == leaf), ())
+    p.actions = list(fit) + list(LEAVES[leaf].actions)
+    p.lab = lab_for(leaf)
+    p.notes.append(f"evidence: per step {idle:.4g} ms idle = {host:.4g} ms waiting for the host's launches in "
+                   f"{sum(x.n_host_gaps for x in splits) / n:.4g} gap(s) (of it {sync:.4g} ms in synchronising calls) "
+                   f"+ at most {own:.4g} ms of the device's own ({sum(x.n_gaps for x in splits) / n:.4g} gaps in all); "
+                   f"clock skew {skew_us:.3g} us {src}")
+    if leaf == "J":
+        cause = "sync point" if host > 0 and sync >= 0.5 * host else "launch"
+        p.j = {"cause": cause,
+               "rule": ("half or more of the host-side idle is spent in synchronising calls" if cause == "sync point"
+                        else "the device waits for the host's launches (host-side idle over its own gaps)"),
+               "why": ("each sync drains the device's queue, so it idles while the host launches again"
+                       if cause == "sync point" else "the host launches slower than the device runs the work: "
+                       "fewer, larger launches (CUDA graph, fusion), or host work off the step's thread"),
+               "figures": {"idle_ms": idle, "host_side_ms": host, "sync_ms": sync, "own_gaps_ms_at_most": own,
+                           "gaps_per_step": sum(x.n_gaps for x in splits) / n,
+                           "host_side_gaps_per_step": sum(x.n_host_gaps for x in splits) / n,
+                           "clock_skew_us": skew_us},
+               "sources": {k: src for k in ("idle_ms", "host_side_ms", "sync_ms", "own_gaps_ms_at_most",
+                                            "gaps_per_step", "host_side_gaps_per_step", "clock_skew_us")}}
 
 
 def sync_points(ot: OpTrace, works: list[StepWork], parts: Parts, notes: list[str]) -> None:
@@ -81,8 +230,14 @@ def sync_points(ot: OpTrace, works: list[StepWork], parts: Parts, notes: list[st
                  "in the trace]: the device idles while the host launches again after each")
     for p in parts.parts:
         if p.name == "gpu idle" and p.leaf_id == "J":
-            p.actions.insert(0, f"remove the sync point(s) from the step ({what} per the host timeline: .item(), "
-                                ".cpu(), .tolist() or printing a device tensor, an explicit synchronize)")
+            act = (f"remove the sync point(s) from the step ({what} per the host timeline: .item(), .cpu(), "
+                   ".tolist() or printing a device tensor, an explicit synchronize)")
+            fig = (p.j or {}).get("figures", {})
+            if (p.j or {}).get("cause") == "sync point" or "sync_ms" not in fig:
+                p.actions.insert(0, act)  # the cause, or no measure of what they cost
+            else:  # measured: they hold a small share of the idle, so they come after the cause's fixes
+                p.actions.append(act + f" (they hold {fig['sync_ms']:.3g} of the {fig['host_side_ms']:.4g} ms the "
+                                       "device waited for the host per step)")
             if isinstance(p.j, dict):
                 p.j["sync_calls_per_step"] = per
 
@@ -147,7 +302,8 @@ def kernel_names(works: list[StepWork], parts: Parts, notes: list[str]) -> None:
 
 def name_recordings(parts: Parts, has_ceiling: bool) -> None:
     """Each walked part that stops at B (no floor) says which recording would floor it: the op
-    shapes (``record_shapes=True``) where its ops have none, a measured record of the machine
+    shapes (``record_shapes=True``) where its ops have none, every rank's trace for collectives,
+    counted DRAM bytes (Nsight Compute) for compiled kernels, a measured record of the machine
     where the trace names no datasheet GPU."""
     for p in parts.parts:
         w = p.walk
@@ -155,12 +311,19 @@ def name_recordings(parts: Parts, has_ceiling: bool) -> None:
             continue
         if p.name == "gpu idle":
             bound = 1.0 / (1.0 - p.share_pct / 100.0) if p.share_pct < 100.0 else None
-            if bound is not None:
+            if bound is not None and bound < B_THRESHOLD:
                 p.notes.append(f"the device timeline bounds the step's slowdown at {bound:.3g}x (step / busy), under "
                                f"B's {B_THRESHOLD:g}x: the step's floor decides B (the other parts' recordings below)")
             continue
         need = []
-        if not p.attributable:
+        if p.name == "communication":  # a collective's time is set by every rank, not by its own bytes
+            need.append("every rank's trace of the same steps: read them together with hwlab ranks --traces DIR "
+                        "(per-collective waits and bus bandwidth)")
+        elif p.name == "triton/compiled":  # bytes inside compiled kernels are in no trace, shapes or not
+            need.append("the compiled kernels' DRAM bytes, which no trace holds: count them with Nsight Compute "
+                        "(hwlab examine --ncu on the function, or ncu --metrics dram__bytes_read.sum,"
+                        "dram__bytes_write.sum on the job)")
+        elif not p.attributable:
             need.append("the ops' shapes: record with torch.profiler(record_shapes=True) (PyTorch >= 1.9 writes "
                         "their dtypes)")
         if not has_ceiling:

@@ -114,7 +114,7 @@ class OpTrace:
     record_shapes: bool | None = None
     host: dict[tuple, list[HostOp]] = field(default_factory=dict)   # (pid, tid) -> ops sorted
     device: list[DeviceEvent] = field(default_factory=list)
-    launches: dict[Any, tuple[float, Any, Any, str]] = field(default_factory=dict)  # corr -> (ts, pid, tid, name)
+    launches: dict[Any, tuple[float, Any, Any, str, float]] = field(default_factory=dict)  # corr -> (ts, pid, tid, name, dur)
     steps: list[dict[str, Any]] = field(default_factory=list)       # {step, ts, dur, pid, tid, mark}
     step_source: str = ""
     tops: list[HostOp] | None = field(default=None, repr=False)  # outermost aten ops, by start (cache)
@@ -177,7 +177,7 @@ def read_ops(path: str | os.PathLike, progress: Callable[[int, int], None] | Non
                                          {a: args[a] for a in KERNEL_OCCUPANCY_ARGS if a in args}))
         elif cat in RUNTIME_CATS:
             if "correlation" in args:
-                ot.launches[args["correlation"]] = (ts, v.get("pid"), v.get("tid"), name)
+                ot.launches[args["correlation"]] = (ts, v.get("pid"), v.get("tid"), name, dur)
             if ("ynchronize" in name or "Memcpy" in name or "DtoH" in name) and SYNC_CALL.search(name):
                 ot.syncs.append((ts, dur, name))
     for ops in host.values():
@@ -270,7 +270,8 @@ def _exclusive(intervals: list[tuple[float, float]]) -> tuple[list[float], float
 @dataclass
 class StepWork:
     """One step: its window and its timed items (the same item dicts as
-    :func:`hwlab.core.profiling.trace_calls`, plus ``unlaunched`` and ``ts_end``), and the
+    :func:`hwlab.core.profiling.trace_calls`, plus ``unlaunched``, ``launch_ts`` / ``launch_end`` (its
+    launch call on the host, None without one) and ``ts_end``), and the
     outermost aten ops it ran (in order, for the shape model)."""
     step: int
     ts: float
@@ -316,18 +317,19 @@ def step_items(ot: OpTrace) -> list[StepWork]:
                 aten, compiled, other = stack_of(launch[1], launch[2], launch[0])
                 # the outermost aten op launched it; with none, the outermost host op names it
                 top = aten[-1] if aten else other
-                pending.append((i, d, top, [top.name] if top else [], compiled, False))
+                pending.append((i, d, top, [top.name] if top else [], compiled, launch))
             else:  # no launch record: kept, in the step whose window holds its start
                 i = bisect.bisect_right(bounds, d.ts) - 1
                 if i < 0:
                     continue
-                pending.append((i, d, None, [UNLAUNCHED], False, True))
+                pending.append((i, d, None, [UNLAUNCHED], False, None))
                 n_un[i] += 1
-        for i, d, top, stack, compiled, un in pending:
+        for i, d, top, stack, compiled, launch in pending:
             per[i].append({"stack": stack, "op_ids": [id(top)] if top else [None] * len(stack),
                            "top_op": top, "us": float(d.dur), "kernel": d.name,
                            "compiled": compiled, "args": dict(d.args), "ts": d.ts, "ts_end": d.ts + d.dur,
-                           "unlaunched": un, "cat": d.cat})
+                           "unlaunched": launch is None, "launch_ts": launch[0] if launch else None,
+                           "launch_end": launch[0] + launch[4] if launch else None, "cat": d.cat})
     out: list[StepWork] = []
     prev_end = None
     for i, s in enumerate(steps):
