@@ -109,7 +109,7 @@ plt.show()
 for name in ("naive", "aware"):  # the rank tail in K's unit (% of the step), the figure the walk reads
     r = exp[name]["report"]
     print(f"{name}: tail ranks {r['tail_ranks']}, rank tail {exp[name]['flowchart_evidence']['rank_tail_pct']:.1f}% of "
-          f"the step; " + " ".join(r["notes"]))
+          "the step" + "".join(f"; {n}" for n in r["notes"]))
 print(f"throughput naive / aware: {exp['throughput_naive_over_aware']:.2f}x at {exp['rate']}  [{src}]")
 
 # %% [markdown]

@@ -108,7 +108,7 @@ for kind in ("hardware", "topology"):
 # not that it is faulty. The compare below says which case this is.
 
 # %%
-print(baseline.compare(h200, live).summary()[:2000])
+print(baseline.compare(h200, live).summary(max_reasons=4))  # summary() alone lists every difference
 
 # %% [markdown]
 # ## Summary

@@ -143,8 +143,9 @@ print(md.read_text() if DETAILS else md.read_text().split("\n## Key evidence")[0
 # **Measure.** Lab 4's decoder (its size printed below) served by a request stream per context bucket
 # (continuous batching) on BF16, the seed's `mixed` path and its two fixes, with one performance report per
 # path: FP8 hit rate and dequant/requant per token **per bucket**, the step's time by kernel class, TPOT
-# **p50 and p99**. Notebook 04 runs this live; here the recorded H200 run is read (with `LIVE = True` on a
-# GPU the seed's path and the fixed one are also re-profiled live).
+# **p50 and p99**. Notebook 04 runs this live on a GPU (on a CPU, a tiny version with its `CPU_LIVE = True`);
+# here the recorded H200 run is read (with `LIVE = True` on a GPU the seed's path and the fixed one are also
+# re-profiled live).
 
 # %%
 from hwlab.labs import fp8

@@ -168,9 +168,12 @@ with nb.gated(CP, "the model's parts and their walks (an fp32 GEMM among them)")
         for p in mixed.parts.ranked:
             print(f"  walk of {p.name}: {p.walk.compact()}")
     plot_parts(mixed.parts.to_dict(), f"time per part, {mixed.label}")
-    h = mixed.headline
+    h, whole = mixed.headline, mixed.diagnosis
+    whole_said = (f"lands on **{whole.leaf_id}**" if whole.leaf_id else
+                  f"stops undecided at **{whole.undecided.id}** (`{whole.compact()}`)" if whole.undecided else
+                  "reaches no leaf")
     display(Markdown(
-        f"Live ({mixed.label}): the whole-function walk lands on **{mixed.diagnosis.leaf_id or 'no leaf'}**; the headline "
+        f"Live ({mixed.label}): the whole-function walk {whole_said}; the headline "
         f"part is **{h.name}**, at {h.pct_of_floor:.0f}% of its floor; reaching it would save {h.saved_ms:.3g} ms of "
         f"{mixed.measurement.t_ms:.3g} ms ({h.speedup:.2f}x the whole forward). Its walk "
         f"{against_prediction(h.walk, 'G')}" + ("." if torch.cuda.is_available() or h.leaf_id == "G" else

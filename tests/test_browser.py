@@ -128,14 +128,33 @@ def _open_lab(page, url: str, name: str) -> list[str]:
     return page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab .lm-TabBar-tabLabel").all_inner_texts()
 
 
+def _list_kernels(lab) -> list[dict] | None:
+    """``GET /api/kernels``, or None where the server answered 500: jupyter_server 2.21 fails the
+    whole listing while a kernel is still starting (its ``last_activity`` not yet set: a TraitError
+    that ``list_kernels`` does not catch), which JupyterLab's own poll rides over by asking again."""
+    import urllib.error
+
+    try:
+        return lab.api("/api/kernels")[1]
+    except urllib.error.HTTPError as e:
+        if e.code != 500:
+            raise
+        return None
+
+
 def _kernels(lab, at_least: int) -> list[dict]:
     """The server's running kernels, once ``at_least`` have started (JupyterLab starts a notebook's
     kernel after its tab shows), then a few seconds more for any other to start."""
     for _ in range(120):
-        if len(lab.api("/api/kernels")[1]) >= at_least:
+        if len(_list_kernels(lab) or []) >= at_least:
             break
         time.sleep(1)
     time.sleep(5)
+    for _ in range(30):
+        got = _list_kernels(lab)
+        if got is not None:
+            return got
+        time.sleep(1)
     return lab.api("/api/kernels")[1]
 
 

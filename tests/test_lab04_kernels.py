@@ -366,3 +366,37 @@ def test_a_short_bf16_cache_goes_to_the_kit_kernel_and_a_long_one_to_sdpa(monkey
     assert calls == []
 
 
+
+
+@pytest.mark.parametrize("rows,k,n", [(8, 64, 256), (512, 256, 64), (3, 64, 512)])
+def test_fp8_gemm_is_the_tensor_wise_scaled_product_on_this_device(rows, k, n):
+    """``model.scaled_mm`` (the FP8 layers' GEMM; on a CPU asked with each scale repeated per row
+    and column) is the product of the two FP8 operands times both scales, rounded once to bf16."""
+    from hwlab.labs.fp8 import model
+
+    g = torch.Generator().manual_seed(rows)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    a = (3 * torch.randn(rows, k, generator=g)).to(torch.float8_e4m3fn).to(dev)
+    w = (2 * torch.randn(n, k, generator=g)).to(torch.float8_e4m3fn).to(dev)
+    sa, sw = torch.tensor(0.37, device=dev), torch.tensor(0.011, device=dev)
+    y = model.scaled_mm(a, w.t(), sa, sw)
+    ref = a.double() @ w.double().t() * 0.37 * 0.011
+    assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
+    # fp32 accumulation, one bf16 rounding: within bf16's half-ulp of the float64 product (plus fp32 sums)
+    assert torch.allclose(y.double(), ref, rtol=2 ** -8, atol=1e-6 * ref.abs().max().item())
+    swapped = model.scaled_mm(w, a.t(), sw, sa).t()  # the swap-AB order: the same product
+    assert torch.allclose(swapped.double(), ref, rtol=2 ** -8, atol=1e-6 * ref.abs().max().item())
+
+
+@pytest.mark.slow
+def test_the_bucket_table_lists_an_fp8_gemms_two_operands():
+    """Exercise 04's profiler table: per ``aten::_scaled_mm`` row the activation (rows, in) and the
+    transposed weight (in, out) a learner reads shapes from, never the scales."""
+    from hwlab.labs.fp8 import bucket_case as case
+
+    m = case.case_model("cpu")
+    rows, _ = case.bucket_profile_table(m, 8, 16)
+    mm = [r for r in rows if r["op"] == "aten::_scaled_mm"]
+    shapes = case.layer_shapes(m)
+    assert mm and all(len(r["input_shapes"]) == 2 and r["input_shapes"][0][0] == 8 for r in mm)
+    assert {tuple(r["input_shapes"][1][::-1]) for r in mm} <= set(shapes.values())

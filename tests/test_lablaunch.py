@@ -93,6 +93,31 @@ def test_news_off_sets_the_lab_setting_defaults(tmp_path):
     assert got["@jupyterlab/apputils-extension:notification"]["fetchNews"] == "false"
 
 
+def test_an_install_without_the_kit_kernel_gets_one_beside_the_copy_and_only_it_is_offered(tmp_path, monkeypatch):
+    """``pip install '.[lab]'`` installs no ``hwlab`` kernelspec (scripts/setup.sh does): ``hwlab lab``
+    then writes one under the copy's state folder that runs this Python, puts it on the server's
+    JUPYTER_PATH, and the server command offers it alone. Read back by jupyter_client, as the
+    server reads it."""
+    pytest.importorskip("jupyter_client")
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    from hwlab.cli import lablaunch
+
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv-without-the-kernel"))
+    assert workcopy.kit_kernel() is None
+    kernel, data = workcopy.ensure_kit_kernel(tmp_path / "state")
+    assert kernel["name"] == workcopy.KERNEL_NAME and data == tmp_path / "state" / "jupyter-data"
+    spec = KernelSpecManager(kernel_dirs=[str(data / "kernels")]).get_kernel_spec(workcopy.KERNEL_NAME)
+    assert spec.argv[0] == sys.executable and spec.argv[1:3] == ["-m", "ipykernel_launcher"]
+    before = (data / "kernels" / "hwlab" / "kernel.json").stat().st_mtime_ns
+    assert workcopy.ensure_kit_kernel(tmp_path / "state") == (kernel, data)  # a restart rewrites nothing
+    assert (data / "kernels" / "hwlab" / "kernel.json").stat().st_mtime_ns == before
+    cmd = lablaunch.command(tmp_path / "copy" / "notebooks", ip="127.0.0.1", port=8888, token="t",
+                            no_browser=True, as_root=False)
+    assert f"--KernelSpecManager.allowed_kernelspecs={workcopy.KERNEL_NAME}" in cmd
+    assert "--KernelSpecManager.ensure_native_kernel=False" in cmd
+
+
 # ---------------------------------------------------------------- the real server
 def _digest(paths) -> dict[str, str]:
     return {str(p.relative_to(ROOT)): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
@@ -214,14 +239,13 @@ def test_the_learners_lab_opens_00_offers_only_hwlab_hides_nbgrader_and_restarts
     had opened several notebooks. ``--instructor`` brings nbgrader's UI back."""
     pytest.importorskip("jupyterlab")
 
-    has_kit_kernel = (Path(sys.prefix) / "share" / "jupyter" / "kernels" / "hwlab").is_dir()
     has_nbgrader = __import__("importlib").util.find_spec("nbgrader") is not None
     home = tmp_path / "home"
     lab = _Lab(tmp_path, home)
     try:
         _, specs = lab.api("/api/kernelspecs")
-        if has_kit_kernel:
-            assert set(specs["kernelspecs"]) == {"hwlab"} and specs["default"] == "hwlab", specs["kernelspecs"].keys()
+        # the venv's kit kernel, or the one hwlab lab writes beside the copy: the only one offered either way
+        assert set(specs["kernelspecs"]) == {"hwlab"} and specs["default"] == "hwlab", specs["kernelspecs"].keys()
         _, ws = lab.api("/lab/api/workspaces/default")
         assert _tabs(ws) == ["notebook:notebooks/00_start_here.ipynb"]
         assert ws["data"]["layout-restorer:data"]["main"]["current"] == "notebook:notebooks/00_start_here.ipynb"
@@ -247,7 +271,6 @@ def test_the_learners_lab_opens_00_offers_only_hwlab_hides_nbgrader_and_restarts
         assert "@jupyter/nbgrader" not in lab.page_config()["disabledExtensions"]
         if has_nbgrader:
             assert lab.status_of("/formgrader") != 404
-        if has_kit_kernel:
-            assert set(lab.api("/api/kernelspecs")[1]["kernelspecs"]) == {"hwlab"}
+        assert set(lab.api("/api/kernelspecs")[1]["kernelspecs"]) == {"hwlab"}
     finally:
         lab.stop()

@@ -225,13 +225,14 @@ def _leaked(text: str, secrets: dict) -> list[str]:
 @pytest.mark.parametrize("stem", ["01_bandwidth_bound", "02_registers_occupancy", "03_cross_link_tp",
                                   "04_fp8_dequant_fallback", "08_examine"])
 def test_a_blank_run_all_shows_nothing_of_the_answer_after_the_checkpoint(stem):
-    """Run All in a learner's kernel (no solutions file): the checkpoint asks to fill in, every later
-    cell still runs, and none of them prints the checkpoint's walk, an arrow into its leaf, the deciding
-    value or the predicted figure; those are read from the same run's checkpoint, not typed here."""
-    path = ROOT / "notebooks" / f"{stem}.ipynb"
+    """Run All in a learner's kernel (no solutions file), in a working copy made by ``hwlab lab``'s
+    code: the checkpoint asks to fill in, every later cell still runs, and none of them prints the
+    checkpoint's walk, an arrow into its leaf, the deciding value or the predicted figure; those are
+    read from the same run's checkpoint, not typed here."""
+    path = _in_copy(ROOT / "notebooks" / f"{stem}.ipynb", _learner_copy())
     nb = nbformat.read(path, as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell(_SECRETS_CELL))
-    nb = execute_notebook(nb, cwd=path.parent, drop_env=("HWLAB_CHECKPOINT_ANSWERS",))
+    nb = execute_notebook(nb, cwd=path.parent, drop_env=("HWLAB_CHECKPOINT_ANSWERS",), kernel_name=_kernel_name())
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, ARTIFACTS / f"blank__{path.name}")
     code = [c for c in nb.cells if c.cell_type == "code"]

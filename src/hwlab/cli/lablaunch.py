@@ -22,13 +22,15 @@ Top floor (talks to people). What it does beyond ``jupyter lab``, and why:
 * **what the learner sees**: JupyterLab opens notebook 00 alone (the server's default workspace
   is rewritten at every start, :func:`hwlab.cli.workcopy.fresh_workspace`, so a restart does
   not reopen every tab and start a kernel for each); only the kit's ``hwlab`` kernel is offered
-  where the venv has it (``KernelSpecManager.allowed_kernelspecs``, no native ``python3``);
+  (``KernelSpecManager.allowed_kernelspecs``, no native ``python3``): the venv's, or for an install
+  without it one written under the copy's ``.hwlab/`` (:func:`hwlab.cli.workcopy.ensure_kit_kernel`);
   nbgrader's authoring UI (its lab extension and server extensions) is off unless
   ``--instructor`` is given.
 * **kernel**: the notebooks run in this venv's Python. ``JUPYTER_PATH`` puts this venv's
   ``share/jupyter`` first for this server only, so its kernels (``python3``, which the notebooks
   name, and the kit's ``hwlab`` that ``scripts/setup.sh`` installs with ``--sys-prefix``) are the
-  ones used even where the user has kernels of those names elsewhere; nothing on disk changes.
+  ones used even where the user has kernels of those names elsewhere; nothing outside the copy
+  changes.
 """
 from __future__ import annotations
 
@@ -74,10 +76,10 @@ def command(root: Path, *, ip: str, port: int, token: str, no_browser: bool,
         cmd.append("--no-browser")
     if as_root:
         cmd.append("--allow-root")
-    if (Path(sys.prefix) / "share" / "jupyter" / "kernels" / workcopy.KERNEL_NAME).is_dir():
-        cmd += [f"--MappingKernelManager.default_kernel_name={workcopy.KERNEL_NAME}",
-                f"--KernelSpecManager.allowed_kernelspecs={workcopy.KERNEL_NAME}",
-                "--KernelSpecManager.ensure_native_kernel=False"]
+    # the kit's kernel alone: the venv's, or the one run() writes beside the copy (workcopy.ensure_kit_kernel)
+    cmd += [f"--MappingKernelManager.default_kernel_name={workcopy.KERNEL_NAME}",
+            f"--KernelSpecManager.allowed_kernelspecs={workcopy.KERNEL_NAME}",
+            "--KernelSpecManager.ensure_native_kernel=False"]
     if not instructor:
         cmd += [f"--ServerApp.jpserver_extensions={name}=False"
                 for name in workcopy.NBGRADER_SERVER_EXTENSIONS if importlib.util.find_spec(name.split(".")[0])]
@@ -173,8 +175,12 @@ def run(a) -> int:
         print(f"would serve the working copy {work} "
               f"({'exists' if (work / workcopy.MANIFEST).exists() else 'made on first start'})")
     else:
-        rep = workcopy.prepare(checkout, refresh=a.refresh, root=work, kernel=workcopy.kit_kernel())
+        kernel, kernel_data = workcopy.ensure_kit_kernel(state)
+        rep = workcopy.prepare(checkout, refresh=a.refresh, root=work, kernel=kernel)
         _say_copy(rep, a.refresh)
+        if kernel_data is not None:
+            print(f"the kit's Jupyter kernel 'hwlab' (this Python) written to {kernel_data}: "
+                  "scripts/setup.sh installs it inside the venv instead")
     if as_root:
         print("running as root: passing --allow-root to JupyterLab")
     if port != a.port:
@@ -187,7 +193,7 @@ def run(a) -> int:
         return EXIT_OK
     env = dict(os.environ)
     env["JUPYTER_PATH"] = os.pathsep.join(
-        [str(Path(sys.prefix) / "share" / "jupyter")] +
+        ([str(kernel_data)] if kernel_data is not None else []) + [str(Path(sys.prefix) / "share" / "jupyter")] +
         [x for x in env.get("JUPYTER_PATH", "").split(os.pathsep) if x])
     cfg = workcopy.news_off(state / "jupyter-config")
     workcopy.learner_page_config(cfg, instructor=instructor)

@@ -75,6 +75,25 @@ def kit_kernel() -> dict | None:
             "language": k.get("language", "python")}
 
 
+def ensure_kit_kernel(state_dir: Path) -> tuple[dict, Path | None]:
+    """The kit's ``hwlab`` kernel for ``hwlab lab``: the venv's (``scripts/setup.sh`` installs it
+    there), or, in an install without one (``pip install '.[lab]'``), a kernelspec written under the
+    server's state folder that runs this Python, so the learner is offered the kit's kernel alone
+    either way. Returns its metadata and the Jupyter data folder to put on ``JUPYTER_PATH`` (None
+    when the venv has it)."""
+    kernel = kit_kernel()
+    if kernel is not None:
+        return kernel, None
+    data_dir = state_dir / "jupyter-data"
+    spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": f"hwlab ({sys.prefix})", "language": "python", "metadata": {"debugger": True}}
+    path = data_dir / "kernels" / KERNEL_NAME / "kernel.json"
+    data = (json.dumps(spec, indent=1) + "\n").encode()
+    if not path.exists() or path.read_bytes() != data:
+        _write_new(path, data, replace=True)
+    return {"name": KERNEL_NAME, "display_name": spec["display_name"], "language": "python"}, data_dir
+
+
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

@@ -115,9 +115,14 @@ class Comparison:
             return "incomplete"
         return "ok" if self.ok else ",".join(sorted(self.categories() - NOT_FAILURES))
 
-    def summary(self) -> str:
+    def summary(self, max_reasons: int | None = None) -> str:
+        """The verdict in words. ``max_reasons``: of the reasons two records are not comparable, name
+        that many and count the rest (two different machines differ in every probe's parameters)."""
         if not self.comparable:
-            return ("NOT COMPARABLE: " + "; ".join(self.not_comparable) + ". No node advice: compare "
+            reasons = self.not_comparable[:max_reasons]
+            more = len(self.not_comparable) - len(reasons)
+            return ("NOT COMPARABLE: " + "; ".join(reasons) + (f"; and {more} more" if more else "")
+                    + ". No node advice: compare "
                     "a record with a baseline of the same GPU model and count, driver/CUDA major "
                     "and probe sizes (record both with or both without --quick).")
         head = ["CPU baseline (no GPU in these records): the probes timed this host's CPU, so a change "

@@ -58,7 +58,9 @@ def bucket_profile_table(m: Decoder, batch: int, ctx: int) -> tuple[list[dict[st
     rows = []
     for e in prof.key_averages(group_by_input_shape=True):
         if e.key in TABLE_OPS:
-            shapes = [list(s) for s in (e.input_shapes or []) if s]
+            # an FP8 GEMM's two operands; its scales (0-d, or repeated per row on a CPU: model.scaled_mm) are
+            # not what a learner reads the table for
+            shapes = [list(s) for s in (e.input_shapes or [])[:2 if e.key == "aten::_scaled_mm" else None] if s]
             rows.append({"op": e.key, "input_shapes": shapes, "calls": int(e.count)})
     rows.sort(key=lambda r: (TABLE_OPS.index(r["op"]), str(r["input_shapes"])))
     return rows, _hits(m, prof, batch)

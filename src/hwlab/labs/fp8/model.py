@@ -34,6 +34,19 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype=torch.bfloat16) -
         return K.dequant_rows_ref(q, scale, dtype)
 
 
+def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor) -> torch.Tensor:
+    """``torch._scaled_mm`` of two FP8 operands with one scale each (its tensor-wise mode), bf16 out.
+    On a CPU the same product is asked with each scale repeated per row of ``a`` and per column of
+    ``b`` (PyTorch's row-wise mode): the same scales, the same op in the profile, but PyTorch's CPU
+    kernel for the tensor-wise mode is far slower on a prefill's many rows, enough to stretch a
+    tiny decoder's profile (exercise 04) past a minute of CPU time. On a GPU the call is unchanged:
+    cuBLAS's tensor-wise mode is the path the lab measures."""
+    if not a.is_cuda and scale_a.dim() == 0 and scale_b.dim() == 0:
+        scale_a = scale_a.reshape(1, 1).expand(a.shape[0], 1).contiguous()
+        scale_b = scale_b.reshape(1, 1).expand(1, b.shape[1]).contiguous()
+    return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+
+
 class QLinear(torch.nn.Module):
     """A bias-free linear layer holding its weight for one precision path.
 
@@ -162,9 +175,9 @@ class QLinear(torch.nn.Module):
             y = decode_gemm.decode_mm(xq, self.w, xs, self.w_scale, gelu_out_scale=gelu_to)
         elif self.runs_swap_ab(xq.shape[0]):
             xq = xq if xq.is_contiguous() else xq.contiguous()  # its transpose is the K-major operand cuBLAS wants
-            y = torch._scaled_mm(self.w, xq.t(), scale_a=self.w_scale, scale_b=xs, out_dtype=torch.bfloat16).t()
+            y = scaled_mm(self.w, xq.t(), self.w_scale, xs).t()
         else:
-            y = torch._scaled_mm(xq, self.w.t(), scale_a=xs, scale_b=self.w_scale, out_dtype=torch.bfloat16)
+            y = scaled_mm(xq, self.w.t(), xs, self.w_scale)
         return y.reshape(*shape[:-1], self.out_features)
 
 
