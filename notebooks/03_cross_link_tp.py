@@ -150,8 +150,9 @@ if CP.passed:  # what the aware walk says about the fix, following the branch th
 # (`tensorboard_trace_handler`). `hwlab ranks --traces DIR` reads them streaming and asks, per collective,
 # which rank arrived last: the last arriver waits least, so its time inside the collective is the shortest,
 # and no common clock is needed. Three recorded runs of `examples/profiled_torchrun.py` (four gloo ranks on
-# a CPU machine): one rank slowed before its all-reduce; two ranks behind the shaped veth of section 2
-# (`examples/profiled_slowlink.py`), so every all-reduce crosses the slow link; and a clean run. Beside
+# a CPU machine): one rank slowed before its all-reduce; every all-reduce carrying a payload the link
+# cannot move in step (the link-bound shape: every rank waits inside); and a clean run. (A run behind
+# section 2's shaped veth, `examples/profiled_slowlink.py`, is exercise 05's to read.) Beside
 # them, the step-log view of section 2: the same split into own work and waiting, from the other source.
 
 # %%
@@ -162,7 +163,7 @@ from IPython.display import Markdown, display
 
 TRACES = evidence.TRACES_DIR  # shipped inside the package
 if TRACES.is_dir():
-    tr = {k: ranks_traces.report(TRACES / k) for k in ("slow_rank", "slow_link_tbf", "clean")}
+    tr = {k: ranks_traces.report(TRACES / k) for k in ("slow_rank", "slow_link", "clean")}
     src_tr = "recorded on a CPU machine: torch.profiler traces of 4 gloo ranks under torchrun"
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6), sharey=False)
     for ax, (name, rep) in zip(axes, tr.items()):
@@ -192,7 +193,7 @@ if TRACES.is_dir():
               f"exit {1 if ranks_traces.has_finding(rep) else 0} [{src_tr}]")
         with nb.gated(CP, "its walk"):
             print(f"{name}: walk {' -> '.join(rep['flowchart']['path'])}")
-    sr, sl = tr["slow_rank"], tr["slow_link_tbf"]
+    sr, sl = tr["slow_rank"], tr["slow_link"]
     f1, f2 = sr["finding"], sl["finding"]
     display(Markdown(
         f"From the traces ({src_tr}): in the slowed run **rank {f1['rank']}** arrived last in "

@@ -88,7 +88,7 @@ TRACES = evidence.TRACES_DIR  # shipped inside the package
 if TRACES.is_dir():
     src_tr = "recorded on a CPU machine: torch.profiler traces of 4 gloo ranks under torchrun"
     rows = []
-    for name in ("slow_rank", "slow_link_tbf", "clean"):
+    for name in ("slow_rank", "slow_link", "clean"):
         rep = ranks_traces.report(TRACES / name)
         f = rep["finding"]
         worst = max(rep["per_rank"].values(), key=lambda s: s["pct_arrived_last"] or 0)

@@ -302,3 +302,15 @@ def test_executed_h200_copies_ran_clean_and_say_where():
         text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
         # each names its source: live/recorded on the H200, or (Lab 3's slow link) recorded on a CPU
         assert "NVIDIA H200" in text or "recorded on CPU" in text, p.name
+
+
+def test_no_notebook_reads_a_recording_an_exercise_reads():
+    """An exercise is a case no notebook shows: a recorded run an exercise reads (through
+    ``evidence.recorded_traces`` or the recorded folders) appears in no notebook's code."""
+    pat = re.compile(r"""recorded_traces\(\s*["']([\w.-]+)["']""")
+    used_by_exercises = {m for p in (ROOT / "exercises").glob("*.py") for m in pat.findall(p.read_text())}
+    assert used_by_exercises, "no exercise reads a recorded trace: the pattern above no longer matches"
+    for nb_py in sorted((ROOT / "notebooks").glob("*.py")):
+        code = nb_py.read_text()
+        shown = {name for name in used_by_exercises if re.search(rf"""["']{re.escape(name)}["']""", code)}
+        assert not shown, f"{nb_py.name} shows {shown}, which an exercise asks the learner to read"

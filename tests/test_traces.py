@@ -307,6 +307,26 @@ def test_spreads_over_steps_and_the_borderline_rule():
     assert sp["e2e_slowdown"]["p90"] == pytest.approx(5.0 - 0.2 * (5.0 - 4.0))
 
 
+
+@pytest.mark.parametrize("run", ["slow_rank", "slow_link", "clean"])
+def test_the_walk_carries_each_metrics_spread_over_steps(run):
+    """The walk's own steps carry the p10-p90 over steps (not a note beside a walk that says "spread
+    not recorded"), and a step whose spread holds the threshold is borderline."""
+    rep = R.report(REC / run)
+    d = flowchart.diagnose(rep["flowchart"]["evidence"])
+    seen = 0
+    for st in d.steps:
+        sp = rep["spreads"].get(st.metric)
+        if sp is None:
+            assert st.spread is None
+            continue
+        seen += 1
+        assert st.spread == pytest.approx((sp["p10"], sp["p90"])) and "over steps" in st.spread_what
+        crit = next(c for q in flowchart.QUESTIONS.values() for c in q.criteria if c.metric == st.metric)
+        assert st.borderline == (crit.holds(sp["p10"]) != crit.holds(sp["p90"]))
+    assert seen >= 1, d.explain()
+
+
 def test_draft_incident_is_worded_for_what_the_traces_found(tmp_path):
     from hwlab.diagnosis import incident
     rank = R.report(REC / "slow_rank")["incident_draft"]["record"]

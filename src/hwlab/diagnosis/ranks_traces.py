@@ -381,8 +381,10 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
                                                  hosts, per_rank)
     ev, unmeasured, workload = _walk_evidence(traces, ranks, busy_p10, peer_floor, own, step_med, tail_pct,
                                               floor_pct)
-    d = flowchart.diagnose(ev)
     spreads = _spreads(rows_by, slowest if len(ranks) > 1 else None, step_med)
+    ev["metric_spreads"] = {k: {"lo": v["p10"], "hi": v["p90"], "n": v["n_steps"], "what": "p10-p90 over steps"}
+                            for k, v in spreads.items() if k in ev}
+    d = flowchart.diagnose(ev)
     for metric, thr in (("rank_tail_pct", RANK_TAIL_PCT), ("e2e_slowdown", 1.2)):
         sp = spreads.get(metric)
         if sp and ev.get(metric) is not None and sp["p10"] < thr <= sp["p90"]:
