@@ -104,7 +104,7 @@ def j_detail(part: Part, idle_pct: float | None, copy_gbps: float | None, n_spil
     if regs is not None:
         figures["registers_per_thread"], sources["registers_per_thread"] = regs, "Kineto kernel records"
     if warps is not None:
-        figures["warps_per_sm"], sources["warps_per_sm"] = warps, \
+        figures["grid_warps_per_sm"], sources["grid_warps_per_sm"] = warps, \
             "Kineto kernel records (the grid's warps over the SMs, not resident warps; time-weighted)"
     if ncu:
         if ncu.get("warps_active_pct") is not None:
