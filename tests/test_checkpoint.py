@@ -280,6 +280,29 @@ def test_a_borderline_step_is_named_in_the_wrong_leaf_message_and_the_pass():
     assert "BORDERLINE" not in C.check(_cp(_lab03()), _right(_cp(_lab03()))).messages[0]
 
 
+
+def test_the_other_branch_of_a_borderline_step_is_a_reading_not_a_mistake():
+    """At a BORDERLINE step the run cannot tell its two branches apart: the leaf the far end of the
+    measured spread walks to passes, graded on that walk's own deciding metric and value, and says
+    BORDERLINE; a leaf neither end reaches is still wrong."""
+    ev = _lab03("aware")
+    cp = _cp(ev)
+    d = cp.walk.steps[1]
+    lo, hi = d.spread
+    far = flowchart.diagnose({**ev, d.metric: hi if d.answer == "no" else lo})   # D's other branch
+    assert far.leaf_id not in (None, cp.walk.leaf_id), far.compact()
+    s = far.steps[-1]
+    ok = C.check(cp, C.Answer(far.leaf_id, s.metric, float(s.value)))
+    assert ok.passed and "BORDERLINE at D" in ok.messages[0], ok
+    wrong_value = C.check(cp, C.Answer(far.leaf_id, s.metric, float(s.value) * 3 + 10))
+    assert wrong_value.status == C.WRONG and "outside the reading's spread" in wrong_value.messages[0]
+    neither = next(x for x in flowchart.LEAVES if x not in (cp.walk.leaf_id, far.leaf_id)
+                   and C._ruled_out_by(cp.walk, x) is not None and C._ruled_out_by(far, x) is not None)
+    assert C.check(cp, C.Answer(neither, s.metric, float(s.value))).status == C.WRONG
+    clear = _cp(_lab01()[0])                          # no borderline step: only the walk's own leaf passes
+    assert not clear.walk.borderline and C.borderline_alternative(clear, "L") is None
+
+
 def test_an_undecided_walk_grades_nothing_and_shows_what_to_measure():
     ev = {"slowdown_vs_floor": 3.0}                        # F has no metric: the walk stops there
     cp = _cp(ev)

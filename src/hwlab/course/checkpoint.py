@@ -33,7 +33,7 @@ back whatever else a later cell would show of the answer the same way.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from hwlab.diagnosis import flowchart
@@ -180,6 +180,24 @@ def _ruled_out_by(walk: flowchart.Diagnosis, leaf: str) -> flowchart.Step | None
     return None
 
 
+
+def borderline_alternative(cp: Checkpoint, leaf: str) -> Checkpoint | None:
+    """The checkpoint re-walked with one BORDERLINE step's metric at an end of its measured spread, where
+    that walk reaches ``leaf``; None if no such end does. A step whose spread contains its threshold is
+    one re-run from its other branch (the chart's borderline rule), so a leaf on that branch is a reading
+    of this evidence, not a mistake, and is graded on that walk (its asked step, metric and value)."""
+    if not cp.walk.borderline or flowchart.diagnose(cp.evidence).leaf_id != cp.walk.leaf_id:
+        return None  # the walk is not this evidence's own: nothing to re-walk
+    for s in cp.walk.borderline:
+        q = flowchart.QUESTIONS[s.question]
+        for c in (*q.overrides_no, *q.criteria):
+            sp = checks.spreads_of(cp.evidence).get(c.metric, (None, ""))[0]
+            for end in sp or ():
+                alt = flowchart.diagnose({**cp.evidence, c.metric: end})
+                if alt.leaf_id == leaf:
+                    return replace(cp, walk=alt)
+    return None
+
 def _fmt(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
@@ -235,6 +253,15 @@ def check(cp: Checkpoint, answer: Answer | None, *, record: bool = True, learner
                         "there is nothing to grade: re-measure as the walk says"]
     elif leaf not in flowchart.LEAVES:
         res.messages = [f"{a.leaf!r} is not a leaf of the chart: give one of its leaf letters"]
+    elif leaf != cp.walk.leaf_id and (alt := borderline_alternative(cp, leaf)) is not None:
+        res.messages = _grade_reading(alt, a)
+        res.status = WRONG if res.messages else PASSED
+        if res.passed:
+            b = ", ".join(x.question for x in cp.walk.borderline)
+            res.messages = [f"leaf, metric and value agree with the evidence at one end of its measured spread: "
+                            f"BORDERLINE at {b} (the spread contains the threshold), so this run cannot tell your "
+                            "branch from the other one; the walk below follows the median. Re-run with more "
+                            "repeats before acting on either branch"]
     elif leaf != cp.walk.leaf_id:
         s = _ruled_out_by(cp.walk, leaf)
         res.messages = [_contradiction(s, leaf) if s else f"leaf {leaf} is not where this evidence leads"]
