@@ -105,7 +105,8 @@ def test_a_ceiling_re_timed_in_another_load_phase_widens_its_band():
     steady = diagnose({**ev, "metric_spreads": spreads_over([ev, ev, ev], ev, (lo, hi))})
     assert steady.leaf_id == "J" and not steady.borderline  # 56% of the ceiling: within its p10-p90 alone, clear
     sp = spreads_over([ev, ev, ev], ev, band)
-    assert sp["tensor_pct_of_peak"]["lo"] == pytest.approx(56.0 / 1.2) and sp["tensor_pct_of_peak"]["hi"] == pytest.approx(56.0 / 0.6)
+    tensor = sp["tensor_pct_of_peak"]
+    assert tensor["lo"] == pytest.approx(56.0 / 1.2) and tensor["hi"] == pytest.approx(56.0 / 0.6)
     full = {**ev, "metric_spreads": sp}
     d = diagnose(full)
     assert d.leaf_id == "J" and d.borderline and "I" in alternatives(full, d, ["J", "J", "J"])
@@ -141,8 +142,10 @@ def test_a_part_that_heads_a_repeat_lends_the_headline_its_leaf_and_alternatives
     gemm_ev = {"slowdown_vs_floor": 3.0, "dram_pct_estimated": 10.0, "tensor_pct_of_peak": 20.0}
     elem_ev = {"slowdown_vs_floor": 3.0, "dram_pct_estimated": 80.0}
     pooled = [walked("gemm float32", gemm_ev, 5.0, []), walked("elementwise/reduction", elem_ev, 4.0, ["J"])]
-    same = Parts([walked("gemm float32", gemm_ev, 5.0, []), walked("elementwise/reduction", elem_ev, 1.0, [])], 20.0, "", None)
-    other = Parts([walked("gemm float32", gemm_ev, 1.0, []), walked("elementwise/reduction", elem_ev, 5.0, [])], 20.0, "", None)
+    same = Parts([walked("gemm float32", gemm_ev, 5.0, []), walked("elementwise/reduction", elem_ev, 1.0, [])],
+                 20.0, "", None)
+    other = Parts([walked("gemm float32", gemm_ev, 1.0, []), walked("elementwise/reduction", elem_ev, 5.0, [])],
+                  20.0, "", None)
     assert Parts(pooled, 20.0, "", None, repeats=[same, same, same]).headline_alternatives == []
     parts = Parts(pooled, 20.0, "", None, repeats=[same, other, same])
     assert parts.headline.name == "gemm float32" and parts.headline.leaf_id == "I"

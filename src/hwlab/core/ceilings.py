@@ -210,7 +210,8 @@ def measure(device=None, quick: bool = False, progress=None) -> Ceilings:
         host_link_gbps=results["host link"].gbps if "host link" in results else None,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         host=socket.gethostname(), n_threads=None if gpu else cpu_threads(),
-        bands={k: {"t_ms": m.t_ms, "t_p10_ms": m.t_p10_ms, "t_p90_ms": m.t_p90_ms, "n_rep": m.n_rep, "timer": m.timer,
+        bands={k: {"t_ms": m.t_ms, "t_p10_ms": m.t_p10_ms, "t_p90_ms": m.t_p90_ms, "n_rep": m.n_rep,
+                   "timer": m.timer,
                    "params": m.params, **({"gpu_share": m.gpu_share} if m.gpu_share else {})}
                for k, m in results.items()})
 
