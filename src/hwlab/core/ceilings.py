@@ -26,6 +26,11 @@ capability 8.0 (Ampere); a CPU has a bf16 path where it reports AVX512_BF16 or A
 to bf16 is checked against what the machine reaches (:func:`bf16_gain`): a native path, and a
 bf16 GEMM measured faster than fp32.
 
+On a CPU the probes are timed net of the run-queue wait (:mod:`hwlab.core.hostwait`): a ceiling is
+what this CPU reaches while it runs, not how much of a busy host's time it was given (a copy
+long enough to be preempted read a fraction of its rate beside other processes, while a short
+GEMM did not); each band names its timer.
+
 A fresh measurement is cached only where its own timing is stable (:func:`to_cache`, with
 :func:`hwlab.core.spread.unstable`: at least ``MIN_REPEATS`` repeats and a p10-p90 band at most
 ``NOISY_SPREAD_PCT`` of its median). An unstable ceiling measured the host's load, and every later
@@ -182,7 +187,7 @@ def measure(device=None, quick: bool = False, progress=None) -> Ceilings:
     steps: list[tuple[str, Any]] = [
         ("copy", lambda: probes.hbm_copy(size_mib=(256 if quick else 2048) if gpu else
                                          (64 if quick else 256), device=dev,
-                                         impl="torch", n_rep=20 if quick else 50)),
+                                         impl="torch", n_rep=20 if quick else 50, net_of_wait=not gpu)),
     ]
     dtypes = ["fp32", "tf32", "bf16"] + (["fp8"] if gpu and probes.fp8_supported(dev) else [])
     if not gpu:
@@ -190,7 +195,7 @@ def measure(device=None, quick: bool = False, progress=None) -> Ceilings:
     for dt in dtypes:
         size = (4096 if quick else 8192) if gpu else (256 if quick else 512)
         steps.append((f"gemm {dt}", lambda dt=dt, size=size: probes.gemm(
-            size=size, dtype=dt, device=dev, n_rep=10 if quick else 30)))
+            size=size, dtype=dt, device=dev, n_rep=10 if quick else 30, net_of_wait=not gpu)))
     if gpu:
         steps.append(("host link", lambda: probes.host_link(size_mib=64 if quick else 256,
                                                            device=dev, n_rep=10)))
@@ -206,6 +211,7 @@ def measure(device=None, quick: bool = False, progress=None) -> Ceilings:
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         host=socket.gethostname(), n_threads=None if gpu else cpu_threads(),
         bands={k: {"t_ms": m.t_ms, "t_p10_ms": m.t_p10_ms, "t_p90_ms": m.t_p90_ms, "n_rep": m.n_rep,
+                   "timer": m.timer,
                    "params": m.params, **({"gpu_share": m.gpu_share} if m.gpu_share else {})}
                for k, m in results.items()})
 

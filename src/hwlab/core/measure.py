@@ -298,8 +298,12 @@ class Timing:
     """Per-repetition times of one measured callable."""
 
     samples_ms: list[float]
-    timer: str  # "cuda-event" or "cpu-perf-counter"
+    timer: str  # "cuda-event", "cpu-perf-counter" or "cpu-perf-counter net of run-queue wait"
     n_warmup: int
+    #: CPU timed net of the run-queue wait (:mod:`hwlab.core.hostwait`): each sample's wall time
+    #: and the wait taken out of it; None where the samples are the wall clock's or the device's
+    wall_ms: list[float] | None = None
+    wait_ms: list[float] | None = None
 
     @property
     def median_ms(self) -> float:
@@ -327,7 +331,7 @@ class Timing:
 def time_fn(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]],
             device: torch.device, n_warmup: int = 5, n_rep: int = 50,
             max_total_s: float = 30.0, warmup_s: float | None = None,
-            min_run_s: float | None = None) -> Timing:
+            min_run_s: float | None = None, net_of_wait: bool = False) -> Timing:
     """Time ``fn(*arg_sets[i % len(arg_sets)])`` at least ``n_rep`` times after warm-up.
 
     Warm-up is ``n_warmup`` calls and, on a GPU, at least ``warmup_s`` seconds
@@ -339,8 +343,10 @@ def time_fn(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]],
     GPU, 0 on CPU), so the median describes the sustained state.
 
     CUDA: one event pair per repetition, read after a single synchronise at the end.
-    CPU: ``perf_counter`` around each call. ``max_total_s`` stops early (keeping at least 3
-    samples) so a slow configuration in a sweep cannot hang a lab.
+    CPU: ``perf_counter`` around each call; with ``net_of_wait`` each sample is net of the
+    calling thread's run-queue wait across the call (:mod:`hwlab.core.hostwait`: a busy host's
+    time, not the work's), the wall times kept beside. ``max_total_s`` stops early (keeping at
+    least 3 samples) so a slow configuration in a sweep cannot hang a lab.
     """
     import torch
     if not arg_sets:
@@ -383,13 +389,24 @@ def time_fn(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]],
         samples = [s.elapsed_time(e) for s, e in events]
         timer = "cuda-event"
     else:
+        from hwlab.core import hostwait
+        net = net_of_wait and hostwait.wait_ns() is not None
+        waits: list[float] = []
         for i in range(n):
             args = arg_sets[i % n_sets]
+            w0 = hostwait.wait_ns() if net else None
             t1 = time.perf_counter()
             fn(*args)
             samples.append((time.perf_counter() - t1) * 1e3)
+            if w0 is not None:
+                waits.append(((hostwait.wait_ns() or w0) - w0) / 1e6)
             if i >= 2 and time.perf_counter() - t_start > max_total_s:
                 break
+        if net:
+            wall = samples
+            samples = [hostwait.net_ms(s, w) for s, w in zip(wall, waits)]
+            return Timing(samples_ms=samples, timer="cpu-perf-counter net of run-queue wait", n_warmup=n_warmup,
+                          wall_ms=wall, wait_ms=waits)
         timer = "cpu-perf-counter"
     return Timing(samples_ms=samples, timer=timer, n_warmup=n_warmup)
 
@@ -510,7 +527,8 @@ def bench(name: str, fn: Callable[..., Any], make_inputs: Callable[[], Sequence[
           n_bytes: int, n_flops: int = 0, reference: Callable[..., Any] | None = None,
           tol: float | None = None, device: torch.device | None = None,
           n_warmup: int = 5, n_rep: int = 50, rotate: bool = True,
-          params: dict[str, Any] | None = None, max_total_s: float = 30.0) -> Measurement:
+          params: dict[str, Any] | None = None, max_total_s: float = 30.0,
+          net_of_wait: bool = False) -> Measurement:
     """Check ``fn`` against ``reference`` on fresh random inputs, then time it.
 
     ``make_inputs()`` must return a *new random* argument tuple on every call: it is called
@@ -539,8 +557,9 @@ def bench(name: str, fn: Callable[..., Any], make_inputs: Callable[[], Sequence[
         with gpu_share.Watch(dev.index if dev.index is not None else torch.cuda.current_device()) as w:
             timing = time_fn(fn, arg_sets, dev, n_warmup=n_warmup, n_rep=n_rep, max_total_s=max_total_s)
         share = w.result
-    else:
-        timing = time_fn(fn, arg_sets, dev, n_warmup=n_warmup, n_rep=n_rep, max_total_s=max_total_s)
+    else:  # net_of_wait: a CPU's timing net of the run-queue wait (time_fn)
+        timing = time_fn(fn, arg_sets, dev, n_warmup=n_warmup, n_rep=n_rep, max_total_s=max_total_s,
+                         net_of_wait=net_of_wait)
     p = dict(params or {})
     p["n_rotating_sets"] = n_sets
     return Measurement(name=name, t_ms=timing.median_ms, t_p10_ms=timing.p10_ms,

@@ -172,11 +172,13 @@ def _triton_copy():
 
 
 @_probe
-def hbm_copy(size_mib: int = 1024, device=None, impl: str = "auto", n_rep: int = 50) -> Measurement:
+def hbm_copy(size_mib: int = 1024, device=None, impl: str = "auto", n_rep: int = 50,
+             net_of_wait: bool = False) -> Measurement:
     """Device-memory bandwidth: copy ``size_mib`` MiB of fp32, counting read + write.
 
     ``impl``: 'triton' (hwlab's own streaming kernel; default on GPU) or 'torch'
     (``Tensor.copy_``; default on CPU, where the Triton interpreter is no speed reference).
+    ``net_of_wait``: on a CPU, timed net of the run-queue wait (:mod:`hwlab.core.hostwait`).
     """
     import torch
     dev = device_of(device)
@@ -199,7 +201,7 @@ def hbm_copy(size_mib: int = 1024, device=None, impl: str = "auto", n_rep: int =
 
     return bench(f"hbm_copy[{impl}]", fn, make, n_bytes=2 * n * 4,
                  reference=lambda s, d: s, tol=0.0, device=dev, n_rep=n_rep,
-                 params={"size_mib": size_mib, "impl": impl, "dtype": "float32"})
+                 params={"size_mib": size_mib, "impl": impl, "dtype": "float32"}, net_of_wait=net_of_wait)
 
 
 # ---------------------------------------------------------------- host link
@@ -281,12 +283,14 @@ def matmul_at(dtype: str, M: int, N: int, K: int, dev) -> tuple[Callable, Callab
 
 @_probe
 def gemm(size: int | None = None, dtype: str = "bf16", device=None, n_rep: int = 30,
-         m: int | None = None, n: int | None = None, k: int | None = None) -> Measurement:
+         m: int | None = None, n: int | None = None, k: int | None = None,
+         net_of_wait: bool = False) -> Measurement:
     """Dense ``(M,K) @ (K,N)`` through torch (cuBLAS on GPU), checked against float64.
 
     ``fp32`` disables TF32 for the call; ``tf32`` enables it; ``fp8`` is e4m3 inputs with
     unit scales through ``torch._scaled_mm`` (bf16 output). Default size: 8192 on a GPU
-    (fills an H100/H200), 512 on a CPU.
+    (fills an H100/H200), 512 on a CPU. ``net_of_wait``: on a CPU, timed net of the run-queue
+    wait (:mod:`hwlab.core.hostwait`).
     """
     import torch
     dev = device_of(device)
@@ -324,7 +328,7 @@ def gemm(size: int | None = None, dtype: str = "bf16", device=None, n_rep: int =
     n_bytes = (M * K + K * N) * item + M * N * (2 if dtype in ("bf16", "fp16", "fp8") else 4)
     return bench(f"gemm[{dtype}]", fn, make, n_bytes=n_bytes, n_flops=2 * M * N * K,
                  reference=reference, tol=tol, device=dev, n_rep=n_rep,
-                 params={"m": M, "n": N, "k": K, "dtype": dtype})
+                 params={"m": M, "n": N, "k": K, "dtype": dtype}, net_of_wait=net_of_wait)
 
 
 # ---------------------------------------------------------------- launch overhead

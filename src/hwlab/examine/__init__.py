@@ -75,7 +75,8 @@ from hwlab.examine.ncu_counters import MAX_KERNELS
 from hwlab.examine.parts import Part, Parts, build_parts
 from hwlab.examine.rates import traffic_ratio
 from hwlab.examine.repeats import (
-    N_REPEATS, Blocks, alternatives, ceiling_band, leaf_name, merge_spreads, spreads_over, timed_blocks)
+    N_REPEATS, Blocks, Retimer, alternatives, ceiling_band, leaf_name, merge_spreads, spreads_over,
+    timed_blocks)
 
 # torch, the counting modes (estimate) and the input checks (inputs) load when a function is examined:
 # the package itself, its report and its trace readers import without torch (commands that only read)
@@ -130,7 +131,11 @@ class Examination:
     def alternatives(self) -> list[str]:
         """The headline leaf's alternatives (:mod:`hwlab.examine.repeats`): empty when the leaf holds."""
         h = self.headline
-        return self.parts.headline_alternatives if h is not None else list(self.whole_alternatives)
+        if h is not None:
+            return self.parts.headline_alternatives
+        # no part heads: the whole function's walk does, and a repeat that a part headed is a re-run's leaf
+        heads = {leaf for _, leaf in (self.parts.repeat_headlines if self.parts is not None else []) if leaf}
+        return sorted((set(self.whole_alternatives) | heads) - {self.diagnosis.leaf_id})
 
     @property
     def borderline(self) -> bool:
@@ -283,7 +288,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
         _peak_dtype(None, args, dtype_peak, c, dev.type == "cuda", notes)  # refuses it with its one line
     step(PHASES[2])
     blocks = timed_blocks(run, arg_sets, dev, time_fn, back_to_back_ms, n_rep=21, n_chunks=15,
-                          max_total_s=max_total_s)
+                          max_total_s=max_total_s, retime=Retimer(c.bands, dev) if dev.type != "cuda" else None)
     pooled = sorted(blocks.pooled_samples_ms)
     timing = (statistics.median(pooled), quantile(pooled, 0.1), quantile(pooled, 0.9))
     if n_bytes is not None or n_flops is not None:  # a given count no device reaches: refused now
@@ -325,7 +330,8 @@ def _measured(fn, name: str, args: tuple, kwargs: dict, arg_sets: list, dev, c, 
                     timer=blocks.timer, n_rep=len(blocks.pooled_samples_ms),
                     params={"n_rotating_sets": len(arg_sets), "gemm_ceiling_dtype": peak,
                             "first_call_s": first_call_s, "wall_ms_per_call": wall_ms,
-                            "n_repeats": len(blocks.samples_ms)})
+                            "n_repeats": len(blocks.samples_ms),
+                            "run_queue_wait_pct": None if blocks.wait_share() is None else 100 * blocks.wait_share()})
     m = m.with_ceilings(gbps=c.copy_gbps, tflops=c.gemm(peak) if peak else None, source=c.label)
     _check_given_counts(m, c, gpu, n_bytes is not None, n_flops is not None)
     cache_b = cache_bytes if cache_bytes is not None else last_level_cache_bytes(dev)
@@ -344,6 +350,14 @@ def _measured(fn, name: str, args: tuple, kwargs: dict, arg_sets: list, dev, c, 
                      "and registers, or pass n_flops if it does matmul work the counter cannot see")
     if not gpu:
         notes.append("CPU run: no GPU kernels, so no launch-gap or spill figures; the walk is indicative")
+        for k, rs in blocks.ceiling_rates.items():
+            unit, now = ("GB/s", c.copy_gbps) if k == "copy" else ("TFLOP/s", c.gemm(k.split()[-1]))
+            notes.append(f"ceiling {k} re-timed before each block and after the last: {min(rs):.4g}-{max(rs):.4g} "
+                         f"{unit} against {now:.4g} in use; the range widens every metric judged against it")
+        w = blocks.wait_share()
+        notes.append("CPU times are net of the run-queue wait (hwlab.core.hostwait): " + (
+            f"in its busiest block the timing thread waited for a CPU {100 * w:.0f}% of the wall time (host "
+            "load, taken out)" if w is not None else "not reported by this system, so the times are wall clock"))
     notes.append("multi-GPU behaviour is not examined (one function, one device): K (rank tail) is not "
                  "asked of one process; for a rank tail, record per-rank step times (Lab 3)")
     if alts:
@@ -366,7 +380,8 @@ def _walk_all(m: Measurement, c, peak: str | None, counts: dict[str, Any], prof,
     block, one profiled call each): the repeats' ranges are the spreads, and a leaf they differ on
     is BORDERLINE (:mod:`hwlab.examine.repeats`)."""
     cache_b = counts["cache_bytes"]
-    band = ceiling_band(c.bands, ("copy",) + ((f"gemm {peak}",) if peak else ()))
+    band = ceiling_band(c.bands, ("copy",) + ((f"gemm {peak}",) if peak else ()), blocks.ceiling_rates,
+                        {"copy": c.copy_gbps, **({f"gemm {peak}": c.gemm(peak)} if peak else {})})
     ratio = (traffic_ratio(counts["moved_bytes"], counts["n_bytes"], cache_b, counts["n_ops"])
              if counts["moved_bytes_source"].startswith("estimated") else None)
     bf16: dict[str, tuple[bool, str]] = {}
@@ -460,17 +475,23 @@ def back_to_back_ms(call: Callable[..., Any], arg_sets: list, dev, t_ms: float,
     their median, and their p10-p90 for D's spread). Short chunks, like the single-call samples
     they are compared with, so a host that preempts long loops (a busy CPU) does not read as a
     slow function."""
+    from hwlab.core import hostwait
+
     per_chunk = max(1, min(20, int(chunk_ms / max(t_ms, 1e-3))))
     chunks = []
     k = 0
+    net = getattr(dev, "type", "cpu") != "cuda"  # as the single calls: net of the run-queue wait
     for _ in range(n_chunks):
         synchronize(dev)
+        w0 = hostwait.wait_ns() if net else None
         t1 = time.perf_counter()
         for _ in range(per_chunk):
             call(*arg_sets[k % len(arg_sets)])
             k += 1
         synchronize(dev)
-        chunks.append((time.perf_counter() - t1) * 1e3 / per_chunk)
+        wall_ms = (time.perf_counter() - t1) * 1e3
+        w1 = hostwait.wait_ns() if w0 is not None else None
+        chunks.append(hostwait.net_ms(wall_ms, (w1 - w0) / 1e6 if w1 is not None else None) / per_chunk)
     return chunks
 
 

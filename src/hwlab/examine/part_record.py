@@ -108,12 +108,17 @@ class Parts:
     @property
     def headline_alternatives(self) -> list[str]:
         """Leaves other than the headline's that a repeat's headline, a repeat of the headline part,
-        or an end of its spread reaches: the headline is BORDERLINE when any (module doc of
-        :mod:`hwlab.examine.repeats`)."""
+        or an end of its spread reaches, and, for another part that heads a repeat, that part's own
+        leaf and alternatives (a re-run may head with it): the headline is BORDERLINE when any
+        (module doc of :mod:`hwlab.examine.repeats`)."""
         h = self.headline
         if h is None:
             return []
         other = {leaf for _, leaf in self.repeat_headlines if leaf} | set(h.alternatives)
+        rivals = {name for name, _ in self.repeat_headlines if name != h.name}
+        for p in self.parts:
+            if p.name in rivals and p.walk is not None and p.leaf_id is not None:
+                other |= {p.leaf_id, *p.alternatives}
         return sorted(other - {h.leaf_id})
 
     @property

@@ -18,8 +18,10 @@ communication). Added to them:
 * on a CPU, **host outside ops**: the profiled call's duration minus its aten ops' self time
   (Python between ops). On a CPU the parts are shares of the profiled call (CPU op self times),
   and a part's ms is its share of the measured median. The call is the profiled call of median
-  duration: the first call under the profiler can carry the profiler's own start-up, and on a
-  busy host one call can be preempted for a whole time slice; either would skew a mean.
+  duration among the quiet ones (:func:`quiet_calls`: least run-queue wait): the first call
+  under the profiler can carry the profiler's own start-up, and on a busy host a call can wait
+  for a CPU inside one op, whose wall-clock self time then holds the host's load; either would
+  skew a mean. Each repeat reads its own profiled call, so that skew shows as its spread.
 
 Triton kernels and ``torch.compile``d graphs run outside aten ops: their part says its bytes
 are not attributable (the traffic model did not see them), unless it is the whole function,
@@ -160,7 +162,8 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
     outside_ms = ([(u - sum(i["us"] for i in c)) / 1e3 for c, u in zip(calls, call_us)]
                   if not gpu and len(call_us) == len(calls) else [])  # host time outside ops, per profiled call
     if not gpu and len(calls) > 1 and len(call_us) == len(calls):  # the call of median duration (module doc)
-        k = sorted(range(len(calls)), key=lambda i: call_us[i])[len(calls) // 2]
+        quiet = quiet_calls(call_us, list(getattr(prof, "call_wait_us", None) or []))
+        k = sorted(quiet, key=lambda i: call_us[i])[len(quiet) // 2]
         if call_index is not None:
             k = call_index % len(calls)
         calls, call_us = [calls[k]], [call_us[k]]
@@ -217,6 +220,21 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
                                prof.n_spills if p.name == "triton/compiled" else None,
                                ncu if ncu_matches(p, ncu) else None, groups.get(p.name, {}).get("args", []))
     return Parts(parts, t_ms, src, coverage, notes, repeats=repeats or [])
+
+
+#: profiled calls whose run-queue wait share is within this of the least one's count as quiet
+QUIET_WAIT_SHARE = 0.05
+
+
+def quiet_calls(call_us: list[float], wait_us: list[float]) -> list[int]:
+    """Indices of the profiled calls the pooled parts may be read from (module doc): where each
+    call's run-queue wait is known, those whose wait share is within :data:`QUIET_WAIT_SHARE` of
+    the least waited call's (a wait inside an op's wall-clock time inflates that op's share);
+    else all of them."""
+    if len(wait_us) != len(call_us) or not call_us:
+        return list(range(len(call_us)))
+    share = [w / u if u > 0 else 1.0 for w, u in zip(wait_us, call_us)]
+    return [i for i, x in enumerate(share) if x <= min(share) + QUIET_WAIT_SHARE]
 
 
 def walk_part(p: Part, repeats: list[Parts] | None, band: tuple[float, float] | None = None) -> None:

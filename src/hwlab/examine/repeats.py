@@ -17,21 +17,37 @@ width, since the next repeat falls outside a range of three as often as not).
 
 The ceilings the metrics are judged against have a spread of their own (their p10-p90, kept in
 their ``bands``): a ceiling measured on a busy host and not cached is measured again by the next
-run, anywhere in that band. A metric over a ceiling has its range widened by it
+run, anywhere in that band. Its p10-p90 comes from calls timed within milliseconds of each other,
+one load phase; so on a CPU the copy and GEMM ceilings are also re-timed, a few calls each, before
+every block and after the last (:class:`Retimer`), and the range of those re-timed rates over the
+rate in use joins the band. A metric over a ceiling has its range widened by it
 (:func:`ceiling_band`).
+
+**Host load.** On a busy CPU host the timing thread waits for a core (the run queue) for a share
+of every wall-clock interval that changes from second to second: the three blocks, taken back to
+back, share one load phase, while the next examination meets another, so a range over the blocks
+of wall-clock times under-states what a re-run sees (and a ceiling timed at one moment, a
+function at another, gives a ratio that swings with both). On a CPU every timing here, the
+ceilings' included, is therefore net of the thread's run-queue wait (:mod:`hwlab.core.hostwait`;
+the report gives the wait's share); what the load leaves in (cache and memory contention from
+neighbours) shows as spread between blocks, and a profiled call that waited inside an op is not
+the one the pooled parts are read from (:func:`hwlab.examine.parts.quiet_calls`).
 
 **Alternatives.** A leaf is BORDERLINE, with its alternatives named (:func:`alternatives`), when a
 repeat reached another leaf, or when the walk on some metric at either end of its spread (one at
-a time, then all low, all high) reaches another one. Two identical runs then give the same leaf,
-or both say which leaves a re-run may land on, instead of flipping between them without warning.
+a time, then all low, all high) reaches another one. A headline is also BORDERLINE when a repeat
+heads with another part, by that part's own leaf and alternatives. Two identical runs then give
+the same leaf, or both say which leaves a re-run may land on, instead of flipping between them
+without warning.
 """
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from hwlab.core import hostwait
 from hwlab.diagnosis import flowchart_checks as checks
 from hwlab.diagnosis.flowchart import QUESTIONS, Diagnosis, diagnose
 
@@ -47,6 +63,17 @@ class Blocks:
     samples_ms: list[list[float]]  # per block, single calls
     chunks_ms: list[list[float]]  # per block, back-to-back ms per call
     timer: str
+    #: per block, the share (0-1) of the single calls' wall time the thread waited for a CPU
+    #: (taken out of the samples; None: wall clock or device events)
+    wait_shares: list[float | None] = field(default_factory=list)
+    #: ceiling ("copy", "gemm fp32") -> its rate re-timed before each block and after the last
+    #: (:class:`Retimer`; a CPU only)
+    ceiling_rates: dict[str, list[float]] = field(default_factory=dict)
+
+    def wait_share(self) -> float | None:
+        """The run-queue wait's share of all the blocks' wall time, or None unmeasured."""
+        xs = [x for x in self.wait_shares if x is not None]
+        return max(xs) if xs else None
 
     @property
     def pooled_samples_ms(self) -> list[float]:
@@ -68,22 +95,69 @@ class Blocks:
 def timed_blocks(run: Callable[..., Any], arg_sets: list, dev, time_fn: Callable[..., Any],
                  back_to_back: Callable[..., list[float]], n_rep: int = 20, n_chunks: int = 15,
                  max_total_s: float = 20.0, n_blocks: int = N_REPEATS,
-                 on_block: Callable[[int], None] | None = None) -> Blocks:
+                 on_block: Callable[[int], None] | None = None,
+                 retime: Callable[[], dict[str, float]] | None = None) -> Blocks:
     """Time ``run`` in ``n_blocks`` blocks, each single calls (``time_fn``) then back to back
-    (``back_to_back``), ``n_rep`` and ``n_chunks`` split across the blocks (module doc)."""
+    (``back_to_back``), ``n_rep`` and ``n_chunks`` split across the blocks (module doc);
+    ``retime()`` re-times the ceilings before each block and after the last (:class:`Retimer`)."""
     per_rep, per_chunks = max(3, -(-n_rep // n_blocks)), max(3, -(-n_chunks // n_blocks))
-    samples, chunks, timer = [], [], ""
+    samples, chunks, timer, waits = [], [], "", []
+    rates: dict[str, list[float]] = {}
+
+    def retimed() -> None:
+        for k, v in (retime() if retime else {}).items():
+            rates.setdefault(k, []).append(v)
+
     t_end = time.perf_counter() + max_total_s
+    net = getattr(dev, "type", "cpu") != "cuda"  # a CPU's timing net of the run-queue wait (module doc)
     for b in range(n_blocks):
         if on_block:
             on_block(b)
+        retimed()
         left = max(0.2, t_end - time.perf_counter())
         t = time_fn(run, arg_sets, dev, n_warmup=3 if b == 0 else 1, n_rep=per_rep,
-                    max_total_s=left / max(1, n_blocks - b))
+                    max_total_s=left / max(1, n_blocks - b), net_of_wait=net)
         samples.append(list(t.samples_ms))
+        waits.append(hostwait.wait_share(t.wall_ms, t.wait_ms))
         timer = t.timer
         chunks.append(back_to_back(run, arg_sets, dev, statistics.median(t.samples_ms), n_chunks=per_chunks))
-    return Blocks(samples, chunks, timer)
+    retimed()
+    return Blocks(samples, chunks, timer, waits, rates)
+
+
+#: single calls per re-timing of a ceiling (:class:`Retimer`): a glimpse of its rate now, not a
+#: measurement of it; the median of these few
+RETIME_REPS = 3
+
+
+class Retimer:
+    """A CPU's copy and fp32 GEMM ceilings re-timed at the sizes their bands record (module doc,
+    :func:`ceiling_band`): the same work as the cached probe, a few calls, net of the run-queue
+    wait, so a ceiling cached in another load phase (or another run's) is seen beside this
+    examination's. Buffers are made once; a ceiling without a recorded size is not re-timed."""
+
+    def __init__(self, bands: dict[str, dict[str, Any]], dev) -> None:
+        import torch
+
+        self.dev, self.jobs = dev, {}
+        cp = ((bands.get("copy") or {}).get("params") or {})
+        if isinstance(cp.get("size_mib"), int) and 0 < cp["size_mib"] <= 1024:
+            n = cp["size_mib"] * 2**20 // 4
+            src, dst = torch.randn(n), torch.empty(n)
+            self.jobs["copy"] = (lambda: dst.copy_(src), 2 * n * 4 / 1e9)  # GB per call
+        gp = ((bands.get("gemm fp32") or {}).get("params") or {})
+        if all(isinstance(gp.get(k), int) and 0 < gp[k] <= 4096 for k in ("m", "n", "k")):
+            a, b = torch.randn(gp["m"], gp["k"]), torch.randn(gp["k"], gp["n"])
+            self.jobs["gemm fp32"] = (lambda: a @ b, 2 * gp["m"] * gp["n"] * gp["k"] / 1e12)  # TFLOP per call
+
+    def __call__(self) -> dict[str, float]:
+        from hwlab.core.measure import time_fn
+
+        out = {}
+        for k, (fn, work) in self.jobs.items():
+            t = time_fn(fn, [()], self.dev, n_warmup=1, n_rep=RETIME_REPS, net_of_wait=True)
+            out[k] = work / (t.median_ms * 1e-3)
+        return out
 
 
 #: metrics judged against a measured ceiling: +1 grows with the ceiling (time over a floor of
@@ -92,15 +166,23 @@ CEILING_METRICS = {"slowdown_vs_floor": 1, "dram_pct_estimated": -1, "dram_pct_r
                    "tensor_pct_of_peak": -1}
 
 
-def ceiling_band(bands: dict[str, dict[str, Any]], keys: tuple[str, ...]) -> tuple[float, float] | None:
+def ceiling_band(bands: dict[str, dict[str, Any]], keys: tuple[str, ...],
+                 retimed: dict[str, list[float]] | None = None,
+                 values: dict[str, float | None] | None = None) -> tuple[float, float] | None:
     """The ceilings' own spread as factors on their value, ``(lo, hi)``: a ceiling is a rate, so its
-    p10-p90 runs from median/p90 to median/p10 of its timing; over several ceilings, the widest."""
+    p10-p90 runs from median/p90 to median/p10 of its timing; with the ceiling re-timed during the
+    examination (``retimed``: key -> rates, :class:`Retimer`; ``values``: key -> the rate in use),
+    also from the lowest to the highest re-timed rate over the one in use: what the ceiling reads
+    in another load phase, as the next run's own measurement may. Over several ceilings, the widest."""
     lo, hi = 1.0, 1.0
     for k in keys:
         b = bands.get(k) or {}
         t, p10, p90 = b.get("t_ms"), b.get("t_p10_ms"), b.get("t_p90_ms")
         if all(isinstance(x, (int, float)) and x > 0 for x in (t, p10, p90)):
             lo, hi = min(lo, t / p90), max(hi, t / p10)
+        v, rs = (values or {}).get(k), [r for r in (retimed or {}).get(k, []) if r > 0]
+        if v and rs:
+            lo, hi = min(lo, min(rs) / v), max(hi, max(rs) / v)
     return (lo, hi) if (lo, hi) != (1.0, 1.0) else None
 
 

@@ -112,6 +112,9 @@ class ProfileSummary:
     trace_path: str | None = None
     calls: list = field(default_factory=list, repr=False)
     call_us: list = field(default_factory=list)
+    #: on a CPU, each profiled call's run-queue wait in us (:mod:`hwlab.core.hostwait`): host load
+    #: that landed somewhere inside the call's wall-clock op times; empty where not reported
+    call_wait_us: list = field(default_factory=list)
 
     def launch_gap_pct(self, t_ms: float) -> float | None:
         """GPU idle share of the call (see module doc); None on a CPU."""
@@ -152,15 +155,23 @@ def profile_calls(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], kwa
 
     gpu = device.type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    from hwlab.core import hostwait
+
+    waits: list[float] = []
     with quiet_profile(activities=acts, record_shapes=True) as prof:  # shapes: the trace can be examined alone
         for i in range(n_calls):
+            w0 = None if gpu else hostwait.wait_ns()
             with record_function(CALL_MARK):
                 fn(*arg_sets[i % len(arg_sets)], **kwargs)
+            w1 = hostwait.wait_ns() if w0 is not None else None
+            if w1 is not None:
+                waits.append((w1 - w0) / 1e3)
         if gpu:
             torch.cuda.synchronize(device)
     events = list(prof.events())
     compiled = any(any(e.name.startswith(m) for m in COMPILED_MARKS) for e in events)
     summary = _summarise_gpu(events, n_calls, compiled) if gpu else _summarise_cpu(events, n_calls, compiled)
+    summary.call_wait_us = waits if len(waits) == n_calls else []
     try:  # the Chrome trace: what the parts are read from, and what the user can open
         fd, path = tempfile.mkstemp(prefix="hwlab_examine_", suffix=".trace.json")
         os.close(fd)
