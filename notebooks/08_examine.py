@@ -36,8 +36,6 @@
 # In Python: `hwlab.examine(fn, *args)` or `hwlab.examine(fn, make_inputs=factory)`.
 
 # %%
-from pathlib import Path
-
 import torch
 
 import hwlab
@@ -46,7 +44,6 @@ from hwlab import nb
 from hwlab.examine.report_text import against_prediction, format_table, plot_slowdowns, table
 from hwlab.examine.target import load
 
-ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
 print(nb.live_label())
 here = ceilings.get(quick=True)  # this machine's ceilings (cached after the first run)
 print("ceilings:", here.label)
@@ -91,7 +88,7 @@ print(f"{first['name']} [{rec.label}]: {CP.walk()}")
 # speed: the bandwidth leaf **G**.
 
 # %%
-fn, mod = load(f"{ROOT / 'examples' / 'unfused_chain.py'}:unfused_chain")
+fn, mod = load(f"{evidence.example('unfused_chain.py')}:unfused_chain")  # shipped inside the package
 ex = hwlab.examine(fn, make_inputs=mod.inputs, ceilings=here, name="unfused_chain")
 DETAILS = False  # True: the whole report, as `hwlab examine` prints it (counts, profile, every step's rule)
 if DETAILS:
@@ -158,7 +155,7 @@ from IPython.display import Markdown, display
 from hwlab.examine.report_text import fix_summary, plot_parts
 from hwlab.examine.target import load_model
 
-tf = ROOT / "examples" / "small_transformer.py"
+tf = evidence.example("small_transformer.py")
 module, args, make = load_model(f"{tf}:model")
 mixed = hwlab.examine(module, *args, make_inputs=make, ceilings=here, name="small_transformer (GELU op by op)")
 with nb.gated(CP, "the model's parts and their walks (an fp32 GEMM among them)"):

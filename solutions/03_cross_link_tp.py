@@ -28,6 +28,7 @@
 # %%
 from hwlab.core import evidence, topology
 from hwlab.diagnosis import flowchart
+from hwlab import nb  # nb.reveal: a check's answer after three wrong tries
 from hwlab.course import exercise_checks
 
 capture = evidence.RECORDED_DIR / "topology" / "dgx1_v100_hybrid_cube_mesh.txt"

@@ -33,6 +33,7 @@
 # carries more padding than it needs. The checker re-profiles your mix.
 
 # %%
+from hwlab import nb  # nb.reveal: a check's answer after three wrong tries
 from hwlab.course import exercise_checks
 from hwlab.labs.fp8 import bucket_case as case
 

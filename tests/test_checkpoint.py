@@ -13,7 +13,7 @@ from hwlab import nb
 from hwlab.core import evidence
 from hwlab.course import checkpoint as C
 from hwlab.diagnosis import flowchart
-from hwlab.course import classroom
+from hwlab.course import classroom, tries
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = ROOT / "solutions" / "checkpoints.json"
@@ -59,7 +59,7 @@ def _right(cp, prediction=None):
 @pytest.fixture(autouse=True)
 def no_class_dir(monkeypatch):
     monkeypatch.delenv(classroom.ENV_DIR, raising=False)
-    monkeypatch.setattr(C, "_wrong_tries", {})  # each test starts at its first try
+    monkeypatch.setattr(tries, "_wrong", {})  # each test starts at its first try
 
 
 # ---- the checker -------------------------------------------------------------------------------

@@ -174,3 +174,28 @@ def test_ceilings_line_names_only_the_ceilings_the_record_holds(capsys, kind):
         assert "GEMM" not in line
     if c.get("source"):
         assert c["source"] in line
+
+
+@pytest.mark.slow
+def test_the_examples_are_found_through_the_package_from_any_folder(tmp_path):
+    """Notebook 08's examples (issue 49, item 1): read from the package, whatever the current folder holds;
+    the checkout's examples/ is a link to the same files."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import hwlab
+
+    code = ("from hwlab.core import evidence; from hwlab.examine.target import load; "
+            "p = evidence.example('unfused_chain.py'); fn, mod = load(f'{p}:unfused_chain'); "
+            "print(p, fn.__name__, callable(mod.inputs))")
+    env = {**os.environ, "PYTHONPATH": str(Path(hwlab.__file__).parents[1])}
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    where, name, has_inputs = r.stdout.split()
+    assert Path(where).parent == Path(hwlab.__file__).parent / "examples" and name == "unfused_chain"
+    assert has_inputs == "True"
+    root = Path(__file__).resolve().parents[1]
+    assert (root / "examples").resolve() == E.EXAMPLES_DIR.resolve()
+    with pytest.raises(E.EvidenceError, match="no example 'nope.py' in the package"):
+        E.example("nope.py")

@@ -22,6 +22,12 @@ FOLDERS = {"core": CORE, "traces": TRACES, "labs": LABS, "diagnosis": DIAGNOSIS,
 ROOT_MODULES = {"errors": CORE, "nb": TOP, "__init__": TOP, "__main__": TOP}
 
 
+def _modules():
+    """Every module of the house: the .py files under src/hwlab, less ``examples/`` (the learner's
+    examples, shipped as data beside the modules and examined, never imported by the kit)."""
+    return (p for p in SRC.rglob("*.py") if p.relative_to(SRC).parts[0] != "examples")
+
+
 def floor_of(mod: str) -> int:
     head = mod.split(".")[0]
     if head in FOLDERS:
@@ -74,7 +80,7 @@ def _resolves(mod: str) -> str:
 
 def upward_imports() -> set[tuple[str, str]]:
     found = set()
-    for path in sorted(SRC.rglob("*.py")):
+    for path in sorted(_modules()):
         me = module_name(path)
         if me in ("__init__", "__main__") or me.endswith("__main__"):
             continue
@@ -90,7 +96,7 @@ DEBTS: set[tuple[str, str]] = set()
 
 
 def test_every_module_is_on_a_floor():
-    for path in SRC.rglob("*.py"):
+    for path in _modules():
         floor_of(module_name(path))
 
 
@@ -107,7 +113,7 @@ def test_module_names_are_unique():
     one layout per lesson; packages' ``__init__``/``__main__`` are not names."""
     roles = {"__init__", "__main__", "kernels", "report", "grader"}
     seen: dict[str, list[str]] = {}
-    for path in SRC.rglob("*.py"):
+    for path in _modules():
         if path.stem not in roles:
             seen.setdefault(path.stem, []).append(module_name(path))
     clashes = {k: v for k, v in seen.items() if len(v) > 1}

@@ -112,6 +112,8 @@ def test_wheel_installs_non_editable_and_replays_recorded_evidence(tmp_path):
                 for p in (ROOT / "src" / "hwlab" / "recorded").rglob("*") if p.is_file()}
     assert recorded and recorded <= names, f"wheel lacks {sorted(recorded - names)[:5]}"
     assert any(n.startswith("hwlab/recorded/traces/slow_link_tbf/") for n in names)  # exercise 05 reads it
+    examples = {f"hwlab/examples/{p.name}" for p in (ROOT / "src" / "hwlab" / "examples").glob("*.py")}
+    assert examples and examples <= names, f"wheel lacks {sorted(examples - names)[:5]}"  # notebook 08 reads them
 
     venv = tmp_path / "venv"
     py = install_in_fresh_venv(wheel, venv)

@@ -292,6 +292,14 @@ def shows(cp) -> bool:
     return cp is None or cp.status in (PASSED, UNDECIDED, REVEALED)
 
 
+def reveal(check_name: str) -> str:
+    """The answer of an exercise check (by the name its result prints) after its wrong tries, marked as
+    revealed in the class record (:func:`hwlab.course.tries.reveal`); before that, the tries left."""
+    from hwlab.course import tries
+
+    return tries.reveal(check_name)
+
+
 @contextlib.contextmanager
 def gated(cp, what: str = "this cell's results"):
     """Run the block, but show what it prints, displays or plots only once checkpoint ``cp`` passed

@@ -8,7 +8,8 @@ depend on it). So ``hwlab lab`` serves a copy the learner owns:
   to ``${XDG_DATA_HOME:-~/.local/share}/hwlab``: one copy per checkout, so two clones never share
   (or overwrite) a learner's work.
 * **what**: ``notebooks/`` and ``exercises/`` (``.ipynb`` only, not the paired ``.py``) and
-  ``examples/`` (notebook 08 examines them from the folder above its own). Not ``solutions/``: a
+  ``examples/`` (to examine from a terminal and edit; notebook 08 reads the package's own copy,
+  :func:`hwlab.core.evidence.example`, so a copy without them still runs). Not ``solutions/``: a
   learner should meet the exercise before its answer; an instructor opens the checkout's.
 * **unpaired**: each copied notebook loses its ``jupytext.formats`` pairing, so no save in the
   copy writes a ``.py`` anywhere, and names the kit's ``hwlab`` kernel where the venv has it.

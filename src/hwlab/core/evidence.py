@@ -230,6 +230,21 @@ def recorded_traces(run: str) -> Path:
     return p
 
 
+#: the examples a learner examines (notebook 08, ``hwlab examine``), shipped inside the package; the
+#: checkout's ``examples/`` is a link to this folder
+EXAMPLES_DIR = Path(__file__).parents[1] / "examples"
+
+
+def example(name: str) -> Path:
+    """The example file ``name`` (e.g. ``example('unfused_chain.py')``), found through the package,
+    never through the current folder."""
+    p = EXAMPLES_DIR / name
+    if not p.is_file():
+        have = sorted(x.name for x in EXAMPLES_DIR.glob("*.py")) if EXAMPLES_DIR.is_dir() else []
+        raise EvidenceError(f"no example {name!r} in the package (have: {', '.join(have) or 'none'})")
+    return p
+
+
 def recorded(kind: str, device: str = "h200") -> Evidence:
     """The kit's own recorded run of ``kind`` on ``device`` (e.g. ``recorded('doctor')``)."""
     p = RECORDED_DIR / device / f"{kind}.json"

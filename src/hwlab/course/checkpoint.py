@@ -38,7 +38,7 @@ from typing import Any
 
 from hwlab.diagnosis import flowchart
 
-from hwlab.course import classroom
+from hwlab.course import classroom, tries
 from hwlab.diagnosis import flowchart_checks as checks
 
 #: relative tolerance on a value read off the evidence (the tables print three significant digits;
@@ -48,11 +48,10 @@ VALUE_TOL_PCT = 5.0
 VALUE_TOL_ABS = 0.01
 
 FILL_IN, PASSED, WRONG, UNDECIDED, REVEALED = "fill in", "passed", "wrong", "undecided", "revealed"
-#: wrong tries after which the learner may ask for the answer (:meth:`Result.reveal`): enough to
-#: re-read the rows the feedback names twice, few enough that a stuck learner is not left stuck
-TRIES_BEFORE_REVEAL = 3
-#: wrong tries per checkpoint in this kernel (a learner's answers; the solutions file's never count)
-_wrong_tries: dict[str, int] = {}
+#: wrong tries after which the learner may ask for the answer (:meth:`Result.reveal`): the one count
+#: of :mod:`hwlab.course.tries`, shared with the exercise checks (a learner's answers; the solutions
+#: file's never count)
+TRIES_BEFORE_REVEAL = tries.TRIES_BEFORE_REVEAL
 
 
 @dataclass(frozen=True)
@@ -152,8 +151,7 @@ class Result:
         if self.status not in (WRONG, REVEALED) or self._cp is None:
             return f"checkpoint {self.checkpoint}: {self.status}; nothing to reveal"
         if self.tries < TRIES_BEFORE_REVEAL:
-            return (f"checkpoint {self.checkpoint}: the answer can be revealed after {TRIES_BEFORE_REVEAL} tries "
-                    f"(this was try {self.tries}); read the feedback above and try again")
+            return tries.too_early(f"checkpoint {self.checkpoint}", self.tries)
         cp, s = self._cp, self._cp.asked()
         first = self.status != REVEALED
         self.status = REVEALED
@@ -202,23 +200,10 @@ def _fmt(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
-def _rows_of(qid: str) -> str:
-    """The rows (metrics) question ``qid`` reads, as the chart names them: where to look again."""
-    q = flowchart.QUESTIONS[qid]
-    names = dict.fromkeys(c.metric for c in (*q.overrides_no, *q.criteria, *q.not_applicable))
-    if q.bool_metric:
-        names.setdefault(q.bool_metric)
-    return ", ".join(names)
-
-
 def _contradiction(s: flowchart.Step, leaf: str) -> str:
     """Where a path to ``leaf`` leaves this walk: the question and the rows it reads, never their value,
     the branch the evidence takes there, nor the leaf it leads to (module doc, item 1)."""
-    border = (f" {s.question} is BORDERLINE here (its measured spread contains its threshold): re-run with more "
-              "repeats before acting on either branch." if s.borderline else "")
-    return (f"leaf {leaf} is not where the evidence above leads: a path to {leaf} leaves this walk at "
-            f"{s.question} ({s.text}). Re-read the rows {s.question} reads ({_rows_of(s.question)}) against "
-            f"its rule in the chart, and follow the chart from there." + border)
+    return tries.left_chart_at(s.question, leaf, borderline=s.borderline)
 
 
 def value_bounds(s: flowchart.Step) -> tuple[float, float]:
@@ -279,10 +264,10 @@ def check(cp: Checkpoint, answer: Answer | None, *, record: bool = True, learner
         res.messages.append("graded on a SHARED GPU (another process ran on it while this was measured): "
                             "the figures may differ from a quiet run's")
     if record and res.status == WRONG:
-        res.tries = _wrong_tries[cp.id] = _wrong_tries.get(cp.id, 0) + 1
-        if res.tries >= TRIES_BEFORE_REVEAL:
-            res.messages.append(f"that is {res.tries} tries: `print(CP.reveal())` shows the answer (the class record "
-                                "marks this checkpoint as revealed), or read the rows named above once more")
+        res.tries = tries.count_wrong(f"checkpoint {cp.id}")
+        line = tries.offer(res.tries, "print(CP.reveal())")
+        if line:
+            res.messages.append(line)
     if record and res.status in (PASSED, WRONG):
         classroom.record_checkpoint(cp, res, learner=learner)
     return res

@@ -14,7 +14,9 @@ and the right one. Drills (:func:`record_drill`, after :func:`hwlab.course.drill
 the leaf submitted and the fault's leaf, whether the evidence supported it and whether the
 fix removed the slowdown. Checkpoints (:func:`record_checkpoint`, from
 :func:`hwlab.course.checkpoint.check`; blanks are not recorded): the checkpoint, the leaf, metric, value
-and prediction given, pass or not, and the walk's leaf.
+and prediction given, pass or not, and the walk's leaf. Reveals (:mod:`hwlab.course.tries`, after three
+wrong tries at a checkpoint or an exercise check): a result marked ``revealed``, counted apart from the
+tries.
 
 The **first wrong branch** of a wrong leaf: walking the flowchart's tree from its start
 toward the right leaf, the first question whose right branch cannot reach the submitted
@@ -22,8 +24,8 @@ leaf; the learner answered that question the other way. It is read from the char
 structure alone, so exercises and drills count it the same way.
 
 :func:`summary` groups results per exercise, fault or checkpoint: attempts, learners, pass rate, the
-common wrong leaves and first wrong branches, and for a checkpoint every leaf picked and every metric
-cited (the misconception map); :func:`load_results` reports malformed files
+common wrong leaves and first wrong branches, how many answers were revealed, and for a checkpoint every
+leaf picked and every metric cited (the misconception map); :func:`load_results` reports malformed files
 and skips them.
 """
 from __future__ import annotations
@@ -138,7 +140,7 @@ def record_exercise(result: Any, folder: str | os.PathLike | None = None, learne
     answer, expected = getattr(result, "answer", None), getattr(result, "expected", None)
     leafy = isinstance(answer, str) and isinstance(expected, str) and {answer, expected} <= set(flowchart.LEAVES)
     rec = {"kind": "exercise", "item": result.name, "notebook": _notebook(), "learner": learner_name(learner),
-           "passed": bool(result.passed), "status": result.status, "message": result.message,
+           "passed": bool(result.passed), "status": result.status, "revealed": False, "message": result.message,
            "answer": answer if isinstance(answer, (str, int, float, bool, type(None))) else repr(answer),
            "expected": expected if isinstance(expected, (str, int, float, bool, type(None))) else repr(expected),
            "wrong_leaf": answer if leafy and answer != expected else None, "right_leaf": expected if leafy else None,
@@ -146,6 +148,21 @@ def record_exercise(result: Any, folder: str | os.PathLike | None = None, learne
     try:
         return write_result(rec, folder)
     except OSError as e:  # kept in the rescue folder; the message (printed by grading) says where
+        raise OSError(e.errno, rescue(rec, "class-result", folder, e)) from None
+
+
+def record_revealed(item: str, text: str, folder: str | os.PathLike | None = None,
+                    learner: str | None = None) -> Path | None:
+    """Record that exercise check ``item``'s answer was revealed to the learner
+    (:func:`hwlab.course.tries.reveal`, after its wrong tries); None without a class folder."""
+    folder = class_dir(folder)
+    if folder is None:
+        return None
+    rec = {"kind": "exercise", "item": item, "notebook": _notebook(), "learner": learner_name(learner),
+           "passed": False, "status": "revealed", "revealed": True, "message": text}
+    try:
+        return write_result(rec, folder)
+    except OSError as e:
         raise OSError(e.errno, rescue(rec, "class-result", folder, e)) from None
 
 
@@ -279,8 +296,17 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
         mine = who["items"].setdefault(_key(d), {"attempts": 0, "passed": False})
         mine["attempts"] += 1
         mine["passed"] = mine["passed"] or bool(d["passed"])
+        if d.get("revealed"):
+            mine["revealed"] = True
         r = rows.setdefault(_key(d), {"kind": d["kind"], "item": d["item"], "attempts": 0, "passed": 0,
-                                      "learners": set(), "wrong_leaves": Counter(), "first_wrong_branches": Counter()})
+                                      "revealed": 0, "learners": set(), "wrong_leaves": Counter(),
+                                      "first_wrong_branches": Counter()})
+        if d.get("revealed"):  # a reveal is not an answer: counted apart, not as a try
+            r["revealed"] += 1
+            who["attempts"] -= 1
+            mine["attempts"] -= 1
+            r["learners"].add(d["learner"])
+            continue
         r["attempts"] += 1
         r["passed"] += d["passed"]
         r["learners"].add(d["learner"])
@@ -296,7 +322,8 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     for k in sorted(rows):
         r = rows[k]
         passed_by = {n for n, w in people.items() if w["items"].get(k, {}).get("passed")}
-        out[k] = {**r, "learners": len(r["learners"]), "pass_rate_pct": 100.0 * r["passed"] / r["attempts"],
+        out[k] = {**r, "learners": len(r["learners"]),
+                  "pass_rate_pct": 100.0 * r["passed"] / r["attempts"] if r["attempts"] else 0.0,
                   "learners_passed": len(passed_by),
                   "wrong_leaves": dict(r["wrong_leaves"].most_common()),
                   "first_wrong_branches": dict(r["first_wrong_branches"].most_common())}
@@ -309,16 +336,19 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def render(s: dict[str, Any]) -> str:
     """The summary as a table for the terminal."""
-    lines = [f"{'exercise / fault / checkpoint':<44} {'tries':>5} {'pass %':>7} {'passed/people':>13}  wrong leaves; first wrong branch"]
+    lines = [f"{'exercise / fault / checkpoint':<44} {'tries':>5} {'pass %':>7} {'passed/people':>13} "
+             f"{'revealed':>8}  wrong leaves; first wrong branch"]
     for k, r in s["items"].items():
         wl = ", ".join(f"{leaf} x{n}" for leaf, n in r["wrong_leaves"].items()) or "-"
         fb = ", ".join(f"{b} x{n}" for b, n in r["first_wrong_branches"].items()) or "-"
-        lines.append(f"{k[:44]:<44} {r['attempts']:>5} {r['pass_rate_pct']:>6.0f}% {str(r['learners_passed']) + '/' + str(r['learners']):>13}  {wl}; {fb}")
+        lines.append(f"{k[:44]:<44} {r['attempts']:>5} {r['pass_rate_pct']:>6.0f}% "
+                     f"{str(r['learners_passed']) + '/' + str(r['learners']):>13} {r.get('revealed', 0):>8}  {wl}; {fb}")
         if "leaves_picked" in r:
             lines.append(f"{'':<4}leaves picked: " + ", ".join(f"{leaf} x{n}" for leaf, n in r["leaves_picked"].items()))
             lines.append(f"{'':<4}evidence cited: " + ", ".join(f"{m} x{n}" for m, n in r["metrics_cited"].items()))
     for name, w in s.get("per_learner", {}).items():
-        done = ", ".join(f"{k} ({'passed' if r['passed'] else 'not passed'}, {r['attempts']} tries)"
+        done = ", ".join(f"{k} ({'passed' if r['passed'] else 'not passed'}, {r['attempts']} tries"
+                         + (", answer revealed)" if r.get("revealed") else ")")
                          for k, r in w["items"].items()) or "nothing graded yet"
         lines.append(f"learner {name}: {done}")
     lines.append(f"{s['n_results']} results from {len(s.get('per_learner', {}))} learners")

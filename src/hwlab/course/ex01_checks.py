@@ -11,6 +11,7 @@ import torch
 
 from hwlab.course.exercise import ExerciseResult, not_done
 from hwlab.course.own_kernel_check import check_own_kernel
+from hwlab.course.tries import Reference, graded
 
 #: the fused kernel's bytes moved may exceed the floor by this factor (edge sectors of a tile,
 #: the bias read per tile); the eager chain moves several times the floor
@@ -40,14 +41,31 @@ def _traffic_lines(tr) -> str:
     return "; ".join(parts)
 
 
-def check_bytes_prediction(ratio, n_rows: int, n_cols: int, dtype=torch.float16) -> ExerciseResult:
-    """Exercise 01, part 1: the learner's predicted ratio of the bytes the eager transposed chain
-    moves to the floor, against the ratio the access meter counts (:mod:`hwlab.core.access_meter`)
-    on this machine, within :data:`PREDICTION_REL_TOL`. The message on a miss names the passes the
-    meter saw, never the ratio."""
+def _eager_traffic(n_rows: int, n_cols: int, dtype):
+    """The access meter's count of the eager transposed chain: (its traffic, the floor in bytes)."""
     from hwlab.core import access_meter
     from hwlab.labs.bandwidth import transposed
 
+    args = transposed.make_inputs(n_rows, n_cols, dtype)
+    _, tr = access_meter.meter(transposed.eager, args)
+    return tr, transposed.traffic(n_rows, n_cols, args[0].element_size())["bytes_required"]
+
+
+def bytes_reference(ratio, n_rows: int, n_cols: int, dtype=torch.float16) -> Reference:
+    """What passes :func:`check_bytes_prediction`: the metered ratio and the band around it."""
+    tr, floor = _eager_traffic(n_rows, n_cols, dtype)
+    m = tr.dram_bytes / floor
+    return Reference({"bytes moved / bytes required (access meter)": m,
+                      "accepted from": m * (1 - PREDICTION_REL_TOL), "accepted to": m * (1 + PREDICTION_REL_TOL)},
+                     how=f"the eager chain ran {_traffic_lines(tr)}, over a floor of {floor:,} B")
+
+
+@graded(bytes_reference)
+def check_bytes_prediction(ratio, n_rows: int, n_cols: int, dtype=torch.float16) -> ExerciseResult:
+    """Exercise 01, part 1: the learner's predicted ratio of the bytes the eager transposed chain
+    moves to the floor, against the ratio the access meter counts (:mod:`hwlab.core.access_meter`)
+    on this machine, within :data:`PREDICTION_REL_TOL`. The message on a miss says which way and
+    names the passes the meter saw, never the ratio."""
     name = "bytes the eager chain moves"
     if ratio is None:
         return not_done(name, "Set MY_BYTES_RATIO to your predicted (bytes moved) / (bytes required).")
@@ -55,9 +73,7 @@ def check_bytes_prediction(ratio, n_rows: int, n_cols: int, dtype=torch.float16)
         ratio = float(ratio)
     except (TypeError, ValueError):
         return ExerciseResult(name, "wrong", f"MY_BYTES_RATIO = {ratio!r}: give one number, e.g. 1.5")
-    args = transposed.make_inputs(n_rows, n_cols, dtype)
-    _, tr = access_meter.meter(transposed.eager, args)
-    floor = transposed.traffic(n_rows, n_cols, args[0].element_size())["bytes_required"]
+    tr, floor = _eager_traffic(n_rows, n_cols, dtype)
     measured = tr.dram_bytes / floor
     if abs(ratio - measured) <= PREDICTION_REL_TOL * measured:
         return ExerciseResult(name, "passed", f"you predicted {ratio:.2f}x; the eager chain moved {tr.dram_bytes:,} B "
@@ -65,13 +81,28 @@ def check_bytes_prediction(ratio, n_rows: int, n_cols: int, dtype=torch.float16)
                               "on this machine's CPU by the access meter, an estimate from the tensors each op "
                               "reads and writes).", answer=ratio, expected=round(measured, 3))
     ops = ", ".join("aten::" + o.name for o in tr.torch_ops)
-    return ExerciseResult(name, "wrong", f"you predicted {ratio:.2f}x, more than {100 * PREDICTION_REL_TOL:.0f}% "
-                          f"off what the meter counted. The eager chain ran {len(tr.torch_ops)} ops ({ops}): "
+    way = "too high" if ratio > measured else "too low"
+    return ExerciseResult(name, "wrong", f"you predicted {ratio:.2f}x: {way}, outside the band (within "
+                          f"{100 * PREDICTION_REL_TOL:.0f}% of what the meter counted). The eager chain ran {len(tr.torch_ops)} ops ({ops}): "
                           "count, for each, the tensors it reads and the tensor it writes, in elements "
                           "(bias is cols, the rest rows x cols), and divide by what the work must read and write.",
                           answer=ratio)
 
 
+def transposed_reference(learner_fn, learner_kernels, n_rows: int, n_cols: int, dtype=torch.float16, **kw) -> Reference:
+    """What passes :func:`check_transposed_kernel`: a kernel, described (its answer is code)."""
+    from hwlab.labs.bandwidth import transposed
+
+    floor = transposed.traffic(n_rows, n_cols, torch.tensor([], dtype=dtype).element_size())["bytes_required"]
+    return Reference(how=(
+        "a passing answer is one @triton.jit kernel of your own, launched from your function with no torch op "
+        "computing beside it: each program loads a 2-D tile of x with its lanes along x's rows (the contiguous "
+        "axis), adds the bias, applies gelu_tanh(t) * scale + shift in fp32, transposes the tile in registers "
+        "(tl.trans) and stores it with its lanes along y's rows, cast to y's dtype; it reads x and bias and "
+        f"writes y once, about 1.00x the floor of {floor:,} B, with every fetched sector used"))
+
+
+@graded(transposed_reference)
 def check_transposed_kernel(learner_fn, learner_kernels, n_rows: int, n_cols: int, dtype=torch.float16, *,
                             ceiling_gbps: float | None = None, min_pct: float = TRANSPOSED_MIN_PCT,
                             device=None) -> ExerciseResult:

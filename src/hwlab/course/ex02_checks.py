@@ -9,6 +9,7 @@ from __future__ import annotations
 from hwlab.course.exercise import ExerciseResult, not_done
 from hwlab.course.toolchain_check import environment_problem, toolchain_problem
 from hwlab.course.toolchain_check import toolchain_words as _toolchain_words
+from hwlab.course.tries import Reference, graded
 
 LIMITERS = {"registers": "registers", "register": "registers", "regs": "registers",
             "shared memory": "shared_mem", "shared_mem": "shared_mem", "smem": "shared_mem", "shared": "shared_mem",
@@ -55,6 +56,21 @@ def reason_problem(reason: str, key: str, rep, cfg) -> str | None:
     return None
 
 
+def limiter_reference(cfg, limiter=None, reason=None, device=None) -> Reference:
+    """What passes :func:`check_limiter` for ``cfg``: the blocks per SM and the limit that binds, from
+    its static sm_90a compile (or, where it spills or does not compile, that no limiter passes)."""
+    from hwlab.labs import registers
+
+    rep = registers.compile_guarded("matmul", cfg, static=True)
+    if rep.skipped or rep.n_spills:
+        return Reference(how=f"{cfg.label} does not compile for sm_90a without spills, so no limiter passes: "
+                             "pick a tile whose accumulator fits the registers first")
+    occ = rep.occupancy(cfg.warps)
+    return Reference({"blocks per SM": occ.blocks_per_sm, "the limit that binds": " and ".join(occ.binding)},
+                     how="MY_REASON names that resource and quotes its figure from the compile report")
+
+
+@graded(limiter_reference)
 def check_limiter(cfg, limiter: str | None, reason: str | None, device=None) -> ExerciseResult:
     """Exercise 02's checker: the config compiles for sm_90a without spills, the learner's
     named limiter is one that binds in its occupancy, and (GPU) it reaches the speed band of
@@ -138,6 +154,19 @@ def _report_problem(name: str, rep) -> ExerciseResult | None:
     return None
 
 
+def occupancy_reference(block: int, warps: int, blocks_per_sm=None, limiter=None) -> Reference:
+    """What passes :func:`check_occupancy_prediction`: the count and the limit that binds."""
+    rep = softmax_report(block, warps)
+    if rep.skipped:
+        return Reference(how=f"the sm_90a compile could not run here ({rep.skipped})")
+    occ = rep.occupancy(warps)
+    return Reference({"blocks per SM": occ.blocks_per_sm,
+                      "the limit that binds": " and ".join(_LIMIT_WORDS[k] for k in occ.binding)},
+                     how=f"each limit's count: " + ", ".join(f"{_LIMIT_WORDS[k]} {v}"
+                                                             for k, v in occ.blocks_by_limit.items()))
+
+
+@graded(occupancy_reference)
 def check_occupancy_prediction(block: int, warps: int, blocks_per_sm, limiter) -> ExerciseResult:
     """Exercise 02, part 1: the learner's blocks per SM and binding limit for the row softmax at
     (``block``, ``warps``), against the occupancy calculator on the static compile report. A wrong
@@ -180,12 +209,31 @@ def check_occupancy_prediction(block: int, warps: int, blocks_per_sm, limiter) -
                                           if "blocks" in occ.binding else "."))
 
 
+def _softmax_reports(block: int) -> dict:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(SOFTMAX_WARPS, pool.map(lambda w: softmax_report(block, w), SOFTMAX_WARPS)))
+
+
+def warps_reference(block: int, warps=None) -> Reference:
+    """What passes :func:`check_warps_choice`: the warps count(s) with the highest occupancy, and it."""
+    reps = _softmax_reports(block)
+    occ = {w: r.occupancy(w) for w, r in reps.items() if not r.skipped and not r.n_spills}
+    if not occ:
+        return Reference(how="no warps count compiled without spills here")
+    best = max(o.occupancy_pct for o in occ.values())
+    ws = [w for w, o in occ.items() if o.occupancy_pct == best]
+    return Reference({"warps": ws[0] if len(ws) == 1 else ws, "occupancy %": best},
+                     how=f"each thread holds {block} / (32 x warps) elements of the row; fewer warps means more "
+                         "registers per thread, more warps fewer blocks")
+
+
+@graded(warps_reference)
 def check_warps_choice(block: int, warps) -> ExerciseResult:
     """Exercise 02, part 2: the learner's warps count for the row softmax at ``block`` elements
     per row must compile without spills and reach the highest theoretical occupancy of
     :data:`SOFTMAX_WARPS` (each compiled for sm_90a and put through the occupancy calculator)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     name = "warps for the long row"
     if warps is None:
         return not_done(name, f"Set MY_WARPS to one of {SOFTMAX_WARPS}.")
@@ -195,8 +243,7 @@ def check_warps_choice(block: int, warps) -> ExerciseResult:
     problem = toolchain_problem(static_compile=True)
     if problem:
         return environment_problem(name, problem)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        reps = dict(zip(SOFTMAX_WARPS, pool.map(lambda w: softmax_report(block, w), SOFTMAX_WARPS)))
+    reps = _softmax_reports(block)
     for rep in reps.values():
         bad = _report_problem(name, rep)
         if bad:
@@ -212,7 +259,7 @@ def check_warps_choice(block: int, warps) -> ExerciseResult:
     o = occ[warps]
     if o.occupancy_pct < best:  # no figure of this try: trying every count must not read off the answer
         return ExerciseResult(name, "wrong", f"another warps count reaches a higher occupancy than {warps}. Each "
-                              f"thread holds {block // (32 * warps)} elements of the row here: what does that do to "
+                              f"thread holds {block} / (32 x warps) elements of the row: what does that do to "
                               "its registers, and the registers to the blocks that fit? Work it out from the compile "
                               "rules above before trying another count.", answer=warps)
     msg = (f"{facts}: {o.blocks_per_sm} per SM bound by {' and '.join(_LIMIT_WORDS[k] for k in o.binding)}, "

@@ -4,11 +4,29 @@ job's own GPUs (:func:`check_job_mapping`)."""
 from __future__ import annotations
 
 from hwlab.course.exercise import ExerciseResult, not_done
+from hwlab.course.tries import Reference, graded, left_chart_at
 
 #: the leaf a TP group that crosses a link other than NVLink answers (rank mapping)
 CROSSING_LEAF = "L"
 
 
+def crossing_reference(topo, order: list[int], tp: int, crossing=None, evidence=None, leaf=None) -> Reference:
+    """What passes :func:`check_crossing`: the crossing rank groups, a cell of each, and the leaf."""
+    from hwlab.core.topology import is_nvlink
+    from hwlab.diagnosis import flowchart
+    from hwlab.labs.crosslink.grader import crossing_groups
+
+    want = crossing_groups(topo, order, tp)
+    cells = {}
+    for g in want:
+        devs = [order[r] for r in g]
+        a, b = next((a, b) for j, a in enumerate(devs) for b in devs[j + 1:] if not is_nvlink(topo.link(a, b)))
+        cells[(a, b)] = topo.link(a, b)
+    return Reference({"CROSSING": want, "EVIDENCE": cells, "LEAF": CROSSING_LEAF},
+                     how=f"leaf {CROSSING_LEAF}: {flowchart.LEAVES[CROSSING_LEAF].title}")
+
+
+@graded(crossing_reference)
 def check_crossing(topo, order: list[int], tp: int, crossing, evidence, leaf) -> ExerciseResult:
     """Exercise 03, part 1: which rank groups of the job cross a link that is not NVLink, the
     matrix cells that show it (``{(gpu_a, gpu_b): "CELL"}``, at least one pair of each crossing
@@ -65,15 +83,29 @@ def check_crossing(topo, order: list[int], tp: int, crossing, evidence, leaf) ->
     if leaf_id not in flowchart.LEAVES:
         return ExerciseResult(name, "wrong", f"LEAF = {leaf!r}: give a leaf id of the chart ({', '.join(flowchart.LEAVES)})")
     if leaf_id != CROSSING_LEAF:
-        t = flowchart.LEAVES[leaf_id]
-        return ExerciseResult(name, "wrong", f"groups and evidence are right; leaf {leaf_id} ({t.title}) fixes what "
-                              "one GPU does on its own, and nothing you cited is on one GPU: it is the link between "
-                              "the GPUs of one TP group, which its all-reduce crosses every step.")
+        from hwlab.course.classroom import first_wrong_branch
+
+        fb = first_wrong_branch(CROSSING_LEAF, leaf_id)
+        return ExerciseResult(name, "wrong", "groups and evidence are right; " + (
+            left_chart_at(fb["question"], leaf_id, where="the path the cells you cited take")
+            if fb else f"leaf {leaf_id} is not where the cells you cited lead"))
     cells = "; ".join(f"GPU{int(a)}-GPU{int(b)} {c}" for (a, b), c in evidence.items())
     return ExerciseResult(name, "passed", f"ranks {want} cross a link that is not NVLink ({cells}): leaf "
                           f"{leaf_id}, {flowchart.LEAVES[leaf_id].title}.")
 
 
+def mapping_reference(topo, devices: list[int], groups=None, tp: int = 2) -> Reference:
+    """What passes :func:`check_job_mapping`: groups over the job's GPUs whose slowest link is the best."""
+    from hwlab.core.mapping import choose_tp_groups, evaluate
+    from hwlab.labs.crosslink.grader import job_topology
+
+    job = job_topology(topo, devices)
+    best = choose_tp_groups(job, tp)
+    ordinals = [[int(str(g).upper().removeprefix("GPU")) for g in grp] for grp in best]
+    return Reference({"MY_GROUPS": ordinals, "slowest link in every group": evaluate(job, best).worst})
+
+
+@graded(mapping_reference)
 def check_job_mapping(topo, devices: list[int], groups, tp: int) -> ExerciseResult:
     """Exercise 03, part 2: TP groups over the job's own GPUs (``devices``) whose slowest link is
     the best any partition of those GPUs reaches (Lab 3's :func:`~hwlab.labs.crosslink.grade_mapping`

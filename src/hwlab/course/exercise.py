@@ -17,8 +17,22 @@ import torch
 
 from hwlab.core.grading import ExerciseResult, not_done  # noqa: F401  (the result type lives in the core; re-exported)
 from hwlab.core.measure import CorrectnessError, bench, check_close, device_of
+from hwlab.course.tries import Reference, graded
 
 
+def kernel_reference(name: str, learner_fn, reference, make_inputs, *, tol: float, min_pct: float = 70.0,
+                     **kw) -> Reference:
+    """What passes :func:`check_kernel`: described (its answer is code)."""
+    return Reference(how=f"a passing kernel matches the reference within {tol:g} on fresh random inputs and, on a "
+                         f"GPU, reaches at least {min_pct:.0f}% of this machine's measured copy bandwidth")
+
+
+def value_reference(name: str, answer: Any, expected: Any, explain: str) -> Reference:
+    """What passes :func:`check_value`: the expected answer."""
+    return Reference({"answer": expected}, how=explain)
+
+
+@graded(kernel_reference)
 def check_kernel(name: str, learner_fn: Callable[..., Any], reference: Callable[..., Any],
                  make_inputs: Callable[[], Sequence[Any]], *, tol: float, n_bytes: int,
                  n_flops: int = 0, ceiling_gbps: float | None = None, min_pct: float = 70.0,
@@ -61,6 +75,7 @@ def check_kernel(name: str, learner_fn: Callable[..., Any], reference: Callable[
                           f"copy bandwidth (band >= {min_pct:.0f}%).", m)
 
 
+@graded(value_reference)
 def check_value(name: str, answer: Any, expected: Any, explain: str) -> ExerciseResult:
     """Grade a short answer (a flowchart leaf, a config choice)."""
     if answer is None or answer is Ellipsis:

@@ -33,6 +33,12 @@ The first versions' checkers stay (:func:`check_own_kernel`, :func:`check_limite
 :func:`check_fp8_path`, :func:`check_fallback_bucket`): the head-precision and per-bucket FP8 KV
 rules of :func:`check_fp8_path` are graded on Lab 4's recorded H200 bytes.
 
+Every check is declared with :func:`hwlab.course.tries.graded`, naming its reference (what a passing
+answer is, recomputed from the same evidence). A wrong answer's feedback prints none of it: not the right
+leaf, value, count or groups, the accepted range nor the measured figure, and no figure per try that a
+search over answers could read. After three wrong tries ``nb.reveal("<the check's name>")`` shows the
+reference and the class record marks the check as revealed (the one mechanism checkpoints use).
+
 A toolchain problem (Triton missing or outside the versions the kit uses, its bundled ptxas
 missing or failing) is reported as ``"environment problem"`` with the fix, never as a wrong
 answer (:func:`toolchain_problem`).

@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # the stable hook ev
 from hwlab.core import tritonenv  # noqa: F401  (before triton: picks the interpreter without a GPU)
 from hwlab.course.exercise import ExerciseResult, check_kernel, not_done
 from hwlab.course import toolchain_check as T
+from hwlab.course.tries import Reference, graded
 
 #: torch ops that compute (the eager chain's arithmetic); allocation and copies are not here
 COMPUTE_OPS = frozenset({"add", "sub", "mul", "div", "gelu", "tanh", "sigmoid", "silu", "relu", "pow", "erf",
@@ -93,6 +94,14 @@ def provenance_problem(launched: list[Any], ops: list[str], yours: Sequence[Any]
     return None
 
 
+def own_kernel_reference(name: str, *args, **kw) -> Reference:
+    """What passes :func:`check_own_kernel`: described (its answer is code)."""
+    return Reference(how="a passing answer launches a @triton.jit kernel defined in your notebook (not the kit's, "
+                         "torch's or triton's) from your function, with no torch op computing beside it, and its "
+                         "output matches the float64 reference on fresh random inputs")
+
+
+@graded(own_kernel_reference)
 def check_own_kernel(name: str, learner_fn: Callable[..., Any], learner_kernels: Sequence[Any],
                      reference: Callable[..., Any], make_inputs: Callable[[], Sequence[Any]], **kw) -> ExerciseResult:
     """Exercise 01's checker: first that ``learner_fn`` runs the learner's own Triton kernel

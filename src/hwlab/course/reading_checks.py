@@ -21,6 +21,7 @@ from typing import Any
 
 from hwlab.core.grading import ExerciseResult, not_done
 from hwlab.course import reading_facts as facts
+from hwlab.course.tries import Reference, graded
 
 #: a number off a trace passes within this % of the recording's median (or inside its p10-p90)
 TOL_PCT = 10.0
@@ -37,6 +38,26 @@ NO_LATE_RANK = "none"
 def within(x: float, s: dict[str, float]) -> bool:
     """``x`` inside the recording's p10-p90, or within :data:`TOL_PCT` % of its median."""
     return s["p10"] <= x <= s["p90"] or abs(x - s["median"]) <= TOL_PCT / 100 * abs(s["median"])
+
+
+def accepted(s: dict[str, float]) -> tuple[float, float]:
+    """The ends of what :func:`within` accepts for spread ``s``."""
+    tol = TOL_PCT / 100 * abs(s["median"])
+    return min(s["p10"], s["median"] - tol), max(s["p90"], s["median"] + tol)
+
+
+def _spread_ref(label: str, s: dict[str, float]) -> dict[str, float]:
+    lo, hi = accepted(s)
+    return {f"{label} (median)": s["median"], "p10": s["p10"], "p90": s["p90"], "accepted from": lo, "accepted to": hi}
+
+
+def _ncu_ref(f: dict, keys: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k in keys:
+        out[k] = f[k]
+        if NCU_TOL[k]:
+            out[f"{k} accepted from"], out[f"{k} accepted to"] = f[k] - NCU_TOL[k], f[k] + NCU_TOL[k]
+    return out
 
 
 def _number(answer: dict, key: str) -> float | None:
@@ -58,6 +79,13 @@ def _missing(answer: Any, keys: tuple[str, ...]) -> list[str]:
 
 # ---- traces -------------------------------------------------------------------------------------
 
+def gpu_trace_reference(path: str | Path, answer=None) -> Reference:
+    f = facts.gpu_trace_facts(path)
+    return Reference({**_spread_ref("largest launch gap per step, us", f["gap_us"]), "row": f["device_rows"],
+                      "sync_call": f["sync_calls"]})
+
+
+@graded(gpu_trace_reference)
 def check_gpu_trace(path: str | Path, answer: dict | None) -> ExerciseResult:
     """``answer = {"gap_us": ..., "row": "<the timeline row the gap is on>", "sync_call": "<name>"}``."""
     name = "reading a trace: launch gap and sync point"
@@ -77,10 +105,10 @@ def check_gpu_trace(path: str | Path, answer: dict | None) -> ExerciseResult:
     if gap is None:
         problems.append("gap_us must be a number (microseconds).")
     elif not within(gap, f["gap_us"]):
-        n_above = sum(g["gap_us"] > gap for g in f["gaps"])
-        problems.append(f"{gap:g} us is not the largest idle gap of a step: in {n_above} of {len(f['gaps'])} steps "
-                        "the stream sits idle longer between two consecutive activities (kernels, copies) inside "
-                        "one ProfilerStep. Measure from one kernel's end to the next one's start.")
+        # no count of the steps above it: that would be a figure to bisect on
+        problems.append(f"{gap:g} us is outside the spread of the largest idle gap per step (the gap between two "
+                        "consecutive activities, kernels or copies, of the stream inside one ProfilerStep). Measure "
+                        "from one kernel's end to the next one's start, in several steps.")
     sync = str(answer["sync_call"])
     if sync not in f["sync_calls"] or sync.endswith("Async"):
         problems.append(f"`{sync}` is not a host call of this trace that blocks until the device is done: look on "
@@ -91,6 +119,13 @@ def check_gpu_trace(path: str | Path, answer: dict | None) -> ExerciseResult:
                    f"on {', '.join(f['device_rows'])}; the host waits in {', '.join(f['sync_calls'])}.")
 
 
+def rank_wait_reference(folder: str | Path, answer=None) -> Reference:
+    f = facts.rank_wait_facts(folder)
+    return Reference({"late_rank": f["late_ranks"][0] if len(f["late_ranks"]) == 1 else (f["late_ranks"] or NO_LATE_RANK),
+                      **_spread_ref("wait_ms", f["wait_ms"]), "span": f["collectives"]})
+
+
+@graded(rank_wait_reference)
 def check_rank_wait(folder: str | Path, answer: dict | None) -> ExerciseResult:
     """``answer = {"late_rank": R or "none", "wait_ms": ..., "span": "<the span you timed>"}``: the
     late rank, the time the ranks that arrived early spend inside the collective, and the span read."""
@@ -136,6 +171,11 @@ def check_rank_wait(folder: str | Path, answer: dict | None) -> ExerciseResult:
                    f"inside each collective (p10-p90 {f['wait_ms']['p10']:.1f}-{f['wait_ms']['p90']:.1f} ms).")
 
 
+def host_gap_reference(path: str | Path, answer=None) -> Reference:
+    return Reference(_spread_ref("gap_ms", facts.host_gap_facts(path)["gap_ms"]))
+
+
+@graded(host_gap_reference)
 def check_host_gap(path: str | Path, answer: dict | None) -> ExerciseResult:
     """``answer = {"gap_ms": ...}``: the largest gap between top-level operators on the rank's main
     thread inside a step (the host launched nothing)."""
@@ -174,6 +214,11 @@ def _ncu_problems(answer: dict, f: dict, keys: tuple[str, ...], what: dict[str, 
     return problems
 
 
+def ncu_lab01_reference(case: str, answer=None) -> Reference:
+    return Reference(_ncu_ref(facts.ncu_lab01(case), ("dram_pct", "sector_amplification", "estimate_pct_of_peak")))
+
+
+@graded(ncu_lab01_reference)
 def check_ncu_lab01(case: str, answer: dict | None) -> ExerciseResult:
     """``answer = {"dram_pct": ..., "sector_amplification": ..., "estimate_pct_of_peak": ...}``."""
     name = f"reading ncu: Lab 1 {case}"
@@ -192,6 +237,13 @@ def check_ncu_lab01(case: str, answer: dict | None) -> ExerciseResult:
                    f"(rule: within {facts.AGREE_PTS:g} points); sector amplification {f['sector_amplification']:.1f}x.")
 
 
+def ncu_lab02_reference(config: str, answer=None) -> Reference:
+    f = facts.ncu_lab02(config)
+    return Reference({**_ncu_ref(f, ("registers", "spills", "achieved_occupancy_pct")),
+                      "binding_metric": ["launch__occupancy_limit_" + b for b in f["binding"]]})
+
+
+@graded(ncu_lab02_reference)
 def check_ncu_lab02(config: str, answer: dict | None) -> ExerciseResult:
     """``answer = {"registers": ..., "spills": ..., "achieved_occupancy_pct": ..., "binding_metric": "<ncu metric>"}``."""
     name = f"reading ncu: Lab 2 {config}"
@@ -218,6 +270,21 @@ def check_ncu_lab02(config: str, answer: dict | None) -> ExerciseResult:
                    f"warps); binding: {', '.join(f['binding'])}.")
 
 
+def ncu_raw_reference(cases: tuple[str, ...], tiles: tuple[str, ...], answer=None) -> Reference:
+    out: dict[str, Any] = {}
+    tol = NCU_TOL["sectors_per_request"]
+    for case in cases:
+        v = facts.ncu_raw_facts(case)[0]["sectors_per_request"]
+        out.update({f"sectors_per_request[{case}]": v, f"{case} accepted from": v - tol, f"{case} accepted to": v + tol})
+    local = {t: sum(r["local_sectors"] or 0.0 for r in facts.ncu_raw_facts(t)) for t in tiles}
+    tile = max(local, key=local.get)
+    n = local[tile]
+    return Reference({**out, "spilling_tile": tile, "local_sectors": n,
+                      "local_sectors accepted from": n * (1 - SECTORS_TOL_PCT / 100),
+                      "local_sectors accepted to": n * (1 + SECTORS_TOL_PCT / 100)})
+
+
+@graded(ncu_raw_reference)
 def check_ncu_raw(cases: tuple[str, ...], tiles: tuple[str, ...], answer: dict | None) -> ExerciseResult:
     """A reading of ncu's raw rows (:func:`hwlab.course.reading_facts.ncu_raw_text`). ``cases``: Lab 1
     reports (one kernel each, e.g. ``("lab01_strided", "lab01_coalesced")``); ``tiles``: Lab 2 reports of
@@ -236,9 +303,9 @@ def check_ncu_raw(cases: tuple[str, ...], tiles: tuple[str, ...], answer: dict |
         if not isinstance(got, (int, float)) or isinstance(got, bool):
             problems.append(f"sectors_per_request[{case!r}] must be a number.")
         elif abs(got - want) > NCU_TOL["sectors_per_request"] + 1e-9:
-            side = "above" if got > want else "below"
-            problems.append(f"sectors_per_request[{case!r}] {got:g} is {side} the report's "
-                            "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum over l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum.")
+            problems.append(f"sectors_per_request[{case!r}] {got:g} is not the report's "
+                            "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum over l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum "
+                            f"(read to within ±{NCU_TOL['sectors_per_request']:g}).")
     local = {t: sum(r["local_sectors"] or 0.0 for r in facts.ncu_raw_facts(t)) for t in tiles}
     spilling = [t for t, v in local.items() if v > 0]
     if len(spilling) != 1:
@@ -254,9 +321,8 @@ def check_ncu_raw(cases: tuple[str, ...], tiles: tuple[str, ...], answer: dict |
     if n is None:
         problems.append("local_sectors must be a number.")
     elif abs(n - want) > SECTORS_TOL_PCT / 100 * want:
-        side = "above" if n > want else "below"
-        problems.append(f"local_sectors {n:g} is {side} the spilling tile's local-memory sectors, loads and stores "
-                        f"together (tolerance {SECTORS_TOL_PCT:g}%).")
+        problems.append(f"local_sectors {n:g} is not the spilling tile's local-memory sectors, loads and stores "
+                        f"together (read to within {SECTORS_TOL_PCT:g}%).")
     said = ", ".join(f"{c} {facts.ncu_raw_facts(c)[0]['sectors_per_request']:g}" for c in cases)
     return _result(name, problems, f"sectors per request: {said}; {spilling[0]} moves {want:,.0f} local-memory "
                    f"sectors ({want * 32 / 1e9:.1f} GB through L1 at 32 B each) that its registers could not hold.")
@@ -271,6 +337,12 @@ def _pairs(x: Any) -> set[tuple[int, int]] | None:
         return None
 
 
+def slow_pairs_reference(topo_text: str, group: list[int], answer=None) -> Reference:
+    f = facts.slow_pairs(topo_text, group)
+    return Reference({"pairs": sorted(f["pairs"]), "link": f["slowest"]})
+
+
+@graded(slow_pairs_reference)
 def check_slow_pairs(topo_text: str, group: list[int], answer: dict | None) -> ExerciseResult:
     """``answer = {"pairs": [(a, b), ...], "link": "<class>"}``: every GPU pair of ``group`` that
     crosses the group's slowest link, and that link's class as nvidia-smi prints it."""
@@ -298,6 +370,13 @@ def check_slow_pairs(topo_text: str, group: list[int], answer: dict | None) -> E
                    + ", ".join(f"GPU{a}-GPU{b}" for a, b in f["pairs"]) + ".")
 
 
+def nccl_path_reference(log: str, answer=None) -> Reference:
+    paths = [p for p in facts.nccl_paths(log) if p["src"].startswith("GPU/") and p["type"] != "LOC"]
+    worst = min(paths, key=lambda p: p["gbps"])
+    return Reference({"gbps": worst["gbps"], "type": worst["type"]}, how=f"the path to {worst['dst']}")
+
+
+@graded(nccl_path_reference)
 def check_nccl_path(log: str, answer: dict | None) -> ExerciseResult:
     """``answer = {"gbps": ..., "type": "<path type>"}``: the slowest path NCCL's topology dump gives
     the GPU (bandwidth in GB/s and path type, as NCCL prints them)."""

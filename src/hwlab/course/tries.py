@@ -1,0 +1,149 @@
+"""Wrong tries and the reveal: one mechanism for checkpoints and exercise checks alike.
+
+Feedback on a wrong answer teaches without telling (:mod:`hwlab.course.checkpoint`,
+:mod:`hwlab.course.exercise_checks`, :mod:`hwlab.course.reading_checks`): it names what to re-read,
+never the right leaf, the value, the accepted range nor the measured figure. A learner who is still
+stuck after :data:`TRIES_BEFORE_REVEAL` wrong tries at one item (a checkpoint, or one exercise check
+by its name) in this kernel may ask for the answer, and the class record marks the item as revealed:
+
+* a checkpoint: :meth:`hwlab.course.checkpoint.Result.reveal` (``print(CP.reveal())``);
+* an exercise check: :func:`reveal` (``print(nb.reveal("<the check's name>"))``). Every check is
+  declared with :func:`graded`, which names its **reference**: a function of the check's own
+  arguments that recomputes, from the same evidence, what a passing answer is
+  (:class:`Reference`). The reference is computed only when revealed, and it is what the
+  wrong-answer test reads to know what feedback must not print.
+
+A try is an answer graded ``wrong`` or ``too slow``; a blank ("not done yet") and an "environment
+problem" (the toolchain, not the learner) are not tries.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from hwlab.diagnosis import flowchart
+
+#: wrong tries after which the learner may ask for the answer: enough to re-read the rows the
+#: feedback names twice, few enough that a stuck learner is not left stuck
+TRIES_BEFORE_REVEAL = 3
+#: the statuses that count as a try at the answer
+NOT_PASSED = ("wrong", "too slow")
+#: wrong tries per item in this kernel ("checkpoint 01", "exercise warps for the long row")
+_wrong: dict[str, int] = {}
+#: per exercise check name: its reference, bound to the last wrong call's arguments, and the tries
+_pending: dict[str, tuple[Callable[[], "Reference"], int]] = {}
+#: exercise checks revealed in this kernel (recorded once each)
+_revealed: set[str] = set()
+_depth = 0
+
+
+@dataclass
+class Reference:
+    """What a passing answer is. ``answer``: the figures and names a wrong answer's feedback must
+    not print (the right leaf, value, count, groups, the measured figure, the accepted range's
+    ends as separate entries); ``how``: what a passing answer looks like, in words, where the
+    answer is code or a choice rather than a figure."""
+    answer: dict[str, Any] = field(default_factory=dict)
+    how: str = ""
+
+    def render(self) -> str:
+        parts = [f"{k} = {_fmt(v)}" for k, v in self.answer.items()]
+        return "; ".join(parts) + (f". {self.how}" if self.how else "")
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def count_wrong(key: str) -> int:
+    """One more wrong try at ``key``; how many there have been in this kernel."""
+    _wrong[key] = _wrong.get(key, 0) + 1
+    return _wrong[key]
+
+
+def offer(tries: int, how: str) -> str | None:
+    """The line that offers the answer once :data:`TRIES_BEFORE_REVEAL` tries were made, else None."""
+    if tries < TRIES_BEFORE_REVEAL:
+        return None
+    # no figure in it: a number here would sit beside the feedback's own and could be read as one
+    return (f"You may now ask for the answer: `{how}` shows it (the class record marks it as revealed), "
+            "or read the feedback once more.")
+
+
+def too_early(what: str, tries: int) -> str:
+    return (f"{what}: the answer can be revealed after {TRIES_BEFORE_REVEAL} tries (this was try {tries}); "
+            "read the feedback and try again")
+
+
+def rows_of(qid: str) -> str:
+    """The rows (metrics) question ``qid`` reads, as the chart names them: where to look again."""
+    q = flowchart.QUESTIONS[qid]
+    names = dict.fromkeys(c.metric for c in (*q.overrides_no, *q.criteria, *q.not_applicable))
+    if q.bool_metric:
+        names.setdefault(q.bool_metric)
+    return ", ".join(names)
+
+
+def left_chart_at(qid: str, leaf: str, where: str = "this walk", borderline: bool = False) -> str:
+    """A wrong leaf's feedback: the question where a path to ``leaf`` leaves the right path, and the
+    rows it reads, to re-read; never their value, the branch the evidence takes there, nor the right
+    leaf."""
+    q = flowchart.QUESTIONS[qid]
+    border = (f" {qid} is BORDERLINE here (its measured spread contains its threshold): re-run with more "
+              "repeats before acting on either branch." if borderline else "")
+    return (f"leaf {leaf} is not where the evidence above leads: a path to {leaf} leaves {where} at "
+            f"{qid} ({q.text}). Re-read the rows {qid} reads ({rows_of(qid)}) against its rule in the chart, "
+            "and follow the chart from there." + border)
+
+
+# ---- exercise checks --------------------------------------------------------------------------
+
+def graded(reference: Callable[..., Reference]):
+    """Declare an exercise check: ``reference(*args, **kwargs)`` (the check's own arguments) gives
+    what a passing answer is. A wrong try is counted under the result's name; from the
+    :data:`TRIES_BEFORE_REVEAL`-th on the feedback offers :func:`reveal`. A check called by another
+    check counts once, as the outer one."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def check(*args, **kwargs):
+            global _depth
+            _depth += 1
+            try:
+                res = fn(*args, **kwargs)
+            finally:
+                _depth -= 1
+            if _depth == 0 and getattr(res, "status", None) in NOT_PASSED:
+                _note(res, lambda: reference(*args, **kwargs))
+            return res
+        check.reference = reference
+        return check
+    return wrap
+
+
+def _note(res: Any, ref: Callable[[], Reference]) -> None:
+    n = count_wrong(f"exercise {res.name}")
+    _pending[res.name] = (ref, n)
+    res.tries = n
+    line = offer(n, f"print(nb.reveal({res.name!r}))")
+    if line:
+        res.message = f"{res.message} {line}"
+
+
+def reveal(name: str, *, learner: str | None = None) -> str:
+    """The answer of exercise check ``name`` (as its result names it) once :data:`TRIES_BEFORE_REVEAL`
+    wrong tries were made in this kernel, recorded as revealed in the class record (once); before
+    that, how many tries are left."""
+    from hwlab.course import classroom
+
+    got = _pending.get(name)
+    if got is None:
+        return f"{name}: no wrong try of this check in this kernel; nothing to reveal"
+    ref, n = got
+    if n < TRIES_BEFORE_REVEAL:
+        return too_early(name, n)
+    text = f"{name}, revealed: {ref().render()}"
+    if name not in _revealed:
+        _revealed.add(name)
+        classroom.record_revealed(name, text, learner=learner)
+    return text
