@@ -388,6 +388,32 @@ def test_fp8_gemm_is_the_tensor_wise_scaled_product_on_this_device(rows, k, n):
     assert torch.allclose(swapped.double(), ref, rtol=2 ** -8, atol=1e-6 * ref.abs().max().item())
 
 
+
+def test_fp8_gemm_on_a_pytorch_whose_cpu_kernel_refuses_row_wise_scales(monkeypatch):
+    """Some PyTorch builds' CPU ``_scaled_mm`` takes only tensor-wise scales (an internal assert
+    refuses the row-wise call): the layer then asks tensor-wise, the same product, and remembers."""
+    from hwlab.labs.fp8 import model
+
+    real, calls = torch._scaled_mm, []
+
+    def tensor_wise_only(a, b, *, scale_a, scale_b, **kw):
+        calls.append(scale_a.numel())
+        if not a.is_cuda and (scale_a.numel() != 1 or scale_b.numel() != 1):
+            raise RuntimeError("Now _scaled_mm only supports per-tensor scaling for CPU backend.")
+        return real(a, b, scale_a=scale_a, scale_b=scale_b, **kw)
+
+    monkeypatch.setattr(torch, "_scaled_mm", tensor_wise_only)
+    monkeypatch.setattr(model, "_CPU_ROWWISE", None)
+    g = torch.Generator().manual_seed(0)
+    a = (3 * torch.randn(16, 64, generator=g)).to(torch.float8_e4m3fn)
+    w = (2 * torch.randn(32, 64, generator=g)).to(torch.float8_e4m3fn)
+    ref = a.double() @ w.double().t() * 0.5 * 0.25
+    for _ in range(2):
+        y = model.scaled_mm(a, w.t(), torch.tensor(0.5), torch.tensor(0.25))
+        assert torch.allclose(y.double(), ref, rtol=2 ** -8, atol=1e-6 * ref.abs().max().item())
+    assert calls == [16, 1, 1] and model._CPU_ROWWISE is False  # refused once, then asked tensor-wise only
+
+
 @pytest.mark.slow
 def test_the_bucket_table_lists_an_fp8_gemms_two_operands():
     """Exercise 04's profiler table: per ``aten::_scaled_mm`` row the activation (rows, in) and the

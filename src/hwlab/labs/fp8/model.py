@@ -40,11 +40,25 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
     ``b`` (PyTorch's row-wise mode): the same scales, the same op in the profile, but PyTorch's CPU
     kernel for the tensor-wise mode is far slower on a prefill's many rows, enough to stretch a
     tiny decoder's profile (exercise 04) past a minute of CPU time. On a GPU the call is unchanged:
-    cuBLAS's tensor-wise mode is the path the lab measures."""
-    if not a.is_cuda and scale_a.dim() == 0 and scale_b.dim() == 0:
-        scale_a = scale_a.reshape(1, 1).expand(a.shape[0], 1).contiguous()
-        scale_b = scale_b.reshape(1, 1).expand(1, b.shape[1]).contiguous()
+    cuBLAS's tensor-wise mode is the path the lab measures. A PyTorch whose CPU kernel takes only
+    tensor-wise scales (it refuses the row-wise call) gets the tensor-wise call, remembered."""
+    global _CPU_ROWWISE
+    if not a.is_cuda and scale_a.dim() == 0 and scale_b.dim() == 0 and _CPU_ROWWISE is not False:
+        ra = scale_a.reshape(1, 1).expand(a.shape[0], 1).contiguous()
+        rb = scale_b.reshape(1, 1).expand(1, b.shape[1]).contiguous()
+        try:
+            y = torch._scaled_mm(a, b, scale_a=ra, scale_b=rb, out_dtype=torch.bfloat16)
+            _CPU_ROWWISE = True
+            return y
+        except RuntimeError:
+            if _CPU_ROWWISE:  # it worked before: this failure is not the mode's
+                raise
+            _CPU_ROWWISE = False
     return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+
+
+#: whether this PyTorch's CPU ``_scaled_mm`` takes row-wise scales (None: not tried yet)
+_CPU_ROWWISE: bool | None = None
 
 
 class QLinear(torch.nn.Module):
