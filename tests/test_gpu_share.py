@@ -179,7 +179,7 @@ def test_a_shared_measurement_round_trips_and_a_shared_ceiling_is_not_cached(mon
 
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "record_shared_gpu.py"
-RECORDED = Path(__file__).resolve().parents[1] / "src" / "hwlab" / "recorded" / "h200" / "shared_gpu.json"
+RECORDED_DIR = Path(__file__).resolve().parents[1] / "src" / "hwlab" / "recorded"
 
 
 @pytest.mark.slow
@@ -215,10 +215,13 @@ def test_the_recorder_summary_needs_both_marks_and_each_pid_beside_the_other():
     assert not s["both_marked_shared"] and not s["each_saw_the_other"]
 
 
-def test_the_recorded_pair_on_the_h200_was_marked_shared():
-    if not RECORDED.exists():
-        pytest.skip("no recorded shared_gpu.json yet: tools/record_shared_gpu.py on the H200 makes it")
-    rec = json.loads(RECORDED.read_text())
+@pytest.mark.parametrize("machine", ["h200", "h100"])
+def test_the_recorded_pair_on_a_gpu_was_marked_shared(machine):
+    recorded = RECORDED_DIR / machine / "shared_gpu.json"
+    if not recorded.exists():
+        pytest.skip(f"no recorded shared_gpu.json on the {machine} yet: tools/record_shared_gpu.py there makes it")
+    rec = json.loads(recorded.read_text())
+    assert machine.upper() in rec["device"] and rec["quiet"]["measurement"]["timer"] == "cuda-event"
     assert rec["quiet"]["shared"] is False
     assert all(r["shared"] is True for r in rec["pair"]) and rec["each_saw_the_other"]
     for r in rec["pair"]:  # the mark is re-derived from what NVML showed, not taken from the record's flag
