@@ -217,7 +217,7 @@ def test_the_recorder_summary_needs_both_marks_and_each_pid_beside_the_other():
 
 @pytest.mark.parametrize("machine", ["h200", "h100"])
 def test_the_recorded_pair_on_a_gpu_was_marked_shared(machine):
-    recorded = RECORDED_DIR / machine / "shared_gpu.json"
+    recorded = RECORDED_DIR / "runs" / f"shared_gpu_{machine}" / "shared_gpu.json"
     if not recorded.exists():
         pytest.skip(f"no recorded shared_gpu.json on the {machine} yet: tools/record_shared_gpu.py there makes it")
     rec = json.loads(recorded.read_text())
