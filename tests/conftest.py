@@ -10,6 +10,13 @@ def _isolated_cache(tmp_path, monkeypatch):
     yield
 
 
+def pytest_report_header(config):
+    """The machine facts verdict tests depend on (tests/machine.py), beside every result."""
+    from machine import facts
+
+    return ["hwlab machine facts: " + "; ".join(f"{k}: {v}" for k, v in facts().items())]
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
