@@ -17,6 +17,15 @@ def pytest_report_header(config):
     return ["hwlab machine facts: " + "; ".join(f"{k}: {v}" for k, v in facts().items())]
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The same facts after the results (``-q`` hides the header): a failure is read beside them."""
+    from machine import facts
+
+    terminalreporter.section("hwlab machine facts (verdicts depend on these)")
+    for k, v in facts().items():
+        terminalreporter.write_line(f"{k}: {v}")
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
