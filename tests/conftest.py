@@ -10,6 +10,20 @@ def _isolated_cache(tmp_path, monkeypatch):
     yield
 
 
+@pytest.fixture(autouse=True)
+def _machine_profile(monkeypatch):
+    """HWLAB_TEST_MACHINE_PROFILE=other: the examination's last-level cache is the second profile's
+    (tests/machine.py), so CI runs the verdict tests on a cache unlike this machine's."""
+    if os.environ.get("HWLAB_TEST_MACHINE_PROFILE") == "other":
+        from machine import machine_profiles
+
+        import hwlab.examine as ex
+
+        other = machine_profiles()[-1].cache_bytes
+        monkeypatch.setattr(ex, "last_level_cache_bytes", lambda device: other if device.type == "cpu" else None)
+    yield
+
+
 def pytest_report_header(config):
     """The machine facts verdict tests depend on (tests/machine.py), beside every result."""
     from machine import facts

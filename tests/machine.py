@@ -72,9 +72,12 @@ def facts() -> dict[str, str]:
         pass
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
     own = llc_bytes()
+    if os.environ.get("HWLAB_TEST_MACHINE_PROFILE") == "other":
+        own = None  # said below: the examination runs on the second profile's cache
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {"cpu": f"{model} ({platform.machine()})", "cores usable": str(len(os.sched_getaffinity(0))),
-            "last-level cache": f"{own / 2 ** 20:g} MiB" if own else "unknown",
+            "last-level cache": f"{own / 2 ** 20:g} MiB" if own else
+            f"examined as {machine_profiles()[-1].name} (HWLAB_TEST_MACHINE_PROFILE=other)",
             "second cache profile": ", ".join(p.name for p in machine_profiles()),
             "isa": " ".join(isa) or "none of avx2/avx512/amx",
             "errno making a folder under /proc": unwritable_errno(),
