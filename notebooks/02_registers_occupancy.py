@@ -121,6 +121,9 @@ occ_spill = next((r.occupancy for r in rows if r.config.label == spill and r.occ
 ANSWER = nb.answer("02", leaf=None, metric=None, value=None, prediction=None, evidence=ev[spill])
 CP = nb.checkpoint("02", ANSWER, flowchart.diagnose(ev[spill]), ev[spill], source=src,
                    prediction=Prediction(f"blocks per SM of {spill}", occ_spill["blocks_per_sm"], " block(s)/SM", band_abs=0,
+                                         reconsider="each of the four limits (registers per thread, shared memory "
+                                                    "per block, warps per block, block slots) from the compile "
+                                                    "report and Hopper's limits printed above",
                                          why_band="occupancy is a whole number of blocks, set by the tightest limit"))
 
 # %% [markdown]
