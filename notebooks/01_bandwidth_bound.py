@@ -159,7 +159,7 @@ profile of the four kernels would say). Fusion removes passes *and* their per-pa
 
 # %%
 DETAILS = False
-print(f"unfused [{source}]: {CP.walk(full=DETAILS)}")
+nb.walk(CP, f"unfused [{source}]", full=DETAILS)
 with nb.gated(CP, "the strided case's walk"):
     print(f"strided [{source}]: {result.diagnoses['strided'].render(full=DETAILS)}")
     nb.show_mermaid(result.diagnoses["unfused"].mermaid())

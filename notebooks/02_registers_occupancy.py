@@ -155,7 +155,7 @@ with nb.gated(CP, "the occupancy table"):
 DETAILS = False
 best = max((k for k in ev if (ev[k].get("n_spills") or 0) == 0 and "slowdown_vs_floor" in ev[k]),
            key=lambda k: -ev[k]["slowdown_vs_floor"])
-print(f"{spill} [{src}]: {CP.walk(full=DETAILS)}")
+nb.walk(CP, f"{spill} [{src}]", full=DETAILS)
 with nb.gated(CP, "the best config's walk"):
     print(f"{best} [{src}]: {flowchart.diagnose(ev[best]).render(full=DETAILS)}")
     nb.show_mermaid(flowchart.diagnose(ev[spill]).mermaid())

@@ -133,7 +133,7 @@ CP = nb.checkpoint("03", ANSWER, flowchart.diagnose(ev_naive), ev_naive, source=
 
 # %%
 DETAILS = False  # True: every step's rule, spread and source
-print(f"naive [{src}]: {CP.walk(full=DETAILS)}")
+nb.walk(CP, f"naive [{src}]", full=DETAILS)
 with nb.gated(CP, "the aware mapping's walk"):
     print(f"aware [{src}]: {flowchart.diagnose(exp['aware']['flowchart_evidence']).render(full=DETAILS)}")
     nb.show_mermaid(flowchart.diagnose(ev_naive).mermaid())

@@ -75,7 +75,7 @@ ANSWER = nb.answer("08", leaf=None, metric=None, value=None, evidence=ev_first)
 CP = nb.checkpoint("08", ANSWER, flowchart.diagnose(ev_first), ev_first, source=rec.label)
 
 # %%
-print(f"{first['name']} [{rec.label}]: {CP.walk()}")
+nb.walk(CP, f"{first['name']} [{rec.label}]")
 
 # %% [markdown]
 # ## One of the examples, live

@@ -74,3 +74,40 @@ def test_the_glossary_describes_each_leaf_by_its_cause_not_a_lab():
             if LEAF_NAMED.search(r)]
     assert {LEAF_NAMED.search(r).group(2) for r in rows} >= set(flowchart.LEAVES) - {"OK"}
     assert [r for r in rows if LAB_NAMED.search(r)] == []
+
+
+@pytest.mark.slow
+def test_passing_shows_the_held_back_outputs_in_place_without_re_running_them(tmp_path):
+    """In a real kernel: a blank checkpoint holds back a gated cell's print and plot and the walk; the next
+    cell answers it right, and the earlier cells' outputs now show what they held, though they never ran
+    again (the kernel updates their display in place)."""
+    nbformat = pytest.importorskip("nbformat")
+    import sys
+    sys.path.insert(0, str(ROOT / "tools"))
+    from nbwatch import execute_notebook
+
+    setup = '''from hwlab import nb
+from hwlab.core import evidence
+from hwlab.diagnosis import flowchart
+ev = evidence.recorded("lab03_slowlink", "cpu").extra["experiment"]["naive"]["flowchart_evidence"]
+walk = flowchart.diagnose(ev)
+s = walk.steps[-1]
+CP = nb.checkpoint("t", nb.answer("t"), walk, ev)'''
+    gated = '''import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+with nb.gated(CP, "the tail"):
+    print("held figure @@" + s.metric)
+    plt.plot([1, 2])'''
+    right = '''CP = nb.checkpoint("t", nb.answer("t", walk.leaf_id, s.metric, float(s.value)), walk, ev)'''
+    cells = [nbformat.v4.new_code_cell(c) for c in (setup, gated, "nb.walk(CP, 'naive')", right)]
+    book = execute_notebook(nbformat.v4.new_notebook(cells=cells), cwd=tmp_path, drop_env=("HWLAB_CHECKPOINT_ANSWERS",))
+
+    def shown(cell):
+        return "\n".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") + o.get("data", {}).get("text/html", "")
+                         for o in cell.get("outputs", []))
+    assert "passed" in shown(book.cells[3])
+    held, walk_out = shown(book.cells[1]), shown(book.cells[2])
+    assert "held figure @@" in held and "data:image/png;base64" in held and "hidden" not in held, held
+    assert "->" in walk_out and "hidden" not in walk_out, walk_out
+    assert [c.execution_count for c in book.cells] == [1, 2, 3, 4]   # each cell ran once

@@ -57,6 +57,9 @@ FILL_IN, PASSED, WRONG, UNDECIDED, REVEALED = "fill in", "passed", "wrong", "und
 #: of :mod:`hwlab.course.tries`, shared with the exercise checks (a learner's answers; the solutions
 #: file's never count)
 TRIES_BEFORE_REVEAL = tries.TRIES_BEFORE_REVEAL
+#: called with a checkpoint's id when its answer is revealed: the notebook layer (:func:`hwlab.nb.release`)
+#: shows in place what its cells held back
+ON_SHOWN: list = []
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ class Result:
         if self.status in (PASSED, UNDECIDED, REVEALED) and self._walk is not None:  # undecided: it says what to measure
             return self._walk.render(full=full)
         return (f"[walk hidden: answer the checkpoint above first (checkpoint {self.checkpoint}: {self.status}); "
-                "then run this cell again]")
+                "it shows once the checkpoint passes or is revealed]")
 
     def reveal(self, *, learner: str | None = None) -> str:
         """The answer (leaf, deciding metric and value, the measured figure predicted) once
@@ -164,6 +167,8 @@ class Result:
         self.status = REVEALED
         if first:
             classroom.record_checkpoint(cp, self, learner=learner)
+            for shown in ON_SHOWN:
+                shown(cp.id)
         leaf = flowchart.LEAVES[cp.walk.leaf_id]
         p = cp.prediction
         return (f"checkpoint {cp.id}, revealed: leaf {leaf.id} ({leaf.title}); {s.metric} = {_fmt(s.value)} decides "
