@@ -111,3 +111,26 @@ with nb.gated(CP, "the tail"):
     assert "held figure @@" in held and "data:image/png;base64" in held and "hidden" not in held, held
     assert "->" in walk_out and "hidden" not in walk_out, walk_out
     assert [c.execution_count for c in book.cells] == [1, 2, 3, 4]   # each cell ran once
+
+
+@pytest.mark.slow
+def test_a_working_copy_notebook_carries_what_its_kernel_reports_and_no_machine_path(tmp_path):
+    """The copy's notebook metadata is what the kit's kernel reports on start (kernelspec and language_info),
+    so opening it and starting the kernel changes nothing (it opens unmodified); the name shown carries no
+    path of this machine."""
+    from jupyter_client.manager import start_new_kernel
+
+    from hwlab.cli import workcopy
+
+    kernel = workcopy.kit_kernel() or {"name": "python3", "display_name": workcopy.KERNEL_DISPLAY_NAME,
+                                       "language": "python"}
+    meta = json.loads(workcopy.learner_version(ROOT / "notebooks" / "01_bandwidth_bound.ipynb", kernel))["metadata"]
+    assert "/" not in meta["kernelspec"]["display_name"] and str(ROOT) not in json.dumps(meta)
+    km, kc = start_new_kernel(kernel_name=kernel["name"])
+    try:
+        reply = kc.kernel_info(reply=True, timeout=60)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert meta["language_info"] == reply["content"]["language_info"]
+    assert "jupytext" not in meta

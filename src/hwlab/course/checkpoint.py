@@ -348,8 +348,9 @@ def _grade_reading(cp: Checkpoint, a: Answer) -> list[str]:
         except (TypeError, ValueError):
             return [f"prediction {a.prediction!r} is not a number"]
         if not p.holds(pv) or not math.isfinite(pv):
-            return [f"prediction {_fmt(pv)}{p.unit} for {p.what} is outside the band ({p.band_text()} "
-                    "of what this run measured). Reconsider "
+            band = ("it must equal what this run measured" if p.band_abs == 0
+                    else f"{p.band_text()} of what this run measured")
+            return [f"prediction {_fmt(pv)}{p.unit} for {p.what} is outside the band ({band}). Reconsider "
                     + (p.reconsider or "the quantity that sets it and where you read it")
                     + (f" ({p.why_band})" if p.why_band else "")
                     + ", then work it out again: the band is not found by moving the number."]

@@ -48,8 +48,8 @@ class Reference:
     how: str = ""
 
     def render(self) -> str:
-        parts = [f"{k} = {_fmt(v)}" for k, v in self.answer.items()]
-        return "; ".join(parts) + (f". {self.how}" if self.how else "")
+        parts = "; ".join(f"{k} = {_fmt(v)}" for k, v in self.answer.items())
+        return "; ".join(x for x in (parts, self.how) if x)
 
 
 def _fmt(v: Any) -> str:
