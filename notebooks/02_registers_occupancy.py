@@ -121,6 +121,9 @@ occ_spill = next((r.occupancy for r in rows if r.config.label == spill and r.occ
 ANSWER = nb.answer("02", leaf=None, metric=None, value=None, prediction=None, evidence=ev[spill])
 CP = nb.checkpoint("02", ANSWER, flowchart.diagnose(ev[spill]), ev[spill], source=src,
                    prediction=Prediction(f"blocks per SM of {spill}", occ_spill["blocks_per_sm"], " block(s)/SM", band_abs=0,
+                                         reconsider="each of the four limits (registers per thread, shared memory "
+                                                    "per block, warps per block, block slots) from the compile "
+                                                    "report and Hopper's limits printed above",
                                          why_band="occupancy is a whole number of blocks, set by the tightest limit"))
 
 # %% [markdown]
@@ -152,7 +155,7 @@ with nb.gated(CP, "the occupancy table"):
 DETAILS = False
 best = max((k for k in ev if (ev[k].get("n_spills") or 0) == 0 and "slowdown_vs_floor" in ev[k]),
            key=lambda k: -ev[k]["slowdown_vs_floor"])
-print(f"{spill} [{src}]: {CP.walk(full=DETAILS)}")
+nb.walk(CP, f"{spill} [{src}]", full=DETAILS)
 with nb.gated(CP, "the best config's walk"):
     print(f"{best} [{src}]: {flowchart.diagnose(ev[best]).render(full=DETAILS)}")
     nb.show_mermaid(flowchart.diagnose(ev[spill]).mermaid())

@@ -179,7 +179,7 @@ CP = nb.checkpoint("04", ANSWER, flowchart.diagnose(fe[key]), fe[key], step="D",
 # %%
 DETAILS = False  # True: every step's rule, spread and source
 leaves = {k: flowchart.diagnose(e).leaf_id for k, e in fe.items()}
-print(f"{key} [{src}]: {CP.walk(full=DETAILS)}")
+nb.walk(CP, f"{key} [{src}]", full=DETAILS)
 with nb.gated(CP, "the other buckets' walks"):
     for k, e in fe.items():
         if k != key:

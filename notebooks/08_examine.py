@@ -75,7 +75,7 @@ ANSWER = nb.answer("08", leaf=None, metric=None, value=None, evidence=ev_first)
 CP = nb.checkpoint("08", ANSWER, flowchart.diagnose(ev_first), ev_first, source=rec.label)
 
 # %%
-print(f"{first['name']} [{rec.label}]: {CP.walk()}")
+nb.walk(CP, f"{first['name']} [{rec.label}]")
 
 # %% [markdown]
 # ## One of the examples, live
@@ -98,10 +98,14 @@ else:
     nb.show_evidence({**ex.evidence, "metric_sources": ex.evidence_sources}, ex.label)
     print(f"walk: {ex.diagnosis.compact()}")
 nb.show_mermaid(ex.diagnosis.mermaid())
+bl = ex.diagnosis.borderline
 nb.md(f"Live ({ex.label}): the walk {against_prediction(ex.diagnosis, 'G')}." + (
     "" if torch.cuda.is_available() or ex.diagnosis.leaf_id == "G" else
     " The prediction is a GPU's: on this CPU the figures are the CPU's against its own ceilings, and the "
-    "H200's examination in the table below is the evidence for the chain."))
+    "H200's examination in the table below is the evidence for the chain.") + (
+    f" **BORDERLINE on this machine** at {', '.join(s.question for s in bl)}: the measured spread contains the "
+    "threshold, so a re-run (or the same run under other load) can take the other branch; this walk is not a "
+    "verdict here." if bl else ""))
 
 # %% [markdown]
 # On a CPU the numbers are the CPU's against the CPU's ceilings: its caches are large next to these small
@@ -184,7 +188,8 @@ with nb.gated(CP, "the model's parts and their walks (an fp32 GEMM among them)")
 # The prediction's leaf, G, names fusion. The smallest fix that fuses the chain is the one-kernel
 # `F.gelu(approximate="tanh")` (`model_fused`: the same weights). `torch.compile` would fuse it too, and
 # more. The first examination predicted what the fix can save (the part's time minus its floor); the
-# second measures what it did save. The floor assumes every run of the part's consecutive ops fused into
+# second times the model again, and the cell says whether the difference it measures stands out of the
+# two runs' spreads on this machine. The floor assumes every run of the part's consecutive ops fused into
 # one kernel, so a fix that fuses only the GELU (and leaves the residual add and the layer norm apart) can
 # fall short of it: the prediction is the most this part can give.
 
@@ -194,12 +199,19 @@ fused = hwlab.examine(module_f, *args_f, make_inputs=make_f, ceilings=here, name
 with nb.gated(CP, "the fixed model's parts and the saving"):
     print("\n".join(fused.parts.render()[:10]))
     fx = fix_summary(mixed.parts.to_dict(), fused.measurement.t_ms, mixed.measurement.t_ms)
+    b, a = mixed.measurement, fused.measurement
+    # the saving stands out only where the two runs' p10-p90 bands do not overlap
+    apart = a.t_p90_ms < b.t_p10_ms
+    said = (f"the two runs' spreads do not overlap, so this run **measured a saving** of "
+            f"{fx['measured_saving_ms']:.3g} ms ({100 * fx['measured_over_predicted']:.0f}% of the prediction)"
+            if apart else
+            f"the two runs' spreads overlap (the difference of medians, {fx['measured_saving_ms']:.3g} ms, lies inside "
+            "them), so **this machine cannot support a saving either way** here: a busy or CPU host; the H200 "
+            "record below is the evidence") if fx["headline"] else ""
     display(Markdown(
-        f"Live: predicted saving **{fx['predicted_saving_ms']:.3g} ms** (part {fx['headline']}), measured "
-        f"**{fx['measured_saving_ms']:.3g} ms** ({100 * fx['measured_over_predicted']:.0f}% of the prediction); "
-        f"before {mixed.measurement.t_ms:.3g} ms (p10-p90 {mixed.measurement.t_p10_ms:.3g}-"
-        f"{mixed.measurement.t_p90_ms:.3g}), after {fused.measurement.t_ms:.3g} ms (p10-p90 "
-        f"{fused.measurement.t_p10_ms:.3g}-{fused.measurement.t_p90_ms:.3g})."
+        f"Live: predicted saving **{fx['predicted_saving_ms']:.3g} ms** (part {fx['headline']}); before "
+        f"{b.t_ms:.3g} ms (p10-p90 {b.t_p10_ms:.3g}-{b.t_p90_ms:.3g}), after {a.t_ms:.3g} ms (p10-p90 "
+        f"{a.t_p10_ms:.3g}-{a.t_p90_ms:.3g}): {said}."
         if fx["headline"] else "Live: the headline part has no gain figure on this machine; see the H200 record below."))
 
 # %% [markdown]
@@ -211,28 +223,29 @@ with nb.gated(CP, "the fixed model's parts and the saving"):
 parts_path = evidence.RECORDED_DIR / "h200" / "examine_parts.json"
 if parts_path.exists():
     prec = evidence.load(parts_path)
-    nb.banner("hwlab examine, part by part", prec.label)
     ent = prec.extra["entries"]
-    for key in ("model", "model_fused", "decode", "row_gather"):
-        e = ent[key]
-        plot_parts(e["parts"], f"{key}: time per part (recorded, {prec.label})")
     fx = prec.extra["fix"]
     nc = prec.extra["cli"].get("row_gather_ncu", {})
     ncu_ev = (nc.get("ncu") or {}).get("evidence", {})
-    display(Markdown(
-        f"Recorded on the H200: the mixed model's whole-function walk lands on "
-        f"**{ent['model']['whole_function_leaf']}**; its headline part is **{fx['headline']}** on "
-        f"**{fx['headline_leaf']}**. The fix was predicted to save {fx['predicted_saving_ms']:.3g} ms and saved "
-        f"{fx['measured_saving_ms']:.3g} ms ({100 * fx['measured_saving_ms'] / fx['predicted_saving_ms']:.0f}% of "
-        f"the prediction; before {fx['before_ms'][1]:.3g} ms, p10-p90 {fx['before_ms'][0]:.3g}-{fx['before_ms'][2]:.3g}; "
-        f"after {fx['after_ms'][1]:.3g} ms, p10-p90 {fx['after_ms'][0]:.3g}-{fx['after_ms'][2]:.3g}). "
-        f"The decode step's headline is **{ent['decode']['parts']['headline']}** on "
-        f"**{ent['decode']['leaf']}**. The row gather lands on **{ent['row_gather']['leaf']}** without ncu and on "
-        f"**{nc.get('leaf')}** with it (counted sector amplification "
-        f"{ncu_ev.get('sector_amplification', float('nan')):.2f}, DRAM {ncu_ev.get('dram_pct_of_peak', float('nan')):.1f}% "
-        f"of peak)."))
-else:
-    print("examine_parts.json has not been recorded on the H200 yet (tools/record_examine.py --parts)")
+with nb.gated(CP, "the recorded model, its fix, the decode step and the gather (leaves among them)"):
+    if parts_path.exists():
+        nb.banner("hwlab examine, part by part", prec.label)
+        for key in ("model", "model_fused", "decode", "row_gather"):
+            plot_parts(ent[key]["parts"], f"{key}: time per part (recorded, {prec.label})")
+        display(Markdown(
+            f"Recorded on the H200: the mixed model's whole-function walk lands on "
+            f"**{ent['model']['whole_function_leaf']}**; its headline part is **{fx['headline']}** on "
+            f"**{fx['headline_leaf']}**. The fix was predicted to save {fx['predicted_saving_ms']:.3g} ms and saved "
+            f"{fx['measured_saving_ms']:.3g} ms ({100 * fx['measured_saving_ms'] / fx['predicted_saving_ms']:.0f}% of "
+            f"the prediction; before {fx['before_ms'][1]:.3g} ms, p10-p90 {fx['before_ms'][0]:.3g}-{fx['before_ms'][2]:.3g}; "
+            f"after {fx['after_ms'][1]:.3g} ms, p10-p90 {fx['after_ms'][0]:.3g}-{fx['after_ms'][2]:.3g}). "
+            f"The decode step's headline is **{ent['decode']['parts']['headline']}** on "
+            f"**{ent['decode']['leaf']}**. The row gather lands on **{ent['row_gather']['leaf']}** without ncu and on "
+            f"**{nc.get('leaf')}** with it (counted sector amplification "
+            f"{ncu_ev.get('sector_amplification', float('nan')):.2f}, DRAM {ncu_ev.get('dram_pct_of_peak', float('nan')):.1f}% "
+            f"of peak)."))
+    else:
+        print("examine_parts.json has not been recorded on the H200 yet (tools/record_examine.py --parts)")
 
 # %% [markdown]
 # Reading the gather: there is no matmul in it, so the Tensor-Core question is answered *not applicable*
@@ -243,15 +256,16 @@ else:
 # not a dtype or a tile.
 
 # %%
-if parts_path.exists():
-    for label, src in (("without ncu", ent["row_gather"]["parts"]), ("with --ncu", nc.get("parts") or {})):
-        g = next((p for p in src.get("parts", []) if p["name"] == "gather/scatter"), None)
-        if g and g.get("j_detail"):
-            j = g["j_detail"]
-            display(Markdown(f"Recorded, {label}: leaf **{g['leaf']}**, J in detail: **{j['cause']}** "
-                             f"({j['rule']}). Figures: " + ", ".join(
-                                 f"{k} = {v:.3g}" for k, v in j["figures"].items()) +
-                             ". Actions: " + "; ".join(g["actions"][:3]) + "."))
+with nb.gated(CP, "the gather's walks"):
+    if parts_path.exists():
+        for label, src in (("without ncu", ent["row_gather"]["parts"]), ("with --ncu", nc.get("parts") or {})):
+            g = next((p for p in src.get("parts", []) if p["name"] == "gather/scatter"), None)
+            if g and g.get("j_detail"):
+                j = g["j_detail"]
+                display(Markdown(f"Recorded, {label}: leaf **{g['leaf']}**, J in detail: **{j['cause']}** "
+                                 f"({j['rule']}). Figures: " + ", ".join(
+                                     f"{k} = {v:.3g}" for k, v in j["figures"].items()) +
+                                 ". Actions: " + "; ".join(g["actions"][:3]) + "."))
 
 # %% [markdown]
 # ## Your turn: examine a function of your own

@@ -189,8 +189,10 @@ check.check_slow_pairs(TOPO, GROUP, MY_TOPO)
 LOG = (evidence.RECORDED_DIR / "runs" / "straggler_nccl_h200" / "vm" / "nccl.764.log").read_text()
 print("recorded on NVIDIA H200 (one GPU, one rank), NCCL_DEBUG=INFO; its topology lines:")
 print("\n".join(dict.fromkeys(ln for ln in LOG.splitlines() if " :GPU/" in ln or " :NET/" in ln or "Pattern" in ln)))
-print("\nchannel route lines ('Channel 00/0 : 0[0] -> 1[1] via P2P/...'): one rank opens no channel; waits for "
-      "the two-GPU recording: PYTHONPATH=src bash tools/record_straggler_nccl.sh OUT on nvidia-h200-x2")
+routes = [ln for ln in LOG.splitlines() if " via " in ln and "Channel" in ln]
+print("\n".join(routes) if routes else
+      "\nno channel route lines ('Channel 00/0 : 0[0] -> 1[1] via ...') in this log: a single rank opens no "
+      "channel to another, so what there is to read here is the topology above")
 
 # %% tags=["learner"]
 MY_NCCL = None  # YOUR CODE HERE: {"gbps": ..., "type": "<path type>"}
@@ -199,7 +201,7 @@ MY_NCCL = None  # YOUR CODE HERE: {"gbps": ..., "type": "<path type>"}
 check.check_nccl_path(LOG, MY_NCCL)
 
 # %% [markdown]
-# On a multi-GPU node, the `Channel ... via` lines say which transport each ring hop took: `P2P` where
-# NVLink or PCIe peer access exists, `SHM` or `NET` where it does not. A pair that reads `SYS` in the matrix
-# and `SHM` in the log is the slow link the flowchart's leaf L points at. Exercise 05 asks the same
-# questions of other recordings.
+# A log of several ranks on one node has more to read than this one: `Channel ... via` lines, one per ring
+# hop, saying which transport it took (`P2P` where NVLink or PCIe peer access exists, `SHM` or `NET` where it
+# does not). A pair that reads `SYS` in the topology matrix and `SHM` in such a log is a slow link between
+# ranks. Exercise 05 asks the same questions of other recordings.

@@ -62,5 +62,5 @@ fi
 # this venv's Jupyter (`hwlab lab`) and never replaces a kernel of the user's or of another
 # clone (the display name says which venv it runs).
 .venv/bin/python -m ipykernel install --sys-prefix --name hwlab \
-  --display-name "hwlab ($(pwd)/.venv)" >/dev/null
+  --display-name "$(.venv/bin/python -c 'import sys; print(f"hwlab (Python {sys.version_info[0]}.{sys.version_info[1]})")')" >/dev/null
 echo "hwlab installed in .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)')); Jupyter kernel 'hwlab' in .venv"

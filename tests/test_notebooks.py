@@ -208,12 +208,23 @@ def _figure_forms(x: float, unit: str = "") -> set[str]:
     return {f + unit for f in forms if unit.strip() or len(f.strip("-0.")) >= 2}
 
 
-def _leaked(text: str, secrets: dict) -> list[str]:
+def _named(text: str, secrets: dict) -> list[str]:
+    """The checkpoint's leaf named anywhere: its walk line, an arrow into it ("-> J", "→ M"), "leaf I",
+    "lands on I", the letter in bold, or its title. A Mermaid chart (its edges "-->", every leaf's title)
+    draws the chart itself, which every notebook shows before any answer, so it is left out."""
+    from hwlab.diagnosis import flowchart
+
     leaf = secrets["leaf"]
+    text = re.sub(r"```mermaid.*?```", "", text, flags=re.S)
     found = [secrets["walk"]] if secrets["walk"] in text else []
-    # a walk's arrow into the leaf ("-> J", "→ M", "leaf I"); a Mermaid chart's edges ("-->") draw the
-    # chart itself, which every notebook shows before any answer
-    found += [m.group(0) for m in re.finditer(rf"((?<!-)->|→|leaf)\s*\**{leaf}\**(?![\w])", text)]
+    found += [m.group(0) for m in re.finditer(
+        rf"((?<!-)->|→|\bleaf|\blands? on)\s*\**{leaf}\**(?![\w])|\*\*{leaf}\*\*", text)]
+    title = flowchart.LEAVES[leaf].title
+    return found + ([title] if title in text else [])
+
+
+def _leaked(text: str, secrets: dict) -> list[str]:
+    found = _named(text, secrets)
     figures = _figure_forms(secrets["value"])
     if secrets["prediction"]:
         figures |= _figure_forms(*secrets["prediction"])
@@ -245,6 +256,8 @@ def test_a_blank_run_all_shows_nothing_of_the_answer_after_the_checkpoint(stem):
     assert "Traceback" not in before + after and "still blank: leaf" in before
     assert "answer the checkpoint above first" in after
     assert not _leaked(after, secrets), (_leaked(after, secrets), secrets)
+    # before the checkpoint too: the evidence table shows the value to read, never the leaf or its walk
+    assert not _named(before, secrets), (_named(before, secrets), secrets)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")

@@ -262,11 +262,15 @@ def checkpoint(checkpoint_id: str, ans, walk, ev: dict, *, step: str | None = No
     from hwlab.course import checkpoint as C
 
     filled = isinstance(ans, _filled_answer_type())  # from the solutions file: not a learner's answer to keep
+    if release not in C.ON_SHOWN:
+        C.ON_SHOWN.append(release)
     if isinstance(ans.value, ReadOff):
         ans = replace(ans, value=ev.get(str(ans.value)))
     res = C.check(C.Checkpoint(checkpoint_id, walk, ev, step=step, prediction=prediction, source=source), ans,
                   record=not filled)
     print(res)
+    if shows(res):
+        release(checkpoint_id)
     return res
 
 
@@ -278,9 +282,59 @@ def show_evidence(ev: dict, source: str = "") -> None:
 
 
 def gate_line(cp, what: str = "this cell's results") -> str:
-    """The line a gated cell prints instead of its output while checkpoint ``cp`` has not passed."""
+    """The line a gated cell shows instead of its output while checkpoint ``cp`` has not passed."""
     return (f"[{what} hidden: answer the checkpoint above first (checkpoint {cp.checkpoint}: {cp.status}); "
-            "then run this cell again]")
+            "it shows here once the checkpoint passes or is revealed]")
+
+
+#: per checkpoint id: the held-back outputs of gated cells, each (display handle, HTML, plain text),
+#: shown in place by :func:`release` when the checkpoint passes or is revealed
+_HELD: dict[str, list[tuple]] = {}
+
+
+def release(checkpoint_id: str) -> int:
+    """Show in place, in the cells that held them back, the outputs gated on ``checkpoint_id``
+    (:func:`gated`), without re-running those cells; how many were shown."""
+    held = _HELD.pop(checkpoint_id, [])
+    for handle, html_text, plain in held:
+        handle.update({"text/html": html_text, "text/plain": plain}, raw=True)
+    return len(held)
+
+
+def _held_bundle(captured, pngs: list[bytes]) -> tuple[str, str]:
+    """The captured output of a gated block (its stdout, displays and figures) as one HTML block and
+    its plain text."""
+    import base64
+    import html
+
+    parts, plain = [], []
+    if captured.stdout:
+        parts.append(f"<pre>{html.escape(captured.stdout)}</pre>")
+        plain.append(captured.stdout)
+    for out in captured.outputs:
+        d = out.data
+        if "text/html" in d:
+            parts.append(d["text/html"])
+        elif "image/png" in d:
+            parts.append(f'<img src="data:image/png;base64,{d["image/png"]}"/>')
+        elif "text/markdown" in d:
+            parts.append(_markdown_html(d["text/markdown"]))
+        elif "text/plain" in d:
+            parts.append(f"<pre>{html.escape(d['text/plain'])}</pre>")
+        plain.append(d.get("text/markdown") or d.get("text/plain") or "")
+    for png in pngs:
+        parts.append(f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}"/>')
+    return "\n".join(parts), "\n".join(plain)
+
+
+def _markdown_html(text: str) -> str:
+    import html
+
+    try:
+        import mistune
+        return mistune.html(text) if hasattr(mistune, "html") else mistune.markdown(text)
+    except ImportError:
+        return f"<pre>{html.escape(text)}</pre>"
 
 
 def shows(cp) -> bool:
@@ -314,18 +368,38 @@ def gated(cp, what: str = "this cell's results"):
     if shows(cp):
         yield True
         return
+    from IPython.display import display
     from IPython.utils.capture import capture_output
 
     plt = sys.modules.get("matplotlib.pyplot")
     figs_before = set(plt.get_fignums()) if plt else set()
+    pngs: list[bytes] = []
     try:
-        with capture_output(stdout=True, stderr=False, display=True):
+        with capture_output(stdout=True, stderr=False, display=True) as captured:
             yield False
     finally:
         plt = sys.modules.get("matplotlib.pyplot")
-        for n in (set(plt.get_fignums()) - figs_before) if plt else ():
+        for n in sorted(set(plt.get_fignums()) - figs_before) if plt else ():
+            import io
+            buf = io.BytesIO()
+            plt.figure(n).savefig(buf, format="png", bbox_inches="tight")
+            pngs.append(buf.getvalue())
             plt.close(n)  # a figure left open would be drawn at the cell's end
-        print(gate_line(cp, what))
+        from IPython.core.interactiveshell import InteractiveShell
+
+        if InteractiveShell.initialized():  # in a kernel: held back, shown in place when the checkpoint passes
+            handle = display({"text/plain": gate_line(cp, what)}, raw=True, display_id=True)
+            _HELD.setdefault(cp.checkpoint, []).append((handle, *_held_bundle(captured, pngs)))
+        else:
+            print(gate_line(cp, what))
+
+
+def walk(cp, label: str = "", full: bool = False) -> None:
+    """Print the kit's walk of checkpoint ``cp`` (one line, or in full), held back like :func:`gated` until
+    the checkpoint passes or is revealed, then shown in place."""
+    with gated(cp, "the kit's walk"):
+        w = getattr(cp, "_walk", None)
+        print((f"{label}: " if label else "") + (w.render(full=full) if w is not None else cp.walk(full=full)))
 
 
 def explain(cp, text: str) -> None:

@@ -2,7 +2,8 @@
 
 Everything printed comes from :mod:`hwlab.diagnosis.flowchart` (its questions, criteria, leaves): each
 question with its metrics, thresholds and why, the probe that measures it and its two branches;
-each leaf with its actions and the lab that teaches it. Exit codes: 0 printed, 3 internal error.
+each leaf with the cause it names and its actions (the fix), never which lab or recording lands on it (that
+is a checkpoint's answer). Exit codes: 0 printed, 3 internal error.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _criterion(c: flowchart.Criterion) -> dict[str, Any]:
 
 def chart() -> dict[str, Any]:
     """The chart as plain data: start, questions (in walk order from the start), leaves."""
-    from hwlab.examine import leaf_lab  # a leaf without its own lab names the lab that covers it
+    from hwlab.diagnosis.leaf_causes import cause
 
     order, todo = [], [flowchart.START]
     while todo:  # breadth first from the start, so B comes first and every question once
@@ -37,7 +38,7 @@ def chart() -> dict[str, Any]:
             "answer_yes_if_any": [_criterion(c) for c in q.criteria],
             "no_first_if_any": [_criterion(c) for c in q.overrides_no],
             "by_hand_metric": q.bool_metric})
-    leaves = [{"id": lf.id, "title": lf.title, "actions": list(lf.actions), "lab": leaf_lab(lf.id) or None}
+    leaves = [{"id": lf.id, "title": lf.title, "cause": cause(lf.id), "actions": list(lf.actions)}
               for lf in flowchart.LEAVES.values()]
     return {"start": flowchart.START, "questions": questions, "leaves": leaves,
             "rules": ("a question answers YES when any of its criteria holds on a measured metric; "
@@ -60,8 +61,9 @@ def render(c: dict[str, Any]) -> str:
         out.append("")
     out.append("leaves:")
     for lf in c["leaves"]:
-        out.append(f"{lf['id']}: {lf['title']}" + (f"   [lab: {lf['lab']}]" if lf["lab"] else ""))
-        out += [f"   - {a}" for a in lf["actions"]]
+        out.append(f"{lf['id']}: {lf['title']}")
+        out.append(f"   cause: {lf['cause']}")
+        out += [f"   fix: {a}" for a in lf["actions"]]
     return "\n".join(out)
 
 
@@ -77,6 +79,6 @@ def cmd_flowchart(a) -> int:
 def add_parser(sub) -> None:
     f = sub.add_parser("flowchart", help="print the diagnosis flowchart: questions, metrics, thresholds, leaves",
                        description="The chart drills and `examine` walk: each question, the metric and "
-                       "threshold that answer it (and why), its branches, and each leaf's actions and lab.")
+                       "threshold that answer it (and why), its branches, and each leaf's cause and actions.")
     f.add_argument("--json", action="store_true", help="strict JSON on stdout")
     f.set_defaults(fn=cmd_flowchart)

@@ -39,6 +39,8 @@ KIT_FILES = {"notebooks": "*.ipynb", "exercises": "*.ipynb", "examples": "*.py"}
 MANIFEST = ".hwlab-copy.json"
 _MANIFEST_HINT = "delete it and start again (your notebooks are kept; the manifest is made anew)"
 KERNEL_NAME = "hwlab"
+#: the name the kernel picker and the notebook show: the kit and its Python, never a machine path
+KERNEL_DISPLAY_NAME = f"hwlab (Python {sys.version_info[0]}.{sys.version_info[1]})"
 
 
 @dataclass
@@ -114,7 +116,7 @@ def ensure_kit_kernel(state_dir: Path) -> tuple[dict, Path | None]:
         return kernel, None
     data_dir = state_dir / "jupyter-data"
     spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": f"hwlab ({sys.prefix})", "language": "python", "metadata": {"debugger": True}}
+            "display_name": KERNEL_DISPLAY_NAME, "language": "python", "metadata": {"debugger": True}}
     path = data_dir / "kernels" / KERNEL_NAME / "kernel.json"
     data = (json.dumps(spec, indent=1) + "\n").encode()
     if not path.exists() or path.read_bytes() != data:
@@ -149,7 +151,19 @@ def learner_version(src: Path, kernel: dict | None) -> bytes:
             meta.pop("jupytext")
     if kernel:
         meta["kernelspec"] = dict(kernel)
+        # what the kernel reports when it starts (ipykernel's language_info for this Python), so opening
+        # the notebook and starting its kernel changes nothing: it opens unmodified
+        meta["language_info"] = language_info()
     return (json.dumps(nb, indent=1, ensure_ascii=False) + "\n").encode()
+
+
+def language_info() -> dict:
+    """The ``language_info`` an ipykernel running this Python reports."""
+    import platform
+
+    return {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
+            "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
+            "pygments_lexer": "ipython3", "version": platform.python_version()}
 
 
 def _write_new(path: Path, data: bytes, *, replace: bool = False) -> None:

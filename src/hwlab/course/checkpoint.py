@@ -4,20 +4,25 @@ A :class:`Checkpoint` holds the kit's own walk of one piece of evidence, compute
 (never a leaf typed into the notebook), the step it asks about, and optionally a quantity the
 learner predicts. :func:`check` grades an :class:`Answer` in this order, and stops at the first miss:
 
-1. **the leaf**: the walk's leaf. A wrong leaf is answered with the question where a path to it leaves
-   the walk and the rows that question reads, to re-read: never those rows' values, the branch the
-   evidence takes there, nor the right leaf's letter or title;
-2. **the metric**: the one that decided the asked step in this evidence (by default the step that
-   leads into the leaf; a checkpoint may ask about another step on the walk). Another metric of the
-   chart, even a true one, is not what decided there;
+1. **the leaf**: the walk's leaf. A wrong leaf is answered with the learner's own path to it (each
+   question and the branch their leaf needs there, with the rows it reads), to re-check in order
+   (:func:`hwlab.course.tries.recheck_own_path`): worked out from their leaf alone, so it never says
+   where the evidence leaves that path, the other branch, nor the right leaf, and following it blindly
+   passes no sooner than guessing leaves at random;
+2. **the metric**: one that decides the asked step in this evidence (by default the step that leads
+   into the leaf; a checkpoint may ask about another step on the walk): the walk's own deciding metric,
+   or any other metric of that question's rule measured here whose own value gives the same branch
+   (:func:`accepted_metrics`: a YES needs any one criterion to hold, so each one that holds decides it).
+   Another metric of the chart, even a true one, is not what decided there;
 3. **the value**: the decided metric's value as read off the evidence shown: inside its measured spread
    (``metric_spreads``; p10-p90 or the repeats' range) widened by :data:`VALUE_TOL_PCT`, or within
    :data:`VALUE_TOL_PCT` of the value where no spread was recorded. The tolerance covers a value
    read from a table printed to three significant digits and rounded by the reader. A miss says it is
    outside the reading's spread, not what the spread is;
 4. **the prediction** (where the lesson has one): within the checkpoint's stated band of what the same
-   run measured (:class:`Prediction`). A miss says which way (too high, too low) and the band's width,
-   never the measured figure.
+   run measured (:class:`Prediction`). A miss says the band's width and what to reconsider (the
+   quantity that sets the prediction and where to read it), never which way it misses nor the measured
+   figure: a direction would let halving find the band without the reasoning.
 
 Feedback teaches without telling; after :data:`TRIES_BEFORE_REVEAL` wrong tries :meth:`Result.reveal`
 shows the answer and the class record marks the checkpoint as revealed.
@@ -52,6 +57,9 @@ FILL_IN, PASSED, WRONG, UNDECIDED, REVEALED = "fill in", "passed", "wrong", "und
 #: of :mod:`hwlab.course.tries`, shared with the exercise checks (a learner's answers; the solutions
 #: file's never count)
 TRIES_BEFORE_REVEAL = tries.TRIES_BEFORE_REVEAL
+#: called with a checkpoint's id when its answer is revealed: the notebook layer (:func:`hwlab.nb.release`)
+#: shows in place what its cells held back
+ON_SHOWN: list = []
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,8 @@ class Prediction:
     band_pct: float | None = None
     band_abs: float | None = None
     why_band: str = ""
+    #: what to reconsider on a miss: the quantity that sets the prediction and where to read it
+    reconsider: str = ""
 
     def bounds(self) -> tuple[float, float]:
         if self.band_abs is not None:
@@ -142,7 +152,7 @@ class Result:
         if self.status in (PASSED, UNDECIDED, REVEALED) and self._walk is not None:  # undecided: it says what to measure
             return self._walk.render(full=full)
         return (f"[walk hidden: answer the checkpoint above first (checkpoint {self.checkpoint}: {self.status}); "
-                "then run this cell again]")
+                "it shows once the checkpoint passes or is revealed]")
 
     def reveal(self, *, learner: str | None = None) -> str:
         """The answer (leaf, deciding metric and value, the measured figure predicted) once
@@ -157,6 +167,8 @@ class Result:
         self.status = REVEALED
         if first:
             classroom.record_checkpoint(cp, self, learner=learner)
+            for shown in ON_SHOWN:
+                shown(cp.id)
         leaf = flowchart.LEAVES[cp.walk.leaf_id]
         p = cp.prediction
         return (f"checkpoint {cp.id}, revealed: leaf {leaf.id} ({leaf.title}); {s.metric} = {_fmt(s.value)} decides "
@@ -200,10 +212,32 @@ def _fmt(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
-def _contradiction(s: flowchart.Step, leaf: str) -> str:
-    """Where a path to ``leaf`` leaves this walk: the question and the rows it reads, never their value,
-    the branch the evidence takes there, nor the leaf it leads to (module doc, item 1)."""
-    return tries.left_chart_at(s.question, leaf, borderline=s.borderline)
+def accepted_metrics(cp: Checkpoint) -> dict[str, flowchart.Step]:
+    """The metrics that decide the asked step (module doc, item 2), each with the step as graded on it:
+    the walk's own, and every other metric of that question's rule measured here (not outside its
+    physical range) whose value alone gives the branch the walk took: a YES criterion that holds, or on a
+    NO taken first by an override, an override that holds. A plain NO needs every criterion to fail, so
+    only the walk's own metric is asked there."""
+    s = cp.asked()
+    if s is None or s.by_hand:
+        return {}
+    out = {s.metric: s}
+    q = flowchart.QUESTIONS[s.question]
+    crits = q.overrides_no if s.overridden else (q.criteria if s.answer == "yes" else ())
+    invalid = {iv.metric for iv in cp.walk.invalid}
+    spreads = checks.spreads_of(cp.evidence)
+    for c in crits:
+        v = cp.evidence.get(c.metric)
+        if c.metric in out or c.metric in invalid or v is None or isinstance(v, bool):
+            continue
+        try:
+            holds = c.holds(float(v))
+        except (TypeError, ValueError):
+            continue
+        if holds:
+            sp = spreads.get(c.metric, (None, ""))[0]
+            out[c.metric] = replace(s, metric=c.metric, value=v, spread=tuple(sp) if sp else None)
+    return out
 
 
 def value_bounds(s: flowchart.Step) -> tuple[float, float]:
@@ -248,13 +282,12 @@ def check(cp: Checkpoint, answer: Answer | None, *, record: bool = True, learner
                             "branch from the other one; the walk below follows the median. Re-run with more "
                             "repeats before acting on either branch"]
     elif leaf != cp.walk.leaf_id:
-        s = _ruled_out_by(cp.walk, leaf)
-        res.messages = [_contradiction(s, leaf) if s else f"leaf {leaf} is not where this evidence leads"]
+        res.messages = [tries.recheck_own_path(leaf)]
     else:
         res.messages = _grade_reading(cp, a)
         res.status = WRONG if res.messages else PASSED
         if res.passed:
-            s = cp.asked()
+            s = accepted_metrics(cp).get(str(a.metric).strip()) or cp.asked()
             res.messages = [f"leaf, metric ({s.metric} at {s.question}) and value agree with the evidence"
                             + (f"; prediction {_fmt(a.prediction)}{cp.prediction.unit} against "
                                f"{_fmt(cp.prediction.actual)}{cp.prediction.unit} from this run" if cp.prediction else "")
@@ -286,6 +319,7 @@ def _grade_reading(cp: Checkpoint, a: Answer) -> list[str]:
     if s.by_hand:
         return []  # a typed yes/no has no metric to read: the leaf is the answer
     metric = str(a.metric).strip()
+    s = accepted_metrics(cp).get(metric, s)
     if metric != s.metric:
         invalid = {iv.metric for iv in cp.walk.invalid}
         on_walk = {x.metric: x.question for x in cp.walk.steps}
@@ -314,10 +348,12 @@ def _grade_reading(cp: Checkpoint, a: Answer) -> list[str]:
         except (TypeError, ValueError):
             return [f"prediction {a.prediction!r} is not a number"]
         if not p.holds(pv) or not math.isfinite(pv):
-            way = "too high" if pv > p.actual else "too low"
-            return [f"prediction {_fmt(pv)}{p.unit} for {p.what} is {way}: outside the band ({p.band_text()} "
-                    "of what this run measured)" + (f"; {p.why_band}" if p.why_band else "")
-                    + ". Work out what your count missed, then revise it."]
+            band = ("it must equal what this run measured" if p.band_abs == 0
+                    else f"{p.band_text()} of what this run measured")
+            return [f"prediction {_fmt(pv)}{p.unit} for {p.what} is outside the band ({band}). Reconsider "
+                    + (p.reconsider or "the quantity that sets it and where you read it")
+                    + (f" ({p.why_band})" if p.why_band else "")
+                    + ", then work it out again: the band is not found by moving the number."]
     return []
 
 

@@ -64,8 +64,9 @@ def bytes_reference(ratio, n_rows: int, n_cols: int, dtype=torch.float16) -> Ref
 def check_bytes_prediction(ratio, n_rows: int, n_cols: int, dtype=torch.float16) -> ExerciseResult:
     """Exercise 01, part 1: the learner's predicted ratio of the bytes the eager transposed chain
     moves to the floor, against the ratio the access meter counts (:mod:`hwlab.core.access_meter`)
-    on this machine, within :data:`PREDICTION_REL_TOL`. The message on a miss says which way and
-    names the passes the meter saw, never the ratio."""
+    on this machine, within :data:`PREDICTION_REL_TOL`. The message on a miss names the passes the
+    meter saw and how to count them, never the ratio nor which way the prediction misses (a direction
+    would let halving find the band without the count)."""
     name = "bytes the eager chain moves"
     if ratio is None:
         return not_done(name, "Set MY_BYTES_RATIO to your predicted (bytes moved) / (bytes required).")
@@ -81,8 +82,7 @@ def check_bytes_prediction(ratio, n_rows: int, n_cols: int, dtype=torch.float16)
                               "on this machine's CPU by the access meter, an estimate from the tensors each op "
                               "reads and writes).", answer=ratio, expected=round(measured, 3))
     ops = ", ".join("aten::" + o.name for o in tr.torch_ops)
-    way = "too high" if ratio > measured else "too low"
-    return ExerciseResult(name, "wrong", f"you predicted {ratio:.2f}x: {way}, outside the band (within "
+    return ExerciseResult(name, "wrong", f"you predicted {ratio:.2f}x, outside the band (within "
                           f"{100 * PREDICTION_REL_TOL:.0f}% of what the meter counted). The eager chain ran {len(tr.torch_ops)} ops ({ops}): "
                           "count, for each, the tensors it reads and the tensor it writes, in elements "
                           "(bias is cols, the rest rows x cols), and divide by what the work must read and write.",

@@ -4,7 +4,7 @@ job's own GPUs (:func:`check_job_mapping`)."""
 from __future__ import annotations
 
 from hwlab.course.exercise import ExerciseResult, not_done
-from hwlab.course.tries import Reference, graded, left_chart_at
+from hwlab.course.tries import Reference, graded, recheck_own_path
 
 #: the leaf a TP group that crosses a link other than NVLink answers (rank mapping)
 CROSSING_LEAF = "L"
@@ -83,12 +83,7 @@ def check_crossing(topo, order: list[int], tp: int, crossing, evidence, leaf) ->
     if leaf_id not in flowchart.LEAVES:
         return ExerciseResult(name, "wrong", f"LEAF = {leaf!r}: give a leaf id of the chart ({', '.join(flowchart.LEAVES)})")
     if leaf_id != CROSSING_LEAF:
-        from hwlab.course.classroom import first_wrong_branch
-
-        fb = first_wrong_branch(CROSSING_LEAF, leaf_id)
-        return ExerciseResult(name, "wrong", "groups and evidence are right; " + (
-            left_chart_at(fb["question"], leaf_id, where="the path the cells you cited take")
-            if fb else f"leaf {leaf_id} is not where the cells you cited lead"))
+        return ExerciseResult(name, "wrong", "groups and evidence are right; " + recheck_own_path(leaf_id))
     cells = "; ".join(f"GPU{int(a)}-GPU{int(b)} {c}" for (a, b), c in evidence.items())
     return ExerciseResult(name, "passed", f"ranks {want} cross a link that is not NVLink ({cells}): leaf "
                           f"{leaf_id}, {flowchart.LEAVES[leaf_id].title}.")

@@ -248,7 +248,7 @@ def check_case_fallback(ctx, module, n_dequant, shape, buckets: list[dict[str, A
         return ExerciseResult(name, "wrong", f"MY_MODULE = {module!r}: name a layer kind, one of {sorted(shapes)}")
     if mod not in b["fell_back"]:
         o, i = shapes[mod]
-        return ExerciseResult(name, "wrong", f"a {mod} GEMM reads a ({o}, {i}) weight; in ctx {ctx}'s profile the "
+        return ExerciseResult(name, "wrong", f"the {mod} layer's GEMM reads a ({o}, {i}) weight; in ctx {ctx}'s profile the "
                               f"rows with that weight shape are as many as in the other buckets. Find the weight "
                               "shape whose bf16 calls grow and whose FP8 row disappears there.", answer=mod)
     if int(n_dequant) != n_deq:

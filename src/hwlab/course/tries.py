@@ -48,8 +48,8 @@ class Reference:
     how: str = ""
 
     def render(self) -> str:
-        parts = [f"{k} = {_fmt(v)}" for k, v in self.answer.items()]
-        return "; ".join(parts) + (f". {self.how}" if self.how else "")
+        parts = "; ".join(f"{k} = {_fmt(v)}" for k, v in self.answer.items())
+        return "; ".join(x for x in (parts, self.how) if x)
 
 
 def _fmt(v: Any) -> str:
@@ -85,16 +85,31 @@ def rows_of(qid: str) -> str:
     return ", ".join(names)
 
 
-def left_chart_at(qid: str, leaf: str, where: str = "this walk", borderline: bool = False) -> str:
-    """A wrong leaf's feedback: the question where a path to ``leaf`` leaves the right path, and the
-    rows it reads, to re-read; never their value, the branch the evidence takes there, nor the right
-    leaf."""
-    q = flowchart.QUESTIONS[qid]
-    border = (f" {qid} is BORDERLINE here (its measured spread contains its threshold): re-run with more "
-              "repeats before acting on either branch." if borderline else "")
-    return (f"leaf {leaf} is not where the evidence above leads: a path to {leaf} leaves {where} at "
-            f"{qid} ({q.text}). Re-read the rows {qid} reads ({rows_of(qid)}) against its rule in the chart, "
-            "and follow the chart from there." + border)
+def paths_to(leaf: str, node: str | None = None) -> list[list[tuple[str, str]]]:
+    """Every path from the chart's start to ``leaf``: (question, branch) pairs, from the chart alone."""
+    node = flowchart.START if node is None else node
+    if node in flowchart.LEAVES:
+        return [[]] if node == leaf else []
+    q = flowchart.QUESTIONS[node]
+    return [[(node, b), *rest] for b, nxt in (("yes", q.yes), ("no", q.no)) for rest in paths_to(leaf, nxt)]
+
+
+def recheck_own_path(leaf: str) -> str:
+    """A wrong leaf's feedback: the learner's own path to ``leaf`` (each question, the branch their leaf
+    needs there, and the rows it reads), as questions to re-check in order. It is worked out from the
+    chart and the learner's leaf alone, so it is the same whatever the right leaf is: it never names
+    where the evidence leaves that path, the other branch, nor the right leaf, and an answer found by
+    following the message instead of the evidence takes as many tries as guessing leaves at random."""
+    paths = paths_to(leaf)
+    if not paths:
+        return f"leaf {leaf} is not where the evidence above leads"
+    ways = " or ".join("; ".join(f"{qid} ({flowchart.QUESTIONS[qid].text}) answered {b}" for qid, b in path)
+                       for path in paths)
+    rows = "; ".join(dict.fromkeys(f"{qid}: {rows_of(qid)}" for path in paths for qid, _ in path))
+    return (f"leaf {leaf} is not where the evidence above leads. Your path to {leaf} needs {ways}. "
+            f"Re-check each of those questions in that order against the rows it reads ({rows}) and its "
+            "rule in the chart: does the measured value give the answer your path needs? The first one "
+            "that does not is where your reading left the evidence; follow the chart from there.")
 
 
 # ---- exercise checks --------------------------------------------------------------------------
