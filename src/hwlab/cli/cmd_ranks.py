@@ -52,7 +52,7 @@ def cmd_ranks(a) -> int:
         skip = 0 if a.skip is None else a.skip
         prog = rank_pool.progress_printer() if stderr_is_terminal() else None
         rep = ranks_traces.report(traces, link_gbps=a.link_gbps, skip=skip, progress=prog,
-                                  workers=a.workers or rank_pool.default_workers(), scheduler=a.scheduler,
+                                  workers=a.workers, scheduler=a.scheduler,
                                   max_bytes=a.max_trace_mb * 10**6 if a.max_trace_mb else None)
         mod = ranks_traces
     else:
@@ -102,7 +102,7 @@ def add_parser(sub) -> None:
                         f"{MAX_LINK_GBPS:,.0f}), to tell a slow link from a busy one")
     r.add_argument("--workers", type=whole_number, default=None, metavar="N",
                    help="traces: processes that read the ranks' traces in parallel (default: the cores this "
-                        "process may use); the report is the same for any N")
+                        "process may use, fewer for a small job); the report is the same for any N")
     r.add_argument("--scheduler", metavar="ADDRESS",
                    help="traces: read the ranks on a running Dask distributed cluster (tcp://HOST:8786; "
                         "pip install 'hwlab[dist]'), the traces on a file system its workers mount")

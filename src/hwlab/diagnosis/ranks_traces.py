@@ -322,7 +322,7 @@ def _walk_evidence(traces: dict[int, kineto.RankTrace], ranks: list[int], busy_p
 
 
 def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
-           progress: Callable[..., None] | None = None, workers: int = 1, scheduler: str | None = None,
+           progress: Callable[..., None] | None = None, workers: int | None = 1, scheduler: str | None = None,
            max_bytes: int | None = None) -> dict[str, Any]:
     """Read every trace under ``folder`` and analyse them together (module docstring). Each rank is
     reduced to its summary by ``workers`` processes or on the Dask ``scheduler``
@@ -401,6 +401,12 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
                      + (f" (unreadable: {', '.join(Path(u['file']).name for u in unreadable)})" if unreadable else "")
                      + ": a missing rank may be the slow one, so no answer holds for the job"
                      + (f"; among the {len(ranks)} present ranks: {finding['kind'].replace('_', ' ')}"))
+    elif unreadable:  # no world size to count against, but a rank's file was not read: partial
+        names = ", ".join(Path(u["file"]).name for u in unreadable[:20])
+        undecided = (f"{len(unreadable)} trace file(s) could not be read ({names}"
+                     + (f" and {len(unreadable) - 20} more" if len(unreadable) > 20 else "")
+                     + "): their ranks may hold the slow one, so no answer holds for the job; among the "
+                     + f"{len(ranks)} read: {finding['kind'].replace('_', ' ')}")
     tables = {str(r): collective_table(traces[r], world or len(ranks)) for r in ranks}
     rep: dict[str, Any] = {
         "source": "profiler traces", "run_dir": str(folder), "traces_dir": str(folder), "n_ranks": len(ranks),

@@ -2,7 +2,8 @@
 (:mod:`hwlab.traces.rank_summary`) in a worker, and only summaries come back.
 
 * **On one node** (``workers`` > 1) a :class:`concurrent.futures.ProcessPoolExecutor` of that many
-  processes (``forkserver``: a worker never inherits the parent's threads or memory). At most
+  processes (``spawn``: a worker never inherits the parent's threads or memory, and its CPU time
+  and peak memory are its parent's to account for). At most
   :data:`IN_FLIGHT_PER_WORKER` files per worker are submitted at a time, so a worker that dies
   takes only the files it held with it. A worker reads one file at a time, streaming: its memory
   is bounded by the largest rank's kept events, not by the job.
@@ -39,6 +40,10 @@ from hwlab.traces import rank_summary
 IN_FLIGHT_PER_WORKER = 2  # files queued per worker: one being read, one ready (the pipe never idles)
 RETRIES = 1               # a worker that raises or dies: its file is read once more, alone, then named
 PROGRESS_EVERY_S = 2.0    # a progress line at most this often
+#: with no worker count given, one worker per this many bytes of trace files (at most one per core):
+#: starting a worker process costs about as much as reading a few MB of trace, so a small job is
+#: read in this process
+AUTO_BYTES_PER_WORKER = 4 << 20
 
 Outcome = tuple[str, Any]  # ("ok", ReducedTrace) | ("bad", why) | ("failed", why)
 
@@ -89,7 +94,7 @@ def _pool_pass(files: list[str], todo: list[int], workers: int, window: int, red
                max_bytes: int | None) -> Iterator[tuple[int, Outcome | BaseException]]:
     """One pass over ``todo`` with ``workers`` processes and ``window`` files in flight; a pool that
     breaks is replaced, the files it held come back as their exception."""
-    ctx = get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
+    ctx = get_context("spawn")
     queue = list(reversed(todo))
     while queue:
         ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
@@ -138,7 +143,7 @@ def _dask(files: list[str], scheduler: str, reduce: Callable, max_bytes: int | N
         raise UserInputError("--scheduler needs Dask distributed: pip install 'hwlab[dist]' (here and on the "
                              "cluster's workers)") from None
     try:
-        client = Client(scheduler, timeout="30s")
+        client = Client(scheduler, timeout="10s")
     except (OSError, TimeoutError, ValueError) as e:
         raise UserInputError(f"cannot reach the Dask scheduler at {scheduler} ({type(e).__name__}: {e}): pass the "
                              "address a running scheduler prints (tcp://HOST:8786)") from None
@@ -157,12 +162,17 @@ def _dask(files: list[str], scheduler: str, reduce: Callable, max_bytes: int | N
         client.close()
 
 
-def reduce_all(files: list[str | Path], *, workers: int = 1, scheduler: str | None = None,
+def reduce_all(files: list[str | Path], *, workers: int | None = 1, scheduler: str | None = None,
                max_bytes: int | None = None, progress: Callable[..., None] | None = None,
                reduce: Callable[[str, int | None], Outcome] = reduce_one) -> list[Outcome]:
     """Every file's outcome, in file order (module doc). ``progress(ranks_done, n_ranks, bytes_done,
-    n_bytes, elapsed_s)`` after each file."""
-    if workers < 1:
+    n_bytes, elapsed_s)`` after each file. ``workers=None``: one per :data:`AUTO_BYTES_PER_WORKER`
+    of files, at most :func:`default_workers`.
+
+    With more than one worker the workers are started by ``spawn``, which imports the caller's
+    main module again: a script that calls this needs the ``if __name__ == "__main__":`` guard
+    (the ``hwlab`` command has it)."""
+    if workers is not None and workers < 1:
         raise UserInputError("--workers must be 1 or more")
     names = [str(f) for f in files]
     sizes = []
@@ -172,6 +182,8 @@ def reduce_all(files: list[str | Path], *, workers: int = 1, scheduler: str | No
         except OSError:
             sizes.append(0)
     total, done_bytes, t0 = sum(sizes), 0, time.monotonic()
+    if workers is None:
+        workers = max(1, min(default_workers(), total // AUTO_BYTES_PER_WORKER))
     if scheduler:
         it = _dask(names, scheduler, reduce, max_bytes)
     elif min(workers, len(names)) > 1:
@@ -188,7 +200,7 @@ def reduce_all(files: list[str | Path], *, workers: int = 1, scheduler: str | No
 
 
 def read_all_reduced(files: list[Path], progress, problems: list[str], unreadable: list[dict[str, str]],
-                     notes: list[str], *, workers: int = 1, scheduler: str | None = None,
+                     notes: list[str], *, workers: int | None = 1, scheduler: str | None = None,
                      max_bytes: int | None = None) -> list[rank_summary.ReducedTrace]:
     """:func:`hwlab.traces.rank_reading.read_all` over summaries read by :func:`reduce_all`: each
     file once, in file order; one trace given twice (same fingerprint) read once, said; a file
