@@ -3,6 +3,8 @@ per-rank traces, read with 1, 2, ... workers; and a projection to a large job fr
 
     .venv/bin/python tools/rank_scale_bench.py [--ranks 64 256 1024] [--workers 1 2] [--out FILE]
 
+(about 25 minutes on a busy 2-core machine, about 300 MB of temporary disk)
+
 * **The job.** Rank r is a copy of one of the real per-rank traces (``sampled_rank-{0,1}.json.gz``,
   HolisticTraceAnalysis's test data, under ``$HWLAB_TRACE_DATA`` or ``../shared/data/traces``)
   with its own rank number and world size, on host ``node{r // 8}``; every host's clock is offset
@@ -95,7 +97,7 @@ hwm_kib = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"
 f = rep["finding"]
 print(json.dumps({"wall_s": wall, "parent_cpu_s": s.ru_utime + s.ru_stime, "workers_cpu_s": c.ru_utime + c.ru_stime,
                   "parent_peak_mib": hwm_kib / 1024, "worker_peak_mib": c.ru_maxrss / 1024 if c.ru_maxrss else None,
-                  "named": f.get("names"), "kind": f["kind"], "n_ranks_read": rep["n_ranks"],
+                  "named": f.get("names"), "n_collectives": sum(x["n_collectives"] for x in rep["per_rank"].values()), "kind": f["kind"], "n_ranks_read": rep["n_ranks"],
                   "json_sha256": hashlib.sha256(dumps_strict(rep).encode()).hexdigest()}))
 """
 
@@ -164,17 +166,19 @@ def merge_costs(runs: list[dict], big: dict) -> dict:
     a, b = at[-2], at[-1]
     per_rank = (b["parent_cpu_s"] - a["parent_cpu_s"]) / (b["n_ranks"] - a["n_ranks"])
     small = next(r for r in at if r["n_ranks"] == big["n_ranks"])
-    per_mb = ((big["parent_cpu_s"] - small["parent_cpu_s"]) / big["n_ranks"]
-              / (big["json_mb_per_rank"] - small["json_mb_per_rank"]))
-    return {"workers": w, "parent_cpu_s_per_rank": per_rank, "parent_cpu_s_per_rank_per_mb": per_mb,
-            "from_runs": [(r["n_ranks"], r.get("times", 1), r["parent_cpu_s"]) for r in (a, b, small, big)]}
+    per_coll = (big["parent_cpu_s"] - small["parent_cpu_s"]) / (big["n_collectives"] - small["n_collectives"])
+    return {"workers": w, "parent_cpu_s_per_rank": per_rank, "parent_cpu_s_per_collective": per_coll,
+            "collectives_per_rank_per_mb": small["n_collectives"] / small["n_ranks"] / small["json_mb_per_rank"],
+            "parent_peak_mib_1x_8x": [small["parent_peak_mib"], big["parent_peak_mib"]],
+            "from_runs": [(r["n_ranks"], r.get("times", 1), r["parent_cpu_s"], r["n_collectives"])
+                          for r in (a, b, small, big)]}
 
 
 def project(costs: dict, merge: dict, n_ranks: int, mb: float, cores: int) -> dict:
     per_rank_s = costs["cpu_s_per_rank_fixed"] + costs["cpu_s_per_mb"] * mb
     reduce_wall = per_rank_s * n_ranks / cores
-    merge_s = n_ranks * max(merge["parent_cpu_s_per_rank"], 0.0) + n_ranks * mb * max(
-        merge["parent_cpu_s_per_rank_per_mb"], 0.0)
+    n_coll = merge["collectives_per_rank_per_mb"] * mb * n_ranks
+    merge_s = n_ranks * max(merge["parent_cpu_s_per_rank"], 0.0) + n_coll * max(merge["parent_cpu_s_per_collective"], 0.0)
     return {
         "estimate": True, "n_ranks": n_ranks, "mb_json_per_rank": mb, "cores": cores,
         "per_rank_cpu_s": per_rank_s, "reduce_wall_s": reduce_wall, "parent_merge_s": merge_s,
@@ -185,21 +189,23 @@ def project(costs: dict, merge: dict, n_ranks: int, mb: float, cores: int) -> di
             f"{cores} workers each on its own core, as fast as one core of this machine; no other load",
             "the file system delivers the traces as fast as the workers decode them "
             f"({n_ranks * mb / 1e3:.0f} GB in total_wall_s)",
-            "the parent's merge (receiving summaries, matching collectives, the report) runs on one core after "
-            "and while the workers read, taken as not overlapping them (an upper bound); it grows linearly in "
-            "ranks and in the bytes per rank (more steps and collectives per rank), at the slopes measured here "
-            "(merge_costs)",
+            "the parent's merge (receiving summaries, matching collectives, the report) runs on one core, "
+            "taken as not overlapping the workers (an upper bound); it grows linearly in ranks and in "
+            "collectives, at the slopes measured here (merge_costs), with collectives per MB as in the real "
+            f"trace ({n_coll:,.0f} collectives in all)",
+            "a negative measured slope (noise under the fixed start-up cost) counts as zero",
             "gzip decompression cost is included in the measured slope (the generated traces are .json.gz)"]}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ranks", type=int, nargs="+", default=[16, 64, 256])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[64, 256, 1024])
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--project-ranks", type=int, default=1024)
     ap.add_argument("--project-mb", type=float, default=200.0)
     ap.add_argument("--project-cores", type=int, default=64)
-    ap.add_argument("--out", default=str(ROOT / "tools" / "results" / "rank_scale" / "cpu_vm.json"))
+    ap.add_argument("--out", default=str(ROOT / "tools" / "results" / "rank_scale" /
+                                         time.strftime("%Y-%m-%dT%H%M%SZ-vm-cpu.json", time.gmtime())))
     a = ap.parse_args()
     if not all((DATA / s).is_file() for s in SOURCES):
         print(f"rank_scale_bench: the real traces {SOURCES} are not in {DATA}: set HWLAB_TRACE_DATA", file=sys.stderr)
@@ -235,6 +241,9 @@ def main() -> int:
             for n in a.ranks}
     res = {"schema": "hwlab.bench.rank_scale", "what": "hwlab ranks --traces on generated N-rank jobs (CPU)",
            "machine": {"cpus_affinity": len(os.sched_getaffinity(0)), "python": sys.version.split()[0],
+                       "kind": "CPU (no GPU used: nothing is measured on one)",
+                       "commit": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                                                capture_output=True, text=True).stdout.strip(),
                        "note": "a shared CPU VM: see each run's load average"},
            "recorded_unix_s": int(time.time()), "runs": runs,
            "wall_ratio_max_workers_over_1": ratios, "json_identical_across_workers": same,

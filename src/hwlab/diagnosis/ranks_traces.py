@@ -324,9 +324,7 @@ def _walk_evidence(traces: dict[int, kineto.RankTrace], ranks: list[int], busy_p
 def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
            progress: Callable[..., None] | None = None, workers: int | None = 1, scheduler: str | None = None,
            max_bytes: int | None = None) -> dict[str, Any]:
-    """Read every trace under ``folder`` and analyse them together (module docstring). Each rank is
-    reduced to its summary by ``workers`` processes or on the Dask ``scheduler``
-    (:mod:`hwlab.traces.rank_pool`: the report is the same whichever)."""
+    """Read every trace under ``folder`` (:mod:`hwlab.traces.rank_pool`) and analyse them together."""
     folder = Path(folder)
     if not folder.is_dir():
         raise UserInputError(f"{folder} is not a folder: pass the folder your profiler wrote its traces to")
