@@ -18,8 +18,10 @@
 * **Failure at scale.** A file that is not a readable trace (truncated, malformed, gone, not a
   regular file) or larger than ``max_bytes`` is named and left out; a worker that raises or dies
   is retried once, alone (one worker, one file, so a file that kills its worker cannot take
-  another file's retry with it), then named and left out. The other ranks are read either way;
-  the ranks left out are missing ones (the report is undecided where the world size says so).
+  another file's retry with it), then named and left out; on Dask a task that raises is retried
+  once, and a worker that dies is handled by the scheduler's own ``allowed-failures`` rule before
+  the file is named. The other ranks are read either way; a rank left out makes the job's answer
+  undecided (:mod:`hwlab.diagnosis.ranks_traces`, exit 4).
 * **Progress**: ranks and bytes done, with an estimate of the time left from the bytes per
   second so far (:func:`progress_printer`).
 """
