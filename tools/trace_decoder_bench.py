@@ -4,7 +4,7 @@
 
 Times (CPU, median of 7) on ``sampled_rank-0.json.gz`` (``$HWLAB_TRACE_DATA`` or
 ``../shared/data/traces``): the standard library, orjson and msgspec decoding the whole file and
-each event alone; gzip; and the kit's streaming reader (:func:`hwlab.traces.trace_stream.iter_trace`)
+each event alone; ijson (incremental, its C backend where built) yielding the events; gzip; and the kit's streaming reader (:func:`hwlab.traces.trace_stream.iter_trace`)
 and :func:`hwlab.traces.kineto.read_trace`, which decode with the standard library's
 ``raw_decode`` over chunks so that memory stays bounded by the chunk and the kept events.
 orjson and msgspec decode a whole document (no incremental decoding of one array's items), so
@@ -61,6 +61,14 @@ def main() -> int:
         res[name] = getattr(m, "__version__", "?")
         c[f"{name}_whole"] = _t(lambda: d(raw))
         c[f"{name}_per_event"] = _t(lambda: [d(e) for e in events])
+    try:  # ijson: incremental, items of the traceEvents array one at a time (its C backend where built)
+        import io
+        import ijson
+        res["ijson"] = f"{ijson.__version__} ({ijson.backend})"
+        c["ijson_streaming_items"] = _t(lambda: sum(1 for _ in ijson.items(io.BytesIO(raw), "traceEvents.item",
+                                                                           use_float=True)))
+    except ImportError:
+        res["ijson"] = "not installed"
     c["streaming_overhead_over_stdlib_whole"] = c["hwlab_iter_trace_streaming"] - c["stdlib_whole"]
     res["decode_share_of_read_trace"] = c["hwlab_iter_trace_streaming"] / c["hwlab_read_trace"]
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
