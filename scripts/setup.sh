@@ -2,7 +2,8 @@
 # Create .venv and install hwlab with everything it needs (idempotent): the library, the CLI,
 # the notebooks' Jupyter stack (extra `lab`), the test tools (extra `dev`) and nbgrader for
 # instructors (extra `grade`; its course is tested in CI) and JupyterHub with its Slurm and
-# Kubernetes spawners for a class (extra `hub`; deploy/, tested in CI with a real hub).
+# Kubernetes spawners for a class (extra `hub`; deploy/, tested in CI with a real hub) and Dask
+# distributed for reading a job's traces on a cluster (extra `dist`; a LocalCluster test in CI).
 # Without an NVIDIA driver the CPU pins apply (constraints-cpu.txt: torch 2.13.0 and the triton
 # PyPI's torch 2.13.0 requires, whose ptxas compiles for sm_90a with no GPU); on a GPU node pip
 # picks the CUDA build in range. From PyPI alone a Linux machine gets torch's CUDA build (several
@@ -16,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 # the one install command's arguments, shared by the install and by --check-pypi
-spec=(-e '.[dev,lab,grade,hub]')
+spec=(-e '.[dev,lab,grade,hub,dist]')
 constraints=()
 if [ "${1:-}" = "--check-pypi" ] || ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
   constraints=(-c constraints-cpu.txt)

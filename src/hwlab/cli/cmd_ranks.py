@@ -8,6 +8,9 @@ file, a --save-incident folder that cannot be written) or a write that failed af
 read (the report is printed, the record kept in the rescue folder and its path printed), 3
 internal error, 4 undecided (traces: ranks missing against the world size the traces state, or
 unreadable; the missing ranks and unreadable files are named).
+
+``--workers N`` reads the traces in N processes, ``--scheduler ADDRESS`` on a Dask cluster
+(:mod:`hwlab.traces.rank_pool`); the report is the same either way.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from pathlib import Path
 
 from hwlab.diagnosis import incident, ranks, ranks_traces
 from hwlab.cli.console import MAX_LINK_GBPS, link_gbps, print_json, stderr_is_terminal, whole_number
+from hwlab.traces import rank_pool
 from hwlab.core.store import check_folder, check_input_file, rescue
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_UNDECIDED, EXIT_USAGE, UserInputError
 
@@ -25,6 +29,13 @@ def cmd_ranks(a) -> int:
         raise UserInputError("--skip must be 0 or more steps")
     for p in a.nccl_log or []:
         check_input_file(p, "--nccl-log", "pass a log written with NCCL_DEBUG=INFO")
+    if (a.workers is not None or a.scheduler or a.max_trace_mb is not None) and not a.traces \
+            and not (a.run_dir and ranks_traces.looks_like_traces(a.run_dir)):
+        raise UserInputError("--workers, --scheduler and --max-trace-mb read traces: pass --traces DIR")
+    if a.workers is not None and a.workers < 1:
+        raise UserInputError("--workers must be 1 or more processes")
+    if a.max_trace_mb is not None and a.max_trace_mb < 1:
+        raise UserInputError("--max-trace-mb must be 1 or more (MB per rank's trace file)")
     if a.traces and a.run_dir:
         raise UserInputError("pass either RUN_DIR or --traces DIR, not both")
     if not (a.traces or a.run_dir):
@@ -39,8 +50,10 @@ def cmd_ranks(a) -> int:
     traces = a.traces or (a.run_dir if ranks_traces.looks_like_traces(a.run_dir) else None)
     if traces:
         skip = 0 if a.skip is None else a.skip
-        prog = ranks_traces.progress_printer() if stderr_is_terminal() else None
-        rep = ranks_traces.report(traces, link_gbps=a.link_gbps, skip=skip, progress=prog)
+        prog = rank_pool.progress_printer() if stderr_is_terminal() else None
+        rep = ranks_traces.report(traces, link_gbps=a.link_gbps, skip=skip, progress=prog,
+                                  workers=a.workers, scheduler=a.scheduler,
+                                  max_bytes=a.max_trace_mb * 10**6 if a.max_trace_mb else None)
         mod = ranks_traces
     else:
         rep = ranks.report(a.run_dir, skip=ranks.DEFAULT_SKIP if a.skip is None else a.skip, nccl_logs=a.nccl_log)
@@ -87,6 +100,14 @@ def add_parser(sub) -> None:
     r.add_argument("--link-gbps", type=link_gbps, metavar="G",
                    help="traces: the link's bus bandwidth in GB/s (above 0, at most "
                         f"{MAX_LINK_GBPS:,.0f}), to tell a slow link from a busy one")
+    r.add_argument("--workers", type=whole_number, default=None, metavar="N",
+                   help="traces: processes that read the ranks' traces in parallel (default: the cores this "
+                        "process may use, fewer for a small job); the report is the same for any N")
+    r.add_argument("--scheduler", metavar="ADDRESS",
+                   help="traces: read the ranks on a running Dask distributed cluster (tcp://HOST:8786; "
+                        "pip install 'hwlab[dist]'), the traces on a file system its workers mount")
+    r.add_argument("--max-trace-mb", type=whole_number, default=None, metavar="MB",
+                   help="traces: a rank's trace file over this size is named and left out (default: no limit)")
     r.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     r.add_argument("--skip", type=whole_number, default=None, metavar="N",
                    help=f"start-up steps to leave out (step logs: {ranks.DEFAULT_SKIP}; traces: 0, the "

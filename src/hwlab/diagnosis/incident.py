@@ -35,6 +35,14 @@ from hwlab.diagnosis.flowchart import Diagnosis, diagnose
 from hwlab.core.store import RecordExistsError, write_json_atomic, write_text_atomic
 from hwlab.core.store import read_user_json
 
+
+def _now() -> datetime:
+    """Now, or ``SOURCE_DATE_EPOCH`` (the reproducible-builds convention) where it is set: two
+    readings of the same traces then print the same bytes."""
+    import os
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
+    return datetime.fromtimestamp(int(epoch), timezone.utc) if epoch.isdigit() else datetime.now(timezone.utc)
+
 SCOPES = ("single-card", "multi-GPU", "training", "inference", "bucket")
 
 
@@ -52,7 +60,7 @@ class Incident:
     fix: str
     reverify: str
     reverified: bool | None = None
-    opened_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    opened_at: str = field(default_factory=lambda: _now().isoformat(timespec="seconds"))
     #: metric -> {value, rule, how ("measured" | "by hand"), source, question}: what decided the walk
     measured: dict[str, Any] = field(default_factory=dict)
     #: per GPU: model, SM/memory clocks, temperature, power, clock-event (throttle) reasons

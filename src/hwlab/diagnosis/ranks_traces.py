@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hwlab.diagnosis import flowchart, incident
-from hwlab.traces import kineto
+from hwlab.traces import kineto, rank_pool
 from hwlab.errors import UserInputError
 from hwlab.core.measure import quantile
 from hwlab.diagnosis.ranks import nvml_by_rank, render_tail
@@ -173,7 +173,7 @@ def _per_rank(traces: dict[int, kineto.RankTrace], ranks: list[int], skip: int, 
         s.update({"host": t.host or "?", "pid": t.pid, "file": Path(t.path).name, "rank_source": t.rank_source,
                   "device": "GPU kernels" if t.on_gpu else "host (CPU ranks)",
                   "device_names": t.device_names, "workload": t.workload,
-                  "n_collectives": len(t.collectives), "n_kernels": len(t.kernels),
+                  "n_collectives": len(t.collectives), "n_kernels": getattr(t, "n_kernels", len(t.kernels)),
                   "collective_identity": dict(Counter(c.meta_source or ("kernel name only" if c.on == "gpu" else
                                                                         "gloo span name") for c in t.collectives)),
                   "device_outside_steps": _device_outside(t)})
@@ -322,8 +322,9 @@ def _walk_evidence(traces: dict[int, kineto.RankTrace], ranks: list[int], busy_p
 
 
 def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
-           progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
-    """Read every trace under ``folder`` and analyse them together (module docstring)."""
+           progress: Callable[..., None] | None = None, workers: int | None = 1, scheduler: str | None = None,
+           max_bytes: int | None = None) -> dict[str, Any]:
+    """Read every trace under ``folder`` (:mod:`hwlab.traces.rank_pool`) and analyse them together."""
     folder = Path(folder)
     if not folder.is_dir():
         raise UserInputError(f"{folder} is not a folder: pass the folder your profiler wrote its traces to")
@@ -338,7 +339,8 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
     problems: list[str] = []
     unreadable: list[dict[str, str]] = []
     notes: list[str] = []
-    read = read_all(files, progress, problems, unreadable, notes)
+    read = rank_pool.read_all_reduced(files, progress, problems, unreadable, notes, workers=workers,
+                                      scheduler=scheduler, max_bytes=max_bytes)
     one_job(read)
     traces = by_rank(read, problems, notes)
     if not traces:
@@ -397,6 +399,12 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
                      + (f" (unreadable: {', '.join(Path(u['file']).name for u in unreadable)})" if unreadable else "")
                      + ": a missing rank may be the slow one, so no answer holds for the job"
                      + (f"; among the {len(ranks)} present ranks: {finding['kind'].replace('_', ' ')}"))
+    elif unreadable:  # no world size to count against, but a rank's file was not read: partial
+        names = ", ".join(Path(u["file"]).name for u in unreadable[:20])
+        undecided = (f"{len(unreadable)} trace file(s) could not be read ({names}"
+                     + (f" and {len(unreadable) - 20} more" if len(unreadable) > 20 else "")
+                     + "): their ranks may hold the slow one, so no answer holds for the job; among the "
+                     + f"{len(ranks)} read: {finding['kind'].replace('_', ' ')}")
     tables = {str(r): collective_table(traces[r], world or len(ranks)) for r in ranks}
     rep: dict[str, Any] = {
         "source": "profiler traces", "run_dir": str(folder), "traces_dir": str(folder), "n_ranks": len(ranks),

@@ -71,7 +71,10 @@ def _in_step(launch: float | None, lo: float, hi: float, iv: tuple[float, float]
 def rank_steps(t: kineto.RankTrace) -> list[dict[str, Any]]:
     """Per step: step time; busy, communication, exposed communication and idle (module doc: on a
     GPU, device work counts in the step that launched it and a lagging device's step is its own
-    window on the device timeline; idle is that window minus its work)."""
+    window on the device timeline; idle is that window minus its work). A reduced trace
+    (:mod:`hwlab.traces.rank_summary`) brings its rows, computed by this function in a worker."""
+    if hasattr(t, "step_rows"):
+        return t.step_rows()
     launches = t.kernel_launch_us or [None] * len(t.kernels)
     if t.on_gpu:
         busy_src = [(la, (ts, ts + d)) for (ts, d, _), la in zip(t.kernels, launches)]
@@ -107,6 +110,8 @@ def rank_steps(t: kineto.RankTrace) -> list[dict[str, Any]]:
 def device_outside(t: kineto.RankTrace) -> dict[str, Any] | None:
     """How much device time ran outside the host step windows, and how much of it the launch
     correlation attributed to a step (the rest is unattributed: reported, not guessed)."""
+    if hasattr(t, "step_rows"):  # a reduced trace: computed by this function in a worker
+        return t.device_outside()
     if not t.on_gpu or not t.steps:
         return None
     wins = _union([(ts, ts + d) for _, ts, d in t.steps])
