@@ -152,7 +152,7 @@ def precision_of(n: str) -> str | None:
         return "fp16"
     if "tf32" in n or ("tensorop" in n and re.search(r"s1688|s16816", n)):
         return "tf32"
-    if any(m in n for m in ("sgemm", "scudnn", "float", "f32")):
+    if any(m in n for m in ("sgemm", "scudnn", "float", "f32", "fp32")):
         return "fp32"
     if "dgemm" in n or "double" in n:
         return "fp64"

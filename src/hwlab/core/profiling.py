@@ -304,7 +304,7 @@ def part_class(op: str | None, kernel: str | None = None, dtypes: tuple = (), co
     A device kernel is classed **by its own name** (:func:`hwlab.core.kernel_classes.classify_kernel`),
     so a cuBLAS GEMM in a compiled region, a graph replay or a GPU-only trace is still a GEMM; a
     GEMM's dtype is its op's input dtype where the op is linked, else the name's precision. The
-    op decides only where the name is not recognised; a kernel with neither is
+    aten op decides only where the name is not recognised; a kernel with neither is
     :data:`~hwlab.core.kernel_classes.UNRECOGNISED` (inside a compiled region: ``triton/compiled``).
     A cast between a low-precision dtype and another (the op's dtypes) is quant/dequant."""
     o = op or ""
@@ -323,7 +323,7 @@ def part_class(op: str | None, kernel: str | None = None, dtypes: tuple = (), co
             return part
         if compiled:
             return "triton/compiled"
-        if op is None:
+        if not o.startswith("aten::"):  # no aten op linked (none, the unlaunched mark, a user range)
             return UNRECOGNISED
     elif compiled:
         return "triton/compiled"
