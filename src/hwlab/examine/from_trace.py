@@ -53,32 +53,12 @@ from hwlab.traces.trace_shapes import ShapeModel
 from hwlab.diagnosis.flowchart import LEAVES, diagnose
 from hwlab.errors import UserInputError
 from hwlab.examine.parts import Parts, build_parts, fused_floor_bytes
-from hwlab.examine.trace_bounds import (idle_split, idle_walk, kernel_names, name_recordings, sync_points,
-                                        timeline_bounds)
+from hwlab.examine.trace_bounds import (gemm_kernel_ms, idle_split, idle_walk, kernel_names, name_recordings,
+                                        sync_points, timeline_bounds)
+from hwlab.examine.trace_enough import MIN_STEP_US, NothingToDiagnose, enough_to_diagnose  # noqa: F401
 
 #: each step's parts must add up to its time within this (the split keeps every item)
 STEP_SUM_TOL_PCT = 5.0
-#: a trace whose mean step (window) is shorter than this, or whose steps ran fewer timed items
-#: than :data:`MIN_ITEMS_PER_STEP`, is too little to diagnose: one kernel launch costs a few µs on
-#: the host and the profiler's own timestamps are µs-grained, so no part of so short a step can be
-#: told from launch cost and timer grain; such a trace gets an honest nothing, exit 0
-MIN_STEP_US = 100.0
-MIN_ITEMS_PER_STEP = 2
-
-
-class NothingToDiagnose(Exception):
-    """A trace too short or too sparse to diagnose (:data:`MIN_STEP_US`): what it holds and why
-    nothing is said about it."""
-
-    def __init__(self, path: str, why: str, facts: dict[str, Any]):
-        super().__init__(why)
-        self.path, self.why, self.facts = path, why, facts
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": Path(self.path).name, "source": "trace", "verdict": "nothing to diagnose",
-                "leaf": None, "why": self.why, "trace": self.facts,
-                "to_decide": "a profile of at least a few full steps (torch.profiler with a schedule, "
-                             "ProfilerStep#N ranges) of the job's real work"}
 #: the input dtype of a matmul -> the GEMM ceiling of its floor (the live examination's
 #: PEAK_FOR_DTYPE: fp32 data can take the TF32 path; fp16 runs at the bf16 rate). A datasheet's own
 #: fp16 figure, where it keeps one (V100 and T4 have no bf16), is used for fp16 first
@@ -341,7 +321,7 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings,
             src["dram_pct_estimated"] = ("each op's recorded input and inferred output bytes / step time vs the "
                                          "copy ceiling")
         mm_flops = sum(r.flops for r in recs if r.kind == "matmul")
-        gemm_ms = _gemm_kernel_ms(works)
+        gemm_ms = gemm_kernel_ms(works)
         if mm_flops and tf and gemm_ms and whole_floor and flops / (tf * 1e9) >= floor_b / (c.copy_gbps * 1e6):
             ev["tensor_pct_of_peak"] = 100.0 * mm_flops / (gemm_ms * 1e9) / tf
             src["tensor_pct_of_peak"] = ("matmul FLOPs from shapes / the GEMM-class kernels' own time (not the "
@@ -368,31 +348,6 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings,
         _relabel(parts, src)
     return parts, ev, src, whole_floor
 
-
-
-def _enough(path, ot: OpTrace, busy: list[StepWork], gpu: bool) -> None:
-    """Raise :class:`NothingToDiagnose` where the steps are too short or too sparse (:data:`MIN_STEP_US`)."""
-    n = len(busy)
-    mean_us = sum(w.window_us for w in busy) / n
-    items = sum(len(w.items) for w in busy) / n
-    facts = {"steps": n, "mean_step_us": mean_us, "items_per_step": items, "on_gpu": gpu,
-             "busy_us_per_step": sum(w.busy_us for w in busy) / n, "step_source": ot.step_source}
-    if mean_us < MIN_STEP_US:
-        raise NothingToDiagnose(str(path), f"the mean step lasts {mean_us:.3g} µs, under {MIN_STEP_US:g} µs: a "
-                                "kernel launch and the profiler's timer grain are of that order, so no part of it "
-                                "can be told from them", facts)
-    if items < MIN_ITEMS_PER_STEP:
-        raise NothingToDiagnose(str(path), f"{items:.3g} timed item(s) per step, under {MIN_ITEMS_PER_STEP}: one "
-                                "kernel or op is not a step to split into parts", facts)
-
-
-def _gemm_kernel_ms(works: list[StepWork]) -> float:
-    """Per-step mean time (ms) of the items classed GEMM (:func:`hwlab.core.profiling.part_class`:
-    by the kernel's own name, the op where the name says nothing): the time a GEMM rate is over."""
-    from hwlab.core.profiling import part_class
-    us = sum(it["us"] for w in works for it in w.items
-             if part_class(it["stack"][0] if it["stack"] else None, it["kernel"]).startswith("gemm"))
-    return us / len(works) / 1e3 if works else 0.0
 
 
 def _relabel(parts: Parts, src: dict[str, str]) -> None:
@@ -470,7 +425,7 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
     if len(busy) < len(works):
         notes.append(f"step(s) {', '.join(str(w.step) for w in works if not w.items)} ran no timed work (all "
                      "idle): in the per-step table, left out of the means")
-    _enough(path, ot, busy, gpu)
+    enough_to_diagnose(path, ot, busy, gpu)
     recs0 = _records(busy[0])
     unprofiled = None if gpu else unprofiled_median_ms(ot)
     parts, ev, src, _ = _split(busy, recs0, gpu, c, unprofiled)

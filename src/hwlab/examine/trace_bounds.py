@@ -248,6 +248,15 @@ def sync_points(ot: OpTrace, works: list[StepWork], parts: Parts, notes: list[st
 FUSION_RUN_MIN = 3
 
 
+def gemm_kernel_ms(works: list[StepWork]) -> float:
+    """Per-step mean time (ms) of the items classed GEMM (:func:`hwlab.core.profiling.part_class`:
+    by the kernel's own name, the op where the name says nothing): the time a GEMM rate is over."""
+    from hwlab.core.profiling import part_class
+    us = sum(it["us"] for w in works for it in w.items
+             if part_class(it["stack"][0] if it["stack"] else None, it["kernel"]).startswith("gemm"))
+    return us / len(works) / 1e3 if works else 0.0
+
+
 def kernel_names(works: list[StepWork], parts: Parts, notes: list[str]) -> None:
     """What the kernel names and their order say, per step (source: the device timeline's names).
 

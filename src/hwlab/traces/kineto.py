@@ -150,6 +150,7 @@ class RankTrace:
     n_backward_ops: int = 0           # autograd::engine / *Backward* ops on the host
     n_optimizer_steps: int = 0        # Optimizer.step#... spans
     n_bad_times: int = 0              # events with a NaN / infinite / negative time: left out
+    gpu_ids: set = field(default_factory=set)  # device ids its kernels ran on (args.device, else the event's pid)
 
     @property
     def fingerprint(self) -> tuple:
@@ -326,6 +327,7 @@ def _take(ev: dict[str, Any], rt: RankTrace, ops: list, metas: list, main_tids: 
     args = ev.get("args") or {}
     if cat == "kernel":
         stream = args.get("stream")
+        rt.gpu_ids.add(args.get("device", ev.get("pid")))
         corr = args.get("correlation")
         if _NCCL_KERNEL.match(name) or "Collective name" in args or _ONE_RANK in name or is_communication(name):
             m = _NCCL_COLL.match(name)  # NCCL names its collective; other libraries' kernels by name
