@@ -55,6 +55,7 @@ from hwlab.errors import UserInputError
 from hwlab.examine.parts import Parts, build_parts, fused_floor_bytes
 from hwlab.examine.trace_bounds import (gemm_kernel_ms, idle_split, idle_walk, kernel_names, name_recordings,
                                         sync_points, timeline_bounds)
+from hwlab.examine.idle_causes import WARMUP_RATIO, apply_causes, idle_causes, warmup_steps
 from hwlab.examine.trace_enough import MIN_STEP_US, NothingToDiagnose, enough_to_diagnose  # noqa: F401
 
 #: each step's parts must add up to its time within this (the split keeps every item)
@@ -426,6 +427,11 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
         notes.append(f"step(s) {', '.join(str(w.step) for w in works if not w.items)} ran no timed work (all "
                      "idle): in the per-step table, left out of the means")
     enough_to_diagnose(path, ot, busy, gpu)
+    warm = warmup_steps(busy) if gpu else []
+    if warm:  # first-call steps: left out of the parts and their gains (idle_causes module doc)
+        busy = [w for w in busy if w.step not in warm]
+        notes.append(f"step(s) {', '.join(map(str, warm))} ran over {WARMUP_RATIO:g}x the later steps' median: warm-up "
+                     "(first calls: init, autotune, compile), left out of the parts and their gains")
     recs0 = _records(busy[0])
     unprofiled = None if gpu else unprofiled_median_ms(ot)
     parts, ev, src, _ = _split(busy, recs0, gpu, c, unprofiled)
@@ -474,6 +480,8 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
         splits, skew_us = idle_split(works, ot.syncs)
         idle_walk(parts, splits, skew_us, notes, leaf_lab)
     sync_points(ot, works, parts, notes)
+    if gpu:
+        apply_causes(parts, idle_causes(ot, works), notes)
     if gpu:
         kernel_names(works, parts, notes)
     name_recordings(parts, c.copy_gbps is not None)
