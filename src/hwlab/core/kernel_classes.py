@@ -22,7 +22,7 @@ Rules, first match wins (each rule's fragments are the lower-cased names the lib
    and aiter FMHA, cuDNN SDPA, xFormers / mem-efficient, PyTorch's ``pytorch_flash``, paged attention.
 5. **norm / reduction** before convolution (MIOpen and cuDNN batch-norm kernels carry the
    library's name), **copy / transpose** before convolution (cuDNN layout kernels).
-6. **conv** (:data:`CONV_MARKS`): cuDNN engines, MIOpen, implicit-GEMM / Winograd kernels.
+6. **conv** (:data:`CONV_MARKS`): cuDNN engines, MIOpen, implicit-GEMM / Winograd / FFT kernels.
 7. **gemm** (:data:`GEMM_MARKS`): cuBLAS / cuBLASLt (``nvjet``, ``*gemm*``, ``xmma_gemm``),
    CUTLASS, hipBLASLt / Tensile (``Cijk_``), rocBLAS, Composable Kernel GEMMs, DeepGEMM, Triton
    matmul kernels, ROCm skinny GEMMs (``wvSplitK``). cuBLAS split-K reductions are reductions.
@@ -75,29 +75,30 @@ COMM_MARKS = ("nccl", "rccl", "msccl", "nvshmem", "deep_ep", "deepep", "pplx", "
               "moe_dispatch", "moe_combine", "c10d::")
 ATTENTION_MARKS = ("flash_fwd", "flash_bwd", "flash::", "flash_attn", "flashattn", "flashinfer", "flashmla",
                    "fmha", "attention", "attn", "sdpa", "mha_fwd", "mha_bwd", "_mha", "xformers",
-                   "pytorch_flash", "mem_eff", "paged_attention", "flash_decod", "mla_decode")
+                   "pytorch_flash", "mem_eff", "paged_attention", "flash_decod", "mla_decode", "sage_fwd",
+                   "sageattn")
 NORM_MARKS = ("batchnorm", "batch_norm", "bn_fw", "bn_bw", "layernorm", "layer_norm", "rmsnorm", "rms_norm",
               "groupnorm", "group_norm", "instancenorm", "instance_norm", "softmax", "cuapplylayernorm",
               "cucomputegradinput", "cucomputepartgradgammabeta", "welford", "lrn", "splitkreduce",
               "reduce_kernel", "reduce", "cross_entropy", "nll_loss", "log_softmax", "sum_kernel", "mean_kernel",
-              "norm_kernel", "argmax", "argmin", "cumsum", "scan")
+              "norm_kernel", "argmax", "argmin", "cumsum", "scan", "nllcriterion")
 COPY_MARKS = ("nchwtonhwc", "nhwctonchw", "transpose", "permute", "copy", "catarraybatchedcopy", "cat_",
-              "concat", "contiguous", "im2col", "col2im", "fillfunctor", "fill_kernel", "fillbuffer",
+              "concat", "contiguous", "im2col", "col2im", "kvcache", "kv_cache", "reshape_and_cache", "fillfunctor", "fill_kernel", "fillbuffer",
               "__amd_rocclr", "pad_kernel", "reflection_pad", "replication_pad", "upsample")
 CONV_MARKS = re.compile(r"conv(?!ert)|[sh]cudnn|winograd|wgrad|dgrad|fprop|igemm|miopen|implicit_convolve|"
-                        r"sp3asmconv|gridwise_convolution|naive_conv", re.I)
+                        r"sp3asmconv|gridwise_convolution|naive_conv|fft[123]d_|flip_filter", re.I)
 GEMM_MARKS = ("gemm", "gemv", "nvjet", "cutlass", "xmma", "cijk_", "rocblas", "hipblaslt", "matmul", "wvsplitk",
               "deep_gemm", "_mm_kernel", "bmm_kernel", "cublas", "tcgen05", "wgmma")
 QUANT_MARKS = ("dequant", "quantize", "_quant", "quant_", "cast_fp8", "to_fp8", "fp8_cast", "cast_transpose",
                "_amax", "amax_", "scaled_fp8")
 GATHER_MARKS = ("index", "gather", "scatter", "embedding", "embbag", "radixsort", "sort", "topk", "unique",
-                "moe_align", "masked_select", "nonzero", "histogram", "take_kernel")
+                "moe_align", "masked_select", "nonzero", "histogram", "take_kernel", "routing", "bitmatrix")
 #: optimizer kernels: a regex, so ``lamb`` does not match the ``lambda`` in a functor's name
 OPTIMIZER_MARKS = re.compile(r"multi_tensor_apply|adam|(?<![a-z])lamb(?!da)|(?<![a-z])sgd|adagrad|momentum")
 ELEMENTWISE_MARKS = ("elementwise", "vectorized", "functor", "activation", "gelu", "silu", "swiglu", "relu",
                      "act_and_mul", "rotary", "rope_", "_rope", "dropout", "bias", "threshold", "pointwise", "subtensorop", "optensor",
                      "sigmoid", "tanh", "exp_kernel", "where_kernel", "clamp", "at::native::", "at_native",
-                     "binary_", "unary_", "mul_kernel", "add_kernel", "fused_add", "scale_kernel")
+                     "binary_", "unary_", "mul_kernel", "add_kernel", "fused_add", "scale_kernel", "scalepackedtensor")
 
 #: MMA / MFMA marks (tensor cores); SIMT GEMM marks (no MMA)
 TC_MARKS = ("tensorop", "hmma", "imma", "wgmma", "gmma", "884", "1688", "16816", "16832", "nvjet", "tcgen05",
@@ -207,7 +208,7 @@ def classify_kernel(name: str, cat: str | None = None) -> KernelKind:
     cm = CONV_MARKS.search(n)
     if cm:
         return KernelKind("conv", cm.group(0), tensor_core_of(n), precision_of(n))
-    m = _first(n, GEMM_MARKS)
+    m = _first(n, GEMM_MARKS) or ("bmm_" if n.startswith("bmm_") else None)  # TensorRT-LLM's batched GEMMs
     if m and not _first(n, ("splitkreduce", "reduce_kernel")):
         return KernelKind("gemm", m, tensor_core_of(n), precision_of(n))
     if "reduce_kernel" in n:  # PyTorch's reduction template, whatever its functor's name holds
