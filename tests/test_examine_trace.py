@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from public_traces import MI250, PYTORCH18, public_trace  # noqa: F401
 import torch
 
 from hwlab.traces import trace_shapes
@@ -135,9 +136,14 @@ def test_device_timeline_bound_walks_the_idle_part_to_J_and_stops_where_it_does_
     kernels shrunk): step / busy >= 1.5 answers B from the timeline, busy share < 60% answers F, and
     idle >= 50% takes H's override to J; with the kernels filling the step the bound decides nothing."""
     t = _load(FIXTURE)
-    kern = [e for e in t["traceEvents"] if e.get("cat") == "kernel"]
-    for e in kern:
-        e["dur"] = max(1, e["dur"] // 20)
+    # the same shape with the fixture's device work kept (over examine's too-little-to-diagnose floor):
+    # every time stretched 20x about the first event, the kernels' own durations kept
+    xs = [e for e in t["traceEvents"] if e.get("ph") == "X"]
+    t0 = min(e["ts"] for e in xs)
+    for e in xs:
+        e["ts"] = t0 + (e["ts"] - t0) * 20
+        if e.get("cat") != "kernel":
+            e["dur"] = e["dur"] * 20
     import tempfile
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / "idle.json"
@@ -589,7 +595,7 @@ def test_a_pytorch_18_trace_is_read_with_convolutions_as_gemm_work():
     """PyTorch 1.8's categories (Operator, Kernel, Runtime) are read; cuDNN convolution kernels
     (scudnn, implicit_convolve, winograd, wgrad/dgrad engines) land in the GEMM part; idle is the
     device timeline's own, within 2 points of a raw union over the same steps."""
-    f = TRACES / "pytorch18_categories" / "worker0.pt.trace.json.gz"
+    f = public_trace(PYTORCH18)
     ex = examine_trace(f)
     assert ex.on_gpu and ex.ot.step_source.startswith("ProfilerStep") and len(ex.works) >= 5
     conv = [it for w in ex.works for it in w.items
@@ -609,7 +615,7 @@ def test_a_pytorch_18_trace_is_read_with_convolutions_as_gemm_work():
 
 
 def test_an_amd_trace_reaches_a_leaf_on_what_its_device_timeline_measures():
-    f = next((TRACES / "rocm_mi250").glob("*.json.gz"))
+    f = public_trace(MI250)
     ex = examine_trace(f)
     # the whole step walks to J on the device timeline's bound (the idle part's own floor: test_examine_trace_idle)
     assert ex.leaf_id == "J" and ex.diagnosis.leaf_id == "J"

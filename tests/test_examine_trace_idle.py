@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+from public_traces import MI250, PYTORCH18, public_trace  # noqa: F401
 
 from hwlab.examine.from_trace import examine_trace
 from hwlab.examine.trace_bounds import B_THRESHOLD
@@ -213,7 +214,7 @@ def test_a_bound_whose_steps_straddle_the_threshold_is_borderline(tmp_path):
 def test_the_pytorch_18_resnet_trace_reaches_a_leaf_on_its_idle_part():
     """PyTorch 1.8 (no dtypes, no device name): the kernel parts stop at B naming record_shapes=True;
     the idle part, floored on the device's own gaps, reaches J with every cited figure re-derived."""
-    f = TRACES / "pytorch18_categories" / "worker0.pt.trace.json.gz"
+    f = public_trace(PYTORCH18)
     ex = examine_trace(f)
     r = _check_against_raw(ex, f)
     assert r["bound"] >= B_THRESHOLD and ex.leaf_id == "J" and ex.parts.headline.name == "gpu idle"
@@ -227,7 +228,7 @@ def test_the_mi250_trace_idle_part_stops_where_a_launch_call_hides_the_submissio
     """HTA's MI250 toy: most of the idle sits inside one long launch call, which the timelines cannot
     split (the device may have held the kernel): the idle part's bound stays under 1.5x and its note
     names the warm-up recording; the whole step still reaches J on the device timeline's own bound."""
-    f = next((TRACES / "rocm_mi250").glob("*.json.gz"))
+    f = public_trace(MI250)
     ex = examine_trace(f)
     r = _check_against_raw(ex, f)
     busy = [w for w in ex.works if w.items]

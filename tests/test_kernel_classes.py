@@ -30,10 +30,10 @@ CASES = [
     ("Cijk_Ailk_Bljk_SB_MT64x64x8_SN_1LDSB0_APM1", "gemm", False, "fp32"),
     ("_ZN2ck16tensor_operation6device37kernel_batched_gemm_xdlops_bwd_weightINS_47GridwiseGemm", "gemm", True, None),
     # convolutions (GEMM-class): cuDNN, MIOpen
-    ("void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int, int, int)", "conv", None, None),
+    ("void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int, int, int)", "conv", False, "fp32"),
     ("volta_scudnn_128x64_relu_interior_nn_v1", "conv", False, "fp32"),
     ("void implicit_convolve_sgemm<float, float, 1024, 6, 7, 3, 3, 5, 1, false, true, true>", "conv", False, "fp32"),
-    ("miopenSp3AsmConv_v21_1_3_gfx9_fp32_stride1", "conv", None, "fp32"),
+    ("miopenSp3AsmConv_v21_1_3_gfx9_fp32_stride1", "conv", False, "fp32"),
     # norms before convolution (cuDNN / MIOpen batch-norm carry the library's name)
     ("void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 128, true, 1>", "norm/reduction", None, None),
     ("MIOpenBatchNormFwdTrainSpatial", "norm/reduction", None, None),
@@ -77,8 +77,11 @@ CASES = [
      None, None),
     ("Memcpy DtoD (Device -> Device)", "memcpy", None, None),
     ("__amd_rocclr_fillBufferAligned", "memset", None, None),
+    # FBGEMM's namespace is no GEMM
+    ("void fbgemm_gpu::permute_2D_data_kernel<false, int, int, decltype(nullptr)>(int, int, int)", "copy/concat",
+     None, None),
     # precision: a bf16 x MXFP4 GEMM is not an FP8 GEMM
-    ("_matmul_ogs_NNT_bf16xbf16xmxfp4_128x256x128x1_swiglu", "gemm", None, "fp4"),
+    ("_matmul_ogs_NNT_bf16xbf16xmxfp4_128x256x128x1_swiglu", "gemm", True, "fp4"),
     ("nvjet_qqtst_128x128_128x6_2x1_v_bz_TNN", "gemm", True, "fp8"),
 ]
 

@@ -35,6 +35,19 @@ def test_a_trace_too_short_to_diagnose_says_so_with_its_facts(tmp_path):
     assert d["trace"]["mean_step_us"] == pytest.approx(0.13, abs=0.01) and MIN_STEP_US > 0.13
 
 
+def test_a_long_window_with_little_device_work_is_nothing_too(tmp_path):
+    """A 500 us step whose device ran 60 us in all (a unit test's setup): no idle finding."""
+    from hwlab.examine.trace_enough import MIN_DEVICE_BUSY_US
+    p = _tiny(tmp_path / "sparse.json", kernel_ns=30_000.0, span_ns=500_000.0)
+    doc = json.loads(p.read_text())
+    k = dict(doc["traceEvents"][-1], ts=1000.2 + 300.0, args={"correlation": 6, "stream": 7})
+    doc["traceEvents"] += [dict(doc["traceEvents"][1], ts=1300.0, args={"correlation": 6}), k]
+    p.write_text(json.dumps(doc))
+    with pytest.raises(NothingToDiagnose, match="device work in all"):
+        examine_trace(p)
+    assert 60.0 < MIN_DEVICE_BUSY_US
+
+
 @pytest.mark.slow
 def test_the_command_exits_0_with_strict_json_on_a_tiny_trace(tmp_path):
     r = subprocess.run([sys.executable, "-m", "hwlab", "examine", "--trace", str(_tiny(tmp_path / "t.json")),

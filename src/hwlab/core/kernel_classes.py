@@ -37,8 +37,9 @@ Anything else is :data:`UNRECOGNISED`: reported with its name and time, never pu
 MMA instruction or tile (NVIDIA ``tensorop``, ``hmma``, ``wgmma``, ``884`` / ``1688`` / ``16816``
 tiles, ``nvjet``, ``tcgen05``; AMD Tensile's ``_MI<m>x<n>`` tile, CK's ``xdl`` / ``wmma`` /
 ``mfma``); False where it names a SIMT path (``sgemm`` / ``dgemm`` / ``gemv`` without an MMA
-mark, ``scudnn``, a Tensile tile without ``_MI``); True for a cuBLAS / CUTLASS GEMM in bf16, tf32,
-fp8 or fp4 (those libraries have no SIMT path for them); None where the name says neither.
+mark, ``scudnn``, a Tensile tile without ``_MI``); True for a GEMM-class kernel in bf16, tf32,
+fp8 or fp4 (the libraries run those types on the MMA units only); False for one in fp32 without an
+MMA mark; None where the name says neither.
 
 **Precision** from the name: fp4 (``mxfp4``, ``nvfp4``, ``e2m1``) is checked before fp8
 (``e4m3``, ``e5m2``, ``f8f8``, cuBLASLt ``qqtst``, ``fp8``), so a bf16 x MXFP4 kernel is not an
@@ -170,15 +171,18 @@ def tensor_core_of(n: str) -> bool | None:
         return False
     if _first(n, SIMT_MARKS):
         return False
-    if precision_of(n) in ("bf16", "tf32", "fp8", "fp4") and _first(n, ("xmma", "cutlass", "cublas", "gemm")):
-        return True  # these types have no SIMT GEMM path in cuBLAS / CUTLASS: MMA kernels
+    p = precision_of(n)
+    if p in ("bf16", "tf32", "fp8", "fp4"):
+        return True  # the libraries run these types on the MMA units only
+    if p == "fp32":
+        return False  # fp32 data without a tf32 / MMA mark: the CUDA cores (cuDNN's <float> engines)
     return None
 
 
 @functools.lru_cache(maxsize=1 << 16)  # traces repeat a few hundred names thousands of times
 def classify_kernel(name: str, cat: str | None = None) -> KernelKind:
     """The class of one device kernel from its name and trace category (module doc)."""
-    n = (name or "").lower()
+    n = (name or "").lower().replace("fbgemm", "fbg_")  # FBGEMM's namespace names no GEMM
     c = (cat or "").lower()
     if c in ("gpu_memcpy", "memcpy") or n.startswith("memcpy"):
         return KernelKind("memcpy", "memcpy")

@@ -17,6 +17,10 @@ from hwlab.traces.trace_ops import OpTrace, StepWork
 #: told from launch cost and timer grain; such a trace gets an honest nothing, exit 0
 MIN_STEP_US = 100.0
 MIN_ITEMS_PER_STEP = 2
+#: a GPU trace with less device work than this in all its selected steps is too little to diagnose
+#: however long its host windows: a few dozen launches' worth, so an idle share of it says nothing
+#: about the job (a unit test's or a benchmark's setup), only about the profiler's window
+MIN_DEVICE_BUSY_US = 100.0
 
 
 class NothingToDiagnose(Exception):
@@ -45,6 +49,10 @@ def enough_to_diagnose(path, ot: OpTrace, busy: list[StepWork], gpu: bool) -> No
         raise NothingToDiagnose(str(path), f"the mean step lasts {mean_us:.3g} µs, under {MIN_STEP_US:g} µs: a "
                                 "kernel launch and the profiler's timer grain are of that order, so no part of it "
                                 "can be told from them", facts)
+    if gpu and n * facts["busy_us_per_step"] < MIN_DEVICE_BUSY_US:
+        raise NothingToDiagnose(str(path), f"{n * facts['busy_us_per_step']:.3g} µs of device work in all, under "
+                                f"{MIN_DEVICE_BUSY_US:g} µs: too little work for its idle or its parts to say anything "
+                                "about the job", facts)
     if items < MIN_ITEMS_PER_STEP:
         raise NothingToDiagnose(str(path), f"{items:.3g} timed item(s) per step, under {MIN_ITEMS_PER_STEP}: one "
                                 "kernel or op is not a step to split into parts", facts)
