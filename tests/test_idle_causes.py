@@ -59,6 +59,9 @@ def test_the_wait_is_named_by_what_the_host_did_and_only_launches_get_cuda_graph
     assert p.leaf_id == "J" and p.j["cause"] == cause
     assert p.j["by_cause_ms"][cause] == pytest.approx(3 * CPU_PHASE_US / 1e3, rel=0.02)
     assert not any("CUDA graph" in a for a in p.actions)
+    # the whole-step walk does not call the launch path the limiter for a wait its notes give elsewhere
+    assert ex.evidence["launch_gap_pct"] == pytest.approx(100 * p.j["by_cause_ms"]["launch"] / ex.parts.t_ms)
+    assert "launch path is the limiter" not in ex.diagnosis.explain()
 
 
 def test_launches_back_to_back_are_the_launch_cause_with_cuda_graph_advice(tmp_path):

@@ -55,7 +55,7 @@ from hwlab.errors import UserInputError
 from hwlab.examine.parts import Parts, build_parts, fused_floor_bytes
 from hwlab.examine.trace_bounds import (gemm_kernel_ms, idle_split, idle_walk, kernel_names, name_recordings,
                                         sync_points, timeline_bounds)
-from hwlab.examine.idle_causes import WARMUP_RATIO, apply_causes, idle_causes, warmup_steps
+from hwlab.examine.idle_causes import WARMUP_RATIO, apply_causes, idle_causes, warmup_steps, whole_step_gap
 from hwlab.examine.trace_enough import MIN_STEP_US, NothingToDiagnose, enough_to_diagnose  # noqa: F401
 
 #: each step's parts must add up to its time within this (the split keeps every item)
@@ -481,7 +481,9 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
         idle_walk(parts, splits, skew_us, notes, leaf_lab)
     sync_points(ot, works, parts, notes)
     if gpu:
-        apply_causes(parts, idle_causes(ot, works), notes)
+        ic = idle_causes(ot, works)
+        apply_causes(parts, ic, notes)
+        whole_step_gap(ev, src, ic, parts.t_ms)
     if gpu:
         kernel_names(works, parts, notes)
     name_recordings(parts, c.copy_gbps is not None)

@@ -225,6 +225,18 @@ def apply_causes(parts, ic: dict[str, Any] | None, notes: list[str]) -> None:
     p.actions = list(actions) + [a for a in kept if a not in actions]
 
 
+def whole_step_gap(ev: dict[str, Any], src: dict[str, str], ic: dict[str, Any] | None, t_ms: float) -> None:
+    """Where the host timeline names another cause than launches, the whole step's
+    ``launch_gap_pct`` (H's launch override: "the launch path is the limiter") is the share of the
+    step the device waited on launches alone, not its whole idle share, so the walk never blames
+    launches for idle its own notes give to data loading, syncs, first calls or CPU work."""
+    if not ic or ic["cause"] == "launch" or "launch_gap_pct" not in ev or t_ms <= 0:
+        return
+    ev["launch_gap_pct"] = min(100.0, 100.0 * ic["ms_per_step"]["launch"] / t_ms)
+    src["launch_gap_pct"] = (f"the share of the step the device waited on the host's launches alone (host timeline; "
+                             f"most of its idle waited on {ic['cause']}, see the gpu idle part)")
+
+
 def warmup_steps(works: list[StepWork]) -> list[int]:
     """Leading steps longer than :data:`WARMUP_RATIO` times the later steps' median (module doc)."""
     if len(works) < WARMUP_MIN_LATER + 1:
