@@ -276,7 +276,13 @@ def test_every_foreign_gpu_trace_reaches_a_leaf_or_names_the_recording():
                               for e in evs):
             continue
         seen += 1
-        ex = examine_trace(f)
+        from hwlab.examine.trace_enough import NothingToDiagnose
+        try:
+            ex = examine_trace(f)
+        except NothingToDiagnose as e:  # too little to diagnose: only where the raw device time says so
+            from test_examine_trace import _honest_nothing
+            assert _honest_nothing(evs, e), (f, e.facts)
+            continue
         assert _verdicts(examine_trace(f)) == _verdicts(ex), f  # a verdict is not timing-dependent
         r = _check_against_raw(ex, f)
         busy = [w for w in ex.works if w.items]
