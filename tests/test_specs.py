@@ -17,6 +17,10 @@ from hwlab.core import specs
     ("NVIDIA A10", "A10"),
     ("NVIDIA GeForce RTX 4090", "RTX 4090"),
     ("NVIDIA B200", "B200"),
+    ("NVIDIA H800", "H800 SXM"),
+    ("NVIDIA H800 PCIe", "H800 PCIe"),
+    ("AMD Instinct MI210", "MI210"),
+    ("AMD Instinct MI300X VF", "MI300X"),
     ("NVIDIA GH200 480GB", "GH200"),
     ("Tesla V100-SXM2-32GB", "V100 SXM2"),
     ("Tesla T4", "T4"),
@@ -63,4 +67,20 @@ def test_a_bare_amd_name_is_matched_by_compute_units_and_memory_only():
     assert specs.lookup_by_props("NVIDIA A100-SXM4-40GB", 108, 40 * gib) is None
     for name in ("MI300X", "MI325X", "MI250X GCD", "MI250 GCD", "V100 SXM2", "T4", "GH200"):
         sp = specs.SPECS[name]
-        assert sp.sources and sp.hbm_gbps > 0 and sp.bf16_tflops and sp.fp32_tflops < sp.bf16_tflops
+        assert sp.sources and sp.hbm_gbps > 0 and sp.peak_tflops("fp16") and sp.fp32_tflops < sp.peak_tflops("fp16")
+
+
+def test_each_datasheet_keeps_only_the_tensor_dtypes_its_gpu_has():
+    """Volta and Turing have no bf16 (nor tf32, fp8): a bf16 matmul has no peak there, an fp16 one
+    has the FP16 tensor rate; CDNA 2 has no tf32 or fp8; Ampere has no fp8; elsewhere fp16 reads bf16."""
+    for name in ("V100 SXM2", "T4"):
+        sp = specs.SPECS[name]
+        assert sp.peak_tflops("bf16") is None and sp.peak_tflops("tf32") is None and sp.peak_tflops("fp8") is None
+        assert sp.peak_tflops("float16") > sp.fp32_tflops
+    for name in ("MI210", "MI250 GCD", "MI250X GCD"):
+        assert specs.SPECS[name].peak_tflops("tf32") is None and specs.SPECS[name].peak_tflops("fp8") is None
+    assert specs.SPECS["A100 SXM 80GB"].peak_tflops("fp8") is None
+    h = specs.SPECS["H800 SXM"]
+    assert h.peak_tflops("fp16") == h.peak_tflops("bf16") == specs.SPECS["H100 SXM"].bf16_tflops
+    # a bare ROCm name with an MI210's CUs and memory still reads as the MI250 GCD (name-only MI210)
+    assert specs.lookup_by_props("AMD Radeon Graphics", 104, 64 * 2 ** 30).name == "MI250 GCD"

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from public_traces import MI250, PYTORCH18, public_trace  # noqa: F401
 
 from hwlab.core import evidence
 from hwlab.diagnosis import flowchart, ranks_traces as R
@@ -783,7 +784,7 @@ def test_a_pytorch_18_training_trace_is_read_as_training_with_own_time_never_neg
     """PyTorch 1.8's categories ("Operator", "Kernel", "Runtime"): the ResNet-50 training run's
     backward ops (CudnnConvolutionBackward, aten::*_backward) make it training; on its device clock
     no step's own time or idle is negative."""
-    shutil.copy(next((DATA / "pytorch18_categories").glob("*.gz")), tmp_path / "worker0.pt.trace.json.gz")
+    shutil.copy(public_trace(PYTORCH18), tmp_path / "worker0.pt.trace.json.gz")
     rep = R.report(tmp_path)
     s = rep["per_rank"]["0"]
     assert rep["workload"] == "training" and s["n_kernels"] > 9000 and s["n_steps"] == 6

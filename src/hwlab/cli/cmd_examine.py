@@ -215,7 +215,16 @@ def cmd_examine_trace(a) -> int:
     def progress(done: int, total: int) -> None:
         print(f"reading {path.name}: {done / 1e6:,.0f} of {total / 1e6:,.0f} MB", file=sys.stderr)
 
-    ex = examine_trace(path, step=a.step, baseline=a.baseline, progress=progress)
+    from hwlab.examine.from_trace import NothingToDiagnose
+    try:
+        ex = examine_trace(path, step=a.step, baseline=a.baseline, progress=progress)
+    except NothingToDiagnose as nothing:  # an honest nothing: said, exit 0, no finding
+        if a.json:
+            from hwlab.core.store import dumps_strict
+            print(dumps_strict(nothing.to_dict()))
+        else:
+            print(f"hwlab examine --trace: {path.name}: nothing to diagnose: {nothing.why}")
+        return EXIT_OK
     if a.rank is not None and ex.ot.rank is not None and ex.ot.rank != a.rank:
         raise UserInputError(f"--rank {a.rank}: {path.name} is rank {ex.ot.rank}'s trace; pass its folder or "
                              "the rank's own file")

@@ -37,6 +37,8 @@ import sys
 import tempfile
 from typing import Any, Iterable
 
+from hwlab.core.kernel_classes import PRECISION_DTYPE, UNRECOGNISED, classify_kernel
+
 #: aten ops that are one GEMM call on a CPU (``aten::_scaled_mm`` calls ``aten::mm`` inside
 #: itself: ops nested in one of these are left out, so one call counts once)
 CPU_GEMM_OPS = ("aten::_scaled_mm", "aten::mm", "aten::addmm", "aten::bmm")
@@ -158,26 +160,22 @@ def is_fp8_kernel(name: str) -> bool:
     return any(m in n for m in FP8_KERNEL_MARKERS)
 
 
+#: kernel class (:mod:`hwlab.core.kernel_classes`) -> the short class :func:`kernel_class` reports
+_SHORT_CLASS = {"conv": "gemm", "copy/concat": "copy", "memset": "memcpy", "norm/reduction": "reduce",
+                "optimizer": "elementwise", "triton/compiled": "triton"}
+
+
 @functools.lru_cache(maxsize=1 << 16)  # a trace repeats a few hundred kernel names thousands of times
 def kernel_class(name: str) -> tuple[str, bool | None]:
-    """(class, tensor_core) of a device kernel by name: class in fp8-gemm / gemm / triton /
-    copy / reduce / elementwise / memcpy / other; tensor_core True/False for GEMMs, else None."""
-    n = name.lower()
-    if n.startswith(("memcpy", "memset")):
-        return "memcpy", None
-    if is_gemm_kernel(n) or _conv_kernel(n):
-        tc = True if any(m in n for m in TENSOR_CORE_MARKERS) else (
-            False if any(m in n for m in SIMT_GEMM_MARKERS) else None)
-        return ("fp8-gemm" if is_fp8_kernel(n) else "gemm"), tc
-    if n.startswith("triton"):
-        return "triton", None
-    if "copy" in n:
-        return "copy", None
-    if "reduce" in n:
-        return "reduce", None
-    if "elementwise" in n or "vectorized" in n:
-        return "elementwise", None
-    return "other", None
+    """(class, tensor_core) of a device kernel by name, from the kit's one classifier
+    (:func:`hwlab.core.kernel_classes.classify_kernel`): class in fp8-gemm / gemm / attention /
+    communication / triton / copy / reduce / elementwise / memcpy / gather/scatter /
+    quant/dequant / unrecognised; tensor_core True/False/None for GEMM-class kernels (MMA or
+    MFMA from the name), else None. A GEMM in fp4 (``mxfp4``) is a GEMM, not an FP8 GEMM."""
+    k = classify_kernel(name)
+    if k.gemm_class:
+        return ("fp8-gemm" if k.precision == "fp8" else "gemm"), k.tensor_core
+    return _SHORT_CLASS.get(k.cls, k.cls), None
 
 
 def step_time_class(name: str) -> str:
@@ -295,39 +293,60 @@ COMM_KERNEL_MARKERS = ("nccl", "allreduce", "all_reduce", "allgather", "reducesc
 PART_LOW_PRECISION = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "int8", "uint8")
 #: the part classes, in the order reports list them when times tie
 PART_CLASSES = ("gemm", "attention", "elementwise/reduction", "copy/concat", "gather/scatter",
-                "quant/dequant", "triton/compiled", "communication", "gpu idle", "host outside ops")
+                "quant/dequant", "triton/compiled", "communication", "gpu idle", "host outside ops", UNRECOGNISED)
 
 
 @functools.lru_cache(maxsize=1 << 16)  # pure in its (hashable) arguments; traces repeat them
 def part_class(op: str | None, kernel: str | None = None, dtypes: tuple = (), compiled: bool = False) -> str:
     """The part a kernel (or, on a CPU, an aten op) belongs to: one of :data:`PART_CLASSES`,
     GEMMs suffixed with their input dtype (``gemm bfloat16``). ``op`` is the aten op that
-    launched it (None: none did), ``kernel`` its device name, ``dtypes`` the op's input dtypes
-    from the traffic model (first = the matmul's), ``compiled`` whether a compiled region
-    (torch.compile) is above the launch. First match wins: communication, Triton/compiled,
-    attention, GEMM, quant/dequant, gather/scatter, copy/concat, then elementwise/reduction."""
-    k = (kernel or "").lower()
+    launched it (None: none did or none was recorded), ``kernel`` its device name, ``dtypes``
+    the op's input dtypes from the traffic model (first = the matmul's), ``compiled`` whether a
+    compiled region (torch.compile) is above the launch.
+
+    A device kernel is classed **by its own name** (:func:`hwlab.core.kernel_classes.classify_kernel`),
+    so a cuBLAS GEMM in a compiled region, a graph replay or a GPU-only trace is still a GEMM; a
+    GEMM's dtype is its op's input dtype where the op is linked, else the name's precision. The
+    aten op decides only where the name is not recognised; a kernel with neither is
+    :data:`~hwlab.core.kernel_classes.UNRECOGNISED` (inside a compiled region: ``triton/compiled``).
+    A cast between a low-precision dtype and another (the op's dtypes) is quant/dequant."""
     o = op or ""
-    if any(m in k for m in COMM_KERNEL_MARKERS) or o.startswith("c10d::") or "nccl" in o.lower():
+    if o.startswith("c10d::") or "nccl" in o.lower():
         return "communication"
-    if compiled or k.startswith("triton") or (kernel is not None and op is None and
-                                             not k.startswith(("memcpy", "memset"))):
+    if kernel is not None:
+        kk = classify_kernel(kernel)
+        if kk.recognised:
+            part = kk.part
+            if part == "gemm":
+                linked = dtypes and (o in PART_GEMM_OPS or is_conv(o))
+                dt = dtypes[0] if linked else PRECISION_DTYPE.get(kk.precision or "")
+                return f"gemm {dt}" if dt else "gemm"
+            if part in ("copy/concat", "elementwise/reduction") and _casts_low_precision(o, dtypes):
+                return "quant/dequant"
+            return part
+        if compiled:
+            return "triton/compiled"
+        if not o.startswith("aten::"):  # no aten op linked (none, the unlaunched mark, a user range)
+            return UNRECOGNISED
+    elif compiled:
         return "triton/compiled"
-    if o in PART_ATTENTION_OPS or any(m in k for m in ("fmha", "flash_fwd", "flash_attn", "attention")):
+    if o in PART_ATTENTION_OPS:
         return "attention"
-    if o in PART_GEMM_OPS or (kernel is not None and is_gemm_kernel(k)) or is_conv(o, kernel):
+    if o in PART_GEMM_OPS or is_conv(o):
         return f"gemm {dtypes[0]}" if dtypes else "gemm"
-    if o in ("aten::_to_copy", "aten::copy_", "aten::to") and len(dtypes) >= 1:
-        lo_in = dtypes[0] in PART_LOW_PRECISION
-        lo_out = dtypes[-1] in PART_LOW_PRECISION
-        if lo_in != lo_out:
-            return "quant/dequant"
-    if o in PART_GATHER_OPS or any(m in k for m in ("index", "gather", "scatter", "embedding")):
+    if _casts_low_precision(o, dtypes):
+        return "quant/dequant"
+    if o in PART_GATHER_OPS:
         return "gather/scatter"
-    if o in PART_COPY_OPS or k.startswith(("memcpy", "memset")) or "cat" in k.split("<")[0] or \
-            ("copy" in k and o not in ("aten::add", "aten::mul")):
+    if o in PART_COPY_OPS:
         return "copy/concat"
     return "elementwise/reduction"
+
+
+def _casts_low_precision(op: str, dtypes: tuple) -> bool:
+    if op not in ("aten::_to_copy", "aten::copy_", "aten::to") or not dtypes:
+        return False
+    return (dtypes[0] in PART_LOW_PRECISION) != (dtypes[-1] in PART_LOW_PRECISION)
 
 
 #: trace categories of device work in a Kineto Chrome trace

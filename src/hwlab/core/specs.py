@@ -9,8 +9,10 @@ Conventions:
 * Tensor-core rates are **dense** (no 2:4 sparsity). Where a datasheet gives only the
   sparse figure, the dense one is half of it and the comment says so.
 * bf16/fp16/fp8 rates are with FP32 accumulate unless noted.
-* ``None`` means the source gives no figure (e.g. no FP8 before Ada/Hopper); the lab then
-  uses measured ceilings only.
+* ``None`` means the source gives no figure or the GPU has no such tensor path (no FP8 before
+  Ada/Hopper and CDNA 3; no BF16 on Volta and Turing, whose FP16 tensor rate is ``fp16_tflops``);
+  the lab then uses measured ceilings only. ``fp16_tflops`` is kept only where it differs from
+  the bf16 rate (or bf16 does not exist); elsewhere fp16 reads the bf16 figure.
 * ``hbm_gbps`` is bytes per second / 1e9 as the vendor states it (decimal GB).
 
 An unknown GPU raises :class:`UnknownGPUError` with what to do; nothing is guessed.
@@ -40,13 +42,16 @@ class GPUSpec:
     host_link: str
     sources: tuple[str, ...] = field(default_factory=tuple)
     notes: str = ""
+    fp16_tflops: float | None = None
 
     def peak_tflops(self, dtype: str) -> float | None:
         key = {"float32": "fp32", "fp32": "fp32", "tf32": "tf32", "bfloat16": "bf16",
-               "bf16": "bf16", "float16": "bf16", "fp16": "bf16", "fp8": "fp8",
+               "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "fp8": "fp8",
                "float8_e4m3fn": "fp8"}.get(dtype)
         if key is None:
             raise KeyError(f"no peak kept for dtype {dtype!r}; use fp32, tf32, bf16, fp16 or fp8")
+        if key == "fp16":
+            return self.fp16_tflops if self.fp16_tflops is not None else self.bf16_tflops
         return getattr(self, f"{key}_tflops")
 
     def ridge_point(self, dtype: str = "bf16") -> float | None:
@@ -104,13 +109,13 @@ SPECS: dict[str, GPUSpec] = {s.name: s for s in [
              "dense tensor TFLOPS with FP32 accumulate (BF16 165.2; FP8 330.3 is with FP16 "
              "accumulate, 165.2 with FP32)",),
             notes="GeForce parts run FP16/BF16 tensor math with FP32 accumulate at half rate."),
-    GPUSpec("V100 SXM2", "sm_70", 80, 32, 900, 15.7, None, 125.0, None, 6,
+    GPUSpec("V100 SXM2", "sm_70", 80, 32, 900, 15.7, None, None, None, 6,
             "PCIe Gen3 x16",
             ("NVIDIA Tesla V100 datasheet (nvidia.com/en-us/data-center/v100), SXM2 column: FP32 15.7, "
              "Tensor Performance 125 TFLOPS (FP16 with FP32 accumulate, dense: Volta has no sparsity), "
              "900 GB/s HBM2; Volta whitepaper: 80 SMs, 6 MB L2",),
-            notes="No TF32, BF16 or FP8 on Volta: the bf16 slot holds the FP16 tensor rate (the peak an fp16 "
-                  "matmul is floored at); fp32 matmuls run on the CUDA cores (sgemm)."),
+            notes="No TF32, BF16 or FP8 on Volta: only FP16 runs on its tensor cores (fp16_tflops); fp32 "
+                  "matmuls run on the CUDA cores (sgemm).", fp16_tflops=125.0),
     GPUSpec("MI300X", "gfx942", 304, 192, 5300, 163.4, 653.7, 1307.4, 2614.9, 256,
             "PCIe Gen5 x16",
             ("AMD Instinct MI300X data sheet (amd.com/en/products/accelerators/instinct/mi300/mi300x.html): "
@@ -135,12 +140,30 @@ SPECS: dict[str, GPUSpec] = {s.name: s for s in [
             notes="One of the package's two GCDs (ROCm shows each as a device, often named only 'AMD Radeon "
                   "Graphics': matched by 104 CUs and 64 GiB): half the package's 90.5 FP32-matrix / 362.1 "
                   "FP16-BF16 TFLOPS and 3.2 TB/s; no TF32 or FP8 on CDNA 2."),
-    GPUSpec("T4", "sm_75", 40, 16, 320, 8.1, None, 65.0, None, 4,
+    GPUSpec("T4", "sm_75", 40, 16, 320, 8.1, None, None, None, 4,
             "PCIe Gen3 x16",
             ("NVIDIA T4 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/tesla-t4): FP32 8.1, mixed "
              "precision (FP16/FP32) 65 TFLOPS (dense: Turing has no sparsity), 320 GB/s GDDR6, 16 GB; Turing "
              "whitepaper: 40 SMs, 4 MB L2",),
-            notes="No TF32, BF16 or FP8 on Turing: the bf16 slot holds the FP16 tensor rate."),
+            notes="No TF32, BF16 or FP8 on Turing: only FP16 (and int8) run on its tensor cores (fp16_tflops).",
+            fp16_tflops=65.0),
+    GPUSpec("H800 SXM", "sm_90", 132, 80, 3350, 67.0, 494.7, 989.4, 1978.9, 50,
+            "PCIe Gen5 x16",
+            ("NVIDIA H800 Tensor Core GPU datasheet (nvidia.com, H800 SXM5 column): FP32 67, TF32 989, "
+             "BF16 1979, FP8 3958 TFLOPS with sparsity (dense = /2), 80 GB HBM3 at 3.35 TB/s", _HOPPER_WP),
+            notes="The H100 SXM's compute and memory; NVLink cut to 400 GB/s (a communication ceiling, not "
+                  "kept here)."),
+    GPUSpec("H800 PCIe", "sm_90", 114, 80, 2000, 51.0, 378.0, 756.0, 1513.0, 50,
+            "PCIe Gen5 x16",
+            ("NVIDIA H800 PCIe datasheet: the H100 PCIe's FP32 51, TF32 756, BF16 1513, FP8 3026 TFLOPS with "
+             "sparsity (dense = /2), 80 GB HBM2e at 2 TB/s", _HOPPER_WP)),
+    GPUSpec("MI210", "gfx90a", 104, 64, 1638, 45.3, None, 181.0, None, 8,
+            "PCIe Gen4 x16",
+            ("AMD Instinct MI210 data sheet (amd.com/en/products/accelerators/instinct/mi200/mi210.html): "
+             "104 CUs, FP32 vector 22.6, FP32 matrix 45.3, FP16/BF16 181.0 TFLOPS, 64 GB HBM2e at 1.6384 TB/s",
+             "AMD CDNA 2 architecture whitepaper: 8 MB L2"),
+            notes="fp32 is the FP32 matrix (MFMA) rate; no TF32 or FP8 on CDNA 2. Matched by name only: its "
+                  "CU count and memory equal an MI250 GCD's (lookup_by_props)."),
     GPUSpec("GH200", "sm_90", 132, 96, 4000, 67.0, 494.7, 989.4, 1978.9, 50,
             "NVLink-C2C",
             ("NVIDIA GH200 Grace Hopper Superchip datasheet (nvidia.com/en-us/data-center/grace-hopper-superchip): "
@@ -171,6 +194,9 @@ _ALIASES: list[tuple[str, str]] = [
     (r"\ba10\b(?!0)", "A10"),
     (r"4090", "RTX 4090"),
     (r"b200", "B200"),
+    (r"h800.*(pcie|nvl)", "H800 PCIe"),
+    (r"h800", "H800 SXM"),
+    (r"mi210", "MI210"),
     (r"v100", "V100 SXM2"),
     (r"mi300x", "MI300X"),
     (r"mi325x", "MI325X"),
@@ -224,6 +250,11 @@ def scale_to_mig(whole: GPUSpec, profile: str) -> GPUSpec:
                    f"(compute peaks), {mem}/8 of the memory (bandwidth, L2); nominal, from the guide's table")
 
 
+#: entries matched by their name only, never by compute units and memory: the MI210 has an MI250 GCD's
+#: 104 CUs and 64 GB (and its peaks within 1%), so a bare name reads as the MI250 GCD, as before
+NAME_ONLY = ("MI210",)
+
+
 def lookup_by_props(name: str, n_sm: Any, mem_bytes: Any) -> GPUSpec | None:
     """A GPU whose name says only its vendor (ROCm often names an Instinct GCD 'AMD Radeon Graphics'):
     the one AMD entry with exactly its compute-unit count and its memory within 5%. None where the
@@ -234,7 +265,7 @@ def lookup_by_props(name: str, n_sm: Any, mem_bytes: Any) -> GPUSpec | None:
         return None
     gib = mem_bytes / 2**30
     hits = [sp for sp in SPECS.values() if sp.arch.startswith("gfx") and sp.sm_count == n_sm
-            and abs(sp.mem_gib - gib) <= 0.05 * sp.mem_gib]
+            and abs(sp.mem_gib - gib) <= 0.05 * sp.mem_gib and sp.name not in NAME_ONLY]
     return hits[0] if len(hits) == 1 else None
 
 

@@ -30,8 +30,13 @@ rule behind each part:
   may disagree, so arrival is read from each rank's time *inside* the collective, which needs no
   common clock: the last rank to arrive waits least, so its time inside is the shortest; each
   rank's wait is its time inside minus that shortest time, and the skew is the largest wait.
-  When every trace comes from one host, the start times (one clock) give a second, independent
-  arrival order, and the share of collectives where the two agree is reported.
+  When every trace comes from one host (by name, or by content: :func:`hwlab.diagnosis.rank_arrival.one_host_by_content`),
+  the start times (one clock) give the arrival order (the last to start arrives last), the share
+  of collectives where the time-inside order agrees is reported, and ranks whose arrivals lie
+  within :data:`~hwlab.diagnosis.rank_arrival.ARRIVAL_TIE_US` tie: a tied collective gives no vote,
+  and a tied vote is reported as a tie, its candidates with their own times (undecided, exit 4).
+  A folder whose traces state no world size and share no collective is not shown to be one job:
+  undecided, never clean.
 * **Slow rank**: the rank with the longest own time, ``rank_tail_pct`` = its own time over the
   other ranks' median, in % of the median step (the flowchart's K unit; own times of ranks that
   mostly wait are small, so a ratio of them would magnify noise), at least
@@ -72,9 +77,10 @@ from hwlab.traces import kineto, rank_pool
 from hwlab.errors import UserInputError
 from hwlab.core.measure import quantile
 from hwlab.diagnosis.ranks import nvml_by_rank, render_tail
+from hwlab.diagnosis.rank_arrival import ARRIVAL_TIE_US, arrivals, last_arriver, one_host_by_content
 from hwlab.core.tails import TAIL_JUMP, tail_split
 from hwlab.traces.rank_reading import (BY_ID, BY_ORDER, BY_OVERLAP, JOB_SPAN_S, _minus, _union, by_rank,
-                                       busbw_gbps as _busbw_gbps, collective_table,
+                                       collective_table,
                                        device_outside as _device_outside, match as _match, one_job, read_all,
                                        rank_steps as _rank_steps, shared_clock as _shared_clock,
                                        summary as _summary)
@@ -87,7 +93,6 @@ LINK_FLOOR_PCT = 25.0     # = the flowchart's K criterion on collective_floor_pc
 SLOW_LINK_FRACTION = 0.5  # bus bandwidth under half the link's: the link is slow
 SINGLE_DEVICE_SLOW = 1.5  # = the flowchart's B threshold
 DEVICE_OUTSIDE_NOTE_PCT = 10.0  # device time outside the host steps worth a note (the GPU runs behind)
-
 
 
 def find_traces(folder: str | Path) -> list[Path]:
@@ -155,8 +160,6 @@ def _machine(traces: dict[int, kineto.RankTrace], hosts: list[str]) -> dict[str,
 
 
 
-
-
 def _per_rank(traces: dict[int, kineto.RankTrace], ranks: list[int], skip: int, problems: list[str],
               notes: list[str]) -> tuple[dict[str, dict[str, Any]], dict[int, list[dict[str, Any]]]]:
     """Each rank's step rows (after ``skip``) and their summary, with where its device work ran."""
@@ -190,47 +193,30 @@ def _per_rank(traces: dict[int, kineto.RankTrace], ranks: list[int], skip: int, 
     return per_rank, rows_by
 
 
-def _arrivals(matched: list, how_by: list[str], ranks: list[int], one_clock: bool) -> tuple:
-    """Per matched collective: who arrived last (shortest time inside), each rank's wait, the link
-    time (the last arriver's time inside), and on one clock whether start times agree."""
-    colls_out, last_count, wait_ms = [], Counter(), {r: 0.0 for r in ranks}
-    agree = 0
-    for m, how in zip(matched, how_by):
-        durs = {r: c.dur_us for r, c in m.items()}
-        last = min(durs, key=durs.get)
-        floor_us = durs[last]
-        waits = {r: (d - floor_us) / 1e3 for r, d in durs.items()}
-        last_count[last] += 1
-        for r, w in waits.items():
-            wait_ms[r] += w
-        c0 = m[last]
-        row = {"name": c0.name, "pg": c0.pg, "seq": c0.seq, "n_bytes": c0.n_bytes, "last": last,
-               "skew_ms": max(waits.values()), "inside_ms": {str(r): d / 1e3 for r, d in durs.items()},
-               "link_ms": floor_us / 1e3, "busbw_gbps": _busbw_gbps(c0, len(ranks), floor_us),
-               "matched_by": how, "meta_source": c0.meta_source}
-        if one_clock:
-            starts = {r: c.ts_us for r, c in m.items()}
-            row["last_by_start"] = max(starts, key=starts.get)
-            row["start_skew_ms"] = (max(starts.values()) - min(starts.values())) / 1e3
-            agree += row["last_by_start"] == last
-        colls_out.append(row)
-    return colls_out, last_count, wait_ms, agree
-
-
 def _rank_finding(per_rank: dict[str, dict[str, Any]], ranks: list[int], own: dict[int, float], step_med: float,
                   last_count: Counter, n_m: int) -> tuple:
     """A slow rank (own-time tail and arrival, module doc), a tail arrival does not confirm, or
     clean; with the tail, the slowest rank and the peer floor the walk's B uses."""
     finding: dict[str, Any] = {"kind": "clean", "names": None}
-    last_rank = max(last_count, key=last_count.get) if last_count else None
-    last_share = last_count[last_rank] / n_m if n_m else 0.0
+    votes = {r: v for r, v in last_count.items() if r != "tie"}
+    last_rank = max(votes, key=votes.get) if votes else None
+    last_share = votes[last_rank] / n_m if n_m and votes else 0.0
+    top = sorted(r for r, v in votes.items() if last_rank is not None and v == votes[last_rank])
     busy_p10 = {r: per_rank[str(r)]["busy_p10_ms"] for r in ranks}
     peer_floor = statistics.median(busy_p10.values())
     slowest = max(own, key=own.get)
     others = [v for r, v in own.items() if r != slowest]
     tail_pct = 100.0 * (own[slowest] - statistics.median(others)) / step_med if others and step_med > 0 else 0.0
     need_share = max(LAST_SHARE, CHANCE_MARGIN / len(ranks))
-    if tail_pct >= RANK_TAIL_PCT and n_m >= MIN_MATCHED and last_rank == slowest and last_share >= need_share:
+    if len(top) > 1 and n_m >= MIN_MATCHED and (tail_pct >= RANK_TAIL_PCT or last_share >= need_share / 2):
+        # a tied vote names no one (never the lowest rank by default): the candidates and their own times
+        finding = {"kind": "arrival_tie", "names": None, "tied": [
+            {"rank": r, "arrived_last": votes[r], "own_ms": own[r]} for r in top],
+            "why": f"the arrival vote ties: ranks {', '.join(map(str, top))} each arrived last in {votes[top[0]]} of "
+                   f"{n_m} matched collectives ({last_count.get('tie', 0)} collectives tied within "
+                   f"{ARRIVAL_TIE_US:g} us); own times " + ", ".join(f"rank {r} {own[r]:.3g} ms" for r in top)
+                   + ": record more steps, or one rank's trace with its straggling cause, to tell them apart"}
+    elif tail_pct >= RANK_TAIL_PCT and n_m >= MIN_MATCHED and last_rank == slowest and last_share >= need_share:
         r = slowest
         ratio = busy_p10[r] / peer_floor if peer_floor > 0 else None
         device_slow = ratio is not None and ratio >= SINGLE_DEVICE_SLOW
@@ -351,16 +337,20 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
     missing = [r for r in range(world) if r not in traces] if world else []
     hosts = sorted({t.host or "?" for t in traces.values()})
     backends = sorted({t.backend for t in traces.values() if t.backend})
-    if len(hosts) > 1:
-        notes.append(f"traces from {len(hosts)} hosts {hosts}: host clocks may disagree, so arrival is read "
-                     "from each rank's time inside the collective only")
     per_rank, rows_by = _per_rank(traces, ranks, skip, problems, notes)
     ranks = sorted(rows_by)
     if not ranks:
         raise UserInputError(f"no trace in {folder} has more than {skip} steps")
     traces = {r: traces[r] for r in ranks}
-    # one clock: one host (or hosts unknown) and the same steps overlap in time on every rank
-    one_clock = len(hosts) == 1 and (_shared_clock(traces) if len(ranks) > 1 else True)
+    content_host = one_host_by_content(traces, MIN_MATCHED) if len(hosts) > 1 and len(ranks) > 1 else None
+    if content_host:
+        notes.append(f"the names say {len(hosts)} hosts {hosts[:4]}{'...' if len(hosts) > 4 else ''}, the content "
+                     f"says one: {content_host}")
+    elif len(hosts) > 1:
+        notes.append(f"traces from {len(hosts)} hosts {hosts}: host clocks may disagree, so arrival is read "
+                     "from each rank's time inside the collective only")
+    # one clock: one host (by name, or by content) and the same steps overlap in time on every rank
+    one_clock = (len(hosts) == 1 or content_host is not None) and (_shared_clock(traces) if len(ranks) > 1 else True)
     mres = _match(traces, one_clock) if len(ranks) > 1 else {"matched": [], "methods": {}, "unmatched": {},
                                                              "notes": []}
     matched = [m for m, _ in mres["matched"]]
@@ -368,7 +358,7 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
     match_by = ("; ".join(f"{k}: {v}" for k, v in mres["methods"].items()) or "no collective on every rank") \
         if len(ranks) > 1 else "one rank: its collectives are listed per rank"
     notes += mres["notes"]
-    colls_out, last_count, wait_ms, agree = _arrivals(matched, how_by, ranks, one_clock)
+    colls_out, last_count, wait_ms, agree = arrivals(matched, how_by, ranks, one_clock)
     n_m = len(matched)
     for r in ranks:
         per_rank[str(r)]["pct_arrived_last"] = 100.0 * last_count[r] / n_m if n_m else None
@@ -394,6 +384,12 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
                          f"{sp['p90']:.3g} spans the threshold {thr:g}: a re-run may answer the other way")
     n_of = f"{len(ranks)} of {world} ranks" if world and world != len(ranks) else f"{len(ranks)} ranks"
     undecided = None
+    if finding["kind"] == "arrival_tie":
+        undecided = finding["why"]
+    if len(ranks) > 1 and world is None and n_m == 0:  # nothing shows these files are one job
+        undecided = (f"not shown to be one job: no trace states a world size (distributedInfo) and no collective "
+                     f"was found on every one of the {len(ranks)} traces; read each with hwlab examine --trace, or "
+                     "put one job's rank traces (recorded together, with torch.distributed) in a folder")
     if missing:
         undecided = (f"ranks {_ranges(missing)} of world size {world} have no readable trace"
                      + (f" (unreadable: {', '.join(Path(u['file']).name for u in unreadable)})" if unreadable else "")
@@ -415,6 +411,7 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
         "machine": _machine(traces, hosts), "collectives_by_rank": tables, "tail_ranks": [finding["rank"]] if finding["kind"] == "slow_rank" else [],
         "own_time_tail": tail, "rank_tail_pct": tail_pct, "finding": finding,
         "collectives": {"matched": n_m, "match_by": match_by, "one_clock": one_clock,
+                        "one_host_by_content": content_host, "last_arriver": last_arriver(last_count, n_m, one_clock),
                         "last_by_start_agrees_pct": 100.0 * agree / n_m if one_clock and n_m else None,
                         "per_collective": colls_out[:200], "link_ms_per_step": link_per_step,
                         "methods": mres["methods"], "unmatched": {str(k): v for k, v in mres["unmatched"].items()}},
@@ -537,8 +534,13 @@ def render(rep: dict[str, Any]) -> str:
     if c.get("unmatched") and any(c["unmatched"].values()):
         line += "; unmatched " + ", ".join(f"rank {r}: {n}" for r, n in c["unmatched"].items())
     if c["last_by_start_agrees_pct"] is not None:
-        line += f"; one host clock: start-time order agrees on the last arriver in {c['last_by_start_agrees_pct']:.0f}%"
+        line += (f"; one host clock: start-time order agrees with time-inside order on the last arriver in "
+                 f"{c['last_by_start_agrees_pct']:.0f}%")
     out.append(line)
+    la = c.get("last_arriver")
+    if la:
+        who = f"rank {la['rank']}" if la["rank"] is not None else f"tied: ranks {', '.join(map(str, la['tied']))}"
+        out.append(f"last to arrive most often ({la['by']}): {who}, {la['arrived_last']} of {la['of']} collectives")
     f = rep["finding"]
     if f["kind"] == "slow_rank":
         out.append(f"SLOW RANK: rank {f['rank']} arrived last in {f['pct_arrived_last']:.0f}% of collectives; its own "

@@ -53,13 +53,16 @@ from hwlab.traces.trace_shapes import ShapeModel
 from hwlab.diagnosis.flowchart import LEAVES, diagnose
 from hwlab.errors import UserInputError
 from hwlab.examine.parts import Parts, build_parts, fused_floor_bytes
-from hwlab.examine.trace_bounds import (idle_split, idle_walk, kernel_names, name_recordings, sync_points,
-                                        timeline_bounds)
+from hwlab.examine.trace_bounds import (gemm_kernel_ms, idle_split, idle_walk, kernel_names, name_recordings,
+                                        sync_points, timeline_bounds)
+from hwlab.examine.idle_causes import WARMUP_RATIO, apply_causes, idle_causes, warmup_steps, whole_step_gap
+from hwlab.examine.trace_enough import MIN_STEP_US, NothingToDiagnose, enough_to_diagnose  # noqa: F401
 
 #: each step's parts must add up to its time within this (the split keeps every item)
 STEP_SUM_TOL_PCT = 5.0
 #: the input dtype of a matmul -> the GEMM ceiling of its floor (the live examination's
-#: PEAK_FOR_DTYPE: fp32 data can take the TF32 path; fp16 runs at the bf16 rate)
+#: PEAK_FOR_DTYPE: fp32 data can take the TF32 path; fp16 runs at the bf16 rate). A datasheet's own
+#: fp16 figure, where it keeps one (V100 and T4 have no bf16), is used for fp16 first
 PEAK_FOR_DTYPE = {"float32": "tf32", "bfloat16": "bf16", "float16": "bf16",
                   "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}
 #: labs that teach a leaf whose flowchart entry names none (the live examination's LAB_FALLBACK)
@@ -127,7 +130,7 @@ def _trace_ceilings(ot: OpTrace) -> TraceCeilings:
             spec = specs.lookup_by_props(names[0], d0.get("numSms"), d0.get("totalGlobalMem"))
             how = f", matched by its {d0.get('numSms')} compute units and memory" if spec else ""
         if spec is not None:
-            gemm = {k: v for k in ("fp32", "tf32", "bf16", "fp8") if (v := spec.peak_tflops(k))}
+            gemm = {k: v for k in ("fp32", "tf32", "bf16", "fp16", "fp8") if (v := spec.peak_tflops(k))}
             return TraceCeilings(spec.hbm_gbps, gemm, "datasheet",
                                  f"datasheet peaks of the {spec.name} (the trace's deviceProperties name "
                                  f"{names[0]!r}{how}; not measured: floors are lower and gains upper bounds; "
@@ -320,7 +323,10 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings,
     mm_dt = next((r.in_dtypes[0] for r in recs if r.kind == "matmul" and r.in_dtypes), None)
 
     def gemm_for(dt: str | None) -> float | None:
-        return c.gemm_tflops.get(PEAK_FOR_DTYPE.get(dt or "", "bf16") if gpu else "fp32")
+        key = PEAK_FOR_DTYPE.get(dt or "", "bf16") if gpu else "fp32"
+        if gpu and dt == "float16" and "fp16" in c.gemm_tflops:
+            key = "fp16"
+        return c.gemm_tflops.get(key)
 
     whole_floor = None
     ev: dict[str, Any] = {}
@@ -340,9 +346,12 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings,
             ev["dram_pct_estimated"] = pct
             src["dram_pct_estimated"] = ("each op's recorded input and inferred output bytes / step time vs the "
                                          "copy ceiling")
-        if flops and tf and whole_floor and flops / (tf * 1e9) >= floor_b / (c.copy_gbps * 1e6):
-            ev["tensor_pct_of_peak"] = 100.0 * flops / (t_ms * 1e9) / tf
-            src["tensor_pct_of_peak"] = "FLOPs from shapes / step time vs the GEMM ceiling at its dtype"
+        mm_flops = sum(r.flops for r in recs if r.kind == "matmul")
+        gemm_ms = gemm_kernel_ms(works)
+        if mm_flops and tf and gemm_ms and whole_floor and flops / (tf * 1e9) >= floor_b / (c.copy_gbps * 1e6):
+            ev["tensor_pct_of_peak"] = 100.0 * mm_flops / (gemm_ms * 1e9) / tf
+            src["tensor_pct_of_peak"] = ("matmul FLOPs from shapes / the GEMM-class kernels' own time (not the "
+                                         "step's) vs the GEMM ceiling at its dtype")
     if gpu and t_ms > 0:
         ev["launch_gap_pct"] = max(0.0, min(100.0, 100.0 * (1 - prof.busy_ms_per_call / t_ms)))
         src["launch_gap_pct"] = "the step window minus its device busy time (union of kernel intervals), as a share"
@@ -442,6 +451,12 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
     if len(busy) < len(works):
         notes.append(f"step(s) {', '.join(str(w.step) for w in works if not w.items)} ran no timed work (all "
                      "idle): in the per-step table, left out of the means")
+    enough_to_diagnose(path, ot, busy, gpu)
+    warm = warmup_steps(busy) if gpu else []
+    if warm:  # first-call steps: left out of the parts and their gains (idle_causes module doc)
+        busy = [w for w in busy if w.step not in warm]
+        notes.append(f"step(s) {', '.join(map(str, warm))} ran over {WARMUP_RATIO:g}x the later steps' median: warm-up "
+                     "(first calls: init, autotune, compile), left out of the parts and their gains")
     recs0 = _records(busy[0])
     unprofiled = None if gpu else unprofiled_median_ms(ot)
     parts, ev, src, _ = _split(busy, recs0, gpu, c, unprofiled)
@@ -496,6 +511,10 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
         splits, skew_us = idle_split(works, ot.syncs)
         idle_walk(parts, splits, skew_us, notes, leaf_lab)
     sync_points(ot, works, parts, notes)
+    if gpu:
+        ic = idle_causes(ot, works)
+        apply_causes(parts, ic, notes)
+        whole_step_gap(ev, src, ic, parts.t_ms)
     if gpu:
         kernel_names(works, parts, notes)
     name_recordings(parts, c.copy_gbps is not None)

@@ -248,6 +248,15 @@ def sync_points(ot: OpTrace, works: list[StepWork], parts: Parts, notes: list[st
 FUSION_RUN_MIN = 3
 
 
+def gemm_kernel_ms(works: list[StepWork]) -> float:
+    """Per-step mean time (ms) of the items classed GEMM (:func:`hwlab.core.profiling.part_class`:
+    by the kernel's own name, the op where the name says nothing): the time a GEMM rate is over."""
+    from hwlab.core.profiling import part_class
+    us = sum(it["us"] for w in works for it in w.items
+             if part_class(it["stack"][0] if it["stack"] else None, it["kernel"]).startswith("gemm"))
+    return us / len(works) / 1e3 if works else 0.0
+
+
 def kernel_names(works: list[StepWork], parts: Parts, notes: list[str]) -> None:
     """What the kernel names and their order say, per step (source: the device timeline's names).
 
@@ -292,6 +301,13 @@ def kernel_names(works: list[StepWork], parts: Parts, notes: list[str]) -> None:
             if p.name.startswith("gemm") and p.walk is not None and p.walk.undecided is not None and n_simt and not n_tc:
                 p.notes.append(f"its GEMM kernels are SIMT only (no tensor-core kernel) {src}: at H this is I, "
                                "once B is decided")
+    from hwlab.core.kernel_classes import unrecognised_table
+    unknown = unrecognised_table(((it["kernel"], it["us"]) for w in busy for it in w.items), top_n=5)
+    if unknown:
+        notes.append("unrecognised kernels (no class from their names; their time is the part "
+                     "'unrecognised', never put in another class): " +
+                     "; ".join(f"{u['name'][:100]} {u['us'] / n / 1e3:.4g} ms/step x{u['count'] / n:.3g}" for u in unknown)
+                     + f" {src}")
     if n_fp8:
         notes.append(f"FP8 GEMM kernels: {n_fp8 / n:.3g} per step, beside {n_deq / n:.3g} dequantising copies {src}")
     if runs:

@@ -16,7 +16,9 @@ What it extracts, as torch writes it:
   only.
 * ``ProfilerStep#N`` spans on the host (the ``gpu_user_annotation`` copy on the device is left).
 * GPU kernels (``cat`` ``kernel``) with device and stream; NCCL kernels (``ncclKernel_*``,
-  ``ncclDevKernel_*``, NCCL's one-rank kernel from ``onerank.cu``, or any kernel torch tagged with
+  ``ncclDevKernel_*``, NCCL's one-rank kernel from ``onerank.cu``, any kernel the kit's one classifier
+  calls communication (:func:`hwlab.core.kernel_classes.is_communication`: RCCL, NVSHMEM, expert-parallel
+  all-to-all, multimem / one-shot all-reduce, custom all-reduce), or any kernel torch tagged with
   ``Collective name``) are collectives, named from those args where present, else from the
   kernel name (``ncclDevKernel_AllReduce_Sum_f32_RING_LL`` -> ``allreduce``). Torch writes the
   collective's name, ``In msg nelems``, ``dtype``, process group and group size on the NCCL
@@ -58,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from hwlab.core.kernel_classes import collective_of, is_communication
 from hwlab.core.profiling import trace_cat
 from hwlab.traces.trace_stream import (CHUNK_CHARS, PEEK_CHARS, PROGRESS_EVERY_BYTES, TRACE_MARKERS,  # noqa: F401
                                       TRACE_SUFFIXES, TraceError, discover_traces, iter_trace, sniff)
@@ -147,6 +150,7 @@ class RankTrace:
     n_backward_ops: int = 0           # autograd::engine / *Backward* ops on the host
     n_optimizer_steps: int = 0        # Optimizer.step#... spans
     n_bad_times: int = 0              # events with a NaN / infinite / negative time: left out
+    gpu_ids: set = field(default_factory=set)  # device ids its kernels ran on (args.device, else the event's pid)
 
     @property
     def fingerprint(self) -> tuple:
@@ -323,10 +327,12 @@ def _take(ev: dict[str, Any], rt: RankTrace, ops: list, metas: list, main_tids: 
     args = ev.get("args") or {}
     if cat == "kernel":
         stream = args.get("stream")
+        rt.gpu_ids.add(args.get("device", ev.get("pid")))
         corr = args.get("correlation")
-        if _NCCL_KERNEL.match(name) or "Collective name" in args or _ONE_RANK in name:
-            m = _NCCL_COLL.match(name)
-            c = Collective(coll_key(m.group(1)) if m else "nccl", ts, dur, "gpu", stream)
+        if _NCCL_KERNEL.match(name) or "Collective name" in args or _ONE_RANK in name or is_communication(name):
+            m = _NCCL_COLL.match(name)  # NCCL names its collective; other libraries' kernels by name
+            c = Collective(coll_key(m.group(1)) if m else ("nccl" if "nccl" in name.lower() else
+                                                            collective_of(name)), ts, dur, "gpu", stream)
             c.kernel = name[:120]
             meta = _comms_meta(args)
             if meta:

@@ -144,8 +144,14 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 #: on one clock the ranks' intervals of one collective share a moment (every rank is inside it when the last
-#: one arrives); no slack: kernels that merely abut (one ends 15 us before the other starts) are not one collective
+#: one arrives); no slack for a strict overlap: kernels that merely abut (one ends 15 us before the other
+#: starts) are not one collective by overlap alone
 CLOCK_SLACK_US = 0.0
+#: clock jitter tolerated between the ranks' timestamps of one collective: recorded timestamps of one host
+#: carry tens of µs of skew between processes (CUPTI buffers, clock reads), so heads that miss a strict
+#: overlap by at most this are one collective, unless the earliest-ending rank's next collective of the
+#: same name overlaps the others strictly (then that rank's head had no partner: back-to-back buckets)
+CLOCK_JITTER_US = 50.0
 BY_ID = "process group + sequence number"
 BY_OVERLAP = "name and order, overlapping on one clock"
 BY_ORDER = "name and order (no shared clock to check overlap)"
@@ -156,12 +162,12 @@ def shared_clock(traces: dict[int, kineto.RankTrace]) -> bool:
     time on every rank (each rank's ``ProfilerStep#N`` is the same step of one job)."""
     wins = [{n: (ts, ts + d) for n, ts, d in t.steps} for t in traces.values()]
     common = set.intersection(*(set(w) for w in wins)) if wins else set()
-    return bool(common) and all(max(w[n][0] for w in wins) <= min(w[n][1] for w in wins) + CLOCK_SLACK_US
+    return bool(common) and all(max(w[n][0] for w in wins) <= min(w[n][1] for w in wins) + CLOCK_JITTER_US
                                 for n in common)
 
 
-def _overlap(cs: list[kineto.Collective]) -> bool:
-    return max(c.ts_us for c in cs) < min(c.ts_us + c.dur_us for c in cs) + CLOCK_SLACK_US
+def _overlap(cs: list[kineto.Collective], slack_us: float = CLOCK_SLACK_US) -> bool:
+    return max(c.ts_us for c in cs) < min(c.ts_us + c.dur_us for c in cs) + slack_us
 
 
 def match(traces: dict[int, kineto.RankTrace], one_clock: bool = False) -> dict[str, Any]:
@@ -199,10 +205,15 @@ def match(traces: dict[int, kineto.RankTrace], one_clock: bool = False) -> dict[
                 matched.append((heads, BY_ORDER))
             elif _overlap(list(heads.values())):
                 matched.append((heads, BY_OVERLAP))
-            else:  # the one that ends first has no partner on some rank: unmatched, counted
+            else:
                 r0 = min(ranks, key=lambda r: heads[r].ts_us + heads[r].dur_us)
-                pos[r0] += 1
-                continue
+                nxt = lists[r0][pos[r0] + 1] if pos[r0] + 1 < len(lists[r0]) else None
+                alt = [nxt] + [heads[r] for r in ranks if r != r0] if nxt is not None else None
+                if _overlap(list(heads.values()), CLOCK_JITTER_US) and not (alt and _overlap(alt)):
+                    matched.append((heads, BY_OVERLAP))  # within the clocks' jitter (CLOCK_JITTER_US)
+                else:  # the one that ends first has no partner on some rank: unmatched, counted
+                    pos[r0] += 1
+                    continue
             for r in ranks:
                 pos[r] += 1
     on_rank = Counter(r for m, _ in matched for r in m)
@@ -258,8 +269,9 @@ def busbw_gbps(c: kineto.Collective, n_ranks: int, t_us: float) -> float | None:
 
 
 def one_job(read: list[kineto.RankTrace]) -> None:
-    """Refuse traces of several jobs in one folder: different world sizes, different process-group
-    configurations, or recording times more than :data:`JOB_SPAN_S` apart (the files are named)."""
+    """Refuse traces of several jobs in one folder: different devices (``deviceProperties`` names,
+    a vendor included), different world sizes, different process-group configurations, or
+    recording times more than :data:`JOB_SPAN_S` apart (the files are named)."""
     def name(t: kineto.RankTrace) -> str:
         return Path(t.path).name
 
@@ -267,6 +279,12 @@ def one_job(read: list[kineto.RankTrace]) -> None:
         raise UserInputError(f"these traces come from different jobs ({what}: " + "; ".join(
             f"{k}: {', '.join(v)}" for k, v in groups.items()) + "): put each job's traces in a folder of its own")
 
+    devs: dict[Any, list[str]] = {}
+    for t in read:
+        if t.device_names:
+            devs.setdefault(", ".join(t.device_names), []).append(name(t))
+    if len(devs) > 1:  # one job's ranks run on one kind of device (every rank of a host lists the same)
+        refuse("different devices", devs)
     worlds: dict[Any, list[str]] = {}
     for t in read:
         if t.world_size:

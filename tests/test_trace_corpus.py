@@ -1,0 +1,77 @@
+"""Opt-in: the public trace corpus (tests/data/trace_corpus/) against its readings.
+
+Runs where ``HWLAB_TRACE_CORPUS`` names a folder holding MANIFEST.json's files (each checked
+against its sha256). Per trace: the kit's one kernel classification of the raw kernel events gives
+the dominant part the reading names, at least the GEMM-class share the reading counted among the
+longest kernels (within 2 points), communication found exactly where the reading found it, and the
+reading's tensor-core / MFMA answer; ``examine --trace`` answers, stops honestly (too little to
+diagnose) or refuses with a line, never anything else."""
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from public_traces import MANIFEST, corpus_dir, sha256_ok
+
+from hwlab.core.kernel_classes import classify_kernel
+from hwlab.errors import UserInputError
+
+READINGS = json.loads((MANIFEST.parent / "READINGS.json").read_text())["readings"]
+DEVICE_CATS = {"kernel": None, "Kernel": None, "gpu_memcpy": "gpu_memcpy", "Memcpy": "gpu_memcpy",
+               "gpu_memset": "gpu_memset", "Memset": "gpu_memset"}
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(corpus_dir() is None, reason="set HWLAB_TRACE_CORPUS to the "
+                                                   "folder holding tests/data/trace_corpus/MANIFEST.json's traces")]
+
+
+def _trace(reading) -> Path:
+    f = corpus_dir() / reading["file"]
+    if not f.is_file():
+        pytest.skip(f"{f} not in the corpus folder")
+    assert sha256_ok(f, reading["file"]), f"{f}: sha256 differs from the manifest"
+    return f
+
+
+def _shares(f: Path):
+    doc = json.loads(gzip.decompress(f.read_bytes()))
+    per, tc_us, total = Counter(), Counter(), 0.0
+    for e in doc.get("traceEvents", []):
+        if e.get("ph") != "X" or e.get("cat") not in DEVICE_CATS:
+            continue
+        k = classify_kernel(str(e.get("name", "")), DEVICE_CATS[e["cat"]])
+        us = float(e.get("dur", 0.0))
+        per[k.part] += us
+        total += us
+        if k.gemm_class:
+            tc_us[k.tensor_core] += us
+    return {p: 100.0 * v / total for p, v in per.items()} if total else {}, tc_us
+
+
+@pytest.mark.parametrize("reading", READINGS, ids=[r["file"].split("/")[-1][:40] for r in READINGS])
+def test_each_corpus_trace_reads_as_its_reading(reading):
+    shares, tc_us = _shares(_trace(reading))
+    dominant = max(shares, key=shares.get) if shares else None
+    assert dominant in reading["dominant_part"], shares
+    assert shares.get("gemm", 0.0) >= reading["gemm_class_pct_at_least"] - 2.0, shares
+    assert (shares.get("communication", 0.0) > 0) == (reading["communication"] != "none"), shares
+    if reading["gemm_tensor_cores"] is not None and tc_us:
+        assert max(tc_us, key=tc_us.get) is reading["gemm_tensor_cores"], dict(tc_us)
+
+
+@pytest.mark.parametrize("reading", READINGS, ids=[r["file"].split("/")[-1][:40] for r in READINGS])
+def test_examine_answers_or_stops_honestly_on_each_corpus_trace(reading):
+    from hwlab.examine.from_trace import NothingToDiagnose, examine_trace
+    f = _trace(reading)
+    try:
+        ex = examine_trace(f)
+    except NothingToDiagnose as nothing:
+        assert nothing.to_dict()["leaf"] is None
+        return
+    except UserInputError as e:  # a refusal is one line saying what to do
+        assert "\n" not in str(e) and str(e)
+        return
+    names = {p.name for p in ex.parts.parts}
+    assert "triton/compiled" not in names or any(k.startswith("triton") for w in ex.works for it in w.items
+                                                 for k in [str(it["kernel"])])
+    json.loads(ex.to_json())

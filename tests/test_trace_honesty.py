@@ -1,0 +1,84 @@
+"""``examine --trace`` on traces with too little in them: an honest nothing (exit 0, no leaf, no
+gain), never a finding; and the whole-step GEMM rate over GEMM kernel time, not the step's."""
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hwlab.examine.from_trace import MIN_STEP_US, NothingToDiagnose, examine_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tiny(path: Path, kernel_ns: float = 20.0, span_ns: float = 130.0) -> Path:
+    """A unit-test-sized trace: one ProfilerStep of ``span_ns`` with one kernel launched inside."""
+    us = 1e-3
+    ev = [{"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 1000.0,
+           "dur": span_ns * us, "args": {}},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 1000.01,
+           "dur": 0.03, "args": {"correlation": 5}},
+          {"ph": "X", "cat": "kernel", "name": "void at::native::vectorized_elementwise_kernel<4, add>",
+           "pid": 0, "tid": 7, "ts": 1000.05, "dur": kernel_ns * us, "args": {"correlation": 5, "stream": 7}}]
+    path.write_text(json.dumps({"deviceProperties": [{"name": "NVIDIA H100 80GB HBM3"}], "traceEvents": ev}))
+    return path
+
+
+def test_a_trace_too_short_to_diagnose_says_so_with_its_facts(tmp_path):
+    with pytest.raises(NothingToDiagnose) as e:
+        examine_trace(_tiny(tmp_path / "tiny.json"))
+    d = e.value.to_dict()
+    assert d["verdict"] == "nothing to diagnose" and d["leaf"] is None
+    assert d["trace"]["mean_step_us"] == pytest.approx(0.13, abs=0.01) and MIN_STEP_US > 0.13
+
+
+def test_a_long_window_with_little_device_work_is_nothing_too(tmp_path):
+    """A 500 us step whose device ran 60 us in all (a unit test's setup): no idle finding."""
+    from hwlab.examine.trace_enough import MIN_DEVICE_BUSY_US
+    p = _tiny(tmp_path / "sparse.json", kernel_ns=30_000.0, span_ns=500_000.0)
+    doc = json.loads(p.read_text())
+    k = dict(doc["traceEvents"][-1], ts=1000.2 + 300.0, args={"correlation": 6, "stream": 7})
+    doc["traceEvents"] += [dict(doc["traceEvents"][1], ts=1300.0, args={"correlation": 6}), k]
+    p.write_text(json.dumps(doc))
+    with pytest.raises(NothingToDiagnose, match="device work in all"):
+        examine_trace(p)
+    assert 60.0 < MIN_DEVICE_BUSY_US
+
+
+@pytest.mark.slow
+def test_the_command_exits_0_with_strict_json_on_a_tiny_trace(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "hwlab", "examine", "--trace", str(_tiny(tmp_path / "t.json")),
+                        "--json"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["verdict"] == "nothing to diagnose" and d["leaf"] is None and "why" in d
+
+
+def test_the_whole_step_gemm_rate_is_over_gemm_kernel_time(tmp_path):
+    """A step of one bf16 GEMM (400 µs) and attention (400 µs): the tensor % of peak is the GEMM's
+    FLOPs over the GEMM kernel's 400 µs, not over the 800 µs step."""
+    m = n = k = 8192
+    ev, t = [], 1000.0
+    ev.append({"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": t, "dur": 900.0,
+               "args": {}})
+    ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": t + 1, "dur": 5.0,
+               "args": {"Input Dims": [[m, k], [k, n]], "Input type": ["c10::BFloat16", "c10::BFloat16"],
+                        "External id": 1}})
+    ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t + 2,
+               "dur": 2.0, "args": {"correlation": 11}})
+    ev.append({"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64",
+               "pid": 0, "tid": 7, "ts": t + 10, "dur": 400.0, "args": {"correlation": 11, "stream": 7}})
+    ev.append({"ph": "X", "cat": "kernel", "name": "void flash_fwd_kernel<Flash_fwd_kernel_traits<128>>",
+               "pid": 0, "tid": 7, "ts": t + 410, "dur": 400.0, "args": {"stream": 7}})
+    p = tmp_path / "gemm_attn.json"
+    p.write_text(json.dumps({"deviceProperties": [{"name": "NVIDIA H100 80GB HBM3"}], "traceEvents": ev}))
+    ex = examine_trace(p)
+    pct = ex.evidence.get("tensor_pct_of_peak")
+    assert pct is not None, ex.evidence
+    peak = ex.ceilings.gemm_tflops["bf16"]
+    assert pct == pytest.approx(100 * 2 * m * n * k / (400e-6 * 1e12) / peak, rel=0.02)
+    assert "GEMM-class kernels' own time" in ex.evidence_sources["tensor_pct_of_peak"]
