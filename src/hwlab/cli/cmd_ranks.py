@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from hwlab.diagnosis import incident, ranks, ranks_traces
-from hwlab.cli.console import MAX_LINK_GBPS, link_gbps, print_json, stderr_is_terminal, whole_number
+from hwlab.cli.console import MAX_LINK_GBPS, link_gbps, print_json, stderr_is_terminal, trace_mib, whole_number
 from hwlab.core.store import check_folder, check_input_file, rescue
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_UNDECIDED, EXIT_USAGE, UserInputError
 
@@ -40,7 +40,10 @@ def cmd_ranks(a) -> int:
     if traces:
         skip = 0 if a.skip is None else a.skip
         prog = ranks_traces.progress_printer() if stderr_is_terminal() else None
-        rep = ranks_traces.report(traces, link_gbps=a.link_gbps, skip=skip, progress=prog)
+        from hwlab.traces.trace_stream import text_limit
+
+        with text_limit(a.max_trace_mib):
+            rep = ranks_traces.report(traces, link_gbps=a.link_gbps, skip=skip, progress=prog)
         mod = ranks_traces
     else:
         rep = ranks.report(a.run_dir, skip=ranks.DEFAULT_SKIP if a.skip is None else a.skip, nccl_logs=a.nccl_log)
@@ -85,8 +88,10 @@ def add_parser(sub) -> None:
     r.add_argument("--traces", metavar="DIR", help="a folder of per-rank torch.profiler traces (.json / .json.gz); "
                    "one trace alone: hwlab examine --trace FILE")
     r.add_argument("--link-gbps", type=link_gbps, metavar="G",
-                   help="traces: the link's bus bandwidth in GB/s (above 0, at most "
+                   help="traces: the link's bus bandwidth in GB/s (at least 0.001, at most "
                         f"{MAX_LINK_GBPS:,.0f}), to tell a slow link from a busy one")
+    r.add_argument("--max-trace-mib", type=trace_mib, metavar="MIB",
+                   help="traces: the JSON each trace may expand to (default 2048 MiB, or HWLAB_MAX_TRACE_MIB)")
     r.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     r.add_argument("--skip", type=whole_number, default=None, metavar="N",
                    help=f"start-up steps to leave out (step logs: {ranks.DEFAULT_SKIP}; traces: 0, the "

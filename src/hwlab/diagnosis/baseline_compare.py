@@ -299,8 +299,9 @@ def compare(base: Evidence, now: Evidence) -> Comparison:
             c.deviations.append(Deviation("note", f"{tag} clock event reasons", sorted(r0), sorted(r1),
                                           "power cap: a healthy card under load reads it", NEXT["note"]))
         e0, e1 = g0.get("ecc_errors_volatile"), g1.get("ecc_errors_volatile")
-        if isinstance(e0, dict) and isinstance(e1, dict) and e1.get("uncorrected", 0) > e0.get("uncorrected", 0):
-            c.deviations.append(Deviation("hardware", f"{tag} uncorrected ECC", e0["uncorrected"], e1["uncorrected"],
+        u0, u1 = (e.get("uncorrected", 0) if isinstance(e, dict) else None for e in (e0, e1))
+        if isinstance(u0, (int, float)) and isinstance(u1, (int, float)) and u1 > u0:  # null: not read
+            c.deviations.append(Deviation("hardware", f"{tag} uncorrected ECC", u0, u1,
                                           "any increase", NEXT["hardware"]))
         for key in ("pcie_gen_max", "pcie_width_max", "numa_node"):
             if g0.get(key) != g1.get(key):

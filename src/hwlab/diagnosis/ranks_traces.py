@@ -492,7 +492,8 @@ def _incident_draft(rep: dict[str, Any], d: flowchart.Diagnosis) -> dict[str, An
 def progress_printer(stream=sys.stderr) -> Callable[[str, int, int], None]:
     """A progress line per :data:`hwlab.traces.kineto.PROGRESS_EVERY_BYTES` of a long read."""
     def cb(path: str, done: int, total: int) -> None:
-        print(f"hwlab ranks: reading {Path(path).name}: {done / 1e6:.0f} of {total / 1e6:.0f} MB", file=stream)
+        from hwlab.traces.trace_stream import describe_progress
+        print(f"hwlab ranks: reading {Path(path).name}: {describe_progress(done, total)}", file=stream)
     return cb
 
 
