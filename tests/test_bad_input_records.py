@@ -70,8 +70,8 @@ def _commands(kind: str, f: str, out: Path, slow: bool) -> list[list[str]]:
     b = str(BASE)
     cmds = [["evidence", "show", f]]
     if kind == "baseline":
-        cmds += [["baseline", "compare", b, f], ["baseline", "compare", f, b]]
-    if kind in ("baseline", "doctor"):
+        cmds += [["baseline", "compare", b, f]] + ([["baseline", "compare", f, b]] if slow else [])
+    if kind in ("baseline", "doctor") and slow:  # writes a record per run (fsync): the slow lane
         cmds.append(["incident", "--title", "t", "--scope", "single-card", "--symptom", "s", "--fix", "f",
                      "--reverify", "r", "--evidence", f, "--out", str(out)])
     if slow:
@@ -81,12 +81,18 @@ def _commands(kind: str, f: str, out: Path, slow: bool) -> list[list[str]]:
     return cmds
 
 
+#: the fast lane's mutations: one of each kind of wrong (the slow lane runs them all)
+FAST = ("null", "text", "nan", "huge int", "empty list", "empty object")
+
+
 def sweep(record: Path, run, tmp_path: Path, slow: bool) -> tuple[int, list[str]]:
     d = json.loads(record.read_text())
     f = tmp_path / "mutated.json"
     failures, n = [], 0
     for path in field_paths(d):
         for name, value in MUTATIONS.items():
+            if not slow and name not in FAST:
+                continue
             f.write_text(json.dumps(mutated(d, path, value)))
             for argv in _commands(d["kind"], str(f), tmp_path / "inc", slow):
                 rc, err = run(argv)
@@ -103,7 +109,7 @@ def sweep(record: Path, run, tmp_path: Path, slow: bool) -> tuple[int, list[str]
 @pytest.mark.parametrize("name", ["h200/baseline.json", "h200/doctor.json"])
 def test_every_field_of_baseline_and_doctor_records_gives_a_clean_answer(name, run, tmp_path):
     n, failures = sweep(REC / name, run, tmp_path, slow=False)
-    assert n > 1000  # the sweep reached the record's fields
+    assert n > 500  # the sweep reached the record's fields
     assert not failures, f"{len(failures)} of {n} runs failed:\n" + "\n".join(failures[:30])
 
 

@@ -21,8 +21,12 @@ was not measured: the report says which).
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_UNDECIDED, UserInputError
@@ -90,7 +94,11 @@ def cmd_examine(a) -> int:
     with Steps("hwlab examine", 1 + len(PHASES)) as st:  # progress on stderr only: stdout stays JSON
         held = HeldSteps(st.step, ACCEPTED_PHASE)
         try:
-            ex = _examine_model(a, held) if a.model else _examine_function(a, held)
+            with user_output_aside(a.json):
+                ex = _examine_model(a, held) if a.model else _examine_function(a, held)
+        except SystemExit as e:  # the user's code ended the process: an error of that code, not a result
+            raise UserInputError(f"{a.target} called sys.exit({e.code!r}) while being examined: nothing was "
+                                 "measured; return from the function instead of exiting") from None
         finally:
             held.stop()
     save_err = None
@@ -111,6 +119,30 @@ def cmd_examine(a) -> int:
     if ex.leaf_id is None:  # the walk stopped at a question it could not answer
         return EXIT_UNDECIDED
     return EXIT_OK if ex.leaf_id == "OK" else EXIT_FINDING
+
+
+@contextmanager
+def user_output_aside(json_out: bool) -> Iterator[None]:
+    """With ``--json``, what the user's code prints (Python's ``print`` and writes to file
+    descriptor 1 by compiled code) goes to stderr, so stdout holds the JSON alone; without it,
+    the prints stay where the user expects them."""
+    if not json_out:
+        yield
+        return
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no descriptor 1 (a closed stdout): Python-level prints are still moved
+        saved = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved is not None:
+            sys.stderr.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 #: progress lines wait this long (s), or until the inputs are accepted, whichever comes first

@@ -268,7 +268,7 @@ def read_trace(path: str | os.PathLike, *, progress: Callable[[int, int], None] 
             if isinstance(v, dict):
                 _take(v, rt, ops, metas, main_tids, ctx)
         elif key == "distributedInfo" and isinstance(v, dict):
-            rt.rank, rt.world_size = v.get("rank"), v.get("world_size")
+            rt.rank, rt.world_size = _rank_and_world(p, v.get("rank"), v.get("world_size"))
             rt.backend, rt.pg_config = v.get("backend"), v.get("pg_config") or []
         elif key == "deviceProperties" and isinstance(v, list):
             rt.devices = [{k: d.get(k) for k in ("id", "name", "computeMajor", "computeMinor",
@@ -291,6 +291,26 @@ def read_trace(path: str | os.PathLike, *, progress: Callable[[int, int], None] 
     rt.host = rt.host or extra.get("host")
     rt.pid = rt.pid if rt.pid is not None else extra.get("pid")
     return rt
+
+
+def _rank_and_world(p: Path, rank: Any, world: Any) -> tuple[int | None, int | None]:
+    """``distributedInfo``'s rank and world size, each a whole number (null: not stated): the world
+    1..:data:`hwlab.core.validate.MAX_RANKS`, the rank 0..world - 1. Anything else (text, a
+    fraction, a negative or out-of-world rank, a world of 10^9) makes the file unreadable as a rank's
+    trace (:class:`TraceError`: a folder's reader names it and reads the other ranks)."""
+    from hwlab.core.validate import MAX_RANKS
+
+    def whole(v: Any, field: str, lo: int, hi: int) -> int | None:
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            shown = repr(v) if not isinstance(v, int) or abs(v) < 10**12 else f"an integer of {len(str(v))} digits"
+            raise TraceError(f"{p}: distributedInfo.{field} is {shown[:40]}, not a whole number in {lo}..{hi:,}: "
+                             "the trace does not say which rank it is; fix or remove the distributedInfo entry")
+        return v
+
+    w = whole(world, "world_size", 1, MAX_RANKS)
+    return whole(rank, "rank", 0, (w if w is not None else MAX_RANKS) - 1), w
 
 
 class _Ctx:
