@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hwlab.cli.console import Steps, print_json
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_UNDECIDED, EXIT_USAGE, UserInputError
-from hwlab.core.store import check_destination, check_folder, write_or_rescue
+from hwlab.core.store import RecordExistsError, check_destination, check_folder, write_or_rescue
 
 
 def cmd_baseline(a) -> int:
@@ -69,9 +69,19 @@ def _record(a) -> int:
         return EXIT_OK
     with Steps("hwlab baseline", 8) as st:
         ev = baseline.record(quick=a.quick, progress=st.step)
-    target = out if out is not None and out.suffix == ".json" else baseline.default_path(out or ".")
-    written, err = write_or_rescue(lambda: ev.save(target, overwrite=a.force), ev.to_dict(),
-                                   "baseline", target)
+    named = out is not None and out.suffix == ".json"
+    target = out if named else baseline.default_path(out or ".")
+
+    def save() -> Path:
+        if named:
+            return ev.save(target, overwrite=a.force)
+        for n in range(1000):  # a name of its own, even for records written in the same second
+            try:
+                return ev.save(baseline.default_path(out or ".", n))
+            except RecordExistsError:
+                continue
+        raise RecordExistsError(f"1000 baselines of this host were written into {out or '.'} this second")
+    written, err = write_or_rescue(save, ev.to_dict(), "baseline", target)
     if err:
         print(f"hwlab baseline: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -231,6 +231,9 @@ def count_arg(text: str) -> int:
     a finite whole number >= 0, written as an integer or in e-notation."""
     import argparse
 
+    if len(text.strip()) > 40:  # 2^63 has 19 digits; Python refuses to convert past 4,300
+        raise argparse.ArgumentTypeError(f"{text[:20]}... ({len(text):,} characters) is past any counter "
+                                         "(2^63): give the count of bytes or FLOPs one call moves")
     try:
         v = int(text)
     except ValueError:
@@ -243,6 +246,9 @@ def count_arg(text: str) -> int:
         v = int(f)
     if v < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is negative: give a whole number >= 0")
+    if v > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{text[:20]}... ({len(text):,} characters) is past any counter "
+                                         f"(2^63): give the count of bytes or FLOPs one call moves")
     return v
 
 

@@ -60,7 +60,7 @@ from typing import Any, Callable
 
 from hwlab.core.profiling import trace_cat
 from hwlab.traces.trace_stream import (CHUNK_CHARS, PEEK_CHARS, PROGRESS_EVERY_BYTES, TRACE_MARKERS,  # noqa: F401
-                                      TRACE_SUFFIXES, TraceError, discover_traces, iter_trace, sniff)
+                                      TRACE_SUFFIXES, TraceError, discover_traces, event_times, iter_trace, sniff)
 from hwlab.errors import UserInputError
 
 RANK_FROM_TRACE = "distributedInfo in the trace"
@@ -331,13 +331,11 @@ def _take(ev: dict[str, Any], rt: RankTrace, ops: list, metas: list, main_tids: 
         return
     ctx = ctx or _Ctx()
     name, cat = str(ev.get("name", "")), trace_cat(ev.get("cat"))
-    try:
-        ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
-    except (KeyError, TypeError, ValueError):
+    times = event_times(ev)
+    if times is None:
+        rt.n_bad_times += 1  # missing, text, NaN, negative or past a day: places nothing; counted, said
         return
-    if not (math.isfinite(ts) and math.isfinite(dur)) or dur < 0:
-        rt.n_bad_times += 1  # a NaN / infinite / negative time places nothing: counted, said
-        return
+    ts, dur = times
     if rt.t_first_us is None or ts < rt.t_first_us:
         rt.t_first_us = ts
     args = ev.get("args") or {}

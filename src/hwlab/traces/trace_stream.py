@@ -240,6 +240,8 @@ class _Stream:
             except json.JSONDecodeError:
                 if self.eof:
                     raise self.error("malformed or truncated JSON")
+            except ValueError:  # an integer past Python's digit limit (4,300): no trace time is one
+                raise self.error("a number with thousands of digits (no trace time or count has them)") from None
             except RecursionError:  # nesting deeper than the decoder's stack: no trace event is that deep
                 raise self.error("a value nested too deeply to be a trace event") from None
             held = len(self.buf) - self.pos
@@ -256,6 +258,32 @@ class _Stream:
         return TraceError(f"{self.raw.name}: {what} near character {self.consumed + self.pos}: "
                           "pass a complete trace written by torch.profiler (export_chrome_trace or "
                           "tensorboard_trace_handler)")
+
+
+#: the longest an event may last, microseconds: a day. A profiled step is milliseconds to
+#: seconds and a trace covers minutes at most; a duration of 1e308 us is a corrupt field, and
+#: taken at its word it would make one step last longer than the universe
+MAX_EVENT_US = 86_400e6
+#: the largest timestamp, microseconds: about 3,000 years after 1970 (kineto writes microseconds
+#: since the epoch, or since the trace's start)
+MAX_TS_US = 1e17
+
+
+def event_times(ev: dict[str, Any]) -> tuple[float, float] | None:
+    """(ts, dur) of a complete event in microseconds, or None when its times cannot place it:
+    missing, text, true/false, NaN, infinite, a negative duration, one over :data:`MAX_EVENT_US`
+    or a timestamp past :data:`MAX_TS_US`. Both readers count what this refuses and say so."""
+    ts, dur = ev.get("ts"), ev.get("dur", 0.0)
+    for v in (ts, dur):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return None
+    try:
+        t, d = float(ts), float(dur)
+    except OverflowError:
+        return None
+    if not (math.isfinite(t) and math.isfinite(d)) or not 0 <= d <= MAX_EVENT_US or abs(t) > MAX_TS_US:
+        return None
+    return t, d
 
 
 _DECODER = json.JSONDecoder()
@@ -281,7 +309,7 @@ def _items(s: _Stream) -> Iterator[Any]:
             if want_value:
                 try:
                     v, end = dec(buf, pos)
-                except (json.JSONDecodeError, RecursionError):
+                except (ValueError, RecursionError):  # malformed, or huge: the careful path names it
                     break
                 if end >= n:  # a number at the buffer's end may go on in the next chunk
                     break
