@@ -95,7 +95,8 @@ def _stat_dest(path: Path) -> os.stat_result | None:
             raise DestinationError(f"{path} is a symbolic link that loops back on itself: give a "
                                    "real file name") from None
         if e.errno == errno.ENOTDIR:
-            raise DestinationError(f"{path} lies under a file, not a folder: give a path in a folder") from None
+            raise DestinationError(f"{path} lies under a file: a folder on its way is a file, not a folder; "
+                                   "give a path in a folder") from None
         if e.errno == errno.ENAMETOOLONG:
             raise DestinationError(f"{str(path)[:60]}... is a name too long for this file system "
                                    f"({len(path.name)} characters): give a shorter one") from None

@@ -154,6 +154,10 @@ def _limit_given() -> bool:
     return _limit[-1][1] if _limit else _user_limit() is not None
 
 
+def _size(n_bytes: int) -> str:
+    return f"{n_bytes / 1e6:,.1f} MB" if n_bytes >= 100_000 else f"{n_bytes:,} byte"
+
+
 def describe_progress(done: int, total: int) -> str:
     """A progress call's figures in words: the JSON text read so far, and of how much where known
     (a gzipped file's expanded size is known only at its end)."""
@@ -193,13 +197,13 @@ class _Stream:
             return False
         self.read_chars += len(chunk)
         if self.read_chars > self.max_chars:
-            how = (f"a {self.total / 1e6:,.1f} MB gzip that expands past" if self.gz else "more than")
+            how = (f"a {_size(self.total)} gzip that expands past" if self.gz else "more than")
             raise TraceError(f"{self.raw.name} is {how} {self.max_chars / 2**20:,.0f} MiB of JSON, the most "
                              "hwlab reads from one trace (a trace this large is slow to read, and a "
                              "small gzip that expands this far is usually not a trace): pass "
                              "--max-trace-mib MIB (or set HWLAB_MAX_TRACE_MIB) to read it anyway")
         if self.max_ratio_chars is not None and self.read_chars > self.max_ratio_chars:
-            raise TraceError(f"{self.raw.name} is a {self.total / 1e6:,.1f} MB gzip that expands more than "
+            raise TraceError(f"{self.raw.name} is a {_size(self.total)} gzip that expands more than "
                              f"{MAX_GZIP_RATIO} times (past {self.read_chars / 2**20:,.0f} MiB of JSON so far); "
                              "profiler traces compress 10 to 30 times, so this is likely not a trace: pass "
                              "--max-trace-mib MIB (or set HWLAB_MAX_TRACE_MIB) to read it anyway")
