@@ -209,18 +209,26 @@ def _port(text: str) -> int:
 
 
 #: what ``hwlab`` and ``hwlab --help`` open with: from what the user holds to the command, one
-#: example line each (paths in the examples are this checkout's own, so each line runs as shown)
+#: example line each (the examples are named by their package path, so each line runs as shown
+#: from any folder)
 FRONT_DOOR = """\
 hwlab: hardware-aware GPU troubleshooting. What do you have? -> which command
 
   a slow job: is the machine slower than on a good day?
       hwlab baseline compare good.json now.json   (each: hwlab baseline record)
+  one node slower than its siblings: a table, one row per node's baseline
+      hwlab baseline compare good.json node1.json node2.json node3.json
+  slower after a driver, CUDA or torch upgrade: compare the job's own traces
+      hwlab examine --trace before.json.gz --out before.json  (then: after)
   a slow rank: one GPU of the job lags the others
-      hwlab ranks RUN_DIR         (a trace per rank: hwlab ranks --traces DIR)
+      hwlab ranks RUN_DIR   (a trace per rank: hwlab ranks --traces DIR)
+      RUN_DIR: what hwlab.core.capture and hwlab.core.steplog write in your job
   a trace: torch.profiler's trace of one process
       hwlab examine --trace trace.json.gz
   a model or a function of your own: measure it part by part
-      hwlab examine examples/small_transformer.py:model --model
+      hwlab examine hwlab.examples.small_transformer:model --model
+  FP8 or bf16 slower than expected (precision, casts, scaling kernels)
+      hwlab examine hwlab.examples.gemm_bf16:gemm_bf16   (then lab 04: FP8)
   a machine to check: new, suspect, after a driver update
       hwlab doctor
 

@@ -124,7 +124,11 @@ class Comparison:
             return ("NOT COMPARABLE: " + "; ".join(reasons) + (f"; and {more} more" if more else "")
                     + ". No node advice: compare "
                     "a record with a baseline of the same GPU model and count, driver/CUDA major "
-                    "and probe sizes (record both with or both without --quick).")
+                    "and probe sizes (record both with or both without --quick)."
+                    + (" After a driver or CUDA upgrade: record a new baseline now, and compare the job "
+                       "itself before and after: hwlab examine --trace BEFORE.json.gz --out before.json, the "
+                       "same for AFTER, and set their parts side by side"
+                       if any("driver" in r.lower() or "cuda" in r.lower() for r in self.not_comparable) else ""))
         head = ["CPU baseline (no GPU in these records): the probes timed this host's CPU, so a change "
                 "is the host's load, not a fault; no GPU node advice applies."] if self.cpu else []
         if self.undecided:
