@@ -437,3 +437,18 @@ def test_baselines_written_in_the_same_second_keep_both(box, monkeypatch):
     first = baseline.default_path(box)
     first.write_text("{}")
     assert baseline.default_path(box, 1) != first and baseline.default_path(box, 1).name.endswith("-1.json")
+
+
+# ---------------------------------------------------------------- the Python API
+@pytest.mark.parametrize("case", ["meta tensor", "ceilings as text", "ceilings as a dict"])
+def test_the_api_refuses_what_it_cannot_time_in_one_line(case):
+    import torch
+
+    from hwlab.errors import UserInputError
+    from hwlab.examine import examine
+
+    x = torch.ones(8, device="meta") if case == "meta tensor" else torch.ones(8)
+    kw = {"ceilings": "fast"} if case == "ceilings as text" else {"ceilings": {"copy_gbps": 1}} \
+        if case == "ceilings as a dict" else {}
+    with pytest.raises(UserInputError, match="meta tensor|ceilings="):
+        examine(lambda t: t * 2, x, **kw)
