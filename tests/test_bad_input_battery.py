@@ -452,3 +452,17 @@ def test_the_api_refuses_what_it_cannot_time_in_one_line(case):
         if case == "ceilings as a dict" else {}
     with pytest.raises(UserInputError, match="meta tensor|ceilings="):
         examine(lambda t: t * 2, x, **kw)
+
+
+def test_a_killed_writes_temp_file_is_removed_by_the_next_write(box):
+    """SIGKILL runs no handler: the next write of the same target removes the temp file it left
+    once it is older than any write takes; a fresh one (a write under way) is left alone."""
+    import time
+
+    old = box / ".new.json.abcd1234.tmp"
+    fresh = box / ".new.json.efgh5678.tmp"
+    for p in (old, fresh):
+        p.write_text('{"half": ')
+    os.utime(old, (time.time() - 2 * store.STALE_TEMP_S,) * 2)
+    store.write_text_atomic(box / "new.json", "{}\n")
+    assert not old.exists() and fresh.exists()

@@ -461,6 +461,7 @@ def temp_beside(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]
     temporary file and say on stderr what was kept; the process then ends with 128 + signal."""
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
+    _remove_stale(folder, f".{path.name[:100]}.", suffix)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name[:100]}.", suffix=suffix)
     os.close(fd)
     old: dict[int, Any] = {}
@@ -489,6 +490,27 @@ def temp_beside(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]
         for sig, h in old.items():
             signal.signal(sig, h)
         _remove(tmp)  # published: the name is gone already (link then unlink, or replace)
+
+
+#: a temporary file of ours older than this (s) beside a target is a write that was killed
+#: (SIGKILL, a power cut: no handler runs); no write of a record or an archive takes an hour
+STALE_TEMP_S = 3600.0
+
+
+def _remove_stale(folder: Path, prefix: str, suffix: str) -> None:
+    """Remove the temporary files a killed write of the same target left (named as
+    :func:`temp_beside` names them, older than :data:`STALE_TEMP_S`)."""
+    import glob
+    import time
+
+    now = time.time()
+    for p in folder.glob(glob.escape(prefix) + "*" + glob.escape(suffix)):
+        try:
+            st = p.lstat()
+            if stat.S_ISREG(st.st_mode) and now - st.st_mtime > STALE_TEMP_S and len(p.name) == len(prefix) + 8 + len(suffix):
+                p.unlink()
+        except OSError:
+            continue
 
 
 def _remove(p: str | os.PathLike) -> None:
