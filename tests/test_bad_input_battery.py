@@ -466,3 +466,21 @@ def test_a_killed_writes_temp_file_is_removed_by_the_next_write(box):
     os.utime(old, (time.time() - 2 * store.STALE_TEMP_S,) * 2)
     store.write_text_atomic(box / "new.json", "{}\n")
     assert not old.exists() and fresh.exists()
+
+
+def test_class_init_never_turns_a_shared_folder_into_a_drop_box(box):
+    import grp
+
+    shared = box / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    (shared / "someone_elses.txt").write_text("x")
+    group = grp.getgrgid(os.getegid()).gr_name
+    check(box, ["class", "init", str(shared), "--group", group], 2, "writable by everyone")
+    assert stat_mode(shared) == 0o1777 and not (shared / "inbound").exists()
+
+
+def stat_mode(p: Path) -> int:
+    import stat
+
+    return stat.S_IMODE(os.stat(p).st_mode)
