@@ -137,3 +137,23 @@ def test_after_link_cli_a_new_login_shell_runs_hwlab(tmp_path, profile):
     again = subprocess.run(["bash", str(ROOT / "scripts" / "link_cli.sh")], capture_output=True, text=True,
                            env=env, timeout=60)
     assert again.returncode == 0 and "ready in new shells" in again.stdout
+
+
+@pytest.mark.slow  # bash login shells
+def test_link_cli_says_when_another_checkouts_link_is_off_the_path(tmp_path):
+    home = tmp_path / "home"
+    (home / ".local" / "bin").mkdir(parents=True)
+    other = tmp_path / "other" / "hwlab"
+    other.parent.mkdir()
+    other.write_text("#!/bin/sh\necho other\n")
+    other.chmod(0o755)
+    (home / ".local" / "bin" / "hwlab").symlink_to(other)
+    env = {"HOME": str(home), "PATH": os.environ["PATH"], "SHELL": "/bin/bash"}
+    if subprocess.run(["env", "-i", f"HOME={home}", "bash", "-lc", "command -v hwlab"],
+                      capture_output=True, text=True).returncode == 0:
+        pytest.skip("this machine's login shells already find an hwlab outside HOME")
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "link_cli.sh")], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert r.returncode == 0 and "not this checkout's" in r.stdout
+    assert "not on your new shells' PATH" in r.stdout and ".local/bin" in r.stdout
+    assert (home / ".local" / "bin" / "hwlab").resolve() == other  # left as it is
