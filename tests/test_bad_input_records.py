@@ -74,7 +74,7 @@ def _commands(kind: str, f: str, out: Path, slow: bool) -> list[list[str]]:
     if kind in ("baseline", "doctor") and slow:  # writes a record per run (fsync): the slow lane
         cmds.append(["incident", "--title", "t", "--scope", "single-card", "--symptom", "s", "--fix", "f",
                      "--reverify", "r", "--evidence", f, "--out", str(out)])
-    if slow:
+    if slow and kind in ("baseline", "doctor"):  # --json prints the record back: the body as recorded
         cmds.append(["evidence", "show", f, "--json"])
         if kind == "baseline":
             cmds.append(["baseline", "compare", b, f, b])  # the fleet table
@@ -90,12 +90,17 @@ FAST = ("null", "text", "nan", "huge int", "empty list", "empty object")
 MAX_PATHS = 150
 
 
-def chosen_paths(d) -> list[tuple]:
-    """Every path of depth <= 3, then an even sample of the deeper ones up to :data:`MAX_PATHS`."""
+#: a record larger than this (bytes) is swept with the fast lane's mutations and fewer paths: each
+#: run parses, copies and writes it whole
+BIG_RECORD_BYTES = 100_000
+
+
+def chosen_paths(d, max_paths: int = MAX_PATHS) -> list[tuple]:
+    """Every path of depth <= 3 (up to ``max_paths``), then an even sample of the deeper ones."""
     paths = list(field_paths(d))
-    top = [p for p in paths if len(p) <= 3]
+    top = [p for p in paths if len(p) <= 3][:max_paths]
     deep = [p for p in paths if len(p) > 3]
-    room = max(MAX_PATHS - len(top), 0)
+    room = max(max_paths - len(top), 0)
     return top + (deep[:: max(len(deep) // room, 1)][:room] if room else [])
 
 
@@ -103,9 +108,12 @@ def sweep(record: Path, run, tmp_path: Path, slow: bool) -> tuple[int, list[str]
     d = json.loads(record.read_text())
     f = tmp_path / "mutated.json"
     failures, n = [], 0
-    for path in (field_paths(d) if d["kind"] in ("baseline", "doctor") else chosen_paths(d)):
+    big = record.stat().st_size > BIG_RECORD_BYTES
+    paths = (field_paths(d) if d["kind"] in ("baseline", "doctor") else
+             chosen_paths(d, MAX_PATHS // 3 if big else MAX_PATHS))
+    for path in paths:
         for name, value in MUTATIONS.items():
-            if not slow and name not in FAST:
+            if (not slow or big) and name not in FAST:
                 continue
             f.write_text(json.dumps(mutated(d, path, value)))
             for argv in _commands(d["kind"], str(f), tmp_path / "inc", slow):
