@@ -139,7 +139,8 @@ def read_ops(path: str | os.PathLike, progress: Callable[[int, int], None] | Non
             if key == "deviceProperties" and isinstance(v, list):
                 ot.devices = [d for d in v if isinstance(d, dict)]
             elif key == "distributedInfo" and isinstance(v, dict):
-                ot.rank = v.get("rank") if isinstance(v.get("rank"), int) else None
+                r = v.get("rank")  # a whole number >= 0; text, true/false or a negative says no rank
+                ot.rank = r if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else None
             elif key == "record_shapes":
                 ot.record_shapes = bool(v)
             if isinstance(v, (str, int, float, bool)) or v is None:
