@@ -484,3 +484,18 @@ def stat_mode(p: Path) -> int:
     import stat
 
     return stat.S_IMODE(os.stat(p).st_mode)
+
+
+@pytest.mark.parametrize("code", [errno.ENOENT, errno.EACCES, errno.EROFS, errno.EPERM],
+                         ids=["ENOENT", "EACCES", "EROFS", "EPERM"])
+@pytest.mark.parametrize("argv", [["doctor", "--save", "d.json"], ["baseline", "record", "--out", "b.json"],
+                                  ["drill", "new", "--dir", "drills"], ["bundle", "b.tar.gz", "--no-doctor"],
+                                  ["examine", "--trace", TRACE, "--out", "e.json"]],
+                         ids=["doctor", "baseline", "drill", "bundle", "examine"])
+def test_an_unwritable_destination_is_refused_before_work_whatever_the_errno(box, monkeypatch, argv, code):
+    """A file system says "cannot write here" with different errnos (a /proc folder gives ENOENT, a
+    read-only mount EROFS, permissions EACCES or EPERM): each is one line naming the folder, exit 2."""
+    def refuse(*a, **k):
+        raise OSError(code, os.strerror(code))
+    monkeypatch.setattr(store.tempfile, "mkstemp", refuse)
+    check(box, argv, 2, "cannot write into")
