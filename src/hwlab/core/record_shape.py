@@ -144,8 +144,8 @@ def check_evidence(d: dict[str, Any]) -> None:
 
 def check_ceilings_cache(d: dict[str, Any]) -> None:
     """The ceilings cache, field by field; the same spec as a record's ``ceilings``, plus the
-    fields a cache must hold (the copy ceiling, when it was measured)."""
+    fields a cache must hold (the device and its copy ceiling)."""
     check(d, CEILINGS, "$")
-    for key in ("device", "copy_gbps", "measured_at"):
+    for key in ("device", "copy_gbps"):
         if d.get(key) is None:
             raise ShapeError(f"$.{key} is missing: a ceilings cache always holds it")
