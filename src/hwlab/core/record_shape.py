@@ -124,8 +124,8 @@ RESULT = obj({"name": STR, "device": opt(STR), "timer": opt(STR), "ceiling_sourc
               "params": obj(), "gpu_share": opt(obj()), "rel_err": opt(NUM), "tol": opt(NUM)})
 MACHINE = obj({"device": opt(STR), "is_gpu": opt(BOOL), "host": opt(STR), "sm_count": opt(NUM),
                "total_mem_gib": opt(NUM), "l2_bytes": opt(NUM), "cc": opt(STR)})
-CEILINGS = obj({"device": opt(STR), "copy_gbps": opt(NUM), "gemm_tflops": obj(values=NUM),
-                "host_link_gbps": opt(NUM), "measured_at": opt(STR), "source": opt(STR), "host": opt(STR),
+CEILINGS = obj({"device": STR, "copy_gbps": opt(NUM), "gemm_tflops": obj(values=NUM),
+                "host_link_gbps": opt(NUM), "measured_at": STR, "source": STR, "host": opt(STR),
                 "n_threads": opt(INT), "bands": opt(obj(values=obj({
                     "t_ms": NUM, "t_p10_ms": NUM, "t_p90_ms": NUM, "n_rep": INT, "timer": opt(STR),
                     "params": obj(), "gpu_share": opt(obj())})))})
