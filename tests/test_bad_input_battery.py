@@ -273,9 +273,9 @@ def test_one_bad_rank_is_named_and_skipped_the_rest_read(box, name):
 
 
 def test_a_stated_world_far_past_the_traces_present_is_refused(box, monkeypatch):
-    from hwlab.diagnosis import ranks_traces
+    from hwlab.traces import rank_reading
 
-    monkeypatch.setattr(ranks_traces, "MAX_MISSING_RANKS", 10)
+    monkeypatch.setattr(rank_reading, "MAX_MISSING_RANKS", 10)
     _ranks_folder(box, lambda i: i, lambda i: 100)
     check(box, ["ranks", "--traces", "job"], 2, "world of 100 ranks but the folder holds 4")
 

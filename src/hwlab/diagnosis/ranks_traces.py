@@ -87,10 +87,6 @@ LINK_FLOOR_PCT = 25.0     # = the flowchart's K criterion on collective_floor_pc
 SLOW_LINK_FRACTION = 0.5  # bus bandwidth under half the link's: the link is slow
 SINGLE_DEVICE_SLOW = 1.5  # = the flowchart's B threshold
 DEVICE_OUTSIDE_NOTE_PCT = 10.0  # device time outside the host steps worth a note (the GPU runs behind)
-#: the most ranks a report lists as missing against the stated world size: a job traces some of
-#: its ranks, but a world of 10^9 stated by four traces is a corrupt field, and listing it would
-#: hold the reader for minutes
-MAX_MISSING_RANKS = 100_000
 
 
 
@@ -350,10 +346,6 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
     ranks = sorted(traces)
     worlds = {t.world_size for t in traces.values() if t.world_size}
     world = max(worlds) if worlds else None
-    if world and world - len(traces) > MAX_MISSING_RANKS:
-        raise UserInputError(f"the traces in {folder} state a world of {world:,} ranks but the folder holds "
-                             f"{len(traces)}: more than {MAX_MISSING_RANKS:,} ranks would be missing; check "
-                             "distributedInfo.world_size, or collect the traces of the ranks you want compared")
     missing = [r for r in range(world) if r not in traces] if world else []
     hosts = sorted({t.host or "?" for t in traces.values()})
     backends = sorted({t.backend for t in traces.values() if t.backend})
