@@ -19,6 +19,13 @@ if [ -L "$link" ] || [ -e "$link" ]; then
   if [ "$(readlink -f "$link")" != "$(readlink -f "$target")" ]; then
     echo "hwlab: $link already exists and is not this checkout's (it is $(readlink -f "$link")):" \
          "left as it is; run this checkout's as $target"
+    # whether that other link is even found: ~/.local/bin may be off the PATH of new shells
+    other=$(env -i HOME="$HOME" USER="${USER:-}" LOGNAME="${LOGNAME:-}" TERM=dumb bash -lc 'command -v hwlab' \
+            2>/dev/null || true)
+    if [ -z "$other" ] || [ "$(readlink -f "$other")" != "$(readlink -f "$link")" ]; then
+      echo "hwlab: note: $bin is not on your new shells' PATH either, so neither link is found there;" \
+           "add it with: echo 'export PATH=\"\$HOME/.local/bin:\$PATH\"' >> ~/.profile"
+    fi
     exit 0
   fi
 else

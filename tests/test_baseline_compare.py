@@ -250,5 +250,10 @@ def test_missing_probes_are_listed_and_leave_the_comparison_undecided(base, tmp_
     rc, out, _ = _cli(capsys, b, part)
     assert rc == 4 and "matches the baseline" not in out
     assert "2 of 7" in out and "gemm[bf16] (RuntimeError: cuBLAS failed)" in out and "rmsnorm[eager]" in out
-    rows = [json.loads(x) for x in _cli(capsys, b, b, part)[1].splitlines()]
+    rows = json.loads(_cli(capsys, b, b, part, "--json")[1])
     assert [x["verdict"] for x in rows] == ["ok", "incomplete"] and _cli(capsys, b, b, part)[0] == 4
+    # without --json the fleet is a table: a header, one line per node, its verdict in the last column
+    table = _cli(capsys, b, b, part)[1].splitlines()
+    assert table[1].split()[0] == "host" and table[1].split()[-1] == "verdict"
+    assert [ln.split()[-1] for ln in table[2:4]] == ["ok", "incomplete"]
+    assert not any(ln.lstrip().startswith("{") for ln in table)

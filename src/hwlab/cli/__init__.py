@@ -20,6 +20,7 @@ Conventions (like nvidia-smi, dcgmi, nccl-tests), shared by every subcommand:
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import re
@@ -95,7 +96,12 @@ def cmd_topo(a) -> int:
 def cmd_evidence(a) -> int:
     if a.action == "list":
         rows = []
-        for p in sorted(evidence.RECORDED_DIR.glob("*/*.json")):
+        found = sorted(evidence.RECORDED_DIR.glob("*/*.json"))
+        if not found:
+            env = " (HWLAB_RECORDED_DIR)" if os.environ.get("HWLAB_RECORDED_DIR") else ""
+            raise UserInputError(f"no recorded evidence in {evidence.RECORDED_DIR}{env}: point HWLAB_RECORDED_DIR at "
+                                 "a folder of <machine>/<record>.json, or unset it to list the kit's own")
+        for p in found:
             ev = evidence.load(p)
             rows.append({"record": f"{p.parent.name}/{p.stem}", "kind": ev.kind, "label": ev.label})
         if a.json:
@@ -104,6 +110,9 @@ def cmd_evidence(a) -> int:
             for r in rows:
                 print(f"{r['record']}: {r['kind']}, {r['label']}")
         return EXIT_OK
+    if a.target is not None and not a.target.strip():
+        raise UserInputError("evidence show '': give a record kind (doctor), a name `hwlab evidence list` prints "
+                             "(h200/doctor) or a .json path; leave it out for the doctor record")
     target = a.target or "doctor"
     p = Path(target)
     listed = evidence.RECORDED_DIR / f"{target}.json"  # a name `evidence list` prints: h200/doctor
@@ -200,18 +209,26 @@ def _port(text: str) -> int:
 
 
 #: what ``hwlab`` and ``hwlab --help`` open with: from what the user holds to the command, one
-#: example line each (paths in the examples are this checkout's own, so each line runs as shown)
+#: example line each (the examples are named by their package path, so each line runs as shown
+#: from any folder)
 FRONT_DOOR = """\
 hwlab: hardware-aware GPU troubleshooting. What do you have? -> which command
 
   a slow job: is the machine slower than on a good day?
       hwlab baseline compare good.json now.json   (each: hwlab baseline record)
+  one node slower than its siblings: a table, one row per node's baseline
+      hwlab baseline compare good.json node1.json node2.json node3.json
+  slower after a driver, CUDA or torch upgrade: compare the job's own traces
+      hwlab examine --trace before.json.gz --out before.json  (then: after)
   a slow rank: one GPU of the job lags the others
-      hwlab ranks RUN_DIR         (a trace per rank: hwlab ranks --traces DIR)
+      hwlab ranks RUN_DIR   (a trace per rank: hwlab ranks --traces DIR)
+      RUN_DIR: what hwlab.core.capture and hwlab.core.steplog write in your job
   a trace: torch.profiler's trace of one process
       hwlab examine --trace trace.json.gz
   a model or a function of your own: measure it part by part
-      hwlab examine examples/small_transformer.py:model --model
+      hwlab examine hwlab.examples.small_transformer:model --model
+  FP8 or bf16 slower than expected (precision, casts, scaling kernels)
+      hwlab examine hwlab.examples.gemm_bf16:gemm_bf16   (then lab 04: FP8)
   a machine to check: new, suspect, after a driver update
       hwlab doctor
 
@@ -300,6 +317,30 @@ def _user_errors() -> tuple[type[BaseException], ...]:
             PermissionError, FileExistsError, json.JSONDecodeError, UnicodeDecodeError)
 
 
+#: errno -> what to do, for a file system's refusal met while reading or writing: the line names
+#: the path and the cause in words, never a bare ``[Errno 28]``
+_OS_TODO = {
+    errno.ENOSPC: "the disk is full: free space there or choose another destination",
+    errno.EDQUOT: "the disk quota is used up: free space or choose another destination",
+    errno.EFBIG: "the file system or a size limit (ulimit -f) refuses a file this large: choose another destination",
+    errno.EROFS: "the file system is read-only: choose a folder you can write to",
+    errno.EACCES: "check its permissions or choose another path",
+    errno.EPERM: "check its permissions or choose another path",
+    errno.ENOENT: "check the path (a folder on the way may be missing)",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: check the path",
+    errno.EISDIR: "it is a folder: give a file",
+    errno.ENAMETOOLONG: "a name is too long for the file system: choose a shorter one",
+    errno.ELOOP: "a symbolic link on the way loops back on itself: fix or remove it",
+    errno.EIO: "the device reported an I/O error: check the disk, or choose another path",
+}
+
+
+def _os_line(e: OSError) -> str:
+    """One line for a file system's refusal: what, where, and what to do."""
+    where = f" ({e.filename})" if e.filename else ""
+    return f"{e.strerror or type(e).__name__}{where}: {_OS_TODO[e.errno]}"
+
+
 def _one_line(e: BaseException) -> str:
     text = str(e).strip() or type(e).__name__
     return " ".join(x.strip() for x in text.splitlines() if x.strip())
@@ -329,6 +370,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"hwlab {a.cmd}: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:
+        if not isinstance(e, UserInputError) and e.errno in _OS_TODO:
+            print(f"hwlab {a.cmd}: {_os_line(e)}", file=sys.stderr)
+            return EXIT_USAGE
+        if isinstance(e, _user_errors()):
+            print(f"hwlab {a.cmd}: {_one_line(e)}", file=sys.stderr)
+            return EXIT_USAGE
+        return _internal(a, e, debug)
     except _user_errors() as e:
         print(f"hwlab {a.cmd}: {_one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
@@ -336,11 +385,16 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, CorrectnessError):  # a kernel disagreed with its reference: a finding
             print(f"hwlab {a.cmd}: {_one_line(e)}", file=sys.stderr)
             return EXIT_FINDING
-        if debug:
-            traceback.print_exc()
-        print(f"hwlab {a.cmd}: internal error ({type(e).__name__}: {_one_line(e)[:200]}); please "
-              "report it with the traceback (rerun with --debug or HWLAB_DEBUG=1)", file=sys.stderr)
-        return EXIT_INTERNAL
+        return _internal(a, e, debug)
+
+
+def _internal(a, e: BaseException, debug: bool) -> int:
+    """A bug: one line asking for a report; the traceback only when asked."""
+    if debug:
+        traceback.print_exception(e)
+    print(f"hwlab {a.cmd}: internal error ({type(e).__name__}: {_one_line(e)[:200]}); please "
+          "report it with the traceback (rerun with --debug or HWLAB_DEBUG=1)", file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 if __name__ == "__main__":  # pragma: no cover

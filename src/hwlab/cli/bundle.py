@@ -31,7 +31,6 @@ import os
 import shutil
 import subprocess
 import tarfile
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,7 +38,7 @@ from typing import Any, Callable
 
 from hwlab.core import system
 from hwlab.errors import UserInputError
-from hwlab.core.store import DestinationError, check_destination, dumps_strict, publish
+from hwlab.core.store import DestinationError, check_destination, dumps_strict, publish, temp_beside
 
 ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "HWLAB_")
 SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "API_KEY", "ACCESS_KEY", "PRIVATE")
@@ -195,9 +194,7 @@ def build(out: str | os.PathLike, *, run_dir: str | os.PathLike | None = None, d
 
 
 def _write_tar(out: Path, files: dict[str, bytes], force: bool) -> None:
-    fd, tmp = tempfile.mkstemp(dir=out.parent if str(out.parent) else ".", prefix=f".{out.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with temp_beside(out) as tmp:  # removed on any failure or SIGTERM (core.store)
         root = out.name.split(".tar")[0].removesuffix(".tgz")
         with tarfile.open(tmp, "w:gz") as tar:
             now = time.time()
@@ -207,10 +204,6 @@ def _write_tar(out: Path, files: dict[str, bytes], force: bool) -> None:
                 tar.addfile(info, io.BytesIO(data))
         os.chmod(tmp, 0o644)
         publish(tmp, out, overwrite=force)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 __all__ = ["build", "filtered_env", "ENV_PREFIXES", "DestinationError"]

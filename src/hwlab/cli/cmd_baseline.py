@@ -10,13 +10,12 @@ not compared (they are listed; nothing compared is not a match).
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from hwlab.cli.console import Steps, print_json
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_UNDECIDED, EXIT_USAGE, UserInputError
-from hwlab.core.store import check_destination, check_folder, write_or_rescue
+from hwlab.core.store import RecordExistsError, check_destination, check_folder, write_or_rescue
 
 
 def cmd_baseline(a) -> int:
@@ -33,8 +32,7 @@ def cmd_baseline(a) -> int:
         if a.json:
             print_json(rows)
         else:
-            for row in rows:
-                print(json.dumps(row))
+            print(render_fleet(rows, a.paths[0]))
         verdicts = {r.get("verdict") for r in rows} - {None}
         return (EXIT_USAGE if "not comparable" in verdicts
                 else EXIT_FINDING if verdicts - {"ok", "incomplete"}
@@ -49,6 +47,29 @@ def cmd_baseline(a) -> int:
     if c.undecided:  # some baseline probes were not measured now: no verdict on them
         return EXIT_UNDECIDED
     return EXIT_OK if c.ok else EXIT_FINDING
+
+
+def render_fleet(rows: list[dict], base: str) -> str:
+    """The fleet table as text: one row per node, one column per probe (its unit in the header),
+    the verdict against ``base`` last; a value a node lacks is ``-``."""
+    fixed = ("host", "device", "recorded_at", "verdict", "not_comparable")
+    probes = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in fixed]
+    head = ["host", *probes, "verdict"]
+
+    def cell(r: dict, k: str) -> str:
+        v = r.get(k)
+        if v is None:
+            return "-"
+        return f"{v:,.4g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+    table = [head] + [[cell(r, k) for k in head] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    lines = [f"fleet against {base} (per node: each probe's figure; verdict as `baseline compare` gives it)"]
+    lines += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+              for row in table]
+    for r in rows:
+        if r.get("not_comparable"):
+            lines.append(f"{r.get('host')}: not comparable: " + "; ".join(map(str, r["not_comparable"][:3])))
+    return "\n".join(lines)
 
 
 def _record(a) -> int:
@@ -69,9 +90,19 @@ def _record(a) -> int:
         return EXIT_OK
     with Steps("hwlab baseline", 8) as st:
         ev = baseline.record(quick=a.quick, progress=st.step)
-    target = out if out is not None and out.suffix == ".json" else baseline.default_path(out or ".")
-    written, err = write_or_rescue(lambda: ev.save(target, overwrite=a.force), ev.to_dict(),
-                                   "baseline", target)
+    named = out is not None and out.suffix == ".json"
+    target = out if named else baseline.default_path(out or ".")
+
+    def save() -> Path:
+        if named:
+            return ev.save(target, overwrite=a.force)
+        for n in range(1000):  # a name of its own, even for records written in the same second
+            try:
+                return ev.save(baseline.default_path(out or ".", n))
+            except RecordExistsError:
+                continue
+        raise RecordExistsError(f"1000 baselines of this host were written into {out or '.'} this second")
+    written, err = write_or_rescue(save, ev.to_dict(), "baseline", target)
     if err:
         print(f"hwlab baseline: {err}", file=sys.stderr)
         return EXIT_USAGE

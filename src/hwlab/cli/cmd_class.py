@@ -16,7 +16,7 @@ from pathlib import Path
 from hwlab.course import classroom, dropbox
 from hwlab.errors import EXIT_OK, UserInputError
 from hwlab.errors import EXIT_USAGE
-from hwlab.core.store import check_folder, rescue
+from hwlab.core.store import check_destination, rescue, write_atomic_with
 
 
 def cmd_class(a) -> int:
@@ -34,11 +34,10 @@ def cmd_class(a) -> int:
     if plot is not None:  # check the destination before reading anything
         if plot.suffix.lower() not in (".png", ".svg", ".pdf"):
             raise UserInputError(f"--plot {plot}: give a .png, .svg or .pdf path")
-        if plot.exists() and not a.force:
-            raise UserInputError(f"--plot {plot} already exists: choose another name or pass --force")
         if not plot.parent.exists():
             raise UserInputError(f"--plot {plot}: the folder {plot.parent} does not exist")
-        check_folder(plot.parent, what="--plot folder")  # a folder that takes no new file is refused now
+        # a device, FIFO, folder or an existing file without --force is refused now (core.store)
+        check_destination(plot, overwrite=a.force)
     results, bad = classroom.load_results(folder)
     for b in bad:
         print(f"hwlab class: skipped {b['path']}: {b['why']}", file=sys.stderr)
@@ -50,7 +49,8 @@ def cmd_class(a) -> int:
     plot_err = None
     if plot is not None:  # checked above; if the write still fails, the plot goes to the rescue folder
         try:
-            s["plot"] = str(classroom.plot(s, plot))
+            s["plot"] = str(write_atomic_with(plot, lambda tmp: classroom.plot(s, tmp), overwrite=a.force,
+                                              suffix=plot.suffix.lower()))
         except OSError as e:
             plot_err = rescue(None, "class-plot", plot, e, suffix=plot.suffix.lower(),
                               write=lambda p: classroom.plot(s, p))

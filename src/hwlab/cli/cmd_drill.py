@@ -42,6 +42,9 @@ def cmd_drill(a) -> int:
     if a.action == "pool":
         print_json(drills.pool_check())
         return EXIT_OK
+    if a.fault is not None:  # the fault is the drill's own, hidden: only `new` may choose it
+        raise UserInputError(f"--fault goes with `drill new` (the instructor chooses the fault there); "
+                             f"drill {a.action} reads the fault from the drill file: leave --fault out")
     if not a.drill:
         raise UserInputError(f"drill {a.action} needs the drill's .json file")
     d = _load_drill(a.drill)
@@ -87,6 +90,9 @@ def _summary(a) -> int:
         except (TypeError, validate.NumberError) as e:
             raise UserInputError(f"grade file {x} is not a grade written by `hwlab drill submit` "
                                  f"({str(e)[:120]}): remove it, or pass a folder of grades") from None
+    if not grades:
+        raise UserInputError(f"no grades (grade-*.json) in {folder}: `hwlab drill submit DRILL --leaf LEAF` writes "
+                             "one per submission into --dir; pass that folder")
     print_json(drills.class_summary(grades))
     return EXIT_OK
 

@@ -21,13 +21,18 @@ was not measured: the report says which).
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_UNDECIDED, UserInputError
 from hwlab.errors import EXIT_USAGE
 from hwlab.core.validate import count_arg
+from hwlab.cli.console import trace_mib
 
 
 def add_parser(sub) -> None:
@@ -56,7 +61,10 @@ def add_parser(sub) -> None:
     e.add_argument("--json", action="store_true", help="strict JSON on stdout")
     e.add_argument("--ncu", action="store_true", help="add Nsight Compute counters where `ncu` exists")
     e.add_argument("--out", metavar="PATH", help="write the examination (.json) and a draft incident beside it")
-    e.add_argument("--force", action="store_true", help="replace --out PATH if it exists")
+    e.add_argument("--force", action="store_true", help="replace --out PATH if it exists (a regular file only; "
+                   "never the trace read, a device, a FIFO or a folder)")
+    e.add_argument("--max-trace-mib", type=trace_mib, metavar="MIB",
+                   help="with --trace: the JSON a trace may expand to (default 2048 MiB, or HWLAB_MAX_TRACE_MIB)")
     e.add_argument("--n-bytes", type=count_arg, help="required bytes, if you know them (else estimated); "
                    "a count implying more than the device can move is refused")
     e.add_argument("--n-flops", type=count_arg, help="FLOPs, if you know them (else estimated); "
@@ -86,7 +94,11 @@ def cmd_examine(a) -> int:
     with Steps("hwlab examine", 1 + len(PHASES)) as st:  # progress on stderr only: stdout stays JSON
         held = HeldSteps(st.step, ACCEPTED_PHASE)
         try:
-            ex = _examine_model(a, held) if a.model else _examine_function(a, held)
+            with user_output_aside(a.json):
+                ex = _examine_model(a, held) if a.model else _examine_function(a, held)
+        except SystemExit as e:  # the user's code ended the process: an error of that code, not a result
+            raise UserInputError(f"{a.target} called sys.exit({e.code!r}) while being examined: nothing was "
+                                 "measured; return from the function instead of exiting") from None
         finally:
             held.stop()
     save_err = None
@@ -107,6 +119,30 @@ def cmd_examine(a) -> int:
     if ex.leaf_id is None:  # the walk stopped at a question it could not answer
         return EXIT_UNDECIDED
     return EXIT_OK if ex.leaf_id == "OK" else EXIT_FINDING
+
+
+@contextmanager
+def user_output_aside(json_out: bool) -> Iterator[None]:
+    """With ``--json``, what the user's code prints (Python's ``print`` and writes to file
+    descriptor 1 by compiled code) goes to stderr, so stdout holds the JSON alone; without it,
+    the prints stay where the user expects them."""
+    if not json_out:
+        yield
+        return
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no descriptor 1 (a closed stdout): Python-level prints are still moved
+        saved = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved is not None:
+            sys.stderr.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 #: progress lines wait this long (s), or until the inputs are accepted, whichever comes first
@@ -201,23 +237,31 @@ def cmd_examine_trace(a) -> int:
     if a.model:
         raise UserInputError("--model needs a function run: leave it out with --trace")
     from hwlab.traces.trace_ops import find_trace
+    from hwlab.traces.trace_stream import describe_progress, text_limit
     from hwlab.examine.from_trace import annotated_path, examine_trace, write_annotated
 
-    out = check_destination(a.out, overwrite=a.force) if a.out else None  # before reading
+    if not a.trace.strip():
+        raise UserInputError("--trace is empty: give a trace file or the folder that holds it")
+    inputs = [x for x in (a.trace, a.baseline) if x]
+    out = check_destination(a.out, overwrite=a.force, inputs=inputs) if a.out else None  # before reading
     if out is not None and out.suffix != ".json":
         raise UserInputError(f"--out {a.out}: give a .json file name")
-    ann = check_destination(annotated_path(out), overwrite=a.force) if out is not None else None
+    ann = check_destination(annotated_path(out), overwrite=a.force, inputs=inputs) if out is not None else None
     try:
         path = find_trace(a.trace, a.rank)
     except UserInputError as e:
         raise UserInputError(f"{e}{_ranks_pointer(a.trace)}") from None
+    if out is not None:  # the trace found in a folder is an input too: never written over
+        for dest in (out, ann):
+            check_destination(dest, overwrite=a.force, inputs=[path, *inputs])
 
     def progress(done: int, total: int) -> None:
-        print(f"reading {path.name}: {done / 1e6:,.0f} of {total / 1e6:,.0f} MB", file=sys.stderr)
+        print(f"reading {path.name}: {describe_progress(done, total)}", file=sys.stderr)
 
     from hwlab.examine.from_trace import NothingToDiagnose
     try:
-        ex = examine_trace(path, step=a.step, baseline=a.baseline, progress=progress)
+        with text_limit(a.max_trace_mib):
+            ex = examine_trace(path, step=a.step, baseline=a.baseline, progress=progress)
     except NothingToDiagnose as nothing:  # an honest nothing: said, exit 0, no finding
         if a.json:
             from hwlab.core.store import dumps_strict

@@ -14,11 +14,12 @@ unreadable; the missing ranks and unreadable files are named).
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from hwlab.diagnosis import incident, ranks, ranks_traces
-from hwlab.cli.console import MAX_LINK_GBPS, link_gbps, print_json, stderr_is_terminal, whole_number
+from hwlab.cli.console import MAX_LINK_GBPS, link_gbps, print_json, stderr_is_terminal, trace_mib, whole_number
 from hwlab.traces import rank_pool
 from hwlab.core.store import check_folder, check_input_file, rescue
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_UNDECIDED, EXIT_USAGE, UserInputError
@@ -51,9 +52,21 @@ def cmd_ranks(a) -> int:
     if traces:
         skip = 0 if a.skip is None else a.skip
         prog = rank_pool.progress_printer() if stderr_is_terminal() else None
-        rep = ranks_traces.report(traces, link_gbps=a.link_gbps, skip=skip, progress=prog,
-                                  workers=a.workers, scheduler=a.scheduler,
-                                  max_bytes=a.max_trace_mb * 10**6 if a.max_trace_mb else None)
+        from hwlab.traces.trace_stream import text_limit
+
+        env_before = os.environ.get("HWLAB_MAX_TRACE_MIB")
+        if a.max_trace_mib is not None:  # worker processes read the limit from their environment
+            os.environ["HWLAB_MAX_TRACE_MIB"] = repr(float(a.max_trace_mib))
+        try:
+            with text_limit(a.max_trace_mib):
+                rep = ranks_traces.report(traces, link_gbps=a.link_gbps, skip=skip, progress=prog,
+                                          workers=a.workers, scheduler=a.scheduler,
+                                          max_bytes=a.max_trace_mb * 10**6 if a.max_trace_mb else None)
+        finally:
+            if env_before is None:
+                os.environ.pop("HWLAB_MAX_TRACE_MIB", None)
+            else:
+                os.environ["HWLAB_MAX_TRACE_MIB"] = env_before
         mod = ranks_traces
     else:
         rep = ranks.report(a.run_dir, skip=ranks.DEFAULT_SKIP if a.skip is None else a.skip, nccl_logs=a.nccl_log)
@@ -98,7 +111,7 @@ def add_parser(sub) -> None:
     r.add_argument("--traces", metavar="DIR", help="a folder of per-rank torch.profiler traces (.json / .json.gz); "
                    "one trace alone: hwlab examine --trace FILE")
     r.add_argument("--link-gbps", type=link_gbps, metavar="G",
-                   help="traces: the link's bus bandwidth in GB/s (above 0, at most "
+                   help="traces: the link's bus bandwidth in GB/s (at least 0.001, at most "
                         f"{MAX_LINK_GBPS:,.0f}), to tell a slow link from a busy one")
     r.add_argument("--workers", type=whole_number, default=None, metavar="N",
                    help="traces: processes that read the ranks' traces in parallel (default: the cores this "
@@ -108,6 +121,8 @@ def add_parser(sub) -> None:
                         "pip install 'hwlab[dist]'), the traces on a file system its workers mount")
     r.add_argument("--max-trace-mb", type=whole_number, default=None, metavar="MB",
                    help="traces: a rank's trace file over this size is named and left out (default: no limit)")
+    r.add_argument("--max-trace-mib", type=trace_mib, metavar="MIB",
+                   help="traces: the JSON each trace may expand to (default 2048 MiB, or HWLAB_MAX_TRACE_MIB)")
     r.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     r.add_argument("--skip", type=whole_number, default=None, metavar="N",
                    help=f"start-up steps to leave out (step logs: {ranks.DEFAULT_SKIP}; traces: 0, the "

@@ -130,15 +130,37 @@ def one_line(field: str, max_chars: int):
 MAX_LINK_GBPS = 10_000.0
 
 
+#: the slowest bus bandwidth ``--link-gbps`` accepts, GB/s: 1 MB/s is slower than any link a GPU
+#: job runs over (a 1 Gb/s Ethernet moves 0.125 GB/s); a smaller figure (1e-320) is a unit slip
+MIN_LINK_GBPS = 1e-3
+
+#: the most ``--max-trace-mib`` may raise the limit to, MiB: 1 TiB of JSON is past any trace one
+#: process writes; a larger figure is a typo
+MAX_TRACE_MIB = 2**20
+
+
+def trace_mib(text: str) -> float:
+    """An argparse type: ``--max-trace-mib``, the JSON a trace may expand to, MiB, finite, > 0,
+    at most :data:`MAX_TRACE_MIB`."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of MiB") from None
+    if not (math.isfinite(v) and 0 < v <= MAX_TRACE_MIB):
+        raise argparse.ArgumentTypeError(f"{text!r}: give MiB above 0 and at most {MAX_TRACE_MIB:,}")
+    return v
+
+
 def link_gbps(text: str) -> float:
     """An argparse type: a link's bus bandwidth in GB/s, finite, > 0, at most
-    :data:`MAX_LINK_GBPS` (``inf`` or ``1e30`` would make every link read slow)."""
+    :data:`MAX_LINK_GBPS` (``inf`` or ``1e30`` would make every link read slow) and at least
+    :data:`MIN_LINK_GBPS` (``1e-320`` every link fast)."""
     try:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of GB/s") from None
-    if not (math.isfinite(v) and 0 < v <= MAX_LINK_GBPS):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a bus bandwidth: give GB/s above 0 and at most "
+    if not (math.isfinite(v) and MIN_LINK_GBPS <= v <= MAX_LINK_GBPS):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a bus bandwidth: give GB/s from {MIN_LINK_GBPS:g} to "
                                          f"{MAX_LINK_GBPS:,.0f} (e.g. 450 for NVLink 4)")
     return v
 

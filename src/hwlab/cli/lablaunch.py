@@ -34,6 +34,7 @@ Top floor (talks to people). What it does beyond ``jupyter lab``, and why:
 """
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import secrets
@@ -55,7 +56,13 @@ def free_port(ip: str, first: int, tries: int = PORT_TRIES) -> int:
         with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as s:
             try:
                 s.bind((ip, port))
-            except OSError:
+            except socket.gaierror as e:  # not an address nor a name this machine resolves
+                raise UserInputError(f"--ip {ip} is not an address or host name this machine knows ({e.strerror}): "
+                                     "pass one of its addresses, e.g. 127.0.0.1 or 0.0.0.0") from None
+            except OSError as e:
+                if e.errno == errno.EADDRNOTAVAIL:  # a real address, but not one of this machine's
+                    raise UserInputError(f"--ip {ip} is not an address of this machine: pass one of its "
+                                         "addresses, e.g. 127.0.0.1 or 0.0.0.0") from None
                 continue
             return port
     raise UserInputError(f"no free port in {first}..{first + tries} on {ip}: pass --port with "

@@ -51,7 +51,7 @@ from typing import Any
 
 from hwlab.core.measure import InputError, device_name, device_of
 from hwlab.core.store import write_json_atomic
-from hwlab.core import validate
+from hwlab.core import record_shape, validate
 from hwlab.core.store import read_user_json
 
 #: measured copy bandwidth under this % of the datasheet figure flags the card itself
@@ -323,9 +323,10 @@ def load_cached(device=None) -> Ceilings | None:
     try:
         if not isinstance(d, dict):
             raise TypeError(f"a JSON {type(d).__name__}, not an object")
+        record_shape.check_ceilings_cache(d)  # every field's type, as a record's ceilings are checked
         validate.ceilings(d)  # finite, > 0, at most the datasheet peak: a corrupt cache is never used
         c = Ceilings.from_dict(d)
-    except (TypeError, validate.NumberError) as e:
+    except (TypeError, validate.NumberError, record_shape.ShapeError) as e:
         raise InputError(f"cached ceilings {p} are unreadable or corrupt ({e}); {fix}") from None
     if device_of(device).type != "cuda" and c.n_threads is not None and c.n_threads != cpu_threads():
         return None  # measured with another thread count: not this run's ceilings (module doc)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from hwlab.errors import UserInputError
 from hwlab.core.measure import Measurement
 from hwlab.core.store import read_user_json, write_json_atomic
-from hwlab.core import validate
+from hwlab.core import record_shape, validate
 
 SCHEMA = "hwlab.evidence"
 #: 1: first format. 2: Lab 4 profiles count the marked quant/dequant ranges once (host
@@ -191,6 +191,10 @@ def load(path: str | os.PathLike) -> Evidence:
         if not isinstance(d[key], typ):
             raise EvidenceError(f"{p}: the field {key!r} should be a {typ.__name__}, "
                                 f"not {type(d[key]).__name__}; re-record it")
+    try:  # every field a reader reads has its type (core.record_shape)
+        record_shape.check_evidence(d)
+    except record_shape.ShapeError as e:
+        raise EvidenceError(f"{p} is corrupt: {e}; re-record it") from None
     try:  # every number checked before anything judges it (hwlab.core.validate)
         for i, r in enumerate(d["results"]):
             if not isinstance(r, dict):

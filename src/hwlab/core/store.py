@@ -26,12 +26,17 @@ probe that moves no bytes, ``nan`` of a zero time) is written as ``null``;
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import signal
 import stat
+import sys
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -78,18 +83,57 @@ def check_folder(folder: str | os.PathLike, *, what: str = "folder") -> Path:
     return folder
 
 
-def check_destination(path: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """Check, before any measurement, that a record can be written to ``path``.
+def _stat_dest(path: Path) -> os.stat_result | None:
+    """``os.stat(path)``, None when nothing is there; a path that cannot be looked at (a
+    symlink loop, a path through a file) is refused in one line naming the cause."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise DestinationError(f"{path} is a symbolic link that loops back on itself: give a "
+                                   "real file name") from None
+        if e.errno == errno.ENOTDIR:
+            raise DestinationError(f"{path} lies under a file: a folder on its way is a file, not a folder; "
+                                   "give a path in a folder") from None
+        if e.errno == errno.ENAMETOOLONG:
+            raise DestinationError(f"{str(path)[:60]}... is a name too long for this file system "
+                                   f"({len(path.name)} characters): give a shorter one") from None
+        raise DestinationError(f"cannot look at {path} ({e.strerror or e}): choose a path you can "
+                               "write to") from None
 
-    Refuses (:class:`DestinationError`, one line) a path that is a folder, one that exists
-    when ``overwrite`` is false (``--force``), or one whose folder cannot be created or
-    written; creates a missing parent folder."""
+
+def check_destination(path: str | os.PathLike, *, overwrite: bool = False,
+                      inputs: Iterable[str | os.PathLike] = ()) -> Path:
+    """Check, before any measurement or reading, that a file can be written to ``path``.
+
+    Refused (:class:`DestinationError`, one line), ``--force`` or not: a folder; anything that is
+    not a regular file (a device such as ``/dev/null``, a FIFO, a socket: an atomic replace would
+    swap the node for a plain file, a direct write would feed the device); the same file as one
+    of ``inputs`` (compared by device and inode, so another name or a link of the input counts):
+    replacing it would lose what the command reads. Refused without ``overwrite``: an existing
+    regular file. A missing parent folder is created; one that takes no new file is refused."""
     path = Path(path)
-    if path.is_dir():
-        raise DestinationError(f"{path} is a folder: give a file name (e.g. {path / 'record.json'})")
-    if path.exists() and not overwrite:
-        raise DestinationError(f"{path} already exists and was left untouched: choose another name "
-                               "or pass --force to replace it")
+    st = _stat_dest(path)
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise DestinationError(f"{path} is a folder: give a file name (e.g. {path / 'record.json'})")
+        kind = _not_regular(st.st_mode)
+        if kind:
+            raise DestinationError(f"{path} is {kind}, not a regular file: hwlab writes only regular files "
+                                   "and never replaces anything else, --force or not; give a file name")
+        for src in inputs:
+            try:
+                sst = os.stat(src)
+            except OSError:
+                continue
+            if (sst.st_dev, sst.st_ino) == (st.st_dev, st.st_ino):
+                raise DestinationError(f"{path} is the input {src} itself: writing there would replace "
+                                       "what is being read, --force or not; give another file name")
+        if not overwrite:
+            raise DestinationError(f"{path} already exists and was left untouched: choose another name "
+                                   "or pass --force to replace it")
     check_folder(path.parent if str(path.parent) else Path("."), what="folder")
     return path
 
@@ -367,7 +411,8 @@ def dumps_strict(obj: Any, *, reasons_key: str | None = "null_reasons") -> str:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str, *, overwrite: bool = False) -> Path:
-    """Write ``text`` to ``path`` atomically; refuse to replace an existing file unless asked."""
+    """Write ``text`` to ``path`` atomically; refuse to replace an existing file unless asked,
+    and never replace anything but a regular file (:func:`publish`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and not overwrite:
@@ -375,26 +420,116 @@ def write_text_atomic(path: str | os.PathLike, text: str, *, overwrite: bool = F
             f"{path} already exists and was left untouched; choose another name or pass "
             "overwrite=True (--force on the command line) to replace it."
         )
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; records are ordinary files
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+    with temp_beside(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         publish(tmp, path, overwrite=overwrite)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
     return path
+
+
+def write_atomic_with(path: str | os.PathLike, write: Callable[[Path], Any], *, overwrite: bool = False,
+                      suffix: str = ".tmp") -> Path:
+    """``write(tmp)`` fills a temporary file beside ``path`` (ending in ``suffix``: a plotting
+    library picks the format from it), then it takes the name (:func:`publish`): a plot or any
+    file another library writes lands as atomically as a record."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise RecordExistsError(f"{path} already exists and was left untouched; choose another name or "
+                                "pass --force to replace it")
+    with temp_beside(path, suffix) as tmp:
+        write(tmp)
+        publish(tmp, path, overwrite=overwrite)
+    return path
+
+
+class Terminated(SystemExit):
+    """SIGTERM (or SIGHUP, SIGINT's kin from a closing terminal) arrived while a file was being
+    written: the temporary file is removed and the process ends with 128 + the signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+@contextmanager
+def temp_beside(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
+    """A new temporary file in ``path``'s folder (mode as a plain ``open`` would make it), removed
+    if anything goes wrong before the caller :func:`publish`-es it: an exception, Ctrl-C, or
+    SIGTERM / SIGHUP, which while the block runs (in the main thread) stop the write, remove the
+    temporary file and say on stderr what was kept; the process then ends with 128 + signal."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    _remove_stale(folder, f".{path.name[:100]}.", suffix)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name[:100]}.", suffix=suffix)
+    os.close(fd)
+    old: dict[int, Any] = {}
+
+    def stop(signum, frame):
+        raise Terminated(signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is not None:
+                try:
+                    old[sig] = signal.signal(sig, stop)
+                except (ValueError, OSError):
+                    pass
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; records are ordinary files
+        yield Path(tmp)
+    except BaseException as e:
+        _remove(tmp)
+        if isinstance(e, Terminated):
+            kept = (f"{path} was left as it was" if path.exists() else f"{path} was not written")
+            print(f"hwlab: stopped by {signal.Signals(e.signum).name} while writing {path}: the partial "
+                  f"file was removed and {kept}", file=sys.stderr, flush=True)
+        raise
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        _remove(tmp)  # published: the name is gone already (link then unlink, or replace)
+
+
+#: a temporary file of ours older than this (s) beside a target is a write that was killed
+#: (SIGKILL, a power cut: no handler runs); no write of a record or an archive takes an hour
+STALE_TEMP_S = 3600.0
+
+
+def _remove_stale(folder: Path, prefix: str, suffix: str) -> None:
+    """Remove the temporary files a killed write of the same target left (named as
+    :func:`temp_beside` names them, older than :data:`STALE_TEMP_S`)."""
+    import glob
+    import time
+
+    now = time.time()
+    for p in folder.glob(glob.escape(prefix) + "*" + glob.escape(suffix)):
+        try:
+            st = p.lstat()
+            if stat.S_ISREG(st.st_mode) and now - st.st_mtime > STALE_TEMP_S and len(p.name) == len(prefix) + 8 + len(suffix):
+                p.unlink()
+        except OSError:
+            continue
+
+
+def _remove(p: str | os.PathLike) -> None:
+    try:
+        os.unlink(p)
+    except FileNotFoundError:
+        pass
 
 
 def publish(tmp: str | os.PathLike, path: str | os.PathLike, *, overwrite: bool = False) -> None:
     """Give the finished temporary file ``tmp`` (in ``path``'s folder) its name in one step.
     Without ``overwrite``, link() fails if the name appeared meanwhile: no silent overwrite even
-    in a race; the caller removes ``tmp`` if this raises."""
+    in a race. With it, only a regular file is replaced: a device, FIFO, socket or folder that
+    took the name is refused (:class:`DestinationError`). The caller removes ``tmp`` if this raises."""
     if overwrite:
+        st = _stat_dest(Path(path))
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            kind = "a folder" if stat.S_ISDIR(st.st_mode) else _not_regular(st.st_mode)
+            raise DestinationError(f"{path} is {kind}, not a regular file: left untouched; give a file name")
         os.replace(tmp, path)
         return
     try:

@@ -60,6 +60,15 @@ MAX_TIME_RATIO = 1e9
 #: longer figure is a unit slip (seconds or microseconds written as ms) or a corrupt value
 MAX_T_MS = 86_400_000.0
 
+#: the fastest ceilings any device may hold where no datasheet bounds them (a CPU, an unknown
+#: GPU): a memory copy of 100,000 GB/s is past every memory system built (HBM3e moves about
+#: 8,000 GB/s per GPU), a GEMM of 100,000 TFLOP/s past every chip (sparse FP4 is about 20,000),
+#: a host link of 10,000 GB/s past every bus; a larger cached or recorded ceiling is corrupt, and
+#: shown as a measurement it would make every kernel read as slow
+MAX_COPY_GBPS = 1e5
+MAX_GEMM_TFLOPS = 1e5
+MAX_HOST_LINK_GBPS = 1e4
+
 #: the most ranks a job may have: the largest training jobs run on about 1e5 GPUs; 1e7 leaves a
 #: hundredfold margin and refuses a count that is a unit slip (n_ranks: 1e15)
 MAX_RANKS = 10**7
@@ -156,7 +165,7 @@ def measurement(d: Mapping[str, Any], where: str = "") -> None:
     if "n_rep" in d:
         number(d["n_rep"], "n_rep", lo=1.0, whole=True, where=where)
     spec = datasheet(d.get("device"))
-    for k, peak in (("ceiling_gbps", spec.hbm_gbps if spec else None), ("ceiling_tflops", None)):
+    for k, peak in (("ceiling_gbps", spec.hbm_gbps if spec else MAX_COPY_GBPS), ("ceiling_tflops", MAX_GEMM_TFLOPS)):
         if d.get(k) is not None:
             number(d[k], k, lo=0.0, lo_open=True, hi=peak, where=where)
 
@@ -166,21 +175,21 @@ def ceilings(c: Mapping[str, Any], device: str | None = None, where: str = "ceil
     finite and > 0; on a GPU with a datasheet entry, at most its peaks."""
     spec = datasheet(device or c.get("device"))
     if c.get("copy_gbps") is not None:
-        number(c["copy_gbps"], "copy_gbps", lo=0.0, lo_open=True, hi=spec.hbm_gbps if spec else None,
+        number(c["copy_gbps"], "copy_gbps", lo=0.0, lo_open=True, hi=spec.hbm_gbps if spec else MAX_COPY_GBPS,
                where=where)
     g = c.get("gemm_tflops") or {}
     if not isinstance(g, Mapping):
         raise NumberError(f"{where}gemm_tflops should be a dtype -> TFLOP/s object, not {_show(g)}")
     for dtype, v in g.items():
-        peak = None
+        peak = MAX_GEMM_TFLOPS
         if spec is not None:
             try:
                 peak = spec.peak_tflops(str(dtype))
             except KeyError:
-                peak = None
+                peak = MAX_GEMM_TFLOPS
         number(v, f"gemm_tflops.{dtype}", lo=0.0, lo_open=True, hi=peak, where=where)
     if c.get("host_link_gbps") is not None:
-        number(c["host_link_gbps"], "host_link_gbps", lo=0.0, lo_open=True, where=where)
+        number(c["host_link_gbps"], "host_link_gbps", lo=0.0, lo_open=True, hi=MAX_HOST_LINK_GBPS, where=where)
 
 
 #: the per-GPU counters of an NVML snapshot a comparison reads (ECC errors, row remaps):
@@ -222,6 +231,9 @@ def count_arg(text: str) -> int:
     a finite whole number >= 0, written as an integer or in e-notation."""
     import argparse
 
+    if len(text.strip()) > 40:  # 2^63 has 19 digits; Python refuses to convert past 4,300
+        raise argparse.ArgumentTypeError(f"{text[:20]}... ({len(text):,} characters) is past any counter "
+                                         "(2^63): give the count of bytes or FLOPs one call moves")
     try:
         v = int(text)
     except ValueError:
@@ -234,6 +246,9 @@ def count_arg(text: str) -> int:
         v = int(f)
     if v < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is negative: give a whole number >= 0")
+    if v > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{text[:20]}... ({len(text):,} characters) is past any counter "
+                                         f"(2^63): give the count of bytes or FLOPs one call moves")
     return v
 
 

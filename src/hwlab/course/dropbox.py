@@ -58,6 +58,7 @@ def make(folder: str | os.PathLike, group: str) -> Path:
                              "(groupadd) and pass it with --group") from None
     top = Path(folder)
     inbound = top / INBOUND
+    _refuse_shared(top)
     for d, mode in ((top, TOP_MODE), (inbound, INBOUND_MODE)):
         d.mkdir(exist_ok=True)
         if d.is_symlink() or not d.is_dir():
@@ -66,6 +67,26 @@ def make(folder: str | os.PathLike, group: str) -> Path:
         os.chmod(d, mode)
     check(top)
     return inbound
+
+
+def _refuse_shared(top: Path) -> None:
+    """An existing folder becomes a drop box only if it is this user's alone: one everybody may
+    write (a shared 1777 folder such as /tmp) or one holding other users' files would become a
+    drop box around files the instructors did not put there."""
+    try:
+        st = os.lstat(top)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UserInputError(f"{top} is not a folder: choose a new class folder")
+    if stat.S_IMODE(st.st_mode) & 0o002:
+        raise UserInputError(f"{top} is writable by everyone (mode {stat.S_IMODE(st.st_mode):#o}): other users' "
+                             "files may be in it already; choose a new class folder (it is created for you)")
+    me = os.geteuid()
+    theirs = sorted(p.name for p in top.iterdir() if p.name != INBOUND and p.lstat().st_uid != me)
+    if st.st_uid != me or theirs:
+        who = f"holds files of other users ({', '.join(theirs[:3])})" if theirs else "belongs to another user"
+        raise UserInputError(f"{top} {who}: choose a new class folder (it is created for you)")
 
 
 def _mode_line(path: Path, st: os.stat_result, want: int, fix: str) -> str:

@@ -178,9 +178,11 @@ def record(quick: bool = False, progress: Callable[[str], None] | None = None) -
                                                                      "SLURM_NODEID") if os.environ.get(k)}})
 
 
-def default_path(folder: str | os.PathLike = ".") -> Path:
+def default_path(folder: str | os.PathLike = ".", n: int = 0) -> Path:
+    """``baseline-<host>-<UTC time>[-n].json`` in ``folder``: ``n`` > 0 tells apart records written
+    in the same second (the writer tries the next ``n`` when a name is taken)."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return Path(folder) / f"baseline-{socket.gethostname()}-{stamp}.json"
+    return Path(folder) / f"baseline-{socket.gethostname()}-{stamp}{f'-{n}' if n else ''}.json"
 
 
 def should_record_on_this_rank() -> bool:

@@ -124,7 +124,11 @@ class Comparison:
             return ("NOT COMPARABLE: " + "; ".join(reasons) + (f"; and {more} more" if more else "")
                     + ". No node advice: compare "
                     "a record with a baseline of the same GPU model and count, driver/CUDA major "
-                    "and probe sizes (record both with or both without --quick).")
+                    "and probe sizes (record both with or both without --quick)."
+                    + (" After a driver or CUDA upgrade: record a new baseline now, and compare the job "
+                       "itself before and after: hwlab examine --trace BEFORE.json.gz --out before.json, the "
+                       "same for AFTER, and set their parts side by side"
+                       if any("driver" in r.lower() or "cuda" in r.lower() for r in self.not_comparable) else ""))
         head = ["CPU baseline (no GPU in these records): the probes timed this host's CPU, so a change "
                 "is the host's load, not a fault; no GPU node advice applies."] if self.cpu else []
         if self.undecided:
@@ -299,8 +303,9 @@ def compare(base: Evidence, now: Evidence) -> Comparison:
             c.deviations.append(Deviation("note", f"{tag} clock event reasons", sorted(r0), sorted(r1),
                                           "power cap: a healthy card under load reads it", NEXT["note"]))
         e0, e1 = g0.get("ecc_errors_volatile"), g1.get("ecc_errors_volatile")
-        if isinstance(e0, dict) and isinstance(e1, dict) and e1.get("uncorrected", 0) > e0.get("uncorrected", 0):
-            c.deviations.append(Deviation("hardware", f"{tag} uncorrected ECC", e0["uncorrected"], e1["uncorrected"],
+        u0, u1 = (e.get("uncorrected", 0) if isinstance(e, dict) else None for e in (e0, e1))
+        if isinstance(u0, (int, float)) and isinstance(u1, (int, float)) and u1 > u0:  # null: not read
+            c.deviations.append(Deviation("hardware", f"{tag} uncorrected ECC", u0, u1,
                                           "any increase", NEXT["hardware"]))
         for key in ("pcie_gen_max", "pcie_width_max", "numa_node"):
             if g0.get(key) != g1.get(key):

@@ -127,7 +127,9 @@ def _routes(run_dir: Path, caps: dict[int, dict[str, Any]], extra: list[Path]) -
 
 def report(run_dir: str | Path, *, skip: int = DEFAULT_SKIP, nccl_logs: list[str] | None = None) -> dict[str, Any]:
     """Read every rank's step log and capture under ``run_dir``; see the module docstring."""
-    run_dir = check_input_folder(run_dir, "run directory", "pass the run directory your job wrote")
+    run_dir = check_input_folder(run_dir, "run directory", "pass the run directory your job wrote (each rank "
+                                 "calls hwlab.core.capture.capture(RUN_DIR) at start-up and logs its steps "
+                                 "with hwlab.core.steplog.StepLog(RUN_DIR); see examples/straggler_torchrun.py)")
     problems: list[str] = []
     logs: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
     for p in sorted(run_dir.glob("*/steps-rank-*.jsonl")):
@@ -145,7 +147,9 @@ def report(run_dir: str | Path, *, skip: int = DEFAULT_SKIP, nccl_logs: list[str
         raise UserInputError(f"no usable step log in {run_dir}: {problems[0]}{more}")
     if not logs:
         raise UserInputError(f"no step logs (*/steps-rank-*.jsonl) in {run_dir}: record them with "
-                             "hwlab.core.steplog.StepLog in your loop")
+                             "hwlab.core.steplog.StepLog(RUN_DIR) in your loop, and hwlab.core.capture.capture(RUN_DIR) "
+                             "at start-up, on every rank (examples/straggler_torchrun.py does both); a folder of "
+                             "profiler traces: hwlab ranks --traces DIR")
     cap_list, nodes, cprobs = capture.load_run(run_dir)
     problems += cprobs
     topos = {h: capture.Topology.from_dict(n["topology"]) for h, n in nodes.items() if n.get("topology")}

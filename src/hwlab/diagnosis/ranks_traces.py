@@ -497,7 +497,8 @@ def _incident_draft(rep: dict[str, Any], d: flowchart.Diagnosis) -> dict[str, An
 def progress_printer(stream=sys.stderr) -> Callable[[str, int, int], None]:
     """A progress line per :data:`hwlab.traces.kineto.PROGRESS_EVERY_BYTES` of a long read."""
     def cb(path: str, done: int, total: int) -> None:
-        print(f"hwlab ranks: reading {Path(path).name}: {done / 1e6:.0f} of {total / 1e6:.0f} MB", file=stream)
+        from hwlab.traces.trace_stream import describe_progress
+        print(f"hwlab ranks: reading {Path(path).name}: {describe_progress(done, total)}", file=stream)
     return cb
 
 
@@ -587,8 +588,9 @@ def _fmt_bytes(n: int | None) -> str:
 
 
 def is_undecided(rep: dict[str, Any]) -> bool:
-    """Ranks missing against the world size the traces state: the CLI exits 4 (undecided)."""
-    return bool(rep.get("undecided"))
+    """Ranks missing against the world size the traces state, or a trace in the folder that could
+    not be read (named in ``unreadable``: it may be the slow rank): the CLI exits 4 (undecided)."""
+    return bool(rep.get("undecided")) or bool(rep.get("unreadable"))
 
 
 def has_finding(rep: dict[str, Any]) -> bool:

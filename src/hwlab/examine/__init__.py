@@ -261,6 +261,9 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
 
     if not callable(fn):
         raise UserInputError(f"{fn!r} is not callable: pass a function (MODULE:FUNC on the command line)")
+    if ceilings is not None and not isinstance(ceilings, ceilings_mod.Ceilings):
+        raise UserInputError(f"ceilings={ceilings!r:.40}: pass a hwlab.core.ceilings.Ceilings (e.g. "
+                             "ceilings.recorded() or ceilings.get()), or leave it out for this machine's")
     name = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
     fn = as_inference(fn)
     for what, v in (("n_bytes", n_bytes), ("n_flops", n_flops), ("cache_bytes", cache_bytes)):

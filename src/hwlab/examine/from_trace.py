@@ -40,7 +40,6 @@ import json
 import math
 import os
 import statistics
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -471,13 +470,12 @@ def annotated_path(out: Path) -> Path:
 def write_annotated(ex: TraceExamination, dest: Path, overwrite: bool = False) -> Path:
     """Stream the original trace into ``dest`` (gzip), every event unchanged, plus the added
     ones; atomically (a temporary file in the same folder, then renamed)."""
-    from hwlab.core.store import check_destination
+    from hwlab.core.store import check_destination, publish, temp_beside
 
-    dest = check_destination(dest, overwrite=overwrite)
+    dest = check_destination(dest, overwrite=overwrite, inputs=[ex.path])
     added = annotation_events(ex)
-    fd, tmp = tempfile.mkstemp(prefix=".hwlab_", suffix=".tmp", dir=str(dest.parent))
-    try:
-        with os.fdopen(fd, "wb") as raw:
+    with temp_beside(dest) as tmp:  # removed on any failure or SIGTERM (core.store)
+        with open(tmp, "wb") as raw:
             with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
                 meta: list[tuple[str, Any]] = []
                 gz.write(b'{"traceEvents":[')
@@ -497,18 +495,7 @@ def write_annotated(ex: TraceExamination, dest: Path, overwrite: bool = False) -
                 gz.write(b"}")
             raw.flush()
             os.fsync(raw.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as a plain open() would create it (mkstemp makes it private)
-        if dest.exists() and not overwrite:
-            raise UserInputError(f"{dest} appeared while writing: not replaced (pass --force)")
-        os.replace(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        publish(tmp, dest, overwrite=overwrite)  # never over what appeared meanwhile without --force
     ex.annotated = str(dest)
     return dest
 

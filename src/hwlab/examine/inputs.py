@@ -29,6 +29,9 @@ def check_inputs(args: tuple, kwargs: dict) -> torch.device:
         raise UserInputError("no tensor among the inputs: examine needs the tensors the function works on "
                              "(pass them after the function, or an input factory: --inputs MODULE:FUNC)")
     devs = {str(t.device) for t in tensors}
+    if "meta" in devs:  # shapes without storage: nothing runs, nothing to time
+        raise UserInputError("an input is a meta tensor (shape only, no data): examine times real work; "
+                             "create the inputs on 'cpu' or 'cuda'")
     if len(devs) > 1:
         raise UserInputError(f"inputs live on several devices ({', '.join(sorted(devs))}): move them to one")
     try:

@@ -16,7 +16,7 @@ from hwlab.core.store import check_input_file
 
 def _module(spec: str):
     if spec.endswith(".py") or "/" in spec:
-        path = Path(spec)
+        path = _shipped_example(Path(spec))
         check_input_file(path, "module file", "pass MODULE:FUNC with a dotted module or a .py path")
         mod_name = f"hwlab_user_{path.stem}_{abs(hash(str(path.resolve()))) % 10**8}"
         if mod_name in sys.modules:
@@ -56,6 +56,17 @@ def _module(spec: str):
     finally:
         if added:
             sys.path.remove(here)
+
+
+def _shipped_example(path: Path) -> Path:
+    """``examples/NAME.py`` where no such file is here: the example the package ships (the front
+    door and the docs name them so; from outside the checkout the folder is not beside you)."""
+    if path.exists() or path.parts[:1] != ("examples",) or len(path.parts) != 2:
+        return path
+    from hwlab.core.evidence import EXAMPLES_DIR
+
+    shipped = EXAMPLES_DIR / path.name
+    return shipped if shipped.is_file() else path
 
 
 def _exited(spec: str, e: SystemExit) -> str:

@@ -63,7 +63,7 @@ from typing import Any, Callable
 from hwlab.core.kernel_classes import collective_of, is_communication
 from hwlab.core.profiling import trace_cat
 from hwlab.traces.trace_stream import (CHUNK_CHARS, PEEK_CHARS, PROGRESS_EVERY_BYTES, TRACE_MARKERS,  # noqa: F401
-                                      TRACE_SUFFIXES, TraceError, discover_traces, iter_trace, sniff)
+                                      TRACE_SUFFIXES, TraceError, discover_traces, event_times, iter_trace, sniff)
 from hwlab.errors import UserInputError
 
 RANK_FROM_TRACE = "distributedInfo in the trace"
@@ -272,7 +272,7 @@ def read_trace(path: str | os.PathLike, *, progress: Callable[[int, int], None] 
             if isinstance(v, dict):
                 _take(v, rt, ops, metas, main_tids, ctx)
         elif key == "distributedInfo" and isinstance(v, dict):
-            rt.rank, rt.world_size = v.get("rank"), v.get("world_size")
+            rt.rank, rt.world_size = _rank_and_world(p, v.get("rank"), v.get("world_size"))
             rt.backend, rt.pg_config = v.get("backend"), v.get("pg_config") or []
         elif key == "deviceProperties" and isinstance(v, list):
             rt.devices = [{k: d.get(k) for k in ("id", "name", "computeMajor", "computeMinor",
@@ -297,6 +297,26 @@ def read_trace(path: str | os.PathLike, *, progress: Callable[[int, int], None] 
     return rt
 
 
+def _rank_and_world(p: Path, rank: Any, world: Any) -> tuple[int | None, int | None]:
+    """``distributedInfo``'s rank and world size, each a whole number (null: not stated): the world
+    1..:data:`hwlab.core.validate.MAX_RANKS`, the rank 0..world - 1. Anything else (text, a
+    fraction, a negative or out-of-world rank, a world of 10^9) makes the file unreadable as a rank's
+    trace (:class:`TraceError`: a folder's reader names it and reads the other ranks)."""
+    from hwlab.core.validate import MAX_RANKS
+
+    def whole(v: Any, field: str, lo: int, hi: int) -> int | None:
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            shown = repr(v) if not isinstance(v, int) or abs(v) < 10**12 else f"an integer of {len(str(v))} digits"
+            raise TraceError(f"{p}: distributedInfo.{field} is {shown[:40]}, not a whole number in {lo}..{hi:,}: "
+                             "the trace does not say which rank it is; fix or remove the distributedInfo entry")
+        return v
+
+    w = whole(world, "world_size", 1, MAX_RANKS)
+    return whole(rank, "rank", 0, (w if w is not None else MAX_RANKS) - 1), w
+
+
 class _Ctx:
     """What the reader keeps only until :func:`_finish`: launches by correlation id, host
     collective ops, the correlation id of each kept kernel."""
@@ -315,13 +335,11 @@ def _take(ev: dict[str, Any], rt: RankTrace, ops: list, metas: list, main_tids: 
         return
     ctx = ctx or _Ctx()
     name, cat = str(ev.get("name", "")), trace_cat(ev.get("cat"))
-    try:
-        ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
-    except (KeyError, TypeError, ValueError):
+    times = event_times(ev)
+    if times is None:
+        rt.n_bad_times += 1  # missing, text, NaN, negative or past a day: places nothing; counted, said
         return
-    if not (math.isfinite(ts) and math.isfinite(dur)) or dur < 0:
-        rt.n_bad_times += 1  # a NaN / infinite / negative time places nothing: counted, said
-        return
+    ts, dur = times
     if rt.t_first_us is None or ts < rt.t_first_us:
         rt.t_first_us = ts
     args = ev.get("args") or {}

@@ -268,6 +268,12 @@ def busbw_gbps(c: kineto.Collective, n_ranks: int, t_us: float) -> float | None:
     return c.n_bytes * f / (t_us * 1e-6) / 1e9 if f is not None else None
 
 
+#: the most ranks a report lists as missing against the stated world size: a job traces some of
+#: its ranks, but a world of 10^9 stated by four traces is a corrupt field, and listing it would
+#: hold the reader for minutes
+MAX_MISSING_RANKS = 100_000
+
+
 def one_job(read: list[kineto.RankTrace]) -> None:
     """Refuse traces of several jobs in one folder: different devices (``deviceProperties`` names,
     a vendor included), different world sizes, different process-group configurations, or
@@ -291,6 +297,11 @@ def one_job(read: list[kineto.RankTrace]) -> None:
             worlds.setdefault(t.world_size, []).append(name(t))
     if len(worlds) > 1:
         refuse("world sizes", {f"world size {k}": v for k, v in worlds.items()})
+    for world, names in worlds.items():
+        if world - len(read) > MAX_MISSING_RANKS:
+            raise UserInputError(f"the traces state a world of {world:,} ranks but the folder holds {len(read)} "
+                                 f"({', '.join(names[:3])}): more than {MAX_MISSING_RANKS:,} ranks would be missing; "
+                                 "check distributedInfo.world_size, or collect the traces of the ranks to compare")
     # one job's ranks may each list only the groups they belong to; a contradiction is the same
     # process group named with a different description or size in two traces
     seen: dict[str, tuple[Any, ...]] = {}

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hwlab.traces.kineto import TraceError, discover_traces, iter_trace, name_rank
+from hwlab.traces.trace_stream import event_times
 from hwlab.core.profiling import COMPILED_TRACE_MARKS, KERNEL_OCCUPANCY_ARGS, TRACE_KERNEL_CATS, trace_cat
 from hwlab.errors import UserInputError
 
@@ -138,7 +139,8 @@ def read_ops(path: str | os.PathLike, progress: Callable[[int, int], None] | Non
             if key == "deviceProperties" and isinstance(v, list):
                 ot.devices = [d for d in v if isinstance(d, dict)]
             elif key == "distributedInfo" and isinstance(v, dict):
-                ot.rank = v.get("rank") if isinstance(v.get("rank"), int) else None
+                r = v.get("rank")  # a whole number >= 0; text, true/false or a negative says no rank
+                ot.rank = r if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else None
             elif key == "record_shapes":
                 ot.record_shapes = bool(v)
             if isinstance(v, (str, int, float, bool)) or v is None:
@@ -148,13 +150,11 @@ def read_ops(path: str | os.PathLike, progress: Callable[[int, int], None] | Non
         if not isinstance(v, dict) or v.get("ph") != "X":
             continue
         cat = trace_cat(v.get("cat"))
-        try:
-            ts, dur = float(v["ts"]), float(v.get("dur", 0.0))
-        except (KeyError, TypeError, ValueError):
+        times = event_times(v)
+        if times is None:
+            ot.n_bad_times += 1  # missing, text, NaN, negative or past a day: places nothing; counted, said
             continue
-        if not (math.isfinite(ts) and math.isfinite(dur)) or dur < 0:
-            ot.n_bad_times += 1  # a NaN / infinite / negative time places nothing: counted, said
-            continue
+        ts, dur = times
         args = v.get("args") if isinstance(v.get("args"), dict) else {}
         name = str(v.get("name", ""))
         if cat in HOST_CATS:
@@ -219,7 +219,9 @@ def _choose_steps(ot: OpTrace) -> None:
     spans = [(o.ts, o.end) for ops in ot.host.values() for o in ops if o.cat == "cpu_op"] + \
         [(d.ts, d.ts + d.dur) for d in ot.device]
     if not spans:
-        raise UserInputError(f"{ot.path}: no host ops and no device kernels in the trace: pass a trace "
+        bad = (f" ({ot.n_bad_times:,} complete event(s) left out: their ts or dur is missing, text, "
+               "true/false, NaN, negative or over a day)" if ot.n_bad_times else "")
+        raise UserInputError(f"{ot.path}: no host ops and no device kernels in the trace{bad}: pass a trace "
                              "written by torch.profiler (export_chrome_trace or tensorboard_trace_handler)")
     lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
     main = max(ot.host.items(), key=lambda kv: len(kv[1]))[0] if ot.host else (None, None)
