@@ -80,8 +80,6 @@ def cmd_examine(a) -> int:
     for flag in ("rank", "step", "baseline"):
         if getattr(a, flag) is not None:
             raise UserInputError(f"--{flag} goes with --trace: leave it out when examining MODULE:FUNC")
-    from hwlab.examine import examine
-    from hwlab.examine.target import load
     from hwlab.core.store import check_destination, rescue, write_text_atomic
 
     from hwlab.cli.console import Steps
