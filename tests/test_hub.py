@@ -274,7 +274,7 @@ def test_a_class_on_a_real_jupyterhub():
             "c.JupyterHub.load_roles = [{'name': 'classtest', 'services': ['classtest'],"
             " 'scopes': ['admin:users', 'admin:servers', 'access:servers']}]\n")
         env = {**os.environ, "HWLAB_KIT": str(kit), "HWLAB_BIN": str(venv / "bin"), "HWLAB_CLASS_DIR": str(klass),
-               "HWLAB_HUB_PROXY": str(chp)}
+               "HWLAB_HUB_PROXY": str(chp), "HWLAB_HUB_STATE": str(base / "hub"), "HWLAB_GRADEBOOK": ""}
         env.pop("PYTHONPATH", None)
         log = open(base / "hub" / "hub.log", "w")
         hub = subprocess.Popen([str(venv / "bin" / "python"), "-m", "jupyterhub", "-f", str(cfg)],
