@@ -49,7 +49,7 @@ def _load(path: Path, env: dict, monkeypatch):
     return PyFileConfigLoader(path.name, path=str(path.parent)).load_config()
 
 
-def test_slurm_config_asks_slurm_for_one_gpu_slice_per_learner(monkeypatch):
+def test_slurm_config_asks_slurm_for_one_gpu_slice_per_learner(monkeypatch, tmp_path):
     batchspawner = pytest.importorskip("batchspawner", reason="the hub extra (batchspawner) is not installed")
     from jupyterhub.objects import Hub
     from types import SimpleNamespace
@@ -58,7 +58,7 @@ def test_slurm_config_asks_slurm_for_one_gpu_slice_per_learner(monkeypatch):
     cfg = _load(DEPLOY / "jupyterhub_config_slurm.py",
                 {"HWLAB_SLURM_PARTITION": "class-gpu", "HWLAB_SLURM_TIME": "01:30:00",
                  "HWLAB_SLURM_GPU": "gpu:1g.18gb:1", "HWLAB_KIT": "/opt/hwlab", "HWLAB_BIN": "/opt/hwlab/venv/bin",
-                 "HWLAB_CLASS_DIR": "/srv/class"}, monkeypatch)
+                 "HWLAB_CLASS_DIR": "/srv/class", "HWLAB_HUB_STATE": str(tmp_path / "state")}, monkeypatch)
     assert cfg.JupyterHub.spawner_class == "batchspawner.SlurmSpawner"
     sp = batchspawner.SlurmSpawner(config=cfg, hub=Hub(),
                                    user=SimpleNamespace(name=me, url=f"/user/{me}/", escaped_name=me, server=None))
@@ -68,7 +68,7 @@ def test_slurm_config_asks_slurm_for_one_gpu_slice_per_learner(monkeypatch):
     script = asyncio.run(sp._get_batch_script(**subvars))
     assert "#SBATCH --partition=class-gpu" in script and "#SBATCH --time=01:30:00" in script
     assert "#SBATCH --gres=gpu:1g.18gb:1" in script
-    assert re.search(r"^srun batchspawner-singleuser /opt/hwlab/venv/bin/hwlab hub singleuser --dir "
+    assert re.search(r"^srun /opt/hwlab/venv/bin/batchspawner-singleuser /opt/hwlab/venv/bin/hwlab hub singleuser --dir "
                      r"/opt/hwlab/notebooks$", script, re.M), script
     assert sp.get_env()["HWLAB_CLASS_DIR"] == "/srv/class"
     exported = re.search(r"--export=(\S+)", script).group(1).split(",")
@@ -90,7 +90,7 @@ def test_kubernetes_config_gives_each_pod_one_gpu_resource(monkeypatch, tmp_path
     monkeypatch.setattr("kubernetes_asyncio.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(kube))
     cfg = _load(DEPLOY / "kubernetes" / "jupyterhub_config_k8s.py",
                 {"HWLAB_GPU_RESOURCE": "nvidia.com/mig-1g.18gb",
-                 "HWLAB_IMAGE": "registry.example/hwlab:1"}, monkeypatch)
+                 "HWLAB_IMAGE": "registry.example/hwlab:1", "HWLAB_HUB_STATE": str(tmp_path / "state")}, monkeypatch)
     assert cfg.JupyterHub.spawner_class == "kubespawner.KubeSpawner"
 
     async def pod():

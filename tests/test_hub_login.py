@@ -67,27 +67,32 @@ def _cookie(jar, name: str) -> str | None:
 
 
 def _session_api(url: str, jar, path: str, method: str = "GET", body: dict | None = None) -> dict:
-    """The hub's API with the login cookie (and the form's xsrf token for a POST), as the page does."""
+    """The hub's API with the login cookie and, for a POST, the xsrf token the hub's own page carries
+    (its token page, as its JavaScript reads it)."""
     op = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-    req = urllib.request.Request(f"{url}/hub/api{path}", method=method,
-                                 data=None if body is None else json.dumps(body).encode(),
-                                 headers={"X-XSRFToken": _cookie(jar, "_xsrf") or "", "Referer": f"{url}/hub/home"})
+    headers = {"Referer": f"{url}/hub/token", "Content-Type": "application/json"}
+    if method != "GET":
+        with op.open(f"{url}/hub/token", timeout=60) as r:
+            headers["X-XSRFToken"] = re.search(r'xsrf_token: "([^"]+)"', r.read().decode()).group(1)
+    req = urllib.request.Request(f"{url}/hub/api{path}", method=method, headers=headers,
+                                 data=None if body is None else json.dumps(body).encode())
     with op.open(req, timeout=60) as r:
         return json.loads(r.read())
 
 
-def _as(name: str, argv: list[str], groups=(), env: dict | None = None, timeout: int = 300):
+def _as(name: str, argv: list[str], groups=(), env: dict | None = None, timeout: int = 300, stdin: str = ""):
     pw = pwd.getpwnam(name)
-    return subprocess.run(argv, user=pw.pw_uid, group=pw.pw_gid, extra_groups=list(groups), capture_output=True,
+    return subprocess.run(argv, input=stdin, user=pw.pw_uid, group=pw.pw_gid, extra_groups=list(groups), capture_output=True,
                           text=True, env={"HOME": pw.pw_dir, "PATH": "/usr/bin:/bin", **(env or {})},
                           timeout=timeout, cwd="/")
 
 
-#: run as a learner: POST each body of argv[3] (a JSON list) to the service route argv[2] with the
-#: token argv[1]; prints one JSON line per reply: [status, body]
+#: run as a learner: POST each body of stdin (a JSON list) to the service route argv[3] with the
+#: token argv[2]; prints one JSON line per reply: [status, body]
 POSTER = r"""
 import json, sys, urllib.request, urllib.error
-url, token, route, bodies = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+url, token, route = sys.argv[1], sys.argv[2], sys.argv[3]
+bodies = json.loads(sys.stdin.read())
 for b in bodies:
     req = urllib.request.Request(url + route, data=json.dumps(b).encode(), method="POST",
                                  headers={"Authorization": "token " + token} if token else {})
@@ -221,8 +226,12 @@ def test_learners_log_in_and_are_graded_on_the_server():
         assert _session_api(url, jars[teach], "/user")["admin"] is True
         me = _session_api(url, jars[learners[0]], "/user")
         assert me["name"] == learners[0] and me["admin"] is False
-        tokens = {u: _session_api(url, jars[u], f"/users/{u}/tokens", "POST", {"note": "class"})["token"]
-                  for u in learners}
+        tokens = {}
+        for u in learners:
+            try:
+                tokens[u] = _session_api(url, jars[u], f"/users/{u}/tokens", "POST", {"note": "class"})["token"]
+            except urllib.error.HTTPError as e:
+                pytest.fail(f"{u} could not make a token from their session: {e.code} {e.read()[:300]}\n{hublog()}")
 
         # ---- answers, graded by the service, from processes running as each learner
         cp, right, wrong, not_leaf = _checkpoint01()
@@ -235,7 +244,8 @@ def test_learners_log_in_and_are_graded_on_the_server():
         for u in learners[:8] + learners[8:9]:
             if u == learners[1]:  # through the kit's own client, as the learner's kernel does
                 continue
-            r = _as(u, [py, "-c", POSTER, grader, tokens[u], "checkpoint", json.dumps([body(a) for a in plan[u]])])
+            r = _as(u, [py, "-c", POSTER, grader, tokens[u], "checkpoint"],
+                    stdin=json.dumps([body(a) for a in plan[u]]))
             replies = [json.loads(x) for x in r.stdout.splitlines()]
             assert [c for c, _ in replies] == [200] * len(plan[u]), (u, r.stdout, r.stderr, hublog())
             assert [d["learner"] for _, d in replies] == [u] * len(plan[u])
@@ -258,30 +268,30 @@ def test_learners_log_in_and_are_graded_on_the_server():
                                     "delete:refused", "symlink:refused"], (r.stdout, r.stderr)
         # a body naming another learner and a passed status: graded as the sender, on the answer
         forged = {**body(wrong), "learner": b, "status": "passed", "passed": True}
-        r = _as(a, [py, "-c", POSTER, grader, tokens[a], "checkpoint", json.dumps([forged])])
+        r = _as(a, [py, "-c", POSTER, grader, tokens[a], "checkpoint"], stdin=json.dumps([forged]))
         (code, d), = [json.loads(x) for x in r.stdout.splitlines()]
         assert code == 200 and d["learner"] == a and d["status"] == "wrong"
         plan[a].append(wrong)
         # no token, a made-up token: refused
         for tok in ("", secrets.token_hex(16)):
-            r = _as(a, [py, "-c", POSTER, grader, tok, "checkpoint", json.dumps([body(right)])])
+            r = _as(a, [py, "-c", POSTER, grader, tok, "checkpoint"], stdin=json.dumps([body(right)]))
             assert json.loads(r.stdout.splitlines()[0])[0] == 403, r.stdout
         # a reveal before three wrong tries is refused and not recorded; after them it is
-        r = _as(learners[4], [py, "-c", POSTER, grader, tokens[learners[4]], "reveal",
-                              json.dumps([{"checkpoint": "01"}])])
+        r = _as(learners[4], [py, "-c", POSTER, grader, tokens[learners[4]], "reveal"],
+                stdin=json.dumps([{"checkpoint": "01"}]))
         assert json.loads(r.stdout)[1]["revealed"] is False
-        r = _as(learners[7], [py, "-c", POSTER, grader, tokens[learners[7]], "reveal",
-                              json.dumps([{"checkpoint": "01"}, {"checkpoint": "01"}])])
+        r = _as(learners[7], [py, "-c", POSTER, grader, tokens[learners[7]], "reveal"],
+                stdin=json.dumps([{"checkpoint": "01"}, {"checkpoint": "01"}]))
         assert [json.loads(x)[1]["revealed"] for x in r.stdout.splitlines()] == [True, True]
         # an escape sequence in a field reaches the record cleaned
         esc = {**body(wrong), "notebook": "\x1b[2J\x1b]0;pwned\x07nb", "source": "\x1b[31mred"}
-        r = _as(learners[5], [py, "-c", POSTER, grader, tokens[learners[5]], "checkpoint", json.dumps([esc])])
+        r = _as(learners[5], [py, "-c", POSTER, grader, tokens[learners[5]], "checkpoint"], stdin=json.dumps([esc]))
         assert json.loads(r.stdout)[0] == 200
         plan[learners[5]].append(wrong)
         # a flood stops at the learner's quota, and only that learner's
         flooder = learners[9]
         n = gradebook.MAX_RECORDS_PER_LEARNER + 5
-        r = _as(flooder, [py, "-c", POSTER, grader, tokens[flooder], "checkpoint", json.dumps([body(wrong)] * n)])
+        r = _as(flooder, [py, "-c", POSTER, grader, tokens[flooder], "checkpoint"], stdin=json.dumps([body(wrong)] * n))
         codes = [json.loads(x)[0] for x in r.stdout.splitlines()]
         assert codes.count(200) <= gradebook.MAX_RECORDS_PER_LEARNER and codes[-1] == 429, codes[-8:]
         n_flood = codes.count(200)

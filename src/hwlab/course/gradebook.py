@@ -87,10 +87,14 @@ def make(folder: str | os.PathLike, group: str | None = None) -> Path:
             gid = grp.getgrnam(group).gr_gid
         except KeyError:
             raise UserInputError(f"no group {group!r} on this machine: make the instructors' group first") from None
+        st = os.lstat(top)
         try:
-            if os.lstat(top).st_gid != gid:
+            if st.st_gid != gid:
                 os.chown(top, -1, gid)
-            os.chmod(top, stat.S_ISGID | 0o750)
+            # a chmod by a user outside the folder's group clears its setgid bit (the kernel's rule):
+            # a folder root made right (install -d -g GROUP -m 2750) is left as it is
+            if st.st_gid != gid or not st.st_mode & stat.S_ISGID or stat.S_IMODE(st.st_mode) & 0o027:
+                os.chmod(top, stat.S_ISGID | 0o750)
         except PermissionError:
             raise UserInputError(f"gradebook {top}: this user cannot give it group {group}; make it as root first: "
                                  f"install -d -o $(id -un) -g {group} -m 2750 {top}") from None
