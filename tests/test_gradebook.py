@@ -149,15 +149,17 @@ def test_summary_rows_one_per_checkpoint_full_passes_non_leaves_shared_and_no_in
            _r("bo", "01", False, "wrong", notebook="01_bandwidth_bound-Copy1", wrong_leaf="L", gpu_shared=True),
            _r("cy", "01", False, "wrong", notebook=None, not_a_leaf="D"),
            _r("ana", "bytes", True, "too slow", kind="exercise", notebook="ex05"),
+           _r("cy", "bytes", True, "passed (correctness only)", kind="exercise", notebook="ex05"),
            _r("bo", "bytes", True, "passed", kind="exercise", notebook="09_x"),
            _r("teach", "01", True, "passed", notebook="01_bandwidth_bound")]
     s = classroom.summary(res, exclude={"teach"})
     assert sorted(s["per_learner"]) == ["ana", "bo", "cy"]
     cp = s["items"]["checkpoint: 01"]
+    assert s["per_learner"]["cy"]["items"]["exercise: ex05 / bytes"]["passed"] is True
     assert [k for k in s["items"] if k.startswith("checkpoint")] == ["checkpoint: 01"]
     assert (cp["attempts"], cp["passed"], cp["learners"], cp["shared"]) == (3, 1, 3, 1)
     assert cp["wrong_leaves"] == {"L": 1} and cp["not_leaves"] == {"D": 1}
-    assert s["items"]["exercise: ex05 / bytes"]["passed"] == 0  # right but over its budget: not a pass
+    assert s["items"]["exercise: ex05 / bytes"]["passed"] == 1  # "too slow" is not a pass; "correctness only" is
     assert s["items"]["exercise: 09_x / bytes"]["passed"] == 1
     assert s["per_learner"]["ana"]["items"]["exercise: ex05 / bytes"]["passed"] is False
     assert "SHARED" in classroom.render(s)
@@ -172,3 +174,27 @@ def test_the_summary_plot_is_private(book, lab01, tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
+
+
+def test_a_check_inside_another_is_not_recorded_as_the_answer(tmp_path, monkeypatch):
+    """A kernel that is correct but moves too many bytes: the inner correctness check passes, the outer
+    check says wrong; only the outer result is the learner's answer in the class record."""
+    from hwlab.core.grading import ExerciseResult
+    from hwlab.course import tries
+
+    monkeypatch.setenv(classroom.ENV_DIR, str(tmp_path / "class"))
+    (tmp_path / "class").mkdir(mode=0o700)
+
+    @tries.graded(lambda: tries.Reference({"bytes": 1}))
+    def inner():
+        return ExerciseResult("traffic", "passed (correctness only)", "correct")
+
+    @tries.graded(lambda: tries.Reference({"bytes": 1}))
+    def outer():
+        assert inner().passed
+        return ExerciseResult("traffic", "wrong", "correct, but it moves too many bytes")
+
+    outer()
+    results, bad = classroom.load_results(tmp_path / "class")
+    assert bad == [] and [(d["status"], d["passed"]) for d in results] == [("wrong", False)]
+    assert classroom.summary(results)["items"]["exercise: traffic"]["passed"] == 0

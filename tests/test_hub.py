@@ -109,6 +109,47 @@ def test_kubernetes_config_gives_each_pod_one_gpu_resource(monkeypatch, tmp_path
     assert values["cmd"][:3] == ["hwlab", "hub", "singleuser"] and values["extraResource"]["limits"] == {"nvidia.com/gpu": "1"}
 
 
+def test_kubernetes_values_log_in_with_a_real_authenticator_and_keep_each_learners_home():
+    yaml = pytest.importorskip("yaml")
+    pytest.importorskip("oauthenticator", reason="the hub extra (oauthenticator) is not installed")
+    from importlib.metadata import entry_points
+    from jupyterhub.auth import Authenticator, DummyAuthenticator
+    from traitlets.config import Config
+
+    v = yaml.safe_load((DEPLOY / "kubernetes" / "values.yaml").read_text())
+    conf = v["hub"]["config"]
+    name = conf["JupyterHub"]["authenticator_class"]
+    cls = entry_points(group="jupyterhub.authenticators")[name].load()
+    assert issubclass(cls, Authenticator) and not issubclass(cls, DummyAuthenticator)
+    auth = cls(config=Config(conf))
+    for section in (cls.__name__, "Authenticator"):  # every key is a setting of that class: no typo ignored
+        unknown = set(conf.get(section, {})) - set(cls.class_trait_names(config=True))
+        assert not unknown, (section, unknown)
+    assert auth.client_id and auth.client_secret and auth.allowed_organizations and auth.admin_users
+    assert not auth.allow_all
+    su = v["singleuser"]
+    assert su["storage"]["type"] == "dynamic" and su["storage"]["homeMountPath"] == "/home/jovyan"
+
+    # the image the values name: deploy/Dockerfile, read instruction by instruction
+    text = re.sub(r"\\\n", " ", (DEPLOY / "Dockerfile").read_text())
+    ins = [ln.split(None, 1) for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    ops = [op.upper() for op, *_ in ins]
+    assert ops[0] in ("FROM", "ARG") and "FROM" in ops
+    assert set(ops) <= {"FROM", "ARG", "RUN", "COPY", "ENV", "USER", "WORKDIR", "CMD", "LABEL", "EXPOSE"}
+    user = [rest for op, rest in ins if op == "USER"][-1].strip()
+    assert user not in ("0", "root") and re.search(rf"useradd .*--uid {user} .*jovyan", text)
+    assert su["uid"] == int(user)
+    assert json.loads([rest for op, rest in ins if op == "CMD"][-1]) == su["cmd"]
+    env = " ".join(rest for op, rest in ins if op == "ENV")
+    kit = su["extraEnv"]["HWLAB_KIT"]
+    assert f"HWLAB_KIT={kit}" in env and su["cmd"][-1] == f"{kit}/notebooks"
+    assert re.search(rf"^COPY (--\S+ )*\. {kit}$", text, re.M)
+    extras = re.search(r'"/opt/hwlab\[([a-z,]+)\]"', text).group(1).split(",")
+    known = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(extras) <= set(known) and "hub" in extras
+    assert "ipykernel install --prefix /opt/venv --name hwlab" in text and "/opt/venv/bin" in env
+
+
 # ---- a real hub --------------------------------------------------------------------------------
 
 def _readable_by_all(path: Path) -> bool:

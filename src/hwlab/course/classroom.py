@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hwlab.course import dropbox
+from hwlab.course import dropbox, tries
 from hwlab.diagnosis import flowchart
 from hwlab.errors import UserInputError
 from hwlab.core.store import RecordExistsError, write_json_atomic
@@ -151,8 +151,8 @@ def _notebook() -> str | None:
 def record_exercise(result: Any, folder: str | os.PathLike | None = None, learner: str | None = None) -> Path | None:
     """Record a graded :class:`hwlab.course.exercise.ExerciseResult`; None where no class folder is set."""
     folder = class_dir(folder)
-    if folder is None or result.status == "not done yet":
-        return None
+    if folder is None or result.status == "not done yet" or tries.inner_check():
+        return None  # a check another check calls (its correctness step) is not the graded answer
     answer, expected = getattr(result, "answer", None), getattr(result, "expected", None)
     leafy = isinstance(answer, str) and isinstance(expected, str) and {answer, expected} <= set(flowchart.LEAVES)
     rec = {"kind": "exercise", "item": result.name, "notebook": _notebook(), "learner": learner_name(learner),
@@ -320,9 +320,9 @@ def _key(d: dict[str, Any]) -> str:
 
 
 def full_pass(d: dict[str, Any]) -> bool:
-    """Only a full pass counts: a result marked passed with another status ("too slow": right but
-    over its budget) is not one."""
-    return bool(d["passed"]) and d.get("status") in (None, "passed")
+    """Only a full pass counts: a result marked passed whose status is not a pass ("too slow": right
+    but over its budget) is not one."""
+    return bool(d["passed"]) and str(d.get("status") or "passed").startswith("passed")
 
 
 def summary(results: list[dict[str, Any]], exclude: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:

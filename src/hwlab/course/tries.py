@@ -121,6 +121,11 @@ def graded(reference: Callable[..., Reference]):
     return wrap
 
 
+def inner_check() -> bool:
+    """Whether a graded check is running inside another (its result is a step of the outer one's)."""
+    return _depth > 1
+
+
 def _note(res: Any, ref: Callable[[], Reference]) -> None:
     n = count_wrong(f"exercise {res.name}")
     _pending[res.name] = (ref, n)
