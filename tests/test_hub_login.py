@@ -318,6 +318,21 @@ def test_learners_log_in_and_are_graded_on_the_server():
         r = _as(learners[2], [hw, "class", "summary", str(book)])
         assert r.returncode == 2 and r.stdout == "", (r.stdout, r.stderr)
 
+        # ---- a drill submitted into the class drop box by a learner, who cannot write the folder itself
+        box = base / "box"
+        subprocess.run([hw, "class", "init", str(box), "--group", igroup], check=True, capture_output=True)
+        u = learners[2]
+        home2 = pwd.getpwnam(u).pw_dir
+        kenv = {"HWLAB_DRILL_KEY_FILE": f"{home2}/drill.key"}
+        r = _as(u, [hw, "drill", "new", "--seed", "3", "--fault", "slow_link_rank", "--dir", f"{home2}/d"], env=kenv)
+        assert r.returncode == 0, r.stderr
+        drill = next(Path(home2, "d").glob("drill-*.json"))
+        r = _as(u, [hw, "drill", "submit", str(drill), "--leaf", "L", "--learner", u, "--dir", f"{home2}/d",
+                    "--class-dir", str(box)], env=kenv)
+        assert r.returncode == 0, r.stderr
+        (sub,) = [p for p in (box / "inbound").iterdir() if p.name.startswith("drill-")]
+        assert sub.owner() == u and json.loads(sub.read_text())["learner"] == u
+
         # ---- a learner's server: the home private, what the kernel writes private
         u = learners[3]
         _api(f"{url}/hub/api/users/{u}/server", admin_token, "POST")
