@@ -198,3 +198,27 @@ def test_a_check_inside_another_is_not_recorded_as_the_answer(tmp_path, monkeypa
     results, bad = classroom.load_results(tmp_path / "class")
     assert bad == [] and [(d["status"], d["passed"]) for d in results] == [("wrong", False)]
     assert classroom.summary(results)["items"]["exercise: traffic"]["passed"] == 0
+
+
+def test_a_class_folder_file_over_the_result_size_is_refused_by_its_size(tmp_path):
+    folder = tmp_path / "c"
+    folder.mkdir(mode=0o700)
+    rec = _r("ana", "01", False, "wrong", message="x" * (classroom.MAX_RESULT_BYTES + 10))
+    (folder / "big.json").write_text(json.dumps(rec))
+    (folder / "ok.json").write_text(json.dumps(_r("bo", "01", True, "passed")))
+    good, bad = classroom.load_results(folder)
+    assert [d["learner"] for d in good] == ["bo"] and [os.path.basename(b["path"]) for b in bad] == ["big.json"]
+
+
+@pytest.mark.slow
+def test_a_class_folder_record_with_escape_sequences_is_printed_clean(tmp_path):
+    folder = tmp_path / "c"
+    folder.mkdir(mode=0o700)
+    rec = _r("ana\x1b[2J", "01\x1b]0;x\x07", False, "wrong", wrong_leaf="L")
+    (folder / "checkpoint-ana.json").write_text(json.dumps(rec))
+    (folder / "bad\x1b[31m.json").write_text("{")
+    r = subprocess.run([sys.executable, "-m", "hwlab", "class", "summary", str(folder)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout + r.stderr and "\x07" not in r.stdout + r.stderr
+    assert "ana\ufffd[2J" in r.stdout and "malformed" in r.stdout

@@ -2,7 +2,7 @@
 with its proxy and PAM logins of system users with passwords.
 
 Ten learners and an instructor log in through the hub's own login form (GET the form, POST it with its
-``_xsrf``, as a browser does); a user outside the class's two groups and a wrong password are refused.
+``_xsrf``, as a browser does; one learner also in headless Chromium where it is installed); a user outside the class's two groups and a wrong password are refused.
 Each learner gets a token from their own session and answers notebook 01's checkpoint to the class's
 grading service (``hwlab class serve``, started by the hub as the class's account), from a process
 running as that learner; one learner does it through the kit's own client (``checkpoint.check``). The
@@ -60,6 +60,30 @@ def _login(url: str, user: str, password: str) -> tuple[int, http.cookiejar.Cook
     except urllib.error.HTTPError as e:
         code = e.code
     return code, jar
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _login_in_chromium(url: str, user: str, password: str) -> tuple[str, list[str]]:
+    """Log in through the login page in headless Chromium (typed into the form, the button pressed);
+    (the page's URL after it, the names of the cookies the hub set)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        try:
+            page = browser.new_page()
+            page.goto(f"{url}/hub/login?next=%2Fhub%2Fhome", timeout=120_000)
+            page.fill("#username_input", user)
+            page.fill("#password_input", password)
+            page.click("#login_submit")
+            page.wait_for_url("**/hub/home", timeout=120_000)
+            return page.url, [c["name"] for c in page.context.cookies()]
+        finally:
+            browser.close()
 
 
 def _cookie(jar, name: str) -> str | None:
@@ -216,6 +240,9 @@ def test_learners_log_in_and_are_graded_on_the_server():
 
         # ---- logins through the form: ten learners and the instructor in; outsider and a wrong password out
         jars = {}
+        if CHROMIUM:  # one learner through a real browser; skipped only where Chromium is not installed
+            page, cookies = _login_in_chromium(url, learners[-1], pw[learners[-1]])
+            assert page.endswith("/hub/home") and "jupyterhub-hub-login" in cookies, (page, cookies)
         for u in [*learners, teach]:
             code, jar = _login(url, u, pw[u])
             assert code == 302 and _cookie(jar, "jupyterhub-hub-login"), (u, code, hublog())

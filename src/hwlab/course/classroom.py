@@ -42,11 +42,14 @@ from hwlab.course import dropbox, tries
 from hwlab.diagnosis import flowchart
 from hwlab.errors import UserInputError
 from hwlab.core.store import RecordExistsError, write_json_atomic
-from hwlab.core.store import read_user_json, rescue
+from hwlab.core.store import loads_user_json, read_user_text, rescue
 
 ENV_DIR, ENV_LEARNER = "HWLAB_CLASS_DIR", "HWLAB_LEARNER"
 SCHEMA, SCHEMA_VERSION = "hwlab.class_result", 1
 KINDS = ("exercise", "drill", "checkpoint", "joined")
+#: the largest class result read: one graded answer with its feedback is a few KiB; a bigger file is
+#: refused unread (by its size), so the summary's memory stays bounded by the number of files
+MAX_RESULT_BYTES = 256 * 1024
 _REQUIRED = {"schema": str, "kind": str, "item": str, "learner": str, "passed": bool, "at": str}
 
 
@@ -283,7 +286,8 @@ def load_results(folder: str | os.PathLike) -> tuple[list[dict[str, Any]], list[
     box = dropbox.is_dropbox(folder)
     for p in sorted(folder.glob("*.json")) + (dropbox.files(folder) if box else []):
         try:  # a FIFO, a device or an oversize file named *.json is refused unopened
-            d = read_user_json(p, "class result", "remove it from the class folder")
+            d = loads_user_json(read_user_text(p, "class result", "remove it from the class folder",
+                                               max_bytes=MAX_RESULT_BYTES))
         except UserInputError as e:
             bad.append({"path": clean(str(p)), "why": clean(str(e))})
             continue
