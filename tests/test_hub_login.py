@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from test_hub import _api, _free_port, _hub_venv, _kit_copy, _proxy, _run_cells, _stop, CACHE
+from test_hub import RIGHT, _answer_cells, _api, _free_port, _hub_venv, _kit_copy, _proxy, _run_cells, _stop, CACHE
 
 N_LEARNERS = 10
 
@@ -323,6 +323,29 @@ def test_learners_log_in_and_are_graded_on_the_server():
         assert codes.count(200) <= gradebook.MAX_RECORDS_PER_LEARNER and codes[-1] == 429, codes[-8:]
         n_flood = codes.count(200)
 
+        # ---- a learner's server: the home private, what the kernel writes private
+        u = learners[3]
+        _api(f"{url}/hub/api/users/{u}/server", admin_token, "POST")
+        for _ in range(480):
+            srv = _api(f"{url}/hub/api/users/{u}", admin_token).get("servers", {}).get("")
+            if srv and srv.get("ready"):
+                break
+            assert hub.poll() is None, hublog()
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"{u}'s server never became ready:\n{hublog()}")
+        home = Path(pwd.getpwnam(u).pw_dir)
+        assert stat.S_IMODE(home.stat().st_mode) == 0o700
+        out = asyncio.run(_run_cells(url, u, admin_token, [
+            "import os, pathlib\np = pathlib.Path.home() / 'notes.txt'\np.write_text('my answer')\n"
+            "print(oct(os.stat(p).st_mode & 0o777), os.environ.get('HWLAB_GRADER_URL'))"]))
+        assert out.split() == ["0o600", grader], out
+        # notebook 01's checkpoint answered in the learner's own kernel: graded by the service
+        nb01 = _api(f"{url}/user/{u}/api/contents/notebooks/01_bandwidth_bound.ipynb", admin_token)["content"]
+        out = asyncio.run(_run_cells(url, u, admin_token, _answer_cells(nb01, RIGHT)))
+        assert "checkpoint 01: passed" in out and "Traceback" not in out, out
+        plan[u].append(right)
+
         # ---- the instructor's summary from the service's gradebook: exactly what was sent
         hw = str(venv / "bin" / "hwlab")
         r = _as(teach, [hw, "class", "summary", str(book), "--json"], [grp.getgrnam(igroup).gr_gid])
@@ -360,23 +383,6 @@ def test_learners_log_in_and_are_graded_on_the_server():
         (sub,) = [p for p in (box / "inbound").iterdir() if p.name.startswith("drill-")]
         assert sub.owner() == u and json.loads(sub.read_text())["learner"] == u
 
-        # ---- a learner's server: the home private, what the kernel writes private
-        u = learners[3]
-        _api(f"{url}/hub/api/users/{u}/server", admin_token, "POST")
-        for _ in range(480):
-            srv = _api(f"{url}/hub/api/users/{u}", admin_token).get("servers", {}).get("")
-            if srv and srv.get("ready"):
-                break
-            assert hub.poll() is None, hublog()
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"{u}'s server never became ready:\n{hublog()}")
-        home = Path(pwd.getpwnam(u).pw_dir)
-        assert stat.S_IMODE(home.stat().st_mode) == 0o700
-        out = asyncio.run(_run_cells(url, u, admin_token, [
-            "import os, pathlib\np = pathlib.Path.home() / 'notes.txt'\np.write_text('my answer')\n"
-            "print(oct(os.stat(p).st_mode & 0o777), os.environ.get('HWLAB_GRADER_URL'))"]))
-        assert out.split() == ["0o600", grader], out
     finally:
         leftovers = _stop(hub, made_users, base) if hub else []
         for u in made_users:
