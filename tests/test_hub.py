@@ -92,6 +92,7 @@ def test_kubernetes_config_gives_each_pod_one_gpu_resource(monkeypatch, tmp_path
                 {"HWLAB_GPU_RESOURCE": "nvidia.com/mig-1g.18gb",
                  "HWLAB_IMAGE": "registry.example/hwlab:1", "HWLAB_HUB_STATE": str(tmp_path / "state")}, monkeypatch)
     assert cfg.JupyterHub.spawner_class == "kubespawner.KubeSpawner"
+    assert cfg.JupyterHub.authenticator_class == "github" and cfg.JupyterHub.services == []
 
     async def pod():
         sp = kubespawner.KubeSpawner(config=cfg, hub=Hub(), _mock=True,

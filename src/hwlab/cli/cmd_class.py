@@ -90,9 +90,11 @@ def cmd_class(a) -> int:
 
 
 def instructors(folder: Path) -> set[str]:
-    """The class folder's owner and the members of its group (the instructors' group of ``class init``
-    and the gradebook): not learners, so not in the summary. A group that is someone's own private
-    group (a plain folder) names only that person."""
+    """For a drop box or a gradebook: its owner and the members of its group (the instructors' group of
+    ``class init`` and of the gradebook), who are not learners, so not in the summary. A plain class
+    folder (one person's record) leaves nobody out."""
+    if not (dropbox.is_dropbox(folder) or gradebook.is_gradebook(folder)):
+        return set()
     st = os.stat(folder)
     names = set()
     try:

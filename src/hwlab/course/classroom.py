@@ -154,8 +154,8 @@ def _notebook() -> str | None:
 def record_exercise(result: Any, folder: str | os.PathLike | None = None, learner: str | None = None) -> Path | None:
     """Record a graded :class:`hwlab.course.exercise.ExerciseResult`; None where no class folder is set."""
     folder = class_dir(folder)
-    if folder is None or result.status == "not done yet" or tries.inner_check():
-        return None  # a check another check calls (its correctness step) is not the graded answer
+    if folder is None or result.status == "not done yet" or tries.inside_check():
+        return None  # built inside a graded check: the check records the result it returns
     answer, expected = getattr(result, "answer", None), getattr(result, "expected", None)
     leafy = isinstance(answer, str) and isinstance(expected, str) and {answer, expected} <= set(flowchart.LEAVES)
     rec = {"kind": "exercise", "item": result.name, "notebook": _notebook(), "learner": learner_name(learner),
