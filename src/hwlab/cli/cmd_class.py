@@ -1,6 +1,6 @@
 """``hwlab class summary DIR [--json] [--plot PATH] [--force]``: the instructor's view of a class folder;
 ``hwlab class init DIR --group GROUP``: make DIR a class drop box (:mod:`hwlab.course.dropbox`);
-``hwlab class serve GRADEBOOK [--group GROUP] [--as USER]``: the grading service the hub runs
+``hwlab class serve GRADEBOOK [--group GROUP]``: the grading service the hub runs
 (:mod:`hwlab.cli.gradeservice`). A folder the service keeps (:mod:`hwlab.course.gradebook`) is read as
 the class record: graded on the server, read with bounded memory, no link followed.
 
@@ -41,8 +41,8 @@ def cmd_class(a) -> int:
         from hwlab.cli import gradeservice
 
         if not a.dir:
-            raise UserInputError("give the gradebook folder: hwlab class serve DIR [--group INSTRUCTORS] [--as USER]")
-        return gradeservice.serve(a.dir, a.group, a.as_user)
+            raise UserInputError("give the gradebook folder: hwlab class serve DIR [--group INSTRUCTORS]")
+        return gradeservice.serve(a.dir, a.group)
     os.umask(0o077)  # the instructor's outputs (plot, rescue copies) are theirs alone
     folder = Path(a.dir) if a.dir else classroom.class_dir()
     if folder is None:
@@ -117,8 +117,6 @@ def add_parser(sub) -> None:
                    help="summary: the instructor's view; init: make DIR a drop box for --group (nbgrader's "
                         "exchange modes: learners submit, cannot list or read each other's files)")
     c.add_argument("--group", help="init, serve: the instructors' group, which reads every submission")
-    c.add_argument("--as", dest="as_user", metavar="USER", help="serve: run as USER (the class's account) "
-                   "when started as root")
     c.add_argument("dir", nargs="?", help=f"the class folder (default: ${classroom.ENV_DIR})")
     c.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     c.add_argument("--plot", metavar="PATH", help="also draw pass rate and wrong leaves (.png/.svg/.pdf)")

@@ -1,4 +1,4 @@
-"""``hwlab class serve GRADEBOOK [--group INSTRUCTORS] [--as USER]``: the class's grading service.
+"""``hwlab class serve GRADEBOOK [--group INSTRUCTORS]``: the class's grading service.
 
 Top floor. A JupyterHub service (``c.JupyterHub.services`` in ``deploy/jupyterhub_config.py``:
 the hub starts it with ``user`` set to the class's own account, and gives it its URL, prefix and
@@ -18,36 +18,18 @@ Routes under ``$JUPYTERHUB_SERVICE_PREFIX``:
 
 Status codes: 200, 400 (malformed request: one line saying what to send), 403 (no or wrong hub
 token), 413 (body over :data:`hwlab.course.gradebook.MAX_REQUEST_BYTES`), 429 (the learner's quota
-is full). Run as root with ``--as USER`` it drops to USER (its groups) before opening anything.
+is full). It runs as whoever starts it: the hub starts it as the class's account (the service's
+``user``), never as root or a learner.
 """
 from __future__ import annotations
 
 import json
 import os
-import pwd
 import sys
 
 from hwlab.errors import UserInputError
 
 SERVICE_NAME = "hwlab-grader"
-
-
-def drop_to(user: str) -> None:
-    """Become ``user`` (its primary and supplementary groups) when running as root; umask 077."""
-    os.umask(0o077)
-    if os.geteuid() != 0:
-        if pwd.getpwuid(os.geteuid()).pw_name != user:
-            raise UserInputError(f"--as {user}: this process runs as {pwd.getpwuid(os.geteuid()).pw_name} and "
-                                 "cannot become another user; start it as root or as that user")
-        return
-    try:
-        pw = pwd.getpwnam(user)
-    except KeyError:
-        raise UserInputError(f"--as {user}: no such user; make the class's account first (useradd)") from None
-    os.initgroups(user, pw.pw_gid)
-    os.setgid(pw.pw_gid)
-    os.setuid(pw.pw_uid)
-    os.environ["HOME"] = pw.pw_dir
 
 
 def make_app(folder: str, prefix: str):
@@ -116,15 +98,13 @@ def make_app(folder: str, prefix: str):
     return web.Application([(f"{p}/checkpoint", Checkpoint), (f"{p}/reveal", Reveal), (f"{p}/mine", Mine)])
 
 
-def serve(folder: str, group: str | None, as_user: str | None) -> int:
+def serve(folder: str, group: str | None) -> int:
     import asyncio
     from urllib.parse import urlparse
 
     from hwlab.course import gradebook
 
-    if as_user:
-        drop_to(as_user)
-    os.umask(0o027)
+    os.umask(0o027)  # the records: the service's to write, the instructors' group's to read
     gradebook.make(folder, group)
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", f"/services/{SERVICE_NAME}/")
