@@ -4,7 +4,7 @@ folders moved under a temporary one, its names made unique to this run, the kit 
 checkout's committed HEAD, and ``apt-get`` left out where its packages are already on the machine;
 then the hub it starts, and a learner logging in through the login form with the password the guide's
 ``chpasswd`` set. The install resolves from the machine's configured package sources (a wheel folder
-here); it takes minutes.
+here); it takes minutes. The shell gets the system PATH and the network's proxy and CA settings only.
 
 Needs root, git, node/npm, Debian's /usr/bin/python3 and PAM; skips otherwise.
 """
@@ -65,7 +65,10 @@ def test_the_guides_commands_give_a_hub_where_a_learner_logs_in():
     users = [names["teacher"], names["hwlab-class"], *learners]
     passwords = {u: secrets.token_urlsafe(12) for u in [names["teacher"], *learners]}
     (base / "passwords.txt").write_text("".join(f"{u}:{p}\n" for u, p in passwords.items()))
-    env = {"PATH": "/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
+    # a fresh machine's shell: the system PATH, and this network's own settings (its proxy and the CA
+    # certificates its TLS needs, which npm and pip read from the environment)
+    env = {"PATH": "/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
+           **{k: v for k, v in os.environ.items() if re.search(r"(?i)(_CA_|CERT|SSL|PROXY|_CA$)", k)}}
     port = _free_port()
     hub = None
     try:
