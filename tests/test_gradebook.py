@@ -222,3 +222,30 @@ def test_a_class_folder_record_with_escape_sequences_is_printed_clean(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "\x1b" not in r.stdout + r.stderr and "\x07" not in r.stdout + r.stderr
     assert "ana\ufffd[2J" in r.stdout and "malformed" in r.stdout
+
+
+def test_a_drill_is_sealed_with_the_services_key_and_a_reveal_is_recorded_before_a_submission(book, tmp_path,
+                                                                                           monkeypatch):
+    from hwlab.course import drills
+
+    monkeypatch.setenv("HWLAB_DRILL_KEY_FILE", str(tmp_path / "service.key"))
+    d = gradebook.new_drill(book, "ana", {"seed": 3})["drill"]
+    right = drills.Drill.from_dict(d).fault().leaf
+    # the learner's own key cannot read the seal nor re-sign an edited drill
+    monkeypatch.setenv("HWLAB_DRILL_KEY_FILE", str(tmp_path / "learner.key"))
+    with pytest.raises(UserInputError):
+        drills.Drill.from_dict(dict(d))
+    monkeypatch.setenv("HWLAB_DRILL_KEY_FILE", str(tmp_path / "service.key"))
+    edited = {**d, "observations": {**d["observations"], "forged_pct": 1.0}}
+    with pytest.raises(UserInputError):
+        gradebook.submit_drill(book, "ana", {"drill": edited, "leaf": right})
+    assert gradebook.submit_drill(book, "ana", {"drill": d, "leaf": right})["passed"] is True
+    # bo reveals first, then submits the revealed leaf: recorded, never as passed
+    assert gradebook.reveal_drill(book, "bo", {"drill": d})["leaf"] == right
+    gradebook.reveal_drill(book, "bo", {"drill": d})
+    got = gradebook.submit_drill(book, "bo", {"drill": d, "leaf": right})
+    assert got["passed"] is False and got["status"] == "submitted after reveal"
+    good, _ = gradebook.read_all(book)
+    s = classroom.summary(good)
+    (row,) = [r for k, r in s["items"].items() if k.startswith("drill:")]
+    assert (row["attempts"], row["passed"], row["revealed"], row["learners_passed"]) == (2, 1, 1, 1)

@@ -346,6 +346,22 @@ def test_learners_log_in_and_are_graded_on_the_server():
         assert "checkpoint 01: passed" in out and "Traceback" not in out, out
         plan[u].append(right)
 
+        # ---- drills drawn, revealed and graded by the service (its key; the learners never hold it)
+        def post(u, route, body):
+            r = _as(u, [py, "-c", POSTER, grader, tokens[u], route], stdin=json.dumps([body]))
+            code, d = json.loads(r.stdout)
+            assert code == 200, (u, route, d, r.stderr)
+            return d
+        d8 = post(learners[8], "drill/new", {"seed": 3})["drill"]
+        leaf = post(learners[8], "drill/reveal", {"drill": d8})["leaf"]
+        assert post(learners[8], "drill/submit", {"drill": d8, "leaf": leaf})["passed"] is False
+        d0 = post(learners[0], "drill/new", {"seed": 3})["drill"]
+        assert post(learners[0], "drill/submit", {"drill": d0, "leaf": leaf})["passed"] is True
+        edited = {**d0, "observations": {**d0["observations"], "x_pct": 1.0}}
+        r = _as(learners[0], [py, "-c", POSTER, grader, tokens[learners[0]], "drill/submit"],
+                stdin=json.dumps([{"drill": edited, "leaf": leaf}]))
+        assert json.loads(r.stdout)[0] == 400
+
         # ---- the instructor's summary from the service's gradebook: exactly what was sent
         hw = str(venv / "bin" / "hwlab")
         r = _as(teach, [hw, "class", "summary", str(book), "--json"], [grp.getgrnam(igroup).gr_gid])
@@ -363,6 +379,8 @@ def test_learners_log_in_and_are_graded_on_the_server():
         assert people[flooder]["items"]["checkpoint: 01"]["attempts"] == n_flood
         assert row["revealed"] == 1 and row["learners_passed"] == 6
         assert row["not_leaves"] == {"D": 1} and "D" not in row["wrong_leaves"]
+        (drow,) = [r for k, r in s["items"].items() if k.startswith("drill:")]
+        assert (drow["attempts"], drow["passed"], drow["revealed"], drow["learners_passed"]) == (2, 1, 1, 1)
         r = _as(teach, [hw, "class", "summary", str(book)], [grp.getgrnam(igroup).gr_gid])
         assert r.returncode == 0 and "\x1b" not in r.stdout + r.stderr and "\x07" not in r.stdout
         r = _as(learners[2], [hw, "class", "summary", str(book)])

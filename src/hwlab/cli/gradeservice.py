@@ -14,6 +14,9 @@ Routes under ``$JUPYTERHUB_SERVICE_PREFIX``:
   ``{status, messages, tries, may_reveal}``;
 * ``POST reveal``: ``{checkpoint}`` -> ``{revealed, message}`` (recorded only after the service counted
   the wrong tries);
+* ``POST drill/new`` ``{seed?}`` -> ``{drill}`` (sealed with the service's drill key);
+  ``POST drill/submit`` ``{drill, leaf, evidence?}`` -> ``{passed, status, explanation}``;
+  ``POST drill/reveal`` ``{drill}`` -> the fault and its leaf, recorded as revealed first;
 * ``GET mine``: this learner's own records.
 
 Status codes: 200, 400 (malformed request: one line saying what to send), 403 (no or wrong hub
@@ -90,12 +93,26 @@ def make_app(folder: str, prefix: str):
         def post(self):
             self.run(gradebook.reveal_checkpoint)
 
+    class DrillNew(Base):
+        def post(self):
+            self.run(gradebook.new_drill)
+
+    class DrillSubmit(Base):
+        def post(self):
+            self.run(gradebook.submit_drill)
+
+    class DrillReveal(Base):
+        def post(self):
+            self.run(gradebook.reveal_drill)
+
     class Mine(Base):
         def get(self):
             self.reply(200, {"learner": (who := self.learner()), "records": gradebook.learner_records(folder, who)})
 
     p = prefix.rstrip("/")
-    return web.Application([(f"{p}/checkpoint", Checkpoint), (f"{p}/reveal", Reveal), (f"{p}/mine", Mine)])
+    return web.Application([(f"{p}/checkpoint", Checkpoint), (f"{p}/reveal", Reveal), (f"{p}/mine", Mine),
+                            (f"{p}/drill/new", DrillNew), (f"{p}/drill/submit", DrillSubmit),
+                            (f"{p}/drill/reveal", DrillReveal)])
 
 
 def serve(folder: str, group: str | None) -> int:

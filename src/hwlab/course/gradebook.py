@@ -31,6 +31,10 @@ A reveal is recorded only when the service has counted :data:`hwlab.course.tries
 wrong tries of that learner at that checkpoint; the learner's kernel shows the answer only after the
 service recorded it.
 
+Drills (:func:`new_drill`, :func:`submit_drill`, :func:`reveal_drill`) are drawn and sealed with the
+service's own drill key, so the fault is out of the learner's reach until the service reveals it,
+records the reveal, and counts any later submission of that drill as made after the reveal.
+
 The evidence is the one the learner's kernel was shown (recorded or measured in their session):
 the service grades the answer against it and keeps its sha256 beside the result; it cannot prove
 a measurement it did not make.
@@ -317,6 +321,60 @@ def reveal_checkpoint(folder: str | os.PathLike, learner: str, req: dict[str, An
                                  "passed": False, "status": checkpoint.REVEALED, "revealed": True})
     return {"revealed": True, "message": f"checkpoint {cid}: answer revealed (recorded by the class's service)",
             "tries": c["wrong"]}
+
+
+# ---- drills: drawn, graded and revealed with the service's own drill key ------------------------
+
+def _drill_from(req: dict[str, Any]):
+    from hwlab.course import drills
+
+    return drills.Drill.from_dict(req.get("drill"), "the drill sent")  # its seal verified: edits refused
+
+
+def new_drill(folder: str | os.PathLike, learner: str, req: dict[str, Any]) -> dict[str, Any]:
+    """A drill drawn and sealed here, with the service's drill key (the learner never holds it, so the
+    fault stays sealed to them); its observations come from the kit's recorded runs."""
+    from hwlab.course import drills
+
+    seed, fault = req.get("seed"), req.get("fault")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**31):
+        raise UserInputError("seed: give a whole number from 0 to 2**31-1, or none")
+    if fault is not None:
+        raise UserInputError("fault: the service draws the fault; leave it out")
+    return {"drill": asdict(drills.new(seed, None, live=False))}
+
+
+def submit_drill(folder: str | os.PathLike, learner: str, req: dict[str, Any]) -> dict[str, Any]:
+    """Grade a leaf for a drill the service drew (its seal verified) and record it; a drill whose answer
+    this learner had revealed is recorded as submitted after the reveal, never as passed."""
+    from hwlab.course import drills
+
+    d, leaf, ev = _drill_from(req), req.get("leaf"), req.get("evidence")
+    if not isinstance(leaf, str):
+        raise UserInputError("leaf: give the leaf you reached")
+    if ev is not None and not isinstance(ev, dict):
+        raise UserInputError("evidence: give the probes' metrics you walked, or none")
+    g = drills.grade(d, leaf, ev, learner=learner)
+    rec = classroom.drill_record(d, g)
+    mine = [r for r in learner_records(folder, learner) if r.get("kind") == "drill" and r.get("drill_id") == d.drill_id]
+    if any(r.get("revealed") for r in mine):
+        rec.update(passed=False, status="submitted after reveal")
+    else:
+        rec["status"] = "passed" if g.passed else "wrong"
+    append(folder, learner, rec)
+    return {"drill_id": d.drill_id, "passed": rec["passed"], "status": rec["status"], "explanation": g.explanation}
+
+
+def reveal_drill(folder: str | os.PathLike, learner: str, req: dict[str, Any]) -> dict[str, Any]:
+    """The drill's answer, recorded as revealed (once) before it is returned."""
+    from hwlab.course import drills
+
+    d = _drill_from(req)
+    mine = [r for r in learner_records(folder, learner) if r.get("kind") == "drill" and r.get("drill_id") == d.drill_id]
+    if not any(r.get("revealed") for r in mine):
+        append(folder, learner, {"kind": "drill", "item": d.fault().name, "drill_id": d.drill_id, "passed": False,
+                                 "status": "revealed", "revealed": True})
+    return {"drill_id": d.drill_id, **drills.reveal(d)}
 
 
 def summary_of(folder: str | os.PathLike, exclude: set[str] = frozenset()) -> dict[str, Any]:
