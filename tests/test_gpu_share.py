@@ -2,7 +2,9 @@
 labelled "constructed": built from the H200's real snapshot with a neighbour added, not captured):
 a second compute process marks the measurement SHARED and the walk and the checkpoint say so; a quiet
 GPU does not; a container's unmatched pids are judged by count; a MIG 1g.18gb slice scales the
-datasheet peaks and keys the ceiling cache by the slice."""
+datasheet peaks and keys the ceiling cache by the slice. MPS clients (their own NVML list), a
+neighbour seen only in the driver's per-process utilisation, no process listed at all (unknown) and
+a MIG slice addressed by index give SHARED, SHARED, unknown and the slice's own peaks."""
 import json
 import os
 import time
@@ -56,8 +58,24 @@ class FakeNvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, h):
         self.i += 1
-        return [SimpleNamespace(pid=os.getpid() if p["pid"] == "SELF" else p["pid"],
-                                usedGpuMemory=int(p["used_mib"] * 2**20)) for p in self._sample()["processes"]]
+        return [SimpleNamespace(pid=_pid(p), usedGpuMemory=int(p["used_mib"] * 2**20))
+                for p in self._sample()["processes"]]
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, h):
+        return [SimpleNamespace(pid=_pid(p), usedGpuMemory=int(p["used_mib"] * 2**20))
+                for p in self._sample().get("mps", [])]
+
+    def nvmlDeviceGetProcessUtilization(self, h, since_us):
+        got = self.state.get("process_util")
+        if got is None:
+            raise NotSupported("no per-process utilisation sample")
+        return [SimpleNamespace(pid=_pid(p), smUtil=p["smUtil"], memUtil=p["memUtil"]) for p in got]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h):
+        return len(h.get("mig_slices", []))
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, i):
+        return self.state["devices"][h["mig_slices"][i]]
 
     def nvmlDeviceGetUtilizationRates(self, h):
         u = self._sample()["util"]
@@ -72,6 +90,10 @@ class FakeNvml:
 
     def nvmlDeviceIsMigDeviceHandle(self, h):
         return h["is_mig"]
+
+
+def _pid(p: dict) -> int:
+    return os.getpid() if p["pid"] == "SELF" else p["pid"]
 
 
 def _watch(name: str, monkeypatch, seconds: float = 0.35) -> dict | None:
@@ -105,6 +127,34 @@ def test_a_container_that_hides_our_pid_is_judged_by_count(monkeypatch):
     assert [o["pid"] for o in share["others"]] == [91001, 91002]
     one = gpu_share.judge([{"processes": [{"pid": 91001, "used_mib": 10.0}]}], pids={7})
     assert one["shared"] is False  # one unmatched process is taken to be this one
+
+
+def test_mps_clients_are_read_from_their_own_list(monkeypatch):
+    share = _watch("mps_h200.json", monkeypatch)
+    assert share["shared"] is True and share["pids_matched"] is True
+    assert [o["pid"] for o in share["others"]] == [424242]
+
+
+def test_a_neighbour_between_two_reads_is_seen_in_the_drivers_utilisation_samples(monkeypatch):
+    share = _watch("brief_neighbour_h200.json", monkeypatch)
+    assert share["shared"] is True and share["others"] == [{"pid": 515151, "used_mib": None}]
+    assert "pid 515151" in gpu_share.note(share)
+
+
+def test_no_process_listed_at_all_is_unknown_not_quiet(monkeypatch):
+    share = _watch("no_processes_h200.json", monkeypatch)
+    assert share["shared"] is None and share["n_samples"] >= 2 and gpu_share.note(share) == ""
+
+
+def test_a_mig_slice_addressed_by_index_is_found_and_keeps_its_own_peaks(monkeypatch):
+    monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
+    share = _watch("mig_by_index_h200.json", monkeypatch)
+    assert share["device"] == "NVIDIA H200 MIG 1g.18gb" and share["mig_device"] is True
+    assert share["shared"] is False and share["util_gpu_pct_max"] is None
+    whole, sl = specs.lookup("NVIDIA H200"), specs.lookup(share["device"])
+    assert sl.hbm_gbps == pytest.approx(whole.hbm_gbps / 8)
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "MIG-5d0b4a1e-8f5e-5c39-9a5e-3f1a1c2b7d10")
+    assert _watch("mig_by_index_h200.json", monkeypatch)["uuid"] == "MIG-5d0b4a1e-8f5e-5c39-9a5e-3f1a1c2b7d10"
 
 
 def _shared_lab01(share):

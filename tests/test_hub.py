@@ -49,7 +49,7 @@ def _load(path: Path, env: dict, monkeypatch):
     return PyFileConfigLoader(path.name, path=str(path.parent)).load_config()
 
 
-def test_slurm_config_asks_slurm_for_one_gpu_slice_per_learner(monkeypatch):
+def test_slurm_config_asks_slurm_for_one_gpu_slice_per_learner(monkeypatch, tmp_path):
     batchspawner = pytest.importorskip("batchspawner", reason="the hub extra (batchspawner) is not installed")
     from jupyterhub.objects import Hub
     from types import SimpleNamespace
@@ -58,7 +58,7 @@ def test_slurm_config_asks_slurm_for_one_gpu_slice_per_learner(monkeypatch):
     cfg = _load(DEPLOY / "jupyterhub_config_slurm.py",
                 {"HWLAB_SLURM_PARTITION": "class-gpu", "HWLAB_SLURM_TIME": "01:30:00",
                  "HWLAB_SLURM_GPU": "gpu:1g.18gb:1", "HWLAB_KIT": "/opt/hwlab", "HWLAB_BIN": "/opt/hwlab/venv/bin",
-                 "HWLAB_CLASS_DIR": "/srv/class"}, monkeypatch)
+                 "HWLAB_CLASS_DIR": "/srv/class", "HWLAB_HUB_STATE": str(tmp_path / "state")}, monkeypatch)
     assert cfg.JupyterHub.spawner_class == "batchspawner.SlurmSpawner"
     sp = batchspawner.SlurmSpawner(config=cfg, hub=Hub(),
                                    user=SimpleNamespace(name=me, url=f"/user/{me}/", escaped_name=me, server=None))
@@ -68,7 +68,7 @@ def test_slurm_config_asks_slurm_for_one_gpu_slice_per_learner(monkeypatch):
     script = asyncio.run(sp._get_batch_script(**subvars))
     assert "#SBATCH --partition=class-gpu" in script and "#SBATCH --time=01:30:00" in script
     assert "#SBATCH --gres=gpu:1g.18gb:1" in script
-    assert re.search(r"^srun batchspawner-singleuser /opt/hwlab/venv/bin/hwlab hub singleuser --dir "
+    assert re.search(r"^srun /opt/hwlab/venv/bin/batchspawner-singleuser /opt/hwlab/venv/bin/hwlab hub singleuser --dir "
                      r"/opt/hwlab/notebooks$", script, re.M), script
     assert sp.get_env()["HWLAB_CLASS_DIR"] == "/srv/class"
     exported = re.search(r"--export=(\S+)", script).group(1).split(",")
@@ -90,8 +90,9 @@ def test_kubernetes_config_gives_each_pod_one_gpu_resource(monkeypatch, tmp_path
     monkeypatch.setattr("kubernetes_asyncio.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(kube))
     cfg = _load(DEPLOY / "kubernetes" / "jupyterhub_config_k8s.py",
                 {"HWLAB_GPU_RESOURCE": "nvidia.com/mig-1g.18gb",
-                 "HWLAB_IMAGE": "registry.example/hwlab:1"}, monkeypatch)
+                 "HWLAB_IMAGE": "registry.example/hwlab:1", "HWLAB_HUB_STATE": str(tmp_path / "state")}, monkeypatch)
     assert cfg.JupyterHub.spawner_class == "kubespawner.KubeSpawner"
+    assert cfg.JupyterHub.authenticator_class == "github" and cfg.JupyterHub.services == []
 
     async def pod():
         sp = kubespawner.KubeSpawner(config=cfg, hub=Hub(), _mock=True,
@@ -107,6 +108,47 @@ def test_kubernetes_config_gives_each_pod_one_gpu_resource(monkeypatch, tmp_path
     assert "nvidia.com/gpu" not in c.resources.limits
     values = yaml.safe_load((DEPLOY / "kubernetes" / "values.yaml").read_text())["singleuser"]
     assert values["cmd"][:3] == ["hwlab", "hub", "singleuser"] and values["extraResource"]["limits"] == {"nvidia.com/gpu": "1"}
+
+
+def test_kubernetes_values_log_in_with_a_real_authenticator_and_keep_each_learners_home():
+    yaml = pytest.importorskip("yaml")
+    pytest.importorskip("oauthenticator", reason="the hub extra (oauthenticator) is not installed")
+    from importlib.metadata import entry_points
+    from jupyterhub.auth import Authenticator, DummyAuthenticator
+    from traitlets.config import Config
+
+    v = yaml.safe_load((DEPLOY / "kubernetes" / "values.yaml").read_text())
+    conf = v["hub"]["config"]
+    name = conf["JupyterHub"]["authenticator_class"]
+    cls = entry_points(group="jupyterhub.authenticators")[name].load()
+    assert issubclass(cls, Authenticator) and not issubclass(cls, DummyAuthenticator)
+    auth = cls(config=Config(conf))
+    for section in (cls.__name__, "Authenticator"):  # every key is a setting of that class: no typo ignored
+        unknown = set(conf.get(section, {})) - set(cls.class_trait_names(config=True))
+        assert not unknown, (section, unknown)
+    assert auth.client_id and auth.client_secret and auth.allowed_organizations and auth.admin_users
+    assert not auth.allow_all
+    su = v["singleuser"]
+    assert su["storage"]["type"] == "dynamic" and su["storage"]["homeMountPath"] == "/home/jovyan"
+
+    # the image the values name: deploy/Dockerfile, read instruction by instruction
+    text = re.sub(r"\\\n", " ", (DEPLOY / "Dockerfile").read_text())
+    ins = [ln.split(None, 1) for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    ops = [op.upper() for op, *_ in ins]
+    assert ops[0] in ("FROM", "ARG") and "FROM" in ops
+    assert set(ops) <= {"FROM", "ARG", "RUN", "COPY", "ENV", "USER", "WORKDIR", "CMD", "LABEL", "EXPOSE"}
+    user = [rest for op, rest in ins if op == "USER"][-1].strip()
+    assert user not in ("0", "root") and re.search(rf"useradd .*--uid {user} .*jovyan", text)
+    assert su["uid"] == int(user)
+    assert json.loads([rest for op, rest in ins if op == "CMD"][-1]) == su["cmd"]
+    env = " ".join(rest for op, rest in ins if op == "ENV")
+    kit = su["extraEnv"]["HWLAB_KIT"]
+    assert f"HWLAB_KIT={kit}" in env and su["cmd"][-1] == f"{kit}/notebooks"
+    assert re.search(rf"^COPY (--\S+ )*\. {kit}$", text, re.M)
+    extras = re.search(r'"/opt/hwlab\[([a-z,]+)\]"', text).group(1).split(",")
+    known = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(extras) <= set(known) and "hub" in extras
+    assert "ipykernel install --prefix /opt/venv --name hwlab" in text and "/opt/venv/bin" in env
 
 
 # ---- a real hub --------------------------------------------------------------------------------
@@ -274,7 +316,7 @@ def test_a_class_on_a_real_jupyterhub():
             "c.JupyterHub.load_roles = [{'name': 'classtest', 'services': ['classtest'],"
             " 'scopes': ['admin:users', 'admin:servers', 'access:servers']}]\n")
         env = {**os.environ, "HWLAB_KIT": str(kit), "HWLAB_BIN": str(venv / "bin"), "HWLAB_CLASS_DIR": str(klass),
-               "HWLAB_HUB_PROXY": str(chp)}
+               "HWLAB_HUB_PROXY": str(chp), "HWLAB_HUB_STATE": str(base / "hub"), "HWLAB_GRADEBOOK": ""}
         env.pop("PYTHONPATH", None)
         log = open(base / "hub" / "hub.log", "w")
         hub = subprocess.Popen([str(venv / "bin" / "python"), "-m", "jupyterhub", "-f", str(cfg)],

@@ -12,6 +12,10 @@ sets the pod. Settings (environment of the hub):
                       a MIG slice as NVIDIA's device plugin names it under its "mixed" strategy, e.g.
                       ``nvidia.com/mig-1g.18gb``
   HWLAB_MEM_LIMIT     memory limit per pod (default "16G"); HWLAB_CPU_LIMIT cores (default 4)
+  HWLAB_HUB_AUTH      the authenticator (default "github": oauthenticator's GitHubOAuthenticator, its
+                      client id, secret, callback and allowed organisations set as in values.yaml);
+                      never the dummy one. The machine's PAM logins of the local hub do not apply
+                      in a pod, and the grading service of the local hub is not started here.
 """
 import os
 from pathlib import Path
@@ -24,9 +28,14 @@ if base.is_file():
 KIT = os.environ.get("HWLAB_KIT", "/opt/hwlab")
 GPU = os.environ.get("HWLAB_GPU_RESOURCE", "nvidia.com/gpu")
 c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"
+c.JupyterHub.authenticator_class = os.environ.get("HWLAB_HUB_AUTH", "github")
+if c.JupyterHub.authenticator_class in ("dummy", "null", "jupyterhub.auth.DummyAuthenticator"):
+    raise ValueError("HWLAB_HUB_AUTH names the dummy authenticator: anyone would log in as anyone")
+c.Authenticator.allowed_groups = set()  # the local hub's system groups mean nothing in a pod
+c.JupyterHub.services = []
 c.KubeSpawner.image = os.environ.get("HWLAB_IMAGE", "hwlab:latest")
 c.KubeSpawner.cmd = ["hwlab", "hub", "singleuser", "--dir", f"{KIT}/notebooks"]
-c.KubeSpawner.environment = {"HWLAB_KIT": KIT,
+c.KubeSpawner.environment = {"HWLAB_KIT": KIT,  # no HWLAB_GRADER_URL: no grading service here
                              **({"HWLAB_CLASS_DIR": os.environ["HWLAB_CLASS_DIR"]}
                                 if os.environ.get("HWLAB_CLASS_DIR") else {})}
 c.KubeSpawner.extra_resource_limits = {GPU: "1"}

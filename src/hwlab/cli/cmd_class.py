@@ -1,5 +1,12 @@
 """``hwlab class summary DIR [--json] [--plot PATH] [--force]``: the instructor's view of a class folder;
-``hwlab class init DIR --group GROUP``: make DIR a class drop box (:mod:`hwlab.course.dropbox`).
+``hwlab class init DIR --group GROUP``: make DIR a class drop box (:mod:`hwlab.course.dropbox`);
+``hwlab class serve GRADEBOOK [--group GROUP]``: the grading service the hub runs
+(:mod:`hwlab.cli.gradeservice`). A folder the service keeps (:mod:`hwlab.course.gradebook`) is read as
+the class record: graded on the server, read with bounded memory, no link followed.
+
+The summary leaves out the instructors (the class folder's group and its owner) and prints only text
+with its control characters replaced. What it writes (the plot) is private to the instructor (mode
+0o600; umask 077 while writing).
 
 Exit codes: 0 summary printed (malformed files are listed on stderr and skipped), 2 bad input
 (no such folder, no results in it, a plot path that exists without ``--force``, is not
@@ -9,11 +16,14 @@ printed), 3 internal error.
 """
 from __future__ import annotations
 
+import grp
 import json
+import os
+import pwd
 import sys
 from pathlib import Path
 
-from hwlab.course import classroom, dropbox
+from hwlab.course import classroom, dropbox, gradebook
 from hwlab.errors import EXIT_OK, UserInputError
 from hwlab.errors import EXIT_USAGE
 from hwlab.core.store import check_destination, rescue, write_atomic_with
@@ -27,6 +37,13 @@ def cmd_class(a) -> int:
         print(f"class drop box ready: learners set {classroom.ENV_DIR}={a.dir}; they submit into {inbound} "
               f"and cannot list or read each other's files; group {a.group} reads them all")
         return EXIT_OK
+    if a.action == "serve":
+        from hwlab.cli import gradeservice
+
+        if not a.dir:
+            raise UserInputError("give the gradebook folder: hwlab class serve DIR [--group INSTRUCTORS]")
+        return gradeservice.serve(a.dir, a.group)
+    os.umask(0o077)  # the instructor's outputs (plot, rescue copies) are theirs alone
     folder = Path(a.dir) if a.dir else classroom.class_dir()
     if folder is None:
         raise UserInputError(f"give the class folder: hwlab class summary DIR (or set {classroom.ENV_DIR})")
@@ -38,13 +55,16 @@ def cmd_class(a) -> int:
             raise UserInputError(f"--plot {plot}: the folder {plot.parent} does not exist")
         # a device, FIFO, folder or an existing file without --force is refused now (core.store)
         check_destination(plot, overwrite=a.force)
-    results, bad = classroom.load_results(folder)
+    if gradebook.is_gradebook(folder):
+        results, bad = gradebook.read_all(folder)
+    else:
+        results, bad = classroom.load_results(folder)
     for b in bad:
         print(f"hwlab class: skipped {b['path']}: {b['why']}", file=sys.stderr)
     if not results:
         raise UserInputError(f"no graded results in {folder} ({len(bad)} malformed): learners write them "
                              f"when {classroom.ENV_DIR} points there, or with hwlab drill submit --class-dir")
-    s = classroom.summary(results)
+    s = classroom.summary(results, exclude=instructors(folder))
     s["malformed"] = bad
     plot_err = None
     if plot is not None:  # checked above; if the write still fails, the plot goes to the rescue folder
@@ -69,13 +89,34 @@ def cmd_class(a) -> int:
     return EXIT_OK
 
 
+def instructors(folder: Path) -> set[str]:
+    """For a drop box or a gradebook: its owner and the members of its group (the instructors' group of
+    ``class init`` and of the gradebook), who are not learners, so not in the summary. A plain class
+    folder (one person's record) leaves nobody out."""
+    if not (dropbox.is_dropbox(folder) or gradebook.is_gradebook(folder)):
+        return set()
+    st = os.stat(folder)
+    names = set()
+    try:
+        names.add(pwd.getpwuid(st.st_uid).pw_name)
+    except KeyError:
+        pass
+    try:
+        g = grp.getgrgid(st.st_gid)
+    except KeyError:
+        return names
+    if g.gr_name in ("root", "users", "staff") and not g.gr_mem:
+        return names
+    return names | set(g.gr_mem)
+
+
 def add_parser(sub) -> None:
     c = sub.add_parser("class", help="class results: attempts, pass rate, wrong leaves per exercise, fault and "
                        "checkpoint; leaves picked and evidence cited per checkpoint")
-    c.add_argument("action", choices=["summary", "init"],
+    c.add_argument("action", choices=["summary", "init", "serve"],
                    help="summary: the instructor's view; init: make DIR a drop box for --group (nbgrader's "
                         "exchange modes: learners submit, cannot list or read each other's files)")
-    c.add_argument("--group", help="init: the instructors' group, which reads every submission")
+    c.add_argument("--group", help="init, serve: the instructors' group, which reads every submission")
     c.add_argument("dir", nargs="?", help=f"the class folder (default: ${classroom.ENV_DIR})")
     c.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     c.add_argument("--plot", metavar="PATH", help="also draw pass rate and wrong leaves (.png/.svg/.pdf)")

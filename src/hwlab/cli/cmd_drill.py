@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from hwlab.course import classroom, drills
+from hwlab.course import classroom, drills, dropbox
 from hwlab.cli.console import print_json, read_observations, whole_number
 from hwlab.core import validate
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UserInputError
@@ -112,7 +112,11 @@ def _submit(a, d: drills.Drill) -> int:
     # record in the rescue folder, and the grade is printed either way
     class_named = classroom.class_dir(a.class_dir)
     class_what = "--class-dir folder" if a.class_dir else f"class folder (${classroom.ENV_DIR})"
-    class_folder = check_folder(class_named, what=class_what) if class_named is not None else None
+    if class_named is not None and dropbox.is_dropbox(class_named):
+        class_folder = Path(class_named)  # a drop box: the learner writes into inbound/, never the folder
+        dropbox.check(class_folder)
+    else:
+        class_folder = check_folder(class_named, what=class_what) if class_named is not None else None
     folder = check_folder(a.dir, what="--dir folder")
     g = drills.grade(d, a.leaf, ev, learner=a.learner)
     errs = []

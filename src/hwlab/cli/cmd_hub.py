@@ -80,6 +80,19 @@ def split_args(args: list[str]) -> tuple[str | None, list[str]]:
     return folder, rest
 
 
+def make_private() -> None:
+    """umask 077 from here on (inherited by the server and its kernels); the home folder 0700 if
+    this user owns it and it lets group or others in."""
+    os.umask(0o077)
+    home = os.path.expanduser("~")
+    try:
+        st = os.lstat(home)
+        if st.st_uid == os.geteuid() and st.st_mode & 0o077 and not os.path.islink(home):
+            os.chmod(home, 0o700)
+    except OSError as e:
+        print(f"hwlab: could not make {home} private: {e}", file=sys.stderr)
+
+
 def cmd_hub_singleuser(a) -> int:
     folder, extra = split_args(a.args)
     folder = folder or a.dir
@@ -88,6 +101,7 @@ def cmd_hub_singleuser(a) -> int:
     if notebooks is None or not (notebooks / "00_start_here.ipynb").is_file():
         raise UserInputError(f"no kit notebooks at {notebooks}: set HWLAB_KIT to the kit's checkout "
                              "or pass --dir NOTEBOOKS in c.Spawner.cmd")
+    make_private()
     work, env = prepare(notebooks)
     join_class()
     cmd = singleuser_command(work, extra)

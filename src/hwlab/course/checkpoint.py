@@ -43,7 +43,7 @@ from typing import Any
 
 from hwlab.diagnosis import flowchart
 
-from hwlab.course import classroom, tries
+from hwlab.course import classroom, gradeclient, tries
 from hwlab.diagnosis import flowchart_checks as checks
 
 #: relative tolerance on a value read off the evidence (the tables print three significant digits;
@@ -164,8 +164,16 @@ class Result:
             return tries.too_early(f"checkpoint {self.checkpoint}", self.tries)
         cp, s = self._cp, self._cp.asked()
         first = self.status != REVEALED
-        self.status = REVEALED
-        if first:
+        if first and gradeclient.url():  # the service reveals only what it has counted and recorded
+            try:
+                got = gradeclient.call("reveal", {"checkpoint": cp.id, "notebook": classroom._notebook()})
+            except gradeclient.GraderUnavailable as e:
+                return f"checkpoint {cp.id}: not revealed: {e}"
+            if not got.get("revealed"):
+                return str(got.get("message"))
+            self.status = REVEALED
+        elif first:
+            self.status = REVEALED
             classroom.record_checkpoint(cp, self, learner=learner)
             for shown in ON_SHOWN:
                 shown(cp.id)
@@ -296,6 +304,8 @@ def check(cp: Checkpoint, answer: Answer | None, *, record: bool = True, learner
     if shared_run(cp) and res.status in (PASSED, WRONG):
         res.messages.append("graded on a SHARED GPU (another process ran on it while this was measured): "
                             "the figures may differ from a quiet run's")
+    if record and res.status in (PASSED, WRONG) and gradeclient.url():
+        return _graded_on_server(cp, a, res)
     if record and res.status == WRONG:
         res.tries = tries.count_wrong(f"checkpoint {cp.id}")
         line = tries.offer(res.tries, "print(CP.reveal())")
@@ -303,6 +313,27 @@ def check(cp: Checkpoint, answer: Answer | None, *, record: bool = True, learner
             res.messages.append(line)
     if record and res.status in (PASSED, WRONG):
         classroom.record_checkpoint(cp, res, learner=learner)
+    return res
+
+
+def _graded_on_server(cp: Checkpoint, a: Answer, res: Result) -> Result:
+    """The class's grading service grades ``a`` again and records it (:mod:`hwlab.course.gradeclient`);
+    its status and its count of tries are the result's. A service that does not answer leaves the
+    answer ungraded (status ``wrong``, not recorded anywhere) and says so."""
+    from hwlab.course import gradebook
+
+    try:
+        got = gradeclient.call("checkpoint", gradebook.request_checkpoint(cp, a, classroom._notebook()))
+    except gradeclient.GraderUnavailable as e:
+        res.status, res.messages = WRONG, [f"not graded: {e}; run this cell again, or tell the instructor"]
+        return res
+    res.status = got.get("status") if got.get("status") in (PASSED, WRONG) else WRONG
+    res.messages = [str(m) for m in got.get("messages", [])]
+    res.tries = int(got.get("tries", 0))
+    if res.status == WRONG:
+        line = tries.offer(res.tries, "print(CP.reveal())")
+        if line:
+            res.messages.append(line)
     return res
 
 

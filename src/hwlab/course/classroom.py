@@ -38,16 +38,35 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hwlab.course import dropbox
+from hwlab.course import dropbox, tries
 from hwlab.diagnosis import flowchart
 from hwlab.errors import UserInputError
 from hwlab.core.store import RecordExistsError, write_json_atomic
-from hwlab.core.store import read_user_json, rescue
+from hwlab.core.store import loads_user_json, read_user_text, rescue
 
 ENV_DIR, ENV_LEARNER = "HWLAB_CLASS_DIR", "HWLAB_LEARNER"
 SCHEMA, SCHEMA_VERSION = "hwlab.class_result", 1
 KINDS = ("exercise", "drill", "checkpoint", "joined")
+#: the largest class result read: one graded answer with its feedback is a few KiB; a bigger file is
+#: refused unread (by its size), so the summary's memory stays bounded by the number of files
+MAX_RESULT_BYTES = 256 * 1024
 _REQUIRED = {"schema": str, "kind": str, "item": str, "learner": str, "passed": bool, "at": str}
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean(v: Any) -> Any:
+    """``v`` with every string's control characters (C0 but tab and newline, DEL, C1: terminal escape
+    sequences start with ESC or CSI) replaced by U+FFFD, recursively, keys too: what a learner wrote
+    never reaches the instructor's terminal raw."""
+    if isinstance(v, str):
+        return _CONTROL.sub("\ufffd", v)
+    if isinstance(v, dict):
+        return {clean(k): clean(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [clean(x) for x in v]
+    return v
 
 
 def class_dir(explicit: str | os.PathLike | None = None) -> Path | None:
@@ -135,8 +154,8 @@ def _notebook() -> str | None:
 def record_exercise(result: Any, folder: str | os.PathLike | None = None, learner: str | None = None) -> Path | None:
     """Record a graded :class:`hwlab.course.exercise.ExerciseResult`; None where no class folder is set."""
     folder = class_dir(folder)
-    if folder is None or result.status == "not done yet":
-        return None
+    if folder is None or result.status == "not done yet" or tries.inside_check():
+        return None  # built inside a graded check: the check records the result it returns
     answer, expected = getattr(result, "answer", None), getattr(result, "expected", None)
     leafy = isinstance(answer, str) and isinstance(expected, str) and {answer, expected} <= set(flowchart.LEAVES)
     rec = {"kind": "exercise", "item": result.name, "notebook": _notebook(), "learner": learner_name(learner),
@@ -186,21 +205,35 @@ def record_checkpoint(cp: Any, res: Any, folder: str | os.PathLike | None = None
     folder = class_dir(folder)
     if folder is None:
         return None
-    a, right = res.answer, cp.walk.leaf_id
-    leaf = str(a.leaf).strip().upper() if a.leaf is not None else None
-    rec = {"kind": "checkpoint", "item": cp.id, "notebook": _notebook(), "learner": learner_name(learner),
-           "passed": bool(res.passed), "status": res.status, "revealed": res.status == "revealed",
-           "leaf": leaf, "metric": a.metric,
-           "value": _num(a.value), "prediction": _num(a.prediction), "right_leaf": right,
-           "wrong_leaf": leaf if right and leaf != right else None,
-           "first_wrong_branch": first_wrong_branch(right, leaf) if right and leaf else None,
-           "asked_step": getattr(cp.asked(), "question", None), "source": cp.source,
-           "gpu_shared": bool(getattr(cp.walk, "shared", None)),
-           "message": "\n".join(res.messages)}
+    rec = checkpoint_record(cp, res, learner_name(learner))
     try:
         return write_result(rec, folder)
     except OSError as e:
         raise OSError(e.errno, rescue(rec, "class-result", folder, e)) from None
+
+
+def checkpoint_record(cp: Any, res: Any, learner: str) -> dict[str, Any]:
+    """The class result of one graded checkpoint answer (what :func:`record_checkpoint` writes and the
+    grading service appends to its gradebook)."""
+    a, right = res.answer, cp.walk.leaf_id
+    leaf = str(a.leaf).strip().upper() if a.leaf is not None else None
+    rec = {"kind": "checkpoint", "item": cp.id, "notebook": _notebook(), "learner": learner,
+           "passed": bool(res.passed), "status": res.status, "revealed": res.status == "revealed",
+           "leaf": leaf, "metric": a.metric,
+           "value": _num(a.value), "prediction": _num(a.prediction), "right_leaf": right,
+           "wrong_leaf": leaf if right and leaf != right and leaf in flowchart.LEAVES else None,
+           "not_a_leaf": leaf if leaf is not None and leaf not in flowchart.LEAVES else None,
+           "first_wrong_branch": first_wrong_branch(right, leaf) if right and leaf else None,
+           "asked_step": getattr(cp.asked(), "question", None), "source": cp.source,
+           "gpu_shared": _shared(cp),
+           "message": "\n".join(res.messages)}
+    return rec
+
+
+def _shared(cp: Any) -> bool:
+    """Whether the checkpoint's evidence was measured on a SHARED GPU (its walk or its evidence says so)."""
+    ev = (getattr(cp, "evidence", None) or {}).get("gpu_shared")
+    return bool(getattr(cp.walk, "shared", None) or (isinstance(ev, dict) and ev.get("shared")))
 
 
 def join(folder: str | os.PathLike | None = None) -> Path | None:
@@ -253,21 +286,23 @@ def load_results(folder: str | os.PathLike) -> tuple[list[dict[str, Any]], list[
     box = dropbox.is_dropbox(folder)
     for p in sorted(folder.glob("*.json")) + (dropbox.files(folder) if box else []):
         try:  # a FIFO, a device or an oversize file named *.json is refused unopened
-            d = read_user_json(p, "class result", "remove it from the class folder")
+            d = loads_user_json(read_user_text(p, "class result", "remove it from the class folder",
+                                               max_bytes=MAX_RESULT_BYTES))
         except UserInputError as e:
-            bad.append({"path": str(p), "why": str(e)})
+            bad.append({"path": clean(str(p)), "why": clean(str(e))})
             continue
-        why = _invalid(d)
+        d = clean(d)
+        why = invalid(d)
         if not why and box and p.parent.name == dropbox.INBOUND and d["learner"] != dropbox.owner_name(p):
             why = f"names learner {d['learner']!r} but was written by {dropbox.owner_name(p)!r}"
         if why:
-            bad.append({"path": str(p), "why": why})
+            bad.append({"path": clean(str(p)), "why": clean(why)})
         else:
             good.append(d)
     return good, bad
 
 
-def _invalid(d: Any) -> str | None:
+def invalid(d: Any) -> str | None:
     if not isinstance(d, dict):
         return "not a JSON object"
     if d.get("schema") != SCHEMA:
@@ -281,26 +316,40 @@ def _invalid(d: Any) -> str | None:
 
 
 def _key(d: dict[str, Any]) -> str:
-    return f"{d['kind']}: " + (f"{d['notebook']} / {d['item']}" if d.get("notebook") else d["item"])
+    """A checkpoint is one row whatever notebook file or console kernel answered it (its id is the
+    kit's); an exercise check keeps the notebook it came from, so same-named checks stay apart."""
+    if d["kind"] == "checkpoint" or not d.get("notebook"):
+        return f"{d['kind']}: {d['item']}"
+    return f"{d['kind']}: {d['notebook']} / {d['item']}"
 
 
-def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per exercise and fault: attempts, learners, passes, pass rate, wrong leaves, first wrong branches."""
+def full_pass(d: dict[str, Any]) -> bool:
+    """Only a full pass counts: a result marked passed whose status is not a pass ("too slow": right
+    but over its budget) is not one."""
+    return bool(d["passed"]) and str(d.get("status") or "passed").startswith("passed")
+
+
+def summary(results: list[dict[str, Any]], exclude: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Per exercise and fault: attempts, learners, passes, pass rate, wrong leaves, first wrong branches,
+    answers that are not leaves, and how many were graded on a SHARED GPU; ``exclude`` (the
+    instructors) are left out."""
     rows: dict[str, dict[str, Any]] = {}
     people: dict[str, dict[str, Any]] = {}
     for d in results:
+        if d["learner"] in exclude:
+            continue
         who = people.setdefault(d["learner"], {"attempts": 0, "items": {}})
         if d["kind"] == "joined":
             continue
         who["attempts"] += 1
         mine = who["items"].setdefault(_key(d), {"attempts": 0, "passed": False})
         mine["attempts"] += 1
-        mine["passed"] = mine["passed"] or bool(d["passed"])
+        mine["passed"] = mine["passed"] or full_pass(d)
         if d.get("revealed"):
             mine["revealed"] = True
         r = rows.setdefault(_key(d), {"kind": d["kind"], "item": d["item"], "attempts": 0, "passed": 0,
                                       "revealed": 0, "learners": set(), "wrong_leaves": Counter(),
-                                      "first_wrong_branches": Counter()})
+                                      "not_leaves": Counter(), "shared": 0, "first_wrong_branches": Counter()})
         if d.get("revealed"):  # a reveal is not an answer: counted apart, not as a try
             r["revealed"] += 1
             who["attempts"] -= 1
@@ -308,10 +357,13 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
             r["learners"].add(d["learner"])
             continue
         r["attempts"] += 1
-        r["passed"] += d["passed"]
+        r["passed"] += full_pass(d)
+        r["shared"] += bool(d.get("gpu_shared"))
         r["learners"].add(d["learner"])
-        if d.get("wrong_leaf"):
+        if d.get("wrong_leaf") in flowchart.LEAVES:
             r["wrong_leaves"][d["wrong_leaf"]] += 1
+        elif d.get("wrong_leaf") or d.get("not_a_leaf"):
+            r["not_leaves"][str(d.get("not_a_leaf") or d.get("wrong_leaf"))] += 1
         if d["kind"] == "checkpoint":
             r.setdefault("leaves_picked", Counter())[str(d.get("leaf"))] += 1
             r.setdefault("metrics_cited", Counter())[str(d.get("metric"))] += 1
@@ -326,23 +378,26 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
                   "pass_rate_pct": 100.0 * r["passed"] / r["attempts"] if r["attempts"] else 0.0,
                   "learners_passed": len(passed_by),
                   "wrong_leaves": dict(r["wrong_leaves"].most_common()),
+                  "not_leaves": dict(r["not_leaves"].most_common()),
                   "first_wrong_branches": dict(r["first_wrong_branches"].most_common())}
         for extra in ("leaves_picked", "metrics_cited"):
             if extra in r:
                 out[k][extra] = dict(r[extra].most_common())
-    return {"n_results": sum(d["kind"] != "joined" for d in results), "items": out,
+    return {"n_results": sum(d["kind"] != "joined" and d["learner"] not in exclude for d in results), "items": out,
             "per_learner": {n: people[n] for n in sorted(people)}}
 
 
 def render(s: dict[str, Any]) -> str:
     """The summary as a table for the terminal."""
     lines = [f"{'exercise / fault / checkpoint':<44} {'tries':>5} {'pass %':>7} {'passed/people':>13} "
-             f"{'revealed':>8}  wrong leaves; first wrong branch"]
+             f"{'revealed':>8} {'SHARED':>6}  wrong leaves; not leaves; first wrong branch"]
     for k, r in s["items"].items():
         wl = ", ".join(f"{leaf} x{n}" for leaf, n in r["wrong_leaves"].items()) or "-"
         fb = ", ".join(f"{b} x{n}" for b, n in r["first_wrong_branches"].items()) or "-"
+        nl = ", ".join(f"{x!r} x{n}" for x, n in r.get("not_leaves", {}).items()) or "-"
         lines.append(f"{k[:44]:<44} {r['attempts']:>5} {r['pass_rate_pct']:>6.0f}% "
-                     f"{str(r['learners_passed']) + '/' + str(r['learners']):>13} {r.get('revealed', 0):>8}  {wl}; {fb}")
+                     f"{str(r['learners_passed']) + '/' + str(r['learners']):>13} {r.get('revealed', 0):>8} "
+                     f"{r.get('shared', 0):>6}  {wl}; {nl}; {fb}")
         if "leaves_picked" in r:
             lines.append(f"{'':<4}leaves picked: " + ", ".join(f"{leaf} x{n}" for leaf, n in r["leaves_picked"].items()))
             lines.append(f"{'':<4}evidence cited: " + ", ".join(f"{m} x{n}" for m, n in r["metrics_cited"].items()))
