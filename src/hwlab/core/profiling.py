@@ -418,10 +418,14 @@ def trace_calls(trace: dict, call_mark: str) -> list[list[dict[str, Any]]]:
             ops = [x for x in encl if x["name"].startswith("aten::")]
             out[i].append({"stack": [x["name"] for x in ops], "op_ids": [_ext(x) for x in ops],
                            "op_ts": [x["ts"] for x in ops], "us": self_us, "kernel": None,
-                           "compiled": False, "args": {}, "ts": h["ts"]})
+                           "compiled": False, "ts": h["ts"],
+                           "args": {a: h["args"][a] for a in OP_SHAPE_ARGS if a in h.get("args", {})}})
     return out
 
 
+#: a CPU op's recorded shapes (``record_shapes``) kept on its item: an op inside a fused native op
+#: is counted from them (:mod:`hwlab.traces.trace_shapes`)
+OP_SHAPE_ARGS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
 #: names of host ranges that mark a compiled (torch.compile) region in a trace
 COMPILED_TRACE_MARKS = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
 

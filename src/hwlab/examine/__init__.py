@@ -74,6 +74,7 @@ from hwlab.core import validate
 from hwlab.examine.ncu_counters import MAX_KERNELS
 from hwlab.examine.parts import Part, Parts, build_parts
 from hwlab.examine.rates import traffic_ratio
+from hwlab.examine.dtype_lever import CPU_PEAK_FOR_DTYPE, gemm_ceiling
 from hwlab.examine.repeats import (
     N_REPEATS, Blocks, Retimer, alternatives, ceiling_band, leaf_name, merge_spreads, spreads_over,
     timed_blocks)
@@ -96,6 +97,9 @@ LAB_FALLBACK = {"I": "06_case_studies (the dtype / MMA-path scenario)"}
 #: question D's back-to-back run: chunks (median taken) of about this many ms each
 E2E_CHUNKS = 15
 E2E_CHUNK_MS = 5.0
+#: profiled calls on a CPU: one per repeat and two more, so the quiet calls (least run-queue wait,
+#: :func:`hwlab.examine.parts.quiet_calls`) the shares are pooled from can leave a preempted one out
+N_PROFILED = N_REPEATS + 2
 #: the phases ``on_step`` announces, in order (progress on the command line's stderr)
 PHASES = ("checked call (runs, returns tensors, leaves its inputs unchanged)",
           "ceilings of this machine (cached or measured)",
@@ -222,8 +226,8 @@ def _peak_dtype(traffic: Traffic, args: tuple, dtype_peak: str | None, c, gpu: b
         floats = [t for t in tensors_of(args) if t.is_floating_point()]
         dt = str(max(floats, key=lambda t: t.numel()).dtype).replace("torch.", "") if floats else None
     want = PEAK_FOR_DTYPE.get(dt or "", "bf16")
-    if not gpu:
-        want = "fp32"  # a CPU has one measured GEMM ceiling
+    if not gpu:  # a CPU's whole-function floor: its data's own precision (the parts take the dtype lever)
+        want = CPU_PEAK_FOR_DTYPE.get(dt or "", "fp32")
     if c.gemm(want) is None:
         alt = next(iter(c.gemm_tflops), None)
         notes.append(f"no measured {want} GEMM ceiling here; the FLOP floor uses {alt}")
@@ -284,6 +288,11 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     step(PHASES[1])
     c = ceilings if ceilings is not None else ceilings_mod.get(
         dev, quick=True, progress=(lambda s: step(f"ceiling: {s}")) if on_step else None)
+    if dev.type != "cuda":  # bf16 and fp64 ceilings a cache from before lacks: measured now (dtype_lever)
+        c, now = ceilings_mod.with_cpu_gemms(c, dev, progress=(lambda s: step(f"... ceiling: {s}")) if on_step else None)
+        if now:
+            notes.append(f"{', '.join(now)} GEMM ceiling{'s' if len(now) > 1 else ''} measured now (the ceilings "
+                         "in use had none): quick size, not cached")
     if dtype_peak and c.gemm(dtype_peak) is None:
         _peak_dtype(None, args, dtype_peak, c, dev.type == "cuda", notes)  # refuses it with its one line
     step(PHASES[2])
@@ -312,7 +321,8 @@ def _measured(fn, name: str, args: tuple, kwargs: dict, arg_sets: list, dev, c, 
     gpu = dev.type == "cuda"
     step(PHASES[4])
     try:
-        prof = profile_calls(fn, arg_sets, kwargs, dev, n_calls=N_REPEATS, unprofiled_median_ms=timing[0])
+        prof = profile_calls(fn, arg_sets, kwargs, dev, n_calls=N_PROFILED if not gpu else N_REPEATS,
+                             unprofiled_median_ms=timing[0])
     except Exception as e:  # the measurement stands without a profile; the walk says what is missing
         prof = ProfileSummary(on_gpu=gpu, n_calls=0, kernels_per_call=0.0, busy_ms_per_call=0.0,
                               error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
@@ -391,11 +401,13 @@ def _walk_all(m: Measurement, c, peak: str | None, counts: dict[str, Any], prof,
             bf16["v"] = ceilings_mod.bf16_gain(c, dev)
         return bf16["v"]
 
+    native = ceilings_mod.bf16_support(dev)[0]
+
+    def gemm_ceiling_for(dt: str | None) -> tuple[float | None, str | None, str | None]:
+        return gemm_ceiling(dt, c, gpu, dtype_peak, bf16_native=native, fallback=peak)
+
     def gemm_tflops_for(dt: str | None) -> float | None:
-        if dtype_peak:
-            return c.gemm(dtype_peak)
-        return c.gemm("fp32" if not gpu else PEAK_FOR_DTYPE.get(dt or "", peak or "bf16")) or \
-            (c.gemm(peak) if peak else None)
+        return gemm_ceiling_for(dt)[0]
 
     def walk_one(mr: Measurement, chunks: list[float], call_index: int | None, repeats: list | None,
                  whole_spreads: dict[str, Any] | None):
@@ -415,6 +427,7 @@ def _walk_all(m: Measurement, c, peak: str | None, counts: dict[str, Any], prof,
                                 e2e_spread=(ev.get("metric_spreads") or {}).get("e2e_slowdown"),
                                 out_keys=traffic.out_keys, ncu=ncu, lab_for=leaf_lab, cache_bytes=cache_b,
                                 whole_leaf=diag.leaf_id, call_index=call_index, repeats=repeats, bf16_ok=bf16_ok,
+                                gemm_ceiling_for=gemm_ceiling_for,
                                 ceiling_band=band if repeats is not None else None)
         except Exception as e:  # the whole-function walk stands; the parts say why they are missing
             parts = Parts([], mr.t_ms, "", None, error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")

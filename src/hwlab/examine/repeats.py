@@ -33,6 +33,11 @@ the report gives the wait's share); what the load leaves in (cache and memory co
 neighbours) shows as spread between blocks, and a profiled call that waited inside an op is not
 the one the pooled parts are read from (:func:`hwlab.examine.parts.quiet_calls`).
 
+**Run to run.** The blocks share one load phase, so their range can be narrower than what the next
+examination meets; a metric read from a time (:data:`TIMED_METRICS`) has a spread of at least
+:data:`RUN_TO_RUN` of its pooled value on each side, so a threshold that a re-run's medians can cross
+marks the step BORDERLINE in every run, not only in the run whose blocks happened to straddle it.
+
 **Alternatives.** A leaf is BORDERLINE, with its alternatives named (:func:`alternatives`), when a
 repeat reached another leaf, or when the walk on some metric at either end of its spread (one at
 a time, then all low, all high) reaches another one. A headline is also BORDERLINE when a repeat
@@ -160,6 +165,16 @@ class Retimer:
         return out
 
 
+#: metrics read from a time this run measured (a median over a timing or profiled call's shares):
+#: their spread is at least :data:`RUN_TO_RUN` of the pooled value on each side
+TIMED_METRICS = ("slowdown_vs_floor", "dram_pct_estimated", "dram_pct_required_estimated", "tensor_pct_of_peak",
+                 "e2e_slowdown")
+#: the least relative spread of a timed metric (module doc, "Run to run"): 15%, the difference between
+#: medians (net of the run-queue wait) that re-runs of one model on a busy 2-core host reach from one
+#: load phase to the next; a range over blocks taken in one phase is narrower than that
+RUN_TO_RUN = 0.15
+
+
 #: metrics judged against a measured ceiling: +1 grows with the ceiling (time over a floor of
 #: work / ceiling), -1 shrinks with it (a rate over the ceiling)
 CEILING_METRICS = {"slowdown_vs_floor": 1, "dram_pct_estimated": -1, "dram_pct_required_estimated": -1,
@@ -199,14 +214,25 @@ def spreads_over(repeat_evidence: list[dict[str, Any]], pooled: dict[str, Any],
         if k not in pooled or not vals:
             continue
         lo, hi, what = min(vals), max(vals), f"range over {len(vals) - 1} repeats and the pooled run"
+        n = len(vals)
+        if repeat_evidence and k in TIMED_METRICS and isinstance(pooled.get(k), (int, float)):  # run to run
+            v = float(pooled[k])
+            f_lo, f_hi = v * (1 - RUN_TO_RUN), v * (1 + RUN_TO_RUN)
+            if len(vals) < checks.FEW_REPEATS:  # the few repeats' widening, then the floor under it
+                w = hi - lo
+                lo, hi, what = _clamp(k, lo - w), hi + w, what + " widened by its width (few repeats)"
+            if f_lo < lo or f_hi > hi:
+                lo, hi = min(lo, f_lo), max(hi, f_hi)
+                what += f", at least +-{100 * RUN_TO_RUN:.0f}% of its value (run to run)"
+            n = max(n, checks.FEW_REPEATS)  # widened here: not widened again
         if band is not None and k in CEILING_METRICS:
-            if len(vals) < checks.FEW_REPEATS:  # widened as flowchart_checks widens a few repeats' range
+            if n < checks.FEW_REPEATS:  # widened as flowchart_checks widens a few repeats' range
                 w = hi - lo
                 lo, hi, what = _clamp(k, lo - w), hi + w, what + " widened by its width (few repeats)"
             f_lo, f_hi = band if CEILING_METRICS[k] > 0 else (1 / band[1], 1 / band[0])
             out[k] = {"lo": lo * f_lo, "hi": hi * f_hi, "what": what + ", times the ceiling's own p10-p90"}
-        elif len(vals) >= 2:
-            out[k] = {"lo": lo, "hi": hi, "n": len(vals), "what": what}
+        elif n >= 2:
+            out[k] = {"lo": lo, "hi": hi, "n": n, "what": what}
     return out
 
 
