@@ -218,13 +218,11 @@ def spreads_over(repeat_evidence: list[dict[str, Any]], pooled: dict[str, Any],
         if repeat_evidence and k in TIMED_METRICS and isinstance(pooled.get(k), (int, float)):  # run to run
             v = float(pooled[k])
             f_lo, f_hi = v * (1 - RUN_TO_RUN), v * (1 + RUN_TO_RUN)
-            if len(vals) < checks.FEW_REPEATS:  # the few repeats' widening, then the floor under it
-                w = hi - lo
-                lo, hi, what = _clamp(k, lo - w), hi + w, what + " widened by its width (few repeats)"
-            if f_lo < lo or f_hi > hi:
-                lo, hi = min(lo, f_lo), max(hi, f_hi)
+            w = hi - lo if n < checks.FEW_REPEATS else 0.0  # as the walk will widen a few repeats' range
+            if f_lo < lo - w or f_hi > hi + w:  # narrower than the floor: widened here, not again
+                lo, hi = min(_clamp(k, lo - w), f_lo), max(hi + w, f_hi)
                 what += f", at least +-{100 * RUN_TO_RUN:.0f}% of its value (run to run)"
-            n = max(n, checks.FEW_REPEATS)  # widened here: not widened again
+                n = max(n, checks.FEW_REPEATS)
         if band is not None and k in CEILING_METRICS:
             if n < checks.FEW_REPEATS:  # widened as flowchart_checks widens a few repeats' range
                 w = hi - lo
