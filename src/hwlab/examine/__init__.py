@@ -75,6 +75,7 @@ from hwlab.examine.ncu_counters import MAX_KERNELS
 from hwlab.examine.parts import Part, Parts, build_parts
 from hwlab.examine.rates import traffic_ratio
 from hwlab.examine.dtype_lever import CPU_PEAK_FOR_DTYPE, gemm_ceiling
+from hwlab.examine.op_overhead import per_op_share, per_op_us
 from hwlab.examine.repeats import (
     N_REPEATS, Blocks, Retimer, alternatives, ceiling_band, leaf_name, merge_spreads, spreads_over,
     timed_blocks)
@@ -352,7 +353,8 @@ def _measured(fn, name: str, args: tuple, kwargs: dict, arg_sets: list, dev, c, 
     ncu = ncu_collect(ncu_target, notes, top_kernels=[k["name"] for k in prof.top] if many else None) \
         if ncu_target else None
     step(PHASES[6])
-    walks = _walk_all(m, c, peak, counts, prof, traffic, blocks, ncu, gpu, dtype_peak, dev)
+    per_op = per_op_us(dev)  # a CPU's cost per aten op (examine/op_overhead): J's per-op rule
+    walks = _walk_all(m, c, peak, counts, prof, traffic, blocks, ncu, gpu, dtype_peak, dev, per_op)
     ev, sources, diag, parts, alts = walks
     if diag.undecided is not None and diag.undecided.id == "H" and not flop_bound(m):
         notes.append("H asks about Tensor-Core use, which applies to matmul work; this function's floor is "
@@ -364,6 +366,11 @@ def _measured(fn, name: str, args: tuple, kwargs: dict, arg_sets: list, dev, c, 
             unit, now = ("GB/s", c.copy_gbps) if k == "copy" else ("TFLOP/s", c.gemm(k.split()[-1]))
             notes.append(f"ceiling {k} re-timed before each block and after the last: {min(rs):.4g}-{max(rs):.4g} "
                          f"{unit} against {now:.4g} in use; the range widens every metric judged against it")
+        n_ops = counts["n_ops"]  # ops as dispatched (the traffic model's records): what each pays for
+        share = per_op_share(n_ops, m.t_ms, per_op)
+        if share is not None:
+            notes.append(f"per-op overhead: {n_ops:.0f} aten ops per call x {per_op['us']:.3g} us per op (measured: "
+                         f"{per_op['source']}) = {100 * share:.0f}% of the call's {m.t_ms:.4g} ms")
         w = blocks.wait_share()
         notes.append("CPU times are net of the run-queue wait (hwlab.core.hostwait): " + (
             f"in its busiest block the timing thread waited for a CPU {100 * w:.0f}% of the wall time (host "
@@ -385,7 +392,7 @@ def _measured(fn, name: str, args: tuple, kwargs: dict, arg_sets: list, dev, c, 
 
 
 def _walk_all(m: Measurement, c, peak: str | None, counts: dict[str, Any], prof, traffic, blocks: Blocks, ncu,
-              gpu: bool, dtype_peak: str | None, dev) -> tuple:
+              gpu: bool, dtype_peak: str | None, dev, per_op: dict[str, Any] | None = None) -> tuple:
     """The whole function and its parts walked on the pooled run and on each repeat (one timing
     block, one profiled call each): the repeats' ranges are the spreads, and a leaf they differ on
     is BORDERLINE (:mod:`hwlab.examine.repeats`)."""
@@ -427,7 +434,7 @@ def _walk_all(m: Measurement, c, peak: str | None, counts: dict[str, Any], prof,
                                 e2e_spread=(ev.get("metric_spreads") or {}).get("e2e_slowdown"),
                                 out_keys=traffic.out_keys, ncu=ncu, lab_for=leaf_lab, cache_bytes=cache_b,
                                 whole_leaf=diag.leaf_id, call_index=call_index, repeats=repeats, bf16_ok=bf16_ok,
-                                gemm_ceiling_for=gemm_ceiling_for,
+                                gemm_ceiling_for=gemm_ceiling_for, per_op=per_op,
                                 ceiling_band=band if repeats is not None else None)
         except Exception as e:  # the whole-function walk stands; the parts say why they are missing
             parts = Parts([], mr.t_ms, "", None, error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")

@@ -150,8 +150,8 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
                 repeats: list[Parts] | None = None,
                 bf16_ok: Callable[[], tuple[bool, str]] | None = None,
                 ceiling_band: tuple[float, float] | None = None,
-                gemm_ceiling_for: Callable[[str | None], tuple[float | None, str | None, str | None]] | None = None
-                ) -> Parts:
+                gemm_ceiling_for: Callable[[str | None], tuple[float | None, str | None, str | None]] | None = None,
+                per_op: dict[str, Any] | None = None) -> Parts:
     """The parts of one examination (module doc). ``gemm_tflops_for(dtype)`` is the measured
     GEMM ceiling a matmul of that input dtype is floored at. ``call_index`` picks the profiled
     call on a CPU (default: the call of median duration); ``repeats`` are the same parts built
@@ -159,7 +159,8 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
     they differ on is BORDERLINE, widened by the ceilings' own spread (``ceiling_band``,
 :func:`hwlab.examine.repeats.ceiling_band`). ``bf16_ok`` checks a bf16 fix against the machine.
     ``gemm_ceiling_for(dtype)`` -> ``(TFLOP/s, ceiling name, lever)``, where given, replaces
-    ``gemm_tflops_for`` (:func:`hwlab.examine.dtype_lever.gemm_ceiling`)."""
+    ``gemm_tflops_for`` (:func:`hwlab.examine.dtype_lever.gemm_ceiling`). ``per_op``: a CPU's
+    measured cost per aten op (:func:`hwlab.examine.op_overhead.per_op_us`), for J in detail."""
     src = ("GPU kernel times from the profiler's Chrome trace, joined to the aten ops that launched them"
            if gpu else "CPU: aten op self times from the profiler's Chrome trace (no device kernels); "
            "shares of the profiled call")
@@ -227,7 +228,8 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
             if leaf == "J":
                 p.j = j_detail(p, idle_pct if gpu else None, copy_gbps,
                                prof.n_spills if p.name == "triton/compiled" else None,
-                               ncu if ncu_matches(p, ncu) else None, groups.get(p.name, {}).get("args", []))
+                               ncu if ncu_matches(p, ncu) else None, groups.get(p.name, {}).get("args", []),
+                               per_op=per_op if not gpu else None)
     return Parts(parts, t_ms, src, coverage, notes, repeats=repeats or [])
 
 
