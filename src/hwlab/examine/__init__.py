@@ -76,6 +76,7 @@ from hwlab.examine.parts import Part, Parts, build_parts
 from hwlab.examine.rates import traffic_ratio
 from hwlab.examine.dtype_lever import CPU_PEAK_FOR_DTYPE, gemm_ceiling
 from hwlab.examine.op_overhead import per_op_share, per_op_us
+from hwlab.examine.progress import SUBSTEP, Progress
 from hwlab.examine.repeats import (
     N_REPEATS, Blocks, Retimer, alternatives, ceiling_band, leaf_name, merge_spreads, spreads_over,
     timed_blocks)
@@ -260,9 +261,8 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     from hwlab.examine.inputs import check_inputs, make
     from hwlab.examine.phases import checked_call, rotating_sets
 
-    def step(label: str) -> None:
-        if on_step is not None:
-            on_step(label)
+    prog = Progress(on_step, N_PROFILED, PHASES)
+    step = prog.step
 
     if not callable(fn):
         raise UserInputError(f"{fn!r} is not callable: pass a function (MODULE:FUNC on the command line)")
@@ -280,35 +280,42 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
         args = make(make_inputs, "make_inputs")
     args = tuple(args)
     dev = check_inputs(args, kwargs)
-    step(PHASES[0])
-    first_call_s, read_b, written_b = checked_call(fn, name, args, kwargs, dev, notes)
-    arg_sets = rotating_sets(args, make_inputs, kwargs, dev, read_b, notes)
-    run = (lambda *a: fn(*a, **kwargs)) if kwargs else fn
-    # the ceilings before timing, so every refusal of input (a corrupt cache, a dtype_peak with no
-    # ceiling, a given count no device reaches) comes before the long phases
-    step(PHASES[1])
-    c = ceilings if ceilings is not None else ceilings_mod.get(
-        dev, quick=True, progress=(lambda s: step(f"ceiling: {s}")) if on_step else None)
-    if dev.type != "cuda":  # bf16 and fp64 ceilings a cache from before lacks: measured now (dtype_lever)
-        c, now = ceilings_mod.with_cpu_gemms(c, dev, progress=(lambda s: step(f"... ceiling: {s}")) if on_step else None)
-        if now:
-            notes.append(f"{', '.join(now)} GEMM ceiling{'s' if len(now) > 1 else ''} measured now (the ceilings "
-                         "in use had none): quick size, not cached")
-    if dtype_peak and c.gemm(dtype_peak) is None:
-        _peak_dtype(None, args, dtype_peak, c, dev.type == "cuda", notes)  # refuses it with its one line
-    step(PHASES[2])
-    blocks = timed_blocks(run, arg_sets, dev, time_fn, back_to_back_ms, n_rep=21, n_chunks=15,
-                          max_total_s=max_total_s, retime=Retimer(c.bands, dev) if dev.type != "cuda" else None)
-    pooled = sorted(blocks.pooled_samples_ms)
-    timing = (statistics.median(pooled), quantile(pooled, 0.1), quantile(pooled, 0.9))
-    if n_bytes is not None or n_flops is not None:  # a given count no device reaches: refused now
-        _check_given_counts(Measurement(
-            name=name, t_ms=timing[0], t_p10_ms=timing[1], t_p90_ms=timing[2],
-            n_bytes=int(n_bytes or 0), n_flops=int(n_flops or 0), device=device_name(dev), timer=blocks.timer,
-            n_rep=len(pooled)), c, dev.type == "cuda", n_bytes is not None, n_flops is not None)
-    step(PHASES[3])
-    return _measured(fn, name, args, kwargs, arg_sets, dev, c, blocks, timing, first_call_s, read_b, written_b,
-                     n_bytes, n_flops, dtype_peak, ncu_target, cache_bytes, notes, step)
+    prog.heartbeat()
+    try:
+        step(PHASES[0])
+        first_call_s, read_b, written_b = checked_call(fn, name, args, kwargs, dev, notes)
+        prog.call_s = first_call_s  # until the timing measures it
+        arg_sets = rotating_sets(args, make_inputs, kwargs, dev, read_b, notes)
+        run = (lambda *a: fn(*a, **kwargs)) if kwargs else fn
+        # the ceilings before timing, so every refusal of input (a corrupt cache, a dtype_peak with no
+        # ceiling, a given count no device reaches) comes before the long phases
+        step(PHASES[1])
+        c = ceilings if ceilings is not None else ceilings_mod.get(
+            dev, quick=True, progress=(lambda s: step(f"{SUBSTEP}ceiling: {s}")) if on_step else None)
+        if dev.type != "cuda":  # bf16 and fp64 ceilings a cache from before lacks: measured now (dtype_lever)
+            c, now = ceilings_mod.with_cpu_gemms(c, dev, progress=(lambda s: step(f"{SUBSTEP}ceiling: {s}"))
+                                               if on_step else None)
+            if now:
+                notes.append(f"{', '.join(now)} GEMM ceiling{'s' if len(now) > 1 else ''} measured now (the ceilings "
+                             "in use had none): quick size, not cached")
+        if dtype_peak and c.gemm(dtype_peak) is None:
+            _peak_dtype(None, args, dtype_peak, c, dev.type == "cuda", notes)  # refuses it with its one line
+        step(PHASES[2])
+        blocks = timed_blocks(run, arg_sets, dev, time_fn, back_to_back_ms, n_rep=21, n_chunks=15,
+                              max_total_s=max_total_s, retime=Retimer(c.bands, dev) if dev.type != "cuda" else None,
+                              on_block=prog.block_started, on_timed=prog.timed)
+        pooled = sorted(blocks.pooled_samples_ms)
+        timing = (statistics.median(pooled), quantile(pooled, 0.1), quantile(pooled, 0.9))
+        if n_bytes is not None or n_flops is not None:  # a given count no device reaches: refused now
+            _check_given_counts(Measurement(
+                name=name, t_ms=timing[0], t_p10_ms=timing[1], t_p90_ms=timing[2],
+                n_bytes=int(n_bytes or 0), n_flops=int(n_flops or 0), device=device_name(dev), timer=blocks.timer,
+                n_rep=len(pooled)), c, dev.type == "cuda", n_bytes is not None, n_flops is not None)
+        step(PHASES[3])
+        return _measured(fn, name, args, kwargs, arg_sets, dev, c, blocks, timing, first_call_s, read_b, written_b,
+                         n_bytes, n_flops, dtype_peak, ncu_target, cache_bytes, notes, step)
+    finally:
+        prog.stop()
 
 
 def _measured(fn, name: str, args: tuple, kwargs: dict, arg_sets: list, dev, c, blocks: Blocks,

@@ -30,20 +30,21 @@ CPU_PEAK_FOR_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "bf16", 
 
 
 def gemm_ceiling(dt: str | None, c: Any, gpu: bool, dtype_peak: str | None = None, bf16_native: bool = False,
-                 fallback: str | None = None) -> tuple[float | None, str | None, str | None]:
-    """``(TFLOP/s, ceiling name, lever)`` for matmuls whose inputs are ``dt`` (module doc): the
+                 fallback: str | None = None) -> tuple[float | None, str | None, str | None, float | None]:
+    """``(TFLOP/s, ceiling name, lever, gain)`` for matmuls whose inputs are ``dt`` (module doc): the
     measured ceiling and its name, and, where the ceiling is a faster precision than the data's
-    own, the action that takes it (with both measured rates), else None. ``fallback``: the ceiling of
+    own, the action that takes it (with both measured rates) and its ceiling over the data's own,
+    else None and None. ``fallback``: the ceiling of
     a GPU matmul whose dtype has none of its own."""
     if dtype_peak:
-        return c.gemm(dtype_peak), dtype_peak, None
+        return c.gemm(dtype_peak), dtype_peak, None, None
     if dt == "float64":
-        return c.gemm("fp64"), "fp64", None
+        return c.gemm("fp64"), "fp64", None, None
     if gpu:
         key = GPU_PEAK_FOR_DTYPE.get(dt or "", fallback or "bf16")
         if c.gemm(key) is None:
             key = fallback if fallback and c.gemm(fallback) is not None else next(iter(c.gemm_tflops), None)
-        return (c.gemm(key) if key else None), key, None
+        return (c.gemm(key) if key else None), key, None, None
     key = CPU_PEAK_FOR_DTYPE.get(dt or "", "fp32")
     if c.gemm(key) is None:
         key = "fp32" if c.gemm("fp32") is not None else next(iter(c.gemm_tflops), None)
@@ -53,8 +54,8 @@ def gemm_ceiling(dt: str | None, c: Any, gpu: bool, dtype_peak: str | None = Non
             f"run the matmuls in bf16 (torch.autocast('cpu', dtype=torch.bfloat16), or the model in bfloat16): "
             f"this CPU's bf16 GEMM ceiling is {bf * 1e3:,.4g} GFLOP/s against fp32's {fp * 1e3:,.4g} "
             f"({bf / fp:.2f}x, both measured here); pass dtype_peak='fp32' (--dtype-peak fp32) if the model "
-            "needs full fp32 accuracy")
-    return (c.gemm(key) if key else None), key, None
+            "needs full fp32 accuracy"), bf / fp
+    return (c.gemm(key) if key else None), key, None, None
 
 
 def lever_note(dt: str | None, name: str | None, lever: str | None) -> str | None:

@@ -1,7 +1,8 @@
 """Fused native ops split into the parts their work is (:func:`hwlab.examine.parts.build_parts`).
 
 Some aten ops are whole layers run natively: PyTorch's encoder fast path
-(``aten::_transformer_encoder_layer_fwd``), native multi-head attention, the fused optimizers. The
+(``aten::_transformer_encoder_layer_fwd``), native multi-head attention, the fused optimizers (SDPA and its variants are attention whole, by
+the kit's table, and are not split). The
 traffic model (a dispatch mode, :mod:`hwlab.examine.estimate`) sees each as one op with no matmul
 FLOPs, so joined to it, a layer's GEMMs, attention and elementwise work would all be read as one
 elementwise part. Instead an item under a fused native op (:data:`FUSED_NATIVE_OPS`) is classed by
@@ -21,19 +22,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from hwlab.core.profiling import part_class
+from hwlab.core.profiling import PART_ATTENTION_OPS, part_class
 
 #: aten ops that run a layer (or an optimizer step) natively: their items are split by what they are
 FUSED_NATIVE_OPS = frozenset((
     "aten::_transformer_encoder_layer_fwd", "aten::_native_multi_head_attention",
     "aten::_transformer_decoder_only_layer_fwd", "aten::_native_decoder_only_multi_head_attention",
-    "aten::_fused_adam_", "aten::_fused_adamw_", "aten::_fused_sgd_", "aten::_fused_adagrad_",
-    "aten::_scaled_dot_product_attention_math", "aten::_scaled_dot_product_flash_attention_for_cpu"))
+    "aten::_fused_adam_", "aten::_fused_adamw_", "aten::_fused_sgd_", "aten::_fused_adagrad_"))
 #: ops whose batched matmuls and softmax are attention (the rest of their work is projections)
-ATTENTION_PARENTS = frozenset((
-    "aten::_native_multi_head_attention", "aten::_native_decoder_only_multi_head_attention",
-    "aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math",
-    "aten::_scaled_dot_product_flash_attention_for_cpu"))
+ATTENTION_PARENTS = frozenset(("aten::_native_multi_head_attention",
+                               "aten::_native_decoder_only_multi_head_attention"))
 #: the ops of attention's core inside an attention parent
 ATTENTION_CORE = frozenset(("aten::bmm", "aten::baddbmm", "aten::_softmax", "aten::softmax",
                             "aten::_masked_softmax", "aten::matmul"))
@@ -68,7 +66,9 @@ class FusedSplit:
             if rec is not None and rec.shapes is False:
                 rec = None
         dtypes = tuple(rec.in_dtypes) if rec is not None else ()
-        if it["kernel"] is not None:  # a GPU kernel: its name decides
+        if any(n in PART_ATTENTION_OPS for n in stack):  # SDPA in a layer: all of it attention, as elsewhere
+            cls = "attention"
+        elif it["kernel"] is not None:  # a GPU kernel: its name decides
             cls = part_class(inner, it["kernel"], dtypes, it["compiled"])
         elif inner in ATTENTION_CORE and any(n in ATTENTION_PARENTS for n in stack[1:]):
             cls = "attention"

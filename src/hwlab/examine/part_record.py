@@ -61,6 +61,8 @@ class Part:
     share_range_pct: list[float] | None = None
     #: the faster precision this part's matmuls are judged against, as an action (dtype_lever), or None
     dtype_lever: str | None = None
+    #: that precision's measured GEMM ceiling over the data's own (None: no lever)
+    lever_gain: float | None = None
 
     @property
     def repeats_agreed(self) -> tuple[int, int]:

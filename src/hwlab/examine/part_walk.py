@@ -55,7 +55,8 @@ def near_ridge(p: Part) -> bool:
         return False
     flop_ms = p.flops / (p.ceiling_tflops * 1e9)
     byte_ms = p.floor_bytes / (p.ceiling_gbps * 1e6)
-    return flop_ms * RIDGE_BAND >= byte_ms
+    # judged against a faster precision (the dtype lever), the ridge is where the data's own ceiling puts it
+    return flop_ms * RIDGE_BAND * (p.lever_gain or 1.0) >= byte_ms
 
 
 def gain(p: Part, t_ms: float) -> None:

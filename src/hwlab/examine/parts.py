@@ -150,7 +150,7 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
                 repeats: list[Parts] | None = None,
                 bf16_ok: Callable[[], tuple[bool, str]] | None = None,
                 ceiling_band: tuple[float, float] | None = None,
-                gemm_ceiling_for: Callable[[str | None], tuple[float | None, str | None, str | None]] | None = None,
+                gemm_ceiling_for: Callable[[str | None], tuple] | None = None,
                 per_op: dict[str, Any] | None = None) -> Parts:
     """The parts of one examination (module doc). ``gemm_tflops_for(dtype)`` is the measured
     GEMM ceiling a matmul of that input dtype is floored at. ``call_index`` picks the profiled
@@ -158,7 +158,7 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
     on each repeat (:mod:`hwlab.examine.repeats`): their range is each part's spread, and a leaf
     they differ on is BORDERLINE, widened by the ceilings' own spread (``ceiling_band``,
 :func:`hwlab.examine.repeats.ceiling_band`). ``bf16_ok`` checks a bf16 fix against the machine.
-    ``gemm_ceiling_for(dtype)`` -> ``(TFLOP/s, ceiling name, lever)``, where given, replaces
+    ``gemm_ceiling_for(dtype)`` -> ``(TFLOP/s, ceiling name, lever, gain)``, where given, replaces
     ``gemm_tflops_for`` (:func:`hwlab.examine.dtype_lever.gemm_ceiling`). ``per_op``: a CPU's
     measured cost per aten op (:func:`hwlab.examine.op_overhead.per_op_us`), for J in detail."""
     src = ("GPU kernel times from the profiler's Chrome trace, joined to the aten ops that launched them"
@@ -195,7 +195,7 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
                      f"median ({t_ms:.4g} ms); time outside ops is its share of those calls ({rest_raw:.4g} of "
                      f"{call_ms:.4g} ms)")
     kernel_total_ms = sum(items_ms.values())
-    ceiling_for = gemm_ceiling_for or (lambda dt: (gemm_tflops_for(dt), dt, None))
+    ceiling_for = gemm_ceiling_for or (lambda dt: (gemm_tflops_for(dt), dt, None, None))
     parts = [_part(cls, g, items_ms, scale, t_ms, n, ops, out_keys, gpu, copy_gbps, ceiling_for, cache_bytes,
                    whole_floor_ms if kernel_total_ms > 0 and 100.0 * items_ms[cls] / kernel_total_ms >= WHOLE_PCT
                    else None) for cls, g in groups.items()]
@@ -345,11 +345,11 @@ def _part(cls: str, g: dict[str, Any], items_ms: dict[str, float], scale: float,
         if est:
             p.sector_amplification = sum(o.read_bytes * o.amplification for o in est) / sum(
                 o.read_bytes for o in est)
-        tf, name, lever = ceiling_for(dtype) if p.flops else (None, dtype, None)
+        tf, name, lever, lever_gain = ceiling_for(dtype) if p.flops else (None, dtype, None, None)
         if p.flops and tf is None:
             p.notes.append(no_ceiling_note(dtype, name))
         elif p.flops:
-            p.dtype_lever = lever
+            p.dtype_lever, p.lever_gain = lever, lever_gain
             p.notes += [x for x in (lever_note(dtype, name, lever),) if x]
         floor_part(p, name or dtype, copy_gbps, tf, cache_bytes)
     elif cls == "triton/compiled" and whole_floor_ms:
