@@ -109,8 +109,10 @@ def cmd_examine(a) -> int:
     return EXIT_OK if ex.leaf_id == "OK" else EXIT_FINDING
 
 
-#: progress lines wait this long (s), or until the inputs are accepted, whichever comes first
-HOLD_S = 10.0
+#: progress lines wait this long (s), or until the inputs are accepted, whichever comes first: under
+#: the 5 s an examination may stay silent (examine/progress), while a refusal of bad input, which
+#: comes within the first call, still comes alone
+HOLD_S = 4.0
 
 
 class HeldSteps:
