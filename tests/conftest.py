@@ -10,6 +10,36 @@ def _isolated_cache(tmp_path, monkeypatch):
     yield
 
 
+@pytest.fixture(autouse=True)
+def _machine_profile(monkeypatch):
+    """HWLAB_TEST_MACHINE_PROFILE=other: the examination's last-level cache is the second profile's
+    (tests/machine.py), so CI runs the verdict tests on a cache unlike this machine's."""
+    if os.environ.get("HWLAB_TEST_MACHINE_PROFILE") == "other":
+        from machine import machine_profiles
+
+        import hwlab.examine as ex
+
+        other = machine_profiles()[-1].cache_bytes
+        monkeypatch.setattr(ex, "last_level_cache_bytes", lambda device: other if device.type == "cpu" else None)
+    yield
+
+
+def pytest_report_header(config):
+    """The machine facts verdict tests depend on (tests/machine.py), beside every result."""
+    from machine import facts
+
+    return ["hwlab machine facts: " + "; ".join(f"{k}: {v}" for k, v in facts().items())]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The same facts after the results (``-q`` hides the header): a failure is read beside them."""
+    from machine import facts
+
+    terminalreporter.section("hwlab machine facts (verdicts depend on these)")
+    for k, v in facts().items():
+        terminalreporter.write_line(f"{k}: {v}")
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

@@ -162,20 +162,82 @@ def test_a_corrupt_step_line_is_skipped_and_named_the_run_read_without_it(area, 
     assert len(lines) == 1 and f":{n_lines + 1}:" in lines[0] and reason in lines[0] and "skipped" in lines[0]
 
 
-def test_the_lab_with_a_read_only_home_or_a_corrupt_manifest_is_refused(area, capsys, monkeypatch, tmp_path):
-    """`hwlab lab --refresh` with HWLAB_HOME where no file can be made (/proc, as a read-only mount
-    is), and with the copy's manifest nested 100k deep: one line each, no server started."""
+#: how `hwlab lab` reaches the working copy: its --dir, --refresh, and the default (found from the folder)
+LAB_PATHS = {"--dir": ["lab", "--no-browser", "--dir", str(ROOT / "notebooks")],
+             "--refresh": ["lab", "--refresh", "--no-browser", "--dir", str(ROOT / "notebooks")],
+             "default": ["lab", "--no-browser"]}
+#: errnos a kernel answers for a home no file can be made in (which one depends on the machine)
+HOME_ERRNOS = ("ENOENT", "EACCES", "EROFS", "ENOSPC", "EPERM")
+
+
+def _no_lab(monkeypatch):
     import importlib.util
     if importlib.util.find_spec("jupyterlab") is None:  # found, not imported (seconds)
         pytest.skip("JupyterLab is not installed")
-    from hwlab.cli import lablaunch, workcopy
+    from hwlab.cli import lablaunch
 
     def no_server(*args, **kwargs):
         raise AssertionError("the lab was started")
     monkeypatch.setattr(lablaunch, "serve", no_server)
-    argv = ["lab", "--refresh", "--no-browser", "--dir", str(ROOT / "notebooks")]
-    monkeypatch.setenv("HWLAB_HOME", "/proc/hwlab-home")
-    _refused(area, capsys, argv, "HWLAB_HOME")
+    monkeypatch.chdir(ROOT)
+
+
+@pytest.mark.parametrize("path", sorted(LAB_PATHS))
+@pytest.mark.parametrize("errno_name", HOME_ERRNOS)
+def test_an_unwritable_home_is_refused_naming_HWLAB_HOME_whatever_the_errno(area, capsys, monkeypatch, tmp_path,
+                                                                            path, errno_name):
+    """The kernel's answer for a folder that cannot be made or written differs by machine (under
+    /proc one answers ENOENT, another EACCES; a read-only mount EROFS; a full disk ENOSPC): each,
+    on the folder's creation and on its first file, from each path into the lab, is one line naming
+    HWLAB_HOME, nothing written, no server started; with and without the venv's kernelspec (an
+    install without one writes its own under the copy, which must not be reached first)."""
+    import errno as errno_mod
+    import os
+    import tempfile
+
+    from hwlab.cli import workcopy
+    _no_lab(monkeypatch)
+    home = Path(tempfile.mkdtemp(prefix="hwlab-home-")) / "home"  # outside the watched area: folders may be made
+    monkeypatch.setenv("HWLAB_HOME", str(home))
+    code = getattr(errno_mod, errno_name)
+    real_mkdir, real_mkstemp = os.mkdir, tempfile.mkstemp
+
+    def mkdir(p, *a, **k):  # the home's folders cannot be made
+        if str(p).startswith(str(home)):
+            raise OSError(code, os.strerror(code), str(p))
+        return real_mkdir(p, *a, **k)
+
+    def mkstemp(*a, dir=None, **k):  # or made, but no file can be created in them
+        if dir is not None and str(dir).startswith(str(home)):
+            raise OSError(code, os.strerror(code), str(dir))
+        return real_mkstemp(*a, dir=dir, **k)
+
+    for where, patch in (("mkdir", ("mkdir", mkdir)), ("first file", ("mkstemp", mkstemp))):
+        with monkeypatch.context() as m:
+            m.setattr(os if patch[0] == "mkdir" else tempfile, patch[0], patch[1])
+            for kernel in (workcopy.kit_kernel(), None):
+                m.setattr(workcopy, "kit_kernel", lambda k=kernel: k)
+                _refused(area, capsys, LAB_PATHS[path], "HWLAB_HOME")
+        assert not [p for p in home.rglob("*") if not p.is_dir()] if home.exists() else True, where
+    shutil.rmtree(home.parent)
+
+
+@pytest.mark.parametrize("path", sorted(LAB_PATHS))
+def test_a_home_the_kernel_refuses_or_a_file_in_the_way_is_refused(area, capsys, monkeypatch, tmp_path, path):
+    """Real refusals, no injection: /proc (whatever errno this kernel answers), a file where the home
+    or its work/ folder should be, a ~user of no such user (never a folder named '~nosuchuser' made
+    under the working folder); the corrupt-manifest refusals keep their own words."""
+    from hwlab.cli import workcopy
+    _no_lab(monkeypatch)
+    argv = LAB_PATHS[path]
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("not a folder")
+    (tmp_path / "h2").mkdir()
+    (tmp_path / "h2" / "work").write_text("not a folder")
+    for home in ("/proc/hwlab-home", str(in_the_way), str(tmp_path / "h2"), "~nosuchuser-hwlab/x"):
+        monkeypatch.setenv("HWLAB_HOME", home)
+        _refused(area, capsys, argv, "HWLAB_HOME")
+    assert not (ROOT / "~nosuchuser-hwlab").exists() and in_the_way.read_text() == "not a folder"
     monkeypatch.setenv("HWLAB_HOME", str(tmp_path / "home"))
     root = workcopy.copy_root(ROOT)
     root.mkdir(parents=True)

@@ -17,15 +17,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from machine import machine_profiles
 
 from hwlab.traces import trace_shapes
-from hwlab.core.profiling import KIT_UNPROFILED_MEDIAN_KEY
+from hwlab.core.profiling import KIT_CACHE_BYTES_KEY, KIT_UNPROFILED_MEDIAN_KEY
 from hwlab.traces.trace_ops import UNLAUNCHED, read_ops, step_items
 from hwlab.examine.from_trace import (
     ANNOTATION_CAT, HEADLINE_MARK, STEP_SUM_TOL_PCT, TRACK_PROCESS, TRACK_THREAD, examine_trace,
     read_annotations, unprofiled_median_ms, write_annotated)
 
 ROOT = Path(__file__).resolve().parents[1]
+BASELINE_CPU = ROOT / "tests" / "data" / "baseline_cpu_a.json"
 FIXTURE = ROOT / "tests" / "data" / "examine_trace" / "gpu_steps_fixture.json"
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -317,14 +319,23 @@ def _track_pid(t: dict):
 
 
 # ------------------------------------------------------------------ live and trace agree (CPU)
+def _agree(p_leaf, p_alts, q_leaf, q_alts) -> bool:
+    """Two readings of one part agree: the same leaf, or one BORDERLINE with the other's leaf
+    among its alternatives (the evidence straddles a threshold, and says so)."""
+    return p_leaf == q_leaf or q_leaf in (p_alts or []) or p_leaf in (q_alts or [])
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("profile", machine_profiles(), ids=lambda m: m.name)
 @pytest.mark.parametrize("module,fn", [("gemm_plus_chain", "gemm_plus_chain"), ("row_gather", "row_gather")])
-def test_live_examination_and_its_trace_give_the_same_parts_and_leaves(tmp_path, module, fn):
+def test_live_examination_and_its_trace_give_the_same_parts_and_leaves(tmp_path, module, fn, profile):
     """One examination, read twice: live (traffic model, measured median) and from the trace its
-    profiler wrote (recorded shapes, the trace's own step times). The ceilings are fixed for the
-    test (far above what this CPU reaches, so no walk sits near a threshold on a busy machine:
-    what is compared is the two readers, not this CPU's speed); the floors depend only on bytes
-    and FLOPs, so they must agree closely."""
+    profiler wrote (recorded shapes, the trace's own step times), on this machine's last-level
+    cache and on a second machine profile's (a cache far from this one's, so a rule that only
+    holds for one cache size fails here). The ceilings are fixed for the test (far above what this
+    CPU reaches: what is compared is the two readers, not this CPU's speed). The trace carries the
+    cache the live walk used, so both judge wasted traffic on the same fact; the floors depend only
+    on bytes and FLOPs, so they must agree closely."""
     import importlib
 
     from hwlab.core.ceilings import Ceilings
@@ -337,26 +348,57 @@ def test_live_examination_and_its_trace_give_the_same_parts_and_leaves(tmp_path,
         sys.path.pop(0)
     c = Ceilings(device="CPU (fixed for the test)", copy_gbps=500.0, gemm_tflops={"fp32": 50.0},
                  source="fixed for the test")
-    ex = examine(getattr(m, fn), make_inputs=m.inputs, ceilings=c, max_total_s=1.0)
+    ex = examine(getattr(m, fn), make_inputs=m.inputs, ceilings=c, max_total_s=1.0, cache_bytes=profile.cache_bytes)
+    assert ex.counts["cache_bytes"] == profile.cache_bytes
+    assert _load(Path(ex.trace_path))[KIT_CACHE_BYTES_KEY] == profile.cache_bytes
     rec = tmp_path / "live.json"
-    rec.write_text(ex.to_json())  # the live examination's record is the --baseline (its ceilings)
-    tx = examine_trace(ex.trace_path, baseline=str(rec))
-    live = {p.name: p for p in ex.parts.parts}
-    from_trace = {p.name: p for p in tx.parts.parts}
-    assert set(live) == set(from_trace)
-    for name, p in live.items():
-        q = from_trace[name]
-        assert abs(p.share_pct - q.share_pct) <= 5.0, name
-        assert p.leaf_id == q.leaf_id, (name, p.walk and p.walk.path, q.walk and q.walk.path)
-        assert (p.floor_ms is None) == (q.floor_ms is None), name
-        if p.floor_ms:
-            assert q.floor_ms == pytest.approx(p.floor_ms, rel=0.10), name
-    assert (ex.parts.headline.name if ex.parts.headline else None) == \
-        (tx.parts.headline.name if tx.parts.headline else None)
-    assert ex.leaf_id == tx.leaf_id
+    rec.write_text(ex.to_json())  # the live examination's record is the --baseline (its ceilings, its cache)
+    alone = examine_trace(ex.trace_path)  # no --baseline: the cache from the trace, no ceilings (a CPU trace)
+    assert alone.ceilings.cache_bytes == profile.cache_bytes and alone.ceilings.copy_gbps is None
+    assert {p.name for p in alone.parts.parts} == {p.name for p in ex.parts.parts}
+    for tx in (examine_trace(ex.trace_path, baseline=str(rec)),):
+        assert tx.ceilings.cache_bytes == profile.cache_bytes
+        live = {p.name: p for p in ex.parts.parts}
+        from_trace = {p.name: p for p in tx.parts.parts}
+        assert set(live) == set(from_trace)
+        for name, p in live.items():
+            q = from_trace[name]
+            assert abs(p.share_pct - q.share_pct) <= 5.0, name
+            assert _agree(p.leaf_id, p.alternatives, q.leaf_id, q.alternatives), (
+                profile.name, name, p.walk and p.walk.path, p.alternatives, q.walk and q.walk.path, q.alternatives)
+            assert (p.floor_ms is None) == (q.floor_ms is None), name
+            if p.floor_ms:
+                assert q.floor_ms == pytest.approx(p.floor_ms, rel=0.10), name
+            assert (p.traffic_ratio is None) == (q.traffic_ratio is None), (name, p.traffic_ratio, q.traffic_ratio)
+        hl, ht = ex.parts.headline, tx.parts.headline
+        assert (hl.name if hl else None) == (ht.name if ht else None)
+        if hl is not None:
+            assert _agree(hl.leaf_id, ex.parts.headline_alternatives, ht.leaf_id, tx.parts.headline_alternatives)
     # the live run's unprofiled median travels in its trace and is the step time the trace's parts share
     assert _load(Path(ex.trace_path))[KIT_UNPROFILED_MEDIAN_KEY] == pytest.approx(ex.measurement.t_ms)
     assert tx.parts.t_ms == pytest.approx(ex.measurement.t_ms)
+
+
+def test_a_trace_without_its_machines_cache_says_F_is_judged_without_the_bound(tmp_path):
+    """A trace nobody's examine wrote carries no cache: the reading never borrows this machine's
+    (the trace may come from any machine), computes no wasted-traffic ratio, and says why and what
+    to pass; with the kit's key present it uses that cache and says where it came from."""
+    f = tmp_path / "cpu.pt.trace.json"
+    _record_cpu_trace(f)
+    ex = examine_trace(f, baseline=str(BASELINE_CPU))
+    assert ex.ceilings.cache_bytes is None
+    assert all(p.traffic_ratio is None for p in ex.parts.parts)
+    assert any("cache is not in this trace" in n for n in ex.notes)
+    t = _load(f)
+    t[KIT_CACHE_BYTES_KEY] = 3 * 2 ** 20
+    f.write_text(json.dumps(t))
+    ex = examine_trace(f, baseline=str(BASELINE_CPU))
+    assert ex.ceilings.cache_bytes == 3 * 2 ** 20 and ex.to_dict()["ceilings"]["cache_bytes"] == 3 * 2 ** 20
+    assert any("3 MiB (the cache hwlab examine wrote into this trace)" in n for n in ex.notes)
+    for bad in (True, -1, "8MB", 2 ** 60):  # not a cache size: unknown, never a crash
+        t[KIT_CACHE_BYTES_KEY] = bad
+        f.write_text(json.dumps(t))
+        assert examine_trace(f, baseline=str(BASELINE_CPU)).ceilings.cache_bytes is None
 
 
 def test_only_the_kits_own_trace_gives_an_unprofiled_median(tmp_path):

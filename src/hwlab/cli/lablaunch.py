@@ -167,6 +167,8 @@ def run(a) -> int:
     token = secrets.token_hex(24)
     checkout = root.parent
     work = workcopy.copy_root(checkout)
+    if not a.dry_run:  # the home takes the copy, or one line naming HWLAB_HOME, before anything is written
+        workcopy.check_home(work)
     instructor = bool(getattr(a, "instructor", False))
     state = work / ".hwlab"
     cmd = command(work / "notebooks", ip=a.ip, port=port, token=token, no_browser=a.no_browser,

@@ -53,9 +53,36 @@ class CopyReport:
 
 def hwlab_home() -> Path:
     if os.environ.get("HWLAB_HOME"):
-        return Path(os.environ["HWLAB_HOME"]).expanduser()
+        try:  # Python 3.12+ raises for a ~user with no home; earlier ones leave '~user' as it is
+            home = Path(os.environ["HWLAB_HOME"]).expanduser()
+        except RuntimeError:
+            home = Path(os.environ["HWLAB_HOME"])
+        if str(home).startswith("~"):  # ~user of no such user: never a folder named '~user' under the cwd
+            raise UserInputError(f"HWLAB_HOME={os.environ['HWLAB_HOME']}: no such user's home to expand: "
+                                 "set HWLAB_HOME to a folder you can write to")
+        return home
     data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(data) / "hwlab"
+
+
+def home_setting() -> str:
+    """How the working copies' home was chosen, for a refusal to name."""
+    if os.environ.get("HWLAB_HOME"):
+        return f"HWLAB_HOME={os.environ['HWLAB_HOME']}"
+    return f"HWLAB_HOME unset, so {hwlab_home()}"
+
+
+def check_home(root: Path) -> Path:
+    """Make sure the working copy's folder ``root`` (under the home) exists and takes new files,
+    before anything is copied or written: any failure (a home the kernel answers with ENOENT, EACCES,
+    EROFS, ENOTDIR, ENOSPC..., a file in the way, a ``~user`` that does not exist) is one line that
+    names ``HWLAB_HOME``, whatever the errno, since setting it is the fix."""
+    try:
+        check_folder(root, what="working copy")
+    except (DestinationError, OSError) as e:
+        why = str(e).split(": choose a folder")[0].split(": pass a folder")[0]
+        raise UserInputError(f"{why} ({home_setting()}): set HWLAB_HOME to a folder you can write to") from None
+    return root
 
 
 def copy_root(checkout: Path) -> Path:
@@ -157,11 +184,7 @@ def prepare(checkout: Path, *, refresh: bool = False, root: Path | None = None,
     """Make (first start), complete (missing files) or ``refresh`` the working copy; see the
     module docstring for what is never overwritten."""
     root = root or copy_root(checkout)
-    try:  # the copy's folder takes new files: a read-only $HWLAB_HOME is refused before any copy
-        check_folder(root, what="working copy")
-    except DestinationError as e:
-        raise UserInputError(str(e).replace("choose a folder you can write to",
-                                            "set HWLAB_HOME to a folder you can write to")) from None
+    check_home(root)
     rep = CopyReport(root=root, made=not (root / MANIFEST).exists())
     man_path = root / MANIFEST
     man = read_user_json(man_path, "working-copy manifest", _MANIFEST_HINT) if not rep.made else {"files": {}}

@@ -67,6 +67,9 @@ KIT_RANGE_PREFIX = "hwlab::"
 #: top-level key of the trace ``hwlab examine`` writes: the call's median measured without the
 #: profiler (ms), so an examination of the trace alone applies its shares to the same median
 KIT_UNPROFILED_MEDIAN_KEY = "hwlab_unprofiled_median_ms"
+#: top-level key of the trace ``hwlab examine`` writes: the last-level cache (bytes) its walk
+#: judged wasted traffic against, so the trace examined alone walks on the same machine fact
+KIT_CACHE_BYTES_KEY = "hwlab_cache_bytes"
 
 
 #: lines libkineto writes straight to file descriptor 2 at every profiler start and stop

@@ -327,10 +327,11 @@ def _measured(fn, name: str, args: tuple, kwargs: dict, arg_sets: list, dev, c, 
     from hwlab.examine.phases import count, counts_of, settle
 
     gpu = dev.type == "cuda"
+    cache_b = cache_bytes if cache_bytes is not None else last_level_cache_bytes(dev)
     step(PHASES[4])
     try:
         prof = profile_calls(fn, arg_sets, kwargs, dev, n_calls=N_PROFILED if not gpu else N_REPEATS,
-                             unprofiled_median_ms=timing[0])
+                             unprofiled_median_ms=timing[0], cache_bytes=cache_b)
     except Exception as e:  # the measurement stands without a profile; the walk says what is missing
         prof = ProfileSummary(on_gpu=gpu, n_calls=0, kernels_per_call=0.0, busy_ms_per_call=0.0,
                               error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
@@ -352,7 +353,6 @@ def _measured(fn, name: str, args: tuple, kwargs: dict, arg_sets: list, dev, c, 
                             "run_queue_wait_pct": None if blocks.wait_share() is None else 100 * blocks.wait_share()})
     m = m.with_ceilings(gbps=c.copy_gbps, tflops=c.gemm(peak) if peak else None, source=c.label)
     _check_given_counts(m, c, gpu, n_bytes is not None, n_flops is not None)
-    cache_b = cache_bytes if cache_bytes is not None else last_level_cache_bytes(dev)
     counts["cache_bytes"] = cache_b
     counts["cache_bytes_source"] = "given by the caller" if cache_bytes is not None else "this device's last-level cache"
     m, c = settle(m, c, peak, counts, cache_b, notes)

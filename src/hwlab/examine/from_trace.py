@@ -47,7 +47,7 @@ from typing import Any, Callable
 
 from hwlab.core import specs
 from hwlab.traces.kineto import TraceError
-from hwlab.core.profiling import KIT_UNPROFILED_MEDIAN_KEY, kernel_class
+from hwlab.core.profiling import KIT_CACHE_BYTES_KEY, KIT_UNPROFILED_MEDIAN_KEY, kernel_class
 from hwlab.traces.trace_ops import KIT_CALL_MARK, OpTrace, StepWork, iter_trace, read_ops, step_items
 from hwlab.traces.trace_shapes import ShapeModel
 from hwlab.diagnosis.flowchart import LEAVES, diagnose
@@ -83,16 +83,41 @@ class TraceCeilings:
     gemm_tflops: dict[str, float]
     source: str  # "measured" | "datasheet" | "none"
     label: str
+    #: the recording machine's last-level cache (bytes) for the wasted-traffic bound, and where it came from
+    cache_bytes: int | None = None
+    cache_source: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"copy_gbps": self.copy_gbps, "gemm_tflops": self.gemm_tflops, "source": self.source,
-                "label": self.label}
+                "label": self.label, "cache_bytes": self.cache_bytes, "cache_source": self.cache_source or None}
+
+
+def _cache_of(ot: OpTrace, record: Any) -> tuple[int | None, str]:
+    """The recording machine's last-level cache: an examine record's (``counts.cache_bytes``, the
+    cache its live walk used) given with ``--baseline``, else the one ``hwlab examine`` wrote into its
+    own trace (:data:`~hwlab.core.profiling.KIT_CACHE_BYTES_KEY`), else unknown. Never this machine's:
+    the trace may come from any machine, and the bound is only as true as the cache it assumes."""
+    counts = record.get("counts") if isinstance(record, dict) else None
+    for v, src in (((counts or {}).get("cache_bytes") if isinstance(counts, dict) else None,
+                    "the --baseline examine record's cache"),
+                   (ot.meta.get(KIT_CACHE_BYTES_KEY), "the cache hwlab examine wrote into this trace")):
+        if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2 ** 48:
+            return v, src
+    return None, ""
 
 
 def ceilings_for(ot: OpTrace, baseline: str | None) -> TraceCeilings:
     """--baseline's measured ceilings, else the datasheet of the trace's GPU, else none (module doc)."""
     if baseline:
-        return _baseline_ceilings(baseline)
+        c, record = _baseline_ceilings(baseline)
+        c.cache_bytes, c.cache_source = _cache_of(ot, record)
+        return c
+    c = _trace_ceilings(ot)
+    c.cache_bytes, c.cache_source = _cache_of(ot, None)
+    return c
+
+
+def _trace_ceilings(ot: OpTrace) -> TraceCeilings:
     names = [str(d.get("name")) for d in ot.devices if d.get("name")]
     if ot.on_gpu and names:
         spec = specs.try_lookup(names[0])
@@ -117,7 +142,7 @@ def ceilings_for(ot: OpTrace, baseline: str | None) -> TraceCeilings:
                          "doctor, baseline or examine record)")
 
 
-def _baseline_ceilings(path: str) -> TraceCeilings:
+def _baseline_ceilings(path: str) -> tuple[TraceCeilings, Any]:
     from hwlab.core.store import read_user_json
 
     d = read_user_json(Path(path), "--baseline record", "pass a doctor, baseline or examine JSON "
@@ -141,7 +166,7 @@ def _baseline_ceilings(path: str) -> TraceCeilings:
                              "hbm_copy probe): pass a doctor, baseline or examine record")
     dev = (d.get("machine") or {}).get("device") if isinstance(d.get("machine"), dict) else None
     dev = dev or (c or {}).get("device") or "?"
-    return TraceCeilings(copy, gemm, "measured", f"measured on {dev} (from --baseline {Path(path).name})")
+    return TraceCeilings(copy, gemm, "measured", f"measured on {dev} (from --baseline {Path(path).name})"), d
 
 
 def _pos(v: Any) -> bool:
@@ -335,7 +360,7 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings,
     parts = build_parts(prof=prof, traffic=_Traffic(recs), t_ms=t_ms, gpu=gpu, copy_gbps=c.copy_gbps,
                         gemm_tflops_for=gemm_for, whole_floor_ms=whole_floor,
                         whole_slowdown=ev.get("slowdown_vs_floor") if from_shapes else None, e2e_slowdown=None,
-                        out_keys=set(), lab_for=leaf_lab)
+                        out_keys=set(), lab_for=leaf_lab, cache_bytes=c.cache_bytes)
     if c.source == "datasheet":
         _relabel(parts, src)
     return parts, ev, src, whole_floor
@@ -442,6 +467,12 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
     elif not all(r.shapes for r in recs0):
         notes.append(f"{sum(1 for r in recs0 if not r.shapes)} of {len(recs0)} ops have no usable shapes (tensor "
                      "lists, unknown types): the parts holding them are not floored")
+    if any(r.shapes for r in recs0) and c.copy_gbps:
+        notes.append(f"wasted traffic (F) judged against a last-level cache of {c.cache_bytes / 2**20:,.4g} MiB "
+                     f"({c.cache_source})" if c.cache_bytes else
+                     "the recording machine's last-level cache is not in this trace: F's wasted-traffic bound "
+                     "(DRAM bytes >= moved - cache x op boundaries) is not computed, so F is answered on the "
+                     "DRAM share alone; pass --baseline with that machine's hwlab examine record to use its cache")
     if any(r.shapes for r in recs0):
         notes.append("tensor identity is not in a trace: an op's input is taken to be the latest earlier output of "
                      "the same element count and dtype (the fused floors are estimates)")

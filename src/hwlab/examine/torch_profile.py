@@ -30,7 +30,8 @@ from typing import Any, Callable, Sequence
 
 # torch is imported by profile_calls, which runs it: the summary type and the trace readers load
 # without it (a recorded trace is read where torch is not installed)
-from hwlab.core.profiling import KIT_RANGE_PREFIX, KIT_UNPROFILED_MEDIAN_KEY, event_device, kernel_class
+from hwlab.core.profiling import (KIT_CACHE_BYTES_KEY, KIT_RANGE_PREFIX, KIT_UNPROFILED_MEDIAN_KEY, event_device,
+                                  kernel_class)
 from hwlab.core.profiling import quiet_profile, trace_call_us, trace_calls
 
 CALL_MARK = KIT_RANGE_PREFIX + "examine_call"
@@ -145,11 +146,13 @@ def _busy_us(intervals: list[tuple[float, float]]) -> float:
 
 def profile_calls(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], kwargs: dict,
                   device: torch.device, n_calls: int = 3,
-                  unprofiled_median_ms: float | None = None) -> ProfileSummary:
+                  unprofiled_median_ms: float | None = None, cache_bytes: int | None = None) -> ProfileSummary:
     """Profile ``n_calls`` calls (after the caller's warm-up) and summarise them. The Chrome trace
     written beside the summary carries ``unprofiled_median_ms`` (the caller's measured median) under
     :data:`~hwlab.core.profiling.KIT_UNPROFILED_MEDIAN_KEY`, so the trace examined alone applies
-    its op shares to the same median (``hwlab examine --trace``)."""
+    its op shares to the same median (``hwlab examine --trace``), and ``cache_bytes`` (the cache the
+    caller's walk judges wasted traffic against) under :data:`~hwlab.core.profiling.KIT_CACHE_BYTES_KEY`,
+    so the trace's walk uses the same machine fact."""
     import torch
     from torch.profiler import ProfilerActivity, record_function
 
@@ -179,9 +182,10 @@ def profile_calls(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], kwa
         prof.export_chrome_trace(path)
         with open(path) as f:
             text = f.read()
-        if unprofiled_median_ms is not None and text.lstrip().startswith("{"):  # the key added, as text
-            text = text.replace("{", "{" + json.dumps(KIT_UNPROFILED_MEDIAN_KEY) + ": "
-                                + json.dumps(float(unprofiled_median_ms)) + ", ", 1)
+        kit = {k: (float(v) if k == KIT_UNPROFILED_MEDIAN_KEY else int(v)) for k, v in
+               ((KIT_UNPROFILED_MEDIAN_KEY, unprofiled_median_ms), (KIT_CACHE_BYTES_KEY, cache_bytes)) if v is not None}
+        if kit and text.lstrip().startswith("{"):  # the keys added as text (no second parse and dump)
+            text = text.replace("{", "{" + json.dumps(kit)[1:-1] + ", ", 1)
             with open(path, "w") as f:
                 f.write(text)
         trace = json.loads(text)
