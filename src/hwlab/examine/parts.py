@@ -44,7 +44,9 @@ and DRAM bytes of at least 2x the fused bytes by the per-op cache bound (moved -
 boundaries) answer F (:mod:`hwlab.examine.rates`).
 
 **The walk per part.** Every part holding at least :data:`WALK_SHARE_PCT` of the time is walked
-on its own metrics (slowdown over its floor, its estimated DRAM share, its sector
+on its own metrics (and so is a part under it that a repeat's own call gave that share: a part near
+the cut-off is walked, and BORDERLINE where the calls disagree, in every run rather than only in the
+runs whose call put it over) (slowdown over its floor, its estimated DRAM share, its sector
 amplification, its tensor-core share when its FLOPs set its floor or a GEMM part is near the ridge, its matmul FLOPs and
 tensor-core kernels for H's applicability); the idle part answers F with no bytes moved and H
 with its own idle share. The **headline** is the walked part with the largest expected gain;
@@ -215,7 +217,8 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
     for p in parts:
         gain(p, t_ms)
         part_evidence(p, rest, copy_gbps, gpu, whole_slowdown, e2e_slowdown, prof, ncu, e2e_spread)
-        if p.share_pct < WALK_SHARE_PCT:
+        if p.share_pct < WALK_SHARE_PCT and not any(  # a part a repeat walked is walked here too (module doc)
+                q.name == p.name and q.walk is not None for r in (repeats or []) for q in r.parts):
             continue
         walk_part(p, repeats, ceiling_band)
         leaf = p.leaf_id
