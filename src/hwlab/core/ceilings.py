@@ -171,13 +171,15 @@ def bf16_gain(c: "Ceilings | None" = None, device=None, size: int = 256) -> tupl
 
 
 def cpu_gemm_dtypes(device=None) -> list[str]:
-    """The GEMM ceilings a CPU measures (:func:`measure`): fp32, bf16 where it runs natively, fp64."""
+    """The GEMM ceilings a CPU's examination is judged against: fp32 (cached, :func:`measure`), bf16
+    where it runs natively, fp64 (measured where asked, :func:`with_cpu_gemms`)."""
     return ["fp32"] + (["bf16"] if bf16_support(device)[0] else []) + ["fp64"]
 
 
 def with_cpu_gemms(c: "Ceilings", device=None, progress=None) -> tuple["Ceilings", list[str]]:
-    """``c`` with the CPU GEMM ceilings it lacks (a cache written before they were measured) measured
-    now at the quick size, net of the run-queue wait, and said so in its source; not cached. Returns
+    """``c`` with the CPU GEMM ceilings of :func:`cpu_gemm_dtypes` it lacks measured now at the quick
+    size, net of the run-queue wait, and said so in its source; not cached (the cache keeps what
+    ``hwlab doctor`` measures, under its stability rule). Returns
     the ceilings and the dtypes measured now. A GPU's ceilings come back unchanged."""
     from hwlab.core import probes
 
@@ -218,8 +220,8 @@ def measure(device=None, quick: bool = False, progress=None) -> Ceilings:
                                          impl="torch", n_rep=20 if quick else 50, net_of_wait=not gpu)),
     ]
     dtypes = ["fp32", "tf32", "bf16"] + (["fp8"] if gpu and probes.fp8_supported(dev) else [])
-    if not gpu:  # a CPU: fp32, bf16 where it runs natively (bf16_support), and fp64's own ceiling
-        dtypes = cpu_gemm_dtypes(dev)
+    if not gpu:  # a CPU caches its fp32 GEMM; bf16 and fp64 are measured where asked (with_cpu_gemms)
+        dtypes = ["fp32"]
     for dt in dtypes:
         size = (4096 if quick else 8192) if gpu else (256 if quick else 512)
         steps.append((f"gemm {dt}", lambda dt=dt, size=size: probes.gemm(

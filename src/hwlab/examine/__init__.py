@@ -292,12 +292,12 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
         step(PHASES[1])
         c = ceilings if ceilings is not None else ceilings_mod.get(
             dev, quick=True, progress=(lambda s: step(f"{SUBSTEP}ceiling: {s}")) if on_step else None)
-        if dev.type != "cuda":  # bf16 and fp64 ceilings a cache from before lacks: measured now (dtype_lever)
+        if dev.type != "cuda":  # bf16 and fp64 ceilings, not in a CPU's cache: measured now (dtype_lever)
             c, now = ceilings_mod.with_cpu_gemms(c, dev, progress=(lambda s: step(f"{SUBSTEP}ceiling: {s}"))
                                                if on_step else None)
             if now:
-                notes.append(f"{', '.join(now)} GEMM ceiling{'s' if len(now) > 1 else ''} measured now (the ceilings "
-                             "in use had none): quick size, not cached")
+                notes.append(f"{', '.join(now)} GEMM ceiling{'s' if len(now) > 1 else ''} measured now (the cached "
+                             "ceilings hold fp32 only): quick size, not cached")
         if dtype_peak and c.gemm(dtype_peak) is None:
             _peak_dtype(None, args, dtype_peak, c, dev.type == "cuda", notes)  # refuses it with its one line
         step(PHASES[2])
