@@ -145,6 +145,9 @@ def test_the_pooled_parts_are_read_from_a_call_that_did_not_wait_for_a_cpu():
     assert quiet_calls([10.0, 12.0, 30.0], [0.0, 0.5, 20.0]) == [0, 1]  # 0%, 4%; 67% waited inside its ops
     assert quiet_calls([10.0, 12.0, 30.0], []) == [0, 1, 2]  # not reported: any call
     assert quiet_calls([10.0, 10.0], [0.0, 10.0 * QUIET_WAIT_SHARE]) == [0, 1]
+    # an evenly loaded host (every call waited about as long) keeps every call; a preempted one is left out
+    assert quiet_calls([10.0] * 5, [8.0, 8.2, 7.9, 8.1, 8.3]) == [0, 1, 2, 3, 4]
+    assert quiet_calls([10.0] * 5, [0.2, 0.1, 5.0, 0.3, 0.2]) == [0, 1, 3, 4]
 
 
 def test_a_part_that_heads_a_repeat_lends_the_headline_its_leaf_and_alternatives():

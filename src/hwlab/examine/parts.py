@@ -18,8 +18,8 @@ communication). Added to them:
 * on a CPU, **host outside ops**: the profiled calls' duration minus their aten ops' self time
   (Python between ops), as its share of those calls, the way an independent profile reads it.
   On a CPU the parts are shares of the profiled calls (CPU op self times), and a part's ms is its
-  share of the measured median. The calls pooled are the quiet ones (:func:`quiet_calls`: least
-  run-queue wait): on a busy host a call can wait for a CPU inside one op, whose wall-clock self
+  share of the measured median. The calls pooled are the quiet ones (:func:`quiet_calls`: no more
+  run-queue wait than the typical call's): on a busy host a call can wait for a CPU inside one op, whose wall-clock self
   time then holds the host's load, and one such call would skew the shares. Each repeat reads one
   quiet call of its own, so the calls' disagreement shows as each part's share range and spread.
 
@@ -44,9 +44,7 @@ and DRAM bytes of at least 2x the fused bytes by the per-op cache bound (moved -
 boundaries) answer F (:mod:`hwlab.examine.rates`).
 
 **The walk per part.** Every part holding at least :data:`WALK_SHARE_PCT` of the time is walked
-on its own metrics (and so is a part under it that a repeat's own call gave that share: a part near
-the cut-off is walked, and BORDERLINE where the calls disagree, in every run rather than only in the
-runs whose call put it over) (slowdown over its floor, its estimated DRAM share, its sector
+on its own metrics (slowdown over its floor, its estimated DRAM share, its sector
 amplification, its tensor-core share when its FLOPs set its floor or a GEMM part is near the ridge, its matmul FLOPs and
 tensor-core kernels for H's applicability); the idle part answers F with no bytes moved and H
 with its own idle share. The **headline** is the walked part with the largest expected gain;
@@ -217,8 +215,7 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
     for p in parts:
         gain(p, t_ms)
         part_evidence(p, rest, copy_gbps, gpu, whole_slowdown, e2e_slowdown, prof, ncu, e2e_spread)
-        if p.share_pct < WALK_SHARE_PCT and not any(  # a part a repeat walked is walked here too (module doc)
-                q.name == p.name and q.walk is not None for r in (repeats or []) for q in r.parts):
+        if p.share_pct < WALK_SHARE_PCT:
             continue
         walk_part(p, repeats, ceiling_band)
         leaf = p.leaf_id
@@ -236,19 +233,21 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
     return Parts(parts, t_ms, src, coverage, notes, repeats=repeats or [])
 
 
-#: profiled calls whose run-queue wait share is within this of the least one's count as quiet
+#: profiled calls whose run-queue wait share is within this of the typical (lower median) call's count
+#: as quiet: a call preempted inside its ops beyond what the host's load gave every call is left out
 QUIET_WAIT_SHARE = 0.05
 
 
 def quiet_calls(call_us: list[float], wait_us: list[float]) -> list[int]:
     """Indices of the profiled calls the pooled parts may be read from (module doc): where each
     call's run-queue wait is known, those whose wait share is within :data:`QUIET_WAIT_SHARE` of
-    the least waited call's (a wait inside an op's wall-clock time inflates that op's share);
+    the typical call's (a wait inside an op's wall-clock time inflates that op's share);
     else all of them."""
     if len(wait_us) != len(call_us) or not call_us:
         return list(range(len(call_us)))
     share = [w / u if u > 0 else 1.0 for w, u in zip(wait_us, call_us)]
-    return [i for i, x in enumerate(share) if x <= min(share) + QUIET_WAIT_SHARE]
+    typical = sorted(share)[(len(share) - 1) // 2]  # the lower median: a host loaded evenly keeps every call
+    return [i for i, x in enumerate(share) if x <= typical + QUIET_WAIT_SHARE]
 
 
 def walk_part(p: Part, repeats: list[Parts] | None, band: tuple[float, float] | None = None) -> None:

@@ -35,6 +35,9 @@ from hwlab.core.profiling import (KIT_CACHE_BYTES_KEY, KIT_RANGE_PREFIX, KIT_UNP
 from hwlab.core.profiling import quiet_profile, trace_call_us, trace_calls
 
 CALL_MARK = KIT_RANGE_PREFIX + "examine_call"
+#: trace key: each profiled call's run-queue wait in us on a CPU (:mod:`hwlab.core.hostwait`), so a
+#: reader of the trace alone can leave out a call that waited inside its ops, as the live parts do
+CALL_WAIT_KEY = "hwlab_call_wait_us"
 COMPILED_MARKS = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
 TOP_N = 5
 
@@ -182,8 +185,11 @@ def profile_calls(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], kwa
         prof.export_chrome_trace(path)
         with open(path) as f:
             text = f.read()
-        kit = {k: (float(v) if k == KIT_UNPROFILED_MEDIAN_KEY else int(v)) for k, v in
-               ((KIT_UNPROFILED_MEDIAN_KEY, unprofiled_median_ms), (KIT_CACHE_BYTES_KEY, cache_bytes)) if v is not None}
+        kit: dict[str, Any] = {k: (float(v) if k == KIT_UNPROFILED_MEDIAN_KEY else int(v)) for k, v in
+                               ((KIT_UNPROFILED_MEDIAN_KEY, unprofiled_median_ms), (KIT_CACHE_BYTES_KEY, cache_bytes))
+                               if v is not None}
+        if len(waits) == n_calls and waits:
+            kit[CALL_WAIT_KEY] = [float(w) for w in waits]
         if kit and text.lstrip().startswith("{"):  # the keys added as text (no second parse and dump)
             text = text.replace("{", "{" + json.dumps(kit)[1:-1] + ", ", 1)
             with open(path, "w") as f:
