@@ -61,7 +61,7 @@ def test_an_fp32_gemm_part_walks_toward_i_with_the_measured_bf16_gain():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread, as the ceilings are kept per thread count
     try:
-        c = ceilings.measure("cpu", quick=True)
+        c, _ = ceilings.with_cpu_gemms(ceilings.measure("cpu", quick=True), "cpu")  # as examine does from the cache
         a, b = torch.randn(384, 384), torch.randn(384, 384)
         ex = examine(lambda p, q: p @ q, a, b, ceilings=c, max_total_s=2.0)
     finally:
@@ -76,8 +76,11 @@ def test_an_fp32_gemm_part_walks_toward_i_with_the_measured_bf16_gain():
     assert g.dtype_lever and g.lever_gain == pytest.approx(used["bf16"] / used["fp32"])
     assert "bf16" in g.floor_source
     assert g.saved_ms == pytest.approx(g.t_ms - g.flops / (g.ceiling_tflops * 1e9))  # the gain at bf16's ceiling
-    # at its fp32 ceiling the part runs at 1/gain of bf16's: I, or BORDERLINE with I among its leaves
-    assert "I" in {g.leaf_id, *g.alternatives}
+    # H is asked against bf16's ceiling: a part at its fp32 ceiling runs at 1/gain of it (I below half)
+    h = next((st for st in g.walk.steps if st.question == "H"), None)
+    if h is not None and h.metric == "tensor_pct_of_peak":
+        assert h.value == pytest.approx(100 * g.tflops / g.ceiling_tflops)
+        assert (g.leaf_id == "I") == (h.answer == "yes")
     if g.leaf_id in ("I", "J"):
         assert g.actions[0] == g.dtype_lever
 
@@ -106,7 +109,7 @@ def test_the_encoder_fast_path_splits_into_gemm_attention_and_elementwise(cpu_ce
     # its FLOPs counted from the recorded shapes: two layers of in/out projections and the MLP
     want = 2 * 2 * 64 * 2 * (128 * 3 * 128 + 128 * 128 + 2 * 128 * 512)
     assert g.flops == pytest.approx(want, rel=0.01)
-    assert g.share_pct > by.get("elementwise/reduction", g).share_pct or g is by.get("elementwise/reduction")
+    assert by["attention"].flops > 0  # the batched matmuls of attention, counted in its part
 
 
 # ------------------------------------------------------------------ per-op overhead and host time

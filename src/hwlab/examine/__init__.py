@@ -251,7 +251,8 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     to rotate input sets past L2). ``n_bytes`` / ``n_flops`` override the estimates;
     ``dtype_peak`` ("fp32", "tf32", "bf16", "fp8") picks the GEMM ceiling of the floor.
     ``ceilings`` (a :class:`hwlab.core.ceilings.Ceilings`) defaults to this machine's cached or
-    freshly measured ones. ``cache_bytes`` is the last-level cache the wasted-traffic bound and
+    freshly measured ones (on a CPU, with its bf16 and fp64 GEMM ceilings measured
+    now for the dtype lever, :mod:`hwlab.examine.dtype_lever`; given ceilings are used as given). ``cache_bytes`` is the last-level cache the wasted-traffic bound and
     the working set are judged against (default: this device's, read from the system).
     ``ncu_target`` ("MODULE:FUNC[@MODULE:INPUTS]") adds Nsight Compute counters where ``ncu``
     exists. ``on_step(label)`` is called as each phase starts (:data:`PHASES`): the command line
@@ -292,7 +293,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
         step(PHASES[1])
         c = ceilings if ceilings is not None else ceilings_mod.get(
             dev, quick=True, progress=(lambda s: step(f"{SUBSTEP}ceiling: {s}")) if on_step else None)
-        if dev.type != "cuda":  # bf16 and fp64 ceilings, not in a CPU's cache: measured now (dtype_lever)
+        if dev.type != "cuda" and ceilings is None:  # bf16 and fp64, not in a CPU's cache: measured (dtype_lever)
             c, now = ceilings_mod.with_cpu_gemms(c, dev, progress=(lambda s: step(f"{SUBSTEP}ceiling: {s}"))
                                                if on_step else None)
             if now:
