@@ -99,8 +99,8 @@ LAB_FALLBACK = {"I": "06_case_studies (the dtype / MMA-path scenario)"}
 #: question D's back-to-back run: chunks (median taken) of about this many ms each
 E2E_CHUNKS = 15
 E2E_CHUNK_MS = 5.0
-#: profiled calls on a CPU: one per repeat and two more, so the quiet calls (least run-queue wait,
-#: :func:`hwlab.examine.parts.quiet_calls`) the shares are pooled from can leave a preempted one out
+#: profiled calls on a CPU: one per repeat and two more, so the quiet calls (no more run-queue wait
+#: than the typical call's, :func:`hwlab.examine.parts.quiet_calls`) can leave a preempted one out
 N_PROFILED = N_REPEATS + 2
 #: the phases ``on_step`` announces, in order (progress on the command line's stderr)
 PHASES = ("checked call (runs, returns tensors, leaves its inputs unchanged)",
@@ -251,9 +251,10 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     to rotate input sets past L2). ``n_bytes`` / ``n_flops`` override the estimates;
     ``dtype_peak`` ("fp32", "tf32", "bf16", "fp8") picks the GEMM ceiling of the floor.
     ``ceilings`` (a :class:`hwlab.core.ceilings.Ceilings`) defaults to this machine's cached or
-    freshly measured ones (on a CPU, with its bf16 and fp64 GEMM ceilings measured
-    now for the dtype lever, :mod:`hwlab.examine.dtype_lever`; given ceilings are used as given). ``cache_bytes`` is the last-level cache the wasted-traffic bound and
-    the working set are judged against (default: this device's, read from the system).
+    freshly measured ones (on a CPU, with its bf16 and fp64 GEMM ceilings measured now for the
+    dtype lever, :mod:`hwlab.examine.dtype_lever`; given ceilings are used as given).
+    ``cache_bytes`` is the last-level cache the wasted-traffic bound and the working set are
+    judged against (default: this device's, read from the system).
     ``ncu_target`` ("MODULE:FUNC[@MODULE:INPUTS]") adds Nsight Compute counters where ``ncu``
     exists. ``on_step(label)`` is called as each phase starts (:data:`PHASES`): the command line
     shows it as progress on stderr. The keyword names above are examine's own; every other

@@ -1,8 +1,8 @@
 """Fused native ops split into the parts their work is (:func:`hwlab.examine.parts.build_parts`).
 
 Some aten ops are whole layers run natively: PyTorch's encoder fast path
-(``aten::_transformer_encoder_layer_fwd``), native multi-head attention, the fused optimizers (SDPA and its variants are attention whole, by
-the kit's table, and are not split). The
+(``aten::_transformer_encoder_layer_fwd``), native multi-head attention, the fused optimizers
+(SDPA and its variants are attention whole, by the kit's table, and are not split). The
 traffic model (a dispatch mode, :mod:`hwlab.examine.estimate`) sees each as one op with no matmul
 FLOPs, so joined to it, a layer's GEMMs, attention and elementwise work would all be read as one
 elementwise part. Instead an item under a fused native op (:data:`FUSED_NATIVE_OPS`) is classed by

@@ -203,9 +203,9 @@ class Retimer:
 #: their spread is at least :data:`RUN_TO_RUN` of the pooled value on each side
 TIMED_METRICS = ("slowdown_vs_floor", "dram_pct_estimated", "dram_pct_required_estimated", "tensor_pct_of_peak",
                  "e2e_slowdown")
-#: the least relative spread of a timed metric (module doc, "Run to run"): 15%, the difference between
-#: medians (net of the run-queue wait) that re-runs of one model on a busy 2-core host reach from one
-#: load phase to the next; a range over blocks taken in one phase is narrower than that
+#: the least relative spread of a timed metric (module doc, "Run to run"): what medians net of the
+#: run-queue wait still move by from one load phase of a busy host to the next (cache and memory
+#: contention from neighbours stays in them); a range over blocks taken in one phase is narrower
 RUN_TO_RUN = 0.15
 
 
