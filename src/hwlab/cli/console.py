@@ -85,7 +85,7 @@ class Steps:
             return
         elapsed = time.monotonic() - self._t0
         eta = (f", ~{elapsed / self.done * (self.total - self.done):.0f} s left"
-               if self.done else "")
+               if self.done and "s left" not in label else "")  # the caller's own estimate wins
         print(f"{self.title}: [{self.done + 1}/{self.total}] {label} ({elapsed:.0f} s elapsed{eta})",
               file=sys.stderr, flush=True)
 

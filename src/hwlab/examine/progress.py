@@ -34,9 +34,9 @@ SUBSTEP = "... "
 #: chunks over three blocks, before the later blocks shrink to the first one's spread)
 TIMING_CALLS = 30
 #: calls' worth of time per profiled call (the call itself, the profiler's bookkeeping, the trace)
-PROFILE_CALL_FACTOR = 3.0
+PROFILE_CALL_FACTOR = 2.0
 #: calls' worth of time the counting takes (two calls under dispatch modes)
-COUNT_CALLS = 6.0
+COUNT_CALLS = 4.0
 #: seconds the parts and the walks take (no calls of the function)
 WALK_S = 1.5
 
@@ -65,8 +65,9 @@ class Progress:
                 if index is not None:
                     self.phase_index = index
             self.last = time.monotonic()
-        if self._on_step is not None:
-            self._on_step(label)
+            left = self.left_s() if not label.startswith(SUBSTEP) else None
+        if self._on_step is not None:  # a phase's line carries the estimate too, once there is one
+            self._on_step(label + (f" (~{left:.0f} s left, estimated)" if left is not None else ""))
 
     def block_started(self, b: int) -> None:
         """The timing's block ``b`` starts: the blocks before it are done (about a third each)."""
