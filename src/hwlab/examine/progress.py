@@ -38,7 +38,7 @@ PROFILE_CALL_FACTOR = 2.0
 #: calls' worth of time the counting takes (two calls under dispatch modes)
 COUNT_CALLS = 4.0
 #: seconds the parts and the walks take (no calls of the function)
-WALK_S = 1.5
+WALK_S = 3.0
 
 
 class Progress:
