@@ -3,6 +3,7 @@ labelled an estimate, rates above a measured ceiling are judged by working set a
 cache, wasted traffic answers F, the host-outside-ops part heads only when it is more than
 profiler overhead, and progress goes to stderr."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,13 +54,15 @@ def test_cli_examine_shows_its_phases_on_stderr_and_keeps_stdout_strict_json(tmp
     assert r.returncode in (0, 1, 4), r.stderr[-2000:]
     d = loads_strict(r.stdout)  # stdout is the JSON document and nothing else
     assert d["name"] == "examples/unfused_chain.py:unfused_chain"
-    progress = [x for x in r.stderr.splitlines() if x.startswith("hwlab examine: [")]
+    lines = [x for x in r.stderr.splitlines() if x.startswith("hwlab examine: [")]
+    assert len({re.search(r"\[\d+/(\d+)\]", x).group(1) for x in lines}) == 1  # the step count fixed at the start
+    progress = [x for x in lines if "] ... " not in x]  # steps; "... " lines are progress within a step
     assert any("import" in x for x in progress)
     for phase in PHASES:  # every phase, in order
         assert sum(phase in x for x in progress) == 1, (phase, progress)
     order = [next(i for i, x in enumerate(progress) if phase in x) for phase in PHASES]
     assert order == sorted(order)
-    assert any("ceiling: copy" in x for x in progress)  # no cache here: the ceilings were measured
+    assert any("] ... ceiling: copy" in x for x in lines)  # no cache here: the ceilings were measured
 
 
 # ------------------------------------------------------------- rates above a measured ceiling (item 2)

@@ -143,8 +143,10 @@ def user_output_aside(json_out: bool) -> Iterator[None]:
             os.close(saved)
 
 
-#: progress lines wait this long (s), or until the inputs are accepted, whichever comes first
-HOLD_S = 10.0
+#: progress lines wait this long (s), or until the inputs are accepted, whichever comes first: under
+#: the 5 s an examination may stay silent (examine/progress), while a refusal of bad input, which
+#: comes within the first call, still comes alone
+HOLD_S = 4.0
 
 
 class HeldSteps:

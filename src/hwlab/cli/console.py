@@ -27,6 +27,10 @@ def stderr_is_terminal() -> bool:
     return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
 
 
+#: a progress label that starts with this is a line within the current step (hwlab.examine.progress)
+SUBSTEP = "... "
+
+
 class Steps:
     """Progress over ``total`` named steps (``total`` grows if more steps come)."""
 
@@ -60,8 +64,15 @@ class Steps:
         return False
 
     def step(self, label: str) -> None:
-        """A new step starts (the previous one, if any, is done)."""
+        """A new step starts (the previous one, if any, is done). A label starting with
+        :data:`SUBSTEP` is progress within the current step: shown, not counted."""
         if not self.enabled:
+            return
+        if label.startswith(SUBSTEP) and self._started:
+            if self._bar is not None:
+                self._bar.update(self._task, description=f"{self.title}: {label[len(SUBSTEP):]}")
+            else:
+                print(f"{self.title}: [{self.done + 1}/{self.total}] {label}", file=sys.stderr, flush=True)
             return
         if self._started:
             self.done += 1
@@ -74,7 +85,7 @@ class Steps:
             return
         elapsed = time.monotonic() - self._t0
         eta = (f", ~{elapsed / self.done * (self.total - self.done):.0f} s left"
-               if self.done else "")
+               if self.done and "s left" not in label else "")  # the caller's own estimate wins
         print(f"{self.title}: [{self.done + 1}/{self.total}] {label} ({elapsed:.0f} s elapsed{eta})",
               file=sys.stderr, flush=True)
 

@@ -170,6 +170,36 @@ def bf16_gain(c: "Ceilings | None" = None, device=None, size: int = 256) -> tupl
                         if bf is not None and fp is not None else "")
 
 
+def cpu_gemm_dtypes(device=None) -> list[str]:
+    """The GEMM ceilings a CPU's examination is judged against: fp32 (cached, :func:`measure`), bf16
+    where it runs natively, fp64 (measured where asked, :func:`with_cpu_gemms`)."""
+    return ["fp32"] + (["bf16"] if bf16_support(device)[0] else []) + ["fp64"]
+
+
+def with_cpu_gemms(c: "Ceilings", device=None, progress=None) -> tuple["Ceilings", list[str]]:
+    """``c`` with the CPU GEMM ceilings of :func:`cpu_gemm_dtypes` it lacks measured now at the quick
+    size, net of the run-queue wait, and said so in its source; not cached (the cache keeps what
+    ``hwlab doctor`` measures, under its stability rule). Returns
+    the ceilings and the dtypes measured now. A GPU's ceilings come back unchanged."""
+    from hwlab.core import probes
+
+    dev = device_of(device)
+    missing = [d for d in cpu_gemm_dtypes(dev) if c.gemm(d) is None] if dev.type != "cuda" else []
+    if not missing:
+        return c, []
+    out = Ceilings.from_dict(c.to_dict())
+    out.gemm_tflops, out.bands = dict(c.gemm_tflops), dict(c.bands)
+    for dt in missing:
+        if progress:
+            progress(f"gemm {dt}")
+        m = probes.gemm(size=256, dtype=dt, device=dev, n_rep=10, net_of_wait=True)
+        out.gemm_tflops[dt] = m.tflops
+        out.bands[f"gemm {dt}"] = {"t_ms": m.t_ms, "t_p10_ms": m.t_p10_ms, "t_p90_ms": m.t_p90_ms,
+                                   "n_rep": m.n_rep, "timer": m.timer, "params": m.params}
+    out.source = f"{c.label}; {', '.join(missing)} GEMM measured now (not in the cache)"
+    return out, missing
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("HWLAB_CACHE", Path.home() / ".cache" / "hwlab"))
 
@@ -190,7 +220,7 @@ def measure(device=None, quick: bool = False, progress=None) -> Ceilings:
                                          impl="torch", n_rep=20 if quick else 50, net_of_wait=not gpu)),
     ]
     dtypes = ["fp32", "tf32", "bf16"] + (["fp8"] if gpu and probes.fp8_supported(dev) else [])
-    if not gpu:
+    if not gpu:  # a CPU caches its fp32 GEMM; bf16 and fp64 are measured where asked (with_cpu_gemms)
         dtypes = ["fp32"]
     for dt in dtypes:
         size = (4096 if quick else 8192) if gpu else (256 if quick else 512)

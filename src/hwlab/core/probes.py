@@ -247,7 +247,7 @@ def host_link(size_mib: int = 256, direction: str = "h2d", pinned: bool = True,
 
 
 # ---------------------------------------------------------------- GEMM
-GEMM_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+GEMM_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp64")
 
 
 def fp8_supported(device: torch.device) -> bool:
@@ -265,7 +265,7 @@ def matmul_at(dtype: str, M: int, N: int, K: int, dev) -> tuple[Callable, Callab
     never leaks into the next measurement."""
     import torch
     tdt = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
-           "fp16": torch.float16}[dtype]
+           "fp16": torch.float16, "fp64": torch.float64}[dtype]
     precision = "high" if dtype == "tf32" else "highest"
 
     def make():
@@ -301,7 +301,7 @@ def gemm(size: int | None = None, dtype: str = "bf16", device=None, n_rep: int =
     size = size or (8192 if dev.type == "cuda" else 512)
     M, N, K = m or size, n or size, k or size
     tdt = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
-           "fp16": torch.float16, "fp8": torch.float8_e4m3fn}[dtype]
+           "fp16": torch.float16, "fp8": torch.float8_e4m3fn, "fp64": torch.float64}[dtype]
     item = torch.tensor([], dtype=tdt).element_size()
     require_memory((M * K + K * N) * item + M * N * 2 * max(item, 2) + M * N * 8, dev,
                    f"gemm {M}x{N}x{K} {dtype}")
@@ -320,12 +320,14 @@ def gemm(size: int | None = None, dtype: str = "bf16", device=None, n_rep: int =
     else:
         fn, make = matmul_at(dtype, M, N, K, dev)
         tol = {"fp32": TOL_BY_DTYPE["float32"] * 10, "tf32": TOL_BY_DTYPE["tf32"],
-               "bf16": TOL_BY_DTYPE["bfloat16"], "fp16": TOL_BY_DTYPE["float16"]}[dtype]
+               "bf16": TOL_BY_DTYPE["bfloat16"], "fp16": TOL_BY_DTYPE["float16"],
+               "fp64": TOL_BY_DTYPE["float64"] * 10}[dtype]
 
     def reference(a, b):
         return (a.double() @ b.double())
 
-    n_bytes = (M * K + K * N) * item + M * N * (2 if dtype in ("bf16", "fp16", "fp8") else 4)
+    out_item = 2 if dtype in ("bf16", "fp16", "fp8") else 8 if dtype == "fp64" else 4
+    n_bytes = (M * K + K * N) * item + M * N * out_item
     return bench(f"gemm[{dtype}]", fn, make, n_bytes=n_bytes, n_flops=2 * M * N * K,
                  reference=reference, tol=tol, device=dev, n_rep=n_rep,
                  params={"m": M, "n": N, "k": K, "dtype": dtype}, net_of_wait=net_of_wait)

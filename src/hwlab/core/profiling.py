@@ -426,24 +426,30 @@ def trace_calls(trace: dict, call_mark: str) -> list[list[dict[str, Any]]]:
     for i, c in enumerate(calls):
         inside = [h for h in host if h.get("cat") == "cpu_op" and h.get("tid") == c.get("tid")
                   and c["ts"] <= h["ts"] and h["ts"] + h["dur"] <= c["ts"] + c["dur"] + 1e-3]
+        # one pass in (start, longest first) order: the stack holds the ops enclosing the current one,
+        # outermost first; each op's self time is its duration less its direct children's
+        stack: list[tuple[dict, dict]] = []
         for h in inside:
-            children = [x for x in inside if x is not h and h["ts"] <= x["ts"] and
-                        x["ts"] + x["dur"] <= h["ts"] + h["dur"] + 1e-3 and x["dur"] < h["dur"]]
-            # direct children only: drop those inside another child
-            direct = [x for x in children if not any(y is not x and y["ts"] <= x["ts"] and
-                                                      x["ts"] + x["dur"] <= y["ts"] + y["dur"] + 1e-3
-                                                      and y["dur"] > x["dur"] for y in children)]
-            self_us = max(0.0, h["dur"] - sum(x["dur"] for x in direct))
-            encl = [x for x in inside if x["ts"] <= h["ts"] and h["ts"] + h["dur"] <= x["ts"] + x["dur"] + 1e-3
-                    and x["dur"] >= h["dur"]]
-            encl = sorted(encl, key=lambda x: (x["dur"], x is not h))
-            ops = [x for x in encl if x["name"].startswith("aten::")]
-            out[i].append({"stack": [x["name"] for x in ops], "op_ids": [_ext(x) for x in ops],
-                           "op_ts": [x["ts"] for x in ops], "us": self_us, "kernel": None,
-                           "compiled": False, "args": {}, "ts": h["ts"]})
+            while stack and not (stack[-1][0]["ts"] <= h["ts"] and h["ts"] + h["dur"] <= stack[-1][0]["ts"]
+                                 + stack[-1][0]["dur"] + 1e-3 and stack[-1][0]["dur"] >= h["dur"]):
+                stack.pop()
+            ops = [x for x in [h, *reversed([e for e, _ in stack])] if x["name"].startswith("aten::")]
+            item = {"stack": [x["name"] for x in ops], "op_ids": [_ext(x) for x in ops],
+                    "op_ts": [x["ts"] for x in ops], "us": float(h["dur"]), "kernel": None,
+                    "compiled": False, "ts": h["ts"],
+                    "args": {a: h["args"][a] for a in OP_SHAPE_ARGS if a in h.get("args", {})}}
+            if stack:
+                stack[-1][1]["us"] -= h["dur"]
+            stack.append((h, item))
+            out[i].append(item)
+        for item in out[i]:
+            item["us"] = max(0.0, item["us"])
     return out
 
 
+#: a CPU op's recorded shapes (``record_shapes``) kept on its item: an op inside a fused native op
+#: is counted from them (:mod:`hwlab.traces.trace_shapes`)
+OP_SHAPE_ARGS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
 #: names of host ranges that mark a compiled (torch.compile) region in a trace
 COMPILED_TRACE_MARKS = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
 

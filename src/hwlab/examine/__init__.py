@@ -74,6 +74,9 @@ from hwlab.core import validate
 from hwlab.examine.ncu_counters import MAX_KERNELS
 from hwlab.examine.parts import Part, Parts, build_parts
 from hwlab.examine.rates import traffic_ratio
+from hwlab.examine.dtype_lever import CPU_PEAK_FOR_DTYPE, gemm_ceiling
+from hwlab.examine.op_overhead import per_op_share, per_op_us
+from hwlab.examine.progress import SUBSTEP, Progress
 from hwlab.examine.repeats import (
     N_REPEATS, Blocks, Retimer, alternatives, ceiling_band, leaf_name, merge_spreads, spreads_over,
     timed_blocks)
@@ -96,6 +99,9 @@ LAB_FALLBACK = {"I": "06_case_studies (the dtype / MMA-path scenario)"}
 #: question D's back-to-back run: chunks (median taken) of about this many ms each
 E2E_CHUNKS = 15
 E2E_CHUNK_MS = 5.0
+#: profiled calls on a CPU: one per repeat and two more, so the quiet calls (no more run-queue wait
+#: than the typical call's, :func:`hwlab.examine.parts.quiet_calls`) can leave a preempted one out
+N_PROFILED = N_REPEATS + 2
 #: the phases ``on_step`` announces, in order (progress on the command line's stderr)
 PHASES = ("checked call (runs, returns tensors, leaves its inputs unchanged)",
           "ceilings of this machine (cached or measured)",
@@ -222,8 +228,8 @@ def _peak_dtype(traffic: Traffic, args: tuple, dtype_peak: str | None, c, gpu: b
         floats = [t for t in tensors_of(args) if t.is_floating_point()]
         dt = str(max(floats, key=lambda t: t.numel()).dtype).replace("torch.", "") if floats else None
     want = PEAK_FOR_DTYPE.get(dt or "", "bf16")
-    if not gpu:
-        want = "fp32"  # a CPU has one measured GEMM ceiling
+    if not gpu:  # a CPU's whole-function floor: its data's own precision (the parts take the dtype lever)
+        want = CPU_PEAK_FOR_DTYPE.get(dt or "", "fp32")
     if c.gemm(want) is None:
         alt = next(iter(c.gemm_tflops), None)
         notes.append(f"no measured {want} GEMM ceiling here; the FLOP floor uses {alt}")
@@ -245,8 +251,10 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     to rotate input sets past L2). ``n_bytes`` / ``n_flops`` override the estimates;
     ``dtype_peak`` ("fp32", "tf32", "bf16", "fp8") picks the GEMM ceiling of the floor.
     ``ceilings`` (a :class:`hwlab.core.ceilings.Ceilings`) defaults to this machine's cached or
-    freshly measured ones. ``cache_bytes`` is the last-level cache the wasted-traffic bound and
-    the working set are judged against (default: this device's, read from the system).
+    freshly measured ones (on a CPU, with its bf16 and fp64 GEMM ceilings measured now for the
+    dtype lever, :mod:`hwlab.examine.dtype_lever`; given ceilings are used as given).
+    ``cache_bytes`` is the last-level cache the wasted-traffic bound and the working set are
+    judged against (default: this device's, read from the system).
     ``ncu_target`` ("MODULE:FUNC[@MODULE:INPUTS]") adds Nsight Compute counters where ``ncu``
     exists. ``on_step(label)`` is called as each phase starts (:data:`PHASES`): the command line
     shows it as progress on stderr. The keyword names above are examine's own; every other
@@ -255,9 +263,8 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     from hwlab.examine.inputs import check_inputs, make
     from hwlab.examine.phases import checked_call, rotating_sets
 
-    def step(label: str) -> None:
-        if on_step is not None:
-            on_step(label)
+    prog = Progress(on_step, N_PROFILED, PHASES)
+    step = prog.step
 
     if not callable(fn):
         raise UserInputError(f"{fn!r} is not callable: pass a function (MODULE:FUNC on the command line)")
@@ -278,30 +285,42 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
         args = make(make_inputs, "make_inputs")
     args = tuple(args)
     dev = check_inputs(args, kwargs)
-    step(PHASES[0])
-    first_call_s, read_b, written_b = checked_call(fn, name, args, kwargs, dev, notes)
-    arg_sets = rotating_sets(args, make_inputs, kwargs, dev, read_b, notes)
-    run = (lambda *a: fn(*a, **kwargs)) if kwargs else fn
-    # the ceilings before timing, so every refusal of input (a corrupt cache, a dtype_peak with no
-    # ceiling, a given count no device reaches) comes before the long phases
-    step(PHASES[1])
-    c = ceilings if ceilings is not None else ceilings_mod.get(
-        dev, quick=True, progress=(lambda s: step(f"ceiling: {s}")) if on_step else None)
-    if dtype_peak and c.gemm(dtype_peak) is None:
-        _peak_dtype(None, args, dtype_peak, c, dev.type == "cuda", notes)  # refuses it with its one line
-    step(PHASES[2])
-    blocks = timed_blocks(run, arg_sets, dev, time_fn, back_to_back_ms, n_rep=21, n_chunks=15,
-                          max_total_s=max_total_s, retime=Retimer(c.bands, dev) if dev.type != "cuda" else None)
-    pooled = sorted(blocks.pooled_samples_ms)
-    timing = (statistics.median(pooled), quantile(pooled, 0.1), quantile(pooled, 0.9))
-    if n_bytes is not None or n_flops is not None:  # a given count no device reaches: refused now
-        _check_given_counts(Measurement(
-            name=name, t_ms=timing[0], t_p10_ms=timing[1], t_p90_ms=timing[2],
-            n_bytes=int(n_bytes or 0), n_flops=int(n_flops or 0), device=device_name(dev), timer=blocks.timer,
-            n_rep=len(pooled)), c, dev.type == "cuda", n_bytes is not None, n_flops is not None)
-    step(PHASES[3])
-    return _measured(fn, name, args, kwargs, arg_sets, dev, c, blocks, timing, first_call_s, read_b, written_b,
-                     n_bytes, n_flops, dtype_peak, ncu_target, cache_bytes, notes, step)
+    prog.heartbeat()
+    try:
+        step(PHASES[0])
+        first_call_s, read_b, written_b = checked_call(fn, name, args, kwargs, dev, notes)
+        prog.call_s = first_call_s  # until the timing measures it
+        arg_sets = rotating_sets(args, make_inputs, kwargs, dev, read_b, notes)
+        run = (lambda *a: fn(*a, **kwargs)) if kwargs else fn
+        # the ceilings before timing, so every refusal of input (a corrupt cache, a dtype_peak with no
+        # ceiling, a given count no device reaches) comes before the long phases
+        step(PHASES[1])
+        c = ceilings if ceilings is not None else ceilings_mod.get(
+            dev, quick=True, progress=(lambda s: step(f"{SUBSTEP}ceiling: {s}")) if on_step else None)
+        if dev.type != "cuda" and ceilings is None:  # bf16 and fp64, not in a CPU's cache: measured (dtype_lever)
+            c, now = ceilings_mod.with_cpu_gemms(c, dev, progress=(lambda s: step(f"{SUBSTEP}ceiling: {s}"))
+                                               if on_step else None)
+            if now:
+                notes.append(f"{', '.join(now)} GEMM ceiling{'s' if len(now) > 1 else ''} measured now (the cached "
+                             "ceilings hold fp32 only): quick size, not cached")
+        if dtype_peak and c.gemm(dtype_peak) is None:
+            _peak_dtype(None, args, dtype_peak, c, dev.type == "cuda", notes)  # refuses it with its one line
+        step(PHASES[2])
+        blocks = timed_blocks(run, arg_sets, dev, time_fn, back_to_back_ms, n_rep=21, n_chunks=15,
+                              max_total_s=max_total_s, retime=Retimer(c.bands, dev) if dev.type != "cuda" else None,
+                              on_block=prog.block_started, on_timed=prog.timed)
+        pooled = sorted(blocks.pooled_samples_ms)
+        timing = (statistics.median(pooled), quantile(pooled, 0.1), quantile(pooled, 0.9))
+        if n_bytes is not None or n_flops is not None:  # a given count no device reaches: refused now
+            _check_given_counts(Measurement(
+                name=name, t_ms=timing[0], t_p10_ms=timing[1], t_p90_ms=timing[2],
+                n_bytes=int(n_bytes or 0), n_flops=int(n_flops or 0), device=device_name(dev), timer=blocks.timer,
+                n_rep=len(pooled)), c, dev.type == "cuda", n_bytes is not None, n_flops is not None)
+        step(PHASES[3])
+        return _measured(fn, name, args, kwargs, arg_sets, dev, c, blocks, timing, first_call_s, read_b, written_b,
+                         n_bytes, n_flops, dtype_peak, ncu_target, cache_bytes, notes, step)
+    finally:
+        prog.stop()
 
 
 def _measured(fn, name: str, args: tuple, kwargs: dict, arg_sets: list, dev, c, blocks: Blocks,
@@ -316,8 +335,8 @@ def _measured(fn, name: str, args: tuple, kwargs: dict, arg_sets: list, dev, c, 
     cache_b = cache_bytes if cache_bytes is not None else last_level_cache_bytes(dev)
     step(PHASES[4])
     try:
-        prof = profile_calls(fn, arg_sets, kwargs, dev, n_calls=N_REPEATS, unprofiled_median_ms=timing[0],
-                             cache_bytes=cache_b)
+        prof = profile_calls(fn, arg_sets, kwargs, dev, n_calls=N_PROFILED if not gpu else N_REPEATS,
+                             unprofiled_median_ms=timing[0], cache_bytes=cache_b)
     except Exception as e:  # the measurement stands without a profile; the walk says what is missing
         prof = ProfileSummary(on_gpu=gpu, n_calls=0, kernels_per_call=0.0, busy_ms_per_call=0.0,
                               error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
@@ -346,7 +365,8 @@ def _measured(fn, name: str, args: tuple, kwargs: dict, arg_sets: list, dev, c, 
     ncu = ncu_collect(ncu_target, notes, top_kernels=[k["name"] for k in prof.top] if many else None) \
         if ncu_target else None
     step(PHASES[6])
-    walks = _walk_all(m, c, peak, counts, prof, traffic, blocks, ncu, gpu, dtype_peak, dev)
+    per_op = per_op_us(dev)  # a CPU's cost per aten op (examine/op_overhead): J's per-op rule
+    walks = _walk_all(m, c, peak, counts, prof, traffic, blocks, ncu, gpu, dtype_peak, dev, per_op)
     ev, sources, diag, parts, alts = walks
     if diag.undecided is not None and diag.undecided.id == "H" and not flop_bound(m):
         notes.append("H asks about Tensor-Core use, which applies to matmul work; this function's floor is "
@@ -358,6 +378,11 @@ def _measured(fn, name: str, args: tuple, kwargs: dict, arg_sets: list, dev, c, 
             unit, now = ("GB/s", c.copy_gbps) if k == "copy" else ("TFLOP/s", c.gemm(k.split()[-1]))
             notes.append(f"ceiling {k} re-timed before each block and after the last: {min(rs):.4g}-{max(rs):.4g} "
                          f"{unit} against {now:.4g} in use; the range widens every metric judged against it")
+        n_ops = counts["n_ops"]  # ops as dispatched (the traffic model's records): what each pays for
+        share = per_op_share(n_ops, m.t_ms, per_op)
+        if share is not None:
+            notes.append(f"per-op overhead: {n_ops:.0f} aten ops per call x {per_op['us']:.3g} us per op (measured: "
+                         f"{per_op['source']}) = {100 * share:.0f}% of the call's {m.t_ms:.4g} ms")
         w = blocks.wait_share()
         notes.append("CPU times are net of the run-queue wait (hwlab.core.hostwait): " + (
             f"in its busiest block the timing thread waited for a CPU {100 * w:.0f}% of the wall time (host "
@@ -379,7 +404,7 @@ def _measured(fn, name: str, args: tuple, kwargs: dict, arg_sets: list, dev, c, 
 
 
 def _walk_all(m: Measurement, c, peak: str | None, counts: dict[str, Any], prof, traffic, blocks: Blocks, ncu,
-              gpu: bool, dtype_peak: str | None, dev) -> tuple:
+              gpu: bool, dtype_peak: str | None, dev, per_op: dict[str, Any] | None = None) -> tuple:
     """The whole function and its parts walked on the pooled run and on each repeat (one timing
     block, one profiled call each): the repeats' ranges are the spreads, and a leaf they differ on
     is BORDERLINE (:mod:`hwlab.examine.repeats`)."""
@@ -395,11 +420,13 @@ def _walk_all(m: Measurement, c, peak: str | None, counts: dict[str, Any], prof,
             bf16["v"] = ceilings_mod.bf16_gain(c, dev)
         return bf16["v"]
 
+    native = ceilings_mod.bf16_support(dev)[0]
+
+    def gemm_ceiling_for(dt: str | None) -> tuple[float | None, str | None, str | None]:
+        return gemm_ceiling(dt, c, gpu, dtype_peak, bf16_native=native, fallback=peak)
+
     def gemm_tflops_for(dt: str | None) -> float | None:
-        if dtype_peak:
-            return c.gemm(dtype_peak)
-        return c.gemm("fp32" if not gpu else PEAK_FOR_DTYPE.get(dt or "", peak or "bf16")) or \
-            (c.gemm(peak) if peak else None)
+        return gemm_ceiling_for(dt)[0]
 
     def walk_one(mr: Measurement, chunks: list[float], call_index: int | None, repeats: list | None,
                  whole_spreads: dict[str, Any] | None):
@@ -419,6 +446,7 @@ def _walk_all(m: Measurement, c, peak: str | None, counts: dict[str, Any], prof,
                                 e2e_spread=(ev.get("metric_spreads") or {}).get("e2e_slowdown"),
                                 out_keys=traffic.out_keys, ncu=ncu, lab_for=leaf_lab, cache_bytes=cache_b,
                                 whole_leaf=diag.leaf_id, call_index=call_index, repeats=repeats, bf16_ok=bf16_ok,
+                                gemm_ceiling_for=gemm_ceiling_for, per_op=per_op,
                                 ceiling_band=band if repeats is not None else None)
         except Exception as e:  # the whole-function walk stands; the parts say why they are missing
             parts = Parts([], mr.t_ms, "", None, error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")

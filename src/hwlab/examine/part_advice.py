@@ -2,8 +2,9 @@
 the actions that fit the part's kind (:data:`PART_ACTIONS`), and the leaf's generic actions checked
 against the machine (:func:`actions_for`).
 
-**J, in detail.** A part landing on J is told which of launch, occupancy, registers or memory
-latency it is, from measured figures: the idle share, the profiler's kernel records (Kineto's
+**J, in detail.** A part landing on J is told which of launch, per-op overhead (a CPU), occupancy,
+registers or memory latency it is, from measured figures: the idle share, the CPU's measured cost per
+aten op times the part's ops (:mod:`hwlab.examine.op_overhead`), the profiler's kernel records (Kineto's
 estimated achieved occupancy, registers per thread, warps per SM) or Nsight Compute's counted
 occupancy where ``--ncu`` ran, and the achieved bandwidth against the copy ceiling. Thresholds
 (and why) are in :data:`J_RULES`. The rules match the part's kind: "memory latency" (scattered,
@@ -27,6 +28,10 @@ from hwlab.examine.part_walk import near_ridge
 J_RULES = (
     ("launch", "idle share >= 50% of the step",
      "the GPU waits on the host for half the step or more: fewer, larger launches (CUDA graph, fusion)"),
+    ("per-op overhead", "CPU: aten ops dispatched per call x the measured per-op cost >= 50% of the part's time",
+     "each aten op pays the framework's dispatch and output allocation before any work: half the part's time "
+     "or more goes to getting to the work; fewer, larger ops (vectorise the loop, batch, fuse with "
+     "torch.compile)"),
     ("registers", "spills > 0, or >= 128 registers per thread",
      "at 128 registers per thread a Hopper/Ampere SM holds at most 16 of its 64 warps (65536 registers): "
      "too few to hide memory latency; spills add local-memory traffic on top"),
@@ -87,10 +92,20 @@ def actions_for(p: Part, leaf: str, bf16_ok: Callable[[], tuple[bool, str]] | No
 
 
 def j_detail(part: Part, idle_pct: float | None, copy_gbps: float | None, n_spills: int | None,
-             ncu: dict[str, Any] | None, kernel_args: list[tuple[float, dict]]) -> dict[str, Any]:
-    """Which of :data:`J_RULES` a part on J meets, from measured figures (each with its source)."""
+             ncu: dict[str, Any] | None, kernel_args: list[tuple[float, dict]],
+             per_op: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Which of :data:`J_RULES` a part on J meets, from measured figures (each with its source).
+    ``per_op``: a CPU's measured cost per aten op (:func:`hwlab.examine.op_overhead.per_op_us`)."""
+    from hwlab.examine.op_overhead import PER_OP_SHARE_MIN, per_op_share
+
     figures: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    op_share = per_op_share(part.n_ops, part.t_ms, per_op) if part.name != "host outside ops" else None
+    if op_share is not None:
+        figures["per_op_overhead_pct"] = 100.0 * op_share
+        sources["per_op_overhead_pct"] = (f"{part.n_ops} aten ops per call (as dispatched) x {per_op['us']:.3g} us "
+                                          "per op "
+                                          f"({per_op['source']}) over the part's time")
 
     def tw(key: str) -> float | None:
         pairs = [(us, float(a[key])) for us, a in kernel_args if isinstance(a.get(key), (int, float))]
@@ -125,6 +140,7 @@ def j_detail(part: Part, idle_pct: float | None, copy_gbps: float | None, n_spil
     dense_gemm = part.floor_source.startswith("FLOPs") or near_ridge(part)
     checks = (
         ("launch", part.name in ("gpu idle", "host outside ops") or (idle_pct is not None and idle_pct >= 50)),
+        ("per-op overhead", op_share is not None and op_share >= PER_OP_SHARE_MIN),
         ("registers", (n_spills or 0) > 0 or (figures.get("registers_per_thread") or 0) >= 128),
         ("occupancy", occ_any is not None and occ_any < 25.0),
         ("memory latency", not dense_gemm and (occ_any is None or occ_any >= 25.0) and bw_pct is not None

@@ -57,6 +57,20 @@ class Part:
     repeat_leaves: list[str | None] = field(default_factory=list)
     #: leaves within the measured spread or reached by a repeat, other than ``leaf_id`` (BORDERLINE)
     alternatives: list[str] = field(default_factory=list)
+    #: the part's share (%) over the repeats' profiled calls and the pooled calls: [lo, hi]
+    share_range_pct: list[float] | None = None
+    #: the faster precision this part's matmuls are judged against, as an action (dtype_lever), or None
+    dtype_lever: str | None = None
+    #: that precision's measured GEMM ceiling over the data's own (None: no lever)
+    lever_gain: float | None = None
+
+    @property
+    def repeats_agreed(self) -> tuple[int, int]:
+        """(repeats whose walk reached this part's leaf, repeats that walked it)."""
+        walked = [x for x in self.repeat_leaves if x]
+        name = self.leaf_id or (f"undecided at {self.walk.undecided.id}" if self.walk and self.walk.undecided
+                                else "no leaf")
+        return sum(1 for x in walked if x == name), len(walked)
 
     @property
     def borderline(self) -> bool:
@@ -84,7 +98,8 @@ class Part:
                 "ceilings_raised": self.ceilings_raised, "traffic_ratio": self.traffic_ratio,
                 "not_headline": self.not_headline, "n_ops": self.n_ops,
                 "repeat_leaves": self.repeat_leaves, "alternatives": self.alternatives,
-                "borderline": self.borderline}
+                "borderline": self.borderline, "share_range_pct": self.share_range_pct,
+                "repeats_agreed": list(self.repeats_agreed), "dtype_lever": self.dtype_lever}
 
 
 @dataclass
@@ -122,6 +137,12 @@ class Parts:
         return sorted(other - {h.leaf_id})
 
     @property
+    def headline_agreed(self) -> int:
+        """Repeats that headed with the headline part on its leaf."""
+        h = self.headline
+        return sum(1 for n, lf in self.repeat_headlines if h is not None and n == h.name and lf == h.leaf_id)
+
+    @property
     def walked(self) -> list[Part]:
         return [p for p in self.parts if p.walk is not None]
 
@@ -146,6 +167,7 @@ class Parts:
                 "notes": self.notes, "error": self.error,
                 "headline_borderline": bool(self.headline_alternatives),
                 "headline_alternatives": self.headline_alternatives,
+                "headline_repeats_agreed": [self.headline_agreed, len(self.repeats)],
                 "repeat_headlines": [{"part": n, "leaf": lf} for n, lf in self.repeat_headlines]}
 
     def render(self) -> list[str]:
@@ -156,6 +178,8 @@ class Parts:
                  f"  {'part':24s} {'share':>6s} {'ms':>9s} {'% floor':>8s} {'achieved':>16s} "
                  f"{'gain ms':>9s} {'speed-up':>8s}  leaf"]
         for p in sorted(self.parts, key=lambda p: -p.t_ms):
+            rng = (f" ({p.share_range_pct[0]:.1f}-{p.share_range_pct[1]:.1f}% over the calls)"
+                   if p.share_range_pct and p.share_range_pct[1] - p.share_range_pct[0] >= 0.1 else "")
             ach = (f"{p.tflops:,.1f} TFLOP/s" if p.tflops and p.flops and p.floor_source.startswith("FLOPs")
                    else f"{p.gbps:,.0f} GB/s" if p.gbps is not None else "-")
             lines.append(f"  {p.name:24s} {p.share_pct:5.1f}% {p.t_ms:9.4g} "
@@ -163,13 +187,15 @@ class Parts:
                          f"{ach:>16s} {(f'{p.saved_ms:.4g}' if p.saved_ms is not None else '-'):>9s} "
                          f"{(f'{p.speedup:.2f}x' if p.speedup else '-'):>8s}  "
                          + (p.leaf_id or (f"undecided at {p.walk.undecided.id}" if p.walk and p.walk.undecided
-                                          else "not walked (under the walk share)")))
+                                          else "not walked (under the walk share)")) + rng)
         h = self.headline
         if h is not None:
             sp = f"{h.speedup:.2f}x the whole function" if h.speedup else "the whole function's time"
             to = f" (to its floor: {h.floor_source})" if h.floor_source else ""
+            agreed = (f"; {self.headline_agreed} of {len(self.repeats)} repeats headed with it on {h.leaf_id}"
+                      if self.repeats else "")
             lines += ["", f"headline: {h.name} -> leaf {h.leaf_id} ({LEAVES[h.leaf_id].title}); reaching its "
-                      f"floor could save {h.saved_ms:.4g} ms ({sp}){h.gain_bound}{to}"]
+                      f"floor could save {h.saved_ms:.4g} ms ({sp}){h.gain_bound}{to}{agreed}"]
             alt = self.headline_alternatives
             if alt:
                 reps = ", ".join(f"{n} -> {lf}" for n, lf in self.repeat_headlines)
@@ -180,7 +206,8 @@ class Parts:
             gain = "no gain figure" if p.saved_ms is None else f"expected gain {p.saved_ms:.4g} ms"
             lines.append(f"  {i}. {p.name}: leaf {p.leaf_id or '?'}"
                          + (f" BORDERLINE (or {', '.join(p.alternatives)})" if p.alternatives else "")
-                         + (f" [repeats: {', '.join(x or '-' for x in p.repeat_leaves)}]" if p.repeat_leaves else "")
+                         + (f" [{p.repeats_agreed[0]} of {p.repeats_agreed[1]} repeats agreed: "
+                            f"{', '.join(x or '-' for x in p.repeat_leaves)}]" if p.repeat_leaves else "")
                          + f", {gain}"
                          + (f"; lab {p.lab}" if p.lab else "")
                          + (f"; NOT the headline: {p.not_headline}" if p.not_headline else ""))

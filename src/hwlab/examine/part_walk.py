@@ -55,7 +55,8 @@ def near_ridge(p: Part) -> bool:
         return False
     flop_ms = p.flops / (p.ceiling_tflops * 1e9)
     byte_ms = p.floor_bytes / (p.ceiling_gbps * 1e6)
-    return flop_ms * RIDGE_BAND >= byte_ms
+    # judged against a faster precision (the dtype lever), the ridge is where the data's own ceiling puts it
+    return flop_ms * RIDGE_BAND * (p.lever_gain or 1.0) >= byte_ms
 
 
 def gain(p: Part, t_ms: float) -> None:
@@ -93,14 +94,14 @@ def rewalk(d: dict[str, Any], *, copy_gbps: float, gemm_tflops: float | None = N
 def host_headline_refusal(net_ms: float, outside_ms_per_call: list[float], whole_leaf: str | None) -> str | None:
     """Why the CPU's host-outside-ops part may not head the report, or None when it may.
 
-    Rule: it heads only when (1) its time, net of the profiler's own inflation of the call, is
+    Rule: it heads only when (1) its time (its share of the profiled calls, applied to the median) is
     larger than the spread (max - min) of the time outside ops across the profiled calls: a share
     inside its own spread is noise, and time the profiler added is an artefact of measuring; and
     (2) the whole-function walk, from the unprofiled median, lands on J too: a function whose
     measured time walks elsewhere is not host-bound, whatever a profiled call shows."""
     spread = (max(outside_ms_per_call) - min(outside_ms_per_call)) if len(outside_ms_per_call) > 1 else None
     if spread is not None and net_ms <= spread:
-        return (f"its {net_ms:.4g} ms (net of the profiler's inflation of the call) is inside its own spread "
+        return (f"its {net_ms:.4g} ms (its share of the profiled calls) is inside its own spread "
                 f"across the profiled calls ({spread:.4g} ms): profiler or host noise, not a finding")
     if whole_leaf != "J":
         return (f"the whole function, walked on its unprofiled median, lands on {whole_leaf or 'no leaf'}, not J: "

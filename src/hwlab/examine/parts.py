@@ -15,13 +15,13 @@ communication). Added to them:
 
 * on a GPU, **gpu idle**: the measured median minus the time kernels kept the GPU busy under
   the profiler (launch gaps, host work between launches);
-* on a CPU, **host outside ops**: the profiled call's duration minus its aten ops' self time
-  (Python between ops). On a CPU the parts are shares of the profiled call (CPU op self times),
-  and a part's ms is its share of the measured median. The call is the profiled call of median
-  duration among the quiet ones (:func:`quiet_calls`: least run-queue wait): the first call
-  under the profiler can carry the profiler's own start-up, and on a busy host a call can wait
-  for a CPU inside one op, whose wall-clock self time then holds the host's load; either would
-  skew a mean. Each repeat reads its own profiled call, so that skew shows as its spread.
+* on a CPU, **host outside ops**: the profiled calls' duration minus their aten ops' self time
+  (Python between ops), as its share of those calls, the way an independent profile reads it.
+  On a CPU the parts are shares of the profiled calls (CPU op self times), and a part's ms is its
+  share of the measured median. The calls pooled are the quiet ones (:func:`quiet_calls`: no more
+  run-queue wait than the typical call's): on a busy host a call can wait for a CPU inside one op, whose wall-clock self
+  time then holds the host's load, and one such call would skew the shares. Each repeat reads one
+  quiet call of its own, so the calls' disagreement shows as each part's share range and spread.
 
 Triton kernels and ``torch.compile``d graphs run outside aten ops: their part says its bytes
 are not attributable (the traffic model did not see them), unless it is the whole function,
@@ -37,10 +37,9 @@ measured time (100% = at the floor). **Expected gain**: the part's time minus it
 and the whole function's speed-up if only that part reached its floor (Amdahl:
 ``t / (t - saved)``). The idle part's floor is zero: its gain is an upper bound.
 
-On a CPU the profiler also inflates the call (its bookkeeping per op lands between ops): the
-profiled call's excess over the unprofiled median is taken out of the time outside ops first
-(it cannot be told apart from Python between ops), and the ops' parts share the rest of the
-median. Rates above a measured ceiling raise it where the part's working set proves it low,
+On a CPU the profiler also inflates the call (its bookkeeping per op lands in and between ops):
+shares of the profiled call are applied to the unprofiled median, so the inflation is spread over
+the parts as the profile spreads it. Rates above a measured ceiling raise it where the part's working set proves it low,
 and DRAM bytes of at least 2x the fused bytes by the per-op cache bound (moved - cache x op
 boundaries) answer F (:mod:`hwlab.examine.rates`).
 
@@ -65,6 +64,8 @@ from typing import Any, Callable
 
 from hwlab.diagnosis.flowchart import LEAVES, diagnose  # noqa: F401 (LEAVES re-exported)
 from hwlab.core.profiling import part_class
+from hwlab.examine.dtype_lever import FP64_NO_BF16, lever_note, no_ceiling_note
+from hwlab.examine.fused_ops import FusedSplit, fused_owner
 from hwlab.examine.part_advice import J_RULES, PART_ACTIONS, actions_for, j_detail  # noqa: F401 (re-exported)
 from hwlab.examine.part_record import WALK_SHARE_PCT, Part, Parts  # noqa: F401 (re-exported)
 from hwlab.examine.part_walk import (  # noqa: F401 (re-exported)
@@ -148,25 +149,29 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
                 cache_bytes: int | None = None, whole_leaf: str | None = None, call_index: int | None = None,
                 repeats: list[Parts] | None = None,
                 bf16_ok: Callable[[], tuple[bool, str]] | None = None,
-                ceiling_band: tuple[float, float] | None = None) -> Parts:
+                ceiling_band: tuple[float, float] | None = None,
+                gemm_ceiling_for: Callable[[str | None], tuple] | None = None,
+                per_op: dict[str, Any] | None = None) -> Parts:
     """The parts of one examination (module doc). ``gemm_tflops_for(dtype)`` is the measured
     GEMM ceiling a matmul of that input dtype is floored at. ``call_index`` picks the profiled
     call on a CPU (default: the call of median duration); ``repeats`` are the same parts built
     on each repeat (:mod:`hwlab.examine.repeats`): their range is each part's spread, and a leaf
     they differ on is BORDERLINE, widened by the ceilings' own spread (``ceiling_band``,
-:func:`hwlab.examine.repeats.ceiling_band`). ``bf16_ok`` checks a bf16 fix against the machine."""
+:func:`hwlab.examine.repeats.ceiling_band`). ``bf16_ok`` checks a bf16 fix against the machine.
+    ``gemm_ceiling_for(dtype)`` -> ``(TFLOP/s, ceiling name, lever, gain)``, where given, replaces
+    ``gemm_tflops_for`` (:func:`hwlab.examine.dtype_lever.gemm_ceiling`). ``per_op``: a CPU's
+    measured cost per aten op (:func:`hwlab.examine.op_overhead.per_op_us`), for J in detail."""
     src = ("GPU kernel times from the profiler's Chrome trace, joined to the aten ops that launched them"
            if gpu else "CPU: aten op self times from the profiler's Chrome trace (no device kernels); "
            "shares of the profiled call")
     calls, call_us = list(prof.calls or []), list(prof.call_us or [])
     outside_ms = ([(u - sum(i["us"] for i in c)) / 1e3 for c, u in zip(calls, call_us)]
                   if not gpu and len(call_us) == len(calls) else [])  # host time outside ops, per profiled call
-    if not gpu and len(calls) > 1 and len(call_us) == len(calls):  # the call of median duration (module doc)
+    if not gpu and len(calls) > 1 and len(call_us) == len(calls):  # the quiet calls, pooled (module doc)
         quiet = quiet_calls(call_us, list(getattr(prof, "call_wait_us", None) or []))
-        k = sorted(quiet, key=lambda i: call_us[i])[len(quiet) // 2]
-        if call_index is not None:
-            k = call_index % len(calls)
-        calls, call_us = [calls[k]], [call_us[k]]
+        if call_index is not None:  # a repeat reads one quiet call of its own
+            quiet = [quiet[call_index % len(quiet)]]
+        calls, call_us = [calls[k] for k in quiet], [call_us[k] for k in quiet]
     calls = [c for c in calls if c]
     if not calls or t_ms <= 0:
         return Parts([], t_ms, src, None, error=prof.error or "the profiler's trace had no timed call")
@@ -182,14 +187,16 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
         call_ms = sum(call_us) / len(call_us) / 1e3 if call_us else ops_ms
         rest_name = "host outside ops"
         rest_raw = max(0.0, call_ms - ops_ms)
-        inflation_ms = max(0.0, call_ms - t_ms)  # what the profiler added to the call (module doc)
-        rest_ms = max(0.0, rest_raw - inflation_ms)
+        # its share of the profiled calls, as an independent profile reads it (module doc)
+        rest_ms = t_ms * rest_raw / call_ms if call_ms > 0 else 0.0
         scale = (t_ms - rest_ms) / ops_ms if ops_ms > 0 else 1.0  # op shares of the rest of the median
-        notes.append(f"CPU: part times are the ops' shares of the profiled call ({call_ms:.4g} ms under the "
-                     f"profiler) applied to the measured median ({t_ms:.4g} ms); time outside ops is counted net of "
-                     f"the profiler's own {inflation_ms:.4g} ms over the median ({rest_raw:.4g} -> {rest_ms:.4g} ms)")
+        notes.append(f"CPU: part times are the ops' shares of {n} profiled call{'s' if n != 1 else ''} (mean "
+                     f"{call_ms:.4g} ms under the profiler; the quiet ones by run-queue wait) applied to the measured "
+                     f"median ({t_ms:.4g} ms); time outside ops is its share of those calls ({rest_raw:.4g} of "
+                     f"{call_ms:.4g} ms)")
     kernel_total_ms = sum(items_ms.values())
-    parts = [_part(cls, g, items_ms, scale, t_ms, n, ops, out_keys, gpu, copy_gbps, gemm_tflops_for, cache_bytes,
+    ceiling_for = gemm_ceiling_for or (lambda dt: (gemm_tflops_for(dt), dt, None, None))
+    parts = [_part(cls, g, items_ms, scale, t_ms, n, ops, out_keys, gpu, copy_gbps, ceiling_for, cache_bytes,
                    whole_floor_ms if kernel_total_ms > 0 and 100.0 * items_ms[cls] / kernel_total_ms >= WHOLE_PCT
                    else None) for cls, g in groups.items()]
     rest = Part(name=rest_name, t_ms=rest_ms, share_pct=100.0 * rest_ms / t_ms, n_items=0.0,
@@ -213,28 +220,34 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
         walk_part(p, repeats, ceiling_band)
         leaf = p.leaf_id
         if leaf:
-            p.actions = actions_for(p, leaf, bf16_ok if p.name.startswith("gemm") and p.flops else None)
+            ok = (lambda: (False, FP64_NO_BF16)) if p.name == "gemm float64" else bf16_ok
+            p.actions = actions_for(p, leaf, ok if p.name.startswith("gemm") and p.flops else None)
+            if leaf in ("I", "J") and p.dtype_lever:  # a GEMM part below the faster precision's ceiling
+                p.actions.insert(0, p.dtype_lever)
             p.lab = lab_for(leaf)
             if leaf == "J":
                 p.j = j_detail(p, idle_pct if gpu else None, copy_gbps,
                                prof.n_spills if p.name == "triton/compiled" else None,
-                               ncu if ncu_matches(p, ncu) else None, groups.get(p.name, {}).get("args", []))
+                               ncu if ncu_matches(p, ncu) else None, groups.get(p.name, {}).get("args", []),
+                               per_op=per_op if not gpu else None)
     return Parts(parts, t_ms, src, coverage, notes, repeats=repeats or [])
 
 
-#: profiled calls whose run-queue wait share is within this of the least one's count as quiet
+#: profiled calls whose run-queue wait share is within this of the typical (lower median) call's count
+#: as quiet: a call preempted inside its ops beyond what the host's load gave every call is left out
 QUIET_WAIT_SHARE = 0.05
 
 
 def quiet_calls(call_us: list[float], wait_us: list[float]) -> list[int]:
     """Indices of the profiled calls the pooled parts may be read from (module doc): where each
     call's run-queue wait is known, those whose wait share is within :data:`QUIET_WAIT_SHARE` of
-    the least waited call's (a wait inside an op's wall-clock time inflates that op's share);
+    the typical call's (a wait inside an op's wall-clock time inflates that op's share);
     else all of them."""
     if len(wait_us) != len(call_us) or not call_us:
         return list(range(len(call_us)))
     share = [w / u if u > 0 else 1.0 for w, u in zip(wait_us, call_us)]
-    return [i for i, x in enumerate(share) if x <= min(share) + QUIET_WAIT_SHARE]
+    typical = sorted(share)[(len(share) - 1) // 2]  # the lower median: a host loaded evenly keeps every call
+    return [i for i, x in enumerate(share) if x <= typical + QUIET_WAIT_SHARE]
 
 
 def walk_part(p: Part, repeats: list[Parts] | None, band: tuple[float, float] | None = None) -> None:
@@ -250,6 +263,9 @@ def walk_part(p: Part, repeats: list[Parts] | None, band: tuple[float, float] | 
     p.walk = diagnose(ev)
     p.repeat_leaves = [leaf_name(q.leaf_id, q.walk.undecided.id if q.walk.undecided else None)
                        if q is not None and q.walk is not None else None for q in same]
+    shares = [q.share_pct for q in same if q is not None] + [p.share_pct]
+    if len(shares) > 1:  # the repeats' own profiled calls: the share's range over them
+        p.share_range_pct = [min(shares), max(shares)]
     p.alternatives = alternatives(ev, p.walk, p.repeat_leaves)
 
 
@@ -257,19 +273,28 @@ def _groups(calls: list, ops: list) -> dict[str, dict[str, Any]]:
     """The profiled calls' timed items grouped by part class (module doc), each with its time,
     count, traffic records, kernels and kernel records."""
     groups: dict[str, dict[str, Any]] = {}
+    split = FusedSplit()
     for joined in _join(calls, ops):
+        split.new_call()
         for it, idx in joined:
             rec = ops[idx] if idx is not None else None
             op = rec.name if rec else (it["stack"][-1] if it["stack"] else None)
-            cls = part_class(op, it["kernel"], tuple(rec.in_dtypes) if rec else (), it["compiled"])
+            shaped = None
+            if fused_owner(it) is not None:  # a layer run natively: split by what its work is (fused_ops)
+                cls, shaped = split.classify(it)
+                idx = None
+            else:
+                cls = part_class(op, it["kernel"], tuple(rec.in_dtypes) if rec else (), it["compiled"])
             if rec is not None and rec.kind in ("quant", "dequant"):
                 cls = "quant/dequant"
             g = groups.setdefault(cls, {"us": 0.0, "n": 0, "recs": set(), "kernels": {}, "args": [],
-                                        "unjoined_us": 0.0, "kernel_list": []})
+                                        "unjoined_us": 0.0, "kernel_list": [], "shaped": []})
             g["us"] += it["us"]
             g["n"] += 1
             if idx is not None:
                 g["recs"].add(idx)
+            elif shaped is not None:
+                g["shaped"].append(shaped)
             else:
                 g["unjoined_us"] += it["us"]
             label = it["kernel"] or (it["stack"][0] if it["stack"] else "?")
@@ -284,6 +309,7 @@ def _groups(calls: list, ops: list) -> dict[str, dict[str, Any]]:
         for k in ("us", "n", "unjoined_us"):
             h[k] += g[k]
         h["kernel_list"] += g["kernel_list"]
+        h["shaped"] += g["shaped"]
         h["args"] += g["args"]
         for k, v in g["kernels"].items():
             h["kernels"][k] = h["kernels"].get(k, 0.0) + v
@@ -291,7 +317,7 @@ def _groups(calls: list, ops: list) -> dict[str, dict[str, Any]]:
 
 
 def _part(cls: str, g: dict[str, Any], items_ms: dict[str, float], scale: float, t_ms: float, n: int, ops: list,
-          out_keys: set, gpu: bool, copy_gbps: float | None, gemm_tflops_for: Callable[[str | None], float | None],
+          out_keys: set, gpu: bool, copy_gbps: float | None, ceiling_for: Callable[[str | None], tuple],
           cache_bytes: int | None, whole_floor_ms: float | None) -> Part:
     """One part from its group: time, counts and floor (module doc); ``whole_floor_ms`` where the
     part holds :data:`WHOLE_PCT` of the kernel time (a compiled part then takes the function's floor)."""
@@ -299,25 +325,35 @@ def _part(cls: str, g: dict[str, Any], items_ms: dict[str, float], scale: float,
     recs = [ops[i] for i in sorted(g["recs"])]
     # a record read from a trace without its input shapes (hwlab.traces.trace_shapes) has no bytes
     shapeless = [o for o in recs if getattr(o, "shapes", True) is False]
+    shaped = g.get("shaped") or []  # ops inside fused native ops, counted from their shapes (fused_ops), n calls
     p = Part(name=cls, t_ms=t, share_pct=100.0 * t / t_ms, n_items=g["n"] / n,
-             attributable=bool(recs) and not shapeless and cls != "triton/compiled",
+             attributable=bool(recs or shaped) and not shapeless and cls != "triton/compiled",
              top=[k[:120] for k, _ in sorted(g["kernels"].items(), key=lambda kv: -kv[1])[:3]])
     if gpu:
         p.n_tc = sum(1 for k in g["kernel_list"] if is_tc(k)) / n
     if p.attributable:
-        p.moved_bytes = int(sum(o.moved_bytes for o in recs))
-        p.floor_bytes = fused_floor_bytes(recs, ops, out_keys)
-        p.flops = int(sum(o.flops for o in recs))
-        p.n_ops = len(recs)
+        p.moved_bytes = int(sum(o.moved_bytes for o in recs) + sum(o.moved_bytes for o in shaped) / n)
+        p.floor_bytes = fused_floor_bytes(recs, ops, out_keys) + int(sum(o.moved_bytes for o in shaped) / n)
+        p.flops = int(sum(o.flops for o in recs) + sum(o.flops for o in shaped) / n)
+        p.n_ops = len(recs) + round(len(shaped) / n)
+        if shaped:
+            p.notes.append(f"{len(shaped) / n:.0f} of its ops per call ran inside fused native ops (e.g. the "
+                           "encoder fast path): classed and counted from their recorded shapes, each on its own")
         if g["unjoined_us"] > 0.05 * g["us"]:
             p.notes.append(f"{100 * g['unjoined_us'] / g['us']:.0f}% of this part's time ran in ops the "
                            "traffic model did not see (composite or host-only ops): their bytes are not counted")
-        dtype = next((o.in_dtypes[0] for o in recs if o.kind == "matmul" and o.in_dtypes), None)
+        dtype = next((o.in_dtypes[0] for o in [*recs, *shaped] if o.kind == "matmul" and o.in_dtypes), None)
         est = [o for o in recs if o.amplification is not None and o.read_bytes]
         if est:
             p.sector_amplification = sum(o.read_bytes * o.amplification for o in est) / sum(
                 o.read_bytes for o in est)
-        floor_part(p, dtype, copy_gbps, gemm_tflops_for(dtype) if p.flops else None, cache_bytes)
+        tf, name, lever, lever_gain = ceiling_for(dtype) if p.flops else (None, dtype, None, None)
+        if p.flops and tf is None:
+            p.notes.append(no_ceiling_note(dtype, name))
+        elif p.flops:
+            p.dtype_lever, p.lever_gain = lever, lever_gain
+            p.notes += [x for x in (lever_note(dtype, name, lever),) if x]
+        floor_part(p, name or dtype, copy_gbps, tf, cache_bytes)
     elif cls == "triton/compiled" and whole_floor_ms:
         p.floor_ms = whole_floor_ms
         p.floor_source = "the function's floor: this part is the whole function's device time"

@@ -8,6 +8,10 @@ the median the report shows; each block gives one repeat's median and e2e_slowdo
 repeat also takes its own profiled call for the part shares (the profiler records
 :data:`N_REPEATS` calls).
 
+**Block size.** The first block takes the full count of single calls and back-to-back chunks; the
+later ones take as many as the first block's own spread calls for (:func:`block_size`): a steady
+function gives its medians in few calls, a noisy one keeps the full count.
+
 **Spreads.** Each repeat is walked on its own evidence (the whole function and every part). The
 range of each metric over the repeats (and the pooled value) is that metric's spread
 (:func:`spreads_over`): the walk's steps show it, and a threshold inside it marks the step
@@ -32,6 +36,11 @@ ceilings' included, is therefore net of the thread's run-queue wait (:mod:`hwlab
 the report gives the wait's share); what the load leaves in (cache and memory contention from
 neighbours) shows as spread between blocks, and a profiled call that waited inside an op is not
 the one the pooled parts are read from (:func:`hwlab.examine.parts.quiet_calls`).
+
+**Run to run.** The blocks share one load phase, so their range can be narrower than what the next
+examination meets; a metric read from a time (:data:`TIMED_METRICS`) has a spread of at least
+:data:`RUN_TO_RUN` of its pooled value on each side, so a threshold that a re-run's medians can cross
+marks the step BORDERLINE in every run, not only in the run whose blocks happened to straddle it.
 
 **Alternatives.** A leaf is BORDERLINE, with its alternatives named (:func:`alternatives`), when a
 repeat reached another leaf, or when the walk on some metric at either end of its spread (one at
@@ -96,11 +105,13 @@ def timed_blocks(run: Callable[..., Any], arg_sets: list, dev, time_fn: Callable
                  back_to_back: Callable[..., list[float]], n_rep: int = 20, n_chunks: int = 15,
                  max_total_s: float = 20.0, n_blocks: int = N_REPEATS,
                  on_block: Callable[[int], None] | None = None,
-                 retime: Callable[[], dict[str, float]] | None = None) -> Blocks:
+                 retime: Callable[[], dict[str, float]] | None = None,
+                 on_timed: Callable[[float], None] | None = None) -> Blocks:
     """Time ``run`` in ``n_blocks`` blocks, each single calls (``time_fn``) then back to back
     (``back_to_back``), ``n_rep`` and ``n_chunks`` split across the blocks (module doc);
-    ``retime()`` re-times the ceilings before each block and after the last (:class:`Retimer`)."""
-    per_rep, per_chunks = max(3, -(-n_rep // n_blocks)), max(3, -(-n_chunks // n_blocks))
+    ``retime()`` re-times the ceilings before each block and after the last (:class:`Retimer`);
+    ``on_timed(ms)`` gets each block's median wall time per call (progress estimates)."""
+    per_rep, per_chunks = max(MIN_BLOCK_REP, -(-n_rep // n_blocks)), max(MIN_BLOCK_REP, -(-n_chunks // n_blocks))
     samples, chunks, timer, waits = [], [], "", []
     rates: dict[str, list[float]] = {}
 
@@ -118,11 +129,39 @@ def timed_blocks(run: Callable[..., Any], arg_sets: list, dev, time_fn: Callable
         t = time_fn(run, arg_sets, dev, n_warmup=3 if b == 0 else 1, n_rep=per_rep,
                     max_total_s=left / max(1, n_blocks - b), net_of_wait=net)
         samples.append(list(t.samples_ms))
+        if on_timed is not None:
+            on_timed(statistics.median(getattr(t, "wall_ms", None) or t.samples_ms))
         waits.append(hostwait.wait_share(t.wall_ms, t.wait_ms))
         timer = t.timer
         chunks.append(back_to_back(run, arg_sets, dev, statistics.median(t.samples_ms), n_chunks=per_chunks))
+        if b == 0:  # the later blocks sized by the first block's own spread (module doc, "Block size")
+            per_rep, per_chunks = block_size(samples[0], per_rep), block_size(chunks[0], per_chunks)
     retimed()
     return Blocks(samples, chunks, timer, waits, rates)
+
+
+#: the fewest samples a block takes (a median and a range need three)
+MIN_BLOCK_REP = 3
+#: a block's relative spread (p10-p90 over the median) at which :data:`MIN_BLOCK_REP` samples
+#: suffice: the median of three samples this tight lies within a fraction of it of the true one,
+#: far inside the run-to-run spread (:data:`RUN_TO_RUN`) every verdict is judged with anyway
+TARGET_REL_SPREAD = 0.05
+
+
+def block_size(samples_ms: list[float], most: int) -> int:
+    """Samples for the next block: :data:`MIN_BLOCK_REP` times the squared ratio of the first
+    block's relative spread to :data:`TARGET_REL_SPREAD` (the count a median's error needs
+    grows with the variance), between :data:`MIN_BLOCK_REP` and ``most``."""
+    import math
+
+    xs = sorted(samples_ms)
+    if len(xs) < 2:
+        return most
+    from hwlab.core.measure import quantile
+
+    med = statistics.median(xs)
+    rel = (quantile(xs, 0.9) - quantile(xs, 0.1)) / med if med > 0 else 1.0
+    return max(MIN_BLOCK_REP, min(most, math.ceil(MIN_BLOCK_REP * (rel / TARGET_REL_SPREAD) ** 2)))
 
 
 #: single calls per re-timing of a ceiling (:class:`Retimer`): a glimpse of its rate now, not a
@@ -158,6 +197,16 @@ class Retimer:
             t = time_fn(fn, [()], self.dev, n_warmup=1, n_rep=RETIME_REPS, net_of_wait=True)
             out[k] = work / (t.median_ms * 1e-3)
         return out
+
+
+#: metrics read from a time this run measured (a median over a timing or profiled call's shares):
+#: their spread is at least :data:`RUN_TO_RUN` of the pooled value on each side
+TIMED_METRICS = ("slowdown_vs_floor", "dram_pct_estimated", "dram_pct_required_estimated", "tensor_pct_of_peak",
+                 "e2e_slowdown")
+#: the least relative spread of a timed metric (module doc, "Run to run"): what medians net of the
+#: run-queue wait still move by from one load phase of a busy host to the next (cache and memory
+#: contention from neighbours stays in them); a range over blocks taken in one phase is narrower
+RUN_TO_RUN = 0.15
 
 
 #: metrics judged against a measured ceiling: +1 grows with the ceiling (time over a floor of
@@ -199,14 +248,23 @@ def spreads_over(repeat_evidence: list[dict[str, Any]], pooled: dict[str, Any],
         if k not in pooled or not vals:
             continue
         lo, hi, what = min(vals), max(vals), f"range over {len(vals) - 1} repeats and the pooled run"
+        n = len(vals)
+        if repeat_evidence and k in TIMED_METRICS and isinstance(pooled.get(k), (int, float)):  # run to run
+            v = float(pooled[k])
+            f_lo, f_hi = v * (1 - RUN_TO_RUN), v * (1 + RUN_TO_RUN)
+            w = hi - lo if n < checks.FEW_REPEATS else 0.0  # as the walk will widen a few repeats' range
+            if f_lo < lo - w or f_hi > hi + w:  # narrower than the floor: widened here, not again
+                lo, hi = min(_clamp(k, lo - w), f_lo), max(hi + w, f_hi)
+                what += f", at least +-{100 * RUN_TO_RUN:.0f}% of its value (run to run)"
+                n = max(n, checks.FEW_REPEATS)
         if band is not None and k in CEILING_METRICS:
-            if len(vals) < checks.FEW_REPEATS:  # widened as flowchart_checks widens a few repeats' range
+            if n < checks.FEW_REPEATS:  # widened as flowchart_checks widens a few repeats' range
                 w = hi - lo
                 lo, hi, what = _clamp(k, lo - w), hi + w, what + " widened by its width (few repeats)"
             f_lo, f_hi = band if CEILING_METRICS[k] > 0 else (1 / band[1], 1 / band[0])
             out[k] = {"lo": lo * f_lo, "hi": hi * f_hi, "what": what + ", times the ceiling's own p10-p90"}
-        elif len(vals) >= 2:
-            out[k] = {"lo": lo, "hi": hi, "n": len(vals), "what": what}
+        elif n >= 2:
+            out[k] = {"lo": lo, "hi": hi, "n": n, "what": what}
     return out
 
 

@@ -35,6 +35,9 @@ from hwlab.core.profiling import (KIT_CACHE_BYTES_KEY, KIT_RANGE_PREFIX, KIT_UNP
 from hwlab.core.profiling import quiet_profile, trace_call_us, trace_calls
 
 CALL_MARK = KIT_RANGE_PREFIX + "examine_call"
+#: trace key: each profiled call's run-queue wait in us on a CPU (:mod:`hwlab.core.hostwait`), so a
+#: reader of the trace alone can leave out a call that waited inside its ops, as the live parts do
+CALL_WAIT_KEY = "hwlab_call_wait_us"
 COMPILED_MARKS = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
 TOP_N = 5
 
@@ -171,29 +174,41 @@ def profile_calls(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], kwa
                 waits.append((w1 - w0) / 1e3)
         if gpu:
             torch.cuda.synchronize(device)
-    events = list(prof.events())
-    compiled = any(any(e.name.startswith(m) for m in COMPILED_MARKS) for e in events)
-    summary = _summarise_gpu(events, n_calls, compiled) if gpu else _summarise_cpu(events, n_calls, compiled)
-    summary.call_wait_us = waits if len(waits) == n_calls else []
+    summary = None
+    if gpu:  # a CPU's summary is read from the Chrome trace below (parsing the profiler's events costs more)
+        events = list(prof.events())
+        compiled = any(any(e.name.startswith(m) for m in COMPILED_MARKS) for e in events)
+        summary = _summarise_gpu(events, n_calls, compiled)
     try:  # the Chrome trace: what the parts are read from, and what the user can open
         fd, path = tempfile.mkstemp(prefix="hwlab_examine_", suffix=".trace.json")
         os.close(fd)
         prof.export_chrome_trace(path)
         with open(path) as f:
-            trace = json.load(f)
-        kit = {k: v for k, v in ((KIT_UNPROFILED_MEDIAN_KEY, unprofiled_median_ms),
-                                  (KIT_CACHE_BYTES_KEY, cache_bytes)) if v is not None}
-        if kit and isinstance(trace, dict):
-            trace.update({k: (float(v) if k == KIT_UNPROFILED_MEDIAN_KEY else int(v)) for k, v in kit.items()})
+            text = f.read()
+        kit: dict[str, Any] = {k: (float(v) if k == KIT_UNPROFILED_MEDIAN_KEY else int(v)) for k, v in
+                               ((KIT_UNPROFILED_MEDIAN_KEY, unprofiled_median_ms), (KIT_CACHE_BYTES_KEY, cache_bytes))
+                               if v is not None}
+        if len(waits) == n_calls and waits:
+            kit[CALL_WAIT_KEY] = [float(w) for w in waits]
+        if kit and text.lstrip().startswith("{"):  # the keys added as text (no second parse and dump)
+            text = text.replace("{", "{" + json.dumps(kit)[1:-1] + ", ", 1)
             with open(path, "w") as f:
-                json.dump(trace, f)
-        summary.trace_path = path
-        summary.calls = trace_calls(trace, CALL_MARK)
-        summary.call_us = trace_call_us(trace, CALL_MARK)
+                f.write(text)
+        trace = json.loads(text)
+        calls, call_us = trace_calls(trace, CALL_MARK), trace_call_us(trace, CALL_MARK)
+        if summary is None:
+            compiled = any(isinstance(e, dict) and any(str(e.get("name", "")).startswith(m) for m in COMPILED_MARKS)
+                           for e in trace.get("traceEvents", []))
+            summary = _summarise_cpu_calls(calls, n_calls, compiled)
+        summary.trace_path, summary.calls, summary.call_us = path, calls, call_us
     except Exception as e:  # the summary stands; the parts say they could not be read
-        summary.error = summary.error or None
+        if summary is None:
+            events = list(prof.events())
+            summary = _summarise_cpu(events, n_calls, any(any(x.name.startswith(m) for m in COMPILED_MARKS)
+                                                          for x in events))
         summary.calls = []
         summary.source += f"; no Chrome trace ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
+    summary.call_wait_us = waits if len(waits) == n_calls else []
     return summary
 
 
@@ -248,6 +263,24 @@ def _summarise_gpu(events, n_calls: int, compiled: bool) -> ProfileSummary:
         source="torch.profiler device kernels (CUPTI)")
 
 
+def _summarise_cpu_calls(calls: list, n_calls: int, compiled: bool) -> ProfileSummary:
+    """The CPU summary (as :func:`_summarise_cpu`) from the trace's calls (:func:`trace_calls`): each
+    outermost aten op's time is the self times of every item under it."""
+    per: dict[str, dict[str, Any]] = {}
+    for items in calls:
+        seen = set()
+        for it in items:
+            if not it["stack"]:
+                continue
+            name, oid = it["stack"][-1], it["op_ids"][-1]
+            d = per.setdefault(name, {"us": 0.0, "count": 0})
+            d["us"] += it["us"]
+            if (name, oid) not in seen:
+                seen.add((name, oid))
+                d["count"] += 1
+    return _cpu_summary(per, n_calls, compiled)
+
+
 def _summarise_cpu(events, n_calls: int, compiled: bool) -> ProfileSummary:
     def top_level(e) -> bool:  # an aten op with no aten op above it, inside one of our calls
         p = e.cpu_parent
@@ -265,6 +298,10 @@ def _summarise_cpu(events, n_calls: int, compiled: bool) -> ProfileSummary:
         d = per.setdefault(e.name, {"us": 0.0, "count": 0})
         d["us"] += e.cpu_time_total
         d["count"] += 1
+    return _cpu_summary(per, n_calls, compiled)
+
+
+def _cpu_summary(per: dict[str, dict[str, Any]], n_calls: int, compiled: bool) -> ProfileSummary:
     total = sum(d["us"] for d in per.values())
     top = [{"name": n, "share_pct": 100.0 * d["us"] / total if total else 0.0,
             "us_per_call": d["us"] / n_calls, "per_call": d["count"] / n_calls,
@@ -273,7 +310,7 @@ def _summarise_cpu(events, n_calls: int, compiled: bool) -> ProfileSummary:
             "tensor_core": None, "launched_by": n}
            for n, d in sorted(per.items(), key=lambda kv: -kv[1]["us"])[:TOP_N]]
     return ProfileSummary(
-        on_gpu=False, n_calls=n_calls, kernels_per_call=len(ops) / n_calls,
+        on_gpu=False, n_calls=n_calls, kernels_per_call=sum(d["count"] for d in per.values()) / n_calls,
         busy_ms_per_call=total / n_calls / 1e3, top=top,
         attributable_pct=None if compiled else 100.0, compiled_region=compiled,
         source="torch.profiler aten ops on the CPU (no device kernels: CPU run)")

@@ -119,3 +119,15 @@ def decode():
         return (torch.randint(0, size["vocab"], (batch, 1), device=dev), *cache)
 
     return m.decode_step, inputs
+
+
+def gpt2_small():
+    """GPT-2 small's shape (12 layers, 768 wide, 12 heads, its 50257-token vocabulary; random weights,
+    GELU op by op) over one sequence of 128 tokens on a CPU (8 of 1024 on a GPU): a model of GPT-2's
+    size with no dependency beyond torch, for timing an examination (``tools/bench_examine.py``)."""
+    gpu = torch.cuda.is_available()
+    dev = "cuda" if gpu else "cpu"
+    torch.manual_seed(0)
+    m = TinyGPT(vocab=50257, d=768, n_layers=12, n_heads=12).to(dev)
+    batch, seq = (8, 1024) if gpu else (1, 128)
+    return m, lambda: (torch.randint(0, 50257, (batch, seq), device=dev),)

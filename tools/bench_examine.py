@@ -1,0 +1,155 @@
+"""Time ``hwlab examine`` on a model of GPT-2's size, as a user runs it, and record it.
+
+    python tools/bench_examine.py [--runs 1] [--target examples/small_transformer.py:gpt2_small]
+                                  [--out tools/results/examine] [--label vm-cpu]
+
+Each run is its own process, ``python -m hwlab examine TARGET --model --json`` with this checkout's
+``src`` first on the path and one torch thread (``OMP_NUM_THREADS=1``, as the kit's CPU ceilings are
+kept per thread count). Per run it records: the wall time of the whole process (a monotonic clock
+around the child); every progress line on stderr with the second it arrived; the longest silence
+on stderr (from the start, between lines, and from the last line to the exit); the step counts the
+lines announced (``[k/N]``: N must not change); each time-left estimate (``~X s left``) against the
+time that was in fact left, as a ratio; and the leaf, alternatives and headline the run printed.
+
+The budgets the record is read against (``BUDGET_S``, ``SILENCE_S``, ``ETA_TOL``): an examination of
+a GPT-2-size model within 30 s on a 2-core machine at rest, no silence of 5 s or more on stderr,
+estimates within 30% of the truth. A run outside them is listed, and the exit code is 1 (a finding).
+The load average before and after each run is recorded beside it: a figure from a busy machine is
+labelled by it, not dropped.
+
+The result is written as JSON and text under ``--out``, named by UTC time and host, never over an
+earlier one; it names the machine (CPU model, cores), the commit and the load.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+#: the budgets (module doc)
+BUDGET_S = 30.0
+SILENCE_S = 5.0
+ETA_TOL = 0.30
+ETA_RE = re.compile(r"~(\d+(?:\.\d+)?) s left")
+STEP_RE = re.compile(r"\[(\d+)/(\d+)\]")
+
+
+def _cpu_model() -> str:
+    try:
+        for ln in Path("/proc/cpuinfo").read_text().splitlines():
+            if ln.startswith("model name"):
+                return ln.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def one_run(target: str, timeout_s: float) -> dict[str, Any]:
+    """One examination as its own process (module doc)."""
+    env = {**os.environ, "PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1"}
+    load0 = os.getloadavg()
+    t0 = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-m", "hwlab", "examine", target, "--model", "--json"], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[tuple[float, str]] = []
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.append(p.stdout.read()), daemon=True)
+    reader.start()
+    for ln in p.stderr:
+        lines.append((time.monotonic() - t0, ln.rstrip("\n")))
+    rc = p.wait(timeout=timeout_s)
+    total_s = time.monotonic() - t0
+    reader.join(timeout=10)
+    stamps = [0.0] + [t for t, _ in lines] + [total_s]
+    silences = [b - a for a, b in zip(stamps, stamps[1:])]
+    totals = sorted({int(m.group(2)) for _, ln in lines for m in [STEP_RE.search(ln)] if m})
+    etas = [{"at_s": t, "estimate_s": float(m.group(1)), "truth_s": total_s - t,
+             "ratio": float(m.group(1)) / (total_s - t) if total_s - t > 0 else None}
+            for t, ln in lines for m in list(ETA_RE.finditer(ln))[-1:]]
+    try:
+        d = json.loads(out[0]) if out and out[0].strip() else {}
+    except json.JSONDecodeError:
+        d = {}
+    return {"rc": rc, "total_s": total_s, "max_silence_s": max(silences), "step_totals": totals, "etas": etas,
+            "stderr": [{"t_s": round(t, 2), "line": ln} for t, ln in lines],
+            "leaf": d.get("leaf"), "alternatives": d.get("alternatives"),
+            "headline": (d.get("parts") or {}).get("headline"), "t_ms": (d.get("measurement") or {}).get("t_ms"),
+            "load_before": load0, "load_after": os.getloadavg()}
+
+
+def findings(r: dict[str, Any]) -> list[str]:
+    out = []
+    if r["total_s"] > BUDGET_S:
+        out.append(f"took {r['total_s']:.1f} s (budget {BUDGET_S:.0f} s at rest; load before {r['load_before'][0]:.1f})")
+    if r["max_silence_s"] >= SILENCE_S:
+        out.append(f"a silence of {r['max_silence_s']:.1f} s on stderr (budget {SILENCE_S:.0f} s)")
+    if len(r["step_totals"]) > 1:
+        out.append(f"the step count changed: {r['step_totals']}")
+    off = [e for e in r["etas"] if e["ratio"] is not None and abs(e["ratio"] - 1) > ETA_TOL]
+    if off:
+        out.append(f"{len(off)} of {len(r['etas'])} time-left estimates off by more than {100 * ETA_TOL:.0f}%")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--target", default="examples/small_transformer.py:gpt2_small")
+    ap.add_argument("--out", default=str(ROOT / "tools" / "results" / "examine"))
+    ap.add_argument("--label", default="")
+    ap.add_argument("--timeout", type=float, default=900.0)
+    a = ap.parse_args(argv)
+    runs = []
+    for i in range(a.runs):
+        r = one_run(a.target, a.timeout)
+        r["findings"] = findings(r)
+        runs.append(r)
+        print(f"run {i + 1}: {r['total_s']:.1f} s, longest silence {r['max_silence_s']:.1f} s, leaf {r['leaf']} "
+              f"{r['alternatives'] or ''}; " + ("; ".join(r["findings"]) or "within the budgets"), file=sys.stderr)
+    now = datetime.now(timezone.utc)
+    rec = {"kind": "examine_bench", "target": a.target, "when": now.isoformat(timespec="seconds"),
+           "host": socket.gethostname(), "cpu": _cpu_model(), "cores": os.cpu_count(), "commit": _commit(),
+           "label": a.label or "CPU", "device": "CPU (no GPU on this machine)",
+           "budgets": {"total_s": BUDGET_S, "silence_s": SILENCE_S, "eta_tol": ETA_TOL}, "runs": runs}
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{now.strftime('%Y-%m-%dT%H%M%SZ')}-{a.label or socket.gethostname()}"
+    for suffix, text in ((".json", json.dumps(rec, indent=1) + "\n"),
+                         (".txt", "\n".join(
+                             f"run {i + 1}: {r['total_s']:.1f} s (load {r['load_before'][0]:.1f} -> "
+                             f"{r['load_after'][0]:.1f}), longest silence {r['max_silence_s']:.1f} s, steps "
+                             f"{r['step_totals']}, leaf {r['leaf']} alternatives {r['alternatives']} headline "
+                             f"{r['headline']}, {r['t_ms'] and round(r['t_ms'], 1)} ms per call; "
+                             + ("; ".join(r["findings"]) or "within the budgets") for i, r in enumerate(runs)) + "\n")):
+        path = stem.with_suffix(suffix)
+        if path.exists():
+            print(f"{path} exists: not overwritten", file=sys.stderr)
+            return 2
+        path.write_text(text)
+    print(f"recorded {stem}.json", file=sys.stderr)
+    return 1 if any(r["findings"] for r in runs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
