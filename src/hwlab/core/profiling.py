@@ -72,6 +72,10 @@ KIT_UNPROFILED_MEDIAN_KEY = "hwlab_unprofiled_median_ms"
 #: top-level key of the trace ``hwlab examine`` writes: the last-level cache (bytes) its walk
 #: judged wasted traffic against, so the trace examined alone walks on the same machine fact
 KIT_CACHE_BYTES_KEY = "hwlab_cache_bytes"
+#: top-level key of the trace ``hwlab examine`` writes: each profiled call's run-queue wait in us on
+#: a CPU (:mod:`hwlab.core.hostwait`), so a reader of the trace alone leaves out the calls that
+#: waited inside their ops, as the live parts do, and both read the same calls
+KIT_CALL_WAIT_KEY = "hwlab_call_wait_us"
 
 
 #: lines libkineto writes straight to file descriptor 2 at every profiler start and stop

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hwlab.traces.kineto import TraceError
-from hwlab.core.profiling import KIT_UNPROFILED_MEDIAN_KEY, kernel_class
+from hwlab.core.profiling import KIT_CALL_WAIT_KEY, KIT_UNPROFILED_MEDIAN_KEY, kernel_class
 from hwlab.traces.trace_ops import KIT_CALL_MARK, OpTrace, StepWork, iter_trace, read_ops, step_items
 from hwlab.traces.trace_shapes import ShapeModel
 from hwlab.diagnosis.flowchart import LEAVES, diagnose
@@ -86,6 +86,7 @@ class _Profile:
     busy_ms_per_call: float
     error: str | None = None
     n_spills: int | None = None
+    call_wait_us: list = field(default_factory=list)
 
 
 @dataclass
@@ -209,16 +210,19 @@ class TraceExamination:
 
 
 def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings,
-           unprofiled_ms: float | None = None) -> tuple[Parts, dict, dict, float | None]:
+           unprofiled_ms: float | None = None,
+           call_wait_us: list[float] | None = None) -> tuple[Parts, dict, dict, float | None]:
     """build_parts over ``works`` with ``recs`` (one step's records), and the whole step's
     evidence for the aggregate walk. ``unprofiled_ms``: on a CPU trace, the call's median measured
-    without the profiler, where the trace carries it (see :func:`unprofiled_median_ms`)."""
+    without the profiler, where the trace carries it (see :func:`unprofiled_median_ms`);
+    ``call_wait_us``: each step's run-queue wait, where the trace carries it (:func:`call_waits_us`),
+    so the parts pool the same quiet calls the live examination pooled."""
     n = len(works)
     t_ms = sum(w.window_us for w in works) / n / 1e3
     if not gpu:  # as live: the shares of the profiled steps applied to the median step (robust to one slow step)
         t_ms = unprofiled_ms or statistics.median(w.window_us for w in works) / 1e3
     prof = _Profile(calls=[w.items for w in works], call_us=[w.host_dur_us for w in works],
-                    busy_ms_per_call=sum(w.busy_us for w in works) / n / 1e3)
+                    busy_ms_per_call=sum(w.busy_us for w in works) / n / 1e3, call_wait_us=call_wait_us or [])
     # the whole step's floor: every op as if fused, FLOPs at the ceiling of its matmul dtype
     shaped = all(getattr(r, "shapes", True) for r in recs)
     flops = sum(r.flops for r in recs)
@@ -300,6 +304,17 @@ def _tc(name: str) -> bool:
     return bool(tc) and cls in ("gemm", "fp8-gemm")
 
 
+def call_waits_us(ot: OpTrace, works: list[StepWork]) -> list[float] | None:
+    """The run-queue wait of each of ``works``, from a trace ``hwlab examine`` wrote on a CPU
+    (:data:`~hwlab.core.profiling.KIT_CALL_WAIT_KEY`, one per profiled call, in order), where every
+    call is among ``works``; else None (each step then counts, as for any other trace)."""
+    v = ot.meta.get(KIT_CALL_WAIT_KEY)
+    if KIT_CALL_MARK not in ot.step_source or not isinstance(v, list) or len(v) != len(works):
+        return None
+    ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in v)
+    return [float(x) for x in v] if ok else None
+
+
 def unprofiled_median_ms(ot: OpTrace) -> float | None:
     """The call's median measured without the profiler, from a trace ``hwlab examine`` wrote
     (:data:`~hwlab.core.profiling.KIT_UNPROFILED_MEDIAN_KEY`, steps from its call ranges); None for
@@ -361,7 +376,7 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
                      "(first calls: init, autotune, compile), left out of the parts and their gains")
     recs0 = _records(busy[0])
     unprofiled = None if gpu else unprofiled_median_ms(ot)
-    parts, ev, src, _ = _split(busy, recs0, gpu, c, unprofiled)
+    parts, ev, src, _ = _split(busy, recs0, gpu, c, unprofiled, call_waits_us(ot, busy))
     if unprofiled is not None:
         notes.append(f"the call's median measured without the profiler ({unprofiled:.4g} ms), which the live "
                      "examination wrote into this trace, is the step time the parts share (as live)")

@@ -30,14 +30,13 @@ from typing import Any, Callable, Sequence
 
 # torch is imported by profile_calls, which runs it: the summary type and the trace readers load
 # without it (a recorded trace is read where torch is not installed)
-from hwlab.core.profiling import (KIT_CACHE_BYTES_KEY, KIT_RANGE_PREFIX, KIT_UNPROFILED_MEDIAN_KEY, event_device,
+from hwlab.core.profiling import (KIT_CACHE_BYTES_KEY, KIT_CALL_WAIT_KEY, KIT_RANGE_PREFIX, KIT_UNPROFILED_MEDIAN_KEY, event_device,
                                   kernel_class)
 from hwlab.core.profiling import quiet_profile, trace_call_us, trace_calls
 
 CALL_MARK = KIT_RANGE_PREFIX + "examine_call"
-#: trace key: each profiled call's run-queue wait in us on a CPU (:mod:`hwlab.core.hostwait`), so a
-#: reader of the trace alone can leave out a call that waited inside its ops, as the live parts do
-CALL_WAIT_KEY = "hwlab_call_wait_us"
+#: trace key: each profiled call's run-queue wait (:data:`hwlab.core.profiling.KIT_CALL_WAIT_KEY`)
+CALL_WAIT_KEY = KIT_CALL_WAIT_KEY
 COMPILED_MARKS = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph")
 TOP_N = 5
 
