@@ -307,3 +307,24 @@ def test_a_halving_learner_gets_no_direction_on_exercise_04s_dequant_count():
                        int(x))
     assert grade(sol["MY_DEQUANTS"])[0]
     _play_number("ex04 dequants", grade, float(sol["MY_DEQUANTS"]), hi=64.0)
+
+
+def test_every_wrong_grouping_in_exercise_03_is_answered_without_a_direction():
+    """Exercise 03 part 2, played over every way to pair the job's GPUs: a wrong grouping is told
+    which class it crosses and what to re-read, never which way a better one lies."""
+    from hwlab.course import ex03_checks
+    from test_feedback import DEVICES, _dgx1
+
+    def pairings(gpus):
+        if not gpus:
+            yield []
+            return
+        first, rest = gpus[0], gpus[1:]
+        for i, other in enumerate(rest):
+            for tail in pairings(rest[:i] + rest[i + 1:]):
+                yield [[first, other], *tail]
+
+    said = [ex03_checks.check_job_mapping(_dgx1(), DEVICES, groups, 2) for groups in pairings(list(DEVICES))]
+    wrong = [r.message for r in said if r.status == "wrong"]
+    assert wrong and any(r.status == "passed" for r in said)
+    assert not [m for m in wrong if DIRECTION.search(m)], [m for m in wrong if DIRECTION.search(m)][:3]
