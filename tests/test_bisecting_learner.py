@@ -328,3 +328,30 @@ def test_every_wrong_grouping_in_exercise_03_is_answered_without_a_direction():
     wrong = [r.message for r in said if r.status == "wrong"]
     assert wrong and any(r.status == "passed" for r in said)
     assert not [m for m in wrong if DIRECTION.search(m)], [m for m in wrong if DIRECTION.search(m)][:3]
+
+
+def test_a_bisecting_learner_passes_a_drill_no_sooner_than_guessing(tmp_path, monkeypatch):
+    """Notebook 07's drills, one per fault the recordings carry: the bisecting learner (switching to
+    the other branch of the first question a message names) takes as many tries as guessing leaves at
+    random, and what a wrong leaf is told depends on that leaf alone."""
+    from hwlab.core.evidence import recorded
+    from hwlab.course import drills
+
+    monkeypatch.setenv("HWLAB_DRILL_KEY_FILE", str(tmp_path / "k"))
+    rec = recorded("drills").extra["runs"]
+    n_tries, said = {}, {}
+    for name, f in drills.FAULTS.items():
+        if f"{f.scenario}/{f.case}" not in rec and f.scenario != "slowlink":
+            continue
+        d = drills.new(seed=7, fault=name, live=False)
+
+        def grade(leaf, d=d, f=f):
+            if leaf == f.leaf:
+                return True, ""
+            told = drills.contradiction(d.observations, leaf)
+            said.setdefault(leaf, set()).add(told)
+            return False, told
+        n_tries[name] = _bisector(grade)
+    assert n_tries
+    assert sum(n_tries.values()) / len(n_tries) >= (len(LEAVES) + 1) / 2 - 0.5, n_tries
+    assert all(len(texts) == 1 for texts in said.values()), said
