@@ -227,4 +227,4 @@ remeasure()
 # - A bandwidth-bound kernel is judged by % of the measured copy ceiling, not by FLOP/s.
 # - Uncoalesced access wastes sectors: DRAM throughput can look *low* while the memory path is the
 #   limiter; the sector counters (or the access-pattern estimate) reveal it.
-# - Next: `exercises/01_bandwidth_bound.ipynb` — a transposed chain: fuse it and keep both sides coalesced.
+# - Next: `exercises/ex01_bandwidth_bound.ipynb` — a transposed chain: fuse it and keep both sides coalesced.

@@ -253,4 +253,4 @@ with out:
 # - Read registers, spills and shared memory from the compiler; compute which occupancy limit binds.
 # - Over-fusion and oversized tiles fail the same way: too much live state per thread.
 # - Many tiny launches: measure µs per launch; a CUDA graph (or fusion) removes the gaps.
-# - Next: `exercises/02_registers_occupancy.ipynb`.
+# - Next: `exercises/ex02_registers_occupancy.ipynb`.

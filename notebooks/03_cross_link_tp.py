@@ -429,4 +429,4 @@ show()
 # - Calibrated to the seed's ratio, the tail is a fraction of a step, not a multiple: measure it per rank.
 # - Overlap hides a link only while its all-reduce fits under the compute (rule 3c).
 # - If every rank is slow and the single-device baseline is slow too, suspect the kernel first (反例).
-# - Next: `exercises/03_cross_link_tp.ipynb` — a job's rank map on another capture: the groups on the slow link, then better groups.
+# - Next: `exercises/ex03_cross_link_tp.ipynb` — a job's rank map on another capture: the groups on the slow link, then better groups.

@@ -258,4 +258,4 @@ with nb.gated(CP, "the re-verified walks"):
 #   token, per bucket, in the performance report; a fallback can hide in one bucket's shapes.
 # - Report TTFT and TPOT p50 **and p99** from a stream whose batches change: long contexts are KV-bound and
 #   make the tail, short ones are weight-bound.
-# - Next: `exercises/04_fp8_dequant_fallback.ipynb`.
+# - Next: `exercises/ex04_fp8_dequant_fallback.ipynb`.

@@ -41,7 +41,7 @@ import torch
 import hwlab
 from hwlab.core import ceilings, evidence
 from hwlab import nb
-from hwlab.examine.report_text import against_prediction, format_table, plot_slowdowns, table
+from hwlab.examine.report_text import against_prediction, format_table, plot_slowdowns, repeats_disagree, table
 from hwlab.examine.target import load
 
 print(nb.live_label())
@@ -99,13 +99,14 @@ else:
     print(f"walk: {ex.diagnosis.compact()}")
 nb.show_mermaid(ex.diagnosis.mermaid())
 bl = ex.diagnosis.borderline
+flip = repeats_disagree(ex.whole_repeat_leaves, "the chain")  # the blocks' own walks, from this run
 nb.md(f"Live ({ex.label}): the walk {against_prediction(ex.diagnosis, 'G')}." + (
     "" if torch.cuda.is_available() or ex.diagnosis.leaf_id == "G" else
     " The prediction is a GPU's: on this CPU the figures are the CPU's against its own ceilings, and the "
     "H200's examination in the table below is the evidence for the chain.") + (
     f" **BORDERLINE on this machine** at {', '.join(s.question for s in bl)}: the measured spread contains the "
     "threshold, so a re-run (or the same run under other load) can take the other branch; this walk is not a "
-    "verdict here." if bl else ""))
+    "verdict here." if bl and not flip else "") + (f" {flip}" if flip else ""))
 
 # %% [markdown]
 # On a CPU the numbers are the CPU's against the CPU's ceilings: its caches are large next to these small
@@ -181,6 +182,10 @@ with nb.gated(CP, "the model's parts and their walks (an fp32 GEMM among them)")
         ". On a CPU the parts are op self times against the CPU's ceilings: the H200's record further down is the "
         "evidence for the prediction. The fix below fuses the chain either way.")
         if h and h.pct_of_floor is not None else "Live: no part was walked to a leaf on this machine."))
+    for said in (repeats_disagree(mixed.whole_repeat_leaves, "the whole function"),
+                 repeats_disagree(h.repeat_leaves, f"the headline part ({h.name})") if h else ""):
+        if said:
+            display(Markdown(said))
 
 # %% [markdown]
 # ### Apply the top fix and examine again
@@ -289,6 +294,9 @@ def my_inputs():
 mine = hwlab.examine(my_layer_norm, make_inputs=my_inputs, ceilings=here)
 print(mine.report() if DETAILS else f"{mine.measurement.summary()}\nwalk: {mine.diagnosis.compact()}\n"
       "(print(mine.report()) for the whole report: counts, profile, sources, every step's rule)")
+flip = repeats_disagree(mine.whole_repeat_leaves, "your function")
+if flip:
+    nb.md(flip)
 
 # %% [markdown]
 # ## Summary

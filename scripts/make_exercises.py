@@ -1,4 +1,4 @@
-"""Write each exercise from its solution: ``exercises/NN_*.py`` is ``solutions/NN_*.py`` with every
+"""Write each exercise from its solution: ``exercises/exNN_*.py`` is ``solutions/exNN_*.py`` with every
 block between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` (markers included) removed and the
 title's "Solution" made "Exercise". nbgrader's markers, so the same source serves a course.
 

@@ -57,8 +57,8 @@ def test_execute_notebooks_selects_by_folder_and_name(tmp_path, monkeypatch):
             raise TimeoutError("a cell ran past its limit")
 
     monkeypatch.setattr(mod, "execute_notebook", fake_execute)
-    rc = mod.main(["--out", str(tmp_path), "--only", "notebooks/07,exercises/01"])
+    rc = mod.main(["--out", str(tmp_path), "--only", "notebooks/07,exercises/ex01"])
     import json
     summary = json.loads((tmp_path / "notebooks_summary.json").read_text())
-    assert [s["notebook"] for s in summary] == ["notebooks/07_drills.ipynb", "exercises/01_bandwidth_bound.ipynb"]
+    assert [s["notebook"] for s in summary] == ["notebooks/07_drills.ipynb", "exercises/ex01_bandwidth_bound.ipynb"]
     assert rc == 1 and summary[0]["error"].startswith("TimeoutError") and summary[1]["ok"]

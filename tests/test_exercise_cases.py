@@ -2,7 +2,7 @@
 (its kernel, its path, its printed figures) fails the exercise's checker, the committed solution
 passes it, and a wrong answer's message names the evidence against it, never the right answer.
 
-The solutions are read from ``solutions/NN_*.py`` (the blocks between ``### BEGIN SOLUTION`` and
+The solutions are read from ``solutions/exNN_*.py`` (the blocks between ``### BEGIN SOLUTION`` and
 ``### END SOLUTION``), so a solution that stops passing fails here, not only in the notebook run."""
 import importlib.util
 import re
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _blocks(n: str) -> list[str]:
-    text = next((ROOT / "solutions").glob(f"{n}_*.py")).read_text()
+    text = next((ROOT / "solutions").glob(f"ex{n}_*.py")).read_text()
     return re.findall(r"^### BEGIN SOLUTION\n(.*?)^### END SOLUTION", text, flags=re.S | re.M)
 
 
@@ -39,7 +39,7 @@ def test_exercises_are_their_solutions_without_the_solution_blocks():
     assert r.returncode == 0, r.stdout + r.stderr
     for n in ("01", "02", "03", "04"):
         assert _blocks(n), f"solution {n} has no ### BEGIN SOLUTION block"
-        ex = next((ROOT / "exercises").glob(f"{n}_*.py")).read_text()
+        ex = next((ROOT / "exercises").glob(f"ex{n}_*.py")).read_text()
         assert "BEGIN SOLUTION" not in ex
 
 
@@ -201,7 +201,7 @@ def test_02_notebook_02s_rows_fail_the_solution_passes_and_messages_hide_the_ans
     best = _answers("02", 1)["MY_WARPS"]
     assert C.check_warps_choice(4096, best).passed
     low = C.check_warps_choice(4096, 4)
-    assert low.status == "wrong" and "higher occupancy" in low.message and f"{best} warp" not in low.message
+    assert low.status == "wrong" and "best occupancy" in low.message and f"{best} warp" not in low.message
     # brute force reads nothing off a wrong try: no occupancy, blocks or registers of the count tried
     for w in C.SOFTMAX_WARPS:
         r = C.check_warps_choice(4096, w)

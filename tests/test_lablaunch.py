@@ -23,7 +23,7 @@ def _kit(tmp_path: Path) -> Path:
     solution and an example."""
     co = tmp_path / "checkout"
     for rel in ("notebooks/00_start_here.ipynb", "notebooks/01_bandwidth_bound.ipynb",
-                "exercises/01_bandwidth_bound.ipynb", "solutions/01_bandwidth_bound.ipynb"):
+                "exercises/ex01_bandwidth_bound.ipynb", "solutions/ex01_bandwidth_bound.ipynb"):
         (co / rel).parent.mkdir(parents=True, exist_ok=True)
         (co / rel).write_bytes((ROOT / rel).read_bytes())
     (co / "notebooks" / "01_bandwidth_bound.py").write_text("# paired\n")
@@ -39,7 +39,7 @@ def test_first_start_copies_unpaired_notebooks_on_the_kit_kernel_and_no_solution
     co = _kit(tmp_path)
     rep = workcopy.prepare(co, root=tmp_path / "copy", kernel=KERNEL)
     assert rep.made
-    assert sorted(rep.copied) == ["examples/unfused_chain.py", "exercises/01_bandwidth_bound.ipynb",
+    assert sorted(rep.copied) == ["examples/unfused_chain.py", "exercises/ex01_bandwidth_bound.ipynb",
                                   "notebooks/00_start_here.ipynb", "notebooks/01_bandwidth_bound.ipynb"]
     nb = json.loads((tmp_path / "copy" / "notebooks" / "01_bandwidth_bound.ipynb").read_text())
     assert "formats" not in nb["metadata"].get("jupytext", {})  # no save in the copy writes a .py

@@ -134,3 +134,31 @@ def test_a_working_copy_notebook_carries_what_its_kernel_reports_and_no_machine_
         km.shutdown_kernel(now=True)
     assert meta["language_info"] == reply["content"]["language_info"]
     assert "jupytext" not in meta
+
+
+# ---------------------------------------------------------------- a verdict that flips between blocks
+def test_a_verdict_the_blocks_disagree_on_is_said_to_be_unsupported_here():
+    """Notebook 08 says a live walk is not supported on this machine when the timing blocks' own walks
+    reach different ends, and says nothing when they agree (blocks that did not walk it left out)."""
+    from hwlab.examine.report_text import repeats_disagree
+
+    assert repeats_disagree(["G", "G", "G"]) == "" and repeats_disagree(["G", None, "G"]) == ""
+    said = repeats_disagree(["G", "J", "G"], "the chain")
+    assert "Not supported on this machine" in said and "G, J, G" in said and "the chain" in said
+    assert "undecided at D" in repeats_disagree(["G", "undecided at D", None])
+
+
+def test_an_examination_keeps_each_blocks_walk_of_the_whole_function():
+    """What the notebook renders the flip from: one end per timing block, and every end other than the
+    pooled walk's is among the whole function's alternatives (so a flip is also BORDERLINE)."""
+    import torch
+
+    import hwlab
+    from hwlab.core import ceilings
+    from hwlab.examine.repeats import N_REPEATS, leaf_name
+
+    ex = hwlab.examine(lambda v: (v * 3).sin() + 1, torch.randn(4096), ceilings=ceilings.measure("cpu", quick=True))
+    assert len(ex.whole_repeat_leaves) == N_REPEATS
+    d = ex.diagnosis
+    mine = leaf_name(d.leaf_id, d.undecided.id if d.undecided else None)
+    assert set(x for x in ex.whole_repeat_leaves if x) - {mine} <= set(ex.whole_alternatives)

@@ -193,12 +193,53 @@ def _check_executed(path: Path, nb) -> None:
         assert f"({faster(sig['gain_p50_pct'])})" in out and f"{less_more(sig['memory_change_pct'])}" in out
 
 
-#: appended to a notebook by the blank-run test: what the checkpoint asks, read from the run's own objects
+#: put first in a notebook by the blank-run test: every graded check the notebook calls (through the
+#: module, as the notebooks do) is recorded with its arguments, so the last cell can ask its reference
+_RECORD_CELL = """import hwlab.course.exercise_checks as _xc, hwlab.course.reading_checks as _rc
+_graded_calls = []
+def _record(mod):
+    for _n in dir(mod):
+        _f = getattr(mod, _n)
+        if callable(_f) and hasattr(_f, "reference"):
+            def _w(*a, _f=_f, **k):
+                _r = _f(*a, **k)
+                _graded_calls.append((_f.reference, a, k, getattr(_r, "status", "")))
+                return _r
+            _w.reference = _f.reference
+            setattr(mod, _n, _w)
+_record(_xc)
+_record(_rc)"""
+
+#: appended to a notebook by the blank-run test: what each unpassed item of the run asks, read from the
+#: run's own objects: the checkpoint's leaf, walk and deciding figures; a drill's leaf and walk; each
+#: exercise check's reference (its leaf, and its measured figures: the non-whole numbers; whole numbers
+#: there are counts and sizes the question itself shows); of a reading check, the statistics the kit
+#: derives (median, p10-p90, the accepted range), not the raw figures the learner reads off the output
 _SECRETS_CELL = """import json as _json
-_cp, _s = CP._cp, CP._cp.asked()
-print("@@secrets@@" + _json.dumps({"status": CP.status, "leaf": _cp.walk.leaf_id, "walk": _cp.walk.compact(),
-      "value": float(_s.value), "prediction": None if _cp.prediction is None else
-      [float(_cp.prediction.actual), _cp.prediction.unit]}))"""
+from hwlab.diagnosis import flowchart as _fc
+_out = {"leaves": [], "walks": [], "figures": [], "status": None}
+if "CP" in globals() and hasattr(CP, "_cp"):
+    _cp, _s = CP._cp, CP._cp.asked()
+    _out["status"] = CP.status
+    _out["leaves"].append(_cp.walk.leaf_id)
+    _out["walks"].append(_cp.walk.compact())
+    _out["figures"].append([float(_s.value), ""])
+    if _cp.prediction is not None:
+        _out["figures"].append([float(_cp.prediction.actual), _cp.prediction.unit])
+if "drill" in globals() and globals().get("MY_LEAF") is None:
+    _out["leaves"].append(drill.fault().leaf)
+    _out["walks"].append(_fc.diagnose(drill.observations).compact())
+for _ref, _a, _k, _st in _graded_calls:
+    if _st == "passed":
+        continue
+    for _key, _v in _ref(*_a, **_k).answer.items():
+        if "leaf" in str(_key).lower() and _v in _fc.LEAVES:
+            _out["leaves"].append(_v)
+        elif isinstance(_v, float) and not _v.is_integer() and (
+                getattr(_ref, "__module__", "").endswith("_checks") and not _ref.__module__.endswith("reading_checks")
+                or any(w in str(_key) for w in ("median", "p10", "p90", "accepted"))):
+            _out["figures"].append([_v, ""])
+print("@@secrets@@" + _json.dumps(_out))"""
 
 
 def _figure_forms(x: float, unit: str = "") -> set[str]:
@@ -209,55 +250,67 @@ def _figure_forms(x: float, unit: str = "") -> set[str]:
 
 
 def _named(text: str, secrets: dict) -> list[str]:
-    """The checkpoint's leaf named anywhere: its walk line, an arrow into it ("-> J", "→ M"), "leaf I",
-    "lands on I", the letter in bold, or its title. A Mermaid chart (its edges "-->", every leaf's title)
+    """An unpassed item's leaf named anywhere: its walk line, an arrow into it ("-> J", "→ M"), "leaf I",
+    "lands on I", the letter in bold, or its title (outside a legend of every leaf). A Mermaid chart (its edges "-->", every leaf's title)
     draws the chart itself, which every notebook shows before any answer, so it is left out."""
     from hwlab.diagnosis import flowchart
 
-    leaf = secrets["leaf"]
     text = re.sub(r"```mermaid.*?```", "", text, flags=re.S)
-    found = [secrets["walk"]] if secrets["walk"] in text else []
-    found += [m.group(0) for m in re.finditer(
-        rf"((?<!-)->|→|\bleaf|\blands? on)\s*\**{leaf}\**(?![\w])|\*\*{leaf}\*\*", text)]
-    title = flowchart.LEAVES[leaf].title
-    return found + ([title] if title in text else [])
+    found = [w for w in secrets["walks"] if w and w in text]
+    for leaf in dict.fromkeys(x for x in secrets["leaves"] if x):
+        found += [m.group(0) for m in re.finditer(
+            rf"((?<!-)->|→|\bleaf|\blands? on)\s*\**{leaf}\**(?![\w])|\*\*{leaf}\*\*", text)]
+        title = flowchart.LEAVES[leaf].title
+        # a line that lists every leaf's title is the chart's legend (a menu to choose from), not an answer
+        found += [ln for ln in text.splitlines() if title in ln and not all(
+            x.title in ln for x in flowchart.LEAVES.values())][:1]
+    return found
 
 
 def _leaked(text: str, secrets: dict) -> list[str]:
     found = _named(text, secrets)
-    figures = _figure_forms(secrets["value"])
-    if secrets["prediction"]:
-        figures |= _figure_forms(*secrets["prediction"])
+    figures = set().union(*(_figure_forms(x, unit) for x, unit in secrets["figures"]))
     found += [f for f in figures if re.search(rf"(?<![\d.]){re.escape(f)}(?![\d])", text)]
     return found
 
 
+#: every notebook and exercise a learner opens (the solutions are the instructor's)
+LEARNER_NOTEBOOKS = [p for p in NOTEBOOKS if p.parent.name in ("notebooks", "exercises")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("stem", ["01_bandwidth_bound", "02_registers_occupancy", "03_cross_link_tp",
-                                  "04_fp8_dequant_fallback", "08_examine"])
-def test_a_blank_run_all_shows_nothing_of_the_answer_after_the_checkpoint(stem):
+@pytest.mark.parametrize("path", LEARNER_NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_a_blank_run_all_shows_nothing_of_an_unpassed_answer(path):
     """Run All in a learner's kernel (no solutions file), in a working copy made by ``hwlab lab``'s
-    code: the checkpoint asks to fill in, every later cell still runs, and none of them prints the
-    checkpoint's walk, an arrow into its leaf, the deciding value or the predicted figure; those are
-    read from the same run's checkpoint, not typed here."""
-    path = _in_copy(ROOT / "notebooks" / f"{stem}.ipynb", _learner_copy())
-    nb = nbformat.read(path, as_version=4)
+    code, of every notebook and exercise: every cell runs, and no output names the leaf, the walk or
+    the deciding figures of an item the learner has not passed: the checkpoint (after it, and its leaf
+    or walk before it too), a drill not yet answered, an exercise check left blank. What each asks is
+    read from the same run's objects (the checkpoint, the drill, each check's reference), not typed here."""
+    run = _in_copy(path, _learner_copy())
+    nb = nbformat.read(run, as_version=4)
+    nb.cells.insert(0, nbformat.v4.new_code_cell(_RECORD_CELL))
     nb.cells.append(nbformat.v4.new_code_cell(_SECRETS_CELL))
-    nb = execute_notebook(nb, cwd=path.parent, drop_env=("HWLAB_CHECKPOINT_ANSWERS",), kernel_name=_kernel_name())
+    nb = execute_notebook(nb, cwd=run.parent, drop_env=("HWLAB_CHECKPOINT_ANSWERS",), kernel_name=_kernel_name())
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, ARTIFACTS / f"blank__{path.name}")
+    nbformat.write(nb, ARTIFACTS / f"blank__{path.parent.name}__{path.name}")
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.get("execution_count") for c in code)  # every cell ran: Run All went on
     secrets = json.loads(_text(nbformat.v4.new_notebook(cells=code[-1:])).split("@@secrets@@")[1])
-    assert secrets["status"] == "fill in"
-    at = next(i for i, c in enumerate(code) if "nb.checkpoint(" in c.source)
-    before = _text(nbformat.v4.new_notebook(cells=code[:at + 1]))
-    after = _text(nbformat.v4.new_notebook(cells=code[at + 1:-1]))
-    assert "Traceback" not in before + after and "still blank: leaf" in before
-    assert "answer the checkpoint above first" in after
+    shown = code[1:-1]
+    assert "Traceback" not in _text(nbformat.v4.new_notebook(cells=shown))
+    if path.parent.name == "notebooks" and path.name[:2] in CHECKPOINTED:
+        assert secrets["status"] == "fill in"
+        at = next(i for i, c in enumerate(shown) if "nb.checkpoint(" in c.source)
+        before = _text(nbformat.v4.new_notebook(cells=shown[:at + 1]))
+        after = _text(nbformat.v4.new_notebook(cells=shown[at + 1:]))
+        assert "still blank: leaf" in before and "answer the checkpoint above first" in after
+        # before the checkpoint the evidence table shows the value to read, never the leaf or its walk
+        assert not _named(before, secrets), (_named(before, secrets), secrets)
+    else:
+        after = _text(nbformat.v4.new_notebook(cells=shown))
+    if path.parent.name == "exercises":
+        assert secrets["leaves"] or secrets["figures"] or "not done yet" in after  # its checks ran blank
     assert not _leaked(after, secrets), (_leaked(after, secrets), secrets)
-    # before the checkpoint too: the evidence table shows the value to read, never the leaf or its walk
-    assert not _named(before, secrets), (_named(before, secrets), secrets)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")

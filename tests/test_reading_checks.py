@@ -367,7 +367,7 @@ def test_every_ncu_target_runs_as_a_module():
         assert r.returncode == 0 and "usage" in r.stdout, (mod, r.stderr[-500:])
 
 
-@pytest.mark.parametrize("rel", ["notebooks/09_reading_tools.py", "exercises/05_reading_tools.py"])
+@pytest.mark.parametrize("rel", ["notebooks/09_reading_tools.py", "exercises/ex05_reading_tools.py"])
 def test_each_answer_cell_precedes_the_check_that_shows_the_kits_reading(rel):
     """The kit's reading is in the check's result: every check reads MY_* names that a learner cell
     (tagged, marked `# YOUR CODE HERE`) set earlier in the notebook, none set anywhere else."""

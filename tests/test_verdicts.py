@@ -281,8 +281,8 @@ def test_fewer_bytes_lens_on_lab04_bf16(lab04, bucket):
 
 # ------------------------------------------------------------------ drills: feedback that teaches
 def test_wrong_drill_answer_names_evidence_never_the_leaf(tmp_path, monkeypatch):
-    """Every recorded fault, every wrong leaf: the feedback names the question where the learner's
-    path leaves the probes' walk (or says the evidence cannot decide), never a measured value, and a
+    """Every recorded fault, every wrong leaf: the feedback names the questions of the learner's own
+    path to re-check (or says the evidence cannot decide), never a measured value, and a
     learner cannot read the right leaf (its id or title) from it."""
     import re
 
@@ -301,7 +301,7 @@ def test_wrong_drill_answer_names_evidence_never_the_leaf(tmp_path, monkeypatch)
             txt = g.explanation
             assert not re.search(rf"(?<![\w/]){re.escape(f.leaf)}(?![\w/])", txt), (name, leaf, txt)
             assert F.LEAVES[f.leaf].title not in txt
-            assert re.search(r"leaves the probes' walk at [A-M]\b", txt) or "cannot decide" in txt, txt
+            assert f"Your path to {leaf} needs" in txt or "cannot decide" in txt, txt  # its own path, to re-check
             assert " = " not in txt and not re.search(r"\b(YES|NO)\b", txt), txt  # no value, no answer
             assert g.fix_evidence is None  # no fix is run, so none of its leaves leaks either
 

@@ -1,6 +1,6 @@
 """Execute every notebook (notebooks/, solutions/, exercises/) with nbclient on this machine.
 
-    python tools/execute_notebooks.py --out OUTDIR [--only 04_fp8,notebooks/07,exercises/01]
+    python tools/execute_notebooks.py --out OUTDIR [--only 04_fp8,notebooks/07,exercises/ex01]
 
 Writes the executed copies to OUTDIR (``<folder>__<name>.ipynb``) and a JSON summary of what
 ran, how long, and which raised. On a GPU machine the executed copies are the "outputs recorded
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--only", default="", help="comma-separated parts of 'folder/name' to run, e.g. "
-                   "'04_fp8,notebooks/07,exercises/01' (default: all)")
+                   "'04_fp8,notebooks/07,exercises/ex01' (default: all)")
     p.add_argument("--timeout", type=int, default=180,
                    help="seconds per cell (the longest cell runs well under a minute on the H200): a hung cell "
                         "is recorded as an error and the next notebook runs, inside one device call")

@@ -6,8 +6,8 @@
     cd OUT && nbgrader autograde ex01_bandwidth_bound --create   # --create: students new to the gradebook
 
 For instructors who grade with nbgrader (``pip install 'hwlab[grade]'``). One assignment per
-exercise, ``source/exNN_<name>/NN_<name>.ipynb``, built from ``solutions/NN_<name>.ipynb`` and
-``exercises/NN_<name>.ipynb``:
+exercise, ``source/exNN_<name>/exNN_<name>.ipynb``, built from ``solutions/exNN_<name>.ipynb`` and
+``exercises/exNN_<name>.ipynb``:
 
 * **answer cells**: the cells tagged ``learner`` (the k-th in the exercise is the k-th in the
   solution; the kit's tests keep the two notebooks differing only there). Lines both versions
@@ -246,7 +246,7 @@ def pairs(root: Path = ROOT) -> list[tuple[str, Path, Path]]:
     for ex in sorted((root / "exercises").glob("*.ipynb")):
         so = root / "solutions" / ex.name
         if so.exists():
-            out.append((f"ex{ex.stem}", ex, so))
+            out.append((ex.stem, ex, so))  # exNN_<name>: its own name
     return out
 
 

@@ -1,7 +1,7 @@
 """Execute notebooks in a loop under the nbwatch watchdog, to catch the idle-kernel stall on purpose.
 
     python tools/nbstall_loop.py --out DIR --rounds 5 [--burners 2] [--idle-limit 60] \
-        [--only exercises/01,notebooks/07] [--synthetic usdt,leftovers,native,widget] [--stock-waits]
+        [--only exercises/ex01,notebooks/07] [--synthetic usdt,leftovers,native,widget] [--stock-waits]
 
 Each round executes every chosen notebook once, each in a fresh kernel, with ``on_stall="fail"``:
 a stall is counted (not retried) and its report (both stacks, the cell's message log) lands in
@@ -82,7 +82,7 @@ def chosen(only: str, syn: str, out: Path) -> list[Path]:
     for part in (p for p in only.split(",") if p):
         hits = sorted(ROOT.glob(f"{part}*.ipynb"))
         if not hits:
-            raise SystemExit(f"no notebook matches {part!r} (give folder/NN, e.g. exercises/01)")
+            raise SystemExit(f"no notebook matches {part!r} (give folder/NN, e.g. exercises/ex01)")
         paths += hits
     return paths
 
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--burners", type=int, default=0)
     p.add_argument("--idle-limit", type=float, default=60.0)
-    p.add_argument("--only", default="", help="comma-separated folder/NN prefixes, e.g. exercises/01,notebooks/07")
+    p.add_argument("--only", default="", help="comma-separated folder/NN prefixes, e.g. exercises/ex01,notebooks/07")
     p.add_argument("--synthetic", default="", help=f"comma-separated, of {sorted(SYNTHETIC)}")
     p.add_argument("--stock-waits", action="store_true",
                    help="wait on the channels as nbclient does (no poll slices): the behaviour before the fix")

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from hwlab.diagnosis import flowchart
+from hwlab.course.tries import recheck_own_path
 from hwlab.errors import UserInputError
 from hwlab.core.store import read_user_json, write_json_atomic
 from hwlab.core.store import check_input_file
@@ -327,17 +328,18 @@ def grade(drill: Drill, leaf: str, evidence: dict[str, Any] | None = None, learn
 
 
 def contradiction(observations: dict[str, Any], leaf: str) -> str:
-    """Why ``leaf`` is wrong, from the measured evidence alone: the first question on the walk
-    whose measured answer takes a branch with no path to ``leaf``, and the metric it reads, to
-    read again. Names neither that metric's value, the branch the evidence takes, nor any leaf
-    but the one submitted (:mod:`hwlab.course.checkpoint` answers a wrong leaf the same way)."""
+    """Why ``leaf`` is wrong, from the measured evidence alone: the learner's own path to ``leaf``,
+    as questions to re-check in order against the rows each reads (:func:`hwlab.course.tries.recheck_own_path`,
+    the words :mod:`hwlab.course.checkpoint` answers a wrong leaf with). It is worked out from the chart
+    and the submitted leaf alone, so it names neither a value, the branch the evidence takes, where the
+    evidence leaves that path, nor any leaf but the one submitted: a learner who switches to the other
+    branch of a question it names passes no sooner than one guessing leaves at random."""
     truth = flowchart.diagnose(observations)
     for s in truth.steps:
         q = flowchart.QUESTIONS[s.question]
         taken = q.yes if s.answer == "yes" else q.no
         if leaf not in _reachable(taken):
-            return (f"{leaf} is not it: a path to {leaf} leaves the probes' walk at {q.id} ({q.text}). Read "
-                    f"{s.metric} again against {q.id}'s rule, and follow the chart from there")
+            return recheck_own_path(leaf)
     if truth.undecided is not None:
         return (f"{leaf} is not shown by this evidence: the walk cannot decide {truth.undecided.id} "
                 f"({truth.undecided.text}) from it")

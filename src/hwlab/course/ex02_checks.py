@@ -201,7 +201,7 @@ def check_occupancy_prediction(block: int, warps: int, blocks_per_sm, limiter) -
                               "limits (the rules in the markdown above) and take the smallest.", answer=n)
     if key not in occ.binding:
         return ExerciseResult(name, "wrong", f"your count is right, but {_LIMIT_WORDS[key]} alone would allow "
-                              f"{by[key]} per SM, more than your count: it is not the limit that binds ({facts}).",
+                              f"{by[key]} per SM, not the count you found: it is not the limit that binds ({facts}).",
                               answer=limiter)
     return ExerciseResult(name, "passed", f"{facts}: {occ.blocks_per_sm} per SM, bound by "
                           f"{' and '.join(_LIMIT_WORDS[k] for k in occ.binding)} ({occ.occupancy_pct:.0f}% "
@@ -258,7 +258,7 @@ def check_warps_choice(block: int, warps) -> ExerciseResult:
     best = max(o.occupancy_pct for o in occ.values())
     o = occ[warps]
     if o.occupancy_pct < best:  # no figure of this try: trying every count must not read off the answer
-        return ExerciseResult(name, "wrong", f"another warps count reaches a higher occupancy than {warps}. Each "
+        return ExerciseResult(name, "wrong", f"{warps} warp(s) is not the count with the best occupancy of those allowed. Each "
                               f"thread holds {block} / (32 x warps) elements of the row: what does that do to "
                               "its registers, and the registers to the blocks that fit? Work it out from the compile "
                               "rules above before trying another count.", answer=warps)

@@ -314,9 +314,12 @@ def check_case_batches(batches) -> ExerciseResult:
             _, hits = bucket_profile(smaller, c)
             if not hits["fallback_modules"]:
                 # no count of the rows too many: with it, the answer is one subtraction away
-                return ExerciseResult(name, "wrong", f"ctx {c} x{batches[c]}: no fallback, but every step carries "
-                                      "padding rows it does not need: a smaller batch that still keeps the bucket's "
-                                      "capacity also profiles with no fallback.")
+                # and no direction either: what to reconsider and where to read it, not which way to move
+                return ExerciseResult(name, "wrong", f"ctx {c} x{batches[c]}: no fallback, but its steps carry "
+                                      "padding rows the fix does not need: the fix pads each bucket only as far as the first "
+                                      "row count that keeps its capacity and dispatches an FP8 kernel. Re-read the "
+                                      "profile of each row count from the bucket's batch today (which of them "
+                                      "has an FP8 kernel in its dispatch) and check yours is that first one.")
     hits = ", ".join(f"ctx {b['ctx']} x{b['batch']}: FP8 on {b['hits']['fp8_hits']} of {b['hits']['gemm_calls']} GEMMs"
                      for b in buckets)
     return ExerciseResult(name, "passed", f"no fallback in any bucket ({hits}; the rest bf16 by choice: head and edge "

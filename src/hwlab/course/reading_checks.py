@@ -262,8 +262,9 @@ def check_ncu_lab02(config: str, answer: dict | None) -> ExerciseResult:
                         "blocks per SM one resource allows.")
     elif metric[len(prefix):] not in f["binding"]:
         lim = metric[len(prefix):]
-        problems.append(f"{metric} allows {f['limits'][lim]:g} blocks per SM; another limit row allows fewer, "
-                        "and the smallest one binds.")
+        problems.append(f"{metric} allows {f['limits'][lim]:g} blocks per SM, but it is not the row that binds: "
+                        "the binding limit is the one whose count the SM reaches first; read every "
+                        f"{prefix}* row of the report and compare their counts.")
     return _result(name, problems, f"{f['registers']:.0f} registers/thread, {f['spills']} spills "
                    f"({f['spills_source']}), achieved occupancy {f['achieved_occupancy_pct']:.2f}% against the kit's "
                    f"theoretical {f['theoretical_occupancy_pct']:.2f}% (an estimate from registers, shared memory and "
@@ -358,7 +359,8 @@ def check_slow_pairs(topo_text: str, group: list[int], answer: dict | None) -> E
     if outside:
         problems.append(f"{outside} are not pairs of the group {f['group']}.")
     for p in sorted(got - set(f["pairs"]) - set(outside)):
-        problems.append(f"GPU{p[0]}-GPU{p[1]} reads {f['links'][p]}: the group has a slower class than that.")
+        problems.append(f"GPU{p[0]}-GPU{p[1]} reads {f['links'][p]}, which is not the group's slowest class: rank "
+                        "the classes by the legend under the matrix and read every cell between the group's GPUs.")
     if not problems and got != set(f["pairs"]):
         problems.append(f"you listed {len(got)} pair(s); more pairs of this group cross the same class: read "
                         "every cell between the group's GPUs.")
@@ -393,7 +395,9 @@ def check_nccl_path(log: str, answer: dict | None) -> ExerciseResult:
         problems.append("gbps must be a number (NCCL prints GB/s).")
     elif abs(gbps - worst["gbps"]) > 1e-6 * max(1.0, worst["gbps"]):
         faster = [p["dst"] for p in paths if abs(p["gbps"] - gbps) < 1e-6]
-        problems.append(f"{gbps:g} GB/s is " + (f"the path to {faster[0]}; another path of the GPU is slower."
+        problems.append(f"{gbps:g} GB/s is " + (f"the path to {faster[0]}, which is not the GPU's slowest path: "
+                                                  "read the bandwidth of every path line NCCL printed for the GPU "
+                                                  "(the middle field of (hops/bandwidth/type)) and compare them."
                                                   if faster else "no bandwidth NCCL printed for the GPU's paths."))
     typ = str(answer.get("type") or "")
     if typ.upper() not in {p["type"] for p in paths if p["gbps"] == worst["gbps"]}:

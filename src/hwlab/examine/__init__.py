@@ -132,6 +132,8 @@ class Examination:
     parts: Parts | None = None
     #: leaves other than the whole function's that a repeat or a spread end reaches (BORDERLINE)
     whole_alternatives: list[str] = field(default_factory=list)
+    #: the leaf each timing block's own walk of the whole function reached (:mod:`hwlab.examine.repeats`)
+    whole_repeat_leaves: list[str | None] = field(default_factory=list)
 
     @property
     def alternatives(self) -> list[str]:
@@ -367,7 +369,7 @@ def _measured(fn, name: str, args: tuple, kwargs: dict, arg_sets: list, dev, c, 
     step(PHASES[6])
     per_op = per_op_us(dev)  # a CPU's cost per aten op (examine/op_overhead): J's per-op rule
     walks = _walk_all(m, c, peak, counts, prof, traffic, blocks, ncu, gpu, dtype_peak, dev, per_op)
-    ev, sources, diag, parts, alts = walks
+    ev, sources, diag, parts, alts, rep_leaves = walks
     if diag.undecided is not None and diag.undecided.id == "H" and not flop_bound(m):
         notes.append("H asks about Tensor-Core use, which applies to matmul work; this function's floor is "
                      "set by its bytes (no matmul FLOPs counted or given). Run with --ncu for occupancy "
@@ -400,7 +402,8 @@ def _measured(fn, name: str, args: tuple, kwargs: dict, arg_sets: list, dev, c, 
     return Examination(name=name, on_gpu=gpu, measurement=m, counts=counts, profile=prof,
                        ceilings={**c.to_dict(), "label": c.label}, evidence=ev,
                        evidence_sources=sources, diagnosis=diag, incident=inc, ncu=ncu, notes=notes,
-                       parts=parts, whole_alternatives=alts)
+                       parts=parts, whole_alternatives=alts,
+                       whole_repeat_leaves=rep_leaves)
 
 
 def _walk_all(m: Measurement, c, peak: str | None, counts: dict[str, Any], prof, traffic, blocks: Blocks, ncu,
@@ -459,9 +462,9 @@ def _walk_all(m: Measurement, c, peak: str | None, counts: dict[str, Any], prof,
     ev0 = walk_one(m, blocks.pooled_chunks_ms, None, None, None)[0]
     sp = spreads_over([x[0] for x in reps], ev0, band)
     ev, sources, diag, parts = walk_one(m, blocks.pooled_chunks_ms, None, [x[3] for x in reps], sp)
-    alts = alternatives({**ev, "metric_sources": sources}, diag,
-                        [leaf_name(x[2].leaf_id, x[2].undecided.id if x[2].undecided else None) for x in reps])
-    return ev, sources, diag, parts, alts
+    rep_leaves = [leaf_name(x[2].leaf_id, x[2].undecided.id if x[2].undecided else None) for x in reps]
+    alts = alternatives({**ev, "metric_sources": sources}, diag, rep_leaves)
+    return ev, sources, diag, parts, alts, rep_leaves
 
 
 def as_inference(fn: Callable[..., Any]) -> Callable[..., Any]:

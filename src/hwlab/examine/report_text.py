@@ -200,3 +200,18 @@ def against_prediction(walk, predicted_leaf: str) -> str:
         return (f"stops at **{q.id}** ({q.text}), short of the predicted {predicted_leaf}: nothing here measures "
                 f"it for one function in one process ({q.probe})" + (f"; {where}" if where else ""))
     return f"lands on **{walk.leaf_id}**, not the predicted {predicted_leaf}" + (f": {where}" if where else "")
+
+
+def repeats_disagree(repeat_leaves: list, what: str = "the walk") -> str:
+    """A verdict the timing blocks do not agree on, said as such: "" when every block's own walk of
+    ``what`` reached the same end (a block that did not walk it, ``None``, is left out), else a
+    sentence that the verdict is not supported on this machine, with each block's end. One block
+    that disagrees is enough: a verdict that flips between blocks taken seconds apart is not one a
+    re-run would repeat (:mod:`hwlab.examine.repeats`)."""
+    ends = [x for x in repeat_leaves if x]
+    if len(set(ends)) < 2:
+        return ""
+    return (f"**Not supported on this machine:** the {len(ends)} timing blocks each walked {what} on their own "
+            f"and reached different ends (block by block: {', '.join(ends)}), so the verdict flips between blocks "
+            "here; read it as no verdict on this machine, and re-run on a quieter one (or with a larger input) "
+            "before acting on it.")

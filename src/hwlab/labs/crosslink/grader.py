@@ -38,9 +38,9 @@ def grade_mapping(topo, groups: list[list[int]] | None, tp: int):
     best = evaluate(topo, choose_tp_groups(topo, tp))
     if link_rank(mine.worst) > link_rank(best.worst):
         # the best grouping's slowest link is not named: it is the answer's half (issue 49, item 3)
-        return ExerciseResult("mapping", "wrong", f"a group crosses {mine.worst} ({mine.crossings}); another "
-                              "grouping of these GPUs keeps every group on a faster link: read the matrix cells "
-                              "between each pair you could group.")
+        return ExerciseResult("mapping", "wrong", f"a group crosses {mine.worst} ({mine.crossings}), which is not "
+                              "the best these GPUs allow: read the matrix cells between each pair you could group "
+                              "and rank their classes by the legend under the matrix.")
     return ExerciseResult("mapping", "passed", f"slowest link {mine.worst} in every group, the best "
                           f"this topology allows; predicted all-reduce {mine.step_us:,.0f} us.")
 
