@@ -279,11 +279,34 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings,
 
 
 
+#: GEMM dtypes the libraries run on tensor cores / MFMA only (a part in one of them is on the MMA path)
+MMA_ONLY_DTYPES = ("bfloat16", "float16", "float8", "fp4")
+
+
+def _datasheet_mma_rate(p) -> None:
+    """A GEMM part at a dtype the libraries run on tensor cores / MFMA only, whose rate is under
+    H's line against a **datasheet** peak, does not answer H: the MMA path is already taken (its
+    kernels' dtype), and dense datasheet peaks are above what measured GEMMs reach on the same
+    GPU, so a low share of one is no evidence of a wrong tile, dtype or path. The share moves to a
+    note naming the measurement that decides H (this machine's GEMM rate at the dtype)."""
+    pct = p.evidence.get("tensor_pct_of_peak")
+    dt = p.name.split(" ", 1)[1] if p.name.startswith("gemm ") else ""
+    if pct is None or not dt.startswith(MMA_ONLY_DTYPES) or pct >= 50.0:
+        return
+    del p.evidence["tensor_pct_of_peak"]
+    p.sources.pop("tensor_pct_of_peak", None)
+    p.notes.append(f"its GEMMs run at {dt} (tensor cores / MFMA: the libraries run that dtype on nothing else) at "
+                   f"{pct:.0f}% of the datasheet {dt} peak: a datasheet peak is above what measured GEMMs reach on "
+                   "the same GPU, so H (tensor-core use low) is not decided against it; pass --baseline with this "
+                   "machine's measured GEMM rate (hwlab doctor --out FILE on that machine) to decide H")
+
+
 def _relabel(parts: Parts, src: dict[str, str]) -> None:
     """Datasheet ceilings are not measured: every floor and rate that used them says so (the
     walks are re-run with the corrected sources; sources never change an answer)."""
     tag = " (datasheet peak, not measured)"
     for p in parts.parts:
+        _datasheet_mma_rate(p)
         if "ceiling" in p.floor_source:
             p.floor_source = p.floor_source.replace("the measured ", "the datasheet ") + tag
         for k, v in list(p.sources.items()):
