@@ -350,11 +350,12 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
     c = ceilings_for(ot, baseline)
     gpu = ot.on_gpu
     notes = [f"steps from {ot.step_source}"]
-    per_step = []
+    per_step, only = [], None  # only: the one step's split, reused as the whole (the same arguments)
     for w in works:
         recs = _records(w)
         if w.items:
-            p1, _, _, _ = _split([w], recs, gpu, c)
+            whole = _split([w], recs, gpu, c)
+            p1, only = whole[0], (w, recs, whole) if len(works) == 1 and gpu else None
             split = {p.name: {"t_ms": p.t_ms, "share_pct": p.share_pct} for p in p1.parts}
             head = p1.headline.name if p1.headline else None
         else:  # no timed work: the whole step is the rest part
@@ -383,9 +384,10 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
         busy = [w for w in busy if w.step not in warm]
         notes.append(f"step(s) {', '.join(map(str, warm))} ran over {WARMUP_RATIO:g}x the later steps' median: warm-up "
                      "(first calls: init, autotune, compile), left out of the parts and their gains")
-    recs0 = _records(busy[0])
+    only = only if only is not None and busy == [only[0]] else None
+    recs0 = only[1] if only else _records(busy[0])
     unprofiled = None if gpu else unprofiled_median_ms(ot)
-    parts, ev, src, _ = _split(busy, recs0, gpu, c, unprofiled)
+    parts, ev, src, _ = only[2] if only else _split(busy, recs0, gpu, c, unprofiled)
     if unprofiled is not None:
         notes.append(f"the call's median measured without the profiler ({unprofiled:.4g} ms), which the live "
                      "examination wrote into this trace, is the step time the parts share (as live)")
