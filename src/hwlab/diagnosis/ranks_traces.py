@@ -408,7 +408,8 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
         "basis": "own", "per_rank": per_rank, "missing_ranks": missing,
         "recorded_unix_s": [traces[r].recorded_unix_s for r in ranks], "undecided": undecided,
         "skipped": skipped_out, "unreadable": unreadable, "workload": workload,
-        "machine": _machine(traces, hosts), "collectives_by_rank": tables, "tail_ranks": [finding["rank"]] if finding["kind"] == "slow_rank" else [],
+        "machine": _machine(traces, [f"one, by content (the file names suggest {len(hosts)})"] if content_host else hosts),
+        "collectives_by_rank": tables, "tail_ranks": [finding["rank"]] if finding["kind"] == "slow_rank" else [],
         "own_time_tail": tail, "rank_tail_pct": tail_pct, "finding": finding,
         "collectives": {"matched": n_m, "match_by": match_by, "one_clock": one_clock,
                         "one_host_by_content": content_host, "last_arriver": last_arriver(last_count, n_m, one_clock),
@@ -504,7 +505,8 @@ def progress_printer(stream=sys.stderr) -> Callable[[str, int, int], None]:
 def render(rep: dict[str, Any]) -> str:
     """The report as text, for the terminal."""
     out = [f"hwlab ranks --traces: {rep['ranks_present']} in {rep['traces_dir']} "
-           f"(backend {', '.join(rep['backends']) or 'unknown'}; hosts {', '.join(rep['hosts'])})"]
+           f"(backend {', '.join(rep['backends']) or 'unknown'}; hosts " + (rep["machine"]["host"] if
+           rep["collectives"]["one_host_by_content"] else ", ".join(rep["hosts"])) + ")"]
     out.append(f"{'rank':>5} {'steps':>5} {'step ms':>9} {'p10-p90':>15} {'busy':>8} {'comm':>8} {'exposed':>8} "
                f"{'idle':>8} {'own':>8} {'last%':>6} {'wait ms':>8}  rank from")
     for r, s in rep["per_rank"].items():
