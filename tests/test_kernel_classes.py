@@ -77,6 +77,9 @@ CASES = [
      None, None),
     ("Memcpy DtoD (Device -> Device)", "memcpy", None, None),
     ("__amd_rocclr_fillBufferAligned", "memset", None, None),
+    # met in the param DLRM traces: FBGEMM's embedding index check is index work
+    ("void bounds_check_indices_kernel<long>(at::GenericPackedTensorAccessor<long, 1ul, at::RestrictPtrTraits, int>)",
+     "gather/scatter", None, None),
     # FBGEMM's namespace is no GEMM
     ("void fbgemm_gpu::permute_2D_data_kernel<false, int, int, decltype(nullptr)>(int, int, int)", "copy/concat",
      None, None),

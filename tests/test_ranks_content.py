@@ -63,6 +63,9 @@ def test_one_host_by_content_names_the_last_arriver_despite_jitter(tmp_path):
     assert c["matched"] == N_STEPS * N_COLL  # every collective matched through the jitter
     assert c["last_arriver"]["rank"] == 5 and c["last_arriver"]["arrived_last"] == N_STEPS * N_COLL
     assert "the content says one" in " ".join(rep["notes"])
+    # the header and the machine line say one host too, never the eight the file names suggest
+    assert rep["machine"]["host"].startswith("one, by content") and "(the file names suggest 8)" in rep["machine"]["host"]
+    assert "hosts one, by content" in ranks_traces.render(rep).splitlines()[0]
 
 
 def test_a_tied_arrival_vote_names_the_tied_ranks_not_the_lowest(tmp_path):

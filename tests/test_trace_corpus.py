@@ -34,7 +34,8 @@ def _trace(reading) -> Path:
 
 
 def _shares(f: Path):
-    doc = json.loads(gzip.decompress(f.read_bytes()))
+    raw = f.read_bytes()
+    doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)  # some sources commit plain JSON
     per, tc_us, total = Counter(), Counter(), 0.0
     for e in doc.get("traceEvents", []):
         if e.get("ph") != "X" or e.get("cat") not in DEVICE_CATS:
@@ -75,3 +76,25 @@ def test_examine_answers_or_stops_honestly_on_each_corpus_trace(reading):
     assert "triton/compiled" not in names or any(k.startswith("triton") for w in ex.works for it in w.items
                                                  for k in [str(it["kernel"])])
     json.loads(ex.to_json())
+
+
+RANK_SETS = json.loads((MANIFEST.parent / "READINGS.json").read_text()).get("rank_sets", [])
+
+
+@pytest.mark.parametrize("rank_set", RANK_SETS, ids=[r["folder"].split("/")[-1] for r in RANK_SETS])
+def test_ranks_reads_each_rank_set_as_its_reading(rank_set):
+    """``ranks --traces`` on a corpus rank set: as many ranks and hosts as the reading found from
+    the content (PIDs, device ids, collective end times), and the reading's last arriver named."""
+    from hwlab.diagnosis import ranks_traces
+    folder = corpus_dir() / rank_set["folder"]
+    files = sorted(p for p in folder.glob("*") if p.is_file())
+    if not files:
+        pytest.skip(f"{folder} not in the corpus folder")
+    rel = {str(p.relative_to(corpus_dir())) for p in files}
+    assert rel <= {r["file"] for r in READINGS}, "a file of the set is not in the manifest"
+    assert all(sha256_ok(p, str(p.relative_to(corpus_dir()))) for p in files)
+    rep = ranks_traces.report(folder)
+    c = rep["collectives"]
+    assert len(rep["per_rank"]) == rank_set["ranks"]
+    assert (rank_set["hosts"] == 1) == (len(rep["hosts"]) == 1 or bool(c["one_host_by_content"]))
+    assert c["one_clock"] and c["last_arriver"]["rank"] == rank_set["last_arriver"]

@@ -82,3 +82,34 @@ def test_the_whole_step_gemm_rate_is_over_gemm_kernel_time(tmp_path):
     peak = ex.ceilings.gemm_tflops["bf16"]
     assert pct == pytest.approx(100 * 2 * m * n * k / (400e-6 * 1e12) / peak, rel=0.02)
     assert "GEMM-class kernels' own time" in ex.evidence_sources["tensor_pct_of_peak"]
+
+
+def _gemm_part(name: str, pct: float):
+    from hwlab.examine.part_record import Part
+    p = Part(name=name, t_ms=16.9, share_pct=36.0, n_items=243, attributable=True, flops=10 ** 13,
+             floor_source="FLOPs at the measured GEMM ceiling")
+    p.evidence = {"slowdown_vs_floor": 100.0 / pct, "dram_pct_estimated": 10.0, "tensor_pct_of_peak": pct,
+                  "matmul_flops": 10 ** 13, "tensor_core_kernels": 243, "n_ranks": 1}
+    p.sources = {"slowdown_vs_floor": "part time / its floor (FLOPs at the measured GEMM ceiling)",
+                 "tensor_pct_of_peak": "part FLOPs / its time vs the measured GEMM ceiling at its dtype"}
+    return p
+
+
+def test_mma_gemm_under_a_datasheet_peak_stops_at_h_instead_of_leaf_i():
+    """A bf16 GEMM part (MFMA / tensor cores by its dtype) at 25% of a datasheet peak: the walk on
+    measured ceilings says I; relabelled for a datasheet it stops at H naming the measurement, while
+    an fp32 part (SIMT or TF32: the dtype does not prove the MMA path) keeps its answer."""
+    from types import SimpleNamespace
+
+    from hwlab.diagnosis.flowchart import diagnose
+    from hwlab.examine.from_trace import _relabel
+    bf16, fp32, fast = _gemm_part("gemm bfloat16", 25.0), _gemm_part("gemm float32", 25.0), _gemm_part("gemm bfloat16", 70.0)
+    for p in (bf16, fp32, fast):
+        p.walk = diagnose({**p.evidence, "metric_sources": p.sources})
+    assert bf16.walk.leaf.id == "I"  # what the measured-ceiling walk says
+    _relabel(SimpleNamespace(parts=[bf16, fp32, fast]), {})
+    assert bf16.walk.leaf is None and bf16.walk.undecided is not None and "H" in str(bf16.walk.undecided)
+    assert "tensor_pct_of_peak" not in bf16.evidence
+    assert any("datasheet" in n and "--baseline" in n for n in bf16.notes)
+    assert fp32.walk.leaf.id == "I" and "datasheet" in fp32.sources["tensor_pct_of_peak"]
+    assert fast.evidence["tensor_pct_of_peak"] == 70.0 and (fast.walk.leaf is None or fast.walk.leaf.id != "I")

@@ -92,7 +92,7 @@ GEMM_MARKS = ("gemm", "gemv", "nvjet", "cutlass", "xmma", "cijk_", "rocblas", "h
               "deep_gemm", "_mm_kernel", "bmm_kernel", "cublas", "tcgen05", "wgmma")
 QUANT_MARKS = ("dequant", "quantize", "_quant", "quant_", "cast_fp8", "to_fp8", "fp8_cast", "cast_transpose",
                "_amax", "amax_", "scaled_fp8")
-GATHER_MARKS = ("index", "gather", "scatter", "embedding", "embbag", "radixsort", "sort", "topk", "unique",
+GATHER_MARKS = ("index", "indices", "gather", "scatter", "embedding", "embbag", "radixsort", "sort", "topk", "unique",
                 "moe_align", "masked_select", "nonzero", "histogram", "take_kernel", "routing", "bitmatrix")
 #: optimizer kernels: a regex, so ``lamb`` does not match the ``lambda`` in a functor's name
 OPTIMIZER_MARKS = re.compile(r"multi_tensor_apply|adam|(?<![a-z])lamb(?!da)|(?<![a-z])sgd|adagrad|momentum")

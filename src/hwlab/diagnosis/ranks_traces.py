@@ -66,7 +66,6 @@ rule behind each part:
 from __future__ import annotations
 
 import statistics
-import sys
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
@@ -79,11 +78,9 @@ from hwlab.core.measure import quantile
 from hwlab.diagnosis.ranks import nvml_by_rank, render_tail
 from hwlab.diagnosis.rank_arrival import ARRIVAL_TIE_US, arrivals, last_arriver, one_host_by_content
 from hwlab.core.tails import TAIL_JUMP, tail_split
-from hwlab.traces.rank_reading import (BY_ID, BY_ORDER, BY_OVERLAP, JOB_SPAN_S, _minus, _union, by_rank,
-                                       collective_table,
-                                       device_outside as _device_outside, match as _match, one_job, read_all,
-                                       rank_steps as _rank_steps, shared_clock as _shared_clock,
-                                       summary as _summary)
+from hwlab.traces.rank_reading import (by_rank, collective_table, device_outside as _device_outside,
+                                       match as _match, one_job, rank_steps as _rank_steps,
+                                       shared_clock as _shared_clock, summary as _summary)
 
 RANK_TAIL_PCT = 10.0      # = the flowchart's K threshold on rank_tail_pct
 LAST_SHARE = 0.5          # the named rank arrived last in at least half the collectives
@@ -408,7 +405,8 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
         "basis": "own", "per_rank": per_rank, "missing_ranks": missing,
         "recorded_unix_s": [traces[r].recorded_unix_s for r in ranks], "undecided": undecided,
         "skipped": skipped_out, "unreadable": unreadable, "workload": workload,
-        "machine": _machine(traces, hosts), "collectives_by_rank": tables, "tail_ranks": [finding["rank"]] if finding["kind"] == "slow_rank" else [],
+        "machine": _machine(traces, [f"one, by content (the file names suggest {len(hosts)})"] if content_host else hosts),
+        "collectives_by_rank": tables, "tail_ranks": [finding["rank"]] if finding["kind"] == "slow_rank" else [],
         "own_time_tail": tail, "rank_tail_pct": tail_pct, "finding": finding,
         "collectives": {"matched": n_m, "match_by": match_by, "one_clock": one_clock,
                         "one_host_by_content": content_host, "last_arriver": last_arriver(last_count, n_m, one_clock),
@@ -494,18 +492,11 @@ def _incident_draft(rep: dict[str, Any], d: flowchart.Diagnosis) -> dict[str, An
     return {"markdown": inc.to_markdown(), "record": asdict(inc)}
 
 
-def progress_printer(stream=sys.stderr) -> Callable[[str, int, int], None]:
-    """A progress line per :data:`hwlab.traces.kineto.PROGRESS_EVERY_BYTES` of a long read."""
-    def cb(path: str, done: int, total: int) -> None:
-        from hwlab.traces.trace_stream import describe_progress
-        print(f"hwlab ranks: reading {Path(path).name}: {describe_progress(done, total)}", file=stream)
-    return cb
-
-
 def render(rep: dict[str, Any]) -> str:
     """The report as text, for the terminal."""
     out = [f"hwlab ranks --traces: {rep['ranks_present']} in {rep['traces_dir']} "
-           f"(backend {', '.join(rep['backends']) or 'unknown'}; hosts {', '.join(rep['hosts'])})"]
+           f"(backend {', '.join(rep['backends']) or 'unknown'}; hosts " + (rep["machine"]["host"] if
+           rep["collectives"]["one_host_by_content"] else ", ".join(rep["hosts"])) + ")"]
     out.append(f"{'rank':>5} {'steps':>5} {'step ms':>9} {'p10-p90':>15} {'busy':>8} {'comm':>8} {'exposed':>8} "
                f"{'idle':>8} {'own':>8} {'last%':>6} {'wait ms':>8}  rank from")
     for r, s in rep["per_rank"].items():

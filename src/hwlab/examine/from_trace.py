@@ -282,11 +282,34 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings,
 
 
 
+#: GEMM dtypes the libraries run on tensor cores / MFMA only (a part in one of them is on the MMA path)
+MMA_ONLY_DTYPES = ("bfloat16", "float16", "float8", "fp4")
+
+
+def _datasheet_mma_rate(p) -> None:
+    """A GEMM part at a dtype the libraries run on tensor cores / MFMA only, whose rate is under
+    H's line against a **datasheet** peak, does not answer H: the MMA path is already taken (its
+    kernels' dtype), and dense datasheet peaks are above what measured GEMMs reach on the same
+    GPU, so a low share of one is no evidence of a wrong tile, dtype or path. The share moves to a
+    note naming the measurement that decides H (this machine's GEMM rate at the dtype)."""
+    pct = p.evidence.get("tensor_pct_of_peak")
+    dt = p.name.split(" ", 1)[1] if p.name.startswith("gemm ") else ""
+    if pct is None or not dt.startswith(MMA_ONLY_DTYPES) or pct >= 50.0:
+        return
+    del p.evidence["tensor_pct_of_peak"]
+    p.sources.pop("tensor_pct_of_peak", None)
+    p.notes.append(f"its GEMMs run at {dt} (tensor cores / MFMA: the libraries run that dtype on nothing else) at "
+                   f"{pct:.0f}% of the datasheet {dt} peak: a datasheet peak is above what measured GEMMs reach on "
+                   "the same GPU, so H (tensor-core use low) is not decided against it; pass --baseline with this "
+                   "machine's measured GEMM rate (hwlab doctor --out FILE on that machine) to decide H")
+
+
 def _relabel(parts: Parts, src: dict[str, str]) -> None:
     """Datasheet ceilings are not measured: every floor and rate that used them says so (the
     walks are re-run with the corrected sources; sources never change an answer)."""
     tag = " (datasheet peak, not measured)"
     for p in parts.parts:
+        _datasheet_mma_rate(p)
         if "ceiling" in p.floor_source:
             p.floor_source = p.floor_source.replace("the measured ", "the datasheet ") + tag
         for k, v in list(p.sources.items()):
@@ -341,11 +364,12 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
     c = ceilings_for(ot, baseline)
     gpu = ot.on_gpu
     notes = [f"steps from {ot.step_source}"]
-    per_step = []
+    per_step, only = [], None  # only: the one step's split, reused as the whole (the same arguments)
     for w in works:
         recs = _records(w)
         if w.items:
-            p1, _, _, _ = _split([w], recs, gpu, c)
+            whole = _split([w], recs, gpu, c)
+            p1, only = whole[0], (w, recs, whole) if len(works) == 1 and gpu else None
             split = {p.name: {"t_ms": p.t_ms, "share_pct": p.share_pct} for p in p1.parts}
             head = p1.headline.name if p1.headline else None
         else:  # no timed work: the whole step is the rest part
@@ -374,9 +398,10 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
         busy = [w for w in busy if w.step not in warm]
         notes.append(f"step(s) {', '.join(map(str, warm))} ran over {WARMUP_RATIO:g}x the later steps' median: warm-up "
                      "(first calls: init, autotune, compile), left out of the parts and their gains")
-    recs0 = _records(busy[0])
+    only = only if only is not None and busy == [only[0]] else None
+    recs0 = only[1] if only else _records(busy[0])
     unprofiled = None if gpu else unprofiled_median_ms(ot)
-    parts, ev, src, _ = _split(busy, recs0, gpu, c, unprofiled, call_waits_us(ot, busy))
+    parts, ev, src, _ = only[2] if only else _split(busy, recs0, gpu, c, unprofiled, call_waits_us(ot, busy))
     if unprofiled is not None:
         notes.append(f"the call's median measured without the profiler ({unprofiled:.4g} ms), which the live "
                      "examination wrote into this trace, is the step time the parts share (as live)")

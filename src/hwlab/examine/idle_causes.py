@@ -31,6 +31,7 @@ steps (one-time init, autotune, compile): left out of the parts and their gains,
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 import statistics
 from typing import Any
@@ -131,21 +132,28 @@ def _top_level(o, ops) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=1 << 14)  # pure in the name; a trace repeats a few hundred names
+def _name_kind(name: str) -> tuple[bool, bool, bool]:
+    """(a launch call, one-time init / autotune, a DataLoader range) by the name's patterns."""
+    return bool(_LAUNCH.search(name)), bool(ONE_TIME.search(name)), bool(DATALOADER.search(name))
+
+
 def _cause_intervals(ot: OpTrace, pid: Any, tid: Any) -> list[list[tuple[float, float]]]:
     """Per cause (:data:`CAUSES`), the merged host intervals that claim it."""
     sync = [(a, a + d) for a, d, _ in ot.syncs]
     data, once, launch_ops, cpu_ops = [], [], [], []
     calls = [(ts, ts + dur, name, p, t) for ts, p, t, name, dur in ot.launches.values()]
-    launches = [(a, b) for a, b, name, p, t in calls if _LAUNCH.search(name) and (p, t) == (pid, tid)]
-    once += [(a, b) for a, b, name, _, _ in calls if ONE_TIME.search(name)]
+    launches = [(a, b) for a, b, name, p, t in calls if _name_kind(name)[0] and (p, t) == (pid, tid)]
+    once += [(a, b) for a, b, name, _, _ in calls if _name_kind(name)[1]]
     launch_starts = sorted(a for a, _ in launches)
     for (p, t), ops in ot.host.items():
         if p != pid:
             continue
         for o in ops:
-            if DATALOADER.search(o.name):
+            kind = _name_kind(o.name)
+            if kind[2]:
                 data.append((o.ts, o.end))
-            elif ONE_TIME.search(o.name):
+            elif kind[1]:
                 once.append((o.ts, o.end))
             elif t == tid and _top_level(o, ops):
                 i = bisect.bisect_left(launch_starts, o.ts)

@@ -121,7 +121,7 @@ def _join(calls: list, traffic_ops: list) -> list[list[tuple[dict, int | None]]]
         by_name.setdefault(o.name, []).append(i)
     out = []
     for items in calls:
-        seen: dict[str, list] = {}  # name -> op instance ids in order of first appearance
+        seen: dict[str, dict] = {}  # name -> op instance id -> its rank in order of first appearance
         joined = []
         for it in sorted(items, key=lambda x: x["ts"]):
             name, inst = None, None
@@ -131,10 +131,8 @@ def _join(calls: list, traffic_ops: list) -> list[list[tuple[dict, int | None]]]
                     break
             idx = None
             if name is not None:
-                order = seen.setdefault(name, [])
-                if inst not in order:
-                    order.append(inst)
-                k = order.index(inst)
+                order = seen.setdefault(name, {})
+                k = order.setdefault(inst, len(order))
                 idx = by_name[name][k] if k < len(by_name[name]) else None
             joined.append((it, idx))
         out.append(joined)
