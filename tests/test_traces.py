@@ -15,6 +15,7 @@ from public_traces import MI250, PYTORCH18, public_trace  # noqa: F401
 
 from hwlab.core import evidence
 from hwlab.diagnosis import flowchart, ranks_traces as R
+from hwlab.traces import rank_reading as RR
 from hwlab.traces import kineto, trace_stream
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,10 +111,10 @@ def test_rank_from_file_names_when_the_trace_has_none(tmp_path):
 
 
 def test_interval_arithmetic():
-    assert R._union([(0, 2), (1, 3), (5, 6)]) == [(0, 3), (5, 6)]
+    assert RR._union([(0, 2), (1, 3), (5, 6)]) == [(0, 3), (5, 6)]
     # comm 0-10, busy 2-4 and 8-12: 2+2 of the 10 hidden, 6 exposed
-    assert R._minus([(0, 10)], [(2, 4), (8, 12)]) == pytest.approx(6.0)
-    assert R._minus([(0, 10)], []) == pytest.approx(10.0)
+    assert RR._minus([(0, 10)], [(2, 4), (8, 12)]) == pytest.approx(6.0)
+    assert RR._minus([(0, 10)], []) == pytest.approx(10.0)
 
 
 # ------------------------------------------------------------------ the analysis
@@ -438,7 +439,7 @@ def test_sendrecv_kernels_are_matched_by_process_group_and_sequence_number(tmp_p
     assert _waits(rep) == [("allgather", 2, 1, 2.0), ("allgather", 4, 1, 2.0), ("allreduce", 1, 0, 0.25),
                            ("allreduce", 2, 0, 0.25), ("alltoall", 1, 1, 32.0), ("alltoall", 3, 1, 32.0)]
     c = rep["collectives"]
-    assert c["methods"] == {R.BY_ID: 6} and c["unmatched"] == {"0": 0, "1": 0}
+    assert c["methods"] == {RR.BY_ID: 6} and c["unmatched"] == {"0": 0, "1": 0}
     t = kineto.read_trace(next(SENDRECV.glob("rank-0*")))
     assert {x.meta_source for x in t.collectives} == {"record_param_comms (by correlation id)"}
     assert {x.host_op for x in t.collectives} == {"nccl:all_to_all", "nccl:all_reduce", "nccl:all_gather"}
@@ -466,7 +467,7 @@ def test_without_sequence_numbers_pairs_must_overlap_and_the_rest_are_counted(tm
     assert {w[3] for w in _waits(rep) if w[0] == "alltoall"} == {32.0}
     assert ("allreduce", None, 0, 0.25) in _waits(rep) and len(_waits(rep)) == 5
     c = rep["collectives"]
-    assert c["methods"] == {R.BY_OVERLAP: 5} and c["unmatched"] == {"0": 1, "1": 0}
+    assert c["methods"] == {RR.BY_OVERLAP: 5} and c["unmatched"] == {"0": 1, "1": 0}
     assert any("left unmatched" in n for n in rep["notes"])
 
 
@@ -701,7 +702,7 @@ def test_foreign_traces_are_all_read_and_per_rank_figures_equal_a_raw_sum(tmp_pa
             c = rep["collectives"]
             n_gpu = sum(1 for t in map(kineto.read_trace, traces) for x in t.collectives if x.on == "gpu")
             assert sum(c["methods"].values()) * rep["n_ranks"] + sum(c["unmatched"].values()) == n_gpu
-            assert R.BY_ORDER not in c["methods"]  # one clock here: every pair checked for overlap
+            assert RR.BY_ORDER not in c["methods"]  # one clock here: every pair checked for overlap
             print(f"{folder.relative_to(root)}: {rep['ranks_present']}, matched {c['methods']}, "
                   f"unmatched {c['unmatched']}, undecided: {rep['undecided']}")
     print(f"foreign traces: {n_read} read, {n_checked} checked against the raw-JSON sum")
