@@ -362,8 +362,42 @@ def test_learners_log_in_and_are_graded_on_the_server():
                 stdin=json.dumps([{"drill": edited, "leaf": leaf}]))
         assert json.loads(r.stdout)[0] == 400
 
-        # ---- the instructor's summary from the service's gradebook: exactly what was sent
+        # ---- `hwlab drill` as a learner with the class's service configured: drawn, revealed and graded there
         hw = str(venv / "bin" / "hwlab")
+        u4 = learners[4]
+        home4 = pwd.getpwnam(u4).pw_dir
+        genv = {"HWLAB_GRADER_URL": grader, "JUPYTERHUB_API_TOKEN": tokens[u4]}
+        r = _as(u4, [hw, "drill", "new", "--seed", "3", "--fault", "none", "--dir", home4], env=genv)
+        assert r.returncode == 2 and "--fault" in r.stderr, (r.returncode, r.stderr)
+        r = _as(u4, [hw, "drill", "new", "--seed", "3", "--dir", home4, "--json"], env=genv)
+        assert r.returncode == 0, r.stderr
+        dfile = Path(json.loads(r.stdout)["file"])
+        fault = post(learners[8], "drill/reveal", {"drill": d8})["fault"]
+        assert fault not in dfile.read_text() and not Path(home4, ".config", "hwlab", "drill.key").exists()
+        forge = ("import json, sys\nd = json.load(open(sys.argv[1]))\nk = next(k for k, v in d['observations'].items()"
+                 " if isinstance(v, float))\nd['observations'][k] *= 0.5\njson.dump(d, open(sys.argv[2], 'w'))\n")
+        r = _as(u4, [py, "-c", forge, str(dfile), f"{home4}/forged.json"])
+        assert r.returncode == 0, r.stderr
+        r = _as(u4, [hw, "drill", "submit", f"{home4}/forged.json", "--leaf", leaf], env=genv)
+        assert r.returncode == 2 and "edited" in r.stderr, (r.returncode, r.stdout, r.stderr)
+        r = _as(u4, [hw, "drill", "reveal", str(dfile)], env=genv)
+        assert r.returncode == 0 and json.loads(r.stdout)["leaf"] == leaf, r.stderr
+        r = _as(u4, [hw, "drill", "submit", str(dfile), "--leaf", leaf, "--json"], env=genv)
+        assert r.returncode == 1 and json.loads(r.stdout)["status"] == "submitted after reveal", (r.stdout, r.stderr)
+        assert not Path(home4, ".config", "hwlab", "drill.key").exists()
+        # notebook 07's own cells in learner 3's kernel: drawn and graded by the service (seed 3: the same fault)
+        nb07 = _api(f"{url}/user/{u}/api/contents/notebooks/07_drills.ipynb", admin_token)["content"]
+        code = ["".join(c["source"]) for c in nb07["cells"] if c["cell_type"] == "code"]
+        draw, sub = code[0], next(c for c in code if "MY_LEAF = None" in c)
+        assert "drillclient.draw()" in draw
+        out = asyncio.run(_run_cells(url, u, admin_token, [
+            draw.replace("drillclient.draw()", "drillclient.draw(3)"),
+            sub.replace("MY_LEAF = None", f"MY_LEAF = {leaf!r}"),
+            "import pathlib\nprint('key here:', (pathlib.Path.home() / '.config/hwlab/drill.key').exists())"]))
+        assert "drawn and sealed by the class's grading service" in out and "PASSED: " in out, out
+        assert "key here: False" in out and "Traceback" not in out, out
+
+        # ---- the instructor's summary from the service's gradebook: exactly what was sent
         r = _as(teach, [hw, "class", "summary", str(book), "--json"], [grp.getgrnam(igroup).gr_gid])
         assert r.returncode == 0, r.stderr
         s = json.loads(r.stdout)
@@ -380,7 +414,10 @@ def test_learners_log_in_and_are_graded_on_the_server():
         assert row["revealed"] == 1 and row["learners_passed"] == 6
         assert row["not_leaves"] == {"D": 1} and "D" not in row["wrong_leaves"]
         (drow,) = [r for k, r in s["items"].items() if k.startswith("drill:")]
-        assert (drow["attempts"], drow["passed"], drow["revealed"], drow["learners_passed"]) == (2, 1, 1, 1)
+        assert drow["item"] == fault
+        # learner 8 (revealed, then submitted), learner 0 (passed), learner 4's CLI (revealed, then
+        # submitted), learner 3's notebook (passed); the edited copy was refused and never recorded
+        assert (drow["attempts"], drow["passed"], drow["revealed"], drow["learners_passed"]) == (4, 2, 2, 2)
         r = _as(teach, [hw, "class", "summary", str(book)], [grp.getgrnam(igroup).gr_gid])
         assert r.returncode == 0 and "\x1b" not in r.stdout + r.stderr and "\x07" not in r.stdout
         r = _as(learners[2], [hw, "class", "summary", str(book)])
