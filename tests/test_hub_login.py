@@ -396,6 +396,15 @@ def test_learners_log_in_and_are_graded_on_the_server():
             "import pathlib\nprint('key here:', (pathlib.Path.home() / '.config/hwlab/drill.key').exists())"]))
         assert "drawn and sealed by the class's grading service" in out and "PASSED: " in out, out
         assert "key here: False" in out and "Traceback" not in out, out
+        # exercise checks in the same kernel: a value check graded again by the service, a kernel check
+        # recorded as learner-reported (its code never runs as the class account)
+        out = asyncio.run(_run_cells(url, u, admin_token, [
+            "import torch\nfrom hwlab.course.exercise import check_kernel, check_value\n"
+            "print('v1', check_value('leaf of the case', 'L', 'G', 'read B again').status)\n"
+            "print('v2', check_value('leaf of the case', 'G', 'G', 'read B again').status)\n"
+            "print('k', check_kernel('copy kernel', lambda x: x.clone(), lambda x: x.clone(), "
+            "lambda: (torch.ones(64),), tol=0.0, n_bytes=512).status)"]))
+        assert "v1 wrong" in out and "v2 passed" in out and "k passed" in out and "Traceback" not in out, out
 
         # ---- the instructor's summary from the service's gradebook: exactly what was sent
         r = _as(teach, [hw, "class", "summary", str(book), "--json"], [grp.getgrnam(igroup).gr_gid])
@@ -418,14 +427,21 @@ def test_learners_log_in_and_are_graded_on_the_server():
         # learner 8 (revealed, then submitted), learner 0 (passed), learner 4's CLI (revealed, then
         # submitted), learner 3's notebook (passed); the edited copy was refused and never recorded
         assert (drow["attempts"], drow["passed"], drow["revealed"], drow["learners_passed"]) == (4, 2, 2, 2)
+        ex = {k: r for k, r in s["items"].items() if k.startswith("exercise:")}
+        (vrow,) = [r for r in ex.values() if r["item"] == "leaf of the case"]
+        (krow,) = [r for r in ex.values() if r["item"] == "copy kernel"]
+        assert (vrow["attempts"], vrow["passed"], vrow["wrong_leaves"], vrow.get("learner_reported")) == (2, 1, {"L": 1}, None)
+        assert (krow["attempts"], krow["passed"], krow["learner_reported"], krow["learner_reported_passed"]) == (1, 0, 1, 1)
         r = _as(teach, [hw, "class", "summary", str(book)], [grp.getgrnam(igroup).gr_gid])
         assert r.returncode == 0 and "\x1b" not in r.stdout + r.stderr and "\x07" not in r.stdout
+        assert "learner-reported (not re-checked by the service, never counted as passed): 1 results" in r.stdout
         r = _as(learners[2], [hw, "class", "summary", str(book)])
         assert r.returncode == 2 and r.stdout == "", (r.stdout, r.stderr)
 
         # ---- a drill submitted into the class drop box by a learner, who cannot write the folder itself
         box = base / "box"
-        subprocess.run([hw, "class", "init", str(box), "--group", igroup], check=True, capture_output=True)
+        subprocess.run([hw, "class", "init", str(box), "--group", igroup, "--owner", teach], check=True,
+                       capture_output=True)
         u = learners[2]
         home2 = pwd.getpwnam(u).pw_dir
         kenv = {"HWLAB_DRILL_KEY_FILE": f"{home2}/drill.key"}
@@ -437,6 +453,26 @@ def test_learners_log_in_and_are_graded_on_the_server():
         assert r.returncode == 0, r.stderr
         (sub,) = [p for p in (box / "inbound").iterdir() if p.name.startswith("drill-")]
         assert sub.owner() == u and json.loads(sub.read_text())["learner"] == u
+        # a 1 GiB file (sparse) and a hidden one dropped in by another learner: over the per-learner quota,
+        # never read by the summary, removed by the instructor who owns the box (no root)
+        big = learners[5]
+        drop = ("import os, sys\nfd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)\n"
+                "os.ftruncate(fd, 1 << 30)\nos.close(fd)\nopen(sys.argv[2], 'x').write('{}')\n")
+        r = _as(big, [py, "-c", drop, str(box / "inbound" / "result-big.json"), str(box / "inbound" / ".hidden")])
+        assert r.returncode == 0, r.stderr
+        ig = [grp.getgrnam(igroup).gr_gid]
+        r = _as(teach, [hw, "class", "summary", str(box), "--json"], ig)
+        assert r.returncode == 0, r.stderr
+        s = json.loads(r.stdout)
+        assert sorted(s["per_learner"]) == [u] and f"learner {big} is over the drop box's quota" in r.stderr
+        r = _as(big, [hw, "class", "prune", str(box)])
+        assert r.returncode == 2 and (box / "inbound" / "result-big.json").exists(), (r.stdout, r.stderr)
+        r = _as(teach, [hw, "class", "prune", str(box), "--json"], ig)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert sorted(g["name"] for g in json.loads(r.stdout)["removed"]) == [".hidden", "result-big.json"]
+        assert sub.exists() and not (box / "inbound" / "result-big.json").exists()
+        r = _as(teach, [hw, "class", "summary", str(box), "--json"], ig)
+        assert r.returncode == 0 and "quota" not in r.stderr, r.stderr
 
     finally:
         leftovers = _stop(hub, made_users, base) if hub else []

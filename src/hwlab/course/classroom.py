@@ -292,7 +292,15 @@ def load_results(folder: str | os.PathLike) -> tuple[list[dict[str, Any]], list[
         raise UserInputError(f"{folder} is not a folder: pass the class folder ({ENV_DIR})")
     good, bad = [], []
     box = dropbox.is_dropbox(folder)
-    for p in sorted(folder.glob("*.json")) + (dropbox.files(folder) if box else []):
+    over = dropbox.over_quota(folder) if box else {}
+    for uid, u in over.items():  # none of their files is read: the summary's memory stays bounded
+        bad.append({"path": clean(str(folder / dropbox.INBOUND)),
+                    "why": clean(f"learner {dropbox.owner_name_of(uid)} is over the drop box's quota ({u['files']} "
+                                 f"files, {u['bytes']} bytes; the quota is {dropbox.MAX_FILES_PER_LEARNER} files, "
+                                 f"{dropbox.MAX_BYTES_PER_LEARNER} bytes): their results are not read; "
+                                 f"`hwlab class prune {folder}` (as the drop box's owner) removes the excess")})
+    files = [p for p in dropbox.files(folder) if os.lstat(p).st_uid not in over] if box else []
+    for p in sorted(folder.glob("*.json")) + files:
         try:  # a FIFO, a device or an oversize file named *.json is refused unopened
             d = loads_user_json(read_user_text(p, "class result", "remove it from the class folder",
                                                max_bytes=MAX_RESULT_BYTES))
