@@ -284,3 +284,27 @@ def test_value_checks_are_graded_again_on_the_server_and_kernel_checks_are_only_
     assert s["per_learner"]["ana"]["items"]["exercise: ex01 / copy kernel"]["passed"] is False
     text = classroom.render(s)
     assert "learner-reported (not re-checked by the service, never counted as passed): 2 results, 2 reported passed" in text
+
+
+def test_a_drop_box_over_its_per_learner_quota_is_not_read_and_is_pruned_by_its_owner(tmp_path, monkeypatch):
+    import grp as _grp
+
+    from hwlab.course import dropbox
+
+    box = tmp_path / "box"
+    dropbox.make(box, _grp.getgrgid(os.getgid()).gr_name)
+    rec = {"kind": "exercise", "item": "leaf", "passed": True, "status": "passed", "learner": dropbox.login_name()}
+    kept = [classroom.write_result(dict(rec), box) for _ in range(3)]
+    assert len(classroom.load_results(box)[0]) == 3
+    big = box / "inbound" / "result-big.json"
+    with open(big, "wb") as f:  # 1 GiB by its size (sparse): never read
+        f.truncate(1 << 30)
+    good, bad = classroom.load_results(box)
+    assert good == [] and any("over the drop box's quota" in b["why"] for b in bad)
+    monkeypatch.setattr(dropbox, "MAX_FILES_PER_LEARNER", 2)
+    newest = max(kept, key=lambda p: (p.stat().st_mtime, p.name))
+    gone = dropbox.prune(box)
+    # the oversized file first, then the newest result past the file quota; the two oldest stay
+    assert sorted(g["name"] for g in gone) == sorted([big.name, newest.name])
+    assert not big.exists() and not newest.exists() and sum(p.exists() for p in kept) == 2
+    assert dropbox.over_quota(box) == {} and len(classroom.load_results(box)[0]) == 2
