@@ -308,3 +308,22 @@ def test_a_drop_box_over_its_per_learner_quota_is_not_read_and_is_pruned_by_its_
     assert sorted(g["name"] for g in gone) == sorted([big.name, newest.name])
     assert not big.exists() and not newest.exists() and sum(p.exists() for p in kept) == 2
     assert dropbox.over_quota(box) == {} and len(classroom.load_results(box)[0]) == 2
+
+
+def test_an_exercise_reveal_needs_the_wrong_tries_the_service_counted(book):
+    ex = "hwlab.course.exercise.check_value"
+    req = {"check": ex, "name": "leaf of case 3", "status": "passed", "notebook": "ex05",
+           "args": ["leaf of case 3", "L", "G", "why"], "kwargs": {}}
+    for n in (1, 2, 3):
+        r = gradebook.reveal_exercise(book, "ana", {"name": "leaf of case 3", "notebook": "ex05"})
+        assert r["revealed"] is False and r["tries"] == n - 1
+        gradebook.grade_exercise(book, "ana", req)  # wrong each time, whatever status the kernel sent
+    # a kernel's own "wrong" sent for a learner-reported check in another notebook is not these tries
+    assert gradebook.reveal_exercise(book, "ana", {"name": "leaf of case 3", "notebook": "ex06"})["revealed"] is False
+    for _ in range(2):
+        assert gradebook.reveal_exercise(book, "ana", {"name": "leaf of case 3", "notebook": "ex05"})["revealed"] is True
+    assert gradebook.reveal_exercise(book, "bo", {"name": "leaf of case 3", "notebook": "ex05"})["revealed"] is False
+    s = classroom.summary(gradebook.read_all(book)[0])
+    row = s["items"]["exercise: ex05 / leaf of case 3"]
+    assert (row["attempts"], row["revealed"], row["passed"]) == (3, 1, 0)
+    assert s["per_learner"]["ana"]["items"]["exercise: ex05 / leaf of case 3"]["revealed"] is True

@@ -402,9 +402,14 @@ def test_learners_log_in_and_are_graded_on_the_server():
             "import torch\nfrom hwlab.course.exercise import check_kernel, check_value\n"
             "print('v1', check_value('leaf of the case', 'L', 'G', 'read B again').status)\n"
             "print('v2', check_value('leaf of the case', 'G', 'G', 'read B again').status)\n"
+            "from hwlab.course import tries\nprint('r1', tries.reveal('leaf of the case'))\n"
+            "for _ in range(2):\n    check_value('leaf of the case', 'L', 'G', 'read B again')\n"
+            "print('r2', tries.reveal('leaf of the case'))\n"
             "print('k', check_kernel('copy kernel', lambda x: x.clone(), lambda x: x.clone(), "
             "lambda: (torch.ones(64),), tol=0.0, n_bytes=512).status)"]))
         assert "v1 wrong" in out and "v2 passed" in out and "k passed" in out and "Traceback" not in out, out
+        assert "r1 leaf of the case: the answer can be revealed after 3 tries" in out, out
+        assert "r2 leaf of the case, revealed: answer = G" in out, out
 
         # ---- the instructor's summary from the service's gradebook: exactly what was sent
         r = _as(teach, [hw, "class", "summary", str(book), "--json"], [grp.getgrnam(igroup).gr_gid])
@@ -430,7 +435,8 @@ def test_learners_log_in_and_are_graded_on_the_server():
         ex = {k: r for k, r in s["items"].items() if k.startswith("exercise:")}
         (vrow,) = [r for r in ex.values() if r["item"] == "leaf of the case"]
         (krow,) = [r for r in ex.values() if r["item"] == "copy kernel"]
-        assert (vrow["attempts"], vrow["passed"], vrow["wrong_leaves"], vrow.get("learner_reported")) == (2, 1, {"L": 1}, None)
+        assert (vrow["attempts"], vrow["passed"], vrow["wrong_leaves"], vrow["revealed"]) == (4, 1, {"L": 3}, 1)
+        assert vrow.get("learner_reported") is None
         assert (krow["attempts"], krow["passed"], krow["learner_reported"], krow["learner_reported_passed"]) == (1, 0, 1, 1)
         r = _as(teach, [hw, "class", "summary", str(book)], [grp.getgrnam(igroup).gr_gid])
         assert r.returncode == 0 and "\x1b" not in r.stdout + r.stderr and "\x07" not in r.stdout

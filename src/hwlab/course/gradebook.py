@@ -370,6 +370,25 @@ def grade_exercise(folder: str | os.PathLike, learner: str, req: dict[str, Any])
     return {"status": out["status"], "passed": out["passed"], "graded_by": out["graded_by"], "learner": learner}
 
 
+def reveal_exercise(folder: str | os.PathLike, learner: str, req: dict[str, Any]) -> dict[str, Any]:
+    """Record a reveal of exercise check ``req["name"]`` (of ``req["notebook"]``) once the service counted
+    :data:`hwlab.course.tries.TRIES_BEFORE_REVEAL` wrong tries of it; ``revealed`` says whether the
+    kernel may show the answer."""
+    name, nb = req.get("name"), _opt_str(req.get("notebook"))
+    if not isinstance(name, str) or not name or len(name) > 120:
+        raise UserInputError("name: give the exercise check's name, as its result names it")
+    name = clean(name)
+    mine = [d for d in learner_records(folder, learner)
+            if d.get("kind") == "exercise" and d.get("item") == name and d.get("notebook") == nb]
+    n_wrong = sum(d.get("status") in tries.NOT_PASSED for d in mine)
+    if n_wrong < tries.TRIES_BEFORE_REVEAL:
+        return {"revealed": False, "message": tries.too_early(name, n_wrong), "tries": n_wrong}
+    if not any(d.get("revealed") for d in mine):
+        append(folder, learner, {"kind": "exercise", "item": name, "notebook": nb, "passed": False,
+                                 "status": "revealed", "revealed": True})
+    return {"revealed": True, "message": f"{name}: answer revealed (recorded by the class's service)", "tries": n_wrong}
+
+
 # ---- drills: drawn, graded and revealed with the service's own drill key ------------------------
 
 def _drill_from(req: dict[str, Any]):
