@@ -25,14 +25,23 @@
 # fault's name. The drill file is sealed whole (an HMAC with a key outside the file): edit an observation
 # and hwlab refuses it. From the command line: `hwlab drill new`, `hwlab drill submit DRILL.json --leaf G`,
 # `hwlab drill reveal`.
+#
+# **In a class** (the hub sets `HWLAB_GRADER_URL`), the class's grading service draws the drill and seals it
+# with its own key, which your account cannot read; it grades and records each submission, and a reveal is
+# recorded before the answer is shown. Without a class service the drill is sealed with your own key
+# (`~/.config/hwlab/drill.key`): fine for practice, not for grades.
 
 # %%
 from IPython.display import display
-from hwlab.course import classroom, drills
+from hwlab.course import classroom, drillclient, drills
 from hwlab import nb
 
 print(nb.live_label())
-drill = drills.new()  # instructors: drills.new(seed=..., fault="slow_link_rank")
+if drillclient.served():  # the class's service draws and seals it: the fault is out of your reach
+    drill = drillclient.draw()
+    print("drawn and sealed by the class's grading service")
+else:
+    drill = drills.new()  # instructors: drills.new(seed=..., fault="slow_link_rank")
 print(f"drill {drill.drill_id}: the workload is {drill.workload}")
 print(f"what the probes show ({drill.source}):")
 print("\n".join(drills.observations_text(drill.observations)))
@@ -55,6 +64,9 @@ MY_LEAF = None  # e.g. "G"
 MY_EVIDENCE = None
 if MY_LEAF is None:
     print("not done yet: set MY_LEAF to the leaf the walk reached, then run this cell again")
+elif drillclient.served():  # graded and recorded by the class's service
+    got = drillclient.submit(drill, MY_LEAF, MY_EVIDENCE)
+    print(("PASSED: " if got["passed"] else f"NOT YET ({got['status']}): ") + got["explanation"])
 else:
     g = drills.grade(drill, MY_LEAF, MY_EVIDENCE, learner=classroom.learner_name())
     classroom.record_drill(drill, g)  # kept for the instructor when HWLAB_CLASS_DIR is set
@@ -64,8 +76,8 @@ else:
 # ## The seal: an edited drill is refused
 # A copy of this drill with one observation changed (as a learner might, to make a walk come out) does not
 # load: the HMAC over the whole file no longer matches. What it does not stop: anyone who can read the key
-# file (`~/.config/hwlab/drill.key`, or `HWLAB_DRILL_KEY_FILE`) can re-seal; for an exam, keep the key and
-# the grading on an account the learners cannot read.
+# file (`~/.config/hwlab/drill.key`, or `HWLAB_DRILL_KEY_FILE`) can re-seal; in a class the key is the
+# grading service's, on an account the learners cannot read, and the service refuses the edited copy.
 
 # %%
 import json
@@ -81,8 +93,11 @@ raw["observations"][metric] *= 0.5
 forged = Path(p.parent / "forged.json")
 forged.write_text(json.dumps(raw))
 try:
-    drills.Drill.load(forged)
-    print("the edited drill loaded: the seal failed")
+    if drillclient.served():  # the service verifies the seal with its key before it grades
+        drillclient.submit(drillclient.unverified(raw), "G")
+    else:
+        drills.Drill.load(forged)
+    print("the edited drill was accepted: the seal failed")
 except UserInputError as e:
     print(f"halved {metric} in a copy -> refused: {e}")
 

@@ -249,3 +249,81 @@ def test_a_drill_is_sealed_with_the_services_key_and_a_reveal_is_recorded_before
     s = classroom.summary(good)
     (row,) = [r for k, r in s["items"].items() if k.startswith("drill:")]
     assert (row["attempts"], row["passed"], row["revealed"], row["learners_passed"]) == (2, 1, 1, 1)
+
+
+def test_value_checks_are_graded_again_on_the_server_and_kernel_checks_are_only_learner_reported(book, tmp_path):
+    ex = "hwlab.course.exercise.check_value"
+    # the learner's status is never read for a check the service re-runs: a wrong leaf sent as passed is wrong
+    r = gradebook.grade_exercise(book, "ana", {"check": ex, "name": "leaf of case 2", "status": "passed",
+                                               "notebook": "ex05", "args": ["leaf of case 2", "L", "G", "why"],
+                                               "kwargs": {}})
+    assert (r["status"], r["passed"], r["graded_by"]) == ("wrong", False, "server")
+    r = gradebook.grade_exercise(book, "ana", {"check": ex, "name": "leaf of case 2", "status": "wrong",
+                                               "notebook": "ex05", "args": ["leaf of case 2", "G", "G", "why"],
+                                               "kwargs": {}})
+    assert (r["status"], r["passed"], r["graded_by"]) == ("passed", True, "server")
+    # a kernel check (its answer is code, so no arguments are sent): recorded as the learner reports it, never a pass
+    kern = {"check": "hwlab.course.exercise.check_kernel", "name": "copy kernel", "status": "passed",
+            "notebook": "ex01", "args": None, "kwargs": None}
+    r = gradebook.grade_exercise(book, "ana", kern)
+    assert (r["status"], r["passed"], r["graded_by"]) == ("passed", False, "learner-reported")
+    # a check outside the service's list is never run, whatever arguments come with it
+    marker = tmp_path / "ran"
+    r = gradebook.grade_exercise(book, "bo", {**kern, "check": "os.system", "args": [f"touch {marker}"], "kwargs": {}})
+    assert r["graded_by"] == "learner-reported" and not marker.exists()
+    for bad in ({**kern, "status": "\x1b[2Jpassed"}, {**kern, "name": ""}, {"check": ex, "name": "x", "status": "wrong",
+                                                                             "args": [1], "kwargs": {}}):
+        with pytest.raises(UserInputError):
+            gradebook.grade_exercise(book, "bo", bad)
+    good, _ = gradebook.read_all(book)
+    s = classroom.summary(good)
+    row, krow = s["items"]["exercise: ex05 / leaf of case 2"], s["items"]["exercise: ex01 / copy kernel"]
+    assert (row["attempts"], row["passed"], row["wrong_leaves"], row.get("learner_reported")) == (2, 1, {"L": 1}, None)
+    assert (krow["attempts"], krow["passed"], krow["learners_passed"]) == (2, 0, 0)
+    assert (krow["learner_reported"], krow["learner_reported_passed"]) == (2, 2)
+    assert s["per_learner"]["ana"]["items"]["exercise: ex01 / copy kernel"]["passed"] is False
+    text = classroom.render(s)
+    assert "learner-reported (not re-checked by the service, never counted as passed): 2 results, 2 reported passed" in text
+
+
+def test_a_drop_box_over_its_per_learner_quota_is_not_read_and_is_pruned_by_its_owner(tmp_path, monkeypatch):
+    import grp as _grp
+
+    from hwlab.course import dropbox
+
+    box = tmp_path / "box"
+    dropbox.make(box, _grp.getgrgid(os.getgid()).gr_name)
+    rec = {"kind": "exercise", "item": "leaf", "passed": True, "status": "passed", "learner": dropbox.login_name()}
+    kept = [classroom.write_result(dict(rec), box) for _ in range(3)]
+    assert len(classroom.load_results(box)[0]) == 3
+    big = box / "inbound" / "result-big.json"
+    with open(big, "wb") as f:  # 1 GiB by its size (sparse): never read
+        f.truncate(1 << 30)
+    good, bad = classroom.load_results(box)
+    assert good == [] and any("over the drop box's quota" in b["why"] for b in bad)
+    monkeypatch.setattr(dropbox, "MAX_FILES_PER_LEARNER", 2)
+    newest = max(kept, key=lambda p: (p.stat().st_mtime, p.name))
+    gone = dropbox.prune(box)
+    # the oversized file first, then the newest result past the file quota; the two oldest stay
+    assert sorted(g["name"] for g in gone) == sorted([big.name, newest.name])
+    assert not big.exists() and not newest.exists() and sum(p.exists() for p in kept) == 2
+    assert dropbox.over_quota(box) == {} and len(classroom.load_results(box)[0]) == 2
+
+
+def test_an_exercise_reveal_needs_the_wrong_tries_the_service_counted(book):
+    ex = "hwlab.course.exercise.check_value"
+    req = {"check": ex, "name": "leaf of case 3", "status": "passed", "notebook": "ex05",
+           "args": ["leaf of case 3", "L", "G", "why"], "kwargs": {}}
+    for n in (1, 2, 3):
+        r = gradebook.reveal_exercise(book, "ana", {"name": "leaf of case 3", "notebook": "ex05"})
+        assert r["revealed"] is False and r["tries"] == n - 1
+        gradebook.grade_exercise(book, "ana", req)  # wrong each time, whatever status the kernel sent
+    # a kernel's own "wrong" sent for a learner-reported check in another notebook is not these tries
+    assert gradebook.reveal_exercise(book, "ana", {"name": "leaf of case 3", "notebook": "ex06"})["revealed"] is False
+    for _ in range(2):
+        assert gradebook.reveal_exercise(book, "ana", {"name": "leaf of case 3", "notebook": "ex05"})["revealed"] is True
+    assert gradebook.reveal_exercise(book, "bo", {"name": "leaf of case 3", "notebook": "ex05"})["revealed"] is False
+    s = classroom.summary(gradebook.read_all(book)[0])
+    row = s["items"]["exercise: ex05 / leaf of case 3"]
+    assert (row["attempts"], row["revealed"], row["passed"]) == (3, 1, 0)
+    assert s["per_learner"]["ana"]["items"]["exercise: ex05 / leaf of case 3"]["revealed"] is True

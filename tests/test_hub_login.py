@@ -362,8 +362,56 @@ def test_learners_log_in_and_are_graded_on_the_server():
                 stdin=json.dumps([{"drill": edited, "leaf": leaf}]))
         assert json.loads(r.stdout)[0] == 400
 
-        # ---- the instructor's summary from the service's gradebook: exactly what was sent
+        # ---- `hwlab drill` as a learner with the class's service configured: drawn, revealed and graded there
         hw = str(venv / "bin" / "hwlab")
+        u4 = learners[4]
+        home4 = pwd.getpwnam(u4).pw_dir
+        genv = {"HWLAB_GRADER_URL": grader, "JUPYTERHUB_API_TOKEN": tokens[u4]}
+        r = _as(u4, [hw, "drill", "new", "--seed", "3", "--fault", "none", "--dir", home4], env=genv)
+        assert r.returncode == 2 and "--fault" in r.stderr, (r.returncode, r.stderr)
+        r = _as(u4, [hw, "drill", "new", "--seed", "3", "--dir", home4, "--json"], env=genv)
+        assert r.returncode == 0, r.stderr
+        dfile = Path(json.loads(r.stdout)["file"])
+        fault = post(learners[8], "drill/reveal", {"drill": d8})["fault"]
+        assert fault not in dfile.read_text() and not Path(home4, ".config", "hwlab", "drill.key").exists()
+        forge = ("import json, sys\nd = json.load(open(sys.argv[1]))\nk = next(k for k, v in d['observations'].items()"
+                 " if isinstance(v, float))\nd['observations'][k] *= 0.5\njson.dump(d, open(sys.argv[2], 'w'))\n")
+        r = _as(u4, [py, "-c", forge, str(dfile), f"{home4}/forged.json"])
+        assert r.returncode == 0, r.stderr
+        r = _as(u4, [hw, "drill", "submit", f"{home4}/forged.json", "--leaf", leaf], env=genv)
+        assert r.returncode == 2 and "edited" in r.stderr, (r.returncode, r.stdout, r.stderr)
+        r = _as(u4, [hw, "drill", "reveal", str(dfile)], env=genv)
+        assert r.returncode == 0 and json.loads(r.stdout)["leaf"] == leaf, r.stderr
+        r = _as(u4, [hw, "drill", "submit", str(dfile), "--leaf", leaf, "--json"], env=genv)
+        assert r.returncode == 1 and json.loads(r.stdout)["status"] == "submitted after reveal", (r.stdout, r.stderr)
+        assert not Path(home4, ".config", "hwlab", "drill.key").exists()
+        # notebook 07's own cells in learner 3's kernel: drawn and graded by the service (seed 3: the same fault)
+        nb07 = _api(f"{url}/user/{u}/api/contents/notebooks/07_drills.ipynb", admin_token)["content"]
+        code = ["".join(c["source"]) for c in nb07["cells"] if c["cell_type"] == "code"]
+        draw, sub = code[0], next(c for c in code if "MY_LEAF = None" in c)
+        assert "drillclient.draw()" in draw
+        out = asyncio.run(_run_cells(url, u, admin_token, [
+            draw.replace("drillclient.draw()", "drillclient.draw(3)"),
+            sub.replace("MY_LEAF = None", f"MY_LEAF = {leaf!r}"),
+            "import pathlib\nprint('key here:', (pathlib.Path.home() / '.config/hwlab/drill.key').exists())"]))
+        assert "drawn and sealed by the class's grading service" in out and "PASSED: " in out, out
+        assert "key here: False" in out and "Traceback" not in out, out
+        # exercise checks in the same kernel: a value check graded again by the service, a kernel check
+        # recorded as learner-reported (its code never runs as the class account)
+        out = asyncio.run(_run_cells(url, u, admin_token, [
+            "import torch\nfrom hwlab.course.exercise import check_kernel, check_value\n"
+            "print('v1', check_value('leaf of the case', 'L', 'G', 'read B again').status)\n"
+            "print('v2', check_value('leaf of the case', 'G', 'G', 'read B again').status)\n"
+            "from hwlab.course import tries\nprint('r1', tries.reveal('leaf of the case'))\n"
+            "for _ in range(2):\n    check_value('leaf of the case', 'L', 'G', 'read B again')\n"
+            "print('r2', tries.reveal('leaf of the case'))\n"
+            "print('k', check_kernel('copy kernel', lambda x: x.clone(), lambda x: x.clone(), "
+            "lambda: (torch.ones(64),), tol=0.0, n_bytes=512).status)"]))
+        assert "v1 wrong" in out and "v2 passed" in out and "k passed" in out and "Traceback" not in out, out
+        assert "r1 leaf of the case: the answer can be revealed after 3 tries" in out, out
+        assert "r2 leaf of the case, revealed: answer = G" in out, out
+
+        # ---- the instructor's summary from the service's gradebook: exactly what was sent
         r = _as(teach, [hw, "class", "summary", str(book), "--json"], [grp.getgrnam(igroup).gr_gid])
         assert r.returncode == 0, r.stderr
         s = json.loads(r.stdout)
@@ -380,15 +428,26 @@ def test_learners_log_in_and_are_graded_on_the_server():
         assert row["revealed"] == 1 and row["learners_passed"] == 6
         assert row["not_leaves"] == {"D": 1} and "D" not in row["wrong_leaves"]
         (drow,) = [r for k, r in s["items"].items() if k.startswith("drill:")]
-        assert (drow["attempts"], drow["passed"], drow["revealed"], drow["learners_passed"]) == (2, 1, 1, 1)
+        assert drow["item"] == fault
+        # learner 8 (revealed, then submitted), learner 0 (passed), learner 4's CLI (revealed, then
+        # submitted), learner 3's notebook (passed); the edited copy was refused and never recorded
+        assert (drow["attempts"], drow["passed"], drow["revealed"], drow["learners_passed"]) == (4, 2, 2, 2)
+        ex = {k: r for k, r in s["items"].items() if k.startswith("exercise:")}
+        (vrow,) = [r for r in ex.values() if r["item"] == "leaf of the case"]
+        (krow,) = [r for r in ex.values() if r["item"] == "copy kernel"]
+        assert (vrow["attempts"], vrow["passed"], vrow["wrong_leaves"], vrow["revealed"]) == (4, 1, {"L": 3}, 1)
+        assert vrow.get("learner_reported") is None
+        assert (krow["attempts"], krow["passed"], krow["learner_reported"], krow["learner_reported_passed"]) == (1, 0, 1, 1)
         r = _as(teach, [hw, "class", "summary", str(book)], [grp.getgrnam(igroup).gr_gid])
         assert r.returncode == 0 and "\x1b" not in r.stdout + r.stderr and "\x07" not in r.stdout
+        assert "learner-reported (not re-checked by the service, never counted as passed): 1 results" in r.stdout
         r = _as(learners[2], [hw, "class", "summary", str(book)])
         assert r.returncode == 2 and r.stdout == "", (r.stdout, r.stderr)
 
         # ---- a drill submitted into the class drop box by a learner, who cannot write the folder itself
         box = base / "box"
-        subprocess.run([hw, "class", "init", str(box), "--group", igroup], check=True, capture_output=True)
+        subprocess.run([hw, "class", "init", str(box), "--group", igroup, "--owner", teach], check=True,
+                       capture_output=True)
         u = learners[2]
         home2 = pwd.getpwnam(u).pw_dir
         kenv = {"HWLAB_DRILL_KEY_FILE": f"{home2}/drill.key"}
@@ -400,6 +459,26 @@ def test_learners_log_in_and_are_graded_on_the_server():
         assert r.returncode == 0, r.stderr
         (sub,) = [p for p in (box / "inbound").iterdir() if p.name.startswith("drill-")]
         assert sub.owner() == u and json.loads(sub.read_text())["learner"] == u
+        # a 1 GiB file (sparse) and a hidden one dropped in by another learner: over the per-learner quota,
+        # never read by the summary, removed by the instructor who owns the box (no root)
+        big = learners[5]
+        drop = ("import os, sys\nfd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)\n"
+                "os.ftruncate(fd, 1 << 30)\nos.close(fd)\nopen(sys.argv[2], 'x').write('{}')\n")
+        r = _as(big, [py, "-c", drop, str(box / "inbound" / "result-big.json"), str(box / "inbound" / ".hidden")])
+        assert r.returncode == 0, r.stderr
+        ig = [grp.getgrnam(igroup).gr_gid]
+        r = _as(teach, [hw, "class", "summary", str(box), "--json"], ig)
+        assert r.returncode == 0, r.stderr
+        s = json.loads(r.stdout)
+        assert sorted(s["per_learner"]) == [u] and f"learner {big} is over the drop box's quota" in r.stderr
+        r = _as(big, [hw, "class", "prune", str(box)])
+        assert r.returncode == 2 and (box / "inbound" / "result-big.json").exists(), (r.stdout, r.stderr)
+        r = _as(teach, [hw, "class", "prune", str(box), "--json"], ig)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert sorted(g["name"] for g in json.loads(r.stdout)["removed"]) == [".hidden", "result-big.json"]
+        assert sub.exists() and not (box / "inbound" / "result-big.json").exists()
+        r = _as(teach, [hw, "class", "summary", str(box), "--json"], ig)
+        assert r.returncode == 0 and "quota" not in r.stderr, r.stderr
 
     finally:
         leftovers = _stop(hub, made_users, base) if hub else []

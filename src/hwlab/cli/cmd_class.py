@@ -1,5 +1,6 @@
 """``hwlab class summary DIR [--json] [--plot PATH] [--force]``: the instructor's view of a class folder;
-``hwlab class init DIR --group GROUP``: make DIR a class drop box (:mod:`hwlab.course.dropbox`);
+``hwlab class init DIR --group GROUP [--owner LOGIN]``: make DIR a class drop box (:mod:`hwlab.course.dropbox`);
+``hwlab class prune DIR``: remove what puts a learner over the drop box's per-learner quota (as its owner);
 ``hwlab class serve GRADEBOOK [--group GROUP]``: the grading service the hub runs
 (:mod:`hwlab.cli.gradeservice`). A folder the service keeps (:mod:`hwlab.course.gradebook`) is read as
 the class record: graded on the server, read with bounded memory, no link followed.
@@ -33,10 +34,22 @@ def cmd_class(a) -> int:
     if a.action == "init":
         if not a.dir or not a.group:
             raise UserInputError("give the folder and the instructors' group: hwlab class init DIR --group GROUP")
-        inbound = dropbox.make(a.dir, a.group)
+        inbound = dropbox.make(a.dir, a.group, a.owner)
         print(f"class drop box ready: learners set {classroom.ENV_DIR}={a.dir}; they submit into {inbound} "
               f"and cannot list or read each other's files; group {a.group} reads them all")
         return EXIT_OK
+    if a.action == "prune":
+        if not a.dir or not dropbox.is_dropbox(a.dir):
+            raise UserInputError("give the class drop box: hwlab class prune DIR (a folder hwlab class init made)")
+        gone = dropbox.prune(a.dir)
+        if a.json:
+            print(json.dumps({"removed": gone}, indent=2))
+        else:
+            for g in gone:
+                print(classroom.clean(f"{g['owner']}: {g['name']} ({g['bytes']} bytes) {g.get('error', 'removed')}"))
+            print(f"{sum('error' not in g for g in gone)} file(s) removed; per learner the drop box keeps at most "
+                  f"{dropbox.MAX_FILES_PER_LEARNER} files, {dropbox.MAX_BYTES_PER_LEARNER} bytes")
+        return EXIT_USAGE if any("error" in g for g in gone) else EXIT_OK
     if a.action == "serve":
         from hwlab.cli import gradeservice
 
@@ -113,9 +126,11 @@ def instructors(folder: Path) -> set[str]:
 def add_parser(sub) -> None:
     c = sub.add_parser("class", help="class results: attempts, pass rate, wrong leaves per exercise, fault and "
                        "checkpoint; leaves picked and evidence cited per checkpoint")
-    c.add_argument("action", choices=["summary", "init", "serve"],
+    c.add_argument("action", choices=["summary", "init", "serve", "prune"],
                    help="summary: the instructor's view; init: make DIR a drop box for --group (nbgrader's "
-                        "exchange modes: learners submit, cannot list or read each other's files)")
+                        "exchange modes: learners submit, cannot list or read each other's files); prune: "
+                        "remove what puts a learner over the drop box's quota (as its owner)")
+    c.add_argument("--owner", help="init, as root: the instructor who owns the drop box (and may prune it)")
     c.add_argument("--group", help="init, serve: the instructors' group, which reads every submission")
     c.add_argument("dir", nargs="?", help=f"the class folder (default: ${classroom.ENV_DIR})")
     c.add_argument("--json", action="store_true", help="machine-readable output on stdout")

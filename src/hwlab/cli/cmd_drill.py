@@ -1,6 +1,13 @@
 """``hwlab drill new|submit|reveal|summary|pool``: diagnosis drills, a hidden fault to find; ``pool`` is
 the instructor's self-check of the drill pool (every fault's leaf: kept out of the learner's notebook).
 
+Where the class's grading service is configured (``HWLAB_GRADER_URL``, set by the hub in every
+learner's server), ``new``, ``submit`` and ``reveal`` go through it (:mod:`hwlab.course.drillclient`):
+the service draws and seals the drill with its own key, grades and records each submission, and
+records a reveal before it sends the answer; nothing is sealed, graded or recorded with the
+learner's own key then (``--fault``, ``--learner`` and ``--class-dir`` do not apply: the service draws
+the fault and the hub names the learner).
+
 Exit codes: 0 written or passed; 1 a submission that did not find the fault (a finding);
 2 bad input (unknown fault or leaf, a file that is not a drill or grade, a bad learner name)
 or a write that failed (the result is kept in the rescue folder); 3 internal error.
@@ -12,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from hwlab.course import classroom, drills, dropbox
+from hwlab.course import classroom, drillclient, drills, dropbox
 from hwlab.cli.console import print_json, read_observations, whole_number
 from hwlab.core import validate
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UserInputError
@@ -24,6 +31,8 @@ from hwlab.core.store import (
 
 def _load_drill(path: str) -> drills.Drill:
     raw = read_user_json(path, "drill file", drills.DRILL_HINT)
+    if drillclient.served():  # sealed with the service's key: the service verifies it
+        return drillclient.unverified(raw, f"drill file {path}")
     if not isinstance(raw, dict):
         raise UserInputError(f"drill file {path} is not a drill written by `hwlab drill new` (it holds "
                              f"a JSON {type(raw).__name__}, not an object)")
@@ -49,9 +58,9 @@ def cmd_drill(a) -> int:
         raise UserInputError(f"drill {a.action} needs the drill's .json file")
     d = _load_drill(a.drill)
     if a.action == "reveal":
-        print_json(drills.reveal(d))
+        print_json(drillclient.reveal(d) if drillclient.served() else drills.reveal(d))
         return EXIT_OK
-    return _submit(a, d)
+    return _submit_served(a, d) if drillclient.served() else _submit(a, d)
 
 
 def _new(a) -> int:
@@ -59,10 +68,13 @@ def _new(a) -> int:
         raise UserInputError("drill new takes no drill file (it writes one into --dir)")
     if a.fault is not None and a.fault not in drills.FAULTS:
         raise UserInputError(f"unknown fault {a.fault!r}; choose one of {', '.join(drills.FAULTS)}")
+    if a.fault is not None and drillclient.served():
+        raise UserInputError("--fault: the class's grading service draws the fault (HWLAB_GRADER_URL is set); "
+                             "leave --fault out")
     folder = check_folder(a.dir, what="--dir folder")
     if a.seed is not None:  # the file name is known: refuse an existing one before measuring
         check_destination(drills.drill_path(folder, a.seed), overwrite=a.force)
-    d = drills.new(seed=a.seed, fault=a.fault)
+    d = drillclient.draw(a.seed) if drillclient.served() else drills.new(seed=a.seed, fault=a.fault)
     p, err = write_or_rescue(lambda: d.save(folder, overwrite=a.force), dataclasses.asdict(d), "drill", folder)
     if err:
         print(f"hwlab drill: {err}", file=sys.stderr)
@@ -140,6 +152,21 @@ def _submit(a, d: drills.Drill) -> int:
     if errs:
         return EXIT_USAGE
     return EXIT_OK if g.passed else EXIT_FINDING
+
+
+def _submit_served(a, d: drills.Drill) -> int:
+    """Submit to the class's grading service: it verifies the seal, grades and records; its reply is shown."""
+    if not a.leaf or a.leaf not in LEAVES:
+        raise UserInputError(f"submit needs --leaf, one of {', '.join(LEAVES)}")
+    ev = read_observations(a.evidence, "evidence file") if a.evidence else None
+    got = drillclient.submit(d, a.leaf, ev)
+    passed = got.get("passed") is True
+    if a.json:
+        print_json({**got, "graded_by": "server"})
+    else:
+        print(("PASSED: " if passed else f"NOT YET ({got.get('status')}): ") + str(got.get("explanation", ""))
+              + " (graded and recorded by the class's service)")
+    return EXIT_OK if passed else EXIT_FINDING
 
 
 def _checked_grade(g: drills.Grade) -> drills.Grade:

@@ -17,6 +17,10 @@ Routes under ``$JUPYTERHUB_SERVICE_PREFIX``:
 * ``POST drill/new`` ``{seed?}`` -> ``{drill}`` (sealed with the service's drill key);
   ``POST drill/submit`` ``{drill, leaf, evidence?}`` -> ``{passed, status, explanation}``;
   ``POST drill/reveal`` ``{drill}`` -> the fault and its leaf, recorded as revealed first;
+* ``POST exercise`` ``{check, name, status, notebook, args, kwargs}`` -> ``{status, passed, graded_by}``:
+  a check of :data:`hwlab.course.gradebook.SERVER_CHECKS` is graded again here on its arguments; any
+  other is recorded as learner-reported (never a pass); ``POST exercise/reveal`` ``{name, notebook}`` ->
+  ``{revealed, message}`` (recorded only after the service counted the wrong tries);
 * ``GET mine``: this learner's own records.
 
 Status codes: 200, 400 (malformed request: one line saying what to send), 403 (no or wrong hub
@@ -89,6 +93,14 @@ def make_app(folder: str, prefix: str):
         def post(self):
             self.run(gradebook.grade_checkpoint)
 
+    class Exercise(Base):
+        def post(self):
+            self.run(gradebook.grade_exercise)
+
+    class ExerciseReveal(Base):
+        def post(self):
+            self.run(gradebook.reveal_exercise)
+
     class Reveal(Base):
         def post(self):
             self.run(gradebook.reveal_checkpoint)
@@ -110,7 +122,7 @@ def make_app(folder: str, prefix: str):
             self.reply(200, {"learner": (who := self.learner()), "records": gradebook.learner_records(folder, who)})
 
     p = prefix.rstrip("/")
-    return web.Application([(f"{p}/checkpoint", Checkpoint), (f"{p}/reveal", Reveal), (f"{p}/mine", Mine),
+    return web.Application([(f"{p}/checkpoint", Checkpoint), (f"{p}/reveal", Reveal), (f"{p}/exercise", Exercise), (f"{p}/exercise/reveal", ExerciseReveal), (f"{p}/mine", Mine),
                             (f"{p}/drill/new", DrillNew), (f"{p}/drill/submit", DrillSubmit),
                             (f"{p}/drill/reveal", DrillReveal)])
 

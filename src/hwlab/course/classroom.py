@@ -47,6 +47,9 @@ from hwlab.core.store import loads_user_json, read_user_text, rescue
 ENV_DIR, ENV_LEARNER = "HWLAB_CLASS_DIR", "HWLAB_LEARNER"
 SCHEMA, SCHEMA_VERSION = "hwlab.class_result", 1
 KINDS = ("exercise", "drill", "checkpoint", "joined")
+#: ``graded_by`` of an exercise result the grading service could not re-check (a kernel check run by the
+#: learner's own kernel, whose code the service never runs as the class account): shown, never a pass
+LEARNER_REPORTED = "learner-reported"
 #: the largest class result read: one graded answer with its feedback is a few KiB; a bigger file is
 #: refused unread (by its size), so the summary's memory stays bounded by the number of files
 MAX_RESULT_BYTES = 256 * 1024
@@ -156,18 +159,23 @@ def record_exercise(result: Any, folder: str | os.PathLike | None = None, learne
     folder = class_dir(folder)
     if folder is None or result.status == "not done yet" or tries.inside_check():
         return None  # built inside a graded check: the check records the result it returns
-    answer, expected = getattr(result, "answer", None), getattr(result, "expected", None)
-    leafy = isinstance(answer, str) and isinstance(expected, str) and {answer, expected} <= set(flowchart.LEAVES)
-    rec = {"kind": "exercise", "item": result.name, "notebook": _notebook(), "learner": learner_name(learner),
-           "passed": bool(result.passed), "status": result.status, "revealed": False, "message": result.message,
-           "answer": answer if isinstance(answer, (str, int, float, bool, type(None))) else repr(answer),
-           "expected": expected if isinstance(expected, (str, int, float, bool, type(None))) else repr(expected),
-           "wrong_leaf": answer if leafy and answer != expected else None, "right_leaf": expected if leafy else None,
-           "first_wrong_branch": first_wrong_branch(expected, answer) if leafy else None}
+    rec = exercise_record(result, learner_name(learner), _notebook())
     try:
         return write_result(rec, folder)
     except OSError as e:  # kept in the rescue folder; the message (printed by grading) says where
         raise OSError(e.errno, rescue(rec, "class-result", folder, e)) from None
+
+
+def exercise_record(result: Any, learner: str, notebook: str | None) -> dict[str, Any]:
+    """The class result of one graded exercise check (what :func:`record_exercise` writes)."""
+    answer, expected = getattr(result, "answer", None), getattr(result, "expected", None)
+    leafy = isinstance(answer, str) and isinstance(expected, str) and {answer, expected} <= set(flowchart.LEAVES)
+    return {"kind": "exercise", "item": result.name, "notebook": notebook, "learner": learner,
+            "passed": bool(result.passed), "status": result.status, "revealed": False, "message": result.message,
+            "answer": answer if isinstance(answer, (str, int, float, bool, type(None))) else repr(answer),
+            "expected": expected if isinstance(expected, (str, int, float, bool, type(None))) else repr(expected),
+            "wrong_leaf": answer if leafy and answer != expected else None, "right_leaf": expected if leafy else None,
+            "first_wrong_branch": first_wrong_branch(expected, answer) if leafy else None}
 
 
 def record_revealed(item: str, text: str, folder: str | os.PathLike | None = None,
@@ -284,7 +292,15 @@ def load_results(folder: str | os.PathLike) -> tuple[list[dict[str, Any]], list[
         raise UserInputError(f"{folder} is not a folder: pass the class folder ({ENV_DIR})")
     good, bad = [], []
     box = dropbox.is_dropbox(folder)
-    for p in sorted(folder.glob("*.json")) + (dropbox.files(folder) if box else []):
+    over = dropbox.over_quota(folder) if box else {}
+    for uid, u in over.items():  # none of their files is read: the summary's memory stays bounded
+        bad.append({"path": clean(str(folder / dropbox.INBOUND)),
+                    "why": clean(f"learner {dropbox.owner_name_of(uid)} is over the drop box's quota ({u['files']} "
+                                 f"files, {u['bytes']} bytes; the quota is {dropbox.MAX_FILES_PER_LEARNER} files, "
+                                 f"{dropbox.MAX_BYTES_PER_LEARNER} bytes): their results are not read; "
+                                 f"`hwlab class prune {folder}` (as the drop box's owner) removes the excess")})
+    files = [p for p in dropbox.files(folder) if os.lstat(p).st_uid not in over] if box else []
+    for p in sorted(folder.glob("*.json")) + files:
         try:  # a FIFO, a device or an oversize file named *.json is refused unopened
             d = loads_user_json(read_user_text(p, "class result", "remove it from the class folder",
                                                max_bytes=MAX_RESULT_BYTES))
@@ -325,8 +341,10 @@ def _key(d: dict[str, Any]) -> str:
 
 def full_pass(d: dict[str, Any]) -> bool:
     """Only a full pass counts: a result marked passed whose status is not a pass ("too slow": right
-    but over its budget) is not one."""
-    return bool(d["passed"]) and str(d.get("status") or "passed").startswith("passed")
+    but over its budget) is not one, nor one the grading service could not re-check (``graded_by``
+    "learner-reported": a kernel check the learner's own kernel ran)."""
+    return (bool(d["passed"]) and str(d.get("status") or "passed").startswith("passed")
+            and d.get("graded_by") != LEARNER_REPORTED)
 
 
 def summary(results: list[dict[str, Any]], exclude: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
@@ -358,6 +376,10 @@ def summary(results: list[dict[str, Any]], exclude: set[str] | frozenset[str] = 
             continue
         r["attempts"] += 1
         r["passed"] += full_pass(d)
+        if d.get("graded_by") == LEARNER_REPORTED:  # shown apart, never a server-graded pass
+            r["learner_reported"] = r.get("learner_reported", 0) + 1
+            r["learner_reported_passed"] = r.get("learner_reported_passed", 0) + str(d.get("status")).startswith("passed")
+            mine["learner_reported"] = True
         r["shared"] += bool(d.get("gpu_shared"))
         r["learners"].add(d["learner"])
         if d.get("wrong_leaf") in flowchart.LEAVES:
@@ -398,11 +420,15 @@ def render(s: dict[str, Any]) -> str:
         lines.append(f"{k[:44]:<44} {r['attempts']:>5} {r['pass_rate_pct']:>6.0f}% "
                      f"{str(r['learners_passed']) + '/' + str(r['learners']):>13} {r.get('revealed', 0):>8} "
                      f"{r.get('shared', 0):>6}  {wl}; {nl}; {fb}")
+        if r.get("learner_reported"):
+            lines.append(f"{'':<4}learner-reported (not re-checked by the service, never counted as passed): "
+                         f"{r['learner_reported']} results, {r.get('learner_reported_passed', 0)} reported passed")
         if "leaves_picked" in r:
             lines.append(f"{'':<4}leaves picked: " + ", ".join(f"{leaf} x{n}" for leaf, n in r["leaves_picked"].items()))
             lines.append(f"{'':<4}evidence cited: " + ", ".join(f"{m} x{n}" for m, n in r["metrics_cited"].items()))
     for name, w in s.get("per_learner", {}).items():
         done = ", ".join(f"{k} ({'passed' if r['passed'] else 'not passed'}, {r['attempts']} tries"
+                         + (", learner-reported" if r.get("learner_reported") else "")
                          + (", answer revealed)" if r.get("revealed") else ")")
                          for k, r in w["items"].items()) or "nothing graded yet"
         lines.append(f"learner {name}: {done}")

@@ -185,7 +185,8 @@ def append(folder: str | os.PathLike, learner: str, rec: dict[str, Any]) -> dict
     top = check(folder)
     rec = clean({"schema": classroom.SCHEMA, "schema_version": classroom.SCHEMA_VERSION,
                  "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                 **{k: _short(v) for k, v in rec.items()}, "learner": learner, "graded_by": "server"})
+                 **{k: _short(v) for k, v in rec.items()}, "learner": learner,
+                 "graded_by": rec.get("graded_by", "server")})  # set only by this module's own callers
     line = (json.dumps(rec, allow_nan=False, sort_keys=True) + "\n").encode()
     if len(line) > MAX_RECORD_BYTES:
         raise UserInputError(f"a record of {len(line)} bytes is over the gradebook's {MAX_RECORD_BYTES}")
@@ -321,6 +322,71 @@ def reveal_checkpoint(folder: str | os.PathLike, learner: str, req: dict[str, An
                                  "passed": False, "status": checkpoint.REVEALED, "revealed": True})
     return {"revealed": True, "message": f"checkpoint {cid}: answer revealed (recorded by the class's service)",
             "tries": c["wrong"]}
+
+
+# ---- exercise checks: answers that are values re-checked here; kernels recorded as learner-reported ----
+
+#: the exercise checks the service re-runs itself: their arguments are the learner's answers (values,
+#: leaves, counts) and the evidence the kit gives them, never the learner's code; a check of the kit's own
+#: kernel compile (the occupancy checks) runs in the kit's time-limited child, as in the learner's kernel
+SERVER_CHECKS = ("hwlab.course.exercise.check_value", "hwlab.course.ex02_checks.check_occupancy_prediction",
+                 "hwlab.course.ex02_checks.check_warps_choice")
+_STATUSES = ("passed", "passed (correctness only)", "wrong", "too slow", "environment problem")
+
+
+def _server_check(name: str):
+    import importlib
+
+    mod, fn = name.rsplit(".", 1)
+    return getattr(importlib.import_module(mod), fn).__wrapped__  # the check alone: no kernel-side record
+
+
+def grade_exercise(folder: str | os.PathLike, learner: str, req: dict[str, Any]) -> dict[str, Any]:
+    """Record an exercise check's result: one of :data:`SERVER_CHECKS` with its arguments sent is graded
+    again here from those arguments (the learner's status is not read); any other (a kernel check: its
+    answer is code the service never runs) is recorded as ``graded_by`` "learner-reported", shown apart
+    in the summary and never counted as passed."""
+    check, name, status = req.get("check"), req.get("name"), req.get("status")
+    if not isinstance(check, str) or not isinstance(name, str) or not name or len(name) > 120:
+        raise UserInputError("check and name: give the check's function and its result's name")
+    args, kwargs = req.get("args"), req.get("kwargs")
+    if check in SERVER_CHECKS and isinstance(args, list) and isinstance(kwargs, dict):
+        try:
+            res = _server_check(check)(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 (arguments the check cannot take are bad input, not a crash)
+            raise UserInputError(f"{check.rsplit('.', 1)[1]} cannot be graded on these arguments: "
+                                 f"{type(e).__name__}") from None
+        if res.status == "not done yet":
+            return {"status": res.status, "graded_by": "server", "learner": learner}
+        rec = classroom.exercise_record(res, learner, _opt_str(req.get("notebook")))
+        rec["message"] = _short(rec["message"])
+    else:
+        if status not in _STATUSES:
+            raise UserInputError(f"status: one of {', '.join(_STATUSES)}")
+        rec = {"kind": "exercise", "item": name, "notebook": _opt_str(req.get("notebook")), "passed": False,
+               "status": status, "revealed": False, "graded_by": classroom.LEARNER_REPORTED,
+               "check": check[:120]}
+    out = append(folder, learner, rec)
+    return {"status": out["status"], "passed": out["passed"], "graded_by": out["graded_by"], "learner": learner}
+
+
+def reveal_exercise(folder: str | os.PathLike, learner: str, req: dict[str, Any]) -> dict[str, Any]:
+    """Record a reveal of exercise check ``req["name"]`` (of ``req["notebook"]``) once the service counted
+    :data:`hwlab.course.tries.TRIES_BEFORE_REVEAL` wrong tries of it; ``revealed`` says whether the
+    kernel may show the answer."""
+    name, nb = req.get("name"), _opt_str(req.get("notebook"))
+    if not isinstance(name, str) or not name or len(name) > 120:
+        raise UserInputError("name: give the exercise check's name, as its result names it")
+    name = clean(name)
+    mine = [d for d in learner_records(folder, learner)
+            if d.get("kind") == "exercise" and d.get("item") == name and d.get("notebook") == nb]
+    n_wrong = sum(d.get("status") in tries.NOT_PASSED for d in mine)
+    if n_wrong < tries.TRIES_BEFORE_REVEAL:
+        return {"revealed": False, "message": tries.too_early(name, n_wrong), "tries": n_wrong}
+    if not any(d.get("revealed") for d in mine):
+        append(folder, learner, {"kind": "exercise", "item": name, "notebook": nb, "passed": False,
+                                 "status": "revealed", "revealed": True})
+    return {"revealed": True, "message": f"{name}: answer revealed (recorded by the class's service)", "tries": n_wrong}
 
 
 # ---- drills: drawn, graded and revealed with the service's own drill key ------------------------
