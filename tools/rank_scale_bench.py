@@ -207,6 +207,9 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "tools" / "results" / "rank_scale" /
                                          time.strftime("%Y-%m-%dT%H%M%SZ-vm-cpu.json", time.gmtime())))
     a = ap.parse_args()
+    if len(set(a.ranks)) < 2 or 1 not in a.workers:  # the merge cost is a line through two job sizes
+        ap.error("give --ranks two sizes or more and --workers including 1 (the per-rank merge cost and the "
+                 "speed-up are read from them)")
     if not all((DATA / s).is_file() for s in SOURCES):
         print(f"rank_scale_bench: the real traces {SOURCES} are not in {DATA}: set HWLAB_TRACE_DATA", file=sys.stderr)
         return 2
