@@ -3,8 +3,8 @@ null, the wrong type, NaN, infinity, a huge integer or an empty container, then 
 command that reads such a record. Each run must end in a clean refusal (exit 2, one line on
 stderr) or a result; never an internal error (exit 3), a traceback or an exception out of
 ``main``. In-process through ``hwlab.cli.main`` (a parser built once: building it is most of a
-run's time), so the sweep stays fast; the fast lane sweeps the baseline and doctor records, the
-slow lane every record kind and the fleet table.
+run's time), so the sweep stays fast; the fast lane sweeps every field of the baseline and doctor
+records, the slow lane every key path (list indices deduplicated) of every recorded kind.
 """
 from __future__ import annotations
 
