@@ -401,7 +401,11 @@ def test_sigterm_while_writing_an_annotated_trace(box, monkeypatch):
 MISC = [
     (["examine", "--trace", ""], "--trace is empty"),
     (["evidence", "show", ""], "evidence show ''"),
-    (["examine", "--trace", "loop.json"], "loop"),
+    (["examine", "--trace", "loop.json"], "loops back on itself"),
+    (["examine", "--trace", "loop.tar.gz"], "loops back on itself"),
+    (["ranks", "--traces", "loop.json"], "Too many levels of symbolic links"),
+    (["class", "summary", "loop.json"], "Too many levels of symbolic links"),
+    (["ranks", "--traces", "file.txt"], "is not a folder"),
     (["examine", "--n-bytes", "1" + "0" * 400, "x.py:f"], "past any counter"),
     (["examine", "--n-flops", "9" * 30, "x.py:f"], "past any counter"),
     (["drill", "summary", "--dir", "drills"], "no grades"),
@@ -499,3 +503,4 @@ def test_an_unwritable_destination_is_refused_before_work_whatever_the_errno(box
         raise OSError(code, os.strerror(code))
     monkeypatch.setattr(store.tempfile, "mkstemp", refuse)
     check(box, argv, 2, "cannot write into")
+

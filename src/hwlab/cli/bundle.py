@@ -22,7 +22,9 @@ included, only listed (too large: name and size), or missing, and how to get wha
 The destination is checked before anything is gathered (a folder, an existing file without
 ``--force``, an unwritable folder: refused), and the archive is written to a temporary name in
 the same folder and linked into place, so a reader never sees half an archive and an existing
-file is never replaced silently.
+file is never replaced silently. If the write still fails (the disk fills, a size limit), the
+archive goes to the rescue folder (:func:`hwlab.core.store.rescue`) and the manifest's ``rescued``
+says where, in one line.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ from typing import Any, Callable
 
 from hwlab.core import system
 from hwlab.errors import UserInputError
-from hwlab.core.store import DestinationError, check_destination, dumps_strict, publish, temp_beside
+from hwlab.core.store import DestinationError, check_destination, dumps_strict, publish, rescue, temp_beside
 
 ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "HWLAB_")
 SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "API_KEY", "ACCESS_KEY", "PRIVATE")
@@ -189,13 +191,19 @@ def build(out: str | os.PathLike, *, run_dir: str | os.PathLike | None = None, d
                 "host": snap.get("host"), "run_dir": str(run) if run else None, "archive": str(out),
                 "env_prefixes": list(ENV_PREFIXES), "parts": parts}
     files["MANIFEST.json"] = dumps_strict(manifest, reasons_key=None).encode()
-    _write_tar(out, files, force)
+    root = out.name.split(".tar")[0].removesuffix(".tgz")
+    try:
+        _write_tar(out, files, force, root)
+    except OSError as e:  # checked before gathering; a disk that fills or a size limit met while writing
+        manifest["rescued"] = rescue(None, "bundle", out, e, suffix=".tar.gz",
+                                     write=lambda p: _write_tar(p, files, True, root),
+                                     lost="nothing was written: free space or choose another destination, "
+                                          "then run hwlab bundle again")
     return manifest
 
 
-def _write_tar(out: Path, files: dict[str, bytes], force: bool) -> None:
+def _write_tar(out: Path, files: dict[str, bytes], force: bool, root: str) -> None:
     with temp_beside(out) as tmp:  # removed on any failure or SIGTERM (core.store)
-        root = out.name.split(".tar")[0].removesuffix(".tgz")
         with tarfile.open(tmp, "w:gz") as tar:
             now = time.time()
             for name, data in files.items():

@@ -2,7 +2,8 @@
 bug report (:mod:`hwlab.cli.bundle`).
 
 Exit codes: 0 written, 2 bad input (the destination exists, is a folder or cannot be written;
-the run directory is missing; nothing gathered or written), 3 internal error.
+the run directory is missing; nothing gathered or written) or a write that failed after gathering
+(the archive kept in the rescue folder, its path printed), 3 internal error.
 """
 from __future__ import annotations
 
@@ -10,16 +11,22 @@ import sys
 
 from hwlab.cli import bundle
 from hwlab.cli.console import print_json, stderr_is_terminal
-from hwlab.errors import EXIT_OK
+from hwlab.errors import EXIT_OK, EXIT_USAGE
 
 
 def cmd_bundle(a) -> int:
     prog = (lambda msg: print(f"hwlab bundle: {msg}", file=sys.stderr)) if stderr_is_terminal() else None
     man = bundle.build(a.out, run_dir=a.run_dir, doctor=not a.no_doctor, force=a.force, progress=prog)
+    rescued = man.pop("rescued", None)
     if a.json:
         print_json(man)
+    elif rescued is None:
+        print(f"hwlab bundle: wrote {a.out}")
+    if rescued is not None:  # the write failed after gathering: where the archive went instead, one line
+        print(f"hwlab bundle: {rescued}", file=sys.stderr)
+        return EXIT_USAGE
+    if a.json:
         return EXIT_OK
-    print(f"hwlab bundle: wrote {a.out}")
     for p in man["parts"]:
         if p["status"] == "included":
             print(f"  included  {p['part']} ({p['n_bytes']} bytes)")

@@ -75,7 +75,9 @@ def _new(a) -> int:
     if a.seed is not None:  # the file name is known: refuse an existing one before measuring
         check_destination(drills.drill_path(folder, a.seed), overwrite=a.force)
     d = drillclient.draw(a.seed) if drillclient.served() else drills.new(seed=a.seed, fault=a.fault)
-    p, err = write_or_rescue(lambda: d.save(folder, overwrite=a.force), dataclasses.asdict(d), "drill", folder)
+    p, err = write_or_rescue(lambda: d.save(folder, overwrite=a.force), dataclasses.asdict(d), "drill", folder,
+                             lost="no drill was kept (it is never printed: it holds the hidden fault); free "
+                                  "space or choose another --dir, then run hwlab drill new again")
     if err:
         print(f"hwlab drill: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -34,6 +34,7 @@ Top floor (talks to people). What it does beyond ``jupyter lab``, and why:
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib.util
 import os
@@ -158,6 +159,25 @@ def _say_copy(rep: workcopy.CopyReport, refresh: bool) -> None:
         print("  already up to date with the checkout")
 
 
+@contextlib.contextmanager
+def _copy_failure(work: Path):
+    """A write into the working copy that fails after its home was checked (a disk that fills, a
+    size limit, a mount turned read-only) is one line: what failed, that the copy is kept as far as
+    it got (every file lands whole or not at all, :func:`hwlab.cli.workcopy._write_new`) and that
+    the next start completes it. Nothing needs rescuing: every file is the kit's, still in the
+    checkout, and the server's settings are rewritten at every start."""
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e, UserInputError):
+            raise
+        where = f" {e.filename}" if e.filename else ""
+        raise UserInputError(f"could not write{where} in the working copy {work} ({e.strerror or e}): free space "
+                             "or lift the limit there, or set HWLAB_HOME to a folder you can write to; the files "
+                             "already copied are kept whole and `hwlab lab` completes the copy when run again "
+                             "(the checkout is never written)") from None
+
+
 def run(a) -> int:
     root = Path(a.dir) if a.dir else find_notebooks()
     if root is None:
@@ -184,8 +204,9 @@ def run(a) -> int:
         print(f"would serve the working copy {work} "
               f"({'exists' if (work / workcopy.MANIFEST).exists() else 'made on first start'})")
     else:
-        kernel, kernel_data = workcopy.ensure_kit_kernel(state)
-        rep = workcopy.prepare(checkout, refresh=a.refresh, root=work, kernel=kernel)
+        with _copy_failure(work):
+            kernel, kernel_data = workcopy.ensure_kit_kernel(state)
+            rep = workcopy.prepare(checkout, refresh=a.refresh, root=work, kernel=kernel)
         _say_copy(rep, a.refresh)
         if kernel_data is not None:
             print(f"the kit's Jupyter kernel 'hwlab' (this Python) written to {kernel_data}: "
@@ -204,9 +225,10 @@ def run(a) -> int:
     env["JUPYTER_PATH"] = os.pathsep.join(
         ([str(kernel_data)] if kernel_data is not None else []) + [str(Path(sys.prefix) / "share" / "jupyter")] +
         [x for x in env.get("JUPYTER_PATH", "").split(os.pathsep) if x])
-    cfg = workcopy.news_off(state / "jupyter-config")
-    workcopy.learner_page_config(cfg, instructor=instructor)
-    workcopy.fresh_workspace(state / "workspaces")
+    with _copy_failure(work):
+        cfg = workcopy.news_off(state / "jupyter-config")
+        workcopy.learner_page_config(cfg, instructor=instructor)
+        workcopy.fresh_workspace(state / "workspaces")
     if instructor:
         print("instructor: nbgrader's menus and formgrader are shown")
     env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(

@@ -26,12 +26,11 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hwlab.core.store import DestinationError, check_folder, read_user_json
+from hwlab.core.store import DestinationError, check_folder, publish, read_user_json, temp_beside
 from hwlab.errors import UserInputError
 
 #: folders copied, and the file names taken from each
@@ -51,6 +50,7 @@ class CopyReport:
     replaced: list[str] = field(default_factory=list)     # refreshed, not modified by the learner
     kept: dict[str, str] = field(default_factory=dict)    # learner-modified -> where the kit's new version went
     stale: list[str] = field(default_factory=list)        # changed in the checkout, not refreshed
+    adopted: list[str] = field(default_factory=list)      # the kit's copy, missing from the manifest
 
 
 def hwlab_home() -> Path:
@@ -167,21 +167,15 @@ def language_info() -> dict:
 
 
 def _write_new(path: Path, data: bytes, *, replace: bool = False) -> None:
-    """Write atomically; without ``replace`` an existing file is never touched."""
+    """Write atomically through the kit's one temp-file handling (:func:`hwlab.core.store.temp_beside`,
+    :func:`~hwlab.core.store.publish`): a failure or SIGTERM mid-write removes the temporary file and
+    leaves ``path`` as it was. Without ``replace`` an existing file is never touched; with it only
+    a regular file is replaced."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
+    with temp_beside(path) as tmp:
+        with open(tmp, "wb") as f:
             f.write(data)
-        if replace:
-            os.replace(tmp, path)
-        else:
-            os.link(tmp, path)  # fails if path exists: no silent overwrite
-            os.unlink(tmp)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        publish(tmp, path, overwrite=replace)
 
 
 def _beside(path: Path, day: str) -> Path:
@@ -215,6 +209,12 @@ def prepare(checkout: Path, *, refresh: bool = False, root: Path | None = None,
             files[rel] = {"source_sha256": src_sha, "copy_sha256": _sha(data)}
             rep.copied.append(rel)
             continue
+        if rec is None and _sha(dst.read_bytes()) == _sha(data):
+            # the kit's version, copied by a start that stopped before its manifest was written (a
+            # full disk, a signal): recorded now, so --refresh keeps it up to date
+            files[rel] = {"source_sha256": src_sha, "copy_sha256": _sha(data)}
+            rep.adopted.append(rel)
+            continue
         if rec is None or rec.get("source_sha256") == src_sha:
             continue  # the learner's own file of that name, or the source did not change
         if not refresh:
@@ -229,7 +229,7 @@ def prepare(checkout: Path, *, refresh: bool = False, root: Path | None = None,
             _write_new(side, data)
             rec["source_sha256"] = src_sha  # this version is delivered (beside); not stale again
             rep.kept[rel] = str(side.relative_to(root))
-    if rep.made or rep.copied or rep.replaced or rep.kept:
+    if rep.made or rep.copied or rep.replaced or rep.kept or rep.adopted:
         man.update(checkout=str(checkout.resolve()),
                    updated_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         man.setdefault("made_at", man["updated_at"])

@@ -121,7 +121,9 @@ TOPOLOGY = obj({"gpus": seq(STR), "nics": opt(seq(STR)), "links": obj(values=STR
 RUNTIME_PATH = obj({"hit_rate_pct": opt(NUM), "fallback_rate_pct": opt(NUM),
                     "default_dtype": SCALAR, "float32_matmul_precision": SCALAR})
 RESULT = obj({"name": STR, "device": opt(STR), "timer": opt(STR), "ceiling_source": opt(STR),
-              "params": obj(), "gpu_share": opt(obj()), "rel_err": opt(NUM), "tol": opt(NUM)})
+              # us_per_launch: a latency probe's measured result, compared as a number (baseline_compare)
+              "params": obj({"us_per_launch": NUM}), "gpu_share": opt(obj()), "rel_err": opt(NUM),
+              "tol": opt(NUM)})
 MACHINE = obj({"device": opt(STR), "is_gpu": opt(BOOL), "host": opt(STR), "sm_count": opt(NUM),
                "total_mem_gib": opt(NUM), "l2_bytes": opt(NUM), "cc": opt(STR)})
 CEILINGS = obj({"device": STR, "copy_gbps": opt(NUM), "gemm_tflops": obj(values=NUM),

@@ -318,23 +318,26 @@ def _depth_over(obj: Any, limit: int) -> bool:
     return False
 
 
-def write_or_rescue(write: Callable[[], Path], obj: Any, stem: str,
-                    target: Path) -> tuple[Path | None, str | None]:
+def write_or_rescue(write: Callable[[], Path], obj: Any, stem: str, target: Path, *,
+                    lost: str = "the result printed is the only copy") -> tuple[Path | None, str | None]:
     """Run ``write()``; if it fails (after a measurement: the destination was checked before),
     keep ``obj`` in the rescue folder. Returns (written path, None) or (None, one line saying
-    where the result went instead)."""
+    where the result went instead, or ``lost`` when the rescue folder fails too)."""
     try:
         return write(), None
     except OSError as e:
-        return None, rescue(obj, stem, target, e)
+        return None, rescue(obj, stem, target, e, lost=lost)
 
 
 def rescue(obj: Any, stem: str, target: str | os.PathLike, e: OSError, *,
-           suffix: str = ".json", write: Callable[[Path], Any] | None = None) -> str:
+           suffix: str = ".json", write: Callable[[Path], Any] | None = None,
+           lost: str = "the result printed is the only copy") -> str:
     """Keep a result whose write to ``target`` failed with ``e`` in the rescue folder and
-    return the one line to print: where it went, or, if the rescue folder fails too, that the
-    printed result is the only copy. ``obj`` is written as JSON, or (``write`` given) ``write``
-    is called with a new free path ending in ``suffix`` (a plot)."""
+    return the one line to print: where it went, or, if the rescue folder fails too, ``lost``
+    (by default: that the printed result is the only copy). ``obj`` is written as JSON, or
+    (``write`` given) ``write`` is called with a new free path ending in ``suffix`` (a plot, an
+    archive); a file it leaves unfinished is removed."""
+    fb = None
     try:
         if write is None:
             fb = rescue_json(obj, stem)
@@ -342,8 +345,10 @@ def rescue(obj: Any, stem: str, target: str | os.PathLike, e: OSError, *,
             fb = rescue_path(stem, suffix)
             write(fb)
     except OSError as e2:
+        if write is not None and fb is not None:
+            _remove(fb)
         return (f"could not write {target} ({e.strerror or e}), nor keep it in {rescue_dir()} "
-                f"({e2.strerror or e2}): the result printed is the only copy")
+                f"({e2.strerror or e2}): {lost}")
     return f"could not write {target} ({e.strerror or e}); the result was saved to {fb} instead"
 
 

@@ -42,7 +42,7 @@ from hwlab.course import dropbox, tries
 from hwlab.diagnosis import flowchart
 from hwlab.errors import UserInputError
 from hwlab.core.store import RecordExistsError, write_json_atomic
-from hwlab.core.store import loads_user_json, read_user_text, rescue
+from hwlab.core.store import check_input_folder, loads_user_json, read_user_text, rescue
 
 ENV_DIR, ENV_LEARNER = "HWLAB_CLASS_DIR", "HWLAB_LEARNER"
 SCHEMA, SCHEMA_VERSION = "hwlab.class_result", 1
@@ -287,9 +287,8 @@ def drill_record(drill: Any, grade: Any) -> dict[str, Any]:
 
 def load_results(folder: str | os.PathLike) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """(valid results, malformed files with why): a malformed file is reported and skipped."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise UserInputError(f"{folder} is not a folder: pass the class folder ({ENV_DIR})")
+    # a missing path, a file, a looping link: each named for what it is (core.store)
+    folder = check_input_folder(folder, "class folder", f"pass the class folder ({ENV_DIR})")
     good, bad = [], []
     box = dropbox.is_dropbox(folder)
     over = dropbox.over_quota(folder) if box else {}

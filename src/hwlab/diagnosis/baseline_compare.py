@@ -285,7 +285,7 @@ def compare(base: Evidence, now: Evidence) -> Comparison:
                                       _rule_text(j, b, v, unit, latency), nxt))
     for name in sorted(set(bm) - {m.name for m in now.results}):
         c.deviations.append(Deviation("missing", name, "recorded", "absent", "part not measured now",
-                                      now.extra.get("missing", {}).get(name, "re-run hwlab baseline record")))
+                                      (now.extra.get("missing") or {}).get(name, "re-run hwlab baseline record")))
     # hardware: system state
     bg = (base.snapshot or {}).get("gpus", [])
     ng = (now.snapshot or {}).get("gpus", [])

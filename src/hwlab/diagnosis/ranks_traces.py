@@ -75,6 +75,7 @@ from hwlab.diagnosis import flowchart, incident
 from hwlab.traces import kineto, rank_pool
 from hwlab.errors import UserInputError
 from hwlab.core.measure import quantile
+from hwlab.core.store import check_input_folder
 from hwlab.diagnosis.ranks import nvml_by_rank, render_tail
 from hwlab.diagnosis.rank_arrival import ARRIVAL_TIE_US, arrivals, last_arriver, one_host_by_content
 from hwlab.core.tails import TAIL_JUMP, tail_split
@@ -308,9 +309,8 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
            progress: Callable[..., None] | None = None, workers: int | None = 1, scheduler: str | None = None,
            max_bytes: int | None = None) -> dict[str, Any]:
     """Read every trace under ``folder`` (:mod:`hwlab.traces.rank_pool`) and analyse them together."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise UserInputError(f"{folder} is not a folder: pass the folder your profiler wrote its traces to")
+    # a missing path, a file, a looping link: each named for what it is (core.store)
+    folder = check_input_folder(folder, "--traces", "pass the folder your profiler wrote its traces to")
     files, skipped = kineto.discover_traces(folder)
     skipped_out = [{"file": str(f), "why": why} for f, why in skipped]
     if not files:

@@ -39,6 +39,7 @@ live examination's trace.
 from __future__ import annotations
 
 import bisect
+import errno
 import math
 import os
 import re
@@ -418,8 +419,14 @@ def find_trace(path: str | os.PathLike, rank: int | None = None) -> Path:
     one trace found by content (:func:`hwlab.traces.kineto.discover_traces`), or the one of ``rank``
     (by its file name, else its distributedInfo)."""
     p = Path(path)
-    if not p.exists():
-        raise UserInputError(f"{p}: no such file or folder: pass a profiler trace (.json / .json.gz) or its folder")
+    try:
+        os.stat(p)
+    except FileNotFoundError:
+        raise UserInputError(f"{p}: no such file or folder: pass a profiler trace (.json / .json.gz) or its folder") from None
+    except OSError as e:  # a symbolic link that loops, a path through a file: the cause, not "no such file"
+        raise UserInputError(f"cannot read {p} ({e.strerror or e}): "
+                             + ("a symbolic link on the way loops back on itself: fix or remove it, or " if
+                                e.errno == errno.ELOOP else "") + "pass a profiler trace (.json / .json.gz) or its folder") from None
     if p.is_file() or not p.is_dir():
         return p
     files, skipped = discover_traces(p)  # by content, whatever the names (kineto)
