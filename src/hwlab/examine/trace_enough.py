@@ -12,9 +12,11 @@ from typing import Any
 from hwlab.traces.trace_ops import OpTrace, StepWork
 
 #: a trace whose mean step (window) is shorter than this, or whose steps ran fewer timed items
-#: than :data:`MIN_ITEMS_PER_STEP`, is too little to diagnose: one kernel launch costs a few µs on
-#: the host and the profiler's own timestamps are µs-grained, so no part of so short a step can be
-#: told from launch cost and timer grain; such a trace gets an honest nothing, exit 0
+#: than :data:`MIN_ITEMS_PER_STEP` lasting less than this, is too little to diagnose: one kernel
+#: launch costs a few µs on the host and the profiler's own timestamps are µs-grained, so no part of
+#: so short a step can be told from launch cost and timer grain; such a trace gets an honest
+#: nothing, exit 0. A lone kernel of a step that lasts longer (one large gather) is walked: its own
+#: rates decide it, as the live examination walks it
 MIN_STEP_US = 100.0
 MIN_ITEMS_PER_STEP = 2
 #: a GPU trace with less device work than this in all its selected steps is too little to diagnose
@@ -53,6 +55,8 @@ def enough_to_diagnose(path, ot: OpTrace, busy: list[StepWork], gpu: bool) -> No
         raise NothingToDiagnose(str(path), f"{n * facts['busy_us_per_step']:.3g} µs of device work in all, under "
                                 f"{MIN_DEVICE_BUSY_US:g} µs: too little work for its idle or its parts to say anything "
                                 "about the job", facts)
-    if items < MIN_ITEMS_PER_STEP:
-        raise NothingToDiagnose(str(path), f"{items:.3g} timed item(s) per step, under {MIN_ITEMS_PER_STEP}: one "
-                                "kernel or op is not a step to split into parts", facts)
+    lone_us = facts["busy_us_per_step"] if gpu else mean_us
+    if items < MIN_ITEMS_PER_STEP and lone_us < MIN_STEP_US:
+        raise NothingToDiagnose(str(path), f"{items:.3g} timed item(s) per step of {lone_us:.3g} µs, under "
+                                f"{MIN_STEP_US:g} µs: a lone kernel or op that short is the launch's and the "
+                                "timer's grain, not a step to split into parts", facts)
