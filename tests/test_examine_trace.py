@@ -241,7 +241,9 @@ def test_peak_and_lab_tables_match_the_live_examination():
 
 
 # ------------------------------------------------------------------ a CPU trace recorded here
-def _record_cpu_trace(path: Path, n_steps: int = 3, n: int = 96) -> None:
+def _record_cpu_trace(path: Path, n_steps: int = 3, n: int = 384) -> None:
+    """A CPU trace with shapes: n_steps steps of a GEMM, an elementwise chain and a cat; n sized so a
+    step lasts well over trace_enough.MIN_STEP_US on any CPU (the honest-nothing floor)."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     a, b, x = torch.randn(n, n), torch.randn(n, n), torch.randn(1 << 14)
