@@ -271,7 +271,7 @@ def test_cpu_trace_recorded_with_shapes(tmp_path):
     for s in ex.per_step:
         assert abs(s["parts_sum_pct"] - 100.0) <= STEP_SUM_TOL_PCT
     mm = [p for p in ex.parts.parts if p.name == "gemm float32"]
-    assert mm and mm[0].flops == 2 * 96 ** 3  # from the recorded shapes of aten::mm
+    assert mm and mm[0].flops == 2 * 384 ** 3  # from the recorded shapes of aten::mm
     cc = [p for p in ex.parts.parts if p.name == "copy/concat"]
     # cat's tensor list records dims only: its members take the dtype of relu's output of that size
     assert cc and cc[0].moved_bytes == 3 * (1 << 14) * 4 and cc[0].floor_ms is None  # no --baseline: no ceiling
