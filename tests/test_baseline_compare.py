@@ -98,7 +98,7 @@ def test_cli_exit_codes_and_json(base, tmp_path):
     r = run(b, slow)
     assert r.returncode == 1 and "[hardware] hbm_copy" in r.stdout and "drain and swap" in r.stdout
     assert run(b, b).returncode == 0
-    rows = [json.loads(x) for x in run(b, b, other, slow).stdout.splitlines()]
+    rows = json.loads(run(b, b, other, slow, "--json").stdout)  # the fleet as one JSON array
     assert [x["verdict"] for x in rows] == ["ok", "not comparable", "hardware"]
     assert "GPU model differs" in rows[1]["not_comparable"][0]
 

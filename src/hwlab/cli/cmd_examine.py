@@ -94,6 +94,7 @@ def cmd_examine(a) -> int:
         try:
             with user_output_aside(a.json):
                 ex = _examine_model(a, held) if a.model else _examine_function(a, held)
+            held.stop(show_held=True)
         except SystemExit as e:  # the user's code ended the process: an error of that code, not a result
             raise UserInputError(f"{a.target} called sys.exit({e.code!r}) while being examined: nothing was "
                                  "measured; return from the function instead of exiting") from None
@@ -173,15 +174,21 @@ class HeldSteps:
 
     def __call__(self, label: str) -> None:
         with self._lock:
-            if self._held is not None and label != self._release_at:
+            # a step's label may carry its time left after the phase's name: the phase is its start
+            if self._held is not None and not label.startswith(self._release_at):
                 self._held.append(label)
                 return
         self._release()
         with self._lock:
             self._step(label)
 
-    def stop(self) -> None:
+    def stop(self, show_held: bool = False) -> None:
+        """The timer is cancelled; with ``show_held`` (the examination finished) anything still held is
+        shown, so an examination shorter than the hold still lists its steps; without it (a refusal)
+        the held steps are dropped, and the refusal stays one line."""
         self._timer.cancel()
+        if show_held:
+            self._release()
 
 
 def trace_path_for(out: Path) -> Path:
