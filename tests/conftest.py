@@ -11,6 +11,17 @@ def _isolated_cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _umask_kept():
+    """Each test gets the session's umask back: a command run in-process that makes its outputs private
+    (umask 077) must not make the next test's folders unreadable to the system users a hub test
+    logs in as (a clean-clone run failed all three hub tests that way)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    yield
+    os.umask(mask)
+
+
+@pytest.fixture(autouse=True)
 def _machine_profile(monkeypatch):
     """HWLAB_TEST_MACHINE_PROFILE=other: the examination's last-level cache is the second profile's
     (tests/machine.py), so CI runs the verdict tests on a cache unlike this machine's."""

@@ -56,7 +56,15 @@ def cmd_class(a) -> int:
         if not a.dir:
             raise UserInputError("give the gradebook folder: hwlab class serve DIR [--group INSTRUCTORS]")
         return gradeservice.serve(a.dir, a.group)
-    os.umask(0o077)  # the instructor's outputs (plot, rescue copies) are theirs alone
+    old_mask = os.umask(0o077)  # the instructor's outputs (plot, rescue copies) are theirs alone
+    try:
+        return _summary(a)
+    finally:  # called in-process (tests, a notebook), the caller's umask comes back
+        os.umask(old_mask)
+
+
+def _summary(a) -> int:
+    """``hwlab class summary`` (the module doc), under the caller's umask 077."""
     folder = Path(a.dir) if a.dir else classroom.class_dir()
     if folder is None:
         raise UserInputError(f"give the class folder: hwlab class summary DIR (or set {classroom.ENV_DIR})")
