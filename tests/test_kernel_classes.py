@@ -53,6 +53,14 @@ CASES = [
     ("void c10d::symmetric_memory::multimem_all_reduce_kernel<c10::BFloat16, 16, 8>", "communication", None, None),
     ("void vllm::cross_device_reduce_1stage<c10::BFloat16, 8>(vllm::RankData*)", "communication", None, None),
     ("void nvshmemi_transfer_rma_kernel", "communication", None, None),
+    # DeepEP's handshakes are communication too, whatever namespace wraps the library
+    ("void deep_ep::intranode::notify_dispatch<8>(int const*, int*, int, int const*, int*)", "communication",
+     None, None),
+    ("void dpsk::ep::internode::cached_notify<false>(int, int, int, int, int*, int)", "communication", None, None),
+    ("void dpsk::ep::internode::notify_dispatch<false, 8>(int const*, long*, int)", "communication", None, None),
+    ("void dpsk::ep::internode::combine<false, 8, __nv_bfloat16, 8, 2, 16, 24>(int4*, float*)", "communication",
+     None, None),
+    ("void deep_ep::internode_ll::clean_low_latency_buffer<32>(int*, int, int*, int)", "communication", None, None),
     # Inductor's Triton kernels: templates of a matmul are GEMMs, the rest compiled
     ("triton_poi_fused_add_mul_0", "triton/compiled", None, None),
     ("triton_red_fused__softmax_1", "triton/compiled", None, None),
@@ -176,3 +184,21 @@ def test_ranks_and_examine_count_the_same_non_nccl_communication(tmp_path):
     from hwlab.examine.from_trace import examine_trace
     parts = {p.name: p for p in examine_trace(path).parts.parts}
     assert parts["communication"].t_ms == pytest.approx(0.4, abs=1e-6)
+
+
+def test_an_expert_parallel_step_counts_every_deepep_kernel_as_communication(tmp_path):
+    """DeepEP's notify / cached-notify handshakes sit beside its dispatch and combine on the
+    communication stream: a GPU-only step of them and a GEMM reads as communication in examine
+    (nothing unrecognised) and as the same collectives' time in the ranks reader."""
+    from hwlab.examine.from_trace import examine_trace
+    from hwlab.traces.kineto import read_trace
+    ep = [("void dpsk::ep::internode::notify_dispatch<false, 8>(int const*, long*, int)", 90.0),
+          ("void dpsk::ep::internode::dispatch<false, 8, false, 8>(int4*, float*, long*)", 300.0),
+          ("void dpsk::ep::internode::cached_notify<false>(int, int, int, int, int*, int)", 60.0),
+          ("void dpsk::ep::internode::combine<false, 8, __nv_bfloat16, 8, 2, 16, 24>(int4*, float*)", 250.0)]
+    gemm = [("void cutlass::device_kernel<dpsk::grouped_gemm::cuda::fp8_ptp128c::GemmKernel>(x::Params)", 300.0)]
+    path = _gpu_only_trace(tmp_path / "ep_step.json.gz", ep + gemm)
+    parts = {p.name: p for p in examine_trace(path).parts.parts}
+    assert "unrecognised" not in parts
+    assert parts["communication"].t_ms == pytest.approx(0.7, abs=1e-6)
+    assert sum(c.dur_us for c in read_trace(path).collectives) == pytest.approx(700.0)

@@ -13,7 +13,9 @@ Rules, first match wins (each rule's fragments are the lower-cased names the lib
 1. **memcpy / memset**: the ``gpu_memcpy`` / ``gpu_memset`` categories, ``Memcpy ...`` /
    ``Memset ...`` names, HIP's ``__amd_rocclr_copyBuffer`` / ``fillBuffer`` blits.
 2. **communication** (:data:`COMM_MARKS`): NCCL / RCCL / MSCCL kernels, NVSHMEM, expert-parallel
-   all-to-all libraries (DeepEP, pplx), multimem and one-/two-shot all-reduce (symmetric memory),
+   all-to-all libraries (DeepEP, pplx; DeepEP's ``intranode`` / ``internode`` / ``internode_ll``
+   namespaces whole, under any outer namespace, so its notify and cached-notify handshakes count
+   with its dispatch and combine), multimem and one-/two-shot all-reduce (symmetric memory),
    custom all-reduce (vLLM ``cross_device_reduce``, quick-reduce), Transformer Engine userbuffers.
 3. **Inductor's Triton kernels** (``triton_poi`` / ``triton_red`` / ``triton_per`` / ``triton_tem``
    / ``triton_``): templates of a matmul are GEMMs, of an attention are attention, the rest are
@@ -71,9 +73,8 @@ PRECISION_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "tf32": "float32", "fp
 COMM_MARKS = ("nccl", "rccl", "msccl", "nvshmem", "deep_ep", "deepep", "pplx", "all2all", "alltoall",
               "all_to_all", "allreduce", "all_reduce", "allgather", "all_gather", "reducescatter",
               "reduce_scatter", "multimem", "one_shot_", "two_shot_", "cross_device_reduce", "custom_ar",
-              "quickreduce", "quick_all_reduce", "userbuffers", "onerank", "intranode::dispatch",
-              "intranode::combine", "internode::dispatch", "internode::combine", "ep_dispatch", "ep_combine",
-              "moe_dispatch", "moe_combine", "c10d::")
+              "quickreduce", "quick_all_reduce", "userbuffers", "onerank", "intranode::", "internode::",
+              "internode_ll::", "ep_dispatch", "ep_combine", "moe_dispatch", "moe_combine", "c10d::")
 ATTENTION_MARKS = ("flash_fwd", "flash_bwd", "flash::", "flash_attn", "flashattn", "flashinfer", "flashmla",
                    "fmha", "attention", "attn", "sdpa", "mha_fwd", "mha_bwd", "_mha", "xformers",
                    "pytorch_flash", "mem_eff", "paged_attention", "flash_decod", "mla_decode", "sage_fwd",
