@@ -66,6 +66,11 @@ CASES = [
     ("triton_red_fused__softmax_1", "triton/compiled", None, None),
     ("triton_tem_fused_mm_4", "gemm", None, None),
     ("triton__0d1d2d3d4d5d6d7d8d9d10d11d12d13d14", "triton/compiled", None, None),
+    ("triton_per_fused_native_layer_norm_0", "triton/compiled", None, None),
+    # a hand-written Triton kernel names what it computes; only an unnamed one is compiled work
+    ("triton_gemm_kernel_0d1d2d", "gemm", None, None),
+    ("triton_layernorm_fwd_kernel", "norm/reduction", None, None),
+    ("triton_mystery_kernel", "triton/compiled", None, None),
     # PyTorch's own kernels and friends
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", "elementwise",
      None, None),
@@ -202,3 +207,15 @@ def test_an_expert_parallel_step_counts_every_deepep_kernel_as_communication(tmp
     assert "unrecognised" not in parts
     assert parts["communication"].t_ms == pytest.approx(0.7, abs=1e-6)
     assert sum(c.dur_us for c in read_trace(path).collectives) == pytest.approx(700.0)
+
+
+def test_a_hand_written_triton_gemm_is_gemm_time_beside_inductor_kernels(tmp_path):
+    """A Triton GEMM outside Inductor's naming (tritonbench's ``triton_gemm_kernel``) is GEMM-class
+    time; Inductor's fused pointwise kernel beside it stays ``triton/compiled``."""
+    from hwlab.examine.from_trace import examine_trace
+    kernels = [("triton_gemm_kernel_0d1d2d", 400.0), ("triton_poi_fused_add_mul_0", 100.0),
+               ("sm90_xmma_gemm_f16f16_f32", 100.0)] * 3
+    parts = {p.name: p for p in examine_trace(_gpu_only_trace(tmp_path / "tgemm.json.gz", kernels)).parts.parts}
+    gemm_ms = sum(p.t_ms for n, p in parts.items() if n.startswith("gemm"))
+    assert gemm_ms == pytest.approx(1.5, abs=1e-6)
+    assert parts["triton/compiled"].t_ms == pytest.approx(0.3, abs=1e-6)

@@ -18,8 +18,11 @@ Rules, first match wins (each rule's fragments are the lower-cased names the lib
    with its dispatch and combine), multimem and one-/two-shot all-reduce (symmetric memory),
    custom all-reduce (vLLM ``cross_device_reduce``, quick-reduce), Transformer Engine userbuffers.
 3. **Inductor's Triton kernels** (``triton_poi`` / ``triton_red`` / ``triton_per`` / ``triton_tem``
-   / ``triton_``): templates of a matmul are GEMMs, of an attention are attention, the rest are
-   ``triton/compiled`` (what they compute is fused and not named).
+   / ``triton_for`` ..., the older ``triton_fused_`` / ``triton__``): templates of a matmul are GEMMs,
+   of an attention are attention, the rest are ``triton/compiled`` (what they compute is fused and
+   not named). A hand-written Triton kernel (``triton_gemm_kernel``, ``triton_layernorm_fwd``)
+   names what it computes, so it goes through the rules below like any other kernel, and only a
+   name none of them recognises is ``triton/compiled``.
 4. **attention** (:data:`ATTENTION_MARKS`): FlashAttention 2/3, FlashInfer, FlashMLA, CK-tile
    and aiter FMHA, cuDNN SDPA, xFormers / mem-efficient, PyTorch's ``pytorch_flash``, paged attention.
 5. **norm / reduction** before convolution (MIOpen and cuDNN batch-norm kernels carry the
@@ -108,6 +111,10 @@ TC_MARKS = ("tensorop", "hmma", "imma", "wgmma", "gmma", "884", "1688", "16816",
 _TENSILE_MI = re.compile(r"_mi\d+x\d+")
 _TENSILE_TYPE = re.compile(r"cijk_[a-z]+_[a-z]+_([a-z0-9]+?)_")
 SIMT_MARKS = ("sgemm", "dgemm", "gemv", "scudnn", "gemmsn", "gemmk1", "implicit_convolve")
+#: Inductor's kernel names: ``triton_`` + the first three letters of its kind (pointwise, reduction,
+#: persistent reduction, template, foreach, split scan, cooperative, unknown), or the older
+#: ``triton_fused_...`` / ``triton__0d1d...``; any other ``triton_...`` is a hand-written kernel
+_INDUCTOR = re.compile(r"triton_(poi|red|per|tem|for|spl|coo|unk|fused)_|triton__")
 
 
 @dataclass(frozen=True)
@@ -196,7 +203,7 @@ def classify_kernel(name: str, cat: str | None = None) -> KernelKind:
     m = _first(n, COMM_MARKS)
     if m:
         return KernelKind("communication", m)
-    if n.startswith("triton_"):  # Inductor's generated kernels
+    if _INDUCTOR.match(n):  # Inductor's generated kernels
         if n.startswith("triton_tem") and re.search(r"_(mm|bmm|addmm|baddbmm|convolution|conv)(_|\d|$)", n):
             return KernelKind("gemm", "triton_tem (matmul template)", None, precision_of(n))
         if n.startswith("triton_tem") and ("attention" in n or "flex" in n):
