@@ -48,6 +48,8 @@ def raw_idle(path: Path, works) -> dict:
     dev = [e for e in X if str(e.get("cat")).lower() in DEV]
     launch = {e["args"]["correlation"]: float(e["ts"]) for e in X
               if str(e.get("cat")).lower() in RT and "correlation" in (e.get("args") or {})}
+    launch_end = {e["args"]["correlation"]: float(e["ts"]) + float(e.get("dur", 0)) for e in X
+                  if str(e.get("cat")).lower() in RT and "correlation" in (e.get("args") or {})}
     steps = sorted((e for e in X if str(e.get("name", "")).startswith("ProfilerStep#")
                     and str(e.get("cat")).lower() in ("cpu_op", "user_annotation", "operator")), key=lambda e: e["ts"])
     syncs = _union((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in X
@@ -70,18 +72,19 @@ def raw_idle(path: Path, works) -> dict:
             L = launch.get((e.get("args") or {}).get("correlation"))
             owner = max([i for i, t in enumerate(starts) if t <= (L if L is not None else e["ts"])], default=-1)
             if L is not None and owner == k and L <= h1:  # launched in this step's host range (the last begun)
-                mine.append((float(e["ts"]), float(e["ts"]) + float(e["dur"]), L))
+                mine.append((float(e["ts"]), float(e["ts"]) + float(e["dur"]), L,
+                             launch_end[(e.get("args") or {}).get("correlation")]))
                 skew = max(skew, L - float(e["ts"]))
             elif L is None and owner == k:  # no launch record: the step whose start is the last before it
-                mine.append((float(e["ts"]), float(e["ts"]) + float(e["dur"]), None))
+                mine.append((float(e["ts"]), float(e["ts"]) + float(e["dur"]), None, None))
         rows.append((w, sorted(mine, key=lambda x: x[0])))  # by start; ties in file order, as read
     out = []
     for w, mine in rows:
         lo, hi = w.ts, w.ts + w.window_us
-        busy = sum(b - a for a, b in _union((max(a, lo), max(b, lo)) for a, b, _ in mine))
-        own = own_hi = host = sync = 0.0
+        busy = sum(b - a for a, b in _union((max(a, lo), max(b, lo)) for a, b, _, _ in mine))
+        own = own_hi = host = sync = in_call = 0.0
         cur = lo
-        for a, b, L in mine:
+        for a, b, L, L_end in mine:
             a = max(a, lo)
             if a > cur:
                 g = a - cur
@@ -90,13 +93,15 @@ def raw_idle(path: Path, works) -> dict:
                 if m < g:
                     host += g - m
                     sync += _overlap(syncs, cur, min(a, L))
+                    in_call += max(0.0, min(a, L_end) - L)
             cur = max(cur, b)
         if hi > cur:
             host += hi - cur
             sync += _overlap(syncs, cur, hi)
-        out.append({"idle": (hi - lo) - busy, "own": own, "own_hi": own_hi, "host": host, "sync": sync})
+        out.append({"idle": (hi - lo) - busy, "own": own, "own_hi": own_hi, "host": host, "sync": sync,
+                    "in_call": in_call})
     n = len(out)
-    tot = {k: sum(r[k] for r in out) for k in ("idle", "own", "own_hi", "host", "sync")}
+    tot = {k: sum(r[k] for r in out) for k in ("idle", "own", "own_hi", "host", "sync", "in_call")}
     ends = [r["idle"] / r["own_hi"] for r in out if r["own_hi"] > 0] + [tot["idle"] / tot["own_hi"]] + \
         [r["idle"] / r["own"] for r in out if r["own"] > 0]
     return {"n": n, "per_step": out, "skew": skew, "ends": ends,
@@ -202,6 +207,26 @@ def test_work_the_device_already_held_bounds_nothing(tmp_path):
     p = _idle(ex)
     assert r["bound"] == pytest.approx(1.0) and p.leaf_id is None and p.walk.undecided.id == "B"
     assert any("hwlab ranks --traces" in n for n in p.notes)
+
+
+@pytest.mark.parametrize("lead_us", [2000.0, 5.0])
+def test_the_whole_step_blames_launches_only_for_idle_that_waited_on_the_host(tmp_path, lead_us):
+    """The whole step's launch share is the raw host-side idle over the step, with the gaps spent in
+    the next kernel's own launch call (the launch itself was slow), not its whole idle:
+    with every kernel launched long before it ran (the device's own gaps) the walk never ends at J
+    through "the launch path is the limiter"; with every kernel launched just before it (the device
+    waited on the host) it still does."""
+    f = _trace(tmp_path, f"lead{int(lead_us)}", [40.0] * 10, lead_us)
+    ex = examine_trace(f)
+    r = raw_idle(f, ex.works)
+    step_ms = ex.parts.t_ms
+    idle_pct = 100.0 * r["idle_ms"] / step_ms
+    assert idle_pct >= 50.0  # the raw idle alone would take H's launch override
+    host_pct = 100.0 * (r["host_ms"] + r["in_call_ms"]) / step_ms
+    assert ex.evidence["launch_gap_pct"] == pytest.approx(min(idle_pct, host_pct), rel=1e-6)
+    launch_override = any(st.overridden and st.metric == "launch_gap_pct" for st in ex.diagnosis.steps)
+    assert launch_override == (host_pct >= 50.0)
+    assert launch_override == (lead_us < 40.0)  # the two built cases take each side
 
 
 def test_a_bound_whose_steps_straddle_the_threshold_is_borderline(tmp_path):

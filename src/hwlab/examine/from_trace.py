@@ -52,7 +52,7 @@ from hwlab.diagnosis.flowchart import LEAVES, diagnose
 from hwlab.errors import UserInputError
 from hwlab.examine.parts import Parts, build_parts, fused_floor_bytes
 from hwlab.examine.trace_ceilings import TraceCeilings, ceilings_for  # noqa: F401 (re-exported)
-from hwlab.examine.trace_bounds import (gemm_kernel_ms, idle_split, idle_walk, kernel_names, name_recordings,
+from hwlab.examine.trace_bounds import (gemm_kernel_ms, host_side_gap, idle_split, idle_walk, kernel_names, name_recordings,
                                         sync_points, timeline_bounds)
 from hwlab.examine.idle_causes import WARMUP_RATIO, apply_causes, idle_causes, warmup_steps, whole_step_gap
 from hwlab.examine.trace_enough import MIN_STEP_US, NothingToDiagnose, enough_to_diagnose  # noqa: F401
@@ -452,6 +452,7 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
     if gpu:
         splits, skew_us = idle_split(works, ot.syncs)
         idle_walk(parts, splits, skew_us, notes, leaf_lab)
+        host_side_gap(ev, src, splits, parts.t_ms)
     sync_points(ot, works, parts, notes)
     if gpu:
         ic = idle_causes(ot, works)

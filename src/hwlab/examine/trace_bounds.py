@@ -138,6 +138,24 @@ def idle_split(works: list[StepWork], syncs: list[tuple[float, float, str]]) -> 
     return out, skew
 
 
+def host_side_gap(ev: dict[str, Any], src: dict[str, str], splits: list[IdleSplit], t_ms: float) -> None:
+    """The whole step's ``launch_gap_pct`` (H's launch override: "the launch path is the limiter")
+    is at most the share of the step the device waited on the host's launch path (:func:`idle_split`'s
+    host side, plus the gaps spent inside the next work's own launch call, which had not returned:
+    the launch itself was slow; mean over steps), not its whole idle share: the device's own gaps
+    between work it already held (launched early and run late, or with no launch record) are not
+    shortened by faster launches, so they never send the walk to "launch" (they wait on another
+    stream, an event or a peer rank, which the idle part's note names)."""
+    if not splits or "launch_gap_pct" not in ev or t_ms <= 0:
+        return
+    host_pct = min(100.0, 100.0 * sum(s.host_us + s.in_call_us for s in splits) / len(splits) / 1e3 / t_ms)
+    if host_pct < ev["launch_gap_pct"]:
+        ev["launch_gap_pct"] = host_pct
+        src["launch_gap_pct"] = ("the share of the step the device waited for the host to launch, or inside the "
+                                 "launch call of its next work (host launch times against device start times); the rest of its idle is the device's own "
+                                 "gaps between work it already held, which faster launches do not shorten")
+
+
 def idle_walk(parts: Parts, splits: list[IdleSplit], skew_us: float, notes: list[str],
               lab_for: Callable[[str], str]) -> None:
     """The idle part floored on the device's own gaps and walked on the bound they give (module doc)."""
