@@ -113,3 +113,21 @@ def test_mma_gemm_under_a_datasheet_peak_stops_at_h_instead_of_leaf_i():
     assert any("datasheet" in n and "--baseline" in n for n in bf16.notes)
     assert fp32.walk.leaf.id == "I" and "datasheet" in fp32.sources["tensor_pct_of_peak"]
     assert fast.evidence["tensor_pct_of_peak"] == 70.0 and (fast.walk.leaf is None or fast.walk.leaf.id != "I")
+
+
+def test_attention_under_a_datasheet_peak_stops_at_h_and_on_a_measured_one_keeps_its_answer():
+    """An attention part at 25% of a datasheet GEMM peak stops at H naming the measurement; the same
+    part against measured ceilings (no relabelling) keeps its I, and one at 70% is untouched."""
+    from types import SimpleNamespace
+
+    from hwlab.diagnosis.flowchart import diagnose
+    from hwlab.examine.from_trace import _relabel
+    low, fast, measured = _gemm_part("attention", 25.0), _gemm_part("attention", 70.0), _gemm_part("attention", 25.0)
+    for p in (low, fast, measured):
+        p.walk = diagnose({**p.evidence, "metric_sources": p.sources})
+    assert low.walk.leaf.id == "I" and measured.walk.leaf.id == "I"
+    _relabel(SimpleNamespace(parts=[low, fast]), {})
+    assert low.walk.leaf is None and "H" in str(low.walk.undecided) and "tensor_pct_of_peak" not in low.evidence
+    assert any("datasheet" in n and "--baseline" in n for n in low.notes)
+    assert fast.evidence["tensor_pct_of_peak"] == 70.0
+    assert measured.walk.leaf.id == "I" and measured.evidence["tensor_pct_of_peak"] == 25.0

@@ -288,12 +288,21 @@ MMA_ONLY_DTYPES = ("bfloat16", "float16", "float8", "fp4")
 
 
 def _datasheet_mma_rate(p) -> None:
-    """A GEMM part at a dtype the libraries run on tensor cores / MFMA only, whose rate is under
+    """An attention part under H's line against a **datasheet** peak does not answer H either (the
+    note says why). A GEMM part at a dtype the libraries run on tensor cores / MFMA only, whose rate is under
     H's line against a **datasheet** peak, does not answer H: the MMA path is already taken (its
     kernels' dtype), and dense datasheet peaks are above what measured GEMMs reach on the same
     GPU, so a low share of one is no evidence of a wrong tile, dtype or path. The share moves to a
     note naming the measurement that decides H (this machine's GEMM rate at the dtype)."""
     pct = p.evidence.get("tensor_pct_of_peak")
+    if p.name == "attention" and pct is not None and pct < 50.0:
+        del p.evidence["tensor_pct_of_peak"]
+        p.sources.pop("tensor_pct_of_peak", None)
+        p.notes.append(f"its attention kernels run at {pct:.0f}% of the datasheet GEMM peak: attention (softmax, "
+                       "masking, the KV reads of decoding) does not reach a dense GEMM's datasheet rate on any GPU, "
+                       "so H (tensor-core use low) is not decided against it; pass --baseline with this machine's "
+                       "measured record, or time the same shapes with SDPA / FlashAttention on it, to decide H")
+        return
     dt = p.name.split(" ", 1)[1] if p.name.startswith("gemm ") else ""
     if pct is None or not dt.startswith(MMA_ONLY_DTYPES) or pct >= 50.0:
         return
