@@ -189,3 +189,20 @@ def test_forty_us_of_jitter_still_matches_every_short_collective(tmp_path, monke
     monkeypatch.setattr(rank_reading, "CLOCK_JITTER_US", 0.0)  # strict overlap: not every one on the clock
     c = ranks_traces.report(d)["collectives"]
     assert c["methods"].get(rank_reading.BY_OVERLAP, 0) < N_STEPS * N_COLL
+
+
+def test_the_vote_and_finding_are_the_same_bytes_with_one_or_two_workers(tmp_path, capsys, monkeypatch):
+    """The late-rank set (a finding) and a tie (undecided): --json identical at --workers 1 and 2."""
+    from hwlab import cli
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")  # the incident's opening time, fixed
+    late = _eight(tmp_path, lambda r, s, k: 1300.0 if r == 4 and k == 0 else 0.0, coll_us=1400.0, compute_us=1000.0,
+                  step_lag=lambda r: 2500.0 if r == 4 else 0.0)
+    tie = tmp_path / "tie"
+    late.rename(tmp_path / "late")
+    _eight(tmp_path, lambda r, s, k: 600.0 if r == (3 if (s * N_COLL + k) % 2 else 6) else 0.0).rename(tie)
+    for folder, rc in ((tmp_path / "late", 1), (tie, 4)):
+        outs = []
+        for w in (1, 2):
+            assert cli.main(["ranks", "--traces", str(folder), "--json", "--workers", str(w)]) == rc
+            outs.append(capsys.readouterr().out)
+        assert outs[0] == outs[1] and json.loads(outs[0])["finding"]["kind"] in ("late_rank", "arrival_tie")

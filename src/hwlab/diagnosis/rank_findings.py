@@ -17,8 +17,8 @@ who the others waited for). The rules and why:
     loader, its placement).
   - **late rank**: its own time is not longer, so it *starts* late: on one clock, how long after
     the first rank it starts its steps is shown; what delays it lies before its recorded step
-    (the previous step, its input, its host), which the flowchart's K answers no to (no rank's own
-    work finishes late) and the link questions do not decide.
+    (the previous step, its input, its host). The walk's K reads the named rank's own-time tail,
+    under the threshold here: no rank's own work finishes late.
 * **A tie**: the vote's top ranks lie within its spread (rank_arrival) and the others wait for
   them together at least :data:`RANK_TAIL_PCT` of the step: the candidates are named with their
   own times and caused waits, none is chosen.

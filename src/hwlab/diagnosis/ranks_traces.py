@@ -34,16 +34,21 @@ rule behind each part:
   the start times (one clock) give the arrival order (the last to start arrives last) and the
   share of collectives where the time-inside order agrees is reported. The arrival vote is weighed
   by the wait each late arrival caused the others, a tie within the reading's spread reported as
-  a tie (:mod:`hwlab.diagnosis.rank_arrival`). A folder whose traces state no world size and share
-  no collective is not shown to be one job: undecided, never clean.
+  a tie (:mod:`hwlab.diagnosis.rank_arrival`).
+* **Not one job**, undecided (the CLI exits 4), never clean: one rank stated by two different
+  traces (two runs, or two recordings of one rank); no world size stated and no collective on
+  every trace, or collectives matched by name and order only, with no shared clock to show that
+  they ran together (two single-GPU runs holding the same collective kernel).
 * **What is named** (a slow or late rank, a tie, a tail arrival does not confirm, a slow link,
   or nothing) and the rule behind each: :mod:`hwlab.diagnosis.rank_findings`. A tie is undecided
   (the CLI exits 4); nothing named exits 0.
 * **Machine and workload** from the traces (``deviceProperties``, host names; backward ops and
   optimizer steps make it a training job, whose M actions differ: :data:`hwlab.diagnosis.flowchart.LEAF_VARIANTS`).
 * **Flowchart** on measured values only: B ``slowdown_vs_floor`` (peer floor, above); D
-  ``e2e_slowdown`` = median step over the median rank's own time; K ``rank_tail_pct`` (own-time
-  tail) and ``collective_floor_pct``.
+  ``e2e_slowdown`` = median step over the median rank's own time; K ``rank_tail_pct`` (the own-time
+  tail of the rank named, else of the longest own time: a rank that starts late with its own work
+  no longer has no own-time tail, so its lateness is not sent to L's link and topology actions)
+  and ``collective_floor_pct``.
 """
 from __future__ import annotations
 
