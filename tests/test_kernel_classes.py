@@ -53,11 +53,24 @@ CASES = [
     ("void c10d::symmetric_memory::multimem_all_reduce_kernel<c10::BFloat16, 16, 8>", "communication", None, None),
     ("void vllm::cross_device_reduce_1stage<c10::BFloat16, 8>(vllm::RankData*)", "communication", None, None),
     ("void nvshmemi_transfer_rma_kernel", "communication", None, None),
+    # DeepEP's handshakes are communication too, whatever namespace wraps the library
+    ("void deep_ep::intranode::notify_dispatch<8>(int const*, int*, int, int const*, int*)", "communication",
+     None, None),
+    ("void dpsk::ep::internode::cached_notify<false>(int, int, int, int, int*, int)", "communication", None, None),
+    ("void dpsk::ep::internode::notify_dispatch<false, 8>(int const*, long*, int)", "communication", None, None),
+    ("void dpsk::ep::internode::combine<false, 8, __nv_bfloat16, 8, 2, 16, 24>(int4*, float*)", "communication",
+     None, None),
+    ("void deep_ep::internode_ll::clean_low_latency_buffer<32>(int*, int, int*, int)", "communication", None, None),
     # Inductor's Triton kernels: templates of a matmul are GEMMs, the rest compiled
     ("triton_poi_fused_add_mul_0", "triton/compiled", None, None),
     ("triton_red_fused__softmax_1", "triton/compiled", None, None),
     ("triton_tem_fused_mm_4", "gemm", None, None),
     ("triton__0d1d2d3d4d5d6d7d8d9d10d11d12d13d14", "triton/compiled", None, None),
+    ("triton_per_fused_native_layer_norm_0", "triton/compiled", None, None),
+    # a hand-written Triton kernel names what it computes; only an unnamed one is compiled work
+    ("triton_gemm_kernel_0d1d2d", "gemm", None, None),
+    ("triton_layernorm_fwd_kernel", "norm/reduction", None, None),
+    ("triton_mystery_kernel", "triton/compiled", None, None),
     # PyTorch's own kernels and friends
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", "elementwise",
      None, None),
@@ -176,3 +189,33 @@ def test_ranks_and_examine_count_the_same_non_nccl_communication(tmp_path):
     from hwlab.examine.from_trace import examine_trace
     parts = {p.name: p for p in examine_trace(path).parts.parts}
     assert parts["communication"].t_ms == pytest.approx(0.4, abs=1e-6)
+
+
+def test_an_expert_parallel_step_counts_every_deepep_kernel_as_communication(tmp_path):
+    """DeepEP's notify / cached-notify handshakes sit beside its dispatch and combine on the
+    communication stream: a GPU-only step of them and a GEMM reads as communication in examine
+    (nothing unrecognised) and as the same collectives' time in the ranks reader."""
+    from hwlab.examine.from_trace import examine_trace
+    from hwlab.traces.kineto import read_trace
+    ep = [("void dpsk::ep::internode::notify_dispatch<false, 8>(int const*, long*, int)", 90.0),
+          ("void dpsk::ep::internode::dispatch<false, 8, false, 8>(int4*, float*, long*)", 300.0),
+          ("void dpsk::ep::internode::cached_notify<false>(int, int, int, int, int*, int)", 60.0),
+          ("void dpsk::ep::internode::combine<false, 8, __nv_bfloat16, 8, 2, 16, 24>(int4*, float*)", 250.0)]
+    gemm = [("void cutlass::device_kernel<dpsk::grouped_gemm::cuda::fp8_ptp128c::GemmKernel>(x::Params)", 300.0)]
+    path = _gpu_only_trace(tmp_path / "ep_step.json.gz", ep + gemm)
+    parts = {p.name: p for p in examine_trace(path).parts.parts}
+    assert "unrecognised" not in parts
+    assert parts["communication"].t_ms == pytest.approx(0.7, abs=1e-6)
+    assert sum(c.dur_us for c in read_trace(path).collectives) == pytest.approx(700.0)
+
+
+def test_a_hand_written_triton_gemm_is_gemm_time_beside_inductor_kernels(tmp_path):
+    """A Triton GEMM outside Inductor's naming (tritonbench's ``triton_gemm_kernel``) is GEMM-class
+    time; Inductor's fused pointwise kernel beside it stays ``triton/compiled``."""
+    from hwlab.examine.from_trace import examine_trace
+    kernels = [("triton_gemm_kernel_0d1d2d", 400.0), ("triton_poi_fused_add_mul_0", 100.0),
+               ("sm90_xmma_gemm_f16f16_f32", 100.0)] * 3
+    parts = {p.name: p for p in examine_trace(_gpu_only_trace(tmp_path / "tgemm.json.gz", kernels)).parts.parts}
+    gemm_ms = sum(p.t_ms for n, p in parts.items() if n.startswith("gemm"))
+    assert gemm_ms == pytest.approx(1.5, abs=1e-6)
+    assert parts["triton/compiled"].t_ms == pytest.approx(0.3, abs=1e-6)

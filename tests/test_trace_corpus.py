@@ -3,8 +3,9 @@
 Runs where ``HWLAB_TRACE_CORPUS`` names a folder holding MANIFEST.json's files (each checked
 against its sha256). Per trace: the kit's one kernel classification of the raw kernel events gives
 the dominant part the reading names, at least the GEMM-class share the reading counted among the
-longest kernels (within 2 points), communication found exactly where the reading found it, and the
-reading's tensor-core / MFMA answer; ``examine --trace`` answers, stops honestly (too little to
+longest kernels (within 2 points), communication found exactly where the reading found it (at least
+its share where the reading gives one, and led by NCCL / RCCL kernels only where the reading says
+NCCL: DeepEP or multimem communication is not NCCL's), and the reading's tensor-core / MFMA answer; ``examine --trace`` answers, stops honestly (too little to
 diagnose) or refuses with a line, never anything else."""
 import gzip
 import json
@@ -19,6 +20,7 @@ from hwlab.core.kernel_classes import classify_kernel
 from hwlab.errors import UserInputError
 
 READINGS = json.loads((MANIFEST.parent / "READINGS.json").read_text())["readings"]
+NCCL_RULES = ("nccl", "rccl", "msccl")  # the rules (name fragments) of NCCL-family kernels
 DEVICE_CATS = {"kernel": None, "Kernel": None, "gpu_memcpy": "gpu_memcpy", "Memcpy": "gpu_memcpy",
                "gpu_memset": "gpu_memset", "Memset": "gpu_memset"}
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(corpus_dir() is None, reason="set HWLAB_TRACE_CORPUS to the "
@@ -36,7 +38,7 @@ def _trace(reading) -> Path:
 def _shares(f: Path):
     raw = f.read_bytes()
     doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)  # some sources commit plain JSON
-    per, tc_us, total = Counter(), Counter(), 0.0
+    per, tc_us, comm_us, total = Counter(), Counter(), Counter(), 0.0
     for e in doc.get("traceEvents", []):
         if e.get("ph") != "X" or e.get("cat") not in DEVICE_CATS:
             continue
@@ -46,16 +48,21 @@ def _shares(f: Path):
         total += us
         if k.gemm_class:
             tc_us[k.tensor_core] += us
-    return {p: 100.0 * v / total for p, v in per.items()} if total else {}, tc_us
+        if k.cls == "communication":
+            comm_us[k.rule in NCCL_RULES] += us
+    return {p: 100.0 * v / total for p, v in per.items()} if total else {}, tc_us, comm_us
 
 
 @pytest.mark.parametrize("reading", READINGS, ids=[r["file"].split("/")[-1][:40] for r in READINGS])
 def test_each_corpus_trace_reads_as_its_reading(reading):
-    shares, tc_us = _shares(_trace(reading))
+    shares, tc_us, comm_us = _shares(_trace(reading))
     dominant = max(shares, key=shares.get) if shares else None
     assert dominant in reading["dominant_part"], shares
     assert shares.get("gemm", 0.0) >= reading["gemm_class_pct_at_least"] - 2.0, shares
     assert (shares.get("communication", 0.0) > 0) == (reading["communication"] != "none"), shares
+    assert shares.get("communication", 0.0) >= reading.get("communication_pct_at_least", 0.0) - 2.0, shares
+    if comm_us:  # NCCL / RCCL leads the communication time exactly where the reading found NCCL
+        assert (comm_us[True] > comm_us[False]) == (reading["communication"] == "nccl"), dict(comm_us)
     if reading["gemm_tensor_cores"] is not None and tc_us:
         assert max(tc_us, key=tc_us.get) is reading["gemm_tensor_cores"], dict(tc_us)
 

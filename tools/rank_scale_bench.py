@@ -98,7 +98,8 @@ f = rep["finding"]
 print(json.dumps({"wall_s": wall, "parent_cpu_s": s.ru_utime + s.ru_stime, "workers_cpu_s": c.ru_utime + c.ru_stime,
                   "parent_peak_mib": hwm_kib / 1024, "worker_peak_mib": c.ru_maxrss / 1024 if c.ru_maxrss else None,
                   "named": f.get("names"), "n_collectives": sum(x["n_collectives"] for x in rep["per_rank"].values()), "kind": f["kind"], "n_ranks_read": rep["n_ranks"],
-                  "json_sha256": hashlib.sha256(dumps_strict(rep).encode()).hexdigest()}))
+                  "json_sha256": hashlib.sha256(dumps_strict(rep).encode()).hexdigest(),
+                  "report_json_kib": len(dumps_strict(rep).encode()) / 1024}))
 """
 
 
@@ -158,6 +159,85 @@ def per_byte_costs(tmp: Path) -> dict:
             "cpu_s_per_rank_fixed": max(0.0, s1 - per_mb * mb1)}
 
 
+def summary_memory(tmp: Path) -> dict:
+    """What one rank's summary occupies in the parent: the Python heap a :class:`ReducedTrace` of
+    each source trace holds (``tracemalloc``, allocated after it was built minus before, the
+    trace's reading freed; one reading first, unmeasured, so the reader's one-time caches are not
+    counted), and its pickled size (what a worker sends back)."""
+    import gc
+    import pickle
+    import tracemalloc
+    from hwlab.traces import rank_summary
+    out = {}
+    for s in SOURCES:
+        (tmp / f"mem-{s}").write_bytes((DATA / s).read_bytes())
+    rank_summary.read_reduced(str(tmp / f"mem-{SOURCES[0]}"))
+    for s in SOURCES:
+        f = tmp / f"mem-{s}"
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        red = rank_summary.read_reduced(str(f))
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - base
+        tracemalloc.stop()
+        out[s] = {"heap_kib": held / 1024, "pickled_kib": len(pickle.dumps(red)) / 1024,
+                  "n_collectives": len(red.collectives)}
+    per_rank = sum(v["heap_kib"] for v in out.values()) / len(out)
+    return {"per_source": out, "heap_kib_per_rank": per_rank}
+
+
+def parent_heap(tmp: Path, sizes: tuple[int, int] = (64, 192), workers: int = 2) -> dict:
+    """What the parent's Python heap holds per rank, from ``tracemalloc`` at two job sizes read by
+    ``workers``: the summaries it received (:func:`hwlab.traces.rank_pool.read_all_reduced`), and
+    the report it returns (:func:`hwlab.diagnosis.ranks_traces.report`, the summaries freed); each as
+    a slope per rank between the two sizes, so what every job holds whatever its size cancels."""
+    import gc
+    import tracemalloc
+    from hwlab.diagnosis import ranks_traces
+    from hwlab.traces import rank_pool
+    held: dict[int, tuple[float, float]] = {}
+    for n in sizes:
+        job = tmp / f"heap{n}"
+        generate(job, n)
+        files = sorted(job.iterdir())
+        gc.collect()
+        tracemalloc.start()
+        red = rank_pool.read_all_reduced(files, None, [], [], [], workers=workers)
+        summaries = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        del red
+        gc.collect()
+        tracemalloc.start()
+        rep = ranks_traces.report(job, workers=workers)
+        report_kib = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        del rep
+        held[n] = (summaries / 1024, report_kib / 1024)
+        import shutil
+        shutil.rmtree(job)
+    (a, (sa, ra)), (b, (sb, rb)) = sorted(held.items())
+    return {"sizes": list(sizes), "workers": workers, "held_kib": {str(n): v for n, v in held.items()},
+            "summaries_kib_per_rank": (sb - sa) / (b - a), "report_kib_per_rank": (rb - ra) / (b - a)}
+
+
+def memory_growth(runs: list[dict], summary: dict) -> dict:
+    """The parent's peak (VmHWM) at each job size read by workers, its growth per rank between the
+    smallest and each larger job, beside one rank's summary: the growth is only the summaries when
+    the ratio is near 1 (above it: something else the parent keeps per rank)."""
+    w = max(r["workers"] for r in runs)
+    at = sorted((r for r in runs if r["workers"] == w and r.get("times", 1) == 1), key=lambda r: r["n_ranks"])
+    base = at[0]
+    rows = []
+    for r in at:
+        grow_kib = (r["parent_peak_mib"] - base["parent_peak_mib"]) * 1024
+        dn = r["n_ranks"] - base["n_ranks"]
+        rows.append({"n_ranks": r["n_ranks"], "parent_peak_mib": r["parent_peak_mib"],
+                     "growth_kib_per_rank": grow_kib / dn if dn else None,
+                     "growth_over_summary": grow_kib / dn / summary["heap_kib_per_rank"] if dn else None})
+    return {"workers": w, "summary_heap_kib_per_rank": summary["heap_kib_per_rank"], "by_size": rows}
+
+
 def merge_costs(runs: list[dict], big: dict) -> dict:
     """The parent's CPU while workers read (it merges summaries): per rank from the two largest jobs
     at the most workers, and per MB of a rank's JSON from a job of 8x longer traces (``big``)."""
@@ -206,7 +286,24 @@ def main() -> int:
     ap.add_argument("--project-cores", type=int, default=64)
     ap.add_argument("--out", default=str(ROOT / "tools" / "results" / "rank_scale" /
                                          time.strftime("%Y-%m-%dT%H%M%SZ-vm-cpu.json", time.gmtime())))
+    ap.add_argument("--add-memory-to", metavar="RECORD",
+                    help="only measure one rank's summary and add it, with the parent's growth per rank, to an "
+                         "earlier record of this benchmark (its runs' peaks are kept as they were measured)")
     a = ap.parse_args()
+    if a.add_memory_to:
+        rec_path = Path(a.add_memory_to)
+        rec = json.loads(rec_path.read_text())
+        with tempfile.TemporaryDirectory(prefix="hwlab-rank-bench-") as tmp:
+            summary = summary_memory(Path(tmp))
+            heap = parent_heap(Path(tmp))
+        rec["summary_memory"] = {**summary, "measured_unix_s": int(time.time())}
+        rec["parent_heap"] = heap
+        rec["parent_memory_growth"] = memory_growth(rec["runs"], summary)
+        tmp_out = rec_path.with_suffix(".tmp")
+        tmp_out.write_text(json.dumps(rec, indent=1) + "\n")
+        tmp_out.replace(rec_path)
+        print(json.dumps(rec["parent_memory_growth"], indent=1))
+        return 0
     if len(set(a.ranks)) < 2 or 1 not in a.workers:  # the merge cost is a line through two job sizes
         ap.error("give --ranks two sizes or more and --workers including 1 (the per-rank merge cost and the "
                  "speed-up are read from them)")
@@ -216,6 +313,9 @@ def main() -> int:
     runs = []
     with tempfile.TemporaryDirectory(prefix="hwlab-rank-bench-") as tmp:
         costs = per_byte_costs(Path(tmp))
+        summary = summary_memory(Path(tmp))
+        heap = parent_heap(Path(tmp))
+        print(f"summary memory: {summary}; parent heap: {heap}", file=sys.stderr)
         print(f"costs: {costs}", file=sys.stderr)
         for n in a.ranks:
             job = Path(tmp) / f"job{n}"
@@ -250,7 +350,8 @@ def main() -> int:
                        "note": "a shared CPU VM: see each run's load average"},
            "recorded_unix_s": int(time.time()), "runs": runs,
            "wall_ratio_max_workers_over_1": ratios, "json_identical_across_workers": same,
-           "costs": costs, "merge_costs": merge,
+           "costs": costs, "merge_costs": merge, "summary_memory": summary, "parent_heap": heap,
+           "parent_memory_growth": memory_growth(runs, summary),
            "projection": project(costs, merge, a.project_ranks, a.project_mb, a.project_cores)}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=1) + "\n")

@@ -13,11 +13,16 @@ Rules, first match wins (each rule's fragments are the lower-cased names the lib
 1. **memcpy / memset**: the ``gpu_memcpy`` / ``gpu_memset`` categories, ``Memcpy ...`` /
    ``Memset ...`` names, HIP's ``__amd_rocclr_copyBuffer`` / ``fillBuffer`` blits.
 2. **communication** (:data:`COMM_MARKS`): NCCL / RCCL / MSCCL kernels, NVSHMEM, expert-parallel
-   all-to-all libraries (DeepEP, pplx), multimem and one-/two-shot all-reduce (symmetric memory),
+   all-to-all libraries (DeepEP, pplx; DeepEP's ``intranode`` / ``internode`` / ``internode_ll``
+   namespaces whole, under any outer namespace, so its notify and cached-notify handshakes count
+   with its dispatch and combine), multimem and one-/two-shot all-reduce (symmetric memory),
    custom all-reduce (vLLM ``cross_device_reduce``, quick-reduce), Transformer Engine userbuffers.
 3. **Inductor's Triton kernels** (``triton_poi`` / ``triton_red`` / ``triton_per`` / ``triton_tem``
-   / ``triton_``): templates of a matmul are GEMMs, of an attention are attention, the rest are
-   ``triton/compiled`` (what they compute is fused and not named).
+   / ``triton_for`` ..., the older ``triton_fused_`` / ``triton__``): templates of a matmul are GEMMs,
+   of an attention are attention, the rest are ``triton/compiled`` (what they compute is fused and
+   not named). A hand-written Triton kernel (``triton_gemm_kernel``, ``triton_layernorm_fwd``)
+   names what it computes, so it goes through the rules below like any other kernel, and only a
+   name none of them recognises is ``triton/compiled``.
 4. **attention** (:data:`ATTENTION_MARKS`): FlashAttention 2/3, FlashInfer, FlashMLA, CK-tile
    and aiter FMHA, cuDNN SDPA, xFormers / mem-efficient, PyTorch's ``pytorch_flash``, paged attention.
 5. **norm / reduction** before convolution (MIOpen and cuDNN batch-norm kernels carry the
@@ -71,9 +76,8 @@ PRECISION_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "tf32": "float32", "fp
 COMM_MARKS = ("nccl", "rccl", "msccl", "nvshmem", "deep_ep", "deepep", "pplx", "all2all", "alltoall",
               "all_to_all", "allreduce", "all_reduce", "allgather", "all_gather", "reducescatter",
               "reduce_scatter", "multimem", "one_shot_", "two_shot_", "cross_device_reduce", "custom_ar",
-              "quickreduce", "quick_all_reduce", "userbuffers", "onerank", "intranode::dispatch",
-              "intranode::combine", "internode::dispatch", "internode::combine", "ep_dispatch", "ep_combine",
-              "moe_dispatch", "moe_combine", "c10d::")
+              "quickreduce", "quick_all_reduce", "userbuffers", "onerank", "intranode::", "internode::",
+              "internode_ll::", "ep_dispatch", "ep_combine", "moe_dispatch", "moe_combine", "c10d::")
 ATTENTION_MARKS = ("flash_fwd", "flash_bwd", "flash::", "flash_attn", "flashattn", "flashinfer", "flashmla",
                    "fmha", "attention", "attn", "sdpa", "mha_fwd", "mha_bwd", "_mha", "xformers",
                    "pytorch_flash", "mem_eff", "paged_attention", "flash_decod", "mla_decode", "sage_fwd",
@@ -107,6 +111,10 @@ TC_MARKS = ("tensorop", "hmma", "imma", "wgmma", "gmma", "884", "1688", "16816",
 _TENSILE_MI = re.compile(r"_mi\d+x\d+")
 _TENSILE_TYPE = re.compile(r"cijk_[a-z]+_[a-z]+_([a-z0-9]+?)_")
 SIMT_MARKS = ("sgemm", "dgemm", "gemv", "scudnn", "gemmsn", "gemmk1", "implicit_convolve")
+#: Inductor's kernel names: ``triton_`` + the first three letters of its kind (pointwise, reduction,
+#: persistent reduction, template, foreach, split scan, cooperative, unknown), or the older
+#: ``triton_fused_...`` / ``triton__0d1d...``; any other ``triton_...`` is a hand-written kernel
+_INDUCTOR = re.compile(r"triton_(poi|red|per|tem|for|spl|coo|unk|fused)_|triton__")
 
 
 @dataclass(frozen=True)
@@ -195,7 +203,7 @@ def classify_kernel(name: str, cat: str | None = None) -> KernelKind:
     m = _first(n, COMM_MARKS)
     if m:
         return KernelKind("communication", m)
-    if n.startswith("triton_"):  # Inductor's generated kernels
+    if _INDUCTOR.match(n):  # Inductor's generated kernels
         if n.startswith("triton_tem") and re.search(r"_(mm|bmm|addmm|baddbmm|convolution|conv)(_|\d|$)", n):
             return KernelKind("gemm", "triton_tem (matmul template)", None, precision_of(n))
         if n.startswith("triton_tem") and ("attention" in n or "flex" in n):
