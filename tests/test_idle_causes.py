@@ -15,11 +15,12 @@ COLLECTIVE_PHASES = {"gloo": "gloo:all_reduce", "awaitable": "## KJTAllToAllTens
 
 
 def _trace(tmp_path, name, *, phase_us, phase="dataloader", steps=4, n_kernels=5, first_extra_us=0.0, kernel_us=100.0,
-           nccl_us=0.0):
+           nccl_us=0.0, wrap=False):
     """Each step: a host phase of ``phase_us`` (a DataLoader range, a CPU-only op, a gloo collective,
     a wait on a collective's awaitable, or nothing recorded), then ``n_kernels`` kernels, each launched 5 us before it runs (the device waits).
     ``first_extra_us``: the first step also sits that long in one-time work (cublasCreate, cudaMalloc).
-    ``nccl_us``: each step ends in an NCCL all-reduce kernel that long (launched 5 us before it runs)."""
+    ``nccl_us``: each step ends in an NCCL all-reduce kernel that long (launched 5 us before it runs).
+    ``wrap``: the phase's range also holds the step's launching ops (a wait that launches work)."""
     ev, corr, t = [], 1, 1000.0
     for s in range(steps):
         t0 = t
@@ -37,6 +38,7 @@ def _trace(tmp_path, name, *, phase_us, phase="dataloader", steps=4, n_kernels=5
         elif phase in COLLECTIVE_PHASES:
             ev.append({"ph": "X", "cat": "user_annotation", "name": COLLECTIVE_PHASES[phase], "ts": cur,
                        "dur": phase_us, "pid": 1, "tid": 1})
+            wrapper = ev[-1] if wrap else None
         cur += phase_us
         for _ in range(n_kernels):
             L = cur + 3
@@ -56,6 +58,8 @@ def _trace(tmp_path, name, *, phase_us, phase="dataloader", steps=4, n_kernels=5
                        "dur": nccl_us, "pid": 0, "tid": 9, "args": {"correlation": corr}})
             corr += 1
             cur = L + 5 + nccl_us
+        if wrap and phase in COLLECTIVE_PHASES:
+            wrapper["dur"] = cur - wrapper["ts"]
         ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s + 1}", "ts": t0, "dur": cur - t0,
                    "pid": 1, "tid": 1})
         t = cur
@@ -82,6 +86,17 @@ def test_the_wait_is_named_by_what_the_host_did_and_only_launches_get_cuda_graph
     assert "launch path is the limiter" not in ex.diagnosis.explain()
     # a wait on a collective ends when the last rank arrives: the advice reads the whole job, never CUDA graphs
     assert (cause == "collective wait") == any("hwlab ranks --traces" in a for a in p.actions)
+
+
+def test_launches_inside_a_collective_wait_stay_launch_work(tmp_path):
+    """A wait range that also launches kernels: the ops in it that launched are launch work; the
+    wait is the rest of the range where the device idled: the phase, and before each of the 40
+    launches the 2 us from the last kernel's end to the launching op (built so)."""
+    ex = examine_trace(_trace(tmp_path, "wrap", phase_us=2 * CPU_PHASE_US, phase="awaitable", n_kernels=40,
+                              kernel_us=5.0, wrap=True))
+    by = _idle(ex).j["by_cause_ms"]
+    assert by["collective wait"] == pytest.approx((2 * CPU_PHASE_US + 40 * 2.0) / 1e3, rel=1e-6)
+    assert by["launch"] == pytest.approx(40 * 1.0 / 1e3, rel=1e-6)  # 1 us of each launching op before its launch
 
 
 def test_launches_back_to_back_are_the_launch_cause_with_cuda_graph_advice(tmp_path):

@@ -9,7 +9,8 @@ clipped to the host-side gaps, counted once in this order (first claim wins):
    ranges) or inside a wait for a collective's result (:data:`COLLECTIVE_WAIT`: ``c10d::wait``,
    ``barrier``, a range whose name holds both a wait and a collective, as TorchRec's
    ``...AllToAll...Awaitable wait()`` and ``wait_sparse_data_dist``), on any thread of the step's
-   process; autograd's backward nodes of such ops launch work and are left to the causes below.
+   process, less the top-level ops inside it that launched device work (launch work, cause 4);
+   autograd's backward nodes of such ops launch work and are left to the causes below.
    A collective ends when the last rank arrives, so this wait may be a late peer's, which one
    rank's trace cannot tell from its own link: the advice is to read the whole job's traces
    together (``hwlab ranks --traces``), never CUDA graphs. It comes first because a sync inside
@@ -178,7 +179,9 @@ def _cause_intervals(ot: OpTrace, pid: Any, tid: Any) -> list[list[tuple[float, 
                 i = bisect.bisect_left(launch_starts, o.ts)
                 launched = i < len(launch_starts) and launch_starts[i] <= o.end
                 (launch_ops if launched else cpu_ops).append((o.ts, o.end))
-    return [_union(coll), _union(sync), _union(data), _union(once), _union(launch_ops + launches), _union(cpu_ops)]
+    launching = _union(launch_ops + launches)
+    # inside a wait range, the ops that launched device work are launch work, not the wait
+    return [_minus(_union(coll), launching), _union(sync), _union(data), _union(once), launching, _union(cpu_ops)]
 
 
 def idle_causes(ot: OpTrace, works: list[StepWork]) -> dict[str, Any] | None:
