@@ -91,7 +91,8 @@ RANK_SETS = json.loads((MANIFEST.parent / "READINGS.json").read_text()).get("ran
 @pytest.mark.parametrize("rank_set", RANK_SETS, ids=[r["folder"].split("/")[-1] for r in RANK_SETS])
 def test_ranks_reads_each_rank_set_as_its_reading(rank_set):
     """``ranks --traces`` on a corpus rank set: as many ranks and hosts as the reading found from
-    the content (PIDs, device ids, collective end times), and the reading's last arriver named."""
+    the content (PIDs, device ids, collective end times), and the reading's last arriver named in the
+    vote and the finding."""
     from hwlab.diagnosis import ranks_traces
     folder = corpus_dir() / rank_set["folder"]
     files = sorted(p for p in folder.glob("*") if p.is_file())
@@ -105,3 +106,9 @@ def test_ranks_reads_each_rank_set_as_its_reading(rank_set):
     assert len(rep["per_rank"]) == rank_set["ranks"]
     assert (rank_set["hosts"] == 1) == (len(rep["hosts"]) == 1 or bool(c["one_host_by_content"]))
     assert c["one_clock"] and c["last_arriver"]["rank"] == rank_set["last_arriver"]
+    # the finding names the reading's straggler and says what it measured; one rank's late start
+    # (its own work not longer) is not the link's: the walk does not end at L
+    f = rep["finding"]
+    assert f.get("rank") == rank_set["last_arriver"] and f["late_pct_of_step"] >= ranks_traces.RANK_TAIL_PCT
+    if f["kind"] == "late_rank":
+        assert rep["flowchart"]["leaf"] != "L" and "before its recorded step" in f["why"]

@@ -31,37 +31,24 @@ rule behind each part:
   common clock: the last rank to arrive waits least, so its time inside is the shortest; each
   rank's wait is its time inside minus that shortest time, and the skew is the largest wait.
   When every trace comes from one host (by name, or by content: :func:`hwlab.diagnosis.rank_arrival.one_host_by_content`),
-  the start times (one clock) give the arrival order (the last to start arrives last), the share
-  of collectives where the time-inside order agrees is reported, and ranks whose arrivals lie
-  within :data:`~hwlab.diagnosis.rank_arrival.ARRIVAL_TIE_US` tie: a tied collective gives no vote,
-  and a tied vote is reported as a tie, its candidates with their own times (undecided, exit 4).
-  A folder whose traces state no world size and share no collective is not shown to be one job:
-  undecided, never clean.
-* **Slow rank**: the rank with the longest own time, ``rank_tail_pct`` = its own time over the
-  other ranks' median, in % of the median step (the flowchart's K unit; own times of ranks that
-  mostly wait are small, so a ratio of them would magnify noise), at least
-  :data:`RANK_TAIL_PCT`, *and* arrival: it arrived last in at least :data:`LAST_SHARE` of the
-  matched collectives and :data:`CHANCE_MARGIN` times the share chance gives (a quarter with
-  four ranks, a half with two), over at least :data:`MIN_MATCHED` of them. The own-time split of
-  :func:`hwlab.core.tails.tail_split` (the StepLog report's rule) is shown beside it. It is
-  then checked against the single-device branch (B), the seed's counter-example: its busy time
-  over the other ranks' at their p10 (the same code runs on every rank, so the ranks' own
-  median is the floor here, an estimate from peers, not a roofline floor); a rank whose busy
-  time is normal is slow for another reason (a host stall, a data loader, its placement).
-* **Slow link**: no slow rank, and the collectives take :data:`LINK_FLOOR_PCT` of the step even
-  for the last rank to arrive (``collective_floor_pct``: every rank waits inside the
-  collective, the arrival skew is small). Bus bandwidth (``2(n-1)/n x bytes / time`` for an
-  all-reduce, ``(n-1)/n`` for all-gather/reduce-scatter, bytes/time otherwise) is set against
-  ``link_gbps`` when given (the link's measured or rated bus bandwidth): under
-  :data:`SLOW_LINK_FRACTION` of it, the link is slow; above, the job is communication-bound and
-  the overlap figure says how much was hidden. Without ``link_gbps`` the two are not separated
-  and the report says so. The link is named (backend, hosts, ranks), never a rank.
-* **Clean**: no slow rank and no link finding: nothing is named; the CLI exits 0.
+  the start times (one clock) give the arrival order (the last to start arrives last) and the
+  share of collectives where the time-inside order agrees is reported. The arrival vote is weighed
+  by the wait each late arrival caused the others, a tie within the reading's spread reported as
+  a tie (:mod:`hwlab.diagnosis.rank_arrival`).
+* **Not one job**, undecided (the CLI exits 4), never clean: one rank stated by two different
+  traces (two runs, or two recordings of one rank); no world size stated and no collective on
+  every trace, or collectives matched by name and order only, with no shared clock to show that
+  they ran together (two single-GPU runs holding the same collective kernel).
+* **What is named** (a slow or late rank, a tie, a tail arrival does not confirm, a slow link,
+  or nothing) and the rule behind each: :mod:`hwlab.diagnosis.rank_findings`. A tie is undecided
+  (the CLI exits 4); nothing named exits 0.
 * **Machine and workload** from the traces (``deviceProperties``, host names; backward ops and
   optimizer steps make it a training job, whose M actions differ: :data:`hwlab.diagnosis.flowchart.LEAF_VARIANTS`).
 * **Flowchart** on measured values only: B ``slowdown_vs_floor`` (peer floor, above); D
-  ``e2e_slowdown`` = median step over the median rank's own time; K ``rank_tail_pct`` (own-time
-  tail) and ``collective_floor_pct``.
+  ``e2e_slowdown`` = median step over the median rank's own time; K ``rank_tail_pct`` (the own-time
+  tail of the rank named, else of the longest own time: a rank that starts late with its own work
+  no longer has no own-time tail, so its lateness is not sent to L's link and topology actions)
+  and ``collective_floor_pct``.
 """
 from __future__ import annotations
 
@@ -77,19 +64,14 @@ from hwlab.errors import UserInputError
 from hwlab.core.measure import quantile
 from hwlab.core.store import check_input_folder
 from hwlab.diagnosis.ranks import nvml_by_rank, render_tail
-from hwlab.diagnosis.rank_arrival import ARRIVAL_TIE_US, arrivals, last_arriver, one_host_by_content
+from hwlab.diagnosis.rank_arrival import arrivals, last_arriver, one_host_by_content, step_start_lag_ms
+from hwlab.diagnosis.rank_findings import (LINK_FLOOR_PCT, MIN_MATCHED, RANK_TAIL_PCT, SINGLE_DEVICE_SLOW,  # noqa: F401
+                                           SLOW_LINK_FRACTION, link_finding, rank_finding)
 from hwlab.core.tails import TAIL_JUMP, tail_split
 from hwlab.traces.rank_reading import (by_rank, collective_table, device_outside as _device_outside,
                                        match as _match, one_job, rank_steps as _rank_steps,
                                        shared_clock as _shared_clock, summary as _summary)
 
-RANK_TAIL_PCT = 10.0      # = the flowchart's K threshold on rank_tail_pct
-LAST_SHARE = 0.5          # the named rank arrived last in at least half the collectives
-CHANCE_MARGIN = 1.5       # ... and in at least 1.5x the share chance gives (1/n ranks): 75% with two ranks
-MIN_MATCHED = 5           # ... of at least five matched collectives
-LINK_FLOOR_PCT = 25.0     # = the flowchart's K criterion on collective_floor_pct
-SLOW_LINK_FRACTION = 0.5  # bus bandwidth under half the link's: the link is slow
-SINGLE_DEVICE_SLOW = 1.5  # = the flowchart's B threshold
 DEVICE_OUTSIDE_NOTE_PCT = 10.0  # device time outside the host steps worth a note (the GPU runs behind)
 
 
@@ -102,34 +84,6 @@ def find_traces(folder: str | Path) -> list[Path]:
 def looks_like_traces(folder: str | Path) -> bool:
     d = Path(folder)
     return d.is_dir() and bool(find_traces(d)) and not list(d.glob("*/steps-rank-*.jsonl"))
-
-
-def _topology_link(folder: Path, ranks: list[int]) -> dict[str, Any] | None:
-    """The slowest link between the ranks' GPUs from a startup capture (``hwlab.capture``) in the
-    folder or its parent, and its bus bandwidth by the kit's link model -- an estimate (a lead per
-    link class, :data:`hwlab.core.mapping.LINK_MODEL`), not a measurement. None without a capture, with
-    ranks on several hosts, or with a rank's GPU unknown."""
-    from hwlab.core.capture import Topology, load_run
-    from hwlab.core.mapping import link_gbps_us
-    for d in (folder, folder.parent):
-        caps, nodes, _ = load_run(d)
-        if not caps:
-            continue
-        by = {c["rank"]: c for c in caps}
-        if not all(r in by and (by[r].get("device") or {}).get("gpu") for r in ranks):
-            return None
-        hosts = {by[r]["host"] for r in ranks}
-        node = nodes.get(next(iter(hosts))) if len(hosts) == 1 else None
-        if not node or not node.get("topology"):
-            return None
-        gpus = [by[r]["device"]["gpu"] for r in ranks]
-        cell = Topology.from_dict(node["topology"]).slowest_link(gpus)
-        gbps = link_gbps_us(cell)[0]
-        if not gbps < float("inf"):
-            return None
-        return {"cell": cell, "gpus": gpus, "gbps": gbps,
-                "source": f"estimate: the kit's link model for {cell} (hwlab.core.mapping.LINK_MODEL), from the capture in {d}"}
-    return None
 
 
 def _ranges(rs: list[int]) -> str:
@@ -191,86 +145,6 @@ def _per_rank(traces: dict[int, kineto.RankTrace], ranks: list[int], skip: int, 
     return per_rank, rows_by
 
 
-def _rank_finding(per_rank: dict[str, dict[str, Any]], ranks: list[int], own: dict[int, float], step_med: float,
-                  last_count: Counter, n_m: int) -> tuple:
-    """A slow rank (own-time tail and arrival, module doc), a tail arrival does not confirm, or
-    clean; with the tail, the slowest rank and the peer floor the walk's B uses."""
-    finding: dict[str, Any] = {"kind": "clean", "names": None}
-    votes = {r: v for r, v in last_count.items() if r != "tie"}
-    last_rank = max(votes, key=votes.get) if votes else None
-    last_share = votes[last_rank] / n_m if n_m and votes else 0.0
-    top = sorted(r for r, v in votes.items() if last_rank is not None and v == votes[last_rank])
-    busy_p10 = {r: per_rank[str(r)]["busy_p10_ms"] for r in ranks}
-    peer_floor = statistics.median(busy_p10.values())
-    slowest = max(own, key=own.get)
-    others = [v for r, v in own.items() if r != slowest]
-    tail_pct = 100.0 * (own[slowest] - statistics.median(others)) / step_med if others and step_med > 0 else 0.0
-    need_share = max(LAST_SHARE, CHANCE_MARGIN / len(ranks))
-    if len(top) > 1 and n_m >= MIN_MATCHED and (tail_pct >= RANK_TAIL_PCT or last_share >= need_share / 2):
-        # a tied vote names no one (never the lowest rank by default): the candidates and their own times
-        finding = {"kind": "arrival_tie", "names": None, "tied": [
-            {"rank": r, "arrived_last": votes[r], "own_ms": own[r]} for r in top],
-            "why": f"the arrival vote ties: ranks {', '.join(map(str, top))} each arrived last in {votes[top[0]]} of "
-                   f"{n_m} matched collectives ({last_count.get('tie', 0)} collectives tied within "
-                   f"{ARRIVAL_TIE_US:g} us); own times " + ", ".join(f"rank {r} {own[r]:.3g} ms" for r in top)
-                   + ": record more steps, or one rank's trace with its straggling cause, to tell them apart"}
-    elif tail_pct >= RANK_TAIL_PCT and n_m >= MIN_MATCHED and last_rank == slowest and last_share >= need_share:
-        r = slowest
-        ratio = busy_p10[r] / peer_floor if peer_floor > 0 else None
-        device_slow = ratio is not None and ratio >= SINGLE_DEVICE_SLOW
-        finding = {"kind": "slow_rank", "names": f"rank {r}", "rank": r,
-                   "pct_arrived_last": 100.0 * last_share, "busy_over_peers": ratio,
-                   "single_device_branch": (
-                       f"its busy time is {ratio:.2f}x the ranks' median (>= {SINGLE_DEVICE_SLOW}): its own "
-                       "device or kernels are slow -- take the single-device branch (B yes)" if device_slow else
-                       f"its busy time is {ratio:.2f}x the ranks' median (< {SINGLE_DEVICE_SLOW}): not its "
-                       "device -- something outside its kernels delays it (host stall, data loading, "
-                       "placement): the counter-example holds" if ratio is not None else "busy time not measured")}
-    elif tail_pct >= RANK_TAIL_PCT:
-        finding = {"kind": "tail_unconfirmed", "names": None,
-                   "why": (f"rank {slowest} has the longest own time ({tail_pct:.0f}% of the step over the others') "
-                           + (f"and arrives last in {100 * last_share:.0f}% of {n_m} matched collectives, "
-                              if last_rank == slowest else
-                              f"but the rank arriving last most often is {last_rank} "
-                              f"({100 * last_share:.0f}% of {n_m} matched collectives), ")
-                           + f"a rank is named at >= {100 * need_share:.0f}% of at least {MIN_MATCHED}")}
-    return finding, tail_pct, slowest, busy_p10, peer_floor
-
-
-def _link_finding(finding: dict[str, Any], folder: Path, ranks: list[int], link_gbps: float | None,
-                  floor_pct: float | None, colls_out: list, backends: list[str], hosts: list[str],
-                  per_rank: dict[str, dict[str, Any]]) -> tuple:
-    """No slow rank and the collectives hold a quarter of the step even for the last arriver: the
-    link, named, set against its rate where one is given or a capture models it (module doc)."""
-    link_src = "given (--link-gbps)" if link_gbps else None
-    topo_link = _topology_link(folder, ranks) if not link_gbps else None
-    if topo_link:
-        link_gbps, link_src = topo_link["gbps"], topo_link["source"]
-    if floor_pct is not None and floor_pct >= LINK_FLOOR_PCT and finding["kind"] == "clean":
-        bws = [c["busbw_gbps"] for c in colls_out if c["busbw_gbps"]]
-        bw = statistics.median(bws) if bws else None
-        skews = [c["skew_ms"] for c in colls_out]
-        link_name = (f"the {'/'.join(backends) or 'collective'} link between ranks {ranks[0]}-{ranks[-1]} on "
-                     + (f"host {hosts[0]}" if len(hosts) == 1 else f"hosts {', '.join(hosts)}")
-                     + (f" (slowest topology link {topo_link['cell']} between GPUs {topo_link['gpus']})"
-                        if topo_link else ""))
-        if link_gbps and bw is not None:
-            slow = bw < SLOW_LINK_FRACTION * link_gbps
-            verdict = ("slow link" if slow else "communication-bound (the link runs near its rate)")
-            why = (f"bus bandwidth {bw:.3g} GB/s = {100 * bw / link_gbps:.0f}% of the link's {link_gbps:g} GB/s "
-                   f"[{link_src}]")
-        else:
-            verdict = "link-bound: slow link or payload too large, not separated"
-            why = (f"bus bandwidth {bw:.3g} GB/s" if bw else "collective sizes not recorded (profile with "
-                   "record_shapes=True)") + "; no link rate given (--link-gbps) to set it against"
-        finding = {"kind": "slow_link", "names": link_name, "verdict": verdict, "why": why,
-                   "busbw_gbps": bw, "collective_floor_pct": floor_pct,
-                   "median_skew_ms": statistics.median(skews) if skews else None,
-                   "overlap_hidden_pct": statistics.median(
-                       [per_rank[str(r)]["overlap_hidden_pct"] or 0.0 for r in ranks])}
-    return finding, link_gbps, link_src
-
-
 def _walk_evidence(traces: dict[int, kineto.RankTrace], ranks: list[int], busy_p10: dict[int, float],
                    peer_floor: float, own: dict[int, float], step_med: float, tail_pct: float,
                    floor_pct: float | None) -> tuple:
@@ -279,7 +153,7 @@ def _walk_evidence(traces: dict[int, kineto.RankTrace], ranks: list[int], busy_p
         "slowdown_vs_floor": "the slowest rank's p10 busy time over the ranks' median p10 busy time "
                              "(peer floor from the traces: the same code on every rank; an estimate, not a roofline)",
         "e2e_slowdown": "median step over the median rank's own time (step minus exposed communication)",
-        "rank_tail_pct": "the slowest rank's median own time over the other ranks' median, in % of the median "
+        "rank_tail_pct": "the named rank's (else the longest) median own time over the other ranks' median, in % of the median "
                          "step, from the profiler traces",
         "collective_floor_pct": "the last arriver's time inside each matched collective, per step, over the median step"}}
     unmeasured: dict[str, str] = {}
@@ -325,6 +199,11 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
     read = rank_pool.read_all_reduced(files, progress, problems, unreadable, notes, workers=workers,
                                       scheduler=scheduler, max_bytes=max_bytes)
     one_job(read)
+    stated: dict[int, list[str]] = {}
+    for t in read:
+        if t.rank is not None:
+            stated.setdefault(t.rank, []).append(Path(t.path).name)
+    same_rank = {r: v for r, v in stated.items() if len(v) > 1}
     traces = by_rank(read, problems, notes)
     if not traces:
         raise UserInputError(f"no usable trace in {folder}: " + "; ".join(problems))
@@ -355,18 +234,22 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
     match_by = ("; ".join(f"{k}: {v}" for k, v in mres["methods"].items()) or "no collective on every rank") \
         if len(ranks) > 1 else "one rank: its collectives are listed per rank"
     notes += mres["notes"]
-    colls_out, last_count, wait_ms, agree = arrivals(matched, how_by, ranks, one_clock)
+    colls_out, last_count, wait_ms, agree, caused = arrivals(matched, how_by, ranks, one_clock)
     n_m = len(matched)
     for r in ranks:
         per_rank[str(r)]["pct_arrived_last"] = 100.0 * last_count[r] / n_m if n_m else None
         per_rank[str(r)]["total_wait_ms"] = wait_ms[r] if n_m else None
+        per_rank[str(r)]["caused_wait_ms"] = caused["ms"][r] if n_m else None
     step_med = statistics.median(per_rank[str(r)]["step_ms"] for r in ranks)
     own = {r: per_rank[str(r)]["own_ms"] for r in ranks}
     tail = tail_split(own)[0] if len(ranks) > 1 else []
     link_per_step = sum(c["link_ms"] for c in colls_out) / max(1, len(traces[ranks[0]].steps)) if n_m else None
     floor_pct = 100.0 * link_per_step / step_med if link_per_step is not None and step_med > 0 else None
-    finding, tail_pct, slowest, busy_p10, peer_floor = _rank_finding(per_rank, ranks, own, step_med, last_count, n_m)
-    finding, link_gbps, link_src = _link_finding(finding, folder, ranks, link_gbps, floor_pct, colls_out, backends,
+    vote = last_arriver(last_count, caused, n_m, one_clock, len(ranks))
+    lag_ms = step_start_lag_ms(traces) if one_clock and len(ranks) > 1 else {}
+    finding, tail_pct, slowest, busy_p10, peer_floor = rank_finding(
+        per_rank, ranks, own, step_med, vote, n_m, len(traces[ranks[0]].steps), lag_ms)
+    finding, link_gbps, link_src = link_finding(finding, folder, ranks, link_gbps, floor_pct, colls_out, backends,
                                                  hosts, per_rank)
     ev, unmeasured, workload = _walk_evidence(traces, ranks, busy_p10, peer_floor, own, step_med, tail_pct,
                                               floor_pct)
@@ -380,13 +263,48 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
             notes.append(f"borderline: {metric} {ev[metric]:.3g} (median), p10-p90 over steps {sp['p10']:.3g}-"
                          f"{sp['p90']:.3g} spans the threshold {thr:g}: a re-run may answer the other way")
     n_of = f"{len(ranks)} of {world} ranks" if world and world != len(ranks) else f"{len(ranks)} ranks"
-    undecided = None
-    if finding["kind"] == "arrival_tie":
-        undecided = finding["why"]
-    if len(ranks) > 1 and world is None and n_m == 0:  # nothing shows these files are one job
-        undecided = (f"not shown to be one job: no trace states a world size (distributedInfo) and no collective "
-                     f"was found on every one of the {len(ranks)} traces; read each with hwlab examine --trace, or "
-                     "put one job's rank traces (recorded together, with torch.distributed) in a folder")
+    undecided = _undecided(finding, ranks, world, n_m, one_clock, missing, unreadable, same_rank)
+    tables = {str(r): collective_table(traces[r], world or len(ranks)) for r in ranks}
+    rep: dict[str, Any] = {
+        "source": "profiler traces", "run_dir": str(folder), "traces_dir": str(folder), "n_ranks": len(ranks),
+        "world_size": world, "ranks_present": n_of, "hosts": hosts, "backends": backends, "skip": skip,
+        "basis": "own", "per_rank": per_rank, "missing_ranks": missing,
+        "recorded_unix_s": [traces[r].recorded_unix_s for r in ranks], "undecided": undecided,
+        "skipped": skipped_out, "unreadable": unreadable, "workload": workload,
+        "machine": _machine(traces, [f"one, by content (the file names suggest {len(hosts)})"] if content_host else hosts),
+        "collectives_by_rank": tables, "tail_ranks": [finding["rank"]] if finding.get("rank") is not None else [],
+        "own_time_tail": tail, "rank_tail_pct": tail_pct, "finding": finding,
+        "collectives": {"matched": n_m, "match_by": match_by, "one_clock": one_clock,
+                        "one_host_by_content": content_host, "last_arriver": vote,
+                        "last_by_start_agrees_pct": 100.0 * agree / n_m if one_clock and n_m else None,
+                        "per_collective": colls_out[:200], "link_ms_per_step": link_per_step,
+                        "methods": mres["methods"], "unmatched": {str(k): v for k, v in mres["unmatched"].items()}},
+        "link_gbps": link_gbps, "link_gbps_source": link_src, "mapping_warnings": [], "spreads": spreads,
+        "flowchart": {"evidence": ev, "path": d.path, "leaf": d.leaf_id,
+                      "unmeasured": {k: v for k, v in unmeasured.items() if v}, "explain": d.explain()},
+        "notes": notes, "problems": problems}
+    rep["nvml"] = nvml_by_rank(sorted(folder.glob("nvml-rank-*.json")) + sorted(folder.glob("*/nvml-rank-*.json")))
+    rep["incident_draft"] = _incident_draft(rep, d)
+    return rep
+
+
+def _undecided(finding: dict[str, Any], ranks: list[int], world: int | None, n_m: int, one_clock: bool,
+               missing: list[int], unreadable: list[dict[str, str]], same_rank: dict[int, list[str]]) -> str | None:
+    """Why no answer holds for the job (the CLI exits 4), or None: a tied vote; files not shown to
+    be one job (one rank stated by two different traces; no world size stated and no collective on
+    every trace, or collectives matched by order alone with no shared clock to show they ran
+    together); ranks missing against the world size; a trace that could not be read."""
+    undecided = finding["why"] if finding["kind"] == "arrival_tie" else None
+    if same_rank:
+        r, files = sorted(same_rank.items())[0]
+        undecided = (f"not one job: rank {r} is stated by {len(files)} different traces ({', '.join(files[:4])}): "
+                     "two runs, or two recordings of one rank; put one recording of each rank of one job in a folder")
+    elif len(ranks) > 1 and world is None and (n_m == 0 or not one_clock):  # nothing shows these files are one job
+        undecided = ("not shown to be one job: no trace states a world size (distributedInfo) and "
+                     + (f"no collective was found on every one of the {len(ranks)} traces" if n_m == 0 else
+                        "the collectives match by name and order only, with no shared clock to show they ran "
+                        "together") + "; read each with hwlab examine --trace, or put one job's rank traces "
+                     "(recorded together, with torch.distributed) in a folder")
     if missing:
         undecided = (f"ranks {_ranges(missing)} of world size {world} have no readable trace"
                      + (f" (unreadable: {', '.join(Path(u['file']).name for u in unreadable)})" if unreadable else "")
@@ -398,28 +316,7 @@ def report(folder: str | Path, *, link_gbps: float | None = None, skip: int = 0,
                      + (f" and {len(unreadable) - 20} more" if len(unreadable) > 20 else "")
                      + "): their ranks may hold the slow one, so no answer holds for the job; among the "
                      + f"{len(ranks)} read: {finding['kind'].replace('_', ' ')}")
-    tables = {str(r): collective_table(traces[r], world or len(ranks)) for r in ranks}
-    rep: dict[str, Any] = {
-        "source": "profiler traces", "run_dir": str(folder), "traces_dir": str(folder), "n_ranks": len(ranks),
-        "world_size": world, "ranks_present": n_of, "hosts": hosts, "backends": backends, "skip": skip,
-        "basis": "own", "per_rank": per_rank, "missing_ranks": missing,
-        "recorded_unix_s": [traces[r].recorded_unix_s for r in ranks], "undecided": undecided,
-        "skipped": skipped_out, "unreadable": unreadable, "workload": workload,
-        "machine": _machine(traces, [f"one, by content (the file names suggest {len(hosts)})"] if content_host else hosts),
-        "collectives_by_rank": tables, "tail_ranks": [finding["rank"]] if finding["kind"] == "slow_rank" else [],
-        "own_time_tail": tail, "rank_tail_pct": tail_pct, "finding": finding,
-        "collectives": {"matched": n_m, "match_by": match_by, "one_clock": one_clock,
-                        "one_host_by_content": content_host, "last_arriver": last_arriver(last_count, n_m, one_clock),
-                        "last_by_start_agrees_pct": 100.0 * agree / n_m if one_clock and n_m else None,
-                        "per_collective": colls_out[:200], "link_ms_per_step": link_per_step,
-                        "methods": mres["methods"], "unmatched": {str(k): v for k, v in mres["unmatched"].items()}},
-        "link_gbps": link_gbps, "link_gbps_source": link_src, "mapping_warnings": [], "spreads": spreads,
-        "flowchart": {"evidence": ev, "path": d.path, "leaf": d.leaf_id,
-                      "unmeasured": {k: v for k, v in unmeasured.items() if v}, "explain": d.explain()},
-        "notes": notes, "problems": problems}
-    rep["nvml"] = nvml_by_rank(sorted(folder.glob("nvml-rank-*.json")) + sorted(folder.glob("*/nvml-rank-*.json")))
-    rep["incident_draft"] = _incident_draft(rep, d)
-    return rep
+    return undecided
 
 
 def _spreads(rows_by: dict[int, list[dict[str, Any]]], slowest: int | None, step_med: float) -> dict[str, Any]:
@@ -448,11 +345,11 @@ def _incident_draft(rep: dict[str, Any], d: flowchart.Diagnosis) -> dict[str, An
     """The seed's incident record (:func:`hwlab.diagnosis.incident.from_diagnosis`, as the StepLog report
     drafts it), its symptom, fix and re-verification worded for what the traces found."""
     f, n = rep["finding"], rep["ranks_present"]
-    if f["kind"] == "slow_rank":
-        title = f"slow rank {f['rank']} in {Path(rep['traces_dir']).name}"
-        symptom = (f"rank {f['rank']} arrived last at {f['pct_arrived_last']:.0f}% of the collectives, its own time "
-                   f"{rep['rank_tail_pct']:.0f}% of the step over the others' ({n}, profiler traces)")
-        fix = f"draft: {f['single_device_branch']}"
+    if f["kind"] in ("slow_rank", "late_rank"):
+        title = f"{f['kind'].replace('_', ' ')} {f['rank']} in {Path(rep['traces_dir']).name}"
+        symptom = (f"rank {f['rank']} arrived last: {f['measured']}; its own time {f['own_tail_pct']:.0f}% of the step over the "
+                   f"others' ({n}, profiler traces)")
+        fix = f"draft: {f['why'] if f['kind'] == 'late_rank' else f['single_device_branch']}"
         reverify = "re-profile the same steps; `hwlab ranks --traces` names no rank (exit 0)"
     elif f["kind"] == "slow_link":
         title = f"collectives held by the link in {Path(rep['traces_dir']).name}"
@@ -531,13 +428,18 @@ def render(rep: dict[str, Any]) -> str:
     out.append(line)
     la = c.get("last_arriver")
     if la:
-        who = f"rank {la['rank']}" if la["rank"] is not None else f"tied: ranks {', '.join(map(str, la['tied']))}"
-        out.append(f"last to arrive most often ({la['by']}): {who}, {la['arrived_last']} of {la['of']} collectives")
+        who = (f"rank {la['rank']}, {la['caused_wait_ms']:.3g} ms of the others' wait ({la['share_of_wait_pct']:.0f}% "
+               f"of {la['total_wait_ms']:.3g} ms), last alone at {la['arrived_last']} of {la['of']} collectives"
+               if la["rank"] is not None else f"tied within {la['tie_spread_ms']:.3g} ms: ranks "
+               + _ranges(la["tied"]) + f", top {la['caused_wait_ms']:.3g} ms of the others' wait over {la['of']} collectives")
+        out.append(f"the rank the others waited for most ({la['by']}): {who}")
     f = rep["finding"]
     if f["kind"] == "slow_rank":
-        out.append(f"SLOW RANK: rank {f['rank']} arrived last in {f['pct_arrived_last']:.0f}% of collectives; its own "
-                   f"time is {rep['rank_tail_pct']:.0f}% of the step over the other ranks' "
-                   f"(own-time split at a jump >= {TAIL_JUMP}x: {rep['own_time_tail']})")
+        out.append(f"SLOW RANK: rank {f['rank']}: {f['measured']}; its own time is {rep['rank_tail_pct']:.0f}% of the "
+                   f"step over the other ranks' (own-time split at a jump >= {TAIL_JUMP}x: {rep['own_time_tail']})")
+        out.append(f"  single-device check: {f['single_device_branch']}")
+    elif f["kind"] == "late_rank":
+        out.append(f"LATE RANK: rank {f['rank']}: {f['measured']}; {f['why']}")
         out.append(f"  single-device check: {f['single_device_branch']}")
     elif f["kind"] == "slow_link":
         out.append(f"LINK: {f['verdict']} -- {f['names']}; {f['why']}")
@@ -585,6 +487,6 @@ def is_undecided(rep: dict[str, Any]) -> bool:
 
 
 def has_finding(rep: dict[str, Any]) -> bool:
-    """A named slow rank, a link finding, or an own-time tail that arrival does not confirm (the
-    walk's K says yes, no rank is named): the CLI exits 1."""
-    return rep["finding"]["kind"] in ("slow_rank", "slow_link", "tail_unconfirmed")
+    """A named slow or late rank, a link finding, or an own-time tail that arrival does not confirm
+    (the walk's K says yes, no rank is named): the CLI exits 1."""
+    return rep["finding"]["kind"] in ("slow_rank", "late_rank", "slow_link", "tail_unconfirmed")

@@ -5,6 +5,18 @@
 module says what the host was doing in that time, cause by cause, each a union of host intervals
 clipped to the host-side gaps, counted once in this order (first claim wins):
 
+0. **collective wait**: the host inside a collective that runs on the CPU (gloo's ``gloo:<op>``
+   ranges) or inside a wait for a collective's result (:data:`COLLECTIVE_WAIT`: ``c10d::wait``,
+   ``barrier``, a range whose name holds both a wait and a collective, as TorchRec's
+   ``...AllToAll...Awaitable wait()`` and ``wait_sparse_data_dist``), on any thread of the step's
+   process, less the top-level ops inside it that launched device work (launch work, cause 4);
+   autograd's backward nodes of such ops launch work and are left to the causes below.
+   A collective ends when the last rank arrives, so this wait may be a late peer's, which one
+   rank's trace cannot tell from its own link: the advice is to read the whole job's traces
+   together (``hwlab ranks --traces``), never CUDA graphs. It comes first because a sync inside
+   such a wait (``.item()`` on a collective's output) waits for the collective. The host ops that
+   only enqueue an NCCL collective (``c10d::allreduce_``, ``nccl:all_reduce``) are launch work:
+   the NCCL kernel's own wait is device time (the communication part), not idle.
 1. **sync point** (a sync or blocking copy): a host runtime call that waits for the device
    (:data:`hwlab.traces.trace_ops.SYNC_CALL`: ``cudaDeviceSynchronize``, a ``cudaMemcpy`` without
    ``Async``, ...).
@@ -38,6 +50,10 @@ from typing import Any
 
 from hwlab.traces.trace_ops import OpTrace, StepWork
 
+#: host range names of a collective running on the CPU or a wait for one (module doc, cause 0): gloo's
+#: ranges, c10d's wait and barrier, and any range naming both a wait and a collective (TorchRec's awaitables)
+COLLECTIVE_WAIT = re.compile(r"^gloo:|c10d::(?:wait|barrier)|^barrier$|(?=.*wait)(?=.*(?:all_?2_?all|all_?to_?all|"
+                             r"all_?reduce|all_?gather|reduce_?scatter|broadcast|data_dist|awaitable))", re.I)
 #: host range names of data loading (PyTorch's DataLoader iterator ranges)
 DATALOADER = re.compile(r"dataloader|_next_data|DataLoaderIter", re.I)
 #: host op / runtime call names of one-time work: library handles and algorithm search, module
@@ -55,7 +71,7 @@ CPU_PHASE_US = 1000.0
 WARMUP_RATIO = 2.0
 #: warm-up is judged only with at least this many later steps to take the median of
 WARMUP_MIN_LATER = 2
-CAUSES = ("sync point", "data loading", "one-time init / autotune / compile", "launch", "CPU-only work")
+CAUSES = ("collective wait", "sync point", "data loading", "one-time init / autotune / compile", "launch", "CPU-only work")
 
 
 def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -133,15 +149,17 @@ def _top_level(o, ops) -> bool:
 
 
 @functools.lru_cache(maxsize=1 << 14)  # pure in the name; a trace repeats a few hundred names
-def _name_kind(name: str) -> tuple[bool, bool, bool]:
-    """(a launch call, one-time init / autotune, a DataLoader range) by the name's patterns."""
-    return bool(_LAUNCH.search(name)), bool(ONE_TIME.search(name)), bool(DATALOADER.search(name))
+def _name_kind(name: str) -> tuple[bool, bool, bool, bool]:
+    """(a launch call, one-time init / autotune, a DataLoader range, a collective wait) by the name's
+    patterns; autograd's backward nodes are never a collective wait (they launch the backward)."""
+    coll = bool(COLLECTIVE_WAIT.search(name)) and "Backward" not in name
+    return bool(_LAUNCH.search(name)), bool(ONE_TIME.search(name)), bool(DATALOADER.search(name)), coll
 
 
 def _cause_intervals(ot: OpTrace, pid: Any, tid: Any) -> list[list[tuple[float, float]]]:
     """Per cause (:data:`CAUSES`), the merged host intervals that claim it."""
     sync = [(a, a + d) for a, d, _ in ot.syncs]
-    data, once, launch_ops, cpu_ops = [], [], [], []
+    coll, data, once, launch_ops, cpu_ops = [], [], [], [], []
     calls = [(ts, ts + dur, name, p, t) for ts, p, t, name, dur in ot.launches.values()]
     launches = [(a, b) for a, b, name, p, t in calls if _name_kind(name)[0] and (p, t) == (pid, tid)]
     once += [(a, b) for a, b, name, _, _ in calls if _name_kind(name)[1]]
@@ -151,7 +169,9 @@ def _cause_intervals(ot: OpTrace, pid: Any, tid: Any) -> list[list[tuple[float, 
             continue
         for o in ops:
             kind = _name_kind(o.name)
-            if kind[2]:
+            if kind[3]:
+                coll.append((o.ts, o.end))
+            elif kind[2]:
                 data.append((o.ts, o.end))
             elif kind[1]:
                 once.append((o.ts, o.end))
@@ -159,7 +179,9 @@ def _cause_intervals(ot: OpTrace, pid: Any, tid: Any) -> list[list[tuple[float, 
                 i = bisect.bisect_left(launch_starts, o.ts)
                 launched = i < len(launch_starts) and launch_starts[i] <= o.end
                 (launch_ops if launched else cpu_ops).append((o.ts, o.end))
-    return [_union(sync), _union(data), _union(once), _union(launch_ops + launches), _union(cpu_ops)]
+    launching = _union(launch_ops + launches)
+    # inside a wait range, the ops that launched device work are launch work, not the wait
+    return [_minus(_union(coll), launching), _union(sync), _union(data), _union(once), launching, _union(cpu_ops)]
 
 
 def idle_causes(ot: OpTrace, works: list[StepWork]) -> dict[str, Any] | None:
@@ -192,6 +214,10 @@ def idle_causes(ot: OpTrace, works: list[StepWork]) -> dict[str, Any] | None:
 
 #: J's cause -> (why, actions); CUDA graphs only where launches are the cause
 CAUSE_ADVICE = {
+    "collective wait": ("the host waits on a collective, which ends when the last rank arrives: a late peer or "
+                        "the link, which one rank's trace cannot tell apart",
+                        ("read every rank's trace of the same steps together: hwlab ranks --traces DIR on the whole "
+                         "job names the rank the others wait for, or the link",)),
     "sync point": ("each sync or blocking copy drains the device's queue, so it idles while the host launches "
                    "again", ()),  # the named calls' own action comes from trace_bounds.sync_points
     "data loading": ("the step waits for the next batch from the DataLoader",
@@ -213,13 +239,21 @@ CAUSE_ADVICE = {
 
 
 def apply_causes(parts, ic: dict[str, Any] | None, notes: list[str]) -> None:
-    """Name the idle part's J cause from :func:`idle_causes` and give that cause's advice only."""
+    """Name the idle part's J cause from :func:`idle_causes` and give that cause's advice only; where
+    the communication part is at least the idle part's gain, say that one rank's trace cannot
+    split its collectives' time into a late peer's wait and the link (the whole job's traces can)."""
     if not ic:
         return
     per = ic["ms_per_step"]
     notes.append("host-side idle by cause, ms per step: " + ", ".join(f"{k} {v:.4g}" for k, v in per.items() if v > 0)
                  + f" [{ic['source']}]")
     p = next((q for q in parts.parts if q.name == "gpu idle"), None)
+    comm = next((q for q in parts.parts if q.name == "communication"), None)
+    if p is not None and comm is not None and comm.t_ms >= (p.saved_ms if p.saved_ms is not None else p.t_ms):
+        p.notes.append(f"the communication part ({comm.t_ms:.4g} ms, {comm.share_pct:.0f}% of the step) outweighs "
+                       "this part's gain: a collective's time includes the wait for the last rank to arrive, which "
+                       "one rank's trace cannot tell from its link; read the whole job with hwlab ranks --traces DIR "
+                       "before acting on this part")
     if p is None or p.leaf_id != "J" or not isinstance(p.j, dict):
         return
     cause = ic["cause"]
