@@ -55,6 +55,7 @@ from hwlab.examine.trace_ceilings import TraceCeilings, ceilings_for  # noqa: F4
 from hwlab.examine.trace_bounds import (gemm_kernel_ms, host_side_gap, idle_split, idle_walk, kernel_names, name_recordings,
                                         sync_points, timeline_bounds)
 from hwlab.examine.comm_overlap import comm_overlap
+from hwlab.examine.pageable_copies import pageable_copies
 from hwlab.examine.idle_causes import WARMUP_RATIO, apply_causes, idle_causes, warmup_steps, whole_step_gap
 from hwlab.examine.trace_enough import MIN_STEP_US, NothingToDiagnose, enough_to_diagnose  # noqa: F401
 
@@ -471,6 +472,7 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
     if gpu:
         kernel_names(works, parts, notes)
         comm_overlap(works, parts)
+        pageable_copies(works, parts, notes)
     name_recordings(parts, c.copy_gbps is not None)
     if ot.n_bad_times:
         notes.append(f"{ot.n_bad_times} event(s) with a NaN, infinite or negative time were left out (a NaN would "
