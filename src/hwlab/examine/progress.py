@@ -20,7 +20,8 @@ then the timing's wall time per call over the slowdown below), and
   sustained run;
 * profiling: :data:`PROFILE_CALL_FACTOR` calls per profiled call (the call, the profiler's
   bookkeeping, the trace written and read back: all grow with the ops a call runs, as its time
-  does) plus :data:`PROFILE_FIXED_S` (the profiler's start and stop; on a GPU, CUPTI's);
+  does) plus :data:`PROFILE_FIXED_S` (the profiler's start and stop; on a GPU, CUPTI's) and, where
+  torch's compiler stack is not loaded yet, :data:`PROFILER_IMPORT_S` (the profiler loads it);
 * counting: :data:`COUNT_CALLS` calls (one call under the traffic model's dispatch mode and one
   under the FLOP counter, each paying Python per op);
 * parts, the walk, the report and the process's exit: :data:`WALK_S`.
@@ -35,6 +36,7 @@ left and each step's wall and CPU seconds; the line says "estimated".
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
@@ -48,10 +50,13 @@ SUBSTEP = "... "
 #: what a line says while there is no basis for a number (module doc)
 ESTIMATING = "estimating the time left"
 #: calls' worth of CPU time per profiled call, on a CPU and on a GPU (module doc)
-PROFILE_CALL_FACTOR = {"cpu": 1.9, "cuda": 2.0}
+PROFILE_CALL_FACTOR = {"cpu": 1.5, "cuda": 2.0}
 #: CPU seconds the profiler costs whatever the calls (start, stop; CUPTI's set-up on a GPU)
-PROFILE_FIXED_S = {"cpu": 0.3, "cuda": 6.0}
-#: calls' worth of CPU time the counting takes (two calls under dispatch modes)
+PROFILE_FIXED_S = {"cpu": 0.15, "cuda": 4.5}
+#: CPU seconds the profiler's first start costs where torch's compiler stack is not loaded yet:
+#: torch.profiler asks ``hasattr(torch, "_inductor")``, which imports torch._inductor and dynamo
+PROFILER_IMPORT_S = 1.1
+#: calls' worth of CPU time the counting takes (two calls under dispatch modes, Python per op)
 COUNT_CALLS = 3.0
 #: CPU seconds the parts, the walks, the report and the exit take (no calls of the function)
 WALK_S = 1.4
@@ -161,7 +166,8 @@ class Progress:
                 from hwlab.core.measure import GPU_MIN_RUN_S, GPU_WARMUP_S
 
                 timing += GPU_WARMUP_S + GPU_MIN_RUN_S
-        profile = self.n_profiled * c * PROFILE_CALL_FACTOR[dev] + PROFILE_FIXED_S[dev]
+        profile = self.n_profiled * c * PROFILE_CALL_FACTOR[dev] + PROFILE_FIXED_S[dev] + (
+            PROFILER_IMPORT_S if "torch._inductor" not in sys.modules else 0.0)
         return [timing, 0.0, profile, COUNT_CALLS * c, WALK_S]
 
     def left_s(self) -> float | None:
