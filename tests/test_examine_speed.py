@@ -180,7 +180,7 @@ def test_a_gpu_timing_floor_adds_the_protocols_warm_up_and_sustained_run_once():
     c = 0.05
     p.probe(c, c)
     p.step("timing")
-    floor = p.timing_floor_calls(c) * c + GPU_WARMUP_S + GPU_MIN_RUN_S
+    floor = p.timing_floor_calls(c) * c + GPU_WARMUP_S + GPU_MIN_RUN_S * (1 + 2 / 3)
     assert p.left_s() == pytest.approx(floor + _expected_cpu_s(p, c, 3))
 
 
@@ -238,9 +238,13 @@ def test_a_steady_function_stops_every_block_at_the_floor_and_says_it_settled():
     assert b.stops == [("settled", "settled")] * 3 and "every block settled" in b.sizing()
     assert f"{3 * MIN_BLOCK_REP} single calls" in b.sizing()
     assert left[-1] == 0 and all(x >= 0 for x in left)
-    # warm-up once: the first block by the protocol's rule, the later ones with none of their own
+    # warm-up once: the first block by the protocol's rule, the later ones with none of their own and a
+    # share of the sustained run (a GPU here)
+    from hwlab.core.measure import GPU_MIN_RUN_S
+
     times = [kw for kind, _, kw in s.calls if kind == "time"]
-    assert times[0] == {} and all(kw == {"warmup_s": 0.0, "min_run_s": 0.0} for kw in times[1:])
+    assert times[0] == {} and len(times) == 3
+    assert all(kw == {"warmup_s": 0.0, "min_run_s": GPU_MIN_RUN_S / 3} for kw in times[1:])
 
 
 def test_a_noisy_function_samples_to_the_cap_and_says_so():
@@ -250,6 +254,8 @@ def test_a_noisy_function_samples_to_the_cap_and_says_so():
     assert all(stop == (f"the cap of {MAX_BLOCK_REP}",) * 2 for stop in b.stops), b.stops
     assert f"stopped by the cap of {MAX_BLOCK_REP}" in b.sizing()
     assert b.n_calls >= 3 * 2 * MAX_BLOCK_REP  # every single call and chunk counted
+    times = [kw for kind, _, kw in s.calls if kind == "time"]  # a CPU: no warm-up, no sustained run after
+    assert times[0] == {} and len(times) > 3 and all(kw == {"warmup_s": 0.0, "min_run_s": 0.0} for kw in times[1:])
 
 
 def test_a_moderate_spread_takes_the_calls_its_median_needs_and_no_more():

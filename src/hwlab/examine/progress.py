@@ -165,7 +165,7 @@ class Progress:
             if self.device_type == "cuda":
                 from hwlab.core.measure import GPU_MIN_RUN_S, GPU_WARMUP_S
 
-                timing += GPU_WARMUP_S + GPU_MIN_RUN_S
+                timing += GPU_WARMUP_S + GPU_MIN_RUN_S * (1 + (self.n_blocks - 1) / self.n_blocks)
         profile = self.n_profiled * c * PROFILE_CALL_FACTOR[dev] + PROFILE_FIXED_S[dev] + (
             PROFILER_IMPORT_S if "torch._inductor" not in sys.modules else 0.0)
         return [timing, 0.0, profile, COUNT_CALLS * c, WALK_S]

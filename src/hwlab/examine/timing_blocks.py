@@ -21,7 +21,8 @@ samples up to the cap (:data:`MAX_BLOCK_REP`) or the time budget, and the report
 of the estimate ran it), so the first block warms up by the protocol's rule (on a GPU, clocks held
 under sustained load, :data:`hwlab.core.measure.GPU_WARMUP_S`, then a sustained timed phase); the
 later blocks follow it without a pause (on a GPU, nothing runs between them), so they take no
-warm-up and no minimum run time of their own: only the one untimed call every timing starts with.
+warm-up of their own, only the one untimed call every timing starts with, and on a GPU a third of
+the sustained phase each (:func:`later_block_protocol`).
 
 **Progress.** ``on_left(calls)`` is told the calls the timing has left after every round: those
 still planned (the current block's, and the later blocks' at the size the spread so far calls for),
@@ -108,6 +109,20 @@ class SizedBlocks(Blocks):
                 f"~{100 * TARGET_MEDIAN_ERROR:.0f}%, after {MIN_BLOCK_REP} to {MAX_BLOCK_REP} samples)")
 
 
+def later_block_protocol(b: int, rounds: int, gpu: bool, n_blocks: int = N_REPEATS) -> dict[str, float]:
+    """``time_fn``'s warm-up and minimum run for block ``b``'s round ``rounds`` (module doc, "Warm-up
+    once"): the protocol's own in the first block's first round; no warm-up after it; on a GPU each
+    later block's first round still runs a share of the sustained phase (a kernel of microseconds
+    keeps its thousands of samples), its extra rounds none."""
+    if b == 0 and rounds == 0:
+        return {}
+    if gpu and rounds == 0:
+        from hwlab.core.measure import GPU_MIN_RUN_S
+
+        return {"warmup_s": 0.0, "min_run_s": GPU_MIN_RUN_S / n_blocks}
+    return {"warmup_s": 0.0, "min_run_s": 0.0}
+
+
 def timed_blocks(run: Callable[..., Any], arg_sets: list, dev, time_fn: Callable[..., Any],
                  back_to_back: Callable[..., list[float]], max_total_s: float = 20.0,
                  n_blocks: int = N_REPEATS, most: int = MAX_BLOCK_REP,
@@ -119,7 +134,8 @@ def timed_blocks(run: Callable[..., Any], arg_sets: list, dev, time_fn: Callable
     (``back_to_back``), each sized by the variance (module doc); ``retime()`` re-times the ceilings
     before each block and after the last; ``on_timed(ms)`` gets each round's median wall time per
     call, ``on_left(calls)`` the calls the timing has left (progress)."""
-    net = getattr(dev, "type", "cpu") != "cuda"  # a CPU's timing net of the run-queue wait
+    gpu = getattr(dev, "type", "cpu") == "cuda"
+    net = not gpu  # a CPU's timing net of the run-queue wait
     samples: list[list[float]] = []
     chunks: list[list[float]] = []
     waits: list[float | None] = []
@@ -155,7 +171,7 @@ def timed_blocks(run: Callable[..., Any], arg_sets: list, dev, time_fn: Callable
         cur, walls, waited, rounds = [], [], [], 0
         while True:  # single calls, in rounds, until the block's median is settled (module doc)
             want = block_size(prior + cur, most) if prior or cur else MIN_BLOCK_REP
-            kw: dict[str, Any] = {} if b == 0 and rounds == 0 else {"warmup_s": 0.0, "min_run_s": 0.0}
+            kw = later_block_protocol(b, rounds, gpu, n_blocks)
             t = time_fn(run, arg_sets, dev, n_warmup=1, n_rep=max(1, want - len(cur)),
                         max_total_s=max(0.2, (t_end - time.perf_counter()) / (n_blocks - b)), net_of_wait=net, **kw)
             cur += list(t.samples_ms)
