@@ -333,3 +333,23 @@ def test_the_progress_stream_is_sys_stderr_where_stderr_is_not_the_processs_own(
 
     with progress_stream() as err:
         assert err is None  # pytest's capture: the lines go where the test reads them
+
+
+def test_a_profile_summary_records_without_its_per_call_items_and_keeps_them():
+    """The record leaves the per-kernel items out (the trace file keeps them) without copying them
+    first; everything else is as a full copy gives it, and the object keeps its items."""
+    import dataclasses
+
+    from hwlab.examine.torch_profile import ProfileSummary
+
+    calls = [[{"name": f"aten::op{i}", "us": float(i), "stack": ["aten::op"], "op_ids": [i]} for i in range(50)]
+             for _ in range(3)]
+    s = ProfileSummary(on_gpu=False, n_calls=3, kernels_per_call=50.0, busy_ms_per_call=1.2,
+                       top=[{"name": "aten::op1", "share_pct": 40.0}], calls=calls, call_us=[10.0, 11.0, 12.0])
+    full = dataclasses.asdict(s)
+    full.pop("calls")
+    d = s.to_dict()
+    assert d == full and "calls" not in d
+    assert s.calls is calls and len(s.calls) == 3
+    d["top"][0]["share_pct"] = 0.0  # a copy: the record's dicts are not the summary's
+    assert s.top[0]["share_pct"] == 40.0
