@@ -59,11 +59,11 @@ PROFILER_IMPORT_S = 1.1
 #: calls' worth of CPU time the counting takes (two calls under dispatch modes, Python per op)
 COUNT_CALLS = 3.0
 #: CPU seconds the parts, the walks, the report and the exit take (no calls of the function)
-WALK_S = 1.4
+WALK_S = 1.0
 #: a phase past its own estimate still has this share of it left (module doc)
 OVERRUN_SHARE = 0.15
 #: seconds over which the slowdown (wall over CPU seconds) is measured (module doc)
-WINDOW_S = 3.0
+WINDOW_S = 5.0
 
 
 def fmt_s(s: float) -> str:
