@@ -152,11 +152,14 @@ def timed_blocks(run: Callable[..., Any], arg_sets: list, dev, time_fn: Callable
             st["retime_s"] = time.perf_counter() - t0
 
     def tell(b: int, calls_left_in_block: int, spread: list[float]) -> None:
-        """Seconds left: this block's calls, the later blocks' at the size ``spread`` calls for,
-        the re-timings to come (one before each later block, one after the last)."""
+        """Calls left: this block's, the later blocks' at the sizes the spreads so far call for
+        (``spread``: the single calls'; the chunks' own once there are some), the re-timings to come
+        (one before each later block, one after the last) in calls by their measured cost."""
         if on_left is not None and st["call_s"] is not None:
             k = block_size(spread, most) if spread else MIN_BLOCK_REP
-            later = (n_blocks - 1 - b) * (1 + k + k * st["per_chunk"])
+            done_ch = [x for blk in chunks for x in blk]
+            k_ch = block_size(done_ch, most) if done_ch else k
+            later = (n_blocks - 1 - b) * (1 + k + k_ch * st["per_chunk"])
             retimes = (n_blocks - b) if retime is not None else 0
             on_left(calls_left_in_block + later + retimes * st["retime_s"] / st["call_s"])
 
