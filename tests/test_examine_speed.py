@@ -353,3 +353,39 @@ def test_a_profile_summary_records_without_its_per_call_items_and_keeps_them():
     assert s.calls is calls and len(s.calls) == 3
     d["top"][0]["share_pct"] = 0.0  # a copy: the record's dicts are not the summary's
     assert s.top[0]["share_pct"] == 40.0
+
+
+@pytest.mark.slow
+def test_cli_lines_say_estimating_until_there_is_a_basis_and_the_record_says_how_the_timing_stopped(tmp_path):
+    """A real examination through the command line, with no ceilings cached (they are measured):
+    the lines before a call has been timed, and those while the ceilings are measured, give no
+    number; every line from the timing on gives one; the record says how many calls were timed."""
+    import os
+    import re
+    from pathlib import Path
+
+    from hwlab.cli.console import loads_strict
+    from hwlab.examine import PHASES
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-m", "hwlab", "examine", "examples/unfused_chain.py:unfused_chain", "--json"],
+                       cwd=root, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "HWLAB_CACHE": str(tmp_path), "OMP_NUM_THREADS": "1"})
+    assert r.returncode in (0, 1, 4), r.stderr[-2000:]
+    d = loads_strict(r.stdout)
+    lines = [x for x in r.stderr.splitlines() if x.startswith("hwlab examine: [")]
+    steps = [x for x in lines if "] ... " not in x]
+    number = re.compile(r"~\d+(\.\d+)? s left, estimated")
+    beats = [x for x in lines if re.search(r"\(\d+ s in, ", x)]
+    for x in steps + beats:  # one or the other, never both, never the console's own guess
+        assert (ESTIMATING in x) != bool(number.search(x)), x
+        assert "s elapsed, ~" not in x, x
+    first_timed = next(i for i, x in enumerate(steps) if PHASES[2] in x)
+    assert all(ESTIMATING in x for x in steps[:2])  # the import and the checked call: no basis yet
+    assert ESTIMATING in next(x for x in steps if PHASES[1] in x)  # ceilings measured now (none cached)
+    assert all(number.search(x) for x in steps[first_timed:])
+    sizing = [n for n in d["notes"] if n.startswith("timing sized by the measured spread")]
+    assert len(sizing) == 1
+    n_single = int(re.search(r"(\d+) single calls", sizing[0]).group(1))
+    assert n_single == d["measurement"]["n_rep"] and n_single >= 3 * MIN_BLOCK_REP
+    assert re.search(r"every block settled|stopped by", sizing[0])
