@@ -15,7 +15,7 @@ import pytest
 
 from hwlab.examine import progress as pr
 from hwlab.examine.progress import ESTIMATING, OVERRUN_SHARE, SUBSTEP, Progress
-from hwlab.examine.timing_blocks import (MAX_BLOCK_REP, MIN_BLOCK_REP, TARGET_MEDIAN_ERROR, block_size,
+from hwlab.examine.timing_blocks import (MAX_BLOCK_CHUNKS, MAX_BLOCK_REP, MIN_BLOCK_REP, TARGET_MEDIAN_ERROR, block_size,
                                          median_error, rel_width, timed_blocks)
 
 PHASES = ("checked", "ceilings", "timing", "accepted", "profiling", "counting", "walk")
@@ -250,10 +250,10 @@ def test_a_steady_function_stops_every_block_at_the_floor_and_says_it_settled():
 def test_a_noisy_function_samples_to_the_cap_and_says_so():
     s = _SyntheticFn([10.0, 14.0, 8.0, 12.0, 9.0, 13.0, 7.5])
     b = timed_blocks(None, [()], _Dev("cpu"), s.time_fn, s.back_to_back)
-    assert all(len(x) == MAX_BLOCK_REP for x in b.samples_ms), b.samples_ms
-    assert all(stop == (f"the cap of {MAX_BLOCK_REP}",) * 2 for stop in b.stops), b.stops
-    assert f"stopped by the cap of {MAX_BLOCK_REP}" in b.sizing()
-    assert b.n_calls >= 3 * 2 * MAX_BLOCK_REP  # every single call and chunk counted
+    assert all(len(x) == MAX_BLOCK_REP for x in b.samples_ms) and all(len(x) == MAX_BLOCK_CHUNKS for x in b.chunks_ms)
+    assert all(stop == (f"the cap of {MAX_BLOCK_REP}", f"the cap of {MAX_BLOCK_CHUNKS}") for stop in b.stops), b.stops
+    assert f"the cap of {MAX_BLOCK_REP}" in b.sizing() and "stopped by" in b.sizing()
+    assert b.n_calls >= 3 * (MAX_BLOCK_REP + MAX_BLOCK_CHUNKS)  # every single call and chunk counted
     times = [kw for kind, _, kw in s.calls if kind == "time"]  # a CPU: no warm-up, no sustained run after
     assert times[0] == {} and len(times) > 3 and all(kw == {"warmup_s": 0.0, "min_run_s": 0.0} for kw in times[1:])
 

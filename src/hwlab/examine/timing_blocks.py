@@ -14,7 +14,8 @@ function's spread, better known from more samples than one block holds); the cou
 own (each block's median is walked on its own). The target sits far inside the run-to-run spread
 (:data:`~hwlab.examine.repeats.RUN_TO_RUN`) every timed verdict is judged with, so more calls would
 not move a verdict; a steady function (device events, a quiet host) stops at the floor, a noisy one
-samples up to the cap (:data:`MAX_BLOCK_REP`) or the time budget, and the report says which
+samples up to the cap (:data:`MAX_BLOCK_REP`, :data:`MAX_BLOCK_CHUNKS`) or the time budget, and the
+report says which
 (:meth:`SizedBlocks.sizing`).
 
 **Warm-up once.** The function is warm when the timing starts (its checked call and the probe call
@@ -41,9 +42,11 @@ from hwlab.examine.repeats import N_REPEATS, Blocks
 
 #: the fewest single calls (and back-to-back chunks) a block takes: a median and a range need three
 MIN_BLOCK_REP = 3
-#: the most single calls (and chunks) a block takes, whatever its spread: a function noisy enough to
-#: want more is told so (its stop reason), and the time budget bounds the rest
-MAX_BLOCK_REP = 9
+#: the most single calls and back-to-back chunks a block takes, whatever its spread: a function
+#: noisy enough to want more is told so (its stop reason), and the time budget bounds the rest; no
+#: more than a fixed-size block took before blocks were sized, so a noisy host costs no more time
+MAX_BLOCK_REP = 7
+MAX_BLOCK_CHUNKS = 5
 #: a median uncertain by this share of itself is settled: a twentieth of the run-to-run spread a
 #: timed verdict is judged with anyway (:data:`~hwlab.examine.repeats.RUN_TO_RUN`), so more calls
 #: move no verdict
@@ -106,7 +109,8 @@ class SizedBlocks(Blocks):
         return (f"timing sized by the measured spread: {n_single} single calls and {n_chunks} back-to-back "
                 f"chunks in {len(self.samples_ms)} blocks ({per}), {self.n_calls} calls of the function in all; "
                 f"{why} (p10-p90 {100 * w:.1f}% of the median; a block stops once its median is within "
-                f"~{100 * TARGET_MEDIAN_ERROR:.0f}%, after {MIN_BLOCK_REP} to {MAX_BLOCK_REP} samples)")
+                f"~{100 * TARGET_MEDIAN_ERROR:.0f}%, after {MIN_BLOCK_REP} to {MAX_BLOCK_REP} single calls and "
+                f"{MIN_BLOCK_REP} to {MAX_BLOCK_CHUNKS} chunks)")
 
 
 def later_block_protocol(b: int, rounds: int, gpu: bool, n_blocks: int = N_REPEATS) -> dict[str, float]:
@@ -125,7 +129,7 @@ def later_block_protocol(b: int, rounds: int, gpu: bool, n_blocks: int = N_REPEA
 
 def timed_blocks(run: Callable[..., Any], arg_sets: list, dev, time_fn: Callable[..., Any],
                  back_to_back: Callable[..., list[float]], max_total_s: float = 20.0,
-                 n_blocks: int = N_REPEATS, most: int = MAX_BLOCK_REP,
+                 n_blocks: int = N_REPEATS, most: int = MAX_BLOCK_REP, most_chunks: int = MAX_BLOCK_CHUNKS,
                  on_block: Callable[[int], None] | None = None,
                  retime: Callable[[], dict[str, float]] | None = None,
                  on_timed: Callable[[float], None] | None = None,
@@ -158,7 +162,7 @@ def timed_blocks(run: Callable[..., Any], arg_sets: list, dev, time_fn: Callable
         if on_left is not None and st["call_s"] is not None:
             k = block_size(spread, most) if spread else MIN_BLOCK_REP
             done_ch = [x for blk in chunks for x in blk]
-            k_ch = block_size(done_ch, most) if done_ch else k
+            k_ch = block_size(done_ch, most_chunks) if done_ch else min(k, most_chunks)
             later = (n_blocks - 1 - b) * (1 + k + k_ch * st["per_chunk"])
             retimes = (n_blocks - b) if retime is not None else 0
             on_left(calls_left_in_block + later + retimes * st["retime_s"] / st["call_s"])
@@ -197,17 +201,17 @@ def timed_blocks(run: Callable[..., Any], arg_sets: list, dev, time_fn: Callable
         ch: list[float] = []
         rounds = 0
         while True:  # back to back, in chunks sized the same way
-            want = block_size(prior_ch + ch, most) if prior_ch or ch else MIN_BLOCK_REP
+            want = block_size(prior_ch + ch, most_chunks) if prior_ch or ch else MIN_BLOCK_REP
             tell(b, (want - len(ch)) * st["per_chunk"], prior + cur)
             more = list(back_to_back(run, arg_sets, dev, med_ms, n_chunks=max(1, want - len(ch))))
             st["calls"] += len(more) * st["per_chunk"]
             ch += more
             rounds += 1
-            if len(ch) >= block_size(prior_ch + ch, most) or rounds > MAX_ROUNDS or out_of_time():
+            if len(ch) >= block_size(prior_ch + ch, most_chunks) or rounds > MAX_ROUNDS or out_of_time():
                 break
         chunks.append(ch)
         stops.append((stop_reason(prior + cur, len(cur), most, out_of_time()),
-                      stop_reason(prior_ch + ch, len(ch), most, out_of_time())))
+                      stop_reason(prior_ch + ch, len(ch), most_chunks, out_of_time())))
         tell(b, 0, prior + cur)
     retimed()
     if on_left is not None:
