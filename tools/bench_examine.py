@@ -133,6 +133,15 @@ def one_run(target: str, timeout_s: float) -> dict[str, Any]:
             "load_before": load0, "load_after": os.getloadavg()}
 
 
+def _pct(x: float | None) -> str:
+    return "not reported" if x is None else f"{x:.0f}%"
+
+
+def _ratios(r: dict[str, Any]) -> str:
+    xs = [e["ratio"] for e in r["etas"] if e["ratio"] is not None]
+    return f"{min(xs):.2f}-{max(xs):.2f}x" if xs else "none"
+
+
 def findings(r: dict[str, Any]) -> list[str]:
     out = []
     if r["total_s"] > BUDGET_S:
@@ -174,7 +183,10 @@ def main(argv: list[str] | None = None) -> int:
                          (".txt", "\n".join(
                              f"run {i + 1}: {r['total_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU (load "
                              f"{r['load_before'][0]:.1f} -> "
-                             f"{r['load_after'][0]:.1f}), longest silence {r['max_silence_s']:.1f} s, steps "
+                             f"{r['load_after'][0]:.1f}, the timing's run-queue wait {_pct(r['run_queue_wait_pct'])}), "
+                             f"first line at {r['first_line_s'] or 0:.1f} s, longest silence {r['max_silence_s']:.1f} s, "
+                             f"time-left estimates {_ratios(r)} of the truth ({r['estimating_lines']} lines "
+                             "'estimating'), steps "
                              f"{r['step_totals']}, leaf {r['leaf']} alternatives {r['alternatives']} headline "
                              f"{r['headline']}, {r['t_ms'] and round(r['t_ms'], 1)} ms per call; "
                              + ("; ".join(r["findings"]) or "within the budgets") for i, r in enumerate(runs)) + "\n")):
