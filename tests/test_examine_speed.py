@@ -43,7 +43,7 @@ def _progress(clock: FakeClock, device_type: str = "cpu", n_profiled: int = 5) -
 def _expected_cpu_s(p: Progress, c: float, from_phase: int) -> float:
     """The module doc's sums, written out: what is left from the start of ``from_phase`` (2..6)."""
     dev = p.device_type
-    timing = p.timing_floor_calls(c) * c
+    timing = p.timing_plan_calls(c) * c
     prof = p.n_profiled * c * pr.PROFILE_CALL_FACTOR[dev] + pr.PROFILE_FIXED_S[dev] + (
         pr.PROFILER_IMPORT_S if "torch._inductor" not in sys.modules else 0.0)
     costs = {2: timing, 3: 0.0, 4: prof,
@@ -153,7 +153,7 @@ def test_a_run_of_synthetic_phases_is_estimated_within_thirty_percent_at_every_l
     say("ceilings")
     spend(0.05, 1.0)
     say("timing")
-    n_calls = p.timing_floor_calls(c)
+    n_calls = p.timing_plan_calls(c)
     for k in range(int(n_calls)):
         slow = 1.0 if k < n_calls / 2 else 1.25
         spend(c, slow)
@@ -172,7 +172,7 @@ def test_a_run_of_synthetic_phases_is_estimated_within_thirty_percent_at_every_l
     assert seen[0] == f"checked ({ESTIMATING})"
 
 
-def test_a_gpu_timing_floor_adds_the_protocols_warm_up_and_sustained_run_once():
+def test_a_gpu_timing_plan_adds_the_protocols_warm_up_and_sustained_run_once():
     from hwlab.core.measure import GPU_MIN_RUN_S, GPU_WARMUP_S
 
     clock = FakeClock()
@@ -180,7 +180,7 @@ def test_a_gpu_timing_floor_adds_the_protocols_warm_up_and_sustained_run_once():
     c = 0.05
     p.probe(c, c)
     p.step("timing")
-    floor = p.timing_floor_calls(c) * c + GPU_WARMUP_S + GPU_MIN_RUN_S * (1 + 2 / 3)
+    floor = p.timing_plan_calls(c) * c + GPU_WARMUP_S + GPU_MIN_RUN_S * (1 + 2 / 3)
     assert p.left_s() == pytest.approx(floor + _expected_cpu_s(p, c, 3))
 
 

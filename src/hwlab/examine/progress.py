@@ -16,8 +16,8 @@ then the timing's wall time per call over the slowdown below), and
 
 * timing: the calls :func:`hwlab.examine.timing_blocks.timed_blocks` says it still plans (at the size
   the measured spread calls for; the ceilings' re-timings counted in calls by their measured cost);
-  before its first round, the fewest calls it can take and, on a GPU, the protocol's warm-up and
-  sustained run;
+  before its first round, blocks halfway between their floor and cap (the spread is not known yet)
+  and, on a GPU, the protocol's warm-up and sustained run;
 * profiling: :data:`PROFILE_CALL_FACTOR` calls per profiled call (the call, the profiler's
   bookkeeping, the trace written and read back: all grow with the ops a call runs, as its time
   does) plus :data:`PROFILE_FIXED_S` (the profiler's start and stop; on a GPU, CUPTI's) and, where
@@ -59,7 +59,7 @@ PROFILER_IMPORT_S = 1.1
 #: calls' worth of CPU time the counting takes (two calls under dispatch modes, Python per op)
 COUNT_CALLS = 3.0
 #: CPU seconds the parts, the walks, the report and the exit take (no calls of the function)
-WALK_S = 1.0
+WALK_S = 1.15
 #: a phase past its own estimate still has this share of it left (module doc)
 OVERRUN_SHARE = 0.15
 #: seconds over which the slowdown (wall over CPU seconds) is measured (module doc)
@@ -146,12 +146,15 @@ class Progress:
     def left_text(left: float | None) -> str:
         return f"~{fmt_s(left)} s left, estimated" if left is not None else ESTIMATING
 
-    def timing_floor_calls(self, c: float) -> float:
-        """The fewest calls the timing takes before it has measured a spread (module doc)."""
-        from hwlab.examine.timing_blocks import E2E_CHUNK_MS_HINT, MIN_BLOCK_REP
+    def timing_plan_calls(self, c: float) -> float:
+        """The calls the timing is planned to take before it has measured a spread (module doc):
+        each block halfway between its floor and its cap, so neither a steady function (the floor)
+        nor a noisy one (the cap) is far from it."""
+        from hwlab.examine.timing_blocks import E2E_CHUNK_MS_HINT, MAX_BLOCK_CHUNKS, MAX_BLOCK_REP, MIN_BLOCK_REP
 
         per_chunk = max(1, min(20, int(E2E_CHUNK_MS_HINT / max(c * 1e3, 1e-3))))
-        return self.n_blocks * (1 + MIN_BLOCK_REP + MIN_BLOCK_REP * per_chunk)
+        singles, chunks = (MIN_BLOCK_REP + MAX_BLOCK_REP) / 2, (MIN_BLOCK_REP + MAX_BLOCK_CHUNKS) / 2
+        return self.n_blocks * (1 + singles + chunks * per_chunk)
 
     def phase_costs(self, c: float, cpu_now: float) -> list[float]:
         """CPU seconds each phase from the timing on costs, by this run's call ``c`` (module doc):
@@ -161,7 +164,7 @@ class Progress:
             calls, at = self._timing_left
             timing = max(0.0, calls * c - (cpu_now - at))
         else:
-            timing = self.timing_floor_calls(c) * c
+            timing = self.timing_plan_calls(c) * c
             if self.device_type == "cuda":
                 from hwlab.core.measure import GPU_MIN_RUN_S, GPU_WARMUP_S
 
