@@ -2,8 +2,8 @@
 every block on its own, and lets the blocks' disagreement speak.
 
 **Blocks.** The timing (device events, single calls) and question D's back-to-back run are taken
-in ``N_REPEATS`` interleaved blocks (:func:`hwlab.examine.timing_blocks.timed_blocks`): block *r* times single calls, then
-runs back to back, so both halves of D's ratio see the same host load. The pooled samples give
+in ``N_REPEATS`` interleaved blocks (:func:`hwlab.examine.timing_blocks.timed_blocks`): block *r*
+times single calls, then runs back to back, so both halves of D's ratio see the same host load. The pooled samples give
 the median the report shows; each block gives one repeat's median and e2e_slowdown. On a CPU each
 repeat also takes its own profiled call for the part shares (the profiler records
 :data:`N_REPEATS` calls).
