@@ -15,7 +15,8 @@ import pytest
 
 from hwlab.examine import progress as pr
 from hwlab.examine.progress import ESTIMATING, OVERRUN_SHARE, SUBSTEP, Progress
-from hwlab.examine.timing_blocks import (MAX_BLOCK_CHUNKS, MAX_BLOCK_REP, MIN_BLOCK_REP, TARGET_MEDIAN_ERROR, block_size,
+from hwlab.examine.timing_blocks import (MAX_BLOCK_CHUNKS, MAX_BLOCK_REP, MIN_BLOCK_REP, TARGET_MEDIAN_ERROR,
+                                         block_size,
                                          median_error, rel_width, timed_blocks)
 
 PHASES = ("checked", "ceilings", "timing", "accepted", "profiling", "counting", "walk")
@@ -234,7 +235,8 @@ def test_a_steady_function_stops_every_block_at_the_floor_and_says_it_settled():
     s = _SyntheticFn([10.0, 10.02, 9.99, 10.01])
     left: list[float] = []
     b = timed_blocks(None, [()], _Dev("cuda"), s.time_fn, s.back_to_back, on_left=left.append)
-    assert [len(x) for x in b.samples_ms] == [MIN_BLOCK_REP] * 3 and [len(x) for x in b.chunks_ms] == [MIN_BLOCK_REP] * 3
+    assert [len(x) for x in b.samples_ms] == [MIN_BLOCK_REP] * 3
+    assert [len(x) for x in b.chunks_ms] == [MIN_BLOCK_REP] * 3
     assert b.stops == [("settled", "settled")] * 3 and "every block settled" in b.sizing()
     assert f"{3 * MIN_BLOCK_REP} single calls" in b.sizing()
     assert left[-1] == 0 and all(x >= 0 for x in left)

@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         r = one_run(a.target, a.timeout)
         r["findings"] = findings(r)
         runs.append(r)
-        print(f"run {i + 1}: {r['total_s']:.1f} s ({r['cpu_s']:.1f} CPU s), longest silence {r['max_silence_s']:.1f} s, leaf {r['leaf']} "
+        print(f"run {i + 1}: {r['total_s']:.1f} s ({r['cpu_s']:.1f} CPU s), longest silence {r['max_silence_s']:.1f} s, "
+              f"leaf {r['leaf']} "
               f"{r['alternatives'] or ''}; " + ("; ".join(r["findings"]) or "within the budgets"), file=sys.stderr)
     now = datetime.now(timezone.utc)
     rec = {"kind": "examine_bench", "target": a.target, "when": now.isoformat(timespec="seconds"),
@@ -184,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"run {i + 1}: {r['total_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU (load "
                              f"{r['load_before'][0]:.1f} -> "
                              f"{r['load_after'][0]:.1f}, the timing's run-queue wait {_pct(r['run_queue_wait_pct'])}), "
-                             f"first line at {r['first_line_s'] or 0:.1f} s, longest silence {r['max_silence_s']:.1f} s, "
+                             f"first line at {r['first_line_s'] or 0:.1f} s, "
+                             f"longest silence {r['max_silence_s']:.1f} s, "
                              f"time-left estimates {_ratios(r)} of the truth ({r['estimating_lines']} lines "
                              "'estimating'), steps "
                              f"{r['step_totals']}, leaf {r['leaf']} alternatives {r['alternatives']} headline "
