@@ -15,7 +15,7 @@ from hwlab.examine import examine
 from hwlab.examine.dtype_lever import DTYPE_LEVER_MIN, gemm_ceiling
 from hwlab.examine.op_overhead import PER_OP_SHARE_MIN, per_op_share, per_op_us
 from hwlab.examine.progress import SUBSTEP, Progress
-from hwlab.examine.repeats import MIN_BLOCK_REP, block_size
+from hwlab.examine.timing_blocks import MIN_BLOCK_REP, block_size
 
 
 @pytest.fixture(scope="module")
@@ -176,9 +176,9 @@ def test_progress_lines_within_a_step_do_not_count_as_steps():
     seen = []
     p = Progress(seen.append, 5, ("one", "two", "three", "four", "five", "six"))
     p.step("one")
-    p.call_s = 0.1
+    p.probe(0.1, 0.1)
     left_first = p.left_s()
     p.step(f"{SUBSTEP}inside")
-    assert p.phase == "one" and seen == ["one", f"{SUBSTEP}inside"]
+    assert p.phase == "one" and seen == ["one (estimating the time left)", f"{SUBSTEP}inside"]
     p.step("five")
-    assert p.left_s() < left_first and "s left (estimated)" in p.line() and p.line().startswith(SUBSTEP)
+    assert p.left_s() < left_first and "s left, estimated" in p.line() and p.line().startswith(SUBSTEP)

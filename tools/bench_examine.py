@@ -9,7 +9,12 @@ kept per thread count). Per run it records: the wall time of the whole process (
 around the child); every progress line on stderr with the second it arrived; the longest silence
 on stderr (from the start, between lines, and from the last line to the exit); the step counts the
 lines announced (``[k/N]``: N must not change); each time-left estimate (``~X s left``) against the
-time that was in fact left, as a ratio; and the leaf, alternatives and headline the run printed.
+time that was in fact left, as a ratio, and the lines that gave none ("estimating"); the seconds
+each step took (from one ``[k/N]`` line to the next, the last to the exit); the child's CPU seconds
+(user + system, beside the wall time: on a shared machine the two differ by what the neighbours
+took); the examination's own figures the estimates are built from (its first call, its wall time per
+call, the calls the timing made and why it stopped); and the leaf, alternatives and headline the
+run printed.
 
 The budgets the record is read against (``BUDGET_S``, ``SILENCE_S``, ``ETA_TOL``): an examination of
 a GPT-2-size model within 30 s on a 2-core machine at rest, no silence of 5 s or more on stderr,
@@ -27,6 +32,7 @@ import json
 import os
 import platform
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -64,22 +70,36 @@ def _commit() -> str:
         return ""
 
 
+def _cpu_s_of(pid: int) -> float | None:
+    """A live process's user + system CPU seconds so far (``/proc/PID/stat``), or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def one_run(target: str, timeout_s: float) -> dict[str, Any]:
     """One examination as its own process (module doc)."""
     env = {**os.environ, "PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1"}
     load0 = os.getloadavg()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     p = subprocess.Popen([sys.executable, "-m", "hwlab", "examine", target, "--model", "--json"], cwd=ROOT, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[tuple[float, str]] = []
+    cpu_at: list[float | None] = []  # the child's CPU seconds when each line arrived
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.append(p.stdout.read()), daemon=True)
     reader.start()
     for ln in p.stderr:
         lines.append((time.monotonic() - t0, ln.rstrip("\n")))
+        cpu_at.append(_cpu_s_of(p.pid))
     rc = p.wait(timeout=timeout_s)
     total_s = time.monotonic() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     reader.join(timeout=10)
     stamps = [0.0] + [t for t, _ in lines] + [total_s]
     silences = [b - a for a, b in zip(stamps, stamps[1:])]
@@ -87,15 +107,39 @@ def one_run(target: str, timeout_s: float) -> dict[str, Any]:
     etas = [{"at_s": t, "estimate_s": float(m.group(1)), "truth_s": total_s - t,
              "ratio": float(m.group(1)) / (total_s - t) if total_s - t > 0 else None}
             for t, ln in lines for m in list(ETA_RE.finditer(ln))[-1:]]
+    estimating = sum(1 for _, ln in lines if "estimating" in ln)
+    starts = [(t, int(m.group(1)), c) for (t, ln), c in zip(lines, cpu_at) for m in [STEP_RE.search(ln)]
+              if m and " ... " not in ln]
+    steps_s: dict[str, float] = {}
+    steps_cpu_s: dict[str, float | None] = {}
+    for (t, k, c), (t_next, _, c_next) in zip(starts, starts[1:] + [(total_s, 0, cpu_s)]):
+        steps_s[str(k)] = round(steps_s.get(str(k), 0.0) + t_next - t, 3)
+        steps_cpu_s[str(k)] = round(c_next - c, 3) if c is not None and c_next is not None else None
     try:
         d = json.loads(out[0]) if out and out[0].strip() else {}
     except json.JSONDecodeError:
         d = {}
-    return {"rc": rc, "total_s": total_s, "max_silence_s": max(silences), "step_totals": totals, "etas": etas,
+    params = (d.get("measurement") or {}).get("params") or {}
+    sizing = next((n for n in d.get("notes") or [] if n.startswith("timing sized")), None)
+    return {"rc": rc, "total_s": total_s, "cpu_s": cpu_s, "first_line_s": lines[0][0] if lines else None,
+            "max_silence_s": max(silences), "step_totals": totals, "etas": etas, "estimating_lines": estimating,
+            "steps_s": steps_s, "steps_cpu_s": steps_cpu_s, "first_call_s": params.get("first_call_s"),
+            "wall_ms_per_call": params.get("wall_ms_per_call"), "n_rep": (d.get("measurement") or {}).get("n_rep"),
+            "run_queue_wait_pct": params.get("run_queue_wait_pct"), "timing_sizing": sizing,
+            "n_ops": (d.get("counts") or {}).get("n_ops"),
             "stderr": [{"t_s": round(t, 2), "line": ln} for t, ln in lines],
             "leaf": d.get("leaf"), "alternatives": d.get("alternatives"),
             "headline": (d.get("parts") or {}).get("headline"), "t_ms": (d.get("measurement") or {}).get("t_ms"),
             "load_before": load0, "load_after": os.getloadavg()}
+
+
+def _pct(x: float | None) -> str:
+    return "not reported" if x is None else f"{x:.0f}%"
+
+
+def _ratios(r: dict[str, Any]) -> str:
+    xs = [e["ratio"] for e in r["etas"] if e["ratio"] is not None]
+    return f"{min(xs):.2f}-{max(xs):.2f}x" if xs else "none"
 
 
 def findings(r: dict[str, Any]) -> list[str]:
@@ -125,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         r = one_run(a.target, a.timeout)
         r["findings"] = findings(r)
         runs.append(r)
-        print(f"run {i + 1}: {r['total_s']:.1f} s, longest silence {r['max_silence_s']:.1f} s, leaf {r['leaf']} "
+        print(f"run {i + 1}: {r['total_s']:.1f} s ({r['cpu_s']:.1f} CPU s), longest silence {r['max_silence_s']:.1f} s, "
+              f"leaf {r['leaf']} "
               f"{r['alternatives'] or ''}; " + ("; ".join(r["findings"]) or "within the budgets"), file=sys.stderr)
     now = datetime.now(timezone.utc)
     rec = {"kind": "examine_bench", "target": a.target, "when": now.isoformat(timespec="seconds"),
@@ -137,8 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     stem = out / f"{now.strftime('%Y-%m-%dT%H%M%SZ')}-{a.label or socket.gethostname()}"
     for suffix, text in ((".json", json.dumps(rec, indent=1) + "\n"),
                          (".txt", "\n".join(
-                             f"run {i + 1}: {r['total_s']:.1f} s (load {r['load_before'][0]:.1f} -> "
-                             f"{r['load_after'][0]:.1f}), longest silence {r['max_silence_s']:.1f} s, steps "
+                             f"run {i + 1}: {r['total_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU (load "
+                             f"{r['load_before'][0]:.1f} -> "
+                             f"{r['load_after'][0]:.1f}, the timing's run-queue wait {_pct(r['run_queue_wait_pct'])}), "
+                             f"first line at {r['first_line_s'] or 0:.1f} s, "
+                             f"longest silence {r['max_silence_s']:.1f} s, "
+                             f"time-left estimates {_ratios(r)} of the truth ({r['estimating_lines']} lines "
+                             "'estimating'), steps "
                              f"{r['step_totals']}, leaf {r['leaf']} alternatives {r['alternatives']} headline "
                              f"{r['headline']}, {r['t_ms'] and round(r['t_ms'], 1)} ms per call; "
                              + ("; ".join(r["findings"]) or "within the budgets") for i, r in enumerate(runs)) + "\n")):

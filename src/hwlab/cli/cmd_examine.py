@@ -32,7 +32,7 @@ from pathlib import Path
 from hwlab.errors import EXIT_FINDING, EXIT_OK, EXIT_UNDECIDED, UserInputError
 from hwlab.errors import EXIT_USAGE
 from hwlab.core.validate import count_arg
-from hwlab.cli.console import trace_mib
+from hwlab.cli.console import SUBSTEP as SUBSTEP_PREFIX, trace_mib
 
 
 def add_parser(sub) -> None:
@@ -89,8 +89,8 @@ def cmd_examine(a) -> int:
     if out is not None and out.suffix != ".json":
         raise UserInputError(f"--out {a.out}: give a .json file name")
     trace_out = check_destination(trace_path_for(out), overwrite=a.force) if out is not None else None
-    with Steps("hwlab examine", 1 + len(PHASES)) as st:  # progress on stderr only: stdout stays JSON
-        held = HeldSteps(st.step, ACCEPTED_PHASE)
+    with progress_stream() as err, Steps("hwlab examine", 1 + len(PHASES), file=err, eta=False) as st:
+        held = HeldSteps(st.step, ACCEPTED_PHASE, beat_until=PHASES[0])  # progress on stderr: stdout stays JSON
         try:
             with user_output_aside(a.json):
                 ex = _examine_model(a, held) if a.model else _examine_function(a, held)
@@ -144,20 +144,52 @@ def user_output_aside(json_out: bool) -> Iterator[None]:
             os.close(saved)
 
 
-#: progress lines wait this long (s), or until the inputs are accepted, whichever comes first: under
-#: the 5 s an examination may stay silent (examine/progress), while a refusal of bad input, which
-#: comes within the first call, still comes alone
-HOLD_S = 4.0
+@contextmanager
+def progress_stream() -> Iterator:
+    """Where the progress lines go: a duplicate of file descriptor 2 made now, when stderr is the
+    process's own (a command line). The profiler's start and stop point descriptor 2 at a buffer
+    for a moment, to drop libkineto's native noise (:class:`hwlab.core.profiling.quiet_profile`),
+    and on a GPU that moment lasts seconds: a line written to descriptor 2 then would come out
+    only after it. Elsewhere (a test capturing ``sys.stderr``, a notebook) ``None``: the lines go
+    to ``sys.stderr`` as it is."""
+    try:
+        own = sys.stderr is sys.__stderr__ and sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError):  # a replaced stderr without a descriptor
+        own = False
+    if not own:
+        yield None
+        return
+    sys.stderr.flush()
+    f = os.fdopen(os.dup(2), "w", buffering=1)
+    try:
+        yield f
+    finally:
+        with contextlib.suppress(OSError):
+            f.close()
+
+
+#: progress lines wait this long (s), or until the inputs are accepted, whichever comes first. A
+#: refusal of bad input found without importing torch (a missing file or name, a target that exits
+#: on import) comes within it, alone on its line; a target that imports torch takes longer, and its
+#: first line comes at this time, well inside the 5 s an examination may stay silent
+#: (examine/progress), so a slow import is never mistaken for a hang
+HOLD_S = 1.0
 
 
 class HeldSteps:
     """Progress steps held back until ``release_at`` is announced (every refusal of bad input,
     which must stay one line, comes before it) or :data:`HOLD_S` have passed (a long examination
-    shows where it is even while a slow first call or a ceiling measurement runs); then the held
-    steps are shown in order, and the later ones as they come."""
+    shows where it is even while a slow import, first call or ceiling measurement runs); then the
+    held steps are shown in order, and the later ones as they come. Until a step starting with
+    ``beat_until`` comes (where the examination's own heartbeat takes over,
+    :mod:`hwlab.examine.progress`), the current step is repeated after :data:`HEARTBEAT_S` without a
+    line (a target's import or a model's build can take longer)."""
 
-    def __init__(self, step, release_at: str, hold_s: float = HOLD_S):
+    def __init__(self, step, release_at: str, hold_s: float = HOLD_S, beat_until: str | None = None):
         import threading
+        import time
+
+        from hwlab.examine.progress import ESTIMATING, HEARTBEAT_S, SUBSTEP
 
         self._step, self._release_at = step, release_at
         self._held: list[str] | None = []
@@ -165,6 +197,18 @@ class HeldSteps:
         self._timer = threading.Timer(hold_s, self._release)
         self._timer.daemon = True
         self._timer.start()
+        self._beat_until, self._current, t0 = beat_until, "", time.monotonic()
+        self._last = t0
+        self._done = threading.Event()
+
+        def beat() -> None:
+            while self._beat_until is not None and not self._done.wait(0.25):
+                if time.monotonic() - self._last >= HEARTBEAT_S and self._current:
+                    self(f"{SUBSTEP}{self._current.split(' (')[0]} ({time.monotonic() - t0:.0f} s in, {ESTIMATING})")
+
+        self._beater = threading.Thread(target=beat, name="hwlab-examine-import-beat", daemon=True)
+        if beat_until is not None:
+            self._beater.start()
 
     def _release(self) -> None:
         with self._lock:
@@ -173,6 +217,13 @@ class HeldSteps:
                 self._step(label)
 
     def __call__(self, label: str) -> None:
+        import time
+
+        self._last = time.monotonic()
+        if not label.startswith(SUBSTEP_PREFIX):
+            self._current = label
+            if self._beat_until is not None and label.startswith(self._beat_until):
+                self._beat_until = None  # the examination's heartbeat from here
         with self._lock:
             # a step's label may carry its time left after the phase's name: the phase is its start
             if self._held is not None and not label.startswith(self._release_at):
@@ -187,6 +238,8 @@ class HeldSteps:
         shown, so an examination shorter than the hold still lists its steps; without it (a refusal)
         the held steps are dropped, and the refusal stays one line."""
         self._timer.cancel()
+        self._beat_until = None
+        self._done.set()
         if show_held:
             self._release()
 
@@ -198,9 +251,10 @@ def trace_path_for(out: Path) -> Path:
 
 def _examine_model(a, step):
     from hwlab.examine import examine
+    from hwlab.examine.progress import ESTIMATING
     from hwlab.examine.target import load_model
 
-    step(f"import {a.target} (the model factory)")
+    step(f"import {a.target} (the model factory) ({ESTIMATING})")
     module, args, make = load_model(a.target)
     if a.inputs:
         raise UserInputError("--model takes its inputs from the factory: leave out --inputs")
@@ -212,9 +266,10 @@ def _examine_model(a, step):
 
 def _examine_function(a, step):
     from hwlab.examine import examine
+    from hwlab.examine.progress import ESTIMATING
     from hwlab.examine.target import load
 
-    step(f"import {a.target} and its inputs")
+    step(f"import {a.target} and its inputs ({ESTIMATING})")
     fn, mod = load(a.target)
     if a.inputs:
         make, inputs_spec = load(a.inputs, "input factory")[0], a.inputs

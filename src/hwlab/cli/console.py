@@ -32,11 +32,14 @@ SUBSTEP = "... "
 
 
 class Steps:
-    """Progress over ``total`` named steps (``total`` grows if more steps come)."""
+    """Progress over ``total`` named steps (``total`` grows if more steps come). ``file`` is where the
+    lines go (default: ``sys.stderr`` as it is when a line is written); ``eta=False`` leaves the
+    time left to the caller's labels (a caller with its own estimate, or none yet)."""
 
     def __init__(self, title: str, total: int, *, enabled: bool = True,
-                 terminal: bool | None = None):
+                 terminal: bool | None = None, file=None, eta: bool = True):
         self.title, self.total, self.enabled = title, max(int(total), 1), enabled
+        self.file, self.eta = file, eta
         self.terminal = stderr_is_terminal() if terminal is None else terminal
         self.done = 0
         self._t0 = time.monotonic()
@@ -53,7 +56,8 @@ class Steps:
             self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                                  MofNCompleteColumn(), TimeElapsedColumn(),
                                  TextColumn("eta"), TimeRemainingColumn(),
-                                 console=Console(stderr=True), transient=True)
+                                 console=Console(file=self.file) if self.file else Console(stderr=True),
+                                 transient=True)
             self._bar.__enter__()
             self._task = self._bar.add_task(self.title, total=self.total)
         return self
@@ -72,7 +76,8 @@ class Steps:
             if self._bar is not None:
                 self._bar.update(self._task, description=f"{self.title}: {label[len(SUBSTEP):]}")
             else:
-                print(f"{self.title}: [{self.done + 1}/{self.total}] {label}", file=sys.stderr, flush=True)
+                print(f"{self.title}: [{self.done + 1}/{self.total}] {label}", file=self.file or sys.stderr,
+                      flush=True)
             return
         if self._started:
             self.done += 1
@@ -85,9 +90,9 @@ class Steps:
             return
         elapsed = time.monotonic() - self._t0
         eta = (f", ~{elapsed / self.done * (self.total - self.done):.0f} s left"
-               if self.done and "s left" not in label else "")  # the caller's own estimate wins
+               if self.done and self.eta and "s left" not in label else "")  # the caller's own estimate wins
         print(f"{self.title}: [{self.done + 1}/{self.total}] {label} ({elapsed:.0f} s elapsed{eta})",
-              file=sys.stderr, flush=True)
+              file=self.file or sys.stderr, flush=True)
 
     _started = False
 

@@ -78,8 +78,8 @@ from hwlab.examine.dtype_lever import CPU_PEAK_FOR_DTYPE, gemm_ceiling
 from hwlab.examine.op_overhead import per_op_share, per_op_us
 from hwlab.examine.progress import SUBSTEP, Progress
 from hwlab.examine.repeats import (
-    N_REPEATS, Blocks, Retimer, alternatives, ceiling_band, leaf_name, merge_spreads, spreads_over,
-    timed_blocks)
+    N_REPEATS, Blocks, Retimer, alternatives, ceiling_band, leaf_name, merge_spreads, spreads_over)
+from hwlab.examine.timing_blocks import timed_blocks
 
 # torch, the counting modes (estimate) and the input checks (inputs) load when a function is examined:
 # the package itself, its report and its trace readers import without torch (commands that only read)
@@ -105,8 +105,8 @@ N_PROFILED = N_REPEATS + 2
 #: the phases ``on_step`` announces, in order (progress on the command line's stderr)
 PHASES = ("checked call (runs, returns tensors, leaves its inputs unchanged)",
           "ceilings of this machine (cached or measured)",
-          f"warm-up and timing in {N_REPEATS} blocks: single calls (median and p10-p90), then back to back "
-          "(question D)",
+          f"warm-up and timing in {N_REPEATS} blocks sized by the measured spread: single calls (median and "
+          "p10-p90), then back to back (question D)",
           "timing accepted (the given counts checked against it)", "profiling (torch.profiler)",
           "counting bytes and FLOPs (traffic model)", "parts and the walk")
 #: the first phase after every refusal of bad input (inputs, ceilings, given counts)
@@ -263,7 +263,7 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
     keyword goes to ``fn``.
     """
     from hwlab.examine.inputs import check_inputs, make
-    from hwlab.examine.phases import checked_call, rotating_sets
+    from hwlab.examine.phases import checked_call, probe_call, rotating_sets
 
     prog = Progress(on_step, N_PROFILED, PHASES)
     step = prog.step
@@ -287,15 +287,17 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
         args = make(make_inputs, "make_inputs")
     args = tuple(args)
     dev = check_inputs(args, kwargs)
+    prog.device_type, prog.n_profiled = dev.type, N_PROFILED if dev.type != "cuda" else N_REPEATS
     prog.heartbeat()
     try:
         step(PHASES[0])
         first_call_s, read_b, written_b = checked_call(fn, name, args, kwargs, dev, notes)
-        prog.call_s = first_call_s  # until the timing measures it
         arg_sets = rotating_sets(args, make_inputs, kwargs, dev, read_b, notes)
         run = (lambda *a: fn(*a, **kwargs)) if kwargs else fn
+        prog.probe(*probe_call(run, arg_sets, dev))  # the estimate's first basis (examine/progress)
         # the ceilings before timing, so every refusal of input (a corrupt cache, a dtype_peak with no
         # ceiling, a given count no device reaches) comes before the long phases
+        prog.measuring_ceilings = ceilings is None and not ceilings_mod.cache_path(dev).exists()
         step(PHASES[1])
         c = ceilings if ceilings is not None else ceilings_mod.get(
             dev, quick=True, progress=(lambda s: step(f"{SUBSTEP}ceiling: {s}")) if on_step else None)
@@ -308,9 +310,11 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
         if dtype_peak and c.gemm(dtype_peak) is None:
             _peak_dtype(None, args, dtype_peak, c, dev.type == "cuda", notes)  # refuses it with its one line
         step(PHASES[2])
-        blocks = timed_blocks(run, arg_sets, dev, time_fn, back_to_back_ms, n_rep=21, n_chunks=15,
-                              max_total_s=max_total_s, retime=Retimer(c.bands, dev) if dev.type != "cuda" else None,
-                              on_block=prog.block_started, on_timed=prog.timed)
+        prog.measuring_ceilings = False
+        blocks = timed_blocks(run, arg_sets, dev, time_fn, back_to_back_ms, max_total_s=max_total_s,
+                              retime=Retimer(c.bands, dev) if dev.type != "cuda" else None,
+                              on_timed=prog.timed, on_left=prog.timing_left)
+        notes.append(blocks.sizing())
         pooled = sorted(blocks.pooled_samples_ms)
         timing = (statistics.median(pooled), quantile(pooled, 0.1), quantile(pooled, 0.9))
         if n_bytes is not None or n_flops is not None:  # a given count no device reaches: refused now

@@ -50,6 +50,18 @@ def checked_call(fn: Callable[..., Any], name: str, args: tuple, kwargs: dict, d
     return first_call_s, read_b, written_b
 
 
+def probe_call(run: Callable[..., Any], arg_sets: list, dev) -> tuple[float, float]:
+    """The wall and CPU seconds (this process's) of one plain call after the checked one (which may
+    pay for compiling, a device's lazy start, first-touch allocation): the progress estimate's first
+    unit (:mod:`hwlab.examine.progress`), and a call of warm-up the timing need not make again
+    (:mod:`hwlab.examine.timing_blocks`)."""
+    synchronize(dev)
+    t0, c0 = time.perf_counter(), time.process_time()
+    run(*arg_sets[-1])
+    synchronize(dev)
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
 def rotating_sets(args: tuple, make_inputs: Callable[[], Any] | None, kwargs: dict, dev, read_b: int,
                   notes: list[str]) -> list:
     """The argument sets the timing rotates through: enough fresh sets from ``make_inputs`` to

@@ -2,15 +2,15 @@
 every block on its own, and lets the blocks' disagreement speak.
 
 **Blocks.** The timing (device events, single calls) and question D's back-to-back run are taken
-in ``N_REPEATS`` interleaved blocks (:func:`timed_blocks`): block *r* times single calls, then
-runs back to back, so both halves of D's ratio see the same host load. The pooled samples give
+in ``N_REPEATS`` interleaved blocks (:func:`hwlab.examine.timing_blocks.timed_blocks`): block *r*
+times single calls, then runs back to back, so both halves of D's ratio see the same host load. The pooled samples give
 the median the report shows; each block gives one repeat's median and e2e_slowdown. On a CPU each
 repeat also takes its own profiled call for the part shares (the profiler records
 :data:`N_REPEATS` calls).
 
-**Block size.** The first block takes the full count of single calls and back-to-back chunks; the
-later ones take as many as the first block's own spread calls for (:func:`block_size`): a steady
-function gives its medians in few calls, a noisy one keeps the full count.
+**Block size.** Each block takes as many calls as its median needs to settle, by the spread
+measured so far (:mod:`hwlab.examine.timing_blocks`): a steady function gives its medians in few
+calls, a noisy one samples up to a cap.
 
 **Spreads.** Each repeat is walked on its own evidence (the whole function and every part). The
 range of each metric over the repeats (and the pooled value) is that metric's spread
@@ -52,11 +52,9 @@ without warning.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from hwlab.core import hostwait
 from hwlab.diagnosis import flowchart_checks as checks
 from hwlab.diagnosis.flowchart import QUESTIONS, Diagnosis, diagnose
 
@@ -99,69 +97,6 @@ class Blocks:
         """Each block's back-to-back median over its single-call median."""
         return [statistics.median(c) / statistics.median(s) if c and s and statistics.median(s) > 0 else None
                 for s, c in zip(self.samples_ms, self.chunks_ms)]
-
-
-def timed_blocks(run: Callable[..., Any], arg_sets: list, dev, time_fn: Callable[..., Any],
-                 back_to_back: Callable[..., list[float]], n_rep: int = 20, n_chunks: int = 15,
-                 max_total_s: float = 20.0, n_blocks: int = N_REPEATS,
-                 on_block: Callable[[int], None] | None = None,
-                 retime: Callable[[], dict[str, float]] | None = None,
-                 on_timed: Callable[[float], None] | None = None) -> Blocks:
-    """Time ``run`` in ``n_blocks`` blocks, each single calls (``time_fn``) then back to back
-    (``back_to_back``), ``n_rep`` and ``n_chunks`` split across the blocks (module doc);
-    ``retime()`` re-times the ceilings before each block and after the last (:class:`Retimer`);
-    ``on_timed(ms)`` gets each block's median wall time per call (progress estimates)."""
-    per_rep, per_chunks = max(MIN_BLOCK_REP, -(-n_rep // n_blocks)), max(MIN_BLOCK_REP, -(-n_chunks // n_blocks))
-    samples, chunks, timer, waits = [], [], "", []
-    rates: dict[str, list[float]] = {}
-
-    def retimed() -> None:
-        for k, v in (retime() if retime else {}).items():
-            rates.setdefault(k, []).append(v)
-
-    t_end = time.perf_counter() + max_total_s
-    net = getattr(dev, "type", "cpu") != "cuda"  # a CPU's timing net of the run-queue wait (module doc)
-    for b in range(n_blocks):
-        if on_block:
-            on_block(b)
-        retimed()
-        left = max(0.2, t_end - time.perf_counter())
-        t = time_fn(run, arg_sets, dev, n_warmup=3 if b == 0 else 1, n_rep=per_rep,
-                    max_total_s=left / max(1, n_blocks - b), net_of_wait=net)
-        samples.append(list(t.samples_ms))
-        if on_timed is not None:
-            on_timed(statistics.median(getattr(t, "wall_ms", None) or t.samples_ms))
-        waits.append(hostwait.wait_share(t.wall_ms, t.wait_ms))
-        timer = t.timer
-        chunks.append(back_to_back(run, arg_sets, dev, statistics.median(t.samples_ms), n_chunks=per_chunks))
-        if b == 0:  # the later blocks sized by the first block's own spread (module doc, "Block size")
-            per_rep, per_chunks = block_size(samples[0], per_rep), block_size(chunks[0], per_chunks)
-    retimed()
-    return Blocks(samples, chunks, timer, waits, rates)
-
-
-#: the fewest samples a block takes (a median and a range need three)
-MIN_BLOCK_REP = 3
-#: a block's relative spread (p10-p90 over the median) at which :data:`MIN_BLOCK_REP` samples
-#: suffice: the median of three samples this tight lies within a fraction of it of the true one,
-#: far inside the run-to-run spread (:data:`RUN_TO_RUN`) every verdict is judged with anyway
-TARGET_REL_SPREAD = 0.05
-
-
-def block_size(samples_ms: list[float], most: int) -> int:
-    """Samples for the next block: :data:`MIN_BLOCK_REP` times the squared ratio of the first
-    block's relative spread to :data:`TARGET_REL_SPREAD` (the count a median's error needs
-    grows with the variance), between :data:`MIN_BLOCK_REP` and ``most``."""
-    import math
-
-    xs = sorted(samples_ms)
-    if len(xs) < 2:
-        return most
-    from hwlab.core.measure import quantile
-
-    med = statistics.median(xs)
-    rel = (quantile(xs, 0.9) - quantile(xs, 0.1)) / med if med > 0 else 1.0
-    return max(MIN_BLOCK_REP, min(most, math.ceil(MIN_BLOCK_REP * (rel / TARGET_REL_SPREAD) ** 2)))
 
 
 #: single calls per re-timing of a ceiling (:class:`Retimer`): a glimpse of its rate now, not a
