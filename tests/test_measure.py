@@ -136,6 +136,22 @@ def test_a_slow_first_call_does_not_use_up_the_warm_up():
     assert sum(t.samples_ms) >= 0.5 * 200, f"timed phase {sum(t.samples_ms):.0f} ms of a 200 ms minimum"
 
 
+def test_a_minimum_run_without_warm_up_is_sized_by_the_first_call():
+    """No warm-up (a function already warm: n_warmup=1, warmup_s=0) and a minimum run: the run is
+    sized by the first, synchronised call, not by an empty warm-up (which made it fill the whole
+    time budget: thousands of calls of a 45 ms model on a GPU)."""
+    import time as _time
+
+    def fn(x):
+        _time.sleep(0.005)
+        return x
+
+    t = M.time_fn(fn, [(torch.ones(2),)], torch.device("cpu"), n_warmup=1, n_rep=1, warmup_s=0.0,
+                  min_run_s=0.05, max_total_s=5.0)
+    # at least the 5 ms each call sleeps: 0.05 s / 5 ms = 10 calls at most (fewer if the host is slow)
+    assert 1 <= len(t.samples_ms) <= 10, len(t.samples_ms)
+
+
 def test_size_that_does_not_fit_is_refused_before_allocating():
     with pytest.raises(M.InsufficientMemoryError, match="choose a smaller size"):
         M.require_memory(1 << 50, torch.device("cpu"), "a 1 PiB probe")

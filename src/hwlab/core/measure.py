@@ -358,8 +358,10 @@ def time_fn(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]],
     # the first call pays for compilation and autotuning: keep it off the warm-up clock, or a
     # compile longer than the warm-up leaves the card idle and the kernel is timed cold after
     # only n_warmup calls (and the per-call estimate, inflated by the compile, cuts the timed phase)
+    t_first = time.perf_counter()
     fn(*arg_sets[0])
     synchronize(device)
+    first_s = time.perf_counter() - t_first
     t0 = time.perf_counter()
     i = 1
     while i < n_warmup or time.perf_counter() - t0 < warmup_s:
@@ -370,7 +372,10 @@ def time_fn(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]],
         if time.perf_counter() - t0 > max_total_s:
             break
     synchronize(device)
-    per_call_s = max((time.perf_counter() - t0) / max(i - 1, 1), 1e-7)
+    # per call from the warm-up; with none (n_warmup=1, warmup_s=0: a function already warm) from the
+    # first call, which was synchronised: the time to enqueue nothing is not a call's time, and a
+    # minimum run sized by it would fill the whole time budget
+    per_call_s = max((time.perf_counter() - t0) / (i - 1) if i > 1 else first_s, 1e-7)
     n = max(n_rep, min(20000, math.ceil(min_run_s / per_call_s)))
     samples: list[float] = []
     t_start = time.perf_counter()
