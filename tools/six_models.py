@@ -154,22 +154,40 @@ def _cast_args(args: tuple, dtype) -> tuple:
     return tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
 
 
-def independent_profile(name: str, n_calls: int = 5) -> dict[str, Any]:
-    """Per part: median share of the profiled calls and its range (module doc)."""
+def _owner_class(e, dtype: str) -> str:
+    """An op's part by its own name, or by the GEMM / attention op it runs inside (a convolution's or
+    SDPA's inner ops are its work), by :func:`hwlab.core.profiling.part_class`."""
+    from hwlab.core.profiling import part_class
+    cls = part_class(e.name, None, (dtype,))
+    p = e.cpu_parent
+    while p is not None:
+        if p.name != CALL_MARK:
+            c = part_class(p.name, None, (dtype,))
+            if c.startswith("gemm") or c == "attention":
+                cls = c
+        p = p.cpu_parent
+    return cls
+
+
+def independent_profile(name: str, n_calls: int = 12, n_least: int = 5) -> dict[str, Any]:
+    """Per part: the median share over the ``n_least`` least-waited of ``n_calls`` single-call profiles
+    (each its own profiler session, run-queue wait read around it), and its range (module doc)."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
-    from hwlab.core.profiling import part_class
+    from hwlab.core.hostwait import wait_ns
     m, inputs = globals()[name]()
     m.eval()
     args = inputs()
-    per_call: list[dict[str, float]] = []
+    per_call: list[tuple[float, dict[str, float]]] = []
     with torch.no_grad():
         for _ in range(3):
             m(*args)
         for _ in range(n_calls):
             with profile(activities=[ProfilerActivity.CPU]) as prof:
+                w0 = wait_ns()
                 with record_function(CALL_MARK):
                     m(*args)
+                w1 = wait_ns()
             evs = prof.events()
             call = next(e for e in evs if e.name == CALL_MARK)
             total = call.cpu_time_total
@@ -177,13 +195,19 @@ def independent_profile(name: str, n_calls: int = 5) -> dict[str, Any]:
             for e in evs:
                 if e.name == CALL_MARK:
                     continue
-                cls = part_class(e.name, None, ("float32",))
+                cls = _owner_class(e, "float32")
                 parts[cls] = parts.get(cls, 0.0) + e.self_cpu_time_total
-            per_call.append({k: 100.0 * v / total for k, v in parts.items()})
-    names = sorted({k for c in per_call for k in c})
-    return {k: {"median_pct": statistics.median(c.get(k, 0.0) for c in per_call),
-                "range_pct": [min(c.get(k, 0.0) for c in per_call), max(c.get(k, 0.0) for c in per_call)]}
-            for k in names}
+            wait_share = (w1 - w0) / 1e3 / total if w0 is not None and w1 is not None and total > 0 else 0.0
+            per_call.append((wait_share, {k: 100.0 * v / total for k, v in parts.items()}))
+    per_call.sort(key=lambda x: x[0])
+    use = [c for _, c in per_call[:n_least]]
+    names = sorted({k for c in use for k in c})
+    out: dict[str, Any] = {k: {"median_pct": statistics.median(c.get(k, 0.0) for c in use),
+                               "range_pct": [min(c.get(k, 0.0) for c in use), max(c.get(k, 0.0) for c in use)]}
+                           for k in names}
+    out["_wait_share_used"] = [round(w, 3) for w, _ in per_call[:n_least]]
+    out["_wait_share_all"] = [round(w, 3) for w, _ in per_call]
+    return out
 
 
 def realised_bf16(name: str, n_calls: int = 15) -> dict[str, Any]:
@@ -247,6 +271,7 @@ def examine_run(name: str, timeout_s: float) -> dict[str, Any]:
             "alternatives": q.get("alternatives"), "repeat_leaves": q.get("repeat_leaves"),
             "repeats_agreed": q.get("repeats_agreed"), "speedup": q.get("speedup"), "saved_ms": q.get("saved_ms"),
             "gain_bound": q.get("gain_bound"), "dtype_lever": bool(q.get("dtype_lever")),
+            "dtype_lever_gain": q.get("dtype_lever_gain"), "dtype_lever_speedup": q.get("dtype_lever_speedup"),
             "pct_of_floor": q.get("pct_of_floor"), "notes": q.get("notes")}
     return rec
 
@@ -282,7 +307,7 @@ def read_runs(runs: list[dict[str, Any]], indep: dict[str, Any], gain: dict[str,
             diffs.append({"run": k, "part": n, "kit_pct": p["share_pct"], "independent_pct": ref,
                           "diff_pts": abs(p["share_pct"] - ref)})
         for n, v in indep.items():
-            if n not in r["parts"] and v["median_pct"] > 0:
+            if not n.startswith("_") and n not in r["parts"] and v["median_pct"] > 0:
                 diffs.append({"run": k, "part": n, "kit_pct": 0.0, "independent_pct": v["median_pct"],
                               "diff_pts": v["median_pct"]})
     worst = max(diffs, key=lambda x: x["diff_pts"]) if diffs else None
@@ -291,7 +316,9 @@ def read_runs(runs: list[dict[str, Any]], indep: dict[str, Any], gain: dict[str,
         g = r["parts"].get("gemm float32")
         if g:
             pred.append({"leaf": g["leaf"], "borderline": g["borderline"], "alternatives": g["alternatives"],
-                         "dtype_lever": g["dtype_lever"], "predicted_speedup": g["speedup"],
+                         "dtype_lever": g["dtype_lever"], "lever_gain": g.get("dtype_lever_gain"),
+                         "predicted_speedup": g.get("dtype_lever_speedup") or g["speedup"],
+                         "floor_speedup": g["speedup"],
                          "gain_bound": g["gain_bound"]})
     ratio = None
     if gain and pred and all(x["predicted_speedup"] for x in pred):
@@ -321,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     torch.set_num_threads(1)
     when = datetime.now(timezone.utc)
+    Path(a.out).mkdir(parents=True, exist_ok=True)
     out = Path(a.out) / f"six-models-{when.strftime('%Y-%m-%dT%H%M%SZ')}-{a.label}.json"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
@@ -351,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         for b in burners:
             b.kill()
             b.wait()
-    print(f"written {out.relative_to(ROOT)}")
+    print(f"written {out}")
     return 0
 
 

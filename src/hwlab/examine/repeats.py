@@ -236,11 +236,14 @@ def ceiling_band(bands: dict[str, dict[str, Any]], keys: tuple[str, ...],
 
 
 def spreads_over(repeat_evidence: list[dict[str, Any]], pooled: dict[str, Any],
-                 band: tuple[float, float] | None = None) -> dict[str, dict[str, Any]]:
+                 band: tuple[float, float] | None = None,
+                 run_to_run: float = RUN_TO_RUN) -> dict[str, dict[str, Any]]:
     """metric -> ``{"lo", "hi", "n", "what"}``: the range of each thresholded metric over the
     repeats and the pooled evidence (module doc), widened, for a metric judged against a measured
     ceiling, by that ceiling's own spread (``band``, :func:`ceiling_band`): the next run may meet
-    the ceiling anywhere in it. A metric seen once, with no ceiling spread, has none."""
+    the ceiling anywhere in it. A metric seen once, with no ceiling spread, has none.
+    ``run_to_run``: the least relative spread of a timed metric, :data:`RUN_TO_RUN` or more (a part's
+    own profiled calls may disagree by more: :func:`hwlab.examine.parts.call_share_spread`)."""
     out = {}
     for k in SPREAD_METRICS:
         vals = [float(e[k]) for e in [*repeat_evidence, pooled] if isinstance(e.get(k), (int, float))
@@ -251,11 +254,12 @@ def spreads_over(repeat_evidence: list[dict[str, Any]], pooled: dict[str, Any],
         n = len(vals)
         if repeat_evidence and k in TIMED_METRICS and isinstance(pooled.get(k), (int, float)):  # run to run
             v = float(pooled[k])
-            f_lo, f_hi = v * (1 - RUN_TO_RUN), v * (1 + RUN_TO_RUN)
+            r2r = max(RUN_TO_RUN, run_to_run)
+            f_lo, f_hi = v * (1 - r2r), v * (1 + r2r)
             w = hi - lo if n < checks.FEW_REPEATS else 0.0  # as the walk will widen a few repeats' range
             if f_lo < lo - w or f_hi > hi + w:  # narrower than the floor: widened here, not again
                 lo, hi = min(_clamp(k, lo - w), f_lo), max(hi + w, f_hi)
-                what += f", at least +-{100 * RUN_TO_RUN:.0f}% of its value (run to run)"
+                what += f", at least +-{100 * r2r:.0f}% of its value (run to run)"
                 n = max(n, checks.FEW_REPEATS)
         if band is not None and k in CEILING_METRICS:
             if n < checks.FEW_REPEATS:  # widened as flowchart_checks widens a few repeats' range
