@@ -107,3 +107,16 @@ def test_the_dtype_lever_gain_is_the_part_at_its_present_efficiency_and_the_floo
     q = Part(name="gemm float32", t_ms=8.0, share_pct=80.0, n_items=1, attributable=True, floor_ms=2.0)
     gain(q, 10.0)  # no faster precision measured: no lever estimate, no bound claimed
     assert q.lever_speedup is None and q.gain_bound == ""
+
+
+def test_a_part_the_calls_put_on_either_side_of_the_walk_share_is_walked_in_every_run():
+    from hwlab.examine.parts import WALK_SHARE_PCT, walks
+
+    def part(share: float) -> Part:
+        return Part(name="elementwise/reduction", t_ms=share / 10, share_pct=share, n_items=1, attributable=True)
+
+    below = 0.85 * WALK_SHARE_PCT
+    assert not walks(part(below), [], 0.0)  # steady calls, under the cut: not walked
+    assert walks(part(below), [], 0.3)  # the calls disagree by +-30%: a re-run may read it over the cut
+    assert walks(part(below), [Parts([part(1.1 * WALK_SHARE_PCT)], 10.0, "", None)], 0.0)  # a repeat did
+    assert not walks(part(0.3 * WALK_SHARE_PCT), [], 0.3)  # far under it: still not walked

@@ -14,17 +14,19 @@ Per model, with ``--burners`` processes of ``python -c 'while 1: pass'`` running
   --model --json`` with one torch thread (``OMP_NUM_THREADS=1``); per run each part's leaf, BORDERLINE
   flag, alternatives, share and share range, the headline, the GEMM part's dtype lever and predicted
   whole-function speed-up at its floor.
-* An **independent profile** in this process: ``torch.profiler`` around single calls (each in a
-  ``record_function`` range), every op's self time classed by :func:`hwlab.core.profiling.part_class`
-  on its own name (the same classification), time outside ops = the range's self time; per part the
-  median share over the calls and its range.
+* An **independent profile** in this process, before the runs: ``torch.profiler`` around 12 single
+  calls (each its own session, in a ``record_function`` range, the thread's run-queue wait read around
+  it), every op's self time classed by :func:`hwlab.core.profiling.part_class` on its own name, or on
+  the GEMM / attention op it runs inside (the same classification), time outside ops = the range's self
+  time; per part the median share over the 5 least-waited calls and their range.
 * The **realised bf16 gain**: the model in fp32 and a copy in bf16 called alternately, each call's wall
   time net of this thread's run-queue wait (:mod:`hwlab.core.hostwait`); medians and p10-p90.
 
 Read against the issue: **plain contradictions** (two runs of a model stating different leaves for the
 same part, neither BORDERLINE), **one-sided BORDERLINE pairs** (one run BORDERLINE on a part, the other
 plainly on a leaf: a reader of the plain one alone is not told), the **max share difference** of any
-run's part from the independent median (at most 5 points), GPT-2's and BERT's GEMM part on I with the
+run's part from the independent median (at most 5 points; also how far outside the independent
+calls' own range it lies), parts walked in one run and under the walk share in another, GPT-2's and BERT's GEMM part on I with the
 bf16 lever, and the predicted speed-up within 1.3x of the realised one (or labelled an upper bound).
 
 The record is written under ``tools/results/examine/`` as JSON (``six-models-<UTC>-<label>.json``),
@@ -285,13 +287,16 @@ def _stated(p: dict[str, Any] | None) -> str | None:
 
 def read_runs(runs: list[dict[str, Any]], indep: dict[str, Any], gain: dict[str, Any] | None) -> dict[str, Any]:
     """Contradictions, one-sided BORDERLINE pairs, share differences, the bf16 prediction (module doc)."""
-    plain, one_sided, diffs = [], [], []
+    plain, one_sided, diffs, walked_in_one = [], [], [], []
     names = sorted({n for r in runs for n in r["parts"]})
     for n in names:
         for i in range(len(runs)):
             for j in range(i + 1, len(runs)):
                 a, b = runs[i]["parts"].get(n), runs[j]["parts"].get(n)
                 la, lb = _stated(a), _stated(b)
+                if (la is None) != (lb is None) and a and b:
+                    walked_in_one.append({"part": n, "runs": [i, j], "leaves": [la, lb],
+                                          "shares_pct": [a["share_pct"], b["share_pct"]]})
                 if la is None or lb is None:
                     continue
                 ba, bb = bool(a.get("borderline")), bool(b.get("borderline"))
@@ -304,8 +309,10 @@ def read_runs(runs: list[dict[str, Any]], indep: dict[str, Any], gain: dict[str,
     for k, r in enumerate(runs):
         for n, p in r["parts"].items():
             ref = indep.get(n, {}).get("median_pct", 0.0)
+            lo, hi = indep.get(n, {}).get("range_pct", [0.0, 0.0])
             diffs.append({"run": k, "part": n, "kit_pct": p["share_pct"], "independent_pct": ref,
-                          "diff_pts": abs(p["share_pct"] - ref)})
+                          "independent_range_pct": [lo, hi], "diff_pts": abs(p["share_pct"] - ref),
+                          "outside_independent_range_pts": max(0.0, lo - p["share_pct"], p["share_pct"] - hi)})
         for n, v in indep.items():
             if not n.startswith("_") and n not in r["parts"] and v["median_pct"] > 0:
                 diffs.append({"run": k, "part": n, "kit_pct": 0.0, "independent_pct": v["median_pct"],
@@ -324,7 +331,9 @@ def read_runs(runs: list[dict[str, Any]], indep: dict[str, Any], gain: dict[str,
     if gain and pred and all(x["predicted_speedup"] for x in pred):
         ps = [x["predicted_speedup"] for x in pred]
         ratio = [max(p, gain["gain"]) / min(p, gain["gain"]) for p in ps]
-    return {"plain_contradictions": plain, "one_sided_borderline": one_sided,
+    return {"plain_contradictions": plain, "one_sided_borderline": one_sided, "walked_in_one_run_only": walked_in_one,
+            "n_share_diffs_over_budget": sum(1 for x in diffs if x["diff_pts"] > SHARE_DIFF_PTS),
+            "n_share_diffs": len(diffs),
             "max_share_diff": worst, "n_pairs": len(runs) * (len(runs) - 1) // 2,
             "gemm_bf16": pred, "predicted_over_realised": ratio}
 

@@ -49,7 +49,8 @@ the parts as the profile spreads it. Rates above a measured ceiling raise it whe
 and DRAM bytes of at least 2x the fused bytes by the per-op cache bound (moved - cache x op
 boundaries) answer F (:mod:`hwlab.examine.rates`).
 
-**The walk per part.** Every part holding at least :data:`WALK_SHARE_PCT` of the time is walked
+**The walk per part.** Every part holding at least :data:`WALK_SHARE_PCT` of the time (in the pooled
+calls, a repeat, or at the top of its share's spread over the single calls: :func:`walks`) is walked
 on its own metrics (slowdown over its floor, its estimated DRAM share, its sector
 amplification, its tensor-core share when its FLOPs set its floor or a GEMM part is near the ridge, its matmul FLOPs and
 tensor-core kernels for H's applicability); the idle part answers F with no bytes moved and H
@@ -230,7 +231,7 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
     for p in parts:
         gain(p, t_ms)
         part_evidence(p, rest, copy_gbps, gpu, whole_slowdown, e2e_slowdown, prof, ncu, e2e_spread)
-        if p.share_pct < WALK_SHARE_PCT:
+        if not walks(p, repeats, share_spread.get(p.name, 0.0)):
             continue
         walk_part(p, repeats, ceiling_band, share_spread.get(p.name, 0.0))
         leaf = p.leaf_id
@@ -320,6 +321,14 @@ def call_share_spread(calls: list, call_us: list[float], ops: list) -> dict[str,
         if med > 0:
             out[k] = (xs[-1] - xs[0]) / (2 * med)
     return out
+
+
+def walks(p: Part, repeats: list[Parts] | None, spread: float = 0.0) -> bool:
+    """Whether a part is walked: its share is :data:`WALK_SHARE_PCT` or more, in the pooled calls, in a
+    repeat, or at the top of the share's own spread over the single calls (:func:`call_share_spread`):
+    a part the calls put on either side of the cut is walked in every run, not dropped in some."""
+    same = [q.share_pct for r in (repeats or []) for q in r.parts if q.name == p.name]
+    return max([p.share_pct * (1.0 + spread), *same]) >= WALK_SHARE_PCT
 
 
 def walk_part(p: Part, repeats: list[Parts] | None, band: tuple[float, float] | None = None,
