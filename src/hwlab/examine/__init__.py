@@ -99,8 +99,8 @@ LAB_FALLBACK = {"I": "06_case_studies (the dtype / MMA-path scenario)"}
 #: question D's back-to-back run: chunks (median taken) of about this many ms each
 E2E_CHUNKS = 15
 E2E_CHUNK_MS = 5.0
-#: profiled calls on a CPU: one per repeat and two more, so the quiet calls (no more run-queue wait
-#: than the typical call's, :func:`hwlab.examine.parts.quiet_calls`) can leave a preempted one out
+#: profiled calls on a CPU: one per repeat and two more, so each op's median over them
+#: (:func:`hwlab.examine.parts.op_medians`) leaves out a call preempted inside that op
 N_PROFILED = N_REPEATS + 2
 #: the phases ``on_step`` announces, in order (progress on the command line's stderr)
 PHASES = ("checked call (runs, returns tensors, leaves its inputs unchanged)",
@@ -450,7 +450,8 @@ def _walk_all(m: Measurement, c, peak: str | None, counts: dict[str, Any], prof,
                                 out_keys=traffic.out_keys, ncu=ncu, lab_for=leaf_lab, cache_bytes=cache_b,
                                 whole_leaf=diag.leaf_id, call_index=call_index, repeats=repeats, bf16_ok=bf16_ok,
                                 gemm_ceiling_for=gemm_ceiling_for, per_op=per_op,
-                                ceiling_band=band if repeats is not None else None)
+                                ceiling_band=band if repeats is not None else None,
+                                host_wait_share=blocks.wait_share())
         except Exception as e:  # the whole-function walk stands; the parts say why they are missing
             parts = Parts([], mr.t_ms, "", None, error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
         return ev, sources, diag, parts

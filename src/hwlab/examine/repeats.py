@@ -5,8 +5,8 @@ every block on its own, and lets the blocks' disagreement speak.
 in ``N_REPEATS`` interleaved blocks (:func:`timed_blocks`): block *r* times single calls, then
 runs back to back, so both halves of D's ratio see the same host load. The pooled samples give
 the median the report shows; each block gives one repeat's median and e2e_slowdown. On a CPU each
-repeat also takes its own profiled call for the part shares (the profiler records
-:data:`N_REPEATS` calls).
+repeat also reads its own profiled calls for the part shares (each op's median self time over
+three of them, :func:`hwlab.examine.parts.op_medians`).
 
 **Block size.** The first block takes the full count of single calls and back-to-back chunks; the
 later ones take as many as the first block's own spread calls for (:func:`block_size`): a steady
@@ -34,8 +34,9 @@ of wall-clock times under-states what a re-run sees (and a ceiling timed at one 
 function at another, gives a ratio that swings with both). On a CPU every timing here, the
 ceilings' included, is therefore net of the thread's run-queue wait (:mod:`hwlab.core.hostwait`;
 the report gives the wait's share); what the load leaves in (cache and memory contention from
-neighbours) shows as spread between blocks, and a profiled call that waited inside an op is not
-the one the pooled parts are read from (:func:`hwlab.examine.parts.quiet_calls`).
+neighbours) shows as spread between blocks, and a profiled call that waited inside an op does not
+set that op's time: the parts take each op's median over the profiled calls
+(:func:`hwlab.examine.parts.op_medians`).
 
 **Run to run.** The blocks share one load phase, so their range can be narrower than what the next
 examination meets; a metric read from a time (:data:`TIMED_METRICS`) has a spread of at least
