@@ -120,14 +120,3 @@ def test_a_part_the_calls_put_on_either_side_of_the_walk_share_is_walked_in_ever
     assert walks(part(below), [], 0.3)  # the calls disagree by +-30%: a re-run may read it over the cut
     assert walks(part(below), [Parts([part(1.1 * WALK_SHARE_PCT)], 10.0, "", None)], 0.0)  # a repeat did
     assert not walks(part(0.3 * WALK_SHARE_PCT), [], 0.3)  # far under it: still not walked
-
-
-def test_a_loaded_host_widens_every_cpu_part_to_the_share_of_time_its_thread_waited():
-    from hwlab.examine.parts import part_spread
-
-    calls = {"gemm float32": 0.05, "elementwise/reduction": 0.6}
-    sp = part_spread(calls, 0.4)  # the thread waited 40% of the timing for a CPU
-    assert sp["gemm float32"] == pytest.approx(0.4) and sp["elementwise/reduction"] == pytest.approx(0.6)
-    assert sp[None] == pytest.approx(0.4)  # a part no call had an op of (host time outside ops)
-    quiet = part_spread(calls, None)  # unmeasured (not Linux): the calls' own spread only
-    assert quiet["gemm float32"] == pytest.approx(0.05) and quiet[None] == 0.0

@@ -450,8 +450,7 @@ def _walk_all(m: Measurement, c, peak: str | None, counts: dict[str, Any], prof,
                                 out_keys=traffic.out_keys, ncu=ncu, lab_for=leaf_lab, cache_bytes=cache_b,
                                 whole_leaf=diag.leaf_id, call_index=call_index, repeats=repeats, bf16_ok=bf16_ok,
                                 gemm_ceiling_for=gemm_ceiling_for, per_op=per_op,
-                                ceiling_band=band if repeats is not None else None,
-                                host_wait_share=blocks.wait_share())
+                                ceiling_band=band if repeats is not None else None)
         except Exception as e:  # the whole-function walk stands; the parts say why they are missing
             parts = Parts([], mr.t_ms, "", None, error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
         return ev, sources, diag, parts

@@ -25,8 +25,7 @@ communication). Added to them:
   Each repeat reads the medians over :data:`REPEAT_CALLS` calls (its own and the next), so the
   calls' disagreement shows as each part's share range and spread; the part's share in each single
   call (the highest and lowest left out) sets its least run-to-run spread (:func:`call_share_spread`),
-  so a part the calls disagree on is BORDERLINE near a threshold in every run, not in one of them;
-  on a loaded host, at least the share of the timing the thread waited for a CPU (:func:`part_spread`).
+  so a part the calls disagree on is BORDERLINE near a threshold in every run, not in one of them.
   Calls that ran different ops are pooled instead, the quiet ones only (:func:`quiet_calls`: no more
   run-queue wait than the typical call's).
 
@@ -157,7 +156,7 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
                 bf16_ok: Callable[[], tuple[bool, str]] | None = None,
                 ceiling_band: tuple[float, float] | None = None,
                 gemm_ceiling_for: Callable[[str | None], tuple] | None = None,
-                per_op: dict[str, Any] | None = None, host_wait_share: float | None = None) -> Parts:
+                per_op: dict[str, Any] | None = None) -> Parts:
     """The parts of one examination (module doc). ``gemm_tflops_for(dtype)`` is the measured
     GEMM ceiling a matmul of that input dtype is floored at. ``call_index`` picks the profiled
     call on a CPU (default: the call of median duration); ``repeats`` are the same parts built
@@ -166,17 +165,14 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
 :func:`hwlab.examine.repeats.ceiling_band`). ``bf16_ok`` checks a bf16 fix against the machine.
     ``gemm_ceiling_for(dtype)`` -> ``(TFLOP/s, ceiling name, lever, gain)``, where given, replaces
     ``gemm_tflops_for`` (:func:`hwlab.examine.dtype_lever.gemm_ceiling`). ``per_op``: a CPU's
-    measured cost per aten op (:func:`hwlab.examine.op_overhead.per_op_us`), for J in detail.
-    ``host_wait_share``: the share (0-1) of the timing's wall time the thread waited for a CPU
-    (:mod:`hwlab.core.hostwait`), a CPU part's least run-to-run spread (:func:`part_spread`)."""
+    measured cost per aten op (:func:`hwlab.examine.op_overhead.per_op_us`), for J in detail."""
     src = ("GPU kernel times from the profiler's Chrome trace, joined to the aten ops that launched them"
            if gpu else "CPU: aten op self times from the profiler's Chrome trace (no device kernels); "
            "shares of the profiled call")
     calls, call_us = list(prof.calls or []), list(prof.call_us or [])
     outside_ms = ([(u - sum(i["us"] for i in c)) / 1e3 for c, u in zip(calls, call_us)]
                   if not gpu and len(call_us) == len(calls) else [])  # host time outside ops, per profiled call
-    share_spread = (part_spread(call_share_spread(calls, call_us, traffic.ops), host_wait_share)
-                    if not gpu and call_index is None else {})
+    share_spread = call_share_spread(calls, call_us, traffic.ops) if not gpu and call_index is None else {}
     steady = None
     if not gpu and len(calls) > 1 and len(call_us) == len(calls):
         pick = None
@@ -235,7 +231,7 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
     for p in parts:
         gain(p, t_ms)
         part_evidence(p, rest, copy_gbps, gpu, whole_slowdown, e2e_slowdown, prof, ncu, e2e_spread)
-        floor = share_spread.get(p.name, share_spread.get(None, 0.0))
+        floor = share_spread.get(p.name, 0.0)
         if not walks(p, repeats, floor):
             continue
         walk_part(p, repeats, ceiling_band, floor)
@@ -325,18 +321,6 @@ def call_share_spread(calls: list, call_us: list[float], ops: list) -> dict[str,
         med = statistics.median(xs)
         if med > 0:
             out[k] = (xs[-1] - xs[0]) / (2 * med)
-    return out
-
-
-def part_spread(share_spread: dict[str, float], host_wait_share: float | None) -> dict[str, float]:
-    """part -> its least run-to-run spread on a CPU (module doc): the larger of its share's spread over
-    the single calls and the share of the timing the thread waited for a CPU. Neighbours that take
-    that share of a core from this thread share its caches and memory with it for about as long, and
-    the parts' wall-clock times move with their work (memory-bound ops more than compute-bound ones)
-    from one load phase to the next, which the few profiled calls, taken in one phase, do not show."""
-    w = host_wait_share or 0.0
-    out = {k: max(v, w) for k, v in share_spread.items()}
-    out[None] = w  # a part none of the calls had (host time outside ops)
     return out
 
 
