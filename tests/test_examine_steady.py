@@ -12,28 +12,59 @@ from hwlab.examine.repeats import RUN_TO_RUN, spreads_over
 
 
 def _item(op: str, us: float, ts: float) -> dict:
-    return {"stack": [op], "op_ids": [int(ts)], "us": us, "kernel": None, "compiled": False, "args": None, "ts": ts}
+    return {"stack": [op], "op_ids": [int(ts)], "us": us, "kernel": None, "compiled": False, "args": None, "ts": ts,
+            "dur": us}
 
 
-def _call(times: dict[str, float]) -> list[dict]:
-    return [_item(op, us, 10.0 * k) for k, (op, us) in enumerate(times.items())]
+def _call(times: dict[str, float], gaps_us: list[float] | None = None) -> list[dict]:
+    """Ops one after another from t=0, ``gaps_us[k]`` of host time before op k+1 (10 us each by default)."""
+    out, t = [], 0.0
+    for k, (op, us) in enumerate(times.items()):
+        out.append(_item(op, us, t))
+        t += us + (gaps_us[k] if gaps_us and k < len(gaps_us) else 10.0)
+    return out
+
+
+def _call_us(call: list[dict], tail_us: float = 5.0) -> float:
+    return call[-1]["ts"] + call[-1]["dur"] + tail_us
 
 
 STEADY = {"aten::addmm": 600.0, "aten::gelu": 100.0, "aten::add": 50.0, "aten::mm": 200.0}
 
 
 def test_a_preempted_op_in_one_call_leaves_the_op_medians_unchanged():
-    calls = [_call(STEADY) for _ in range(5)]
-    calls[1][1]["us"] += 5000.0  # preempted inside gelu in one call
-    calls[3][2]["us"] += 3000.0  # and inside add in another
-    call_us = [sum(i["us"] for i in c) + 50.0 for c in calls]
-    call_us[4] += 4000.0  # preempted between ops once
+    times = [dict(STEADY) for _ in range(5)]
+    times[1]["aten::gelu"] += 5000.0  # preempted inside gelu in one call
+    times[3]["aten::add"] += 3000.0  # and inside add in another
+    calls = [_call(t) for t in times]
+    call_us = [_call_us(c) for c in calls]
+    call_us[4] += 4000.0  # preempted after the last op once
     items, total_us, n = op_medians(calls, call_us)
     assert n == 5 and [i["us"] for i in items] == list(STEADY.values())
-    assert total_us == pytest.approx(sum(STEADY.values()) + 50.0)
+    assert total_us == pytest.approx(sum(STEADY.values()) + 3 * 10.0 + 5.0)
     # a repeat's three calls: its own and the next two
     items, _, n = op_medians(calls, call_us, [1, 2, 3])
     assert n == 3 and [i["us"] for i in items] == list(STEADY.values())
+
+
+def test_a_preemption_between_ops_in_most_calls_leaves_the_time_outside_ops_unchanged():
+    # three of five calls preempted between ops, each in a different gap: the median of each call's
+    # whole time outside ops would hold a preemption; each gap's median does not
+    gaps = [[10.0, 10.0, 10.0] for _ in range(5)]
+    gaps[0][0] += 4000.0
+    gaps[2][1] += 3000.0
+    gaps[4][2] += 5000.0
+    calls = [_call(STEADY, g) for g in gaps]
+    call_us = [_call_us(c) for c in calls]
+    items, total_us, _ = op_medians(calls, call_us)
+    assert total_us - sum(i["us"] for i in items) == pytest.approx(3 * 10.0 + 5.0)
+    # items without durations (an older trace): the median of each call's whole time outside ops
+    for c in calls:
+        for it in c:
+            del it["dur"]
+    items, total_us, _ = op_medians(calls, call_us)
+    assert total_us - sum(i["us"] for i in items) == pytest.approx(sorted(
+        u - sum(i["us"] for i in c) for c, u in zip(calls, call_us))[2])
 
 
 def test_calls_that_ran_different_ops_or_too_few_calls_give_no_op_medians():

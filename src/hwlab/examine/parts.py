@@ -20,8 +20,9 @@ communication). Added to them:
   On a CPU the parts are shares of the profiled calls (CPU op self times), and a part's ms is its
   share of the measured median. On a busy host a call waits for a CPU inside whichever op runs when it
   is preempted, whose wall-clock self time then holds the host's load: so each op instance (the k-th
-  op of the call) takes its **median self time over the profiled calls**, and the time outside ops
-  its median over them (:func:`op_medians`), where a sum over calls would keep every preemption.
+  op of the call) takes its **median self time over the profiled calls**, and each gap between
+  consecutive outermost ops its median over them (:func:`op_medians`), where a sum over calls would
+  keep every preemption.
   Each repeat reads the medians over :data:`REPEAT_CALLS` calls (its own and the next), so the
   calls' disagreement shows as each part's share range and spread; the part's share in each single
   call (the highest and lowest left out) sets its least run-to-run spread (:func:`call_share_spread`),
@@ -274,7 +275,8 @@ REPEAT_CALLS = 3
 def op_medians(calls: list, call_us: list[float], pick: list[int] | None = None
                ) -> tuple[list[dict[str, Any]], float, int] | None:
     """The profiled calls (``pick``: those of them) as one call whose every op instance takes its median
-    self time over them, with the median time outside ops (module doc): ``(items, call_us, n_calls)``;
+    self time over them, with the time outside ops from each gap's median (:func:`_gaps`, module doc):
+    ``(items, call_us, n_calls)``;
     None where the calls did not run the same ops in the same order (then they are pooled). A
     preemption lands inside whichever op runs at that moment and inflates that instance in that call
     only, so the median over three or more calls leaves it out where a sum or mean over calls keeps it."""
@@ -288,8 +290,28 @@ def op_medians(calls: list, call_us: list[float], pick: list[int] | None = None
     if not seqs[0] or any(x != names[0] for x in names[1:]):
         return None
     items = [{**it, "us": statistics.median(q[j]["us"] for q in seqs)} for j, it in enumerate(seqs[0])]
-    outside = statistics.median(max(0.0, call_us[k] - sum(it["us"] for it in calls[k])) for k in ks)
+    gaps = [_gaps(q, call_us[k]) for q, k in zip(seqs, ks)]
+    if all(g is not None and len(g) == len(gaps[0]) for g in gaps):  # each gap between ops its own median
+        outside = sum(statistics.median(g[j] for g in gaps) for j in range(len(gaps[0])))
+    else:
+        outside = statistics.median(max(0.0, call_us[k] - sum(it["us"] for it in calls[k])) for k in ks)
     return items, sum(it["us"] for it in items) + outside, len(ks)
+
+
+def _gaps(items: list[dict[str, Any]], call_us: float) -> list[float] | None:
+    """A call's time outside ops as its gaps: before the first and after the last outermost op (one
+    figure), then each gap between consecutive outermost ops; None where the items carry no
+    duration. A preemption between two ops lands in one gap of one call, as one inside an op does."""
+    between, end = [], None
+    for it in items:  # in start order; an op starting before the current outermost op ends is inside it
+        if "dur" not in it:
+            return None
+        if end is None or it["ts"] >= end:
+            if end is not None:
+                between.append(it["ts"] - end)
+            end = it["ts"] + it["dur"]
+    outside = max(0.0, call_us - sum(it["us"] for it in items))
+    return [max(0.0, outside - sum(between)), *between]
 
 
 #: a part's share in each profiled call, the highest and lowest left out from this many calls on
