@@ -26,8 +26,9 @@ Read against the issue: **plain contradictions** (two runs of a model stating di
 same part, neither BORDERLINE), **one-sided BORDERLINE pairs** (one run BORDERLINE on a part, the other
 plainly on a leaf: a reader of the plain one alone is not told), the **max share difference** of any
 run's part from the independent median (at most 5 points; also how far outside the independent
-calls' own range it lies), parts walked in one run and under the walk share in another, GPT-2's and BERT's GEMM part on I with the
-bf16 lever, and the predicted speed-up within 1.3x of the realised one (or labelled an upper bound).
+calls' own range it lies), parts walked in one run and under the walk share in another,
+GPT-2's and BERT's GEMM part on I with the bf16 lever, and the predicted speed-up within 1.3x of the
+realised one (or labelled an upper bound).
 
 The record is written under ``tools/results/examine/`` as JSON (``six-models-<UTC>-<label>.json``),
 with the load average before and after each step; nothing earlier is overwritten.
@@ -377,9 +378,11 @@ def main(argv: list[str] | None = None) -> int:
             m["load_after"], m["bench_s"] = os.getloadavg(), time.monotonic() - t0
             rec["models"][n] = m
             r = m["reading"]
-            print(f"{n}: runs {[x['headline'] + '->' + str(x['leaf']) if x['headline'] else x['leaf'] for x in m['runs']]}"
+            heads = [x["headline"] + "->" + str(x["leaf"]) if x["headline"] else x["leaf"] for x in m["runs"]]
+            worst = r["max_share_diff"] or {"diff_pts": float("nan"), "part": None}
+            print(f"{n}: runs {heads}"
                   f" plain {len(r['plain_contradictions'])} one-sided {len(r['one_sided_borderline'])} max share diff "
-                  f"{r['max_share_diff']['diff_pts'] if r['max_share_diff'] else None:.1f} ({(r['max_share_diff'] or {}).get('part')}) "
+                  f"{worst['diff_pts']:.1f} ({worst['part']}) "
                   f"bf16 realised {m['bf16']['gain']:.2f}x predicted "
                   f"{[x['predicted_speedup'] for x in r['gemm_bf16']]} {[x['leaf'] for x in r['gemm_bf16']]} "
                   f"({m['bench_s']:.0f} s, load {m['load_before'][0]:.1f}->{m['load_after'][0]:.1f})", flush=True)
