@@ -440,7 +440,7 @@ def trace_calls(trace: dict, call_mark: str) -> list[list[dict[str, Any]]]:
             ops = [x for x in [h, *reversed([e for e, _ in stack])] if x["name"].startswith("aten::")]
             item = {"stack": [x["name"] for x in ops], "op_ids": [_ext(x) for x in ops],
                     "op_ts": [x["ts"] for x in ops], "us": float(h["dur"]), "kernel": None,
-                    "compiled": False, "ts": h["ts"],
+                    "compiled": False, "ts": h["ts"], "dur": float(h["dur"]),
                     "args": {a: h["args"][a] for a in OP_SHAPE_ARGS if a in h.get("args", {})}}
             if stack:
                 stack[-1][1]["us"] -= h["dur"]

@@ -99,8 +99,8 @@ LAB_FALLBACK = {"I": "06_case_studies (the dtype / MMA-path scenario)"}
 #: question D's back-to-back run: chunks (median taken) of about this many ms each
 E2E_CHUNKS = 15
 E2E_CHUNK_MS = 5.0
-#: profiled calls on a CPU: one per repeat and two more, so the quiet calls (no more run-queue wait
-#: than the typical call's, :func:`hwlab.examine.parts.quiet_calls`) can leave a preempted one out
+#: profiled calls on a CPU: one per repeat and two more, so each op's median over them
+#: (:func:`hwlab.examine.parts.op_medians`) leaves out a call preempted inside that op
 N_PROFILED = N_REPEATS + 2
 #: the phases ``on_step`` announces, in order (progress on the command line's stderr)
 PHASES = ("checked call (runs, returns tensors, leaves its inputs unchanged)",

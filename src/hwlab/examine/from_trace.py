@@ -218,7 +218,7 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings,
     evidence for the aggregate walk. ``unprofiled_ms``: on a CPU trace, the call's median measured
     without the profiler, where the trace carries it (see :func:`unprofiled_median_ms`);
     ``call_wait_us``: each step's run-queue wait, where the trace carries it (:func:`call_waits_us`),
-    so the parts pool the same quiet calls the live examination pooled."""
+    for steps that ran different ops (the parts then pool the quiet ones, as the live examination does)."""
     n = len(works)
     t_ms = sum(w.window_us for w in works) / n / 1e3
     if not gpu:  # as live: the shares of the profiled steps applied to the median step (robust to one slow step)

@@ -63,6 +63,9 @@ class Part:
     dtype_lever: str | None = None
     #: that precision's measured GEMM ceiling over the data's own (None: no lever)
     lever_gain: float | None = None
+    #: the whole function's speed-up if this part ran at the faster precision at its present efficiency
+    #: (its time over ``lever_gain``): an estimate (:func:`hwlab.examine.part_walk.gain`)
+    lever_speedup: float | None = None
 
     @property
     def repeats_agreed(self) -> tuple[int, int]:
@@ -99,7 +102,8 @@ class Part:
                 "not_headline": self.not_headline, "n_ops": self.n_ops,
                 "repeat_leaves": self.repeat_leaves, "alternatives": self.alternatives,
                 "borderline": self.borderline, "share_range_pct": self.share_range_pct,
-                "repeats_agreed": list(self.repeats_agreed), "dtype_lever": self.dtype_lever}
+                "repeats_agreed": list(self.repeats_agreed), "dtype_lever": self.dtype_lever,
+                "dtype_lever_gain": self.lever_gain, "dtype_lever_speedup": self.lever_speedup}
 
 
 @dataclass

@@ -70,6 +70,15 @@ def gain(p: Part, t_ms: float) -> None:
             p.pct_of_floor = 100.0 * p.floor_ms / p.t_ms
             p.saved_ms = p.t_ms - p.floor_ms
             p.speedup = t_ms / (t_ms - p.saved_ms) if t_ms > p.saved_ms else None
+    if p.lever_gain and p.lever_gain > 1 and p.t_ms > 0 and t_ms > 0:
+        # the dtype lever at the part's present efficiency: its time over the ceilings' ratio. Its floor
+        # assumes the faster precision's ceiling is reached, which small or convolution shapes do not
+        # reach when they are far from the data's own ceiling already: that speed-up is the upper bound
+        p.lever_speedup = t_ms / (t_ms - p.t_ms * (1.0 - 1.0 / p.lever_gain))
+        if p.speedup is not None:
+            p.gain_bound = (f" (an upper bound: the part at the faster precision's ceiling; at its present "
+                            f"efficiency the faster precision gives {p.lever_speedup:.2f}x the whole function, "
+                            "an estimate from the measured ceilings' ratio)")
 
 
 def rewalk(d: dict[str, Any], *, copy_gbps: float, gemm_tflops: float | None = None, cache_bytes: int | None,

@@ -18,10 +18,17 @@ communication). Added to them:
 * on a CPU, **host outside ops**: the profiled calls' duration minus their aten ops' self time
   (Python between ops), as its share of those calls, the way an independent profile reads it.
   On a CPU the parts are shares of the profiled calls (CPU op self times), and a part's ms is its
-  share of the measured median. The calls pooled are the quiet ones (:func:`quiet_calls`: no more
-  run-queue wait than the typical call's): on a busy host a call can wait for a CPU inside one op, whose wall-clock self
-  time then holds the host's load, and one such call would skew the shares. Each repeat reads one
-  quiet call of its own, so the calls' disagreement shows as each part's share range and spread.
+  share of the measured median. On a busy host a call waits for a CPU inside whichever op runs when it
+  is preempted, whose wall-clock self time then holds the host's load: so each op instance (the k-th
+  op of the call) takes its **median self time over the profiled calls**, and each gap between
+  consecutive outermost ops its median over them (:func:`op_medians`), where a sum over calls would
+  keep every preemption.
+  Each repeat reads the medians over :data:`REPEAT_CALLS` calls (its own and the next), so the
+  calls' disagreement shows as each part's share range and spread; the part's share in each single
+  call (the highest and lowest left out) sets its least run-to-run spread (:func:`call_share_spread`),
+  so a part the calls disagree on is BORDERLINE near a threshold in every run, not in one of them.
+  Calls that ran different ops are pooled instead, the quiet ones only (:func:`quiet_calls`: no more
+  run-queue wait than the typical call's).
 
 Triton kernels and ``torch.compile``d graphs run outside aten ops: their part says its bytes
 are not attributable (the traffic model did not see them), unless it is the whole function,
@@ -43,7 +50,8 @@ the parts as the profile spreads it. Rates above a measured ceiling raise it whe
 and DRAM bytes of at least 2x the fused bytes by the per-op cache bound (moved - cache x op
 boundaries) answer F (:mod:`hwlab.examine.rates`).
 
-**The walk per part.** Every part holding at least :data:`WALK_SHARE_PCT` of the time is walked
+**The walk per part.** Every part holding at least :data:`WALK_SHARE_PCT` of the time (in the pooled
+calls, a repeat, or at the top of its share's spread over the single calls: :func:`walks`) is walked
 on its own metrics (slowdown over its floor, its estimated DRAM share, its sector
 amplification, its tensor-core share when its FLOPs set its floor or a GEMM part is near the ridge, its matmul FLOPs and
 tensor-core kernels for H's applicability); the idle part answers F with no bytes moved and H
@@ -165,7 +173,16 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
     calls, call_us = list(prof.calls or []), list(prof.call_us or [])
     outside_ms = ([(u - sum(i["us"] for i in c)) / 1e3 for c, u in zip(calls, call_us)]
                   if not gpu and len(call_us) == len(calls) else [])  # host time outside ops, per profiled call
-    if not gpu and len(calls) > 1 and len(call_us) == len(calls):  # the quiet calls, pooled (module doc)
+    share_spread = call_share_spread(calls, call_us, traffic.ops) if not gpu and call_index is None else {}
+    steady = None
+    if not gpu and len(calls) > 1 and len(call_us) == len(calls):
+        pick = None
+        if call_index is not None:  # a repeat: the op medians of its own call and the next ones (module doc)
+            pick = [(call_index + j) % len(calls) for j in range(min(REPEAT_CALLS, len(calls)))]
+        steady = op_medians(calls, call_us, pick)
+    if steady is not None:
+        calls, call_us = [steady[0]], [steady[1]]
+    elif not gpu and len(calls) > 1 and len(call_us) == len(calls):  # the quiet calls, pooled (module doc)
         quiet = quiet_calls(call_us, list(getattr(prof, "call_wait_us", None) or []))
         if call_index is not None:  # a repeat reads one quiet call of its own
             quiet = [quiet[call_index % len(quiet)]]
@@ -188,8 +205,10 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
         # its share of the profiled calls, as an independent profile reads it (module doc)
         rest_ms = t_ms * rest_raw / call_ms if call_ms > 0 else 0.0
         scale = (t_ms - rest_ms) / ops_ms if ops_ms > 0 else 1.0  # op shares of the rest of the median
-        notes.append(f"CPU: part times are the ops' shares of {n} profiled call{'s' if n != 1 else ''} (mean "
-                     f"{call_ms:.4g} ms under the profiler; the quiet ones by run-queue wait) applied to the measured "
+        how = (f"each op's median self time over {steady[2]} profiled calls" if steady is not None else
+               f"{n} profiled call{'s' if n != 1 else ''} (the quiet ones by run-queue wait)")
+        notes.append(f"CPU: part times are the ops' shares of {how} (mean "
+                     f"{call_ms:.4g} ms under the profiler) applied to the measured "
                      f"median ({t_ms:.4g} ms); time outside ops is its share of those calls ({rest_raw:.4g} of "
                      f"{call_ms:.4g} ms)")
     kernel_total_ms = sum(items_ms.values())
@@ -213,9 +232,10 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
     for p in parts:
         gain(p, t_ms)
         part_evidence(p, rest, copy_gbps, gpu, whole_slowdown, e2e_slowdown, prof, ncu, e2e_spread)
-        if p.share_pct < WALK_SHARE_PCT:
+        floor = share_spread.get(p.name, 0.0)
+        if not walks(p, repeats, floor):
             continue
-        walk_part(p, repeats, ceiling_band)
+        walk_part(p, repeats, ceiling_band, floor)
         leaf = p.leaf_id
         if leaf:
             ok = (lambda: (False, FP64_NO_BF16)) if p.name == "gemm float64" else bf16_ok
@@ -248,13 +268,102 @@ def quiet_calls(call_us: list[float], wait_us: list[float]) -> list[int]:
     return [i for i, x in enumerate(share) if x <= typical + QUIET_WAIT_SHARE]
 
 
-def walk_part(p: Part, repeats: list[Parts] | None, band: tuple[float, float] | None = None) -> None:
+#: profiled calls a repeat's op medians are read from: its own and the next ones (module doc)
+REPEAT_CALLS = 3
+
+
+def op_medians(calls: list, call_us: list[float], pick: list[int] | None = None
+               ) -> tuple[list[dict[str, Any]], float, int] | None:
+    """The profiled calls (``pick``: those of them) as one call whose every op instance takes its median
+    self time over them, with the time outside ops from each gap's median (:func:`_gaps`, module doc):
+    ``(items, call_us, n_calls)``;
+    None where the calls did not run the same ops in the same order (then they are pooled). A
+    preemption lands inside whichever op runs at that moment and inflates that instance in that call
+    only, so the median over three or more calls leaves it out where a sum or mean over calls keeps it."""
+    import statistics
+
+    ks = sorted(set(pick)) if pick is not None else list(range(len(calls)))
+    if len(ks) < 3:
+        return None
+    seqs = [sorted(calls[k], key=lambda x: x["ts"]) for k in ks]
+    names = [[(it["stack"][:1], it["kernel"]) for it in q] for q in seqs]
+    if not seqs[0] or any(x != names[0] for x in names[1:]):
+        return None
+    items = [{**it, "us": statistics.median(q[j]["us"] for q in seqs)} for j, it in enumerate(seqs[0])]
+    gaps = [_gaps(q, call_us[k]) for q, k in zip(seqs, ks)]
+    if all(g is not None and len(g) == len(gaps[0]) for g in gaps):  # each gap between ops its own median
+        outside = sum(statistics.median(g[j] for g in gaps) for j in range(len(gaps[0])))
+    else:
+        outside = statistics.median(max(0.0, call_us[k] - sum(it["us"] for it in calls[k])) for k in ks)
+    return items, sum(it["us"] for it in items) + outside, len(ks)
+
+
+def _gaps(items: list[dict[str, Any]], call_us: float) -> list[float] | None:
+    """A call's time outside ops as its gaps: before the first and after the last outermost op (one
+    figure), then each gap between consecutive outermost ops; None where the items carry no
+    duration. A preemption between two ops lands in one gap of one call, as one inside an op does."""
+    between, end = [], None
+    for it in items:  # in start order; an op starting before the current outermost op ends is inside it
+        if "dur" not in it:
+            return None
+        if end is None or it["ts"] >= end:
+            if end is not None:
+                between.append(it["ts"] - end)
+            end = it["ts"] + it["dur"]
+    outside = max(0.0, call_us - sum(it["us"] for it in items))
+    return [max(0.0, outside - sum(between)), *between]
+
+
+#: a part's share in each profiled call, the highest and lowest left out from this many calls on
+#: (one preempted call is not the calls' disagreement), gives the part's least run-to-run spread
+SHARE_SPREAD_MIN_CALLS = 5
+
+
+def call_share_spread(calls: list, call_us: list[float], ops: list) -> dict[str, float]:
+    """part -> half the range of its share over the profiled calls, relative to the median share
+    (module doc): with :data:`SHARE_SPREAD_MIN_CALLS` calls or more, the highest and lowest share left
+    out. A part whose calls disagree by this much has a time (and every metric read from it) that
+    a re-run's calls may put anywhere in that range, so its timed metrics are spread at least this
+    much on each side (:func:`hwlab.examine.repeats.spreads_over`'s ``run_to_run``), in every run
+    alike, rather than only in the run whose three repeats happened to straddle a threshold."""
+    import statistics
+
+    if len(calls) < 3 or len(call_us) != len(calls):
+        return {}
+    per = []
+    for c, u in zip(calls, call_us):
+        if not c or u <= 0:
+            return {}
+        per.append({k: g["us"] / u for k, g in _groups([c], ops).items()})
+    out = {}
+    for k in {k for x in per for k in x}:
+        xs = sorted(x.get(k, 0.0) for x in per)
+        if len(xs) >= SHARE_SPREAD_MIN_CALLS:
+            xs = xs[1:-1]
+        med = statistics.median(xs)
+        if med > 0:
+            out[k] = (xs[-1] - xs[0]) / (2 * med)
+    return out
+
+
+def walks(p: Part, repeats: list[Parts] | None, spread: float = 0.0) -> bool:
+    """Whether a part is walked: its share is :data:`WALK_SHARE_PCT` or more, in the pooled calls, in a
+    repeat, or at the top of the share's own spread over the single calls (:func:`call_share_spread`):
+    a part the calls put on either side of the cut is walked in every run, not dropped in some."""
+    same = [q.share_pct for r in (repeats or []) for q in r.parts if q.name == p.name]
+    return max([p.share_pct * (1.0 + spread), *same]) >= WALK_SHARE_PCT
+
+
+def walk_part(p: Part, repeats: list[Parts] | None, band: tuple[float, float] | None = None,
+              run_to_run: float = 0.0) -> None:
     """Walk one part on its evidence, its metrics' spreads taken from the same part in each repeat
-    (their range), and name the leaves a repeat or a spread end reaches (:mod:`hwlab.examine.repeats`)."""
+    (their range, at least ``run_to_run`` of each timed metric's value on each side:
+    :func:`call_share_spread`), and name the leaves a repeat or a spread end reaches
+    (:mod:`hwlab.examine.repeats`)."""
     from hwlab.examine.repeats import alternatives, leaf_name, merge_spreads, spreads_over
 
     same = [next((q for q in r.parts if q.name == p.name), None) for r in (repeats or [])]
-    sp = spreads_over([q.evidence if q is not None else {} for q in same], p.evidence, band)
+    sp = spreads_over([q.evidence if q is not None else {} for q in same], p.evidence, band, run_to_run)
     ev = {**p.evidence, "metric_sources": p.sources}
     if sp:
         ev["metric_spreads"] = merge_spreads(sp, p.evidence.get("metric_spreads"))

@@ -5,8 +5,8 @@ every block on its own, and lets the blocks' disagreement speak.
 in ``N_REPEATS`` interleaved blocks (:func:`hwlab.examine.timing_blocks.timed_blocks`): block *r*
 times single calls, then runs back to back, so both halves of D's ratio see the same host load. The pooled samples give
 the median the report shows; each block gives one repeat's median and e2e_slowdown. On a CPU each
-repeat also takes its own profiled call for the part shares (the profiler records
-:data:`N_REPEATS` calls).
+repeat also reads its own profiled calls for the part shares (each op's median self time over
+three of them, :func:`hwlab.examine.parts.op_medians`).
 
 **Block size.** Each block takes as many calls as its median needs to settle, by the spread
 measured so far (:mod:`hwlab.examine.timing_blocks`): a steady function gives its medians in few
@@ -34,8 +34,9 @@ of wall-clock times under-states what a re-run sees (and a ceiling timed at one 
 function at another, gives a ratio that swings with both). On a CPU every timing here, the
 ceilings' included, is therefore net of the thread's run-queue wait (:mod:`hwlab.core.hostwait`;
 the report gives the wait's share); what the load leaves in (cache and memory contention from
-neighbours) shows as spread between blocks, and a profiled call that waited inside an op is not
-the one the pooled parts are read from (:func:`hwlab.examine.parts.quiet_calls`).
+neighbours) shows as spread between blocks, and a profiled call that waited inside an op does not
+set that op's time: the parts take each op's median over the profiled calls
+(:func:`hwlab.examine.parts.op_medians`).
 
 **Run to run.** The blocks share one load phase, so their range can be narrower than what the next
 examination meets; a metric read from a time (:data:`TIMED_METRICS`) has a spread of at least
@@ -171,11 +172,14 @@ def ceiling_band(bands: dict[str, dict[str, Any]], keys: tuple[str, ...],
 
 
 def spreads_over(repeat_evidence: list[dict[str, Any]], pooled: dict[str, Any],
-                 band: tuple[float, float] | None = None) -> dict[str, dict[str, Any]]:
+                 band: tuple[float, float] | None = None,
+                 run_to_run: float = RUN_TO_RUN) -> dict[str, dict[str, Any]]:
     """metric -> ``{"lo", "hi", "n", "what"}``: the range of each thresholded metric over the
     repeats and the pooled evidence (module doc), widened, for a metric judged against a measured
     ceiling, by that ceiling's own spread (``band``, :func:`ceiling_band`): the next run may meet
-    the ceiling anywhere in it. A metric seen once, with no ceiling spread, has none."""
+    the ceiling anywhere in it. A metric seen once, with no ceiling spread, has none.
+    ``run_to_run``: the least relative spread of a timed metric, :data:`RUN_TO_RUN` or more (a part's
+    own profiled calls may disagree by more: :func:`hwlab.examine.parts.call_share_spread`)."""
     out = {}
     for k in SPREAD_METRICS:
         vals = [float(e[k]) for e in [*repeat_evidence, pooled] if isinstance(e.get(k), (int, float))
@@ -186,11 +190,12 @@ def spreads_over(repeat_evidence: list[dict[str, Any]], pooled: dict[str, Any],
         n = len(vals)
         if repeat_evidence and k in TIMED_METRICS and isinstance(pooled.get(k), (int, float)):  # run to run
             v = float(pooled[k])
-            f_lo, f_hi = v * (1 - RUN_TO_RUN), v * (1 + RUN_TO_RUN)
+            r2r = max(RUN_TO_RUN, run_to_run)
+            f_lo, f_hi = v * (1 - r2r), v * (1 + r2r)
             w = hi - lo if n < checks.FEW_REPEATS else 0.0  # as the walk will widen a few repeats' range
             if f_lo < lo - w or f_hi > hi + w:  # narrower than the floor: widened here, not again
                 lo, hi = min(_clamp(k, lo - w), f_lo), max(hi + w, f_hi)
-                what += f", at least +-{100 * RUN_TO_RUN:.0f}% of its value (run to run)"
+                what += f", at least +-{100 * r2r:.0f}% of its value (run to run)"
                 n = max(n, checks.FEW_REPEATS)
         if band is not None and k in CEILING_METRICS:
             if n < checks.FEW_REPEATS:  # widened as flowchart_checks widens a few repeats' range
