@@ -110,6 +110,9 @@ def test_the_encoder_fast_path_splits_into_gemm_attention_and_elementwise(cpu_ce
     want = 2 * 2 * 64 * 2 * (128 * 3 * 128 + 128 * 128 + 2 * 128 * 512)
     assert g.flops == pytest.approx(want, rel=0.01)
     assert by["attention"].flops > 0  # the batched matmuls of attention, counted in its part
+    # the whole function's count sees them too (the counter alone sees one op with none)
+    assert ex.counts["n_flops"] == pytest.approx(g.flops + by["attention"].flops, rel=0.01)
+    assert ex.evidence["matmul_flops"] == ex.counts["n_flops"]
 
 
 # ------------------------------------------------------------------ per-op overhead and host time

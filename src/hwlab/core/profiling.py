@@ -425,6 +425,8 @@ def trace_calls(trace: dict, call_mark: str) -> list[list[dict[str, Any]]]:
                            "op_ts": [h["ts"] for h in ops], "us": float(k.get("dur", 0.0)),
                            "kernel": k["name"], "compiled": compiled,
                            "args": {a: k["args"][a] for a in KERNEL_OCCUPANCY_ARGS if a in k.get("args", {})},
+                           "op_args": {a: ops[0]["args"][a] for a in OP_SHAPE_ARGS if a in ops[0].get("args", {})}
+                           if ops else {},
                            "ts": k["ts"]})
         return out
     for i, c in enumerate(calls):

@@ -8,7 +8,9 @@ FLOPs, so joined to it, a layer's GEMMs, attention and elementwise work would al
 elementwise part. Instead an item under a fused native op (:data:`FUSED_NATIVE_OPS`) is classed by
 what it is:
 
-* on a GPU, by its kernel's name (the kit's one table, :func:`hwlab.core.profiling.part_class`);
+* on a GPU, by its kernel's name (the kit's one table, :func:`hwlab.core.profiling.part_class`),
+  its bytes and FLOPs counted from the shapes the profiler recorded for the op that launched it,
+  once per op however many kernels it launched;
 * on a CPU (no kernels), by the innermost aten op over it: ``mm`` / ``addmm`` are GEMMs, ``bmm`` and
   softmax inside an attention op (:data:`ATTENTION_PARENTS`) are attention, the rest elementwise
   by the same table; its bytes and FLOPs are counted from the shapes the profiler recorded for that
@@ -42,6 +44,11 @@ def fused_owner(it: dict[str, Any]) -> str | None:
     return next((n for n in reversed(it["stack"]) if n in FUSED_NATIVE_OPS), None)
 
 
+#: what :meth:`FusedSplit.classify` returns for a GPU kernel whose launching op an earlier kernel of
+#: the same call already counted (one op, several kernels: its FLOPs and bytes once)
+COUNTED = object()
+
+
 class FusedSplit:
     """Classes and counts items under fused native ops, one shape model per profiled call."""
 
@@ -50,10 +57,22 @@ class FusedSplit:
 
         self._model_type = ShapeModel
         self._model = ShapeModel()
+        self._seen: set = set()
         self.used = False
 
     def new_call(self) -> None:
         self._model = self._model_type()
+        self._seen = set()
+
+    def _kernel_record(self, it: dict[str, Any], inner: str) -> Any:
+        """A GPU kernel's launching op, counted from its recorded shapes once per op (:data:`COUNTED`
+        for its later kernels), or None without shapes."""
+        oid = (it.get("op_ids") or [None])[0]
+        if oid is not None and oid in self._seen:
+            return COUNTED
+        self._seen.add(oid)
+        rec = self._model.record(inner, it["op_args"])
+        return None if rec is None or rec.shapes is False else rec
 
     def classify(self, it: dict[str, Any]) -> tuple[str, Any]:
         """(part class, op record from its recorded shapes or None) of an item under a fused op."""
@@ -65,7 +84,9 @@ class FusedSplit:
             rec = self._model.record(inner, it["args"])
             if rec is not None and rec.shapes is False:
                 rec = None
-        dtypes = tuple(rec.in_dtypes) if rec is not None else ()
+        elif it["kernel"] is not None and inner is not None and it.get("op_args"):
+            rec = self._kernel_record(it, inner)
+        dtypes = tuple(rec.in_dtypes) if rec is not None and rec is not COUNTED else ()
         if any(n in PART_ATTENTION_OPS for n in stack):  # SDPA in a layer: all of it attention, as elsewhere
             cls = "attention"
         elif it["kernel"] is not None:  # a GPU kernel: its name decides
@@ -79,3 +100,24 @@ class FusedSplit:
         if cls == "gemm" and dtypes:
             cls = f"gemm {dtypes[0]}"
         return cls, rec
+
+
+def fused_matmul_flops(calls: list) -> int:
+    """Matmul-family FLOPs per call of the work inside fused native ops (the GEMM and attention
+    items, counted from their recorded shapes as the parts count them; median over the profiled
+    calls), which ``torch.utils.flop_counter`` cannot see: it counts the fused op as one op with
+    none. 0 where no fused op ran."""
+    import statistics
+    per_call = []
+    split = FusedSplit()
+    for items in calls:
+        split.new_call()
+        tot = 0
+        for it in items:
+            if fused_owner(it) is None:
+                continue
+            cls, rec = split.classify(it)
+            if rec is not None and rec is not COUNTED and (cls.startswith("gemm") or cls == "attention"):
+                tot += int(rec.flops)
+        per_call.append(tot)
+    return int(statistics.median(per_call)) if per_call else 0

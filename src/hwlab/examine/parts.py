@@ -73,7 +73,7 @@ from typing import Any, Callable
 from hwlab.diagnosis.flowchart import LEAVES, diagnose  # noqa: F401 (LEAVES re-exported)
 from hwlab.core.profiling import part_class
 from hwlab.examine.dtype_lever import FP64_NO_BF16, lever_note, no_ceiling_note
-from hwlab.examine.fused_ops import FusedSplit, fused_owner
+from hwlab.examine.fused_ops import COUNTED, FusedSplit, fused_owner
 from hwlab.examine.part_advice import J_RULES, PART_ACTIONS, actions_for, j_detail  # noqa: F401 (re-exported)
 from hwlab.examine.part_record import WALK_SHARE_PCT, Part, Parts  # noqa: F401 (re-exported)
 from hwlab.examine.part_walk import (  # noqa: F401 (re-exported)
@@ -400,6 +400,8 @@ def _groups(calls: list, ops: list) -> dict[str, dict[str, Any]]:
             g["n"] += 1
             if idx is not None:
                 g["recs"].add(idx)
+            elif shaped is COUNTED:  # a later kernel of an op counted with its first
+                pass
             elif shaped is not None:
                 g["shaped"].append(shaped)
             else:

@@ -113,6 +113,20 @@ def count(fn: Callable[..., Any], args: tuple, kwargs: dict, want_flops: bool,
     return traffic, flops, src
 
 
+def _fused_flops(prof, n_flops: int | None, flops_est: int, flops_src: str) -> dict[str, Any]:
+    """The counter's FLOPs plus the matmul work inside fused native ops (the encoder fast path), which
+    the counter sees as one op with none (:func:`hwlab.examine.fused_ops.fused_matmul_flops`); nothing
+    where the caller gave the count or no fused op ran."""
+    from hwlab.examine.fused_ops import fused_matmul_flops
+
+    extra = fused_matmul_flops(getattr(prof, "calls", None) or []) if n_flops is None else 0
+    if not extra:
+        return {}
+    return {"n_flops": flops_est + extra,
+            "n_flops_source": f"{flops_src}: {flops_est:,}; plus {extra:,} inside fused native ops (the encoder "
+                              "fast path: their GEMMs and attention counted from the shapes the profiler recorded)"}
+
+
 def counts_of(traffic: Traffic, prof, args: tuple, kwargs: dict, read_b: int, written_b: int,
               n_bytes: int | None, n_flops: int | None, flops_est: int, flops_src: str, first_call_s: float,
               composite_ops: dict[str, tuple[str, ...]]) -> dict[str, Any]:
@@ -137,6 +151,7 @@ def counts_of(traffic: Traffic, prof, args: tuple, kwargs: dict, read_b: int, wr
         "once (unique storages)",
         "n_flops": int(n_flops) if n_flops is not None else flops_est,
         "n_flops_source": "given by the caller" if n_flops is not None else flops_src,
+        **_fused_flops(prof, n_flops, flops_est, flops_src),
         "ops": traffic.counts(), "by_op": by_op, "first_call_s": first_call_s,
     }
     # moved bytes: the traffic model where it saw the kernels, else the required bytes (labelled)
