@@ -55,3 +55,40 @@ def test_the_trace_of_a_recorded_gpu_examination_reads_as_the_live_walk(rec, tmp
             continue
         assert _agree(p["leaf"], p.get("alternatives"), q.leaf_id, q.alternatives), (
             name, p.get("walk"), q.walk and q.walk.path)
+
+
+def _fused_addmm_flops_per_call(trace: dict) -> float:
+    """2*M*N*K of every aten::addmm (and the MLP's addmm fused with its activation) inside the encoder
+    fast path's layer op, per examined call, from the raw JSON (bias [N], input [M, K], weight [K, N])."""
+    ev = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    layers = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("name") == "aten::_transformer_encoder_layer_fwd"]
+    calls = [e for e in ev if e.get("cat") == "user_annotation" and e.get("name") == "hwlab::examine_call"]
+    tot = 0
+    for e in ev:
+        if e.get("name") in ("aten::addmm", "aten::_addmm_activation") and any(a <= e["ts"] <= b for a, b in layers):
+            (_, (m, k), (_, n), *_) = e["args"]["Input Dims"]
+            tot += 2 * m * n * k
+    return tot / len(calls)
+
+
+def test_the_encoder_fast_path_recorded_on_a_gpu_is_counted_inside_its_layers(tmp_path):
+    """The H100 examination of examples/encoder_fastpath.py: its GEMM part's FLOPs are the addmm ops
+    inside the fused layers (re-derived from the raw trace), live and read again from the trace, and
+    the whole call's count holds them (the counter alone sees one op with none)."""
+    rec = next((c for c in CASES if c.name.startswith("encoder_fastpath")), None)
+    if rec is None:
+        pytest.skip("no recorded encoder_fastpath examination")
+    live = json.loads(rec.read_text())
+    gz = rec.with_name(rec.name.replace(".examine.json", ".pt.trace.json.gz"))
+    raw = json.loads(gzip.decompress(gz.read_bytes()))
+    want = _fused_addmm_flops_per_call(raw)
+    assert want > 0
+    lg = next(p for p in live["parts"]["parts"] if p["name"].startswith("gemm"))
+    assert lg["flops"] == pytest.approx(want, rel=1e-6) and lg["leaf"] == "I"
+    assert live["counts"]["n_flops"] >= lg["flops"]
+    trace = tmp_path / gz.name[:-3]
+    trace.write_bytes(gzip.decompress(gz.read_bytes()))
+    tx = examine_trace(trace, baseline=str(rec))
+    tg = next(p for p in tx.parts.parts if p.name.startswith("gemm"))
+    assert tg.flops == pytest.approx(want, rel=1e-6) and tg.leaf_id == "I"
+    assert tx.evidence["matmul_flops"] == pytest.approx(live["counts"]["n_flops"], rel=1e-6)

@@ -55,6 +55,7 @@ from hwlab.examine.trace_ceilings import TraceCeilings, ceilings_for  # noqa: F4
 from hwlab.examine.trace_bounds import (gemm_kernel_ms, host_side_gap, idle_split, idle_walk, kernel_names, name_recordings,
                                         sync_points, timeline_bounds)
 from hwlab.examine.comm_overlap import comm_overlap
+from hwlab.examine.fused_ops import fused_matmul
 from hwlab.examine.pageable_copies import pageable_copies
 from hwlab.examine.idle_causes import WARMUP_RATIO, apply_causes, idle_causes, warmup_steps, whole_step_gap
 from hwlab.examine.trace_enough import MIN_STEP_US, NothingToDiagnose, enough_to_diagnose  # noqa: F401
@@ -227,8 +228,9 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings,
                     busy_ms_per_call=sum(w.busy_us for w in works) / n / 1e3, call_wait_us=call_wait_us or [])
     # the whole step's floor: every op as if fused, FLOPs at the ceiling of its matmul dtype
     shaped = all(getattr(r, "shapes", True) for r in recs)
-    flops = sum(r.flops for r in recs)
-    mm_dt = next((r.in_dtypes[0] for r in recs if r.kind == "matmul" and r.in_dtypes), None)
+    fused_flops, fused_dt = fused_matmul(prof.calls)  # work inside fused native ops (the encoder fast path)
+    flops = sum(r.flops for r in recs) + fused_flops
+    mm_dt = next((r.in_dtypes[0] for r in recs if r.kind == "matmul" and r.in_dtypes), fused_dt)
 
     def gemm_for(dt: str | None) -> float | None:
         key = PEAK_FOR_DTYPE.get(dt or "", "bf16") if gpu else "fp32"
@@ -254,7 +256,7 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings,
             ev["dram_pct_estimated"] = pct
             src["dram_pct_estimated"] = ("each op's recorded input and inferred output bytes / step time vs the "
                                          "copy ceiling")
-        mm_flops = sum(r.flops for r in recs if r.kind == "matmul")
+        mm_flops = sum(r.flops for r in recs if r.kind == "matmul") + fused_flops
         gemm_ms = gemm_kernel_ms(works)
         if mm_flops and tf and gemm_ms and whole_floor and flops / (tf * 1e9) >= floor_b / (c.copy_gbps * 1e6):
             ev["tensor_pct_of_peak"] = 100.0 * mm_flops / (gemm_ms * 1e9) / tf
@@ -266,7 +268,8 @@ def _split(works: list[StepWork], recs: list, gpu: bool, c: TraceCeilings,
         timeline_bounds(ev, src, t_ms, prof.busy_ms_per_call)
     if shaped and recs:
         ev["matmul_flops"] = int(flops)
-        src["matmul_flops"] = "torch.utils.flop_counter's formulas over the recorded shapes"
+        src["matmul_flops"] = "torch.utils.flop_counter's formulas over the recorded shapes" + (
+            " (with the GEMMs and attention inside fused native ops)" if fused_flops else "")
         n_tc = sum(1 for w in works for it in w.items if it["kernel"] and _tc(it["kernel"])) / n
         ev["tensor_core_kernels"] = n_tc if gpu else 0
         src["tensor_core_kernels"] = ("tensor-core GEMM kernels per step (profiler names)" if gpu else

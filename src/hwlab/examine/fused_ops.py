@@ -41,7 +41,7 @@ ATTENTION_CORE = frozenset(("aten::bmm", "aten::baddbmm", "aten::_softmax", "ate
 
 def fused_owner(it: dict[str, Any]) -> str | None:
     """The fused native op over an item (:data:`FUSED_NATIVE_OPS`), or None."""
-    return next((n for n in reversed(it["stack"]) if n in FUSED_NATIVE_OPS), None)
+    return next((n for n in reversed(it.get("inner_stack") or it["stack"]) if n in FUSED_NATIVE_OPS), None)
 
 
 #: what :meth:`FusedSplit.classify` returns for a GPU kernel whose launching op an earlier kernel of
@@ -67,7 +67,7 @@ class FusedSplit:
     def _kernel_record(self, it: dict[str, Any], inner: str) -> Any:
         """A GPU kernel's launching op, counted from its recorded shapes once per op (:data:`COUNTED`
         for its later kernels), or None without shapes."""
-        oid = (it.get("op_ids") or [None])[0]
+        oid = (it.get("inner_op_ids") or it.get("op_ids") or [None])[0]
         if oid is not None and oid in self._seen:
             return COUNTED
         self._seen.add(oid)
@@ -77,7 +77,7 @@ class FusedSplit:
     def classify(self, it: dict[str, Any]) -> tuple[str, Any]:
         """(part class, op record from its recorded shapes or None) of an item under a fused op."""
         self.used = True
-        stack = it["stack"]
+        stack = it.get("inner_stack") or it["stack"]  # a trace's item names its outermost op in "stack"
         inner = stack[0] if stack else None
         rec = None
         if it["kernel"] is None and inner is not None and it.get("args"):
@@ -102,13 +102,13 @@ class FusedSplit:
         return cls, rec
 
 
-def fused_matmul_flops(calls: list) -> int:
+def fused_matmul(calls: list) -> tuple[int, str | None]:
     """Matmul-family FLOPs per call of the work inside fused native ops (the GEMM and attention
     items, counted from their recorded shapes as the parts count them; median over the profiled
     calls), which ``torch.utils.flop_counter`` cannot see: it counts the fused op as one op with
-    none. 0 where no fused op ran."""
+    none; and the input dtype of their first GEMM. ``(0, None)`` where no fused op ran."""
     import statistics
-    per_call = []
+    per_call, dtype = [], None
     split = FusedSplit()
     for items in calls:
         split.new_call()
@@ -119,5 +119,12 @@ def fused_matmul_flops(calls: list) -> int:
             cls, rec = split.classify(it)
             if rec is not None and rec is not COUNTED and (cls.startswith("gemm") or cls == "attention"):
                 tot += int(rec.flops)
+                if dtype is None and cls.startswith("gemm") and rec.in_dtypes:
+                    dtype = rec.in_dtypes[0]
         per_call.append(tot)
-    return int(statistics.median(per_call)) if per_call else 0
+    return (int(statistics.median(per_call)) if per_call else 0), dtype
+
+
+def fused_matmul_flops(calls: list) -> int:
+    """The FLOPs of :func:`fused_matmul`."""
+    return fused_matmul(calls)[0]

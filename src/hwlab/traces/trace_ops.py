@@ -49,7 +49,7 @@ from typing import Any, Callable
 
 from hwlab.traces.kineto import TraceError, discover_traces, iter_trace, name_rank
 from hwlab.traces.trace_stream import event_times
-from hwlab.core.profiling import (COMPILED_TRACE_MARKS, KERNEL_OCCUPANCY_ARGS, KIT_CALL_WAIT_KEY, TRACE_KERNEL_CATS,
+from hwlab.core.profiling import (COMPILED_TRACE_MARKS, KERNEL_OCCUPANCY_ARGS, KIT_CALL_WAIT_KEY, OP_SHAPE_ARGS, TRACE_KERNEL_CATS,
                                   trace_cat)
 
 #: the most per-call waits a trace's kit key may hold (hwlab examine profiles a handful of calls)
@@ -326,15 +326,19 @@ def step_items(ot: OpTrace) -> list[StepWork]:
                 aten, compiled, other = stack_of(launch[1], launch[2], launch[0])
                 # the outermost aten op launched it; with none, the outermost host op names it
                 top = aten[-1] if aten else other
-                pending.append((i, d, top, [top.name] if top else [], compiled, launch))
+                pending.append((i, d, top, [top.name] if top else [], compiled, launch, aten))
             else:  # no launch record: kept, in the step whose window holds its start
                 i = bisect.bisect_right(bounds, d.ts) - 1
                 if i < 0:
                     continue
-                pending.append((i, d, None, [UNLAUNCHED], False, None))
+                pending.append((i, d, None, [UNLAUNCHED], False, None, []))
                 n_un[i] += 1
-        for i, d, top, stack, compiled, launch in pending:
+        for i, d, top, stack, compiled, launch, aten in pending:
             per[i].append({"stack": stack, "op_ids": [id(top)] if top else [None] * len(stack),
+                           # every aten op over the launch, innermost first, and the innermost's shapes:
+                           # what a layer run natively (a fused op) did, counted by examine's fused split
+                           "inner_stack": [a.name for a in aten], "inner_op_ids": [id(a) for a in aten],
+                           "op_args": {k: aten[0].args[k] for k in OP_SHAPE_ARGS if k in aten[0].args} if aten else {},
                            "top_op": top, "us": float(d.dur), "kernel": d.name,
                            "compiled": compiled, "args": dict(d.args), "ts": d.ts, "ts_end": d.ts + d.dur,
                            "unlaunched": launch is None, "launch_ts": launch[0] if launch else None,
