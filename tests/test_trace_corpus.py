@@ -5,7 +5,9 @@ against its sha256). Per trace: the kit's one kernel classification of the raw k
 the dominant part the reading names, at least the GEMM-class share the reading counted among the
 longest kernels (within 2 points), communication found exactly where the reading found it (at least
 its share where the reading gives one, and led by NCCL / RCCL kernels only where the reading says
-NCCL: DeepEP or multimem communication is not NCCL's), and the reading's tensor-core / MFMA answer; ``examine --trace`` answers, stops honestly (too little to
+NCCL: DeepEP or multimem communication is not NCCL's), and the reading's tensor-core / MFMA answer (where a
+reading names a ``kit_gap``, the kit's known misreading of it, that check is an expected failure that fails once
+the gap is gone); ``examine --trace`` answers, stops honestly (too little to
 diagnose) or refuses with a line, never anything else."""
 import gzip
 import json
@@ -64,7 +66,11 @@ def test_each_corpus_trace_reads_as_its_reading(reading):
     if comm_us:  # NCCL / RCCL leads the communication time exactly where the reading found NCCL
         assert (comm_us[True] > comm_us[False]) == (reading["communication"] == "nccl"), dict(comm_us)
     if reading["gemm_tensor_cores"] is not None and tc_us:
-        assert max(tc_us, key=tc_us.get) is reading["gemm_tensor_cores"], dict(tc_us)
+        got = max(tc_us, key=tc_us.get)
+        if "kit_gap" in reading:  # a misreading reported to the lead: it must still hold, else the field goes
+            assert got is not reading["gemm_tensor_cores"], f"kit_gap no longer holds, remove it: {reading['kit_gap']}"
+            pytest.xfail(reading["kit_gap"])
+        assert got is reading["gemm_tensor_cores"], dict(tc_us)
 
 
 @pytest.mark.parametrize("reading", READINGS, ids=[r["file"].split("/")[-1][:40] for r in READINGS])
