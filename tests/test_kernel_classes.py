@@ -99,6 +99,9 @@ CASES = [
     # precision: a bf16 x MXFP4 GEMM is not an FP8 GEMM
     ("_matmul_ogs_NNT_bf16xbf16xmxfp4_128x256x128x1_swiglu", "gemm", True, "fp4"),
     ("nvjet_qqtst_128x128_128x6_2x1_v_bz_TNN", "gemm", True, "fp8"),
+    # cuBLAS xmma kernels name their MMA instruction shape (met in astra-sim's Megatron ranks)
+    ("sm80_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x32_stage5_warpsize2x2x1_tensor16x8x16_kernel",
+     "gemm", True, None),
 ]
 
 

@@ -40,7 +40,7 @@ Anything else is :data:`UNRECOGNISED`: reported with its name and time, never pu
 
 **Tensor cores / MFMA** (``tensor_core``, GEMM-class kernels only): True where the name carries an
 MMA instruction or tile (NVIDIA ``tensorop``, ``hmma``, ``wgmma``, ``884`` / ``1688`` / ``16816``
-tiles, ``nvjet``, ``tcgen05``; AMD Tensile's ``_MI<m>x<n>`` tile, CK's ``xdl`` / ``wmma`` /
+tiles, xmma's ``tensor16x8x16`` instruction shape, ``nvjet``, ``tcgen05``; AMD Tensile's ``_MI<m>x<n>`` tile, CK's ``xdl`` / ``wmma`` /
 ``mfma``); False where it names a SIMT path (``sgemm`` / ``dgemm`` / ``gemv`` without an MMA
 mark, ``scudnn``, a Tensile tile without ``_MI``); True for a GEMM-class kernel in bf16, tf32,
 fp8 or fp4 (the libraries run those types on the MMA units only); False for one in fp32 without an
@@ -109,6 +109,8 @@ ELEMENTWISE_MARKS = ("elementwise", "vectorized", "functor", "activation", "gelu
 TC_MARKS = ("tensorop", "hmma", "imma", "wgmma", "gmma", "884", "1688", "16816", "16832", "nvjet", "tcgen05",
             "umma", "xdl", "wmma", "mfma", "qqtst")
 _TENSILE_MI = re.compile(r"_mi\d+x\d+")
+#: cuBLAS xmma kernels name their MMA instruction shape (``..._tensor16x8x16_...``)
+_MMA_SHAPE = re.compile(r"tensor\d+x\d+x\d+")
 _TENSILE_TYPE = re.compile(r"cijk_[a-z]+_[a-z]+_([a-z0-9]+?)_")
 SIMT_MARKS = ("sgemm", "dgemm", "gemv", "scudnn", "gemmsn", "gemmk1", "implicit_convolve")
 #: Inductor's kernel names: ``triton_`` + the first three letters of its kind (pointwise, reduction,
@@ -173,7 +175,7 @@ def precision_of(n: str) -> str | None:
 
 def tensor_core_of(n: str) -> bool | None:
     """MMA / MFMA use of a GEMM-class kernel from its lower-cased name (module doc)."""
-    if _first(n, TC_MARKS) or _TENSILE_MI.search(n):
+    if _first(n, TC_MARKS) or _TENSILE_MI.search(n) or _MMA_SHAPE.search(n):
         return True
     if n.startswith("cijk_"):  # a Tensile tile without _MI runs on the vector ALUs
         return False
