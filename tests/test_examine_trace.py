@@ -690,8 +690,9 @@ def test_a_pytorch_18_trace_is_read_with_convolutions_as_gemm_work():
 def test_an_amd_trace_reaches_a_leaf_on_what_its_device_timeline_measures():
     f = public_trace(MI250)
     ex = examine_trace(f)
-    # the whole step walks to J on the device timeline's bound (the idle part's own floor: test_examine_trace_idle)
-    assert ex.leaf_id == "J" and ex.diagnosis.leaf_id == "J"
+    # the whole step answers B on the device timeline's bound; its idle is mostly a first call's long launch
+    # (one-time work), so it stops at H instead of blaming launches (test_examine_trace_idle)
+    assert ex.diagnosis.path[:1] == ["B"] and ex.diagnosis.undecided is not None
     assert "device timeline" in ex.evidence_sources["slowdown_vs_floor"]
     # 'AMD Radeon Graphics' names no part: its 104 compute units and 64 GiB match one datasheet entry only
     assert ex.ceilings.source == "datasheet" and "MI250 GCD" in ex.ceilings.label and "104 compute units" in \

@@ -82,7 +82,7 @@ def raw_idle(path: Path, works) -> dict:
     for w, mine in rows:
         lo, hi = w.ts, w.ts + w.window_us
         busy = sum(b - a for a, b in _union((max(a, lo), max(b, lo)) for a, b, _, _ in mine))
-        own = own_hi = host = sync = in_call = 0.0
+        own = own_hi = host = sync = in_call = long_call = 0.0
         cur = lo
         for a, b, L, L_end in mine:
             a = max(a, lo)
@@ -94,14 +94,16 @@ def raw_idle(path: Path, works) -> dict:
                     host += g - m
                     sync += _overlap(syncs, cur, min(a, L))
                     in_call += max(0.0, min(a, L_end) - L)
+                if L is not None and L_end - L >= 1000.0:  # a launch call of 1 ms or more: first-call work
+                    long_call += max(0.0, min(a, L_end) - max(cur, L))
             cur = max(cur, b)
         if hi > cur:
             host += hi - cur
             sync += _overlap(syncs, cur, hi)
         out.append({"idle": (hi - lo) - busy, "own": own, "own_hi": own_hi, "host": host, "sync": sync,
-                    "in_call": in_call})
+                    "in_call": in_call, "long_call": long_call})
     n = len(out)
-    tot = {k: sum(r[k] for r in out) for k in ("idle", "own", "own_hi", "host", "sync", "in_call")}
+    tot = {k: sum(r[k] for r in out) for k in ("idle", "own", "own_hi", "host", "sync", "in_call", "long_call")}
     ends = [r["idle"] / r["own_hi"] for r in out if r["own_hi"] > 0] + [tot["idle"] / tot["own_hi"]] + \
         [r["idle"] / r["own"] for r in out if r["own"] > 0]
     return {"n": n, "per_step": out, "skew": skew, "ends": ends,
@@ -126,7 +128,9 @@ def _check_against_raw(ex, path):
         return r
     assert p.evidence["slowdown_vs_floor"] == pytest.approx(r["bound"], rel=1e-9)
     assert p.floor_ms == pytest.approx(r["own_ms"], rel=1e-9)
-    assert p.saved_ms == pytest.approx(r["idle_ms"] - r["own_ms"], rel=1e-6)
+    # the gain leaves out one-time work (first calls), which a step after warm-up does not repeat
+    once = (p.j.get("by_cause_ms") or {}).get("one-time init / autotune / compile", 0.0)
+    assert p.saved_ms == pytest.approx(max(0.0, r["idle_ms"] - r["own_ms"] - once), rel=1e-6, abs=1e-9)
     assert p.evidence["metric_spreads"]["slowdown_vs_floor"] == pytest.approx([min(r["ends"]), max(r["ends"])])
     assert "host and device timelines" in p.sources["slowdown_vs_floor"]
     assert p.leaf_id == "J" and p.walk.path[:3] == ["B", "F", "H"]
@@ -138,7 +142,8 @@ def _check_against_raw(ex, path):
     # the host-side idle split by what the host did (examine/idle_causes.py): the causes add up to the raw
     # host-side time, the largest names J, and half or more in synchronising calls is always the sync point
     by = p.j["by_cause_ms"]
-    assert sum(by.values()) == pytest.approx(r["host_ms"], rel=1e-6, abs=1e-9)
+    # the causes add up to the host-side time plus the device's wait inside long launch calls (one-time)
+    assert sum(by.values()) == pytest.approx(r["host_ms"] + r["long_call_ms"], rel=1e-6, abs=1e-9)
     assert p.j["cause"] == max(by, key=by.get)
     if r["sync_ms"] >= 0.5 * r["host_ms"] > 0:
         assert p.j["cause"] == "sync point"
@@ -258,16 +263,21 @@ def test_the_pytorch_18_resnet_trace_reaches_a_leaf_on_its_idle_part():
 
 
 def test_the_mi250_trace_idle_part_stops_where_a_launch_call_hides_the_submission():
-    """HTA's MI250 toy: most of the idle sits inside one long launch call, which the timelines cannot
-    split (the device may have held the kernel): the idle part's bound stays under 1.5x and its note
-    names the warm-up recording; the whole step still reaches J on the device timeline's own bound."""
+    """HTA's MI250 toy: most of the idle sits inside one long launch call (a first call's module load),
+    which the timelines cannot split (the device may have held the kernel): the idle part's bound
+    stays under 1.5x and its note names the warm-up recording; the whole step answers B on the device
+    timeline's own bound, and, its idle being mostly that first call rather than launch cost, stops at H
+    instead of blaming launches."""
     f = public_trace(MI250)
     ex = examine_trace(f)
     r = _check_against_raw(ex, f)
     busy = [w for w in ex.works if w.items]
     step_bound = sum(w.window_us for w in busy) / sum(w.busy_us for w in busy)
-    assert ex.evidence["slowdown_vs_floor"] == pytest.approx(step_bound) and ex.diagnosis.leaf_id == "J"
-    assert ex.leaf_id == "J" and "device timeline" in ex.evidence_sources["slowdown_vs_floor"]
+    assert ex.evidence["slowdown_vs_floor"] == pytest.approx(step_bound)
+    assert "device timeline" in ex.evidence_sources["slowdown_vs_floor"]
+    assert r["long_call_ms"] > r["host_ms"]  # the raw JSON: more idle inside long launch calls than host-side
+    assert ex.evidence["launch_gap_pct"] < 50 and ex.diagnosis.leaf_id is None and ex.diagnosis.undecided.id == "H"
+    assert any("inside launch calls of 1 ms or more" in n for n in ex.notes)
     if r["bound"] < B_THRESHOLD:
         assert any("warm-up" in n for n in _idle(ex).notes)
 

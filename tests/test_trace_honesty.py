@@ -131,3 +131,20 @@ def test_attention_under_a_datasheet_peak_stops_at_h_and_on_a_measured_one_keeps
     assert any("datasheet" in n and "--baseline" in n for n in low.notes)
     assert fast.evidence["tensor_pct_of_peak"] == 70.0
     assert measured.walk.leaf.id == "I" and measured.evidence["tensor_pct_of_peak"] == 25.0
+
+
+def test_an_mma_gemm_at_over_half_a_datasheet_peak_does_not_decide_b_against_it():
+    """An fp16 GEMM part at 66% of a datasheet peak (1.52x its datasheet floor, over B's 1.5x line):
+    measured GEMMs fall that short of a datasheet, so B stays open naming the measurement instead of
+    walking on to J (registers); the same part on measured ceilings keeps its walk."""
+    from types import SimpleNamespace
+
+    from hwlab.diagnosis.flowchart import diagnose
+    from hwlab.examine.from_trace import _relabel
+    ds, measured = _gemm_part("gemm float16", 66.0), _gemm_part("gemm float16", 66.0)
+    for p in (ds, measured):
+        p.walk = diagnose({**p.evidence, "metric_sources": p.sources})
+    assert measured.walk.leaf is not None and measured.evidence["slowdown_vs_floor"] > 1.5
+    _relabel(SimpleNamespace(parts=[ds]), {})
+    assert "slowdown_vs_floor" not in ds.evidence and ds.walk.leaf is None and ds.walk.undecided.id == "B"
+    assert any("--baseline" in n and "decide B" in n for n in ds.notes)

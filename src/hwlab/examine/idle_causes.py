@@ -24,7 +24,9 @@ clipped to the host-side gaps, counted once in this order (first claim wins):
    ``enumerate(DataLoader)#...__next__``), on any thread of the step's process.
 3. **one-time init / autotune / compile**: host ops or runtime calls named by :data:`ONE_TIME`
    (cuBLAS / cuDNN / MIOpen handle creation and find, module loads, allocator growth,
-   torch.compile / Dynamo / Inductor, autotuning benchmarks). Where these are found, the steps
+   torch.compile / Dynamo / Inductor, autotuning benchmarks); and, beside the host-side gaps, the
+   device's wait inside a launch call of :data:`LONG_LAUNCH_US` or longer that had not returned
+   (a first call's module load or JIT: idle_split counts it as the device's own). Where these are found, the steps
    holding them are warm-up candidates (:func:`warmup_steps`).
 4. **launch**: the step's thread inside a top-level host op that launched device work, inside a
    launch call, or between ops for under :data:`CPU_PHASE_US` (the Python and dispatch between
@@ -71,6 +73,9 @@ CPU_PHASE_US = 1000.0
 WARMUP_RATIO = 2.0
 #: warm-up is judged only with at least this many later steps to take the median of
 WARMUP_MIN_LATER = 2
+#: a launch call that has not returned after this long is not launching (microseconds): it is loading a
+#: module, compiling or allocating on a first call, and the device's wait inside it is one-time work
+LONG_LAUNCH_US = 1000.0
 CAUSES = ("collective wait", "sync point", "data loading", "one-time init / autotune / compile", "launch", "CPU-only work")
 
 
@@ -129,6 +134,24 @@ def _host_gaps(w: StepWork) -> list[tuple[float, float]]:
         cur = max(cur, it["ts_end"])
     if hi > cur:
         out.append((cur, hi))
+    return out
+
+
+def _long_launch_waits(w: StepWork) -> list[tuple[float, float]]:
+    """The device's idle inside launch calls of :data:`LONG_LAUNCH_US` or longer that had not returned
+    (the part of a gap from the next work's launch to its start, up to the call's end): the rule of
+    :func:`~hwlab.examine.trace_bounds.idle_split` counts it as the device's own (it may have held the
+    work); such a call is first-call work, so this wait is one-time init, not launch cost."""
+    lo = w.ts
+    out, cur = [], lo
+    for it in sorted(w.items, key=lambda x: x["ts"]):
+        a = max(it["ts"], lo)
+        la, le = it.get("launch_ts"), it.get("launch_end")
+        if a > cur and la is not None and le is not None and le - la >= LONG_LAUNCH_US:
+            x, y = max(cur, la), min(a, le)
+            if y > x:
+                out.append((x, y))
+        cur = max(cur, it["ts_end"])
     return out
 
 
@@ -193,6 +216,7 @@ def idle_causes(ot: OpTrace, works: list[StepWork]) -> dict[str, Any] | None:
     causes = _cause_intervals(ot, pid, tid)
     starts = [[a for a, _ in c] for c in causes]
     tot = dict.fromkeys(CAUSES, 0.0)
+    in_call = 0.0
     for w in works:
         for a, b in _host_gaps(w):
             left = [(a, b)]
@@ -202,13 +226,15 @@ def idle_causes(ot: OpTrace, works: list[StepWork]) -> dict[str, Any] | None:
                 left = _minus(left, claim)
             for x, y in left:  # in no recorded op: between launching ops, or a CPU-only phase
                 tot["launch" if y - x < CPU_PHASE_US else "CPU-only work"] += y - x
+        in_call += sum(y - x for x, y in _long_launch_waits(w))
     n = len(works)
     host_ms = sum(tot.values()) / n / 1e3
-    if host_ms <= 0:
+    tot["one-time init / autotune / compile"] += in_call
+    if host_ms <= 0 and not in_call:
         return None
     per = {k: v / n / 1e3 for k, v in tot.items()}
     cause = max(per, key=per.get)
-    return {"ms_per_step": per, "host_side_ms": host_ms, "cause": cause,
+    return {"ms_per_step": per, "host_side_ms": host_ms, "cause": cause, "long_launch_ms": in_call / n / 1e3,
             "source": "host timeline: runtime calls, host op and DataLoader ranges against the device's host-side gaps"}
 
 
@@ -246,7 +272,10 @@ def apply_causes(parts, ic: dict[str, Any] | None, notes: list[str]) -> None:
         return
     per = ic["ms_per_step"]
     notes.append("host-side idle by cause, ms per step: " + ", ".join(f"{k} {v:.4g}" for k, v in per.items() if v > 0)
-                 + f" [{ic['source']}]")
+                 + f" [{ic['source']}]" + (
+                     f"; one-time init includes {ic['long_launch_ms']:.4g} ms the device waited inside launch calls "
+                     f"of {LONG_LAUNCH_US / 1e3:.0f} ms or more (a first call's module load or JIT, not launch cost)"
+                     if ic.get("long_launch_ms") else ""))
     p = next((q for q in parts.parts if q.name == "gpu idle"), None)
     comm = next((q for q in parts.parts if q.name == "communication"), None)
     if p is not None and comm is not None and comm.t_ms >= (p.saved_ms if p.saved_ms is not None else p.t_ms):
@@ -254,6 +283,13 @@ def apply_causes(parts, ic: dict[str, Any] | None, notes: list[str]) -> None:
                        "this part's gain: a collective's time includes the wait for the last rank to arrive, which "
                        "one rank's trace cannot tell from its link; read the whole job with hwlab ranks --traces DIR "
                        "before acting on this part")
+    once = per.get("one-time init / autotune / compile", 0.0)
+    if p is not None and once > 0 and p.saved_ms is not None:  # first-call work is not a steady-state gain
+        p.saved_ms = max(0.0, p.saved_ms - once)
+        if getattr(p, "speedup", None) is not None and parts.t_ms > p.saved_ms:
+            p.speedup = parts.t_ms / (parts.t_ms - p.saved_ms)
+        p.notes.append(f"its gain leaves out {once:.4g} ms per step of one-time work (first calls: handles, module "
+                       "loads, compilation, autotuning), which a step after warm-up does not repeat")
     if p is None or p.leaf_id != "J" or not isinstance(p.j, dict):
         return
     cause = ic["cause"]
