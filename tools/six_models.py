@@ -15,10 +15,17 @@ Per model, with ``--burners`` processes of ``python -c 'while 1: pass'`` running
   flag, alternatives, share and share range, the headline, the GEMM part's dtype lever and predicted
   whole-function speed-up at its floor.
 * An **independent profile** in this process, before the runs: ``torch.profiler`` around 12 single
-  calls (each its own session, in a ``record_function`` range, the thread's run-queue wait read around
-  it), every op's self time classed by :func:`hwlab.core.profiling.part_class` on its own name, or on
+  calls (each its own session, in a ``record_function`` range, the thread's run-queue wait and page
+  faults read around it, three unprofiled calls' faults just before it as the reference), every op's
+  self time classed by :func:`hwlab.core.profiling.part_class` on its own name, or on
   the GEMM / attention op it runs inside (the same classification), time outside ops = the range's self
-  time; per part the median share over the 5 least-waited calls and their range.
+  time; per part the median share over the 5 least disturbed calls (wait plus faults beyond the
+  reference, at the measured cost per fault) and their range.
+* ``--malloc-fixed``: the whole bench (this process and every examination) runs with glibc's heap
+  trim and mmap thresholds fixed (``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``), so no
+  process returns freed tensor memory to the OS between calls. Without it a process may take
+  thousands of page faults per call or none, by chance of its heap, which moves the shares of
+  allocating ops between processes (the record keeps each side's faults per call either way).
 * The **realised bf16 gain**: the model in fp32 and a copy in bf16 called alternately, each call's wall
   time net of this thread's run-queue wait (:mod:`hwlab.core.hostwait`); medians and p10-p90.
 
@@ -56,6 +63,8 @@ SHARE_DIFF_PTS = 5.0
 GAIN_TOL = 1.3
 MODELS = ("gpt2", "bert", "t5", "resnet50", "llama", "vit")
 CALL_MARK = "six_models::call"
+#: ``--malloc-fixed``: no heap trimming, and tensors up to glibc's largest mmap threshold from the heap
+MALLOC_FIXED = {"MALLOC_TRIM_THRESHOLD_": str(1 << 32), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
 
 
 # --- the six models (``hwlab examine`` targets: each returns (module, inputs)) -------------------------
@@ -173,24 +182,33 @@ def _owner_class(e, dtype: str) -> str:
 
 
 def independent_profile(name: str, n_calls: int = 12, n_least: int = 5) -> dict[str, Any]:
-    """Per part: the median share over the ``n_least`` least-waited of ``n_calls`` single-call profiles
-    (each its own profiler session, run-queue wait read around it), and its range (module doc)."""
+    """Per part: the median share over the ``n_least`` least disturbed of ``n_calls`` single-call
+    profiles (each its own profiler session; a call's disturbance is its run-queue wait plus its page
+    faults beyond the median of three unprofiled calls just before it, at this process's measured
+    cost per fault), and their range (module doc)."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
-    from hwlab.core.hostwait import wait_ns
+    from hwlab.core.hostwait import fault_us, faults, wait_ns
     m, inputs = globals()[name]()
     m.eval()
     args = inputs()
+    cost = fault_us() or 0.0
     per_call: list[tuple[float, dict[str, float]]] = []
+    seen: list[dict[str, float]] = []
     with torch.no_grad():
         for _ in range(3):
             m(*args)
         for _ in range(n_calls):
+            ref = []
+            for _ in range(3):
+                f0 = faults()
+                m(*args)
+                ref.append((faults() or 0) - (f0 or 0))
             with profile(activities=[ProfilerActivity.CPU]) as prof:
-                w0 = wait_ns()
+                w0, f0 = wait_ns(), faults()
                 with record_function(CALL_MARK):
                     m(*args)
-                w1 = wait_ns()
+                w1, f1 = wait_ns(), faults()
             evs = prof.events()
             call = next(e for e in evs if e.name == CALL_MARK)
             total = call.cpu_time_total
@@ -200,16 +218,21 @@ def independent_profile(name: str, n_calls: int = 12, n_least: int = 5) -> dict[
                     continue
                 cls = _owner_class(e, "float32")
                 parts[cls] = parts.get(cls, 0.0) + e.self_cpu_time_total
-            wait_share = (w1 - w0) / 1e3 / total if w0 is not None and w1 is not None and total > 0 else 0.0
-            per_call.append((wait_share, {k: 100.0 * v / total for k, v in parts.items()}))
-    per_call.sort(key=lambda x: x[0])
-    use = [c for _, c in per_call[:n_least]]
+            wait_us = (w1 - w0) / 1e3 if w0 is not None and w1 is not None else 0.0
+            n_faults = (f1 or 0) - (f0 or 0)
+            excess_us = max(0.0, n_faults - statistics.median(ref)) * cost
+            seen.append({"wait_us": round(wait_us, 1), "faults": n_faults, "ref_faults": statistics.median(ref),
+                         "call_us": round(total, 1)})
+            per_call.append((wait_us + excess_us, {k: 100.0 * v / total for k, v in parts.items()}))
+    order = sorted(range(len(per_call)), key=lambda k: (per_call[k][0], k))[:n_least]
+    use = [per_call[k][1] for k in order]
     names = sorted({k for c in use for k in c})
     out: dict[str, Any] = {k: {"median_pct": statistics.median(c.get(k, 0.0) for c in use),
                                "range_pct": [min(c.get(k, 0.0) for c in use), max(c.get(k, 0.0) for c in use)]}
                            for k in names}
-    out["_wait_share_used"] = [round(w, 3) for w, _ in per_call[:n_least]]
-    out["_wait_share_all"] = [round(w, 3) for w, _ in per_call]
+    out["_calls_used"] = sorted(order)
+    out["_calls"] = seen
+    out["_fault_us"] = cost
     return out
 
 
@@ -266,7 +289,9 @@ def examine_run(name: str, timeout_s: float) -> dict[str, Any]:
                            "leaf": d.get("leaf"), "borderline": d.get("borderline"),
                            "alternatives": d.get("alternatives"), "headline": parts.get("headline"),
                            "headline_repeats_agreed": parts.get("headline_repeats_agreed"),
-                           "t_ms": (d.get("measurement") or {}).get("t_ms"), "parts": {}}
+                           "t_ms": (d.get("measurement") or {}).get("t_ms"), "parts": {},
+                           "faults": {k: (d.get("profile") or {}).get(k) for k in
+                                      ("call_faults", "ref_faults", "fault_cost_us", "call_wait_us")}}
     for q in parts.get("parts") or []:
         rec["parts"][q["name"]] = {
             "share_pct": q["share_pct"], "share_range_pct": q.get("share_range_pct"), "walked": q["walked"],
@@ -346,8 +371,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--burners", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--label", default="vm-cpu")
+    ap.add_argument("--malloc-fixed", action="store_true", help="glibc heap thresholds fixed (module doc)")
     ap.add_argument("--out", default=str(ROOT / "tools" / "results" / "examine"))
     a = ap.parse_args(argv)
+    if a.malloc_fixed and any(k not in os.environ for k in MALLOC_FIXED):  # glibc reads them at start: again
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_FIXED})
     names = [n for n in a.models.split(",") if n]
     bad = [n for n in names if n not in MODELS]
     if bad:
@@ -365,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     rec: dict[str, Any] = {"kind": "six_models", "when": when.isoformat(timespec="seconds"), "commit": commit,
                            "label": a.label, "device": "CPU (no GPU on this machine)", "cores": os.cpu_count(),
                            "cpu": platform.processor(), "burners": a.burners, "torch_threads": 1,
+                           "malloc": {k: os.environ.get(k) for k in MALLOC_FIXED},
                            "models": {}}
     burners = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(a.burners)]
     try:

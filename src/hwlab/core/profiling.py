@@ -76,6 +76,10 @@ KIT_CACHE_BYTES_KEY = "hwlab_cache_bytes"
 #: a CPU (:mod:`hwlab.core.hostwait`), so a reader of the trace alone leaves out the calls that
 #: waited inside their ops, as the live parts do, and both read the same calls
 KIT_CALL_WAIT_KEY = "hwlab_call_wait_us"
+#: top-level key of the trace ``hwlab examine`` writes: each profiled call's page faults beyond the
+#: unprofiled calls' count, as us at this process's measured cost per fault, on a CPU
+#: (:func:`hwlab.core.hostwait.fault_us`): the other disturbance that ranks which calls the parts read
+KIT_CALL_FAULT_KEY = "hwlab_call_fault_us"
 
 
 #: lines libkineto writes straight to file descriptor 2 at every profiler start and stop

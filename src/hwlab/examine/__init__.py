@@ -99,9 +99,11 @@ LAB_FALLBACK = {"I": "06_case_studies (the dtype / MMA-path scenario)"}
 #: question D's back-to-back run: chunks (median taken) of about this many ms each
 E2E_CHUNKS = 15
 E2E_CHUNK_MS = 5.0
-#: profiled calls on a CPU: one per repeat and two more, so each op's median over them
-#: (:func:`hwlab.examine.parts.op_medians`) leaves out a call preempted inside that op
-N_PROFILED = N_REPEATS + 2
+#: profiled calls on a CPU: the parts read the least disturbed five of them
+#: (:data:`hwlab.examine.parts.N_STEADY_CALLS`: one per repeat and two more, so each op's median over
+#: them, :func:`hwlab.examine.parts.op_medians`, leaves out a call preempted inside that op), and
+#: three more to choose from, as the profiler's own memory makes some calls fault inside their ops
+N_PROFILED = N_REPEATS + 5
 #: the phases ``on_step`` announces, in order (progress on the command line's stderr)
 PHASES = ("checked call (runs, returns tensors, leaves its inputs unchanged)",
           "ceilings of this machine (cached or measured)",

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hwlab.traces.kineto import TraceError
-from hwlab.core.profiling import KIT_CALL_WAIT_KEY, KIT_UNPROFILED_MEDIAN_KEY, kernel_class
+from hwlab.core.profiling import KIT_CALL_FAULT_KEY, KIT_CALL_WAIT_KEY, KIT_UNPROFILED_MEDIAN_KEY, kernel_class
 from hwlab.traces.trace_ops import KIT_CALL_MARK, OpTrace, StepWork, iter_trace, read_ops, step_items
 from hwlab.traces.trace_shapes import ShapeModel
 from hwlab.diagnosis.flowchart import LEAVES, diagnose
@@ -353,14 +353,23 @@ def _tc(name: str) -> bool:
 
 
 def call_waits_us(ot: OpTrace, works: list[StepWork]) -> list[float] | None:
-    """The run-queue wait of each of ``works``, from a trace ``hwlab examine`` wrote on a CPU
-    (:data:`~hwlab.core.profiling.KIT_CALL_WAIT_KEY`, one per profiled call, in order), where every
-    call is among ``works``; else None (each step then counts, as for any other trace)."""
-    v = ot.meta.get(KIT_CALL_WAIT_KEY)
-    if KIT_CALL_MARK not in ot.step_source or not isinstance(v, list) or len(v) != len(works):
+    """Each of ``works``' disturbance in us, from a trace ``hwlab examine`` wrote on a CPU: its run-queue
+    wait (:data:`~hwlab.core.profiling.KIT_CALL_WAIT_KEY`, one per profiled call, in order), plus its
+    page-fault time beyond the unprofiled calls' (:data:`~hwlab.core.profiling.KIT_CALL_FAULT_KEY`)
+    where the trace carries that too, where every call is among ``works``; else None (each step then
+    counts, as for any other trace). The parts rank the calls by it as the live examination did."""
+    def valid(v: Any) -> list[float] | None:
+        if not isinstance(v, list) or len(v) != len(works):
+            return None
+        ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in v)
+        return [float(x) for x in v] if ok else None
+
+    if KIT_CALL_MARK not in ot.step_source:
         return None
-    ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in v)
-    return [float(x) for x in v] if ok else None
+    waits, faults = valid(ot.meta.get(KIT_CALL_WAIT_KEY)), valid(ot.meta.get(KIT_CALL_FAULT_KEY))
+    if waits is None:
+        return None
+    return [w + f for w, f in zip(waits, faults)] if faults is not None else waits
 
 
 def unprofiled_median_ms(ot: OpTrace) -> float | None:

@@ -171,6 +171,10 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
            if gpu else "CPU: aten op self times from the profiler's Chrome trace (no device kernels); "
            "shares of the profiled call")
     calls, call_us = list(prof.calls or []), list(prof.call_us or [])
+    disturb = [] if gpu else call_disturbance_us(prof, len(calls))
+    keep = steady_calls(len(calls), disturb) if len(call_us) == len(calls) else list(range(len(calls)))
+    if len(keep) < len(calls):
+        calls, call_us, disturb = [calls[k] for k in keep], [call_us[k] for k in keep], [disturb[k] for k in keep]
     outside_ms = ([(u - sum(i["us"] for i in c)) / 1e3 for c, u in zip(calls, call_us)]
                   if not gpu and len(call_us) == len(calls) else [])  # host time outside ops, per profiled call
     share_spread = call_share_spread(calls, call_us, traffic.ops) if not gpu and call_index is None else {}
@@ -183,7 +187,7 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
     if steady is not None:
         calls, call_us = [steady[0]], [steady[1]]
     elif not gpu and len(calls) > 1 and len(call_us) == len(calls):  # the quiet calls, pooled (module doc)
-        quiet = quiet_calls(call_us, list(getattr(prof, "call_wait_us", None) or []))
+        quiet = quiet_calls(call_us, disturb)
         if call_index is not None:  # a repeat reads one quiet call of its own
             quiet = [quiet[call_index % len(quiet)]]
         calls, call_us = [calls[k] for k in quiet], [call_us[k] for k in quiet]
@@ -205,8 +209,13 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
         # its share of the profiled calls, as an independent profile reads it (module doc)
         rest_ms = t_ms * rest_raw / call_ms if call_ms > 0 else 0.0
         scale = (t_ms - rest_ms) / ops_ms if ops_ms > 0 else 1.0  # op shares of the rest of the median
-        how = (f"each op's median self time over {steady[2]} profiled calls" if steady is not None else
-               f"{n} profiled call{'s' if n != 1 else ''} (the quiet ones by run-queue wait)")
+        kept = (f" (the {len(keep)} least disturbed of {len(prof.calls)} by run-queue wait and page faults)"
+                if len(keep) < len(prof.calls or []) else "")
+        how = (f"each op's median self time over {steady[2]} profiled calls{kept}" if steady is not None else
+               f"{n} profiled call{'s' if n != 1 else ''}{kept} (the quiet ones by run-queue wait)")
+        fault_note = getattr(prof, "fault_note", None)
+        if callable(fault_note) and fault_note():
+            notes.append(f"CPU: {fault_note()}")
         notes.append(f"CPU: part times are the ops' shares of {how} (mean "
                      f"{call_ms:.4g} ms under the profiler) applied to the measured "
                      f"median ({t_ms:.4g} ms); time outside ops is its share of those calls ({rest_raw:.4g} of "
@@ -249,6 +258,30 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
                                ncu if ncu_matches(p, ncu) else None, groups.get(p.name, {}).get("args", []),
                                per_op=per_op if not gpu else None)
     return Parts(parts, t_ms, src, coverage, notes, repeats=repeats or [])
+
+
+#: profiled calls the parts read on a CPU, where more were profiled and each one's disturbance is known:
+#: the least disturbed (run-queue wait plus page faults beyond the unprofiled calls', as time), so a
+#: call the profiler's own memory made fault inside its ops is left out like one preempted inside them
+N_STEADY_CALLS = 5
+
+
+def call_disturbance_us(prof, n: int) -> list[float]:
+    """Each profiled call's run-queue wait plus its page-fault time beyond the unprofiled calls' (us),
+    where the profile measured them for all ``n`` calls; else empty."""
+    waits = list(getattr(prof, "call_wait_us", None) or [])
+    fault = list(getattr(prof, "call_fault_us", None) or [])
+    if len(waits) != n:
+        return []
+    return [w + (fault[k] if len(fault) == n else 0.0) for k, w in enumerate(waits)]
+
+
+def steady_calls(n: int, disturb_us: list[float]) -> list[int]:
+    """Indices, in call order, of the :data:`N_STEADY_CALLS` least disturbed of ``n`` profiled calls
+    (all of them where there are no more, or their disturbance is not known)."""
+    if len(disturb_us) != n or n <= N_STEADY_CALLS:
+        return list(range(n))
+    return sorted(sorted(range(n), key=lambda k: (disturb_us[k], k))[:N_STEADY_CALLS])
 
 
 #: profiled calls whose run-queue wait share is within this of the typical (lower median) call's count

@@ -30,9 +30,10 @@ from typing import Any, Callable, Sequence
 
 # torch is imported by profile_calls, which runs it: the summary type and the trace readers load
 # without it (a recorded trace is read where torch is not installed)
-from hwlab.core.profiling import (KIT_CACHE_BYTES_KEY, KIT_CALL_WAIT_KEY, KIT_RANGE_PREFIX, KIT_UNPROFILED_MEDIAN_KEY, event_device,
-                                  kernel_class)
+from hwlab.core.profiling import (KIT_CACHE_BYTES_KEY, KIT_CALL_FAULT_KEY, KIT_CALL_WAIT_KEY, KIT_RANGE_PREFIX,
+                                  KIT_UNPROFILED_MEDIAN_KEY, event_device, kernel_class)
 from hwlab.core.profiling import quiet_profile, trace_call_us, trace_calls
+from hwlab.examine.shape_merge import merge_shapes, shapes_call
 
 CALL_MARK = KIT_RANGE_PREFIX + "examine_call"
 #: trace key: each profiled call's run-queue wait (:data:`hwlab.core.profiling.KIT_CALL_WAIT_KEY`)
@@ -118,6 +119,21 @@ class ProfileSummary:
     #: on a CPU, each profiled call's run-queue wait in us (:mod:`hwlab.core.hostwait`): host load
     #: that landed somewhere inside the call's wall-clock op times; empty where not reported
     call_wait_us: list = field(default_factory=list)
+    #: on a CPU, each profiled call's page faults (:func:`hwlab.core.hostwait.faults`), the unprofiled
+    #: calls' median count just before (``ref_faults``), one fault's measured cost, and each call's
+    #: faults beyond the reference as us (``call_fault_us``): ranks the calls the parts read
+    call_faults: list = field(default_factory=list)
+    ref_faults: float | None = None
+    fault_cost_us: float | None = None
+    call_fault_us: list = field(default_factory=list)
+
+    def fault_note(self) -> str | None:
+        """One line on the profiled calls' page faults against the unprofiled calls', or None."""
+        if not self.call_faults or self.ref_faults is None or self.fault_cost_us is None:
+            return None
+        return (f"page faults per profiled call {min(self.call_faults)}-{max(self.call_faults)} against "
+                f"{self.ref_faults:g} per unprofiled call just before ({self.fault_cost_us:.2g} us each, measured "
+                "here): faults beyond the unprofiled calls' rank a call as disturbed, like its run-queue wait")
 
     def launch_gap_pct(self, t_ms: float) -> float | None:
         """GPU idle share of the call (see module doc); None on a CPU."""
@@ -165,14 +181,21 @@ def profile_calls(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], kwa
     from hwlab.core import hostwait
 
     waits: list[float] = []
-    with quiet_profile(activities=acts, record_shapes=True) as prof:  # shapes: the trace can be examined alone
+    faults: list[int] = []
+    ref_faults, cost_us = (None, None) if gpu else _reference_faults(fn, arg_sets, kwargs)
+    # shapes: the trace can be examined alone; on a CPU from a call of their own (examine/shape_merge)
+    with quiet_profile(activities=acts, record_shapes=gpu) as prof:
         for i in range(n_calls):
             w0 = None if gpu else hostwait.wait_ns()
+            f0 = None if ref_faults is None else hostwait.faults()
             with record_function(CALL_MARK):
                 fn(*arg_sets[i % len(arg_sets)], **kwargs)
+            f1 = hostwait.faults() if f0 is not None else None
             w1 = hostwait.wait_ns() if w0 is not None else None
             if w1 is not None:
                 waits.append((w1 - w0) / 1e3)
+            if f1 is not None:
+                faults.append(f1 - f0)
         if gpu:
             torch.cuda.synchronize(device)
     summary = None
@@ -191,17 +214,28 @@ def profile_calls(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], kwa
                                if v is not None}
         if len(waits) == n_calls and waits:
             kit[CALL_WAIT_KEY] = [float(w) for w in waits]
-        if kit and text.lstrip().startswith("{"):  # the keys added as text (no second parse and dump)
+        fault_us = _fault_time_us(faults, ref_faults, cost_us, n_calls)
+        if fault_us:
+            kit[KIT_CALL_FAULT_KEY] = fault_us
+        if gpu and kit and text.lstrip().startswith("{"):  # the keys added as text (no second parse and dump)
             text = text.replace("{", "{" + json.dumps(kit)[1:-1] + ", ", 1)
             with open(path, "w") as f:
                 f.write(text)
         trace = json.loads(text)
+        if not gpu:  # the shapes of one more call, copied onto the timed calls' ops (examine/shape_merge)
+            shaped = merge_shapes(trace, CALL_MARK, shapes_call(fn, arg_sets[0], kwargs))
+            trace = {**kit, **trace}
+            with open(path, "w") as f:
+                json.dump(trace, f)
         calls, call_us = trace_calls(trace, CALL_MARK), trace_call_us(trace, CALL_MARK)
         if summary is None:
             compiled = any(isinstance(e, dict) and any(str(e.get("name", "")).startswith(m) for m in COMPILED_MARKS)
                            for e in trace.get("traceEvents", []))
             summary = _summarise_cpu_calls(calls, n_calls, compiled)
         summary.trace_path, summary.calls, summary.call_us = path, calls, call_us
+        if not gpu and not shaped:
+            summary.source += ("; the calls ran different ops, so the trace carries no shapes (a shapes call's "
+                               "inputs are copied only onto the same ops)")
     except Exception as e:  # the summary stands; the parts say they could not be read
         if summary is None:
             events = list(prof.events())
@@ -210,7 +244,41 @@ def profile_calls(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], kwa
         summary.calls = []
         summary.source += f"; no Chrome trace ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
     summary.call_wait_us = waits if len(waits) == n_calls else []
+    summary.call_fault_us = _fault_time_us(faults, ref_faults, cost_us, n_calls)
+    if summary.call_fault_us:
+        summary.call_faults, summary.ref_faults, summary.fault_cost_us = faults, ref_faults, cost_us
     return summary
+
+
+#: unprofiled calls just before the profiler starts whose page faults set the reference a
+#: profiled call's faults are measured beyond (hostwait module doc)
+N_REF_CALLS = 3
+
+
+def _reference_faults(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], kwargs: dict
+                      ) -> tuple[float | None, float | None]:
+    """(median page faults of :data:`N_REF_CALLS` unprofiled calls, one fault's cost in us), or
+    (None, None) where the OS does not count faults per thread."""
+    import statistics
+
+    from hwlab.core import hostwait
+
+    cost = hostwait.fault_us()
+    if cost is None or hostwait.faults() is None:
+        return None, None
+    counts = []
+    for i in range(N_REF_CALLS):
+        f0 = hostwait.faults()
+        fn(*arg_sets[i % len(arg_sets)], **kwargs)
+        counts.append((hostwait.faults() or 0) - (f0 or 0))
+    return float(statistics.median(counts)), cost
+
+
+def _fault_time_us(faults: list[int], ref: float | None, cost_us: float | None, n_calls: int) -> list[float]:
+    """Each call's faults beyond ``ref`` as us at ``cost_us`` each; empty where not all were counted."""
+    if ref is None or cost_us is None or len(faults) != n_calls:
+        return []
+    return [max(0.0, f - ref) * cost_us for f in faults]
 
 
 def _summarise_gpu(events, n_calls: int, compiled: bool) -> ProfileSummary:

@@ -49,8 +49,8 @@ from typing import Any, Callable
 
 from hwlab.traces.kineto import TraceError, discover_traces, iter_trace, name_rank
 from hwlab.traces.trace_stream import event_times
-from hwlab.core.profiling import (COMPILED_TRACE_MARKS, KERNEL_OCCUPANCY_ARGS, KIT_CALL_WAIT_KEY, OP_SHAPE_ARGS, TRACE_KERNEL_CATS,
-                                  trace_cat)
+from hwlab.core.profiling import (COMPILED_TRACE_MARKS, KERNEL_OCCUPANCY_ARGS, KIT_CALL_FAULT_KEY, KIT_CALL_WAIT_KEY,
+                                  OP_SHAPE_ARGS, TRACE_KERNEL_CATS, trace_cat)
 
 #: the most per-call waits a trace's kit key may hold (hwlab examine profiles a handful of calls)
 MAX_KIT_CALLS = 1000
@@ -150,8 +150,8 @@ def read_ops(path: str | os.PathLike, progress: Callable[[int, int], None] | Non
                 ot.record_shapes = bool(v)
             if isinstance(v, (str, int, float, bool)) or v is None:
                 ot.meta[key] = v
-            elif key == KIT_CALL_WAIT_KEY and isinstance(v, list) and len(v) <= MAX_KIT_CALLS:
-                ot.meta[key] = v  # hwlab examine's per-call waits (checked where read: from_trace)
+            elif key in (KIT_CALL_WAIT_KEY, KIT_CALL_FAULT_KEY) and isinstance(v, list) and len(v) <= MAX_KIT_CALLS:
+                ot.meta[key] = v  # hwlab examine's per-call waits, faults (checked where read: from_trace)
             continue
         ot.n_events += 1
         if not isinstance(v, dict) or v.get("ph") != "X":
