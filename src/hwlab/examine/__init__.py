@@ -65,7 +65,7 @@ from hwlab.errors import UserInputError
 from hwlab.core.evidence import Evidence, machine_info
 from hwlab.examine.walk_metrics import METRIC_SOURCES, build_evidence, flop_bound  # noqa: F401 (re-exported)
 from hwlab.examine.ncu_counters import collect as ncu_collect
-from hwlab.examine.torch_profile import ProfileSummary, profile_calls
+from hwlab.examine.torch_profile import CPU_EXTRA_CALLS, ProfileSummary, profile_calls
 from hwlab.diagnosis.flowchart import LEAVES, Diagnosis, diagnose
 from hwlab.core.measure import Measurement, device_name, last_level_cache_bytes, quantile, synchronize, time_fn
 from hwlab.core.store import dumps_strict
@@ -289,7 +289,8 @@ def examine(fn: Callable[..., Any], *args: Any, n_bytes: int | None = None, n_fl
         args = make(make_inputs, "make_inputs")
     args = tuple(args)
     dev = check_inputs(args, kwargs)
-    prog.device_type, prog.n_profiled = dev.type, N_PROFILED if dev.type != "cuda" else N_REPEATS
+    prog.device_type = dev.type
+    prog.n_profiled = N_PROFILED + CPU_EXTRA_CALLS if dev.type != "cuda" else N_REPEATS
     prog.heartbeat()
     try:
         step(PHASES[0])

@@ -253,6 +253,9 @@ def profile_calls(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], kwa
 #: unprofiled calls just before the profiler starts whose page faults set the reference a
 #: profiled call's faults are measured beyond (hostwait module doc)
 N_REF_CALLS = 3
+#: calls a CPU profile makes beside the profiled ones: the reference calls and the shapes call
+#: (:mod:`hwlab.examine.shape_merge`), for the time-left estimate
+CPU_EXTRA_CALLS = N_REF_CALLS + 1
 
 
 def _reference_faults(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], kwargs: dict
