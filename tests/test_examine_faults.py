@@ -185,3 +185,37 @@ def _slow_down(events: list[dict], op: dict, delta_us: float) -> None:
         elif e["ts"] <= start and e["ts"] + e.get("dur", 0) >= end:
             e["dur"] += delta_us
     op["dur"] += delta_us
+
+
+def _item(op: str, us: float, ts: float) -> dict:
+    return {"stack": [op], "op_ids": [int(ts)], "us": us, "kernel": None, "compiled": False, "args": None, "ts": ts,
+            "dur": us}
+
+
+def test_calls_that_all_waited_take_each_ops_least_time():
+    """Every call preempted: the long op caught a wait in three of five calls, so its median holds one;
+    its least time does not. Calls that did not all wait keep the median."""
+    from hwlab.examine.parts import ALL_WAITED_SHARE, all_waited, op_medians
+
+    steady = {"aten::addmm": 900.0, "aten::gelu": 60.0, "aten::add": 30.0}
+    calls, call_us = [], []
+    for k in range(5):
+        t, items = 0.0, []
+        for op, us in steady.items():
+            waited = (op == "aten::addmm" and k < 3) or (op == "aten::add" and k == 4)
+            us = us + (3000.0 if waited else 0.0)
+            items.append(_item(op, us, t))
+            t += us + 10.0
+        calls.append(items)
+        call_us.append(t)
+    waits = [3000.0] * 5
+    assert all_waited(call_us, waits)
+    assert not all_waited(call_us, [3000.0] * 4 + [0.0])  # one quiet call: medians as before
+    assert not all_waited(call_us, [])
+    items, total_us, _ = op_medians(calls, call_us, least=True)
+    assert [i["us"] for i in items] == list(steady.values())
+    assert total_us == pytest.approx(sum(steady.values()) + 3 * 10.0)
+    items, _, _ = op_medians(calls, call_us)
+    assert items[0]["us"] == 3900.0  # the median holds the wait
+    share = [w / u for w, u in zip(waits, call_us)]
+    assert min(share) >= ALL_WAITED_SHARE

@@ -175,6 +175,7 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
     keep = steady_calls(len(calls), disturb) if len(call_us) == len(calls) else list(range(len(calls)))
     if len(keep) < len(calls):
         calls, call_us, disturb = [calls[k] for k in keep], [call_us[k] for k in keep], [disturb[k] for k in keep]
+    waited = all_waited(call_us, disturb)  # every kept call waited: each op's least time (op_medians)
     outside_ms = ([(u - sum(i["us"] for i in c)) / 1e3 for c, u in zip(calls, call_us)]
                   if not gpu and len(call_us) == len(calls) else [])  # host time outside ops, per profiled call
     share_spread = call_share_spread(calls, call_us, traffic.ops) if not gpu and call_index is None else {}
@@ -183,7 +184,7 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
         pick = None
         if call_index is not None:  # a repeat: the op medians of its own call and the next ones (module doc)
             pick = [(call_index + j) % len(calls) for j in range(min(REPEAT_CALLS, len(calls)))]
-        steady = op_medians(calls, call_us, pick)
+        steady = op_medians(calls, call_us, pick, least=waited)
     if steady is not None:
         calls, call_us = [steady[0]], [steady[1]]
     elif not gpu and len(calls) > 1 and len(call_us) == len(calls):  # the quiet calls, pooled (module doc)
@@ -211,7 +212,8 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
         scale = (t_ms - rest_ms) / ops_ms if ops_ms > 0 else 1.0  # op shares of the rest of the median
         kept = (f" (the {len(keep)} least disturbed of {len(prof.calls)} by run-queue wait and page faults)"
                 if len(keep) < len(prof.calls or []) else "")
-        how = (f"each op's median self time over {steady[2]} profiled calls{kept}" if steady is not None else
+        stat = "least" if waited else "median"
+        how = (f"each op's {stat} self time over {steady[2]} profiled calls{kept}" if steady is not None else
                f"{n} profiled call{'s' if n != 1 else ''}{kept} (the quiet ones by run-queue wait)")
         fault_note = getattr(prof, "fault_note", None)
         if callable(fault_note) and fault_note():
@@ -284,6 +286,18 @@ def steady_calls(n: int, disturb_us: list[float]) -> list[int]:
     return sorted(sorted(range(n), key=lambda k: (disturb_us[k], k))[:N_STEADY_CALLS])
 
 
+#: the kept calls' least disturbance share (wait plus fault time over the call) at which every call
+#: counts as having waited: each op instance then takes its least time over them (:func:`op_medians`)
+ALL_WAITED_SHARE = 0.15
+
+
+def all_waited(call_us: list[float], disturb_us: list[float]) -> bool:
+    """Whether every one of the calls lost :data:`ALL_WAITED_SHARE` of its time or more to waits and faults."""
+    if len(disturb_us) != len(call_us) or not call_us:
+        return False
+    return min(d / u if u > 0 else 1.0 for d, u in zip(disturb_us, call_us)) >= ALL_WAITED_SHARE
+
+
 #: profiled calls whose run-queue wait share is within this of the typical (lower median) call's count
 #: as quiet: a call preempted inside its ops beyond what the host's load gave every call is left out
 QUIET_WAIT_SHARE = 0.05
@@ -305,16 +319,20 @@ def quiet_calls(call_us: list[float], wait_us: list[float]) -> list[int]:
 REPEAT_CALLS = 3
 
 
-def op_medians(calls: list, call_us: list[float], pick: list[int] | None = None
+def op_medians(calls: list, call_us: list[float], pick: list[int] | None = None, least: bool = False
                ) -> tuple[list[dict[str, Any]], float, int] | None:
     """The profiled calls (``pick``: those of them) as one call whose every op instance takes its median
     self time over them, with the time outside ops from each gap's median (:func:`_gaps`, module doc):
     ``(items, call_us, n_calls)``;
     None where the calls did not run the same ops in the same order (then they are pooled). A
     preemption lands inside whichever op runs at that moment and inflates that instance in that call
-    only, so the median over three or more calls leaves it out where a sum or mean over calls keeps it."""
+    only, so the median over three or more calls leaves it out where a sum or mean over calls keeps it.
+    ``least``: each instance's and gap's least time instead, for calls that all waited
+    (:data:`ALL_WAITED_SHARE`): a long op then catches a preemption in most calls, its median with it,
+    and a wait only ever adds time."""
     import statistics
 
+    pick_stat = min if least else statistics.median
     ks = sorted(set(pick)) if pick is not None else list(range(len(calls)))
     if len(ks) < 3:
         return None
@@ -322,12 +340,12 @@ def op_medians(calls: list, call_us: list[float], pick: list[int] | None = None
     names = [[(it["stack"][:1], it["kernel"]) for it in q] for q in seqs]
     if not seqs[0] or any(x != names[0] for x in names[1:]):
         return None
-    items = [{**it, "us": statistics.median(q[j]["us"] for q in seqs)} for j, it in enumerate(seqs[0])]
+    items = [{**it, "us": pick_stat([q[j]["us"] for q in seqs])} for j, it in enumerate(seqs[0])]
     gaps = [_gaps(q, call_us[k]) for q, k in zip(seqs, ks)]
     if all(g is not None and len(g) == len(gaps[0]) for g in gaps):  # each gap between ops its own median
-        outside = sum(statistics.median(g[j] for g in gaps) for j in range(len(gaps[0])))
+        outside = sum(pick_stat([g[j] for g in gaps]) for j in range(len(gaps[0])))
     else:
-        outside = statistics.median(max(0.0, call_us[k] - sum(it["us"] for it in calls[k])) for k in ks)
+        outside = pick_stat([max(0.0, call_us[k] - sum(it["us"] for it in calls[k])) for k in ks])
     return items, sum(it["us"] for it in items) + outside, len(ks)
 
 
