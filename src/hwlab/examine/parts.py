@@ -28,7 +28,9 @@ communication). Added to them:
   call (the highest and lowest left out) sets its least run-to-run spread (:func:`call_share_spread`),
   so a part the calls disagree on is BORDERLINE near a threshold in every run, not in one of them.
   Calls that ran different ops are pooled instead, the quiet ones only (:func:`quiet_calls`: no more
-  run-queue wait than the typical call's).
+  run-queue wait than the typical call's). The calls read are the least disturbed of those profiled
+  (:func:`steady_calls`: run-queue wait plus page faults beyond the unprofiled calls', as time); where
+  every one of them still waited (:func:`all_waited`), each op instance takes its least time over them.
 
 Triton kernels and ``torch.compile``d graphs run outside aten ops: their part says its bytes
 are not attributable (the traffic model did not see them), unless it is the whole function,
