@@ -219,3 +219,15 @@ def test_calls_that_all_waited_take_each_ops_least_time():
     assert items[0]["us"] == 3900.0  # the median holds the wait
     share = [w / u for w, u in zip(waits, call_us)]
     assert min(share) >= ALL_WAITED_SHARE
+
+
+def test_the_unprofiled_calls_own_faults_are_named_from_their_share_of_the_call():
+    from hwlab.examine.torch_profile import CHURN_SHARE, ProfileSummary
+
+    p = ProfileSummary(on_gpu=False, n_calls=8, kernels_per_call=0.0, busy_ms_per_call=0.0,
+                       call_faults=[2000] * 8, ref_faults=2000.0, fault_cost_us=2.5, call_fault_us=[0.0] * 8)
+    line = p.churn_note(20.0)  # 2000 faults x 2.5 us = 5 ms of a 20 ms call
+    assert line and "5 ms, 25% of the call" in line and "an estimate" in line
+    edge_ms = 2000 * 2.5 / 1e3 / CHURN_SHARE
+    assert p.churn_note(edge_ms * 1.01) is None and p.churn_note(edge_ms * 0.99)
+    assert ProfileSummary(on_gpu=False, n_calls=8, kernels_per_call=0.0, busy_ms_per_call=0.0).churn_note(20.0) is None

@@ -217,9 +217,9 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
         stat = "least" if waited else "median"
         how = (f"each op's {stat} self time over {steady[2]} profiled calls{kept}" if steady is not None else
                f"{n} profiled call{'s' if n != 1 else ''}{kept} (the quiet ones by run-queue wait)")
-        fault_note = getattr(prof, "fault_note", None)
-        if callable(fault_note) and fault_note():
-            notes.append(f"CPU: {fault_note()}")
+        fault_line = prof.fault_note() if callable(getattr(prof, "fault_note", None)) else None
+        churn_line = prof.churn_note(t_ms) if callable(getattr(prof, "churn_note", None)) else None
+        notes += [f"CPU: {line}" for line in (fault_line, churn_line) if line]
         notes.append(f"CPU: part times are the ops' shares of {how} (mean "
                      f"{call_ms:.4g} ms under the profiler) applied to the measured "
                      f"median ({t_ms:.4g} ms); time outside ops is its share of those calls ({rest_raw:.4g} of "

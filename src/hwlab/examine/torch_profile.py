@@ -135,6 +135,21 @@ class ProfileSummary:
                 f"{self.ref_faults:g} per unprofiled call just before ({self.fault_cost_us:.2g} us each, measured "
                 "here): faults beyond the unprofiled calls' rank a call as disturbed, like its run-queue wait")
 
+    def churn_note(self, t_ms: float) -> str | None:
+        """One line where the unprofiled calls' own page faults cost :data:`CHURN_SHARE` of the call or
+        more (an estimate at the measured cost per fault), with what would save them; else None."""
+        if self.ref_faults is None or self.fault_cost_us is None or t_ms <= 0:
+            return None
+        ms = self.ref_faults * self.fault_cost_us / 1e3
+        if ms < CHURN_SHARE * t_ms:
+            return None
+        return (f"the {N_REF_CALLS} unprofiled calls before the profile took a median of {self.ref_faults:g} page "
+                f"faults each: about {ms:.3g} ms, {100 * ms / t_ms:.0f}% of the call (an estimate at "
+                f"{self.fault_cost_us:.2g} us per fault, measured here), inside the ops that allocate: the heap "
+                "gives freed tensor memory back to the OS and takes it again every call. Reusing buffers (out=, "
+                "in-place ops) or a heap that keeps its memory (MALLOC_TRIM_THRESHOLD_, jemalloc, tcmalloc) would "
+                "save most of it")
+
     def launch_gap_pct(self, t_ms: float) -> float | None:
         """GPU idle share of the call (see module doc); None on a CPU."""
         if not self.on_gpu or t_ms <= 0 or self.error or not self.n_calls:
@@ -250,6 +265,9 @@ def profile_calls(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], kwa
     return summary
 
 
+#: the unprofiled calls' page-fault time, as a share of the call, at which the report names it:
+#: under it the faults are within the call's own run-to-run spread
+CHURN_SHARE = 0.05
 #: unprofiled calls just before the profiler starts whose page faults set the reference a
 #: profiled call's faults are measured beyond (hostwait module doc)
 N_REF_CALLS = 3
