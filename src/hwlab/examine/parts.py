@@ -30,7 +30,7 @@ communication). Added to them:
   Calls that ran different ops are pooled instead, the quiet ones only (:func:`quiet_calls`: no more
   run-queue wait than the typical call's). The calls read are the least disturbed of those profiled
   (:func:`steady_calls`: run-queue wait plus page faults beyond the unprofiled calls', as time); where
-  every one of them still waited (:func:`all_waited`), each op instance takes its least time over them.
+  most of them still waited (:func:`most_waited`), each op instance takes its least time over them.
 
 Triton kernels and ``torch.compile``d graphs run outside aten ops: their part says its bytes
 are not attributable (the traffic model did not see them), unless it is the whole function,
@@ -177,7 +177,7 @@ def build_parts(*, prof, traffic, t_ms: float, gpu: bool, copy_gbps: float | Non
     keep = steady_calls(len(calls), disturb) if len(call_us) == len(calls) else list(range(len(calls)))
     if len(keep) < len(calls):
         calls, call_us, disturb = [calls[k] for k in keep], [call_us[k] for k in keep], [disturb[k] for k in keep]
-    waited = all_waited(call_us, disturb)  # every kept call waited: each op's least time (op_medians)
+    waited = most_waited(call_us, disturb)  # most kept calls waited: each op's least time (op_medians)
     outside_ms = ([(u - sum(i["us"] for i in c)) / 1e3 for c, u in zip(calls, call_us)]
                   if not gpu and len(call_us) == len(calls) else [])  # host time outside ops, per profiled call
     share_spread = call_share_spread(calls, call_us, traffic.ops) if not gpu and call_index is None else {}
@@ -288,16 +288,18 @@ def steady_calls(n: int, disturb_us: list[float]) -> list[int]:
     return sorted(sorted(range(n), key=lambda k: (disturb_us[k], k))[:N_STEADY_CALLS])
 
 
-#: the kept calls' least disturbance share (wait plus fault time over the call) at which every call
-#: counts as having waited: each op instance then takes its least time over them (:func:`op_medians`)
-ALL_WAITED_SHARE = 0.15
+#: a kept call's disturbance share (wait plus fault time over the call) at which it counts as having
+#: waited: where most kept calls did, each op instance takes its least time over them (:func:`op_medians`)
+WAITED_SHARE = 0.15
 
 
-def all_waited(call_us: list[float], disturb_us: list[float]) -> bool:
-    """Whether every one of the calls lost :data:`ALL_WAITED_SHARE` of its time or more to waits and faults."""
+def most_waited(call_us: list[float], disturb_us: list[float]) -> bool:
+    """Whether more than half of the calls lost :data:`WAITED_SHARE` of their time or more to waits and
+    faults: a long op then catches a wait in most of them, and its median with it."""
     if len(disturb_us) != len(call_us) or not call_us:
         return False
-    return min(d / u if u > 0 else 1.0 for d, u in zip(disturb_us, call_us)) >= ALL_WAITED_SHARE
+    waited = sum(1 for d, u in zip(disturb_us, call_us) if u <= 0 or d / u >= WAITED_SHARE)
+    return 2 * waited > len(call_us)
 
 
 #: profiled calls whose run-queue wait share is within this of the typical (lower median) call's count
@@ -329,8 +331,8 @@ def op_medians(calls: list, call_us: list[float], pick: list[int] | None = None,
     None where the calls did not run the same ops in the same order (then they are pooled). A
     preemption lands inside whichever op runs at that moment and inflates that instance in that call
     only, so the median over three or more calls leaves it out where a sum or mean over calls keeps it.
-    ``least``: each instance's and gap's least time instead, for calls that all waited
-    (:data:`ALL_WAITED_SHARE`): a long op then catches a preemption in most calls, its median with it,
+    ``least``: each instance's and gap's least time instead, for calls most of which waited
+    (:func:`most_waited`): a long op then catches a preemption in most calls, its median with it,
     and a wait only ever adds time."""
     import statistics
 
