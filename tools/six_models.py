@@ -14,7 +14,7 @@ Per model, with ``--burners`` processes of ``python -c 'while 1: pass'`` running
   --model --json`` with one torch thread (``OMP_NUM_THREADS=1``); per run each part's leaf, BORDERLINE
   flag, alternatives, share and share range, the headline, the GEMM part's dtype lever and predicted
   whole-function speed-up at its floor.
-* An **independent profile** in this process, before the runs: ``torch.profiler`` around 12 single
+* An **independent profile** in a fresh process of its own, before the runs: ``torch.profiler`` around 12 single
   calls (each its own session, in a ``record_function`` range, the thread's run-queue wait and page
   faults read around it, three unprofiled calls' faults just before it as the reference), every op's
   self time classed by :func:`hwlab.core.profiling.part_class` on its own name, or on
@@ -27,7 +27,8 @@ Per model, with ``--burners`` processes of ``python -c 'while 1: pass'`` running
   thousands of page faults per call or none, by chance of its heap, which moves the shares of
   allocating ops between processes (the record keeps each side's faults per call either way).
 * The **realised bf16 gain**: the model in fp32 and a copy in bf16 called alternately, each call's wall
-  time net of this thread's run-queue wait (:mod:`hwlab.core.hostwait`); medians and p10-p90.
+  time net of this thread's run-queue wait (:mod:`hwlab.core.hostwait`); medians and p10-p90, and each
+  side's median page faults per call (a process whose heap churns pays them in the fp32 calls more).
 
 Read against the issue: **plain contradictions** (two runs of a model stating different leaves for the
 same part, neither BORDERLINE), **one-sided BORDERLINE pairs** (one run BORDERLINE on a part, the other
@@ -239,21 +240,23 @@ def independent_profile(name: str, n_calls: int = 12, n_least: int = 5) -> dict[
 def realised_bf16(name: str, n_calls: int = 15) -> dict[str, Any]:
     """fp32 against bf16 of the same weights, calls alternating, each net of the run-queue wait."""
     import torch
-    from hwlab.core.hostwait import net_ms, wait_ns
+    from hwlab.core.hostwait import faults, net_ms, wait_ns
     m, inputs = globals()[name]()
     m.eval()
     mb = copy.deepcopy(m).to(torch.bfloat16)
     args = inputs()
     args_b = _cast_args(args, torch.bfloat16)
     t: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    flt: dict[str, list[int]] = {"fp32": [], "bf16": []}
     with torch.no_grad():
         for _ in range(3):
             m(*args), mb(*args_b)
         for _ in range(n_calls):
             for key, mod, a in (("fp32", m, args), ("bf16", mb, args_b)):
-                w0, c0 = wait_ns(), time.perf_counter_ns()
+                f0, w0, c0 = faults(), wait_ns(), time.perf_counter_ns()
                 mod(*a)
-                c1, w1 = time.perf_counter_ns(), wait_ns()
+                c1, w1, f1 = time.perf_counter_ns(), wait_ns(), faults()
+                flt[key].append((f1 or 0) - (f0 or 0))
                 wall = (c1 - c0) / 1e6
                 t[key].append(net_ms(wall, (w1 - w0) / 1e6 if w0 is not None and w1 is not None else None))
 
@@ -266,7 +269,30 @@ def realised_bf16(name: str, n_calls: int = 15) -> dict[str, Any]:
     # the spread of the ratio: the two ends' worst pairings
     out["gain_range"] = [out["fp32"]["p10_ms"] / out["bf16"]["p90_ms"], out["fp32"]["p90_ms"] / out["bf16"]["p10_ms"]]
     out["net_of_wait"] = wait_ns() is not None
+    out["faults_per_call_median"] = {k: statistics.median(v) for k, v in flt.items()}  # allocator churn, either side
     return out
+
+
+def referee(name: str, timeout_s: float) -> dict[str, Any]:
+    """The independent profile and the realised bf16 gain of ``name``, in a fresh process of their own
+    (as each examination is): a bench process that has built and run the models before carries their
+    memory and objects, which slowed a later model's calls in it against the same model in a fresh one."""
+    env = {**os.environ, "PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--referee", name], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=timeout_s)
+    if p.returncode != 0:
+        raise RuntimeError(f"referee of {name} failed: {p.stderr.strip().splitlines()[-1:]}")
+    return json.loads(p.stdout)
+
+
+def _referee_main(name: str) -> int:
+    sys.path.insert(0, str(SRC))
+    import hwlab  # noqa: F401 (before torch / transformers: its Triton set-up)
+    import torch
+    torch.set_num_threads(1)
+    print(json.dumps({"independent_profile": independent_profile(name), "bf16": realised_bf16(name)}))
+    return 0
 
 
 # --- the examinations -----------------------------------------------------------------------------------
@@ -373,7 +399,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--label", default="vm-cpu")
     ap.add_argument("--malloc-fixed", action="store_true", help="glibc heap thresholds fixed (module doc)")
     ap.add_argument("--out", default=str(ROOT / "tools" / "results" / "examine"))
+    ap.add_argument("--referee", default=None, help=argparse.SUPPRESS)  # one model's referee (referee())
     a = ap.parse_args(argv)
+    if a.referee:
+        return _referee_main(a.referee)
     if a.malloc_fixed and any(k not in os.environ for k in MALLOC_FIXED):  # glibc reads them at start: again
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_FIXED})
     names = [n for n in a.models.split(",") if n]
@@ -400,8 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in names:
             t0 = time.monotonic()
             m: dict[str, Any] = {"load_before": os.getloadavg()}
-            m["independent_profile"] = independent_profile(n)
-            m["bf16"] = realised_bf16(n)
+            m.update(referee(n, a.timeout))
             m["runs"] = [examine_run(n, a.timeout) for _ in range(a.runs)]
             m["reading"] = read_runs(m["runs"], m["independent_profile"], m["bf16"])
             m["load_after"], m["bench_s"] = os.getloadavg(), time.monotonic() - t0
