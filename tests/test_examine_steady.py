@@ -141,6 +141,22 @@ def test_the_dtype_lever_gain_is_the_part_at_its_present_efficiency_and_the_floo
     assert q.lever_speedup is None and q.gain_bound == ""
 
 
+def test_a_part_floored_by_its_fused_bytes_says_its_gain_is_an_upper_bound():
+    from hwlab.examine.part_walk import FUSED_FLOOR, floor_part
+
+    p = Part(name="elementwise/reduction", t_ms=3.0, share_pct=30.0, n_items=6, attributable=True,
+             moved_bytes=6 * 4 << 20, floor_bytes=2 * 4 << 20)
+    floor_part(p, None, 10.0, None, None)  # 8 MiB at 10 GB/s: a 0.84 ms floor
+    assert p.floor_source == FUSED_FLOOR
+    gain(p, 10.0)
+    assert p.saved_ms == pytest.approx(3.0 - 8 * 2**20 / 10e6) and "upper bound" in p.gain_bound
+    q = Part(name="elementwise/reduction", t_ms=0.5, share_pct=5.0, n_items=6, attributable=True,
+             moved_bytes=6 * 4 << 20, floor_bytes=2 * 4 << 20)
+    floor_part(q, None, 10.0, None, None)
+    gain(q, 10.0)  # measured under its floor: no gain, no bound
+    assert q.saved_ms is None and q.gain_bound == ""
+
+
 def test_a_part_the_calls_put_on_either_side_of_the_walk_share_is_walked_in_every_run():
     from hwlab.examine.parts import WALK_SHARE_PCT, walks
 

@@ -40,7 +40,14 @@ def floor_part(p: Part, dtype: str | None, copy_gbps: float | None, gemm_tflops:
         if flop_ms is not None and flop_ms >= byte_ms:
             p.floor_ms, p.floor_source = flop_ms, f"FLOPs at the measured {dtype} GEMM ceiling"
         else:
-            p.floor_ms, p.floor_source = byte_ms, "bytes (as if its ops were fused) at the copy ceiling"
+            p.floor_ms, p.floor_source = byte_ms, FUSED_FLOOR
+
+
+#: a part floored by its bytes: every intermediate free and the rest moved once at the copy ceiling,
+#: which no fused kernel fully reaches: its gain is an upper bound (:func:`gain`)
+FUSED_FLOOR = "bytes (as if its ops were fused) at the copy ceiling"
+FUSED_BOUND = (" (an upper bound: the part's ops fused into one pass at the measured copy ceiling; a fused "
+               "kernel reaches part of it)")
 
 
 #: a GEMM part whose FLOP floor is within this factor of its byte floor answers H by its rate even
@@ -70,6 +77,8 @@ def gain(p: Part, t_ms: float) -> None:
             p.pct_of_floor = 100.0 * p.floor_ms / p.t_ms
             p.saved_ms = p.t_ms - p.floor_ms
             p.speedup = t_ms / (t_ms - p.saved_ms) if t_ms > p.saved_ms else None
+            if p.floor_source == FUSED_FLOOR and p.saved_ms > 0:
+                p.gain_bound = FUSED_BOUND
     if p.lever_gain and p.lever_gain > 1 and p.t_ms > 0 and t_ms > 0:
         # the dtype lever at the part's present efficiency: its time over the ceilings' ratio. Its floor
         # assumes the faster precision's ceiling is reached, which small or convolution shapes do not
