@@ -492,7 +492,6 @@ def examine_trace(path: str | os.PathLike, *, step: int | None = None, baseline:
         ic = idle_causes(ot, works)
         apply_causes(parts, ic, notes)
         whole_step_gap(ev, src, ic, parts.t_ms)
-    if gpu:
         kernel_names(works, parts, notes)
         comm_overlap(works, parts)
         pageable_copies(works, parts, notes)
