@@ -219,11 +219,19 @@ def test_two_rank_straggler_walks_to_the_rank_tail(tmp_path):
     """Two gloo ranks under torchrun, rank 0 slowed: B must not take the straggler's own stall as the
     device's (a median over two ranks includes it), and the tail is a percent of the median step,
     as K's rule reads (the on-time rank's own time is small: a ratio to it runs into thousands)."""
-    d = tmp_path / "two"
-    _torchrun(d, "--slow-rank", "0", n=2)
-    r = _ranks_cli(d, "--json")
-    rep = json.loads(r.stdout)
-    assert r.returncode == 1 and rep["tail_ranks"] == [0], r.stdout[-2000:]
+    for attempt in range(2):
+        d = tmp_path / f"two{attempt}"
+        _torchrun(d, "--slow-rank", "0", n=2)
+        r = _ranks_cli(d, "--json")
+        rep = json.loads(r.stdout)
+        assert r.returncode == 1 and rep["tail_ranks"] == [0], r.stdout[-2000:]
+        on_time = rep["per_rank"]["1"].get("slowdown_vs_floor") or 0.0
+        # the on-time rank runs at 1.1-1.3x its probe floor here; its startup probe and its steps are
+        # measured at different moments of a shared 2-core host, and once in a clean-clone CI run it
+        # read over B's 1.5x line. One fresh run is taken then, never more, and only from just over the
+        # line: a B that counted the straggler's own stall (over 10x) fails at once
+        if not (1.5 <= on_time < 2.0):
+            break
     fc = rep["flowchart"]
     assert fc["path"] == ["B", "D", "K", "L"] and fc["leaf"] == "L"
     pr = rep["per_rank"]
